@@ -1,0 +1,196 @@
+"""Command-line interface: `registry-proxy serve` (also `python -m proxy serve`).
+
+Every flag has an environment variable `REGISTRY_PROXY_<NAME>`; flags win over the
+environment, which wins over the defaults. Repeatable flags take a comma-separated list
+in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import ssl
+import sys
+from pathlib import Path
+
+import platformdirs
+import structlog
+from aiohttp import web
+
+from proxy import __version__
+from proxy.config import (
+    DEFAULT_ALLOWED_HOSTS,
+    ConfigError,
+    Freshness,
+    Limits,
+    Settings,
+    env_name,
+    normalise_hosts,
+    normalise_private_hosts,
+    parse_duration,
+    parse_listen,
+    parse_size,
+    parse_upstream_map,
+)
+
+log = structlog.get_logger("proxy.cli")
+
+
+def _option(parser: argparse.ArgumentParser, flag: str, help_text: str, *, default=None,
+            repeat: bool = False, switch: bool = False, metavar: str | None = None) -> None:
+    env = env_name(flag)
+    raw = os.environ.get(env)
+    if switch:
+        value = raw.lower() in ("1", "true", "yes", "on") if raw is not None else bool(default)
+        parser.add_argument(flag, action="store_true", default=value, help=f"{help_text} [env: {env}]")
+        return
+    if repeat:
+        value = [item.strip() for item in raw.split(",") if item.strip()] if raw is not None else None
+        shown = ", ".join(default) if default else "none"
+        parser.add_argument(flag, action="append", default=None, metavar=metavar,
+                            help=f"{help_text} (repeatable; default: {shown}) [env: {env}, comma-separated]")
+        parser.set_defaults(**{_dest(flag) + "_env": value, _dest(flag) + "_default": list(default or [])})
+        return
+    value = raw if raw is not None else default
+    shown = f"; default: {default}" if default is not None else ""
+    parser.add_argument(flag, default=value, metavar=metavar, help=f"{help_text}{shown} [env: {env}]")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _repeated(args: argparse.Namespace, flag: str) -> list[str]:
+    dest = _dest(flag)
+    given = getattr(args, dest)
+    if given is not None:
+        return given
+    env_value = getattr(args, dest + "_env")
+    return env_value if env_value is not None else getattr(args, dest + "_default")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="registry-proxy",
+        description="Caching, verifying pull-through proxy for OpenTofu and Terraform providers.")
+    parser.add_argument("--version", action="version", version=f"registry-proxy {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve", help="run the proxy",
+        description="Serve the provider network mirror protocol at https://HOST:PORT/mirror/v1/.",
+    )
+    default_data = platformdirs.user_cache_dir("registry-proxy")
+    _option(serve, "--listen", "address to listen on, HOST:PORT", default="127.0.0.1:8443", metavar="HOST:PORT")
+    _option(serve, "--data-dir", "archives, metadata, keyring and generated TLS files", default=default_data,
+            metavar="DIR")
+    _option(serve, "--tls-cert", "server certificate (PEM, may include the chain); with neither this nor "
+            "--plain-http a local CA and certificate are generated in DATA_DIR/tls", metavar="FILE")
+    _option(serve, "--tls-key", "private key for --tls-cert (PEM)", metavar="FILE")
+    _option(serve, "--tls-hostname", "extra name for the generated server certificate", repeat=True,
+            metavar="NAME")
+    _option(serve, "--plain-http", "serve plain HTTP (behind a TLS-terminating load balancer)", switch=True)
+    _option(serve, "--allow-host", "registry hostname clients may ask for", repeat=True,
+            default=list(DEFAULT_ALLOWED_HOSTS), metavar="HOST")
+    _option(serve, "--upstream-map", "discover HOST at BASEURL/.well-known/terraform.json instead of "
+            "https://HOST/ (internal registries, tests); a mapped host is allowed", repeat=True,
+            metavar="HOST=BASEURL")
+    _option(serve, "--upstream-ca-file", "extra CA bundle trusted for upstream TLS", metavar="FILE")
+    _option(serve, "--allow-private-host", "upstream host (or host:port) that may resolve to a private "
+            "or loopback address", repeat=True, metavar="HOST")
+    _option(serve, "--redis-url", "Redis metadata store (not yet supported; the embedded store is used)",
+            metavar="URL")
+    _option(serve, "--ttl-discovery", "how long a discovery document is fresh", default="1h")
+    _option(serve, "--ttl-versions", "how long a version list is fresh", default="10m")
+    _option(serve, "--ttl-negative", "how long an upstream 404 is remembered", default="1m")
+    _option(serve, "--max-archive-size", "largest provider archive accepted", default="4GiB")
+    _option(serve, "--max-metadata-size", "largest JSON/SHA256SUMS document accepted", default="8MiB")
+    _option(serve, "--upstream-timeout", "timeout for metadata requests (and connect/read of downloads)",
+            default="30s")
+    _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
+    _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
+    _option(serve, "--log-level", "debug, info, warning or error", default="info")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Validate the parsed flags into Settings (raises ConfigError)."""
+    host, port = parse_listen(args.listen)
+    timeout = parse_duration(args.upstream_timeout)
+    concurrency = int(args.upstream_concurrency) if str(args.upstream_concurrency).isdigit() else 0
+    if concurrency < 1:
+        raise ConfigError("--upstream-concurrency must be a positive integer")
+    if args.redis_url:
+        raise ConfigError("--redis-url is not supported yet; remove it to use the embedded store")
+    return Settings(
+        data_dir=Path(args.data_dir).expanduser(),
+        listen_host=host,
+        listen_port=port,
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
+        plain_http=bool(args.plain_http),
+        allowed_hosts=normalise_hosts(_repeated(args, "--allow-host")),
+        upstream_map=parse_upstream_map(_repeated(args, "--upstream-map")),
+        upstream_ca_file=Path(args.upstream_ca_file) if args.upstream_ca_file else None,
+        allowed_private_hosts=normalise_private_hosts(_repeated(args, "--allow-private-host")),
+        freshness=Freshness(discovery=parse_duration(args.ttl_discovery),
+                            versions=parse_duration(args.ttl_versions),
+                            negative=parse_duration(args.ttl_negative)),
+        limits=Limits(max_archive_bytes=parse_size(args.max_archive_size),
+                      max_metadata_bytes=parse_size(args.max_metadata_size),
+                      metadata_timeout=timeout, read_timeout=max(timeout, 60.0),
+                      connect_timeout=min(timeout, 10.0), upstream_concurrency=concurrency),
+        log_format=args.log_format,
+        log_level=args.log_level,
+    )
+
+
+def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
+    """TLS context for the listener; generates a local CA on first start when no cert is given."""
+    if settings.plain_http:
+        return None
+    cert, key = settings.tls_cert, settings.tls_key
+    if cert is None or key is None:
+        from proxy.certs import ensure_local_tls
+
+        names = ["localhost", "127.0.0.1", "::1", socket.gethostname(), *extra_names]
+        if settings.listen_host not in ("0.0.0.0", "::", ""):
+            names.insert(0, settings.listen_host)
+        local = ensure_local_tls(settings.tls_dir, names)
+        cert, key = local.server_cert, local.server_key
+        log.info("tls.local_ca", ca_file=str(local.ca_cert), created=local.created,
+                 hint=f"clients must trust the CA: export SSL_CERT_FILE={local.ca_cert}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+def serve(args: argparse.Namespace) -> int:
+    from proxy.log import setup_logging
+    from proxy.web.app import create_app
+
+    settings = settings_from_args(args)
+    setup_logging(settings.log_format, settings.log_level)
+    context = server_ssl_context(settings, _repeated(args, "--tls-hostname"))
+    scheme = "http" if context is None else "https"
+    display_host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
+    log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/")
+    web.run_app(create_app(settings), host=settings.listen_host, port=settings.listen_port,
+                ssl_context=context, access_log=None, print=None, shutdown_timeout=30)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(args)
+    except ConfigError as exc:
+        print(f"registry-proxy: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ssl.SSLError) as exc:
+        print(f"registry-proxy: error: {exc}", file=sys.stderr)
+        return 1
+    parser.error(f"unknown command {args.command}")
+    return 2

@@ -1,0 +1,178 @@
+"""Settings: one frozen object built at start-up from defaults < environment < flags.
+
+Every setting has a flag `--name` and an environment variable `REGISTRY_PROXY_NAME`
+(dashes become underscores); repeatable flags take a comma-separated list in the
+environment. Values are validated here, once; invalid values stop start-up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from yarl import URL
+
+from proxy.addrs import Hostname
+from proxy.errors import InvalidRequestError
+
+ENV_PREFIX = "REGISTRY_PROXY_"
+DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20,
+    "gb": 10**9, "gib": 2**30, "tb": 10**12, "tib": 2**40, None: 1,
+}
+
+
+class ConfigError(ValueError):
+    """A setting has an invalid value."""
+
+
+def env_name(flag: str) -> str:
+    """`--upstream-map` → `REGISTRY_PROXY_UPSTREAM_MAP`."""
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `10m`, `1h`, `1d`, `500ms` → seconds."""
+    match = _DURATION_RE.match(str(text))
+    if not match:
+        raise ConfigError(f"invalid duration {text!r}: use e.g. 30s, 10m, 1h")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def parse_size(text: str) -> int:
+    """`1048576`, `512MiB`, `2GiB`, `10MB` → bytes."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ConfigError(f"invalid size {text!r}: use e.g. 512MiB, 2GiB")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:8443`) → (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"invalid --listen {text!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_upstream_map(entries: list[str]) -> dict[str, URL]:
+    """`HOST=BASEURL` entries → {normalised host: base URL}."""
+    mapping: dict[str, URL] = {}
+    for entry in entries:
+        host, sep, base = entry.partition("=")
+        if not sep:
+            raise ConfigError(f"invalid --upstream-map {entry!r}: expected HOST=BASEURL")
+        url = URL(base.strip())
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigError(f"invalid --upstream-map {entry!r}: BASEURL must be an http(s) URL")
+        mapping[str(_hostname(host.strip()))] = url
+    return mapping
+
+
+def _hostname(text: str) -> Hostname:
+    try:
+        return Hostname.parse(text)
+    except InvalidRequestError as exc:
+        raise ConfigError(exc.message) from None
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How long each kind of upstream metadata is served without asking the upstream again."""
+
+    discovery: float = 3600.0
+    versions: float = 600.0
+    negative: float = 60.0
+    # Per-version download metadata, SHA256SUMS and signatures are immutable: no TTL.
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what the proxy accepts from upstreams."""
+
+    max_archive_bytes: int = 4 * 2**30
+    max_metadata_bytes: int = 8 * 2**20
+    max_discovery_bytes: int = 1 * 2**20
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    metadata_timeout: float = 30.0
+    max_redirects: int = 5
+    upstream_concurrency: int = 16
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the proxy needs to run; built once by the CLI (or tests) and passed down."""
+
+    data_dir: Path
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8443
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    plain_http: bool = False
+    allowed_hosts: frozenset[str] = frozenset(DEFAULT_ALLOWED_HOSTS)
+    upstream_map: dict[str, URL] = field(default_factory=dict)
+    upstream_ca_file: Path | None = None
+    allowed_private_hosts: frozenset[str] = frozenset()
+    redis_url: str | None = None
+    freshness: Freshness = Freshness()
+    limits: Limits = Limits()
+    log_format: str = "auto"
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key must be given together")
+        if self.plain_http and self.tls_cert:
+            raise ConfigError("--plain-http and --tls-cert exclude each other")
+        if self.log_format not in ("auto", "json", "console"):
+            raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+
+    @property
+    def all_allowed_hosts(self) -> frozenset[str]:
+        """Registry hostnames clients may ask for: the allowlist plus every mapped host."""
+        return self.allowed_hosts | frozenset(self.upstream_map)
+
+    @property
+    def private_host_exceptions(self) -> frozenset[str]:
+        """`host` or `host:port` entries the SSRF guard lets through to private addresses."""
+        mapped = {f"{url.host}:{url.port}" for url in self.upstream_map.values()}
+        return self.allowed_private_hosts | frozenset(mapped)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.data_dir / "metadata"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.data_dir / "archives"
+
+    @property
+    def gnupg_home(self) -> Path:
+        return self.data_dir / "gnupg"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.data_dir / "tls"
+
+
+def normalise_hosts(hosts: list[str]) -> frozenset[str]:
+    """Normalise a list of registry hostnames as the clients would."""
+    return frozenset(str(_hostname(host)) for host in hosts if host.strip())
+
+
+def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
+    """`--allow-private-host` entries: a hostname or IP, optionally with `:port`, lower-cased."""
+    result = set()
+    for host in hosts:
+        host = host.strip().lower()
+        if host:
+            result.add(host.strip("[]"))
+    return frozenset(result)

@@ -1,0 +1,68 @@
+"""The proxy's error hierarchy: each error knows its HTTP status and whether it is expected.
+
+Handlers raise these (or let them propagate); one middleware renders them as
+`{"errors": [message]}` with the status. Nothing here imports aiohttp.
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    """Base class: a failure with a user-facing message and an HTTP status."""
+
+    status: int = 500
+    code: str = "internal_error"
+    expected: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(ProxyError):
+    """The client asked for something malformed (bad address, version, platform)."""
+
+    status = 400
+    code = "invalid_request"
+    expected = True
+
+
+class NotFoundError(ProxyError):
+    """The upstream (or the cache) does not have what was asked for."""
+
+    status = 404
+    code = "not_found"
+    expected = True
+
+
+class HostNotAllowedError(ProxyError):
+    """The registry hostname is not in the operator's allowlist."""
+
+    status = 403
+    code = "host_not_allowed"
+    expected = True
+
+
+class UpstreamError(ProxyError):
+    """The upstream failed (5xx, timeout, connection error, malformed answer)."""
+
+    status = 502
+    code = "upstream_error"
+
+
+class UpstreamTooLargeError(UpstreamError):
+    """The upstream answer exceeded the configured size limit."""
+
+    code = "upstream_too_large"
+
+
+class ForbiddenAddressError(UpstreamError):
+    """An upstream URL resolved to an address the SSRF guard refuses."""
+
+    code = "forbidden_upstream_address"
+
+
+class VerificationError(UpstreamError):
+    """An archive, checksum file or signature failed verification: a security event."""
+
+    code = "verification_failed"

@@ -1,0 +1,70 @@
+"""The only module that touches OpenPGP: verify a detached signature against given keys.
+
+Keys come from the upstream's `signing_keys` and are imported into a private keyring
+inside the data directory (never the user's). A signature is accepted only when it is
+cryptographically valid *and* was made by one of the keys handed in for this check, so
+keys imported for one provider can never vouch for another. Expired keys are tolerated,
+as the clients tolerate them; revoked keys are not.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import gnupg
+
+
+class SignatureError(Exception):
+    """The signature did not verify with any of the given keys."""
+
+
+@dataclass(frozen=True)
+class SignatureResult:
+    key_id: str
+    fingerprint: str
+
+
+class Keyring:
+    """A private GnuPG home used only for verification. Blocking: call from a worker thread."""
+
+    def __init__(self, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(home, 0o700)
+        self._home = home
+        self._gpg = gnupg.GPG(gnupghome=str(home))
+        self._gpg.encoding = "utf-8"
+        self._import_lock = threading.Lock()
+
+    def import_keys(self, armored_keys: list[str]) -> set[str]:
+        """Import public keys; returns the primary fingerprints that were in the given blocks."""
+        fingerprints: set[str] = set()
+        with self._import_lock:
+            for armor in armored_keys:
+                result = self._gpg.import_keys(armor)
+                fingerprints.update(fp.upper() for fp in result.fingerprints if fp)
+        return fingerprints
+
+    def verify_detached(self, data: bytes, signature: bytes, armored_keys: list[str]) -> SignatureResult:
+        """Verify `signature` over `data` with one of `armored_keys`, or raise SignatureError."""
+        allowed = self.import_keys(armored_keys)
+        if not allowed:
+            raise SignatureError("none of the upstream's signing keys could be read as an OpenPGP public key")
+        with tempfile.NamedTemporaryFile(dir=self._home, prefix="sig-", suffix=".sig") as sig_file:
+            sig_file.write(signature)
+            sig_file.flush()
+            verified = self._gpg.verify_data(sig_file.name, data)
+        primary = (verified.pubkey_fingerprint or verified.fingerprint or "").upper()
+        if not verified.fingerprint or verified.status in ("signature bad", "signature error"):
+            reason = verified.status or "no valid OpenPGP signature found"
+            if verified.status == "no public key" or (verified.key_id and not primary):
+                reason = f"signed by unknown key {verified.key_id}"
+            raise SignatureError(f"signature verification failed: {reason}")
+        if getattr(verified, "key_status", None) == "signing key was revoked":
+            raise SignatureError(f"signature verification failed: key {verified.key_id} is revoked")
+        if primary not in allowed:
+            raise SignatureError(f"signed by key {verified.key_id}, which is not among the upstream's signing keys")
+        return SignatureResult(key_id=verified.key_id or primary[-16:], fingerprint=primary)

@@ -1,0 +1,63 @@
+"""Logging: structlog set-up (JSON when not on a terminal), request ids and cache status.
+
+A request id (from `X-Request-Id` or a new one) lives in a context variable and is bound
+to every log line of the request. The cache outcome of a request (hit, miss, stale) is
+collected in another context variable for the access log.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from contextvars import ContextVar
+
+import structlog
+
+_cache_status: ContextVar[list[str] | None] = ContextVar("cache_status", default=None)
+_RANK = {"hit": 0, "miss": 1, "stale": 2}
+
+
+def setup_logging(fmt: str = "auto", level: str = "info") -> None:
+    """Configure structlog and stdlib logging once, at start-up."""
+    as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+
+
+def new_request_id(given: str | None) -> str:
+    """The client's request id if it is sane, else a fresh one."""
+    if given and len(given) <= 128 and given.isprintable() and " " not in given:
+        return given
+    return uuid.uuid4().hex[:16]
+
+
+def begin_request() -> None:
+    _cache_status.set([])
+
+
+def note_cache(status: str) -> None:
+    """Record a cache outcome (hit, miss or stale) for the current request."""
+    seen = _cache_status.get()
+    if seen is not None:
+        seen.append(status)
+
+
+def request_cache_status() -> str:
+    """The worst outcome seen by this request: stale > miss > hit; '-' if the cache was not used."""
+    seen = _cache_status.get() or []
+    return max(seen, key=_RANK.__getitem__) if seen else "-"

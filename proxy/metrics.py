@@ -1,0 +1,28 @@
+"""Prometheus metrics, one registry per application instance (so tests never collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+class Metrics:
+    """The counters and histograms the proxy exports on /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("registry_proxy_requests_total", "HTTP requests served",
+                                ["route", "status"], registry=self.registry)
+        self.request_seconds = Histogram("registry_proxy_request_seconds", "Request duration",
+                                         ["route"], registry=self.registry)
+        self.cache = Counter("registry_proxy_cache_total", "Metadata cache outcomes",
+                             ["outcome"], registry=self.registry)
+        self.upstream_fetches = Counter("registry_proxy_upstream_fetches_total",
+                                        "Upstream requests by kind and outcome",
+                                        ["kind", "outcome"], registry=self.registry)
+        self.upstream_bytes = Counter("registry_proxy_upstream_bytes_total",
+                                      "Archive bytes downloaded from upstreams", registry=self.registry)
+        self.verification_failures = Counter("registry_proxy_verification_failures_total",
+                                             "Archives or checksums that failed verification",
+                                             ["check"], registry=self.registry)
+        self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
+                                    "Archive bytes sent to clients", registry=self.registry)

@@ -1,0 +1,48 @@
+"""Per-key coalescing of cold fetches.
+
+The first caller for a key starts the work in its own task (tracked, so shutdown can
+wait for it); every caller, the first included, awaits it through `asyncio.shield`, so a
+client that disconnects cancels only its own wait, never the shared fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class SingleFlight:
+    """Runs at most one task per key at a time and shares its result."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def in_flight(self, key: str) -> bool:
+        return key in self._tasks
+
+    async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
+        task = self._tasks.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(_call(work), name=f"singleflight:{key}")
+            self._tasks[key] = task
+            task.add_done_callback(lambda done, key=key: self._forget(key, done))
+        return await asyncio.shield(task)
+
+    def _forget(self, key: str, task: asyncio.Task[Any]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+        if not task.cancelled():
+            task.exception()  # mark retrieved: waiters may all have gone away
+
+    async def close(self) -> None:
+        """Wait for every fetch still running (used at shutdown)."""
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _call(work: Callable[[], Awaitable[T]]) -> T:
+    return await work()

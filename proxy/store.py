@@ -1,0 +1,109 @@
+"""Content-addressed archive store on disk.
+
+Layout: `ROOT/sha256/ab/cd/<sha256>`. New files are written to `ROOT/tmp/`, hashed while
+written, fsynced, and renamed into place only by `publish` after the caller verified
+them: a partial or unverified file is never visible under its final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class StoredArchive:
+    sha256: str
+    path: Path
+    size: int
+
+
+class PendingArchive:
+    """A temp file being written; knows its SHA-256 and size so far."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "wb")  # noqa: SIM115 - closed by finish()/discard()
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+        self._digest.update(chunk)
+        self.size += len(chunk)
+
+    def finish(self) -> str:
+        """Flush and fsync; returns the SHA-256 hex of everything written."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return self._digest.hexdigest()
+
+    def discard(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class ArchiveStore:
+    """Verified archives by SHA-256. Blocking file I/O: call from a worker thread where it matters."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._tmp = root / "tmp"
+        self._objects = root / "sha256"
+
+    def open(self) -> None:
+        """Create the layout and remove temp files left by a crash."""
+        self._objects.mkdir(parents=True, exist_ok=True)
+        if self._tmp.exists():
+            shutil.rmtree(self._tmp)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, sha256: str) -> Path:
+        if not _HEX64.match(sha256):
+            raise ValueError(f"not a SHA-256 hex digest: {sha256!r}")
+        return self._objects / sha256[:2] / sha256[2:4] / sha256
+
+    def get(self, sha256: str) -> StoredArchive | None:
+        path = self.path_for(sha256)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        return StoredArchive(sha256, path, size)
+
+    def begin(self) -> PendingArchive:
+        return PendingArchive(self._tmp / f"{uuid.uuid4().hex}.part")
+
+    def publish(self, pending: PendingArchive, sha256: str) -> StoredArchive:
+        """Move a finished, verified temp file to its content address (atomic rename)."""
+        final = self.path_for(sha256)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(pending.path, final)
+        _fsync_dir(final.parent)
+        return StoredArchive(sha256, final, final.stat().st_size)
+
+    def is_writable(self) -> bool:
+        probe = self._tmp / f".probe-{uuid.uuid4().hex}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError:
+            return False
+        return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

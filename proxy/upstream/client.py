@@ -1,0 +1,195 @@
+"""The one owner of the upstream aiohttp ClientSession.
+
+Bounded fetches of metadata into memory, streamed downloads of archives into a sink,
+manual redirect handling (each hop re-checked by the SSRF guard), https only unless
+the operator named the host, retries for idempotent GETs, and translation of every
+transport failure into `proxy.errors`. Nothing above this module sees aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import structlog
+from yarl import URL
+
+from proxy import __version__
+from proxy.config import Limits
+from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
+from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, GuardedResolver
+
+log = structlog.get_logger(__name__)
+
+USER_AGENT = f"registry-proxy/{__version__}"
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+PASS_STATUSES = frozenset({200, 304, 404, 410})
+RETRY_BACKOFF = 0.5
+
+
+@dataclass(frozen=True)
+class UpstreamResponse:
+    """A bounded, fully read upstream answer."""
+
+    status: int
+    body: bytes
+    final_url: URL
+    content_type: str
+    etag: str | None
+
+
+Sink = Callable[[bytes], Awaitable[None]]
+
+
+def create_ssl_context(extra_ca_file: Path | None) -> ssl.SSLContext:
+    """System trust store plus the operator's extra CA bundle."""
+    context = ssl.create_default_context()
+    if extra_ca_file is not None:
+        context.load_verify_locations(cafile=str(extra_ca_file))
+    return context
+
+
+class UpstreamClient:
+    """Fetches from upstream registries within the configured limits."""
+
+    def __init__(self, session: aiohttp.ClientSession, policy: AddressPolicy, limits: Limits,
+                 *, retries: int = 1, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self._session = session
+        self._policy = policy
+        self._limits = limits
+        self._retries = retries
+        self._sleep = sleep
+
+    @classmethod
+    def create(cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None) -> UpstreamClient:
+        """Build the session (must run inside the event loop)."""
+        connector = aiohttp.TCPConnector(
+            resolver=GuardedResolver(policy), ssl=create_ssl_context(ca_file),
+            limit=limits.upstream_concurrency * 4, ttl_dns_cache=60,
+        )
+        session = aiohttp.ClientSession(
+            connector=connector, trust_env=True, auto_decompress=True,
+            headers={"User-Agent": USER_AGENT},
+        )
+        return cls(session, policy, limits)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def get(self, url: URL, *, max_bytes: int, accept: str = "application/json",
+                  etag: str | None = None, max_redirects: int | None = None) -> UpstreamResponse:
+        """GET a small document. 200/304/404/410 are returned; anything else raises UpstreamError."""
+        headers = {"Accept": accept}
+        if etag:
+            headers["If-None-Match"] = etag
+        timeout = aiohttp.ClientTimeout(total=self._limits.metadata_timeout,
+                                        connect=self._limits.connect_timeout)
+
+        async def read(response: aiohttp.ClientResponse) -> UpstreamResponse:
+            body = await _read_bounded(response, max_bytes, url)
+            return UpstreamResponse(response.status, body, response.url,
+                                    response.content_type, response.headers.get("ETag"))
+
+        return await self._with_retries(url, headers, timeout, read, max_redirects)
+
+    async def download(self, url: URL, sink: Sink, *, max_bytes: int) -> URL:
+        """Stream a 200 answer into `sink` chunk by chunk; returns the final URL."""
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._limits.connect_timeout,
+                                        sock_read=self._limits.read_timeout)
+
+        async def stream(response: aiohttp.ClientResponse) -> URL:
+            if response.status != 200:
+                raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
+            if response.content_length is not None and response.content_length > max_bytes:
+                raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+            total = 0
+            async for chunk in response.content.iter_chunked(1 << 20):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+                await sink(chunk)
+            return response.url
+
+        # A half-written sink cannot be replayed, so downloads are not retried here.
+        return await self._request(url, {"Accept": "*/*"}, timeout, stream, None)
+
+    async def _with_retries(self, url, headers, timeout, handle, max_redirects):
+        attempt = 0
+        while True:
+            try:
+                result = await self._request(url, headers, timeout, handle, max_redirects)
+            except UpstreamError as exc:
+                if isinstance(exc, ForbiddenAddressError | UpstreamTooLargeError) or attempt >= self._retries:
+                    raise
+                log.info("upstream.retry", url=_show(url), error=exc.message)
+            else:
+                if result.status < 500 or result.status == 501 or attempt >= self._retries:
+                    return _raise_for_status(result, url)
+                log.info("upstream.retry", url=_show(url), status=result.status)
+            attempt += 1
+            await self._sleep(RETRY_BACKOFF * attempt)
+
+    async def _request(self, url: URL, headers: dict[str, str], timeout: aiohttp.ClientTimeout,
+                       handle: Callable[[aiohttp.ClientResponse], Awaitable], max_redirects: int | None):
+        hops = self._limits.max_redirects if max_redirects is None else max_redirects
+        current = url
+        for _ in range(hops + 1):
+            self._check_url(current)
+            try:
+                async with self._session.get(current, headers=headers, timeout=timeout,
+                                             allow_redirects=False) as response:
+                    if response.status in REDIRECT_STATUSES and "Location" in response.headers:
+                        current = current.join(URL(response.headers["Location"]))
+                        continue
+                    return await handle(response)
+            except ForbiddenAddress as exc:
+                raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc}") from None
+            except aiohttp.ClientConnectorError as exc:
+                if isinstance(exc.os_error, ForbiddenAddress):
+                    raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc.os_error}") from None
+                raise UpstreamError(f"cannot connect to {current.host}: {exc.os_error or exc}") from None
+            except TimeoutError:
+                raise UpstreamError(f"timed out fetching {_show(current)}") from None
+            except aiohttp.ClientError as exc:
+                raise UpstreamError(f"fetching {_show(current)} failed: {exc}") from None
+        raise UpstreamError(f"too many redirects fetching {_show(url)}")
+
+    def _check_url(self, url: URL) -> None:
+        if not url.host or url.scheme not in ("https", "http"):
+            raise ForbiddenAddressError(f"refused to fetch {_show(url)}: only https URLs are fetched")
+        if url.user or url.password:
+            raise ForbiddenAddressError(f"refused to fetch {_show(url)}: URLs with credentials are not fetched")
+        if url.scheme == "http" and not self._policy.is_exempt(url.host, url.port):
+            raise ForbiddenAddressError(f"refused to fetch {_show(url)}: plain http is only allowed for "
+                                        "hosts named in --upstream-map or --allow-private-host")
+        try:
+            self._policy.check_literal(url)
+        except ForbiddenAddress as exc:
+            raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, max_bytes: int, url: URL) -> bytes:
+    if response.content_length is not None and response.content_length > max_bytes:
+        raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+    chunks, total = [], 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        total += len(chunk)
+        if total > max_bytes:
+            raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _raise_for_status(result: UpstreamResponse, url: URL) -> UpstreamResponse:
+    if result.status not in PASS_STATUSES:
+        raise UpstreamError(f"upstream answered {result.status} for {_show(url)}")
+    return result
+
+
+def _show(url: URL) -> str:
+    """A URL for messages: no query string (it may carry signed tokens)."""
+    return str(url.with_query(None).with_fragment(None))

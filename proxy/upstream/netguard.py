@@ -1,0 +1,92 @@
+"""SSRF guard: which upstream addresses the proxy may connect to.
+
+Lazy discovery means a client can make the proxy fetch URLs chosen by an upstream
+document. Every connection therefore goes through `GuardedResolver`, which drops
+loopback, private, link-local (cloud metadata), shared, reserved and multicast
+addresses unless the operator named the host (`--upstream-map`, `--allow-private-host`).
+IP literals never reach a resolver, so `check_literal` covers them before each request.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from typing import Any
+
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+from yarl import URL
+
+
+class ForbiddenAddress(OSError):
+    """Raised inside the connector when every address of a host is refused."""
+
+
+def is_public_address(address: str) -> bool:
+    """True for globally routable unicast addresses (IPv4-mapped IPv6 judged as IPv4)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def proxy_hosts_from_environment() -> frozenset[str]:
+    """Hosts of HTTPS_PROXY/HTTP_PROXY: the operator's egress proxy may live on a private address."""
+    hosts = set()
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        value = os.environ.get(name)
+        if value:
+            url = URL(value if "://" in value else f"http://{value}")
+            if url.host:
+                hosts.add(url.host.lower())
+    return frozenset(hosts)
+
+
+class AddressPolicy:
+    """Decides whether a (host, port, address) may be connected to."""
+
+    def __init__(self, exceptions: frozenset[str]) -> None:
+        self._exceptions = frozenset(e.lower() for e in exceptions) | proxy_hosts_from_environment()
+
+    def is_exempt(self, host: str, port: int | None) -> bool:
+        host = host.lower().strip("[]")
+        return host in self._exceptions or f"{host}:{port}" in self._exceptions
+
+    def check_literal(self, url: URL) -> None:
+        """Refuse a URL whose host is an IP literal in a forbidden range."""
+        host = (url.host or "").strip("[]")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return
+        if not self.is_exempt(host, url.port) and not is_public_address(host):
+            raise ForbiddenAddress(f"{host} is not a public address")
+
+
+class GuardedResolver(AbstractResolver):
+    """A resolver that only returns addresses the policy allows."""
+
+    def __init__(self, policy: AddressPolicy, inner: AbstractResolver | None = None) -> None:
+        self._policy = policy
+        self._inner = inner or DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        if self._policy.is_exempt(host, port):
+            return results
+        allowed = [r for r in results if is_public_address(r["host"])]
+        if not allowed:
+            refused = ", ".join(sorted({r["host"] for r in results}))
+            raise ForbiddenAddress(f"{host} resolves only to non-public addresses ({refused})")
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # pragma: no cover - passthrough for aiohttp internals
+        return getattr(self._inner, name)

@@ -1,0 +1,123 @@
+"""The provider registry protocol (`providers.v1`): URLs and typed, validated answers.
+
+Pure: builds request URLs from a discovered base URL and parses the upstream's JSON
+into records, resolving download URLs against the final URL of the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from yarl import URL
+
+from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.errors import InvalidRequestError, UpstreamError
+
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+_FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}$")
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    protocols: tuple[str, ...]
+    platforms: tuple[Platform, ...]
+
+
+@dataclass(frozen=True)
+class DownloadInfo:
+    """Download metadata for one provider version and platform."""
+
+    platform: Platform
+    filename: str
+    shasum: str
+    download_url: URL
+    shasums_url: URL
+    shasums_signature_url: URL
+    signing_keys: tuple[str, ...]
+    protocols: tuple[str, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def versions_url(base: URL, addr: ProviderAddr) -> URL:
+    return base.join(URL(f"{addr.namespace}/{addr.type}/versions"))
+
+
+def download_url(base: URL, addr: ProviderAddr, version: Version, platform: Platform) -> URL:
+    return base.join(URL(f"{addr.namespace}/{addr.type}/{version}/download/{platform.os}/{platform.arch}"))
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise UpstreamError(f"upstream {what} is not valid JSON") from None
+    if not isinstance(document, dict):
+        raise UpstreamError(f"upstream {what} is not a JSON object")
+    return document
+
+
+def parse_versions(body: bytes, addr: ProviderAddr) -> dict[Version, VersionInfo]:
+    """`{"versions": [{"version", "protocols", "platforms": [{"os", "arch"}]}]}` → records.
+
+    Entries with an unparseable version or platform are skipped, as the clients skip them.
+    """
+    document = _json_object(body, f"version list of {addr}")
+    entries = document.get("versions")
+    if not isinstance(entries, list):
+        raise UpstreamError(f"upstream version list of {addr} has no 'versions' array")
+    result: dict[Version, VersionInfo] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("version"), str):
+            continue
+        try:
+            version = Version.parse(entry["version"])
+        except InvalidRequestError:
+            continue
+        platforms = []
+        for item in entry.get("platforms") or []:
+            if isinstance(item, dict) and isinstance(item.get("os"), str) and isinstance(item.get("arch"), str):
+                try:
+                    platforms.append(Platform.of(item["os"], item["arch"]))
+                except InvalidRequestError:
+                    continue
+        protocols = tuple(p for p in entry.get("protocols") or [] if isinstance(p, str))
+        result[version] = VersionInfo(protocols, tuple(dict.fromkeys(platforms)))
+    return result
+
+
+def parse_download(body: bytes, final_url: URL, addr: ProviderAddr, version: Version,
+                   platform: Platform) -> DownloadInfo:
+    """Validate download metadata; URLs are resolved against `final_url` and must be http(s)."""
+    what = f"download metadata of {addr} {version} {platform}"
+    document = _json_object(body, what)
+    if document.get("os") != platform.os or document.get("arch") != platform.arch:
+        raise UpstreamError(f"upstream {what} is for another platform")
+    filename, shasum = document.get("filename"), document.get("shasum")
+    if not isinstance(filename, str) or not _FILENAME.match(filename) or filename in (".", ".."):
+        raise UpstreamError(f"upstream {what} has an invalid filename")
+    if not isinstance(shasum, str) or not _HEX64.match(shasum):
+        raise UpstreamError(f"upstream {what} has an invalid shasum")
+    urls = {}
+    for name in ("download_url", "shasums_url", "shasums_signature_url"):
+        value = document.get(name)
+        if not isinstance(value, str) or not value:
+            raise UpstreamError(f"upstream {what} lacks {name}")
+        try:
+            url = final_url.join(URL(value))
+        except ValueError:
+            raise UpstreamError(f"upstream {what} has an invalid {name}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise UpstreamError(f"upstream {what}: {name} must be an http(s) URL")
+        urls[name] = url
+    keys_doc = document.get("signing_keys")
+    keys_list = keys_doc.get("gpg_public_keys") if isinstance(keys_doc, dict) else None
+    keys = tuple(k["ascii_armor"] for k in keys_list or []
+                 if isinstance(k, dict) and isinstance(k.get("ascii_armor"), str))
+    if not keys:
+        raise UpstreamError(f"upstream {what} lists no signing keys: the archive cannot be verified")
+    protocols = tuple(p for p in document.get("protocols") or [] if isinstance(p, str))
+    return DownloadInfo(platform, filename, shasum.lower(), urls["download_url"], urls["shasums_url"],
+                        urls["shasums_signature_url"], keys, protocols, document)

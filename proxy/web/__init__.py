@@ -1,0 +1,1 @@
+"""The HTTP layer: thin handlers per protocol over `proxy.mirror.Mirror`."""

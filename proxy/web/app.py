@@ -1,0 +1,53 @@
+"""The composition root: builds the application, its resources and its routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import structlog
+from aiohttp import web
+
+from proxy.cache.embedded import EmbeddedStore
+from proxy.config import Settings
+from proxy.gpg import Keyring
+from proxy.metrics import Metrics
+from proxy.mirror import Mirror
+from proxy.store import ArchiveStore
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.netguard import AddressPolicy
+from proxy.web import health, network_mirror
+from proxy.web.keys import METRICS, MIRROR, SETTINGS
+from proxy.web.middlewares import request_context
+
+log = structlog.get_logger(__name__)
+
+
+def create_app(settings: Settings) -> web.Application:
+    """A ready-to-run application; resources open on start-up and close on shutdown."""
+    app = web.Application(middlewares=[request_context], client_max_size=64 * 1024)
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app.cleanup_ctx.append(_mirror_ctx)
+    health.add_routes(app)
+    network_mirror.add_routes(app)
+    return app
+
+
+async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = ArchiveStore(settings.archive_dir)
+    store.open()
+    cache = EmbeddedStore(settings.cache_dir / "metadata.sqlite")
+    upstream = UpstreamClient.create(AddressPolicy(settings.private_host_exceptions), settings.limits,
+                                     settings.upstream_ca_file)
+    mirror = Mirror(settings, upstream, cache, store, Keyring(settings.gnupg_home), app[METRICS])
+    app[MIRROR] = mirror
+    log.info("proxy.started", data_dir=str(settings.data_dir),
+             allowed_hosts=sorted(settings.all_allowed_hosts), metadata_store="embedded")
+    try:
+        yield
+    finally:
+        await mirror.close()
+        await upstream.close()
+        await cache.close()

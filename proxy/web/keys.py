@@ -1,0 +1,13 @@
+"""Typed application keys shared by the handlers."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.mirror import Mirror
+
+SETTINGS = web.AppKey("settings", Settings)
+MIRROR = web.AppKey("mirror", Mirror)
+METRICS = web.AppKey("metrics", Metrics)

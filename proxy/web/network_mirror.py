@@ -1,0 +1,62 @@
+"""Provider Network Mirror protocol: `index.json`, `:version.json` and the archives they list.
+
+URL contract: `/mirror/v1/:hostname/:namespace/:type/index.json`, `.../:version.json`, and
+archives at `.../:version/:os_:arch/terraform-provider-:type_:version_:os_:arch.zip`
+(listed as relative URLs, so they resolve under whatever base URL the client used).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.errors import InvalidRequestError, NotFoundError
+from proxy.web.archives import serve_archive
+from proxy.web.keys import MIRROR
+from proxy.web.responses import json_response
+
+PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
+
+
+def archive_filename(addr: ProviderAddr, version: Version, platform: Platform) -> str:
+    return f"terraform-provider-{addr.type}_{version}_{platform}.zip"
+
+
+def _addr(request: web.Request) -> ProviderAddr:
+    info = request.match_info
+    return ProviderAddr.parse(info["hostname"], info["namespace"], info["type"])
+
+
+async def json_document(request: web.Request) -> web.Response:
+    """`index.json` (version list) or `:version.json` (archives of one version)."""
+    addr = _addr(request)
+    name = request.match_info["document"]
+    if not name.endswith(".json"):
+        raise NotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
+    mirror = request.app[MIRROR]
+    if name == "index.json":
+        versions = await mirror.provider_versions(addr)
+        return json_response({"versions": {str(v): {} for v in sorted(versions)}})
+    version = Version.parse(name.removesuffix(".json"))
+    archives = await mirror.version_archives(addr, version)
+    return json_response({"archives": {
+        str(a.platform): {"url": f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}",
+                          "hashes": list(a.hashes)}
+        for a in archives
+    }})
+
+
+async def archive(request: web.Request) -> web.StreamResponse:
+    """GET/HEAD of a verified provider archive."""
+    addr = _addr(request)
+    version = Version.parse(request.match_info["version"])
+    platform = Platform.parse(request.match_info["platform"])
+    if request.match_info["filename"] != archive_filename(addr, version, platform):
+        raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
+    stored, record = await request.app[MIRROR].archive(addr, version, platform)
+    return await serve_archive(request, stored, record.filename)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(PREFIX + "/{document}", json_document, name="mirror_json")
+    app.router.add_get(PREFIX + "/{version}/{platform}/{filename}", archive, name="mirror_archive")
