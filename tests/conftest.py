@@ -1,0 +1,144 @@
+"""Shared fixtures: real GPG keys, a test CA, the fake HTTPS registry, and proxy factories."""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import trustme
+from aiohttp import web
+from yarl import URL
+
+from proxy.config import Settings
+from proxy.web.app import create_app
+from tests.fakes.packages import Release
+from tests.fakes.registry import FakeRegistry
+from tests.fakes.signing import SigningKey
+
+REGISTRY_HOST = "registry.example.test"
+PROVIDER = f"{REGISTRY_HOST}/acme/foo"
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory) -> SigningKey:
+    return SigningKey(tmp_path_factory.mktemp("gpg-signer"), "Acme Release Signer")
+
+
+@pytest.fixture(scope="session")
+def other_key(tmp_path_factory) -> SigningKey:
+    return SigningKey(tmp_path_factory.mktemp("gpg-other"), "Someone Else")
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def ca_file(ca, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def server_cert_files(ca, tmp_path_factory) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1/localhost, for proxies started in tests."""
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    folder = tmp_path_factory.mktemp("proxy-cert")
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    for pem in cert.cert_chain_pems[1:]:
+        pem.write_to_path(str(folder / "cert.pem"), append=True)
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    return folder / "cert.pem", folder / "key.pem"
+
+
+@pytest.fixture
+def upstream_ssl(ca) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
+    return context
+
+
+@pytest.fixture
+def client_ssl(ca) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+@pytest.fixture
+async def registry(upstream_ssl, signing_key) -> AsyncIterator[FakeRegistry]:
+    fake = FakeRegistry(upstream_ssl)
+    fake.add(Release("acme", "foo", "1.0.0", signing_key))
+    fake.add(Release("acme", "foo", "1.1.0", signing_key))
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+def make_settings(tmp_path, registry, ca_file, server_cert_files):
+    """Settings for a proxy in front of the fake registry; keyword arguments override fields."""
+
+    def make(**overrides) -> Settings:
+        values = dict(
+            data_dir=tmp_path / "data",
+            tls_cert=server_cert_files[0],
+            tls_key=server_cert_files[1],
+            allowed_hosts=frozenset(),
+            upstream_map={REGISTRY_HOST: URL(registry.url)},
+            upstream_ca_file=ca_file,
+        )
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@dataclass
+class RunningProxy:
+    url: str
+    session: aiohttp.ClientSession
+    app: web.Application
+
+    async def get(self, path: str, **kwargs) -> tuple[int, dict, bytes]:
+        async with self.session.get(self.url + path, **kwargs) as response:
+            return response.status, dict(response.headers), await response.read()
+
+    async def json(self, path: str) -> tuple[int, object]:
+        async with self.session.get(self.url + path) as response:
+            return response.status, await response.json(content_type=None)
+
+
+@contextlib.asynccontextmanager
+async def serve_proxy(settings: Settings, client_ssl: ssl.SSLContext) -> AsyncIterator[RunningProxy]:
+    """Run the real application over TLS (or plain HTTP) on a free loopback port."""
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    server_ssl = None
+    if not settings.plain_http:
+        server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ssl.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
+    await site.start()
+    port = runner.addresses[0][1]
+    scheme = "http" if settings.plain_http else "https"
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ssl, force_close=False))
+    try:
+        yield RunningProxy(f"{scheme}://127.0.0.1:{port}", session, app)
+    finally:
+        await session.close()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def proxy(make_settings, client_ssl) -> AsyncIterator[RunningProxy]:
+    async with serve_proxy(make_settings(), client_ssl) as running:
+        yield running

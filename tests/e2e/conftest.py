@@ -1,0 +1,135 @@
+"""End-to-end fixtures: the proxy as a real process, and the real `terraform` binary."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import ssl
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import REGISTRY_HOST
+
+TERRAFORM = shutil.which("terraform")
+
+
+def pytest_collection_modifyitems(items):
+    if TERRAFORM is None:
+        message = "terraform binary NOT FOUND on PATH: end-to-end tests are SKIPPED"
+        warnings.warn(message, stacklevel=1)
+        print(f"\n*** {message} ***\n", file=sys.stderr)
+        for item in items:
+            if "e2e" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=message))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ProxyProcess:
+    """`python -m proxy serve` with its own generated TLS, pointed at the fake registry."""
+
+    def __init__(self, data_dir: Path, registry_url: str, ca_file: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.args = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{self.port}",
+                     "--data-dir", str(data_dir), "--allow-host", "",
+                     "--upstream-map", f"{REGISTRY_HOST}={registry_url}",
+                     "--upstream-ca-file", str(ca_file), "--log-format", "json", *extra]
+        self.process: asyncio.subprocess.Process | None = None
+        self.log_path = data_dir.parent / f"proxy-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / "tls" / "ca.pem"
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log,
+                                                            cwd=Path(__file__).parents[2])
+        log.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.returncode is not None:
+                raise RuntimeError(f"proxy exited: {self.log_path.read_text()[-2000:]}")
+            if self.ca_file.exists():
+                try:
+                    context = ssl.create_default_context(cafile=str(self.ca_file))
+                    async with aiohttp.ClientSession() as session, \
+                            session.get(self.url + "/healthz", ssl=context) as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, OSError, ssl.SSLError):
+                    pass
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"proxy did not start: {self.log_path.read_text()[-2000:]}")
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 15)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        self.process = None
+
+
+class Terraform:
+    """Runs `terraform init` in a working directory with a CLI config pointing at the proxy."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def workdir(self, name: str, main_tf: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True)
+        (path / "main.tf").write_text(main_tf)
+        return path
+
+    async def init(self, workdir: Path, cli_config: str, ca_file: Path) -> tuple[int, str]:
+        config = workdir / "cli.tfrc"
+        config.write_text(cli_config)
+        env = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
+        env.update(TF_CLI_CONFIG_FILE=str(config), SSL_CERT_FILE=str(ca_file), CHECKPOINT_DISABLE="1",
+                   TF_IN_AUTOMATION="1", HOME=str(workdir))
+        process = await asyncio.create_subprocess_exec(
+            TERRAFORM, "init", "-input=false", "-no-color", cwd=workdir, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        output, _ = await asyncio.wait_for(process.communicate(), 180)
+        return process.returncode, output.decode()
+
+
+@pytest.fixture
+def terraform(tmp_path) -> Terraform:
+    return Terraform(tmp_path / "tf")
+
+
+@pytest.fixture
+async def proxy_process(tmp_path, registry, ca_file):
+    started: list[ProxyProcess] = []
+
+    async def start(data_dir: Path | None = None, *extra: str) -> ProxyProcess:
+        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url, ca_file, *extra)
+        await process.start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        await process.stop()

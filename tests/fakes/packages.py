@@ -1,0 +1,61 @@
+"""Builders for tiny provider releases: zips, SHA256SUMS, signatures, and their hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass, field
+
+from tests.fakes.signing import SigningKey
+
+DEFAULT_PLATFORMS = ("linux_amd64", "darwin_arm64", "windows_amd64")
+
+
+def provider_zip(type_: str, version: str, platform: str, *, directory_entry: bool = False,
+                 padding: int = 0) -> bytes:
+    """A provider package: one executable script, optionally a `docs/` directory entry."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        script = f"#!/bin/sh\necho terraform-provider-{type_} {version} {platform}\n"
+        info = zipfile.ZipInfo(f"terraform-provider-{type_}_v{version}", date_time=(2024, 1, 1, 0, 0, 0))
+        info.external_attr = 0o755 << 16
+        archive.writestr(info, script + "#" * padding)
+        if directory_entry:
+            archive.writestr(zipfile.ZipInfo("docs/", date_time=(2024, 1, 1, 0, 0, 0)), b"")
+            archive.writestr(zipfile.ZipInfo("docs/README", date_time=(2024, 1, 1, 0, 0, 0)), b"read me\n")
+    return buffer.getvalue()
+
+
+@dataclass
+class Release:
+    """One provider version: a zip per platform, SHA256SUMS and its detached signature."""
+
+    namespace: str
+    type: str
+    version: str
+    key: SigningKey
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS
+    padding: int = 0
+    zips: dict[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for platform in self.platforms:
+            self.zips[platform] = provider_zip(self.type, self.version, platform, padding=self.padding)
+        self.resign()
+
+    def filename(self, platform: str) -> str:
+        return f"terraform-provider-{self.type}_{self.version}_{platform}.zip"
+
+    @property
+    def shasums_name(self) -> str:
+        return f"terraform-provider-{self.type}_{self.version}_SHA256SUMS"
+
+    def sha256(self, platform: str) -> str:
+        return hashlib.sha256(self.zips[platform]).hexdigest()
+
+    def resign(self) -> None:
+        """Recompute SHA256SUMS from the current zips and sign it."""
+        lines = [f"{self.sha256(p)}  {self.filename(p)}\n" for p in sorted(self.platforms)]
+        self.shasums = "".join(lines).encode()
+        self.signature = self.key.sign(self.shasums)

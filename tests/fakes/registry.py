@@ -1,0 +1,153 @@
+"""A fake upstream registry that speaks the real protocols over HTTPS.
+
+Serves discovery, `providers.v1` (versions, download metadata) and the release files
+(archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
+has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
+signing keys, slow archive streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import Counter
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from tests.fakes.packages import Release
+
+
+@dataclass
+class Fault:
+    status: int | None = None
+    body: bytes | None = None
+    content_type: str = "application/json"
+    delay: float = 0.0
+
+
+class FakeRegistry:
+    """An HTTPS registry on 127.0.0.1; `url` is its base, e.g. `https://127.0.0.1:PORT`."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, host: str = "127.0.0.1") -> None:
+        self._ssl = ssl_context
+        self.host = host
+        self.port = 0
+        self.releases: dict[tuple[str, str], dict[str, Release]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.faults: dict[str, Fault] = {}
+        self.tampered: set[str] = set()
+        self.signing_keys_override: list[str] | None = None
+        self.files_base: str | None = None
+        self.archive_chunk_delay = 0.0
+        self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/"}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    def add(self, release: Release) -> Release:
+        self.releases.setdefault((release.namespace, release.type), {})[release.version] = release
+        return release
+
+    def count(self, path: str, method: str = "GET") -> int:
+        return Counter(self.requests)[(method, path)]
+
+    def archive_path(self, release: Release, platform: str) -> str:
+        return f"/files/{release.namespace}/{release.type}/{release.version}/{release.filename(platform)}"
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._record_and_fault])
+        app.router.add_get("/.well-known/terraform.json", self._discovery)
+        app.router.add_get("/v1/providers/{ns}/{type}/versions", self._versions)
+        app.router.add_get("/v1/providers/{ns}/{type}/{version}/download/{os}/{arch}", self._download)
+        app.router.add_get("/files/{ns}/{type}/{version}/{name}", self._file)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ssl, reuse_address=True)
+        await site.start()
+        if not self.port:
+            self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ---- handlers ---------------------------------------------------------------------
+
+    @web.middleware
+    async def _record_and_fault(self, request: web.Request, handler):
+        self.requests.append((request.method, request.path))
+        fault = self.faults.get(request.path)
+        if fault is not None:
+            if fault.delay:
+                await asyncio.sleep(fault.delay)
+            if fault.status is not None or fault.body is not None:
+                return web.Response(status=fault.status or 200, body=fault.body or b"",
+                                    headers={"Content-Type": fault.content_type})
+        return await handler(request)
+
+    async def _discovery(self, request: web.Request) -> web.Response:
+        return web.json_response(self.discovery)
+
+    def _release_set(self, request: web.Request) -> dict[str, Release]:
+        releases = self.releases.get((request.match_info["ns"], request.match_info["type"]))
+        if not releases:
+            raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
+        return releases
+
+    async def _versions(self, request: web.Request) -> web.Response:
+        releases = self._release_set(request)
+        return web.json_response({"versions": [
+            {"version": r.version, "protocols": ["5.0"],
+             "platforms": [{"os": p.split("_")[0], "arch": p.split("_")[1]} for p in r.platforms]}
+            for r in releases.values()
+        ]})
+
+    async def _download(self, request: web.Request) -> web.Response:
+        release = self._release_set(request).get(request.match_info["version"])
+        platform = f"{request.match_info['os']}_{request.match_info['arch']}"
+        if release is None or platform not in release.platforms:
+            raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
+        files = self.files_base or self.url
+        prefix = f"{files}/files/{release.namespace}/{release.type}/{release.version}"
+        keys = self.signing_keys_override or [release.key.armored_public_key]
+        return web.json_response({
+            "protocols": ["5.0"], "os": request.match_info["os"], "arch": request.match_info["arch"],
+            "filename": release.filename(platform),
+            "download_url": f"{prefix}/{release.filename(platform)}",
+            "shasums_url": f"{prefix}/{release.shasums_name}",
+            "shasums_signature_url": f"{prefix}/{release.shasums_name}.sig",
+            "shasum": release.sha256(platform),
+            "signing_keys": {"gpg_public_keys": [{"key_id": "X", "ascii_armor": k} for k in keys]},
+        })
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        release = self._release_set(request).get(request.match_info["version"])
+        name = request.match_info["name"]
+        if release is None:
+            raise web.HTTPNotFound()
+        if name == release.shasums_name:
+            return web.Response(body=release.shasums, content_type="text/plain")
+        if name == release.shasums_name + ".sig":
+            return web.Response(body=release.signature, content_type="application/octet-stream")
+        platform = next((p for p in release.platforms if release.filename(p) == name), None)
+        if platform is None:
+            raise web.HTTPNotFound()
+        body = release.zips[platform]
+        if name in self.tampered:
+            body = body[:-1] + bytes([body[-1] ^ 0xFF])
+        response = web.StreamResponse(headers={"Content-Type": "application/zip"})
+        response.content_length = len(body)
+        await response.prepare(request)
+        step = 256 * 1024
+        for offset in range(0, len(body), step):
+            if self.archive_chunk_delay:
+                await asyncio.sleep(self.archive_chunk_delay)
+            await response.write(body[offset:offset + step])
+        await response.write_eof()
+        return response
