@@ -57,14 +57,16 @@ class Keyring:
             sig_file.write(signature)
             sig_file.flush()
             verified = self._gpg.verify_data(sig_file.name, data)
-        primary = (verified.pubkey_fingerprint or verified.fingerprint or "").upper()
-        if not verified.fingerprint or verified.status in ("signature bad", "signature error"):
-            reason = verified.status or "no valid OpenPGP signature found"
-            if verified.status == "no public key" or (verified.key_id and not primary):
+        if verified.status != "signature valid":  # set only by gpg's VALIDSIG: the signature is good
+            if verified.status == "no public key":
                 reason = f"signed by unknown key {verified.key_id}"
+            else:
+                reason = verified.status or "no valid OpenPGP signature found"
             raise SignatureError(f"signature verification failed: {reason}")
         if getattr(verified, "key_status", None) == "signing key was revoked":
             raise SignatureError(f"signature verification failed: key {verified.key_id} is revoked")
+        primary = (verified.pubkey_fingerprint or verified.fingerprint or "").upper()
         if primary not in allowed:
-            raise SignatureError(f"signed by key {verified.key_id}, which is not among the upstream's signing keys")
+            raise SignatureError(f"signed by key {verified.key_id or primary}, which is not among the "
+                                 "upstream's signing keys")
         return SignatureResult(key_id=verified.key_id or primary[-16:], fingerprint=primary)

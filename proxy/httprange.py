@@ -30,8 +30,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
         return max(size - length, 0), size - 1
     start = int(first)
     end = int(last) if last else size - 1
-    if end < start:
-        return None
     if start >= size:
         raise UnsatisfiableRange(header)
+    if end < start:
+        return None
     return start, min(end, size - 1)

@@ -109,7 +109,7 @@ class RunningProxy:
 
     async def get(self, path: str, **kwargs) -> tuple[int, dict, bytes]:
         async with self.session.get(self.url + path, **kwargs) as response:
-            return response.status, dict(response.headers), await response.read()
+            return response.status, response.headers.copy(), await response.read()
 
     async def json(self, path: str) -> tuple[int, object]:
         async with self.session.get(self.url + path) as response:

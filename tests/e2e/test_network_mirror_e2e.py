@@ -66,7 +66,7 @@ async def test_init_fails_and_caches_nothing_for_tampered_zip(registry, proxy_pr
     proxy = await proxy_process()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
-    assert "502" in output or "verification" in output.lower(), output
+    assert "502" in output, output
     assert stored_files(proxy.data_dir) == []
 
 
@@ -77,5 +77,5 @@ async def test_init_fails_and_caches_nothing_for_bad_signature(registry, proxy_p
     proxy = await proxy_process()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
-    assert "signature" in output.lower() or "verification" in output.lower(), output
+    assert "502" in output, output
     assert stored_files(proxy.data_dir) == []

@@ -24,6 +24,7 @@ class Fault:
     body: bytes | None = None
     content_type: str = "application/json"
     delay: float = 0.0
+    headers: dict[str, str] | None = None
 
 
 class FakeRegistry:
@@ -88,7 +89,7 @@ class FakeRegistry:
                 await asyncio.sleep(fault.delay)
             if fault.status is not None or fault.body is not None:
                 return web.Response(status=fault.status or 200, body=fault.body or b"",
-                                    headers={"Content-Type": fault.content_type})
+                                    headers={"Content-Type": fault.content_type, **(fault.headers or {})})
         return await handler(request)
 
     async def _discovery(self, request: web.Request) -> web.Response:

@@ -1,0 +1,107 @@
+"""Archive serving: cold/warm, one upstream fetch, HEAD, Range, ETag, client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from tests.conftest import PROVIDER, serve_proxy
+
+ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+
+
+def release_of(registry):
+    return registry.releases[("acme", "foo")]["1.0.0"]
+
+
+async def test_cold_then_warm_archive_is_fetched_once(proxy, registry):
+    release = release_of(registry)
+    status, headers, body = await proxy.get(ARCHIVE)
+    assert status == 200
+    assert body == release.zips["linux_amd64"]
+    assert headers["ETag"] == f'"{release.sha256("linux_amd64")}"'
+    assert headers["Content-Type"] == "application/zip"
+    assert int(headers["Content-Length"]) == len(body)
+    status, _, again = await proxy.get(ARCHIVE)
+    assert (status, again) == (200, body)
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
+
+async def test_head_then_get_downloads_once(proxy, registry):
+    release = release_of(registry)
+    async with proxy.session.head(proxy.url + ARCHIVE) as response:
+        assert response.status == 200
+        assert int(response.headers["Content-Length"]) == len(release.zips["linux_amd64"])
+        assert response.headers["Accept-Ranges"] == "bytes"
+        assert await response.read() == b""
+    status, _, body = await proxy.get(ARCHIVE)
+    assert status == 200 and body == release.zips["linux_amd64"]
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
+
+async def test_range_and_conditional_requests(proxy, registry):
+    data = release_of(registry).zips["linux_amd64"]
+    status, headers, body = await proxy.get(ARCHIVE, headers={"Range": "bytes=10-19"})
+    assert (status, body) == (206, data[10:20])
+    assert headers["Content-Range"] == f"bytes 10-19/{len(data)}"
+    status, _, body = await proxy.get(ARCHIVE, headers={"Range": "bytes=-5"})
+    assert (status, body) == (206, data[-5:])
+    status, headers, _ = await proxy.get(ARCHIVE, headers={"Range": f"bytes={len(data)}-"})
+    assert status == 416 and headers["Content-Range"] == f"bytes */{len(data)}"
+    etag = f'"{hashlib.sha256(data).hexdigest()}"'
+    status, _, body = await proxy.get(ARCHIVE, headers={"If-None-Match": etag})
+    assert (status, body) == (304, b"")
+
+
+async def test_concurrent_cold_requests_share_one_upstream_fetch(proxy, registry):
+    registry.archive_chunk_delay = 0.02
+    results = await asyncio.gather(*(proxy.get(ARCHIVE) for _ in range(20)))
+    release = release_of(registry)
+    assert {status for status, _, _ in results} == {200}
+    assert all(body == release.zips["linux_amd64"] for _, _, body in results)
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+    assert registry.count("/v1/providers/acme/foo/1.0.0/download/linux/amd64") == 1
+    assert registry.count(f"/files/acme/foo/1.0.0/{release.shasums_name}") == 1
+    assert registry.count("/.well-known/terraform.json") == 1
+
+
+async def test_concurrent_cold_version_documents_share_metadata_fetches(proxy, registry):
+    results = await asyncio.gather(*(proxy.json(f"/mirror/v1/{PROVIDER}/1.0.0.json") for _ in range(10)))
+    assert {status for status, _ in results} == {200}
+    assert registry.count("/v1/providers/acme/foo/versions") == 1
+    assert registry.count("/v1/providers/acme/foo/1.0.0/download/darwin/arm64") == 1
+
+
+async def test_client_disconnect_does_not_cancel_the_shared_fetch(proxy, registry):
+    registry.archive_chunk_delay = 0.3
+    release = release_of(registry)
+    release.zips["linux_amd64"] = release.zips["linux_amd64"] + b""  # unchanged, multi-chunk not needed
+    first = asyncio.create_task(proxy.get(ARCHIVE))
+    await asyncio.sleep(0.2)
+    first.cancel()
+    status, _, body = await proxy.get(ARCHIVE)
+    assert status == 200 and body == release.zips["linux_amd64"]
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
+
+async def test_wrong_archive_name_is_rejected(proxy, registry):
+    status, _, body = await proxy.get(f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/../../../../etc/passwd")
+    assert status in (400, 404)
+    status, _, body = await proxy.get(f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/evil.zip")
+    assert status == 400 and b"archive name must be" in body
+    assert not [path for _, path in registry.requests if path.endswith(".zip")]
+
+
+async def test_unknown_platform_is_404(proxy):
+    status, _, body = await proxy.get(f"/mirror/v1/{PROVIDER}/1.0.0/plan9_mips/terraform-provider-foo_1.0.0_plan9_mips.zip")
+    assert status == 404 and b"no package for plan9_mips" in body
+
+
+async def test_plain_http_mode_serves_archives_with_sendfile(make_settings, client_ssl, registry):
+    settings = make_settings(plain_http=True, tls_cert=None, tls_key=None)
+    async with serve_proxy(settings, client_ssl) as running:
+        assert running.url.startswith("http://")
+        status, headers, body = await running.get(ARCHIVE)
+        assert status == 200 and body == release_of(registry).zips["linux_amd64"]
+        status, _, body = await running.get(ARCHIVE, headers={"Range": "bytes=0-3"})
+        assert (status, body) == (206, b"PK\x03\x04")
