@@ -1,0 +1,112 @@
+"""Upstream failures: clear 502s, nothing bad cached, stale-if-error, negative cache, restarts."""
+
+from __future__ import annotations
+
+from proxy.config import Freshness, Limits
+from tests.conftest import PROVIDER, serve_proxy
+from tests.fakes.registry import Fault
+
+INDEX = f"/mirror/v1/{PROVIDER}/index.json"
+VERSION_DOC = f"/mirror/v1/{PROVIDER}/1.0.0.json"
+ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+VERSIONS = "/v1/providers/acme/foo/versions"
+
+
+async def test_upstream_5xx_is_a_502_naming_the_status(proxy, registry):
+    registry.faults[VERSIONS] = Fault(status=503, body=b"down")
+    status, body = await proxy.json(INDEX)
+    assert status == 502 and "503" in body["errors"][0]
+    assert registry.count(VERSIONS) == 2  # one retry for an idempotent GET
+
+
+async def test_garbage_json_is_refused_and_not_cached(proxy, registry):
+    registry.faults[VERSIONS] = Fault(body=b"<html>not json</html>", content_type="text/html")
+    status, body = await proxy.json(INDEX)
+    assert status == 502 and "not valid JSON" in body["errors"][0]
+    registry.faults.clear()
+    status, body = await proxy.json(INDEX)
+    assert status == 200 and body == {"versions": {"1.0.0": {}, "1.1.0": {}}}
+
+
+async def test_wrong_shape_json_is_refused(proxy, registry):
+    registry.faults[VERSIONS] = Fault(body=b'{"versions": "many"}')
+    status, body = await proxy.json(INDEX)
+    assert status == 502 and "versions" in body["errors"][0]
+
+
+async def test_oversized_metadata_is_refused(make_settings, client_ssl, registry):
+    registry.faults[VERSIONS] = Fault(body=b'{"versions": []}' + b" " * 5000)
+    async with serve_proxy(make_settings(limits=Limits(max_metadata_bytes=4096)), client_ssl) as running:
+        status, body = await running.json(INDEX)
+        assert status == 502 and "limit" in body["errors"][0]
+
+
+async def test_upstream_timeout(make_settings, client_ssl, registry):
+    registry.faults[VERSIONS] = Fault(delay=2.0)
+    async with serve_proxy(make_settings(limits=Limits(metadata_timeout=0.3)), client_ssl) as running:
+        status, body = await running.json(INDEX)
+        assert status == 502 and "timed out" in body["errors"][0]
+
+
+async def test_discovery_with_wrong_content_type(proxy, registry):
+    registry.faults["/.well-known/terraform.json"] = Fault(body=b'{"providers.v1": "/v1/providers/"}',
+                                                          content_type="text/plain")
+    status, body = await proxy.json(INDEX)
+    assert status == 502 and "application/json" in body["errors"][0]
+
+
+async def test_discovery_without_providers_service(proxy, registry):
+    registry.discovery = {"modules.v1": "/v1/modules/"}
+    status, body = await proxy.json(INDEX)
+    assert status == 404 and "providers.v1" in body["errors"][0]
+
+
+async def test_upstream_down_cold_is_a_502(proxy, registry):
+    await registry.stop()
+    status, body = await proxy.json(INDEX)
+    assert status == 502 and "cannot connect" in body["errors"][0]
+
+
+async def test_not_found_is_cached_briefly(proxy, registry):
+    path = f"/mirror/v1/{PROVIDER.replace('foo', 'missing')}/index.json"
+    assert (await proxy.json(path))[0] == 404
+    assert (await proxy.json(path))[0] == 404
+    assert registry.count("/v1/providers/acme/missing/versions") == 1
+
+
+async def test_stale_metadata_is_served_when_the_upstream_fails(make_settings, client_ssl, registry):
+    settings = make_settings(freshness=Freshness(discovery=0, versions=0, negative=0))
+    async with serve_proxy(settings, client_ssl) as running:
+        assert (await running.json(VERSION_DOC))[0] == 200
+        assert (await running.get(ARCHIVE))[0] == 200
+        registry.faults[VERSIONS] = Fault(status=500)
+        status, body = await running.json(INDEX)
+        assert status == 200 and "1.0.0" in body["versions"]
+        await registry.stop()
+        for path in (INDEX, VERSION_DOC, ARCHIVE):
+            assert (await running.get(path))[0] == 200, path
+
+
+async def test_warm_cache_survives_a_restart_with_the_upstream_down(make_settings, client_ssl, registry):
+    settings = make_settings()
+    async with serve_proxy(settings, client_ssl) as running:
+        for path in (INDEX, VERSION_DOC, ARCHIVE):
+            assert (await running.get(path))[0] == 200
+    await registry.stop()
+    async with serve_proxy(settings, client_ssl) as restarted:
+        status, body = await restarted.json(VERSION_DOC)
+        assert status == 200
+        assert any(h.startswith("h1:") for h in body["archives"]["linux_amd64"]["hashes"])
+        status, _, data = await restarted.get(ARCHIVE)
+        assert status == 200
+        assert data == registry.releases[("acme", "foo")]["1.0.0"].zips["linux_amd64"]
+        assert (await restarted.json(INDEX))[0] == 200
+
+
+async def test_discovery_follows_redirects_and_resolves_relative_service_urls(proxy, registry):
+    registry.faults["/.well-known/terraform.json"] = Fault(
+        status=301, headers={"Location": f"{registry.url}/moved/here/terraform.json"})
+    registry.faults["/moved/here/terraform.json"] = Fault(body=b'{"providers.v1": "../../v1/providers/"}')
+    status, body = await proxy.json(INDEX)
+    assert status == 200 and "1.1.0" in body["versions"]
+    assert registry.count("/moved/here/terraform.json") == 1
