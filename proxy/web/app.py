@@ -8,6 +8,7 @@ import structlog
 from aiohttp import web
 
 from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.memory import MemoryFront
 from proxy.config import Settings
 from proxy.gpg import Keyring
 from proxy.metrics import Metrics
@@ -38,7 +39,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    cache = EmbeddedStore(settings.cache_dir / "metadata.sqlite")
+    cache = MemoryFront(EmbeddedStore(settings.cache_dir / "metadata.sqlite"))
     upstream = UpstreamClient.create(AddressPolicy(settings.private_host_exceptions), settings.limits,
                                      settings.upstream_ca_file)
     mirror = Mirror(settings, upstream, cache, store, Keyring(settings.gnupg_home), app[METRICS])

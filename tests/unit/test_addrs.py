@@ -347,7 +347,7 @@ def test_version_parse(given: str, fields: tuple, canonical: str) -> None:
         "1.0.0-.alpha",
         "1.0.0+build..1",
         "1.0.0-alpha_1",
-        "1.0.0-α",
+        "1.0.0-\u03b1",
         "V1.0.0",
         "vv1.0.0",
         "=1.0.0",

@@ -57,7 +57,7 @@ def test_h1_empty_vector() -> None:
     assert h1_from_digests([]) == EMPTY_H1
     assert h1_of_files({}) == EMPTY_H1
     # Independently: the empty summary is SHA-256 of nothing.
-    assert EMPTY_H1 == "h1:" + base64.b64encode(hashlib.sha256(b"").digest()).decode()
+    assert "h1:" + base64.b64encode(hashlib.sha256(b"").digest()).decode() == EMPTY_H1
 
 
 def test_h1_abc_xyz_vector() -> None:
