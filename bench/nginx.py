@@ -79,7 +79,7 @@ class Nginx:
         config = self.root / "nginx.conf"
         config.write_text(CONFIG.format(root=self.root, port=self.port, cert=self._cert, key=self._key,
                                         www=self.www))
-        log = open(self.root / "stderr.log", "ab")  # noqa: SIM115 - owned by the child process
+        log = open(self.root / "stderr.log", "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"),
             stdout=log, stderr=log)

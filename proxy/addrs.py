@@ -19,14 +19,14 @@ MAX_HOSTNAME_LENGTH = 253
 MAX_PART_LENGTH = 64
 MAX_VERSION_LENGTH = 128
 
-_PORT_RE = re.compile(r"^[0-9]{1,5}$")
-_ASCII_PART_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
+_PORT_RE = re.compile(r"^[0-9]{1,5}\Z")
+_ASCII_PART_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\Z")
 _SEMVER_RE = re.compile(
     r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
-    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
+    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?\Z"
 )
-_PLATFORM_PART_RE = re.compile(r"^[a-z0-9]{1,32}$")
+_PLATFORM_PART_RE = re.compile(r"^[a-z0-9]{1,32}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,8 @@ def parse_provider_part(given: str, what: str) -> str:
                 " and it may not start or end with a dash"
             )
         return part
-    if not all(ch.isalnum() or ch == "-" for ch in part) or part[0] == "-" or part[-1] == "-":
+    if (not all(ch.isalnum() or ch == "-" for ch in part) or part[0] == "-" or part[-1] == "-"
+            or "--" in part):
         raise InvalidRequestError(f"invalid provider {what} {given!r}: only letters, digits and dashes are allowed")
     return part
 

@@ -19,9 +19,9 @@ from proxy.errors import InvalidRequestError
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*\Z", re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20,
     "gb": 10**9, "gib": 2**30, "tb": 10**12, "tib": 2**40, None: 1,
@@ -171,8 +171,11 @@ def normalise_hosts(hosts: list[str]) -> frozenset[str]:
 def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
     """`--allow-private-host` entries: a hostname or IP, optionally with `:port`, lower-cased."""
     result = set()
-    for host in hosts:
-        host = host.strip().lower()
-        if host:
-            result.add(host.strip("[]"))
+    for entry in hosts:
+        entry = entry.strip().lower()
+        if entry.startswith("["):  # [v6]:port or [v6]
+            address, _, rest = entry[1:].partition("]")
+            entry = f"{address}:{rest[1:]}" if rest.startswith(":") else address
+        if entry:
+            result.add(entry)
     return frozenset(result)

@@ -13,7 +13,7 @@ import zipfile
 from collections.abc import Iterable
 from typing import IO
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_SHASUMS_LINES = 10_000
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)\Z")
 
 
 class UnsatisfiableRange(ValueError):
@@ -22,6 +22,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     match = _RANGE_RE.match(header.strip())
     if not match or (not match.group(1) and not match.group(2)):
         return None
+    if size == 0:
+        raise UnsatisfiableRange(header)
     first, last = match.groups()
     if not first:  # suffix range: the last N bytes
         length = int(last)

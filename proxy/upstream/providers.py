@@ -16,8 +16,8 @@ from yarl import URL
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError, UpstreamError
 
-_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
-_FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}$")
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}\Z")
+_FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}\Z")
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class ProxyProcess:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log,
                                                             cwd=Path(__file__).parents[2])
         log.close()

@@ -93,7 +93,8 @@ async def test_wrong_archive_name_is_rejected(proxy, registry):
 
 
 async def test_unknown_platform_is_404(proxy):
-    status, _, body = await proxy.get(f"/mirror/v1/{PROVIDER}/1.0.0/plan9_mips/terraform-provider-foo_1.0.0_plan9_mips.zip")
+    name = "terraform-provider-foo_1.0.0_plan9_mips.zip"
+    status, _, body = await proxy.get(f"/mirror/v1/{PROVIDER}/1.0.0/plan9_mips/{name}")
     assert status == 404 and b"no package for plan9_mips" in body
 
 
@@ -101,7 +102,7 @@ async def test_plain_http_mode_serves_archives_with_sendfile(make_settings, clie
     settings = make_settings(plain_http=True, tls_cert=None, tls_key=None)
     async with serve_proxy(settings, client_ssl) as running:
         assert running.url.startswith("http://")
-        status, headers, body = await running.get(ARCHIVE)
+        status, _, body = await running.get(ARCHIVE)
         assert status == 200 and body == release_of(registry).zips["linux_amd64"]
         status, _, body = await running.get(ARCHIVE, headers={"Range": "bytes=0-3"})
         assert (status, body) == (206, b"PK\x03\x04")

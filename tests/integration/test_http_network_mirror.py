@@ -36,12 +36,14 @@ async def test_version_document_gains_both_h1_forms_once_archive_is_verified(pro
     release.zips["linux_amd64"] = provider_zip("foo", "2.0.0", "linux_amd64", directory_entry=True)
     release.resign()
     registry.add(release)
-    status, _, _ = await proxy.get(f"/mirror/v1/{PROVIDER}/2.0.0/linux_amd64/terraform-provider-foo_2.0.0_linux_amd64.zip")
+    name = "terraform-provider-foo_2.0.0_linux_amd64.zip"
+    status, _, _ = await proxy.get(f"/mirror/v1/{PROVIDER}/2.0.0/linux_amd64/{name}")
     assert status == 200
     status, body = await proxy.json(f"/mirror/v1/{PROVIDER}/2.0.0.json")
     zip_form, dir_form = h1_of_zip(io.BytesIO(release.zips["linux_amd64"]))
     assert zip_form != dir_form  # the zip has a directory entry
-    assert body["archives"]["linux_amd64"]["hashes"] == sorted([zip_form, dir_form, f"zh:{release.sha256('linux_amd64')}"])
+    zh = f"zh:{release.sha256('linux_amd64')}"
+    assert body["archives"]["linux_amd64"]["hashes"] == sorted([zip_form, dir_form, zh])
     with zipfile.ZipFile(io.BytesIO(release.zips["linux_amd64"])) as archive:
         assert "docs/" in archive.namelist()
 
@@ -84,7 +86,7 @@ async def test_default_allowlist_names_the_public_registries(make_settings, clie
     async with serve_proxy(make_settings(allowed_hosts=frozenset(DEFAULT_ALLOWED_HOSTS), upstream_map={}),
                            client_ssl) as running:
         got, body = await running.json("/mirror/v1/evil.example.com/acme/foo/index.json")
-        assert got == 403
+        assert got == 403 and "--allow-host" in body["errors"][0]
 
 
 async def test_health_ready_and_metrics(proxy):

@@ -1,0 +1,450 @@
+"""The benchmark suite: four measurements of a real proxy process, each next to a baseline.
+
+1. cold fan-out: peak RSS while 10 clients fetch a 200 MiB archive from an empty proxy;
+2. warm `index.json` / `:version.json` requests per second and latency (wrk, else aiohttp);
+3. warm archive throughput, 1 and 4 clients (curl, else aiohttp);
+4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from bench import load
+from bench.load import MIB, ProcessProbe, RssSampler
+from bench.nginx import NGINX, Nginx, nginx_version
+from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
+from tests.conftest import REGISTRY_HOST
+from tests.e2e.conftest import TERRAFORM, ProxyProcess, Terraform
+from tests.fakes.packages import Release
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"
+
+
+@dataclass
+class Row:
+    metric: str
+    proxy: str
+    baseline: str = "-"
+    ratio: str = "-"
+    note: str = ""
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.2f}x"
+
+
+def _main_tf(release: Release) -> str:
+    source = f"{REGISTRY_HOST}/{release.namespace}/{release.type}"
+    return (f'terraform {{\n  required_providers {{\n    {release.type} = {{\n      source  = "{source}"\n'
+            f'      version = "{release.version}"\n    }}\n  }}\n}}\n')
+
+
+def _cli_config(base_url: str, plugin_cache: Path) -> str:
+    return (f'plugin_cache_dir = "{plugin_cache}"\n'
+            f'provider_installation {{\n  network_mirror {{\n    url = "{base_url}/mirror/v1/"\n  }}\n}}\n')
+
+
+async def _get(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.get(url, ssl=context) as response:
+        return response.status, await response.read()
+
+
+async def _version_of(*command: str) -> str | None:
+    if shutil.which(command[0]) is None:
+        return None
+    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.DEVNULL)
+    output, _ = await process.communicate()
+    lines = output.decode().strip().splitlines()
+    return " ".join(lines[0].split()[:2]) if lines else None
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.root = root
+        self.rows: list[Row] = []
+        self.checks: list[dict] = []
+        self.notes: list[str] = []
+        self.results: dict = {}
+        self.world: World | None = None
+        self.nginx: Nginx | None = None
+        self.terraform = Terraform(root / "tf")
+        self._workdirs = 0
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append({"check": name, "ok": bool(ok), "detail": detail})
+        if not ok:
+            print(f"CHECK FAILED: {name}: {detail}", file=sys.stderr)
+        return ok
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"note: {text}", file=sys.stderr)
+
+    @staticmethod
+    def progress(text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    # ---- the run -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        args = self.args
+        self.results["meta"] = await self._meta()
+        async with contextlib.AsyncExitStack() as stack:
+            self.progress(f"building releases ({args.size_mib} MiB random archive), key, CA, fake registry")
+            world = self.world = await build_world(self.root, args.size_mib * MIB)
+            stack.push_async_callback(world.registry.stop)
+            await self._start_nginx(stack)
+
+            proxy = await self._start_proxy(stack, "proxy-a")
+            probe = ProcessProbe(proxy.process.pid)
+            await self.cold_fanout(proxy, probe)
+            await self.warm_archive(proxy, probe)
+            await self.warm_json(proxy, probe)
+            await self.init_big_warm(proxy)
+            self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
+            await proxy.stop()
+
+            proxy_b = await self._start_proxy(stack, "proxy-b")
+            await self.init_small(proxy_b)
+
+    async def _meta(self) -> dict:
+        import aiohttp as aiohttp_module
+
+        return {
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(), "kernel": platform.release(), "python": sys.version.split()[0],
+            "aiohttp": aiohttp_module.__version__,
+            "wrk": await _version_of("wrk", "-v") if load.WRK else None,
+            "curl": await _version_of("curl", "--version") if load.CURL else None,
+            "nginx": await nginx_version(),
+            "terraform": await _version_of(TERRAFORM, "version") if TERRAFORM else None,
+            "archive_mib": self.args.size_mib,
+            "json_load": {"connections": self.args.connections, "seconds": self.args.json_seconds,
+                          "tool": "wrk" if self._use_wrk else "aiohttp"},
+            "download_client": "curl" if load.CURL else "aiohttp",
+        }
+
+    @property
+    def _use_wrk(self) -> bool:
+        return load.WRK is not None and not self.args.no_wrk
+
+    async def _start_nginx(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.args.no_nginx:
+            self.note("nginx baseline disabled (--no-nginx)")
+            return
+        if NGINX is None:
+            self.note("nginx is not installed: no nginx baseline (apt-get install nginx-light)")
+            return
+        world = self.world
+        nginx = Nginx(self.root / "nginx", world.cert_file, world.key_file)
+        nginx.root.mkdir(parents=True)
+        await nginx.start(world.ca_file)
+        stack.push_async_callback(nginx.stop)
+        nginx.put(mirror_path(world.big, archive_document(world.big)), world.big_zip)
+        for name in world.small.platforms:
+            nginx.put(mirror_path(world.small, archive_document(world.small, name)), world.small.zips[name])
+        self.nginx = nginx
+
+    async def _start_proxy(self, stack: contextlib.AsyncExitStack, name: str) -> ProxyProcess:
+        proxy = ProxyProcess(self.root / name / "data", self.world.registry.url, self.world.ca_file,
+                             "--log-level", "warning")
+        await proxy.start()
+        stack.push_async_callback(proxy.stop)
+        return proxy
+
+    # ---- 1. cold fan-out -----------------------------------------------------------------------
+
+    async def cold_fanout(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
+        world, clients = self.world, self.args.clients
+        self.progress(f"1. cold fan-out: {clients} clients x {self.args.size_mib} MiB from an empty proxy")
+        release = world.big
+        url = proxy.url + mirror_path(release, archive_document(release))
+        context = ssl.create_default_context(cafile=str(proxy.ca_file))
+        idle = probe.rss_mib()
+        resettable = probe.reset_peak()
+        cpu = probe.cpu_seconds()
+        start = asyncio.Barrier(clients)
+        with RssSampler(probe) as sampler:
+            downloads = await asyncio.wait_for(asyncio.gather(*(
+                load.download_aiohttp(url, context, hash_body=True, start=start) for _ in range(clients))), 240)
+        peak = probe.peak_mib()
+        cpu = probe.cpu_seconds() - cpu
+        expected_sha, expected_size = release.sha256(PLATFORM), len(release.zips[PLATFORM])
+        upstream_gets = world.registry.count(world.registry.archive_path(release, PLATFORM))
+        self.check("cold: every client got 200", all(d.status == 200 for d in downloads),
+                   str([d.status for d in downloads]))
+        self.check("cold: every body has the right size and sha256",
+                   all(d.size == expected_size and d.sha256 == expected_sha for d in downloads))
+        self.check("cold: upstream saw exactly one GET of the archive", upstream_gets == 1, f"{upstream_gets} GETs")
+        wall = max(d.seconds for d in downloads)
+        first_bytes = [d.first_byte_s for d in downloads]
+        self.results["cold_fanout"] = {
+            "clients": clients, "archive_bytes": expected_size, "upstream_archive_gets": upstream_gets,
+            "idle_rss_mib": round(idle, 1), "peak_rss_mib": round(peak, 1),
+            "peak_rss_source": "VmHWM (reset before the phase)" if resettable else "VmHWM (since process start)",
+            "sampled_max_rss_mib": round(sampler.max_mib, 1), "rss_samples": sampler.samples,
+            "wall_s": round(wall, 3), "first_byte_s": [round(t, 3) for t in first_bytes],
+            "per_client_s": [round(d.seconds, 3) for d in downloads], "proxy_cpu_s": round(cpu, 2),
+        }
+        self.rows.append(Row(f"cold {clients}x{self.args.size_mib} MiB: proxy peak RSS", f"{peak:.0f} MiB",
+                             note=f"idle {idle:.0f} MiB (+{peak - idle:.0f}); sampled max {sampler.max_mib:.0f} MiB"))
+        self.rows.append(Row(f"cold {clients}x{self.args.size_mib} MiB: wall time", f"{wall:.1f} s",
+                             note=f"first byte {min(first_bytes):.1f}-{max(first_bytes):.1f} s; "
+                                  f"upstream GETs {upstream_gets}; proxy CPU {cpu:.1f} s"))
+
+    # ---- 3. warm archive throughput ------------------------------------------------------------
+
+    async def _throughput(self, url: str, ca_file: Path) -> dict:
+        size = len(self.world.big.zips[PLATFORM])
+        context = ssl.create_default_context(cafile=str(ca_file))
+        runs: dict[int, list[float]] = {1: [], 4: []}
+        for _ in range(self.args.repeats):
+            for clients in runs:
+                wall, downloads = await asyncio.wait_for(load.parallel_downloads(url, ca_file, context, clients), 240)
+                ok = all(d.status == 200 and d.size == size for d in downloads)
+                self.check(f"warm archive {url.split('/')[2]} x{clients}: 200 and full size", ok,
+                           str([(d.status, d.size) for d in downloads]))
+                runs[clients].append(clients * size / wall / MIB)
+        return {"single_mib_s": round(statistics.median(runs[1]), 1),
+                "concurrent4_mib_s": round(statistics.median(runs[4]), 1),
+                "single_runs": [round(v, 1) for v in runs[1]], "concurrent4_runs": [round(v, 1) for v in runs[4]]}
+
+    async def warm_archive(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
+        world = self.world
+        client = "curl" if load.CURL else "aiohttp"
+        self.progress(f"3. warm archive throughput ({client}, {self.args.repeats} runs each of 1 and 4 clients)")
+        path = mirror_path(world.big, archive_document(world.big))
+        probe.reset_peak()
+        cpu = probe.cpu_seconds()
+        before = len(world.registry.requests)
+        result = {"client": client, "proxy": await self._throughput(proxy.url + path, proxy.ca_file)}
+        result["proxy"]["peak_rss_mib"] = round(probe.peak_mib(), 1)
+        result["proxy"]["cpu_s"] = round(probe.cpu_seconds() - cpu, 2)
+        self.check("warm archive: no upstream request", len(world.registry.requests) == before)
+        if self.nginx is not None:
+            result["nginx"] = await self._throughput(self.nginx.url + path, world.ca_file)
+        reference_url = world.registry.url + world.registry.archive_path(world.big, PLATFORM)
+        result["fake_registry_aiohttp"] = await self._throughput(reference_url, world.ca_file)
+        self.results["warm_archive"] = result
+        nginx = result.get("nginx", {})
+        reference = result["fake_registry_aiohttp"]
+        for key, label in (("single_mib_s", "1 client"), ("concurrent4_mib_s", "4 clients")):
+            value = result["proxy"][key]
+            self.rows.append(Row(f"warm archive MiB/s, {label}", f"{value:.0f}",
+                                 f"{nginx[key]:.0f} (nginx)" if nginx else "-", _ratio(value, nginx.get(key)),
+                                 f"fake registry (aiohttp, from memory) {reference[key]:.0f}; client {client}"))
+        self.rows.append(Row("warm archive: proxy peak RSS / CPU", f"{result['proxy']['peak_rss_mib']:.0f} MiB",
+                             note=f"proxy CPU {result['proxy']['cpu_s']:.1f} s for "
+                                  f"{self.args.repeats * 5 * self.args.size_mib} MiB served"))
+
+    # ---- 2. warm JSON ----------------------------------------------------------------------------
+
+    async def _load(self, url: str, ca_file: Path) -> load.LoadResult:
+        if self._use_wrk:
+            return await load.wrk(url, connections=self.args.connections, threads=min(2, os.cpu_count() or 1),
+                                  seconds=self.args.json_seconds)
+        context = ssl.create_default_context(cafile=str(ca_file))
+        return await load.aiohttp_load(url, context, connections=self.args.connections,
+                                       seconds=self.args.json_seconds)
+
+    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
+        world = self.world
+        tool = "wrk" if self._use_wrk else "aiohttp load loop (wrk not found: the client is likely the bottleneck)"
+        if not self._use_wrk:
+            self.note("wrk not used for the JSON benchmark: " + tool)
+        self.progress(f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each")
+        context = ssl.create_default_context(cafile=str(proxy.ca_file))
+        documents = {"index.json": "index.json", ":version.json": f"{world.small.version}.json"}
+        for label, name in documents.items():
+            path = mirror_path(world.small, name)
+            for _ in range(2):  # the first request fills the cache, the second must be a hit
+                status, body = await _get(proxy.url + path, context)
+            self.check(f"warm json {label}: 200", status == 200, body[:200].decode(errors="replace"))
+            if self.nginx is not None:
+                self.nginx.put(path, body)
+        before = len(world.registry.requests)
+        result: dict = {"tool": "wrk" if self._use_wrk else "aiohttp", "connections": self.args.connections}
+        for label, name in documents.items():
+            path = mirror_path(world.small, name)
+            probe.reset_peak()
+            cpu = probe.cpu_seconds()
+            entry = {"proxy": (await self._load(proxy.url + path, proxy.ca_file)).as_dict()}
+            entry["proxy"]["peak_rss_mib"] = round(probe.peak_mib(), 1)
+            entry["proxy"]["cpu_s"] = round(probe.cpu_seconds() - cpu, 2)
+            self.check(f"warm json {label}: no errors under load (proxy)", entry["proxy"]["errors"] == 0,
+                       f"{entry['proxy']['errors']} errors")
+            if self.nginx is not None:
+                entry["nginx"] = (await self._load(self.nginx.url + path, world.ca_file)).as_dict()
+            result[label] = entry
+            mine, base = entry["proxy"], entry.get("nginx")
+            self.rows.append(Row(f"warm {label} req/s", f"{mine['requests_per_s']:.0f}",
+                                 f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
+                                 _ratio(mine["requests_per_s"], base and base["requests_per_s"]),
+                                 f"{result['tool']}, {self.args.connections} conns, TLS"))
+            self.rows.append(Row(f"warm {label} p50 / p99 ms", f"{mine['p50_ms']:.2f} / {mine['p99_ms']:.2f}",
+                                 f"{base['p50_ms']:.2f} / {base['p99_ms']:.2f}" if base else "-",
+                                 _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99"))
+        self.check("warm json: no upstream request during the load", len(world.registry.requests) == before,
+                   f"{len(world.registry.requests) - before} upstream requests")
+        self.results["warm_json"] = result
+
+    # ---- 4. terraform init ---------------------------------------------------------------------
+
+    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str) -> float:
+        self._workdirs += 1
+        name = f"{self._workdirs:02d}-{label}"
+        workdir = self.terraform.workdir(name, _main_tf(release))
+        cache = self.root / "tf-plugin-cache" / name
+        cache.mkdir(parents=True)
+        started = time.perf_counter()
+        code, output = await self.terraform.init(workdir, _cli_config(base_url, cache), ca_file)
+        elapsed = time.perf_counter() - started
+        self.check(f"terraform init {label}: exit 0", code == 0, output[-1500:])
+        return elapsed
+
+    def _no_terraform(self) -> bool:
+        if TERRAFORM is None:
+            if "terraform" not in " ".join(self.notes):
+                self.note("terraform is not on PATH: the terraform init benchmark is SKIPPED")
+            return True
+        return False
+
+    async def _publish_static(self, proxy: ProxyProcess, release: Release) -> None:
+        """Copy the proxy's (warm) JSON documents into nginx's static network mirror."""
+        context = ssl.create_default_context(cafile=str(proxy.ca_file))
+        for name in ("index.json", f"{release.version}.json"):
+            status, body = await _get(proxy.url + mirror_path(release, name), context)
+            self.check(f"{release.type} {name} from the proxy: 200", status == 200)
+            if self.nginx is not None:
+                self.nginx.put(mirror_path(release, name), body)
+
+    async def _warm_vs_static(self, proxy: ProxyProcess, release: Release, label: str) -> dict:
+        warm, static = [], []
+        for _ in range(self.args.init_repeats):  # interleaved, so drift hits both alike
+            warm.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-warm"))
+            if self.nginx is not None:
+                static.append(await self._init(release, self.nginx.url, self.world.ca_file, f"{label}-static"))
+        result = {"warm_s": round(statistics.median(warm), 3), "warm_runs": [round(t, 3) for t in warm]}
+        if static:
+            result["static_nginx_s"] = round(statistics.median(static), 3)
+            result["static_runs"] = [round(t, 3) for t in static]
+            result["proxy_overhead_ms"] = round((result["warm_s"] - result["static_nginx_s"]) * 1000)
+        return result
+
+    def _init_rows(self, title: str, result: dict) -> None:
+        static = result.get("static_nginx_s")
+        overhead = f"overhead {result['proxy_overhead_ms']:+d} ms; " if static else ""
+        self.rows.append(Row(f"terraform init {title}, warm", f"{result['warm_s']:.2f} s",
+                             f"{static:.2f} s (nginx static)" if static else "-", _ratio(result["warm_s"], static),
+                             f"{overhead}median of {self.args.init_repeats}"))
+
+    async def init_big_warm(self, proxy: ProxyProcess) -> None:
+        if self._no_terraform():
+            return
+        self.progress(f"4b. terraform init of the {self.args.size_mib} MiB provider, warm proxy vs static nginx")
+        release = self.world.big
+        await self._publish_static(proxy, release)
+        result = await self._warm_vs_static(proxy, release, "big")
+        self.results.setdefault("terraform_init", {})["big"] = result
+        self._init_rows(f"{self.args.size_mib} MiB provider", result)
+
+    async def init_small(self, proxy: ProxyProcess) -> None:
+        if self._no_terraform():
+            return
+        self.progress("4. terraform init of a small provider: cold (empty proxy), warm, static nginx")
+        world, release = self.world, self.world.small
+        cold = await self._init(release, proxy.url, proxy.ca_file, "small-cold")
+        await self._publish_static(proxy, release)
+        result = {"cold_s": round(cold, 3), **await self._warm_vs_static(proxy, release, "small")}
+        gets = world.registry.count(world.registry.archive_path(release, PLATFORM))
+        self.check("terraform init small: upstream saw one GET of the archive", gets == 1, f"{gets} GETs")
+        self.results.setdefault("terraform_init", {})["small"] = result
+        self.rows.append(Row("terraform init small provider, cold", f"{cold:.2f} s",
+                             note="empty proxy: discovery, versions, SHA256SUMS+sig, archive"))
+        self._init_rows("small provider", result)
+
+    # ---- report ------------------------------------------------------------------------------
+
+    def table(self) -> str:
+        header = Row("benchmark", "proxy", "baseline", "ratio", "notes")
+        rows = [header, *self.rows]
+        widths = [max(len(getattr(r, f)) for r in rows) for f in ("metric", "proxy", "baseline", "ratio")]
+        lines = []
+        for index, r in enumerate(rows):
+            cells = [r.metric.ljust(widths[0]), r.proxy.rjust(widths[1]), r.baseline.rjust(widths[2]),
+                     r.ratio.rjust(widths[3]), r.note]
+            lines.append("  ".join(cells).rstrip())
+            if index == 0:
+                lines.append("-" * max(len(line) for line in lines))
+        return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Benchmark the registry proxy (see bench/README.md).")
+    parser.add_argument("--size-mib", type=int, default=200, help="size of the big archive (default 200)")
+    parser.add_argument("--clients", type=int, default=10, help="concurrent clients of the cold fan-out")
+    parser.add_argument("--repeats", type=int, default=3, help="warm archive downloads per configuration")
+    parser.add_argument("--json-seconds", type=float, default=8, help="duration of each JSON load run")
+    parser.add_argument("--connections", type=int, default=64, help="connections of the JSON load")
+    parser.add_argument("--init-repeats", type=int, default=3, help="warm/static terraform inits each")
+    parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
+    parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")
+    parser.add_argument("--time-limit", type=float, default=420, help="abort the whole run after this many s")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
+    return parser.parse_args(argv)
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="registry-proxy-bench-"))
+    suite = Suite(args, root)
+    started = time.perf_counter()
+    error = None
+    try:
+        async with asyncio.timeout(args.time_limit):
+            await suite.run()
+    except Exception as exc:  # report what was measured so far, then fail
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        print(f"benchmark aborted: {error}", file=sys.stderr)
+    finally:
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    suite.results.update(duration_s=round(time.perf_counter() - started, 1), checks=suite.checks,
+                         notes=suite.notes, error=error)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(suite.results, indent=2) + "\n")
+    print()
+    print(suite.table())
+    failed = [c["check"] for c in suite.checks if not c["ok"]]
+    print(f"\nchecks: {len(suite.checks) - len(failed)} passed, {len(failed)} failed"
+          + (f" ({'; '.join(failed)})" if failed else ""))
+    for text in suite.notes:
+        print(f"note: {text}")
+    print(f"results: {args.output} ({suite.results['duration_s']} s)")
+    return 1 if error or failed else 0
