@@ -176,6 +176,23 @@ async def aiohttp_load(url: str, context: ssl.SSLContext, *, connections: int, s
                       percentile(latencies, 0.50), percentile(latencies, 0.99), errors)
 
 
+async def sequential_latency(url: str, context: ssl.SSLContext, *, requests: int) -> dict:
+    """Unloaded latency: `requests` GETs one after another on one keep-alive connection."""
+    latencies: list[float] = []
+    statuses = set()
+    connector = aiohttp.TCPConnector(ssl=context, limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for index in range(requests + 5):
+            started = time.perf_counter()
+            async with session.get(url) as response:
+                await response.read()
+                statuses.add(response.status)
+            if index >= 5:  # the first few include the TLS handshake and warm-up
+                latencies.append((time.perf_counter() - started) * 1000)
+    return {"requests": requests, "p50_ms": round(percentile(latencies, 0.50), 3),
+            "p99_ms": round(percentile(latencies, 0.99), 3), "statuses": sorted(statuses)}
+
+
 # ---- downloads -------------------------------------------------------------------------------
 
 

@@ -296,8 +296,11 @@ class Suite:
             entry["proxy"]["cpu_s"] = round(probe.cpu_seconds() - cpu, 2)
             self.check(f"warm json {label}: no errors under load (proxy)", entry["proxy"]["errors"] == 0,
                        f"{entry['proxy']['errors']} errors")
+            entry["proxy_unloaded"] = await load.sequential_latency(proxy.url + path, context, requests=200)
             if self.nginx is not None:
                 entry["nginx"] = (await self._load(self.nginx.url + path, world.ca_file)).as_dict()
+                entry["nginx_unloaded"] = await load.sequential_latency(self.nginx.url + path, world.client_ssl(),
+                                                                        requests=200)
             result[label] = entry
             mine, base = entry["proxy"], entry.get("nginx")
             self.rows.append(Row(f"warm {label} req/s", f"{mine['requests_per_s']:.0f}",
@@ -307,6 +310,11 @@ class Suite:
             self.rows.append(Row(f"warm {label} p50 / p99 ms", f"{mine['p50_ms']:.2f} / {mine['p99_ms']:.2f}",
                                  f"{base['p50_ms']:.2f} / {base['p99_ms']:.2f}" if base else "-",
                                  _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99"))
+            mine, base = entry["proxy_unloaded"], entry.get("nginx_unloaded")
+            self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms", f"{mine['p50_ms']:.2f} / {mine['p99_ms']:.2f}",
+                                 f"{base['p50_ms']:.2f} / {base['p99_ms']:.2f}" if base else "-",
+                                 _ratio(mine["p50_ms"], base and base["p50_ms"]),
+                                 "1 connection, sequential (aiohttp client); ratio is of p50"))
         self.check("warm json: no upstream request during the load", len(world.registry.requests) == before,
                    f"{len(world.registry.requests) - before} upstream requests")
         self.results["warm_json"] = result
@@ -343,20 +351,29 @@ class Suite:
 
     async def _warm_vs_static(self, proxy: ProxyProcess, release: Release, label: str) -> dict:
         warm, static = [], []
+        # One warm-up each, reported but not in the median: the first run of each is the noisiest.
+        first = {"first_warm_s": round(await self._init(release, proxy.url, proxy.ca_file, f"{label}-warm1"), 3)}
+        if self.nginx is not None:
+            first["first_static_s"] = round(
+                await self._init(release, self.nginx.url, self.world.ca_file, f"{label}-static1"), 3)
         for _ in range(self.args.init_repeats):  # interleaved, so drift hits both alike
             warm.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-warm"))
             if self.nginx is not None:
                 static.append(await self._init(release, self.nginx.url, self.world.ca_file, f"{label}-static"))
-        result = {"warm_s": round(statistics.median(warm), 3), "warm_runs": [round(t, 3) for t in warm]}
+        result = {**first, "warm_s": round(statistics.median(warm), 3), "warm_min_s": round(min(warm), 3),
+                  "warm_runs": [round(t, 3) for t in warm]}
         if static:
             result["static_nginx_s"] = round(statistics.median(static), 3)
+            result["static_nginx_min_s"] = round(min(static), 3)
             result["static_runs"] = [round(t, 3) for t in static]
             result["proxy_overhead_ms"] = round((result["warm_s"] - result["static_nginx_s"]) * 1000)
+            result["proxy_overhead_min_ms"] = round((min(warm) - min(static)) * 1000)
         return result
 
     def _init_rows(self, title: str, result: dict) -> None:
         static = result.get("static_nginx_s")
-        overhead = f"overhead {result['proxy_overhead_ms']:+d} ms; " if static else ""
+        overhead = (f"overhead {result['proxy_overhead_ms']:+d} ms (min vs min {result['proxy_overhead_min_ms']:+d}); "
+                    if static else "")
         self.rows.append(Row(f"terraform init {title}, warm", f"{result['warm_s']:.2f} s",
                              f"{static:.2f} s (nginx static)" if static else "-", _ratio(result["warm_s"], static),
                              f"{overhead}median of {self.args.init_repeats}"))
@@ -409,7 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="warm archive downloads per configuration")
     parser.add_argument("--json-seconds", type=float, default=8, help="duration of each JSON load run")
     parser.add_argument("--connections", type=int, default=64, help="connections of the JSON load")
-    parser.add_argument("--init-repeats", type=int, default=3, help="warm/static terraform inits each")
+    parser.add_argument("--init-repeats", type=int, default=5,
+                        help="measured warm (and static) terraform inits each, after one warm-up each")
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")
     parser.add_argument("--time-limit", type=float, default=420, help="abort the whole run after this many s")

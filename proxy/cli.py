@@ -98,8 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-ca-file", "extra CA bundle trusted for upstream TLS", metavar="FILE")
     _option(serve, "--allow-private-host", "upstream host (or host:port) that may resolve to a private "
             "or loopback address", repeat=True, metavar="HOST")
-    _option(serve, "--redis-url", "Redis metadata store (not yet supported; the embedded store is used)",
-            metavar="URL")
+    _option(serve, "--redis-url", "shared metadata store for several replicas: redis://[:PASSWORD@]HOST:PORT/DB "
+            "or rediss:// (TLS); without it an embedded SQLite store in DATA_DIR is used", metavar="URL")
+    _option(serve, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
+    _option(serve, "--redis-prefix", "namespace for every Redis key", default="registry-proxy")
+    _option(serve, "--redis-retention", "TTL of Redis entries, refreshed on every write", default="90d")
+    _option(serve, "--fleet-lock-ttl", "expiry of the fleet-wide fetch lock (renewed while a download runs; "
+            "a crashed replica's lock frees after this)", default="15s")
     _option(serve, "--ttl-discovery", "how long a discovery document is fresh", default="1h")
     _option(serve, "--ttl-versions", "how long a version list is fresh", default="10m")
     _option(serve, "--ttl-negative", "how long an upstream 404 is remembered", default="1m")
@@ -120,8 +125,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     concurrency = int(args.upstream_concurrency) if str(args.upstream_concurrency).isdigit() else 0
     if concurrency < 1:
         raise ConfigError("--upstream-concurrency must be a positive integer")
-    if args.redis_url:
-        raise ConfigError("--redis-url is not supported yet; remove it to use the embedded store")
     return Settings(
         data_dir=Path(args.data_dir).expanduser(),
         listen_host=host,
@@ -140,6 +143,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                       max_metadata_bytes=parse_size(args.max_metadata_size),
                       metadata_timeout=timeout, read_timeout=max(timeout, 60.0),
                       connect_timeout=min(timeout, 10.0), upstream_concurrency=concurrency),
+        redis_url=args.redis_url or None,
+        redis_password=args.redis_password or None,
+        redis_prefix=args.redis_prefix,
+        redis_retention=parse_duration(args.redis_retention),
+        fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
         log_level=args.log_level,
     )

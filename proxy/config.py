@@ -122,6 +122,10 @@ class Settings:
     upstream_ca_file: Path | None = None
     allowed_private_hosts: frozenset[str] = frozenset()
     redis_url: str | None = None
+    redis_password: str | None = None
+    redis_prefix: str = "registry-proxy"
+    redis_retention: float = 90 * 86400.0
+    fleet_lock_ttl: float = 15.0
     freshness: Freshness = Freshness()
     limits: Limits = Limits()
     log_format: str = "auto"
@@ -132,6 +136,10 @@ class Settings:
             raise ConfigError("--tls-cert and --tls-key must be given together")
         if self.plain_http and self.tls_cert:
             raise ConfigError("--plain-http and --tls-cert exclude each other")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"invalid --redis-url {self.redis_url!r}: use redis://, rediss:// or unix://")
+        if self.fleet_lock_ttl < 1:
+            raise ConfigError("--fleet-lock-ttl must be at least 1s")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
 

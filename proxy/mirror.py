@@ -31,7 +31,7 @@ from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
 from proxy.metrics import Metrics
-from proxy.singleflight import SingleFlight
+from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
 from proxy.store import ArchiveStore, PendingArchive, StoredArchive
 from proxy.upstream import discovery, providers
 from proxy.upstream.client import UpstreamClient
@@ -84,7 +84,7 @@ class Mirror:
 
     def __init__(self, settings: Settings, upstream: UpstreamClient, cache: MetadataStore,
                  store: ArchiveStore, keyring: Keyring, metrics: Metrics,
-                 *, clock: Callable[[], float] = time.time) -> None:
+                 *, locks: FleetLocks | None = None, clock: Callable[[], float] = time.time) -> None:
         self._settings = settings
         self._upstream = upstream
         self._cache = cache
@@ -93,6 +93,7 @@ class Mirror:
         self._metrics = metrics
         self._clock = clock
         self._flights = SingleFlight()
+        self._locks = locks or LocalLocks()
         self._upstream_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
 
     async def close(self) -> None:
@@ -147,16 +148,19 @@ class Mirror:
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
         self.check_allowed(addr.hostname)
-        record = await self._archive_record(addr, version, platform)
-        if record is not None:
-            stored = self._store.get(record.sha256)
-            if stored is not None:
-                note_cache("hit")
-                return stored, record
+        found = await self._stored_archive(addr, version, platform)
+        if found is not None:
+            note_cache("hit")
+            return found
         key = f"archive:{addr}/{version}/{platform}"
-        stored, record = await self._flights.run(key, lambda: self._fetch_archive(addr, version, platform))
+
+        async def fetch_once_for_the_fleet() -> tuple[StoredArchive, ArchiveRecord]:
+            async with self._locks.hold(key, lambda: self._stored_archive(addr, version, platform)) as done:
+                return done if done is not None else await self._fetch_archive(addr, version, platform)
+
+        found = await self._flights.run(key, fetch_once_for_the_fleet)
         note_cache("miss")
-        return stored, record
+        return found
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of the metadata store and the data directory."""
@@ -241,9 +245,17 @@ class Mirror:
     async def _verified_sums(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, str]:
         """The SHA256SUMS of a release after its signature verified; cached only once verified."""
         key = "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
-        record = decode_record(await self._cache.get(key))
+
+        async def recorded() -> dict[str, Any] | None:
+            return decode_record(await self._cache.get(key))
+
+        async def fetch_once_for_the_fleet() -> dict[str, Any]:
+            async with self._locks.hold(key, recorded) as done:
+                return done if done is not None else await self._fetch_verified_sums(key, addr, version, d)
+
+        record = await recorded()
         if record is None:
-            record = await self._flights.run(key, lambda: self._fetch_verified_sums(key, addr, version, d))
+            record = await self._flights.run(key, fetch_once_for_the_fleet)
         return verify.parse_signed_sums(bytes.fromhex(record["sums"]), str(d.shasums_url))
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
@@ -280,6 +292,13 @@ class Mirror:
                   platform=str(d.platform), filename=d.filename, reason=reason)
 
     # ---- archives -------------------------------------------------------------------------
+
+    async def _stored_archive(self, addr: ProviderAddr, version: Version,
+                              platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | None:
+        """The archive if its verified record exists and its file is in the store."""
+        record = await self._archive_record(addr, version, platform)
+        stored = self._store.get(record.sha256) if record is not None else None
+        return (stored, record) if stored is not None and record is not None else None
 
     async def _archive_record(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> ArchiveRecord | None:

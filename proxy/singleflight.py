@@ -1,17 +1,37 @@
-"""Per-key coalescing of cold fetches.
+"""Per-key coalescing of cold fetches, in one process and across a fleet.
 
 The first caller for a key starts the work in its own task (tracked, so shutdown can
 wait for it); every caller, the first included, awaits it through `asyncio.shield`, so a
 client that disconnects cancels only its own wait, never the shared fetch.
+
+Across processes, a `FleetLocks` implementation (e.g. `proxy.cache.redis.RedisFleetLocks`)
+makes one replica do the work while the others wait and re-check the shared result.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+class FleetLocks(Protocol):
+    """The lock protocol the mirror accepts for fleet-wide single flight."""
+
+    def hold(self, key: str, recheck: Callable[[], Awaitable[Any]]) -> contextlib.AbstractAsyncContextManager[Any]:
+        """Yield what `recheck` found (someone else did the work), or None: the caller must do it."""
+        ...
+
+
+class LocalLocks:
+    """A single process needs no fleet lock: in-process single flight already coalesces."""
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str, recheck: Callable[[], Awaitable[Any]]) -> AsyncIterator[Any]:
+        yield None
 
 
 class SingleFlight:

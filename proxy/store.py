@@ -1,8 +1,10 @@
 """Content-addressed archive store on disk.
 
-Layout: `ROOT/sha256/ab/cd/<sha256>`. New files are written to `ROOT/tmp/`, hashed while
-written, fsynced, and renamed into place only by `publish` after the caller verified
-them: a partial or unverified file is never visible under its final name.
+Layout: `ROOT/sha256/ab/cd/<sha256>`. New files are written to a temp directory of the
+process's own (`ROOT/tmp/<host>-<pid>-<id>/`, so replicas sharing one volume never touch
+each other's downloads), hashed while written, fsynced, and renamed into place only by
+`publish` after the caller verified them: a partial or unverified file is never visible
+under its final name.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import hashlib
 import os
 import re
 import shutil
+import socket
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+ABANDONED_AFTER = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,32 @@ class ArchiveStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._tmp = root / "tmp"
+        self._host = socket.gethostname()
+        self._tmp_root = root / "tmp"
+        self._tmp = self._tmp_root / f"{self._host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._objects = root / "sha256"
 
     def open(self) -> None:
-        """Create the layout and remove temp files left by a crash."""
+        """Create the layout and remove temp files left by crashed processes."""
         self._objects.mkdir(parents=True, exist_ok=True)
-        if self._tmp.exists():
-            shutil.rmtree(self._tmp)
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._tmp_root.mkdir(parents=True, exist_ok=True)
+        for leftover in self._tmp_root.iterdir():
+            if self._abandoned(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+        self._tmp.mkdir()
+
+    def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _abandoned(self, path: Path) -> bool:
+        """A temp dir of a dead process on this host, or of any process, untouched for a day."""
+        host, _, rest = path.name.rpartition("-")[0].rpartition("-")
+        if host == self._host and rest.isdigit() and not _pid_alive(int(rest)):
+            return True
+        try:
+            return time.time() - path.stat().st_mtime > ABANDONED_AFTER
+        except FileNotFoundError:
+            return False
 
     def path_for(self, sha256: str) -> Path:
         if not _HEX64.match(sha256):
@@ -99,6 +121,16 @@ class ArchiveStore:
         except OSError:
             return False
         return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_dir(path: Path) -> None:

@@ -7,12 +7,15 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
+from proxy.cache import MetadataStore
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
+from proxy.cache.redis import RedisFleetLocks, RedisStore
 from proxy.config import Settings
 from proxy.gpg import Keyring
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
+from proxy.singleflight import FleetLocks, LocalLocks
 from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.netguard import AddressPolicy
@@ -39,16 +42,27 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    cache = MemoryFront(EmbeddedStore(settings.cache_dir / "metadata.sqlite"))
+    backend, locks = open_metadata_store(settings)
+    cache = MemoryFront(backend)
     upstream = UpstreamClient.create(AddressPolicy(settings.private_host_exceptions), settings.limits,
                                      settings.upstream_ca_file)
-    mirror = Mirror(settings, upstream, cache, store, Keyring(settings.gnupg_home), app[METRICS])
+    mirror = Mirror(settings, upstream, cache, store, Keyring(settings.gnupg_home), app[METRICS], locks=locks)
     app[MIRROR] = mirror
-    log.info("proxy.started", data_dir=str(settings.data_dir),
-             allowed_hosts=sorted(settings.all_allowed_hosts), metadata_store="embedded")
+    log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
+             metadata_store="redis" if settings.redis_url else "embedded")
     try:
         yield
     finally:
         await mirror.close()
         await upstream.close()
         await cache.close()
+        store.close()
+
+
+def open_metadata_store(settings: Settings) -> tuple[MetadataStore, FleetLocks]:
+    """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store."""
+    if settings.redis_url:
+        redis_store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,
+                                 password=settings.redis_password, retention=settings.redis_retention)
+        return redis_store, RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl)
+    return EmbeddedStore(settings.cache_dir / "metadata.sqlite"), LocalLocks()

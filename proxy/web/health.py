@@ -14,10 +14,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """503 only when archives cannot be stored; a metadata store outage is "degraded" but serving."""
     checks = await request.app[MIRROR].ready()
-    ready = all(checks.values())
-    return json_response({"status": "ready" if ready else "not ready", "checks": checks},
-                         status=200 if ready else 503)
+    if not checks["archive_store"]:
+        status, code = "not ready", 503
+    elif not checks["metadata_store"]:
+        status, code = "degraded", 200
+    else:
+        status, code = "ready", 200
+    return json_response({"status": status, "checks": checks}, status=code)
 
 
 async def metrics(request: web.Request) -> web.Response:
