@@ -29,7 +29,7 @@ import aiohttp
 from bench import load
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
-from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
+from bench.world import PLATFORM, World, archive_document, build_world, mirror_path, stop_gpg_agent
 from tests.conftest import REGISTRY_HOST
 from tests.e2e.conftest import TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.packages import Release
@@ -114,6 +114,7 @@ class Suite:
         self.results["meta"] = await self._meta()
         async with contextlib.AsyncExitStack() as stack:
             self.progress(f"building releases ({args.size_mib} MiB random archive), key, CA, fake registry")
+            stack.callback(stop_gpg_agent, self.root / "gpg")
             world = self.world = await build_world(self.root, args.size_mib * MIB)
             stack.push_async_callback(world.registry.stop)
             await self._start_nginx(stack)
@@ -171,6 +172,7 @@ class Suite:
     async def _start_proxy(self, stack: contextlib.AsyncExitStack, name: str) -> ProxyProcess:
         proxy = ProxyProcess(self.root / name / "data", self.world.registry.url, self.world.ca_file,
                              "--log-level", "warning")
+        stack.callback(stop_gpg_agent, proxy.data_dir / "gnupg")  # the proxy's keyring, after it stopped
         await proxy.start()
         stack.push_async_callback(proxy.stop)
         return proxy
@@ -217,37 +219,45 @@ class Suite:
 
     # ---- 3. warm archive throughput ------------------------------------------------------------
 
-    async def _throughput(self, url: str, ca_file: Path) -> dict:
+    async def _throughput(self, targets: dict[str, tuple[str, Path]]) -> dict[str, dict]:
+        """Download the big archive from each target, 1 and 4 clients, `repeats` rounds interleaved."""
         size = len(self.world.big.zips[PLATFORM])
-        context = ssl.create_default_context(cafile=str(ca_file))
-        runs: dict[int, list[float]] = {1: [], 4: []}
-        for _ in range(self.args.repeats):
-            for clients in runs:
-                wall, downloads = await asyncio.wait_for(load.parallel_downloads(url, ca_file, context, clients), 240)
-                ok = all(d.status == 200 and d.size == size for d in downloads)
-                self.check(f"warm archive {url.split('/')[2]} x{clients}: 200 and full size", ok,
-                           str([(d.status, d.size) for d in downloads]))
-                runs[clients].append(clients * size / wall / MIB)
-        return {"single_mib_s": round(statistics.median(runs[1]), 1),
-                "concurrent4_mib_s": round(statistics.median(runs[4]), 1),
-                "single_runs": [round(v, 1) for v in runs[1]], "concurrent4_runs": [round(v, 1) for v in runs[4]]}
+        runs = {name: {1: [], 4: []} for name in targets}
+        for _ in range(self.args.repeats):  # interleaved, so the machine's drift hits every target alike
+            for name, (url, ca_file) in targets.items():
+                context = ssl.create_default_context(cafile=str(ca_file))
+                for clients in (1, 4):
+                    wall, downloads = await asyncio.wait_for(
+                        load.parallel_downloads(url, ca_file, context, clients), 240)
+                    ok = all(d.status == 200 and d.size == size for d in downloads)
+                    self.check(f"warm archive from {name} x{clients}: 200 and full size", ok,
+                               str([(d.status, d.size) for d in downloads]))
+                    runs[name][clients].append(clients * size / wall / MIB)
+        return {name: {"single_mib_s": round(statistics.median(r[1]), 1),
+                       "concurrent4_mib_s": round(statistics.median(r[4]), 1),
+                       "single_runs": [round(v, 1) for v in r[1]], "concurrent4_runs": [round(v, 1) for v in r[4]]}
+                for name, r in runs.items()}
 
     async def warm_archive(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
         world = self.world
         client = "curl" if load.CURL else "aiohttp"
         self.progress(f"3. warm archive throughput ({client}, {self.args.repeats} runs each of 1 and 4 clients)")
         path = mirror_path(world.big, archive_document(world.big))
+        targets = {"proxy": (proxy.url + path, proxy.ca_file)}
+        if self.nginx is not None:
+            targets["nginx"] = (self.nginx.url + path, world.ca_file)
+        targets["fake_registry_aiohttp"] = (world.registry.url + world.registry.archive_path(world.big, PLATFORM),
+                                            world.ca_file)
         probe.reset_peak()
         cpu = probe.cpu_seconds()
-        before = len(world.registry.requests)
-        result = {"client": client, "proxy": await self._throughput(proxy.url + path, proxy.ca_file)}
-        result["proxy"]["peak_rss_mib"] = round(probe.peak_mib(), 1)
+        proxy_gets = world.registry.count(world.registry.archive_path(world.big, PLATFORM))
+        result: dict = {"client": client, **await self._throughput(targets)}
+        result["proxy"]["peak_rss_mib"] = round(probe.peak_mib(), 1)  # the proxy idles while the others serve
         result["proxy"]["cpu_s"] = round(probe.cpu_seconds() - cpu, 2)
-        self.check("warm archive: no upstream request", len(world.registry.requests) == before)
-        if self.nginx is not None:
-            result["nginx"] = await self._throughput(self.nginx.url + path, world.ca_file)
-        reference_url = world.registry.url + world.registry.archive_path(world.big, PLATFORM)
-        result["fake_registry_aiohttp"] = await self._throughput(reference_url, world.ca_file)
+        reference_gets = self.args.repeats * 5
+        gets = world.registry.count(world.registry.archive_path(world.big, PLATFORM)) - proxy_gets
+        self.check("warm archive: the proxy made no upstream request", gets == reference_gets,
+                   f"{gets} archive GETs upstream, {reference_gets} of them by the reference client")
         self.results["warm_archive"] = result
         nginx = result.get("nginx", {})
         reference = result["fake_registry_aiohttp"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from yarl import URL
 from proxy.config import Settings
 from proxy.web.app import create_app
 from tests.fakes.packages import Release
+from tests.fakes.redis_server import RedisServer
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.signing import SigningKey
 
@@ -82,8 +84,31 @@ async def registry(upstream_ssl, signing_key) -> AsyncIterator[FakeRegistry]:
     await fake.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory) -> RedisServer:
+    """One real redis-server for the session; tests isolate themselves with a key prefix."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def metadata_backend(request) -> str:
+    """Runs a test once with the embedded store and once with Redis."""
+    return request.param
+
+
 @pytest.fixture
-def make_settings(tmp_path, registry, ca_file, server_cert_files):
+def backend_settings(metadata_backend, request) -> dict:
+    if metadata_backend == "redis":
+        server = request.getfixturevalue("redis_server")
+        return {"redis_url": server.url, "redis_prefix": f"test-{uuid.uuid4().hex[:12]}"}
+    return {}
+
+
+@pytest.fixture
+def make_settings(tmp_path, registry, ca_file, server_cert_files, backend_settings):
     """Settings for a proxy in front of the fake registry; keyword arguments override fields."""
 
     def make(**overrides) -> Settings:
@@ -94,6 +119,7 @@ def make_settings(tmp_path, registry, ca_file, server_cert_files):
             allowed_hosts=frozenset(),
             upstream_map={REGISTRY_HOST: URL(registry.url)},
             upstream_ca_file=ca_file,
+            **backend_settings,
         )
         values.update(overrides)
         return Settings(**values)

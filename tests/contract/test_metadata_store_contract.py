@@ -1,0 +1,84 @@
+"""One contract for every metadata store: the embedded SQLite store and Redis."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from proxy.cache import CacheEntry, decode_record, encode_record
+from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.memory import MemoryFront
+from proxy.cache.redis import RedisStore
+
+
+@pytest.fixture(params=["embedded", "redis", "memory-front"])
+def open_store(request, tmp_path):
+    """A factory that opens the same store again (to check persistence across restarts)."""
+    prefix = f"contract-{uuid.uuid4().hex[:10]}"
+    opened = []
+
+    def open_():
+        if request.param == "redis":
+            store = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
+        elif request.param == "embedded":
+            store = EmbeddedStore(tmp_path / "meta.sqlite")
+        else:
+            store = MemoryFront(EmbeddedStore(tmp_path / "meta.sqlite"), max_entries=2)
+        opened.append(store)
+        return store
+
+    return open_
+
+
+async def test_missing_key_is_none(open_store):
+    store = open_store()
+    assert await store.get("nope") is None
+    await store.close()
+
+
+async def test_set_then_get_returns_the_same_bytes(open_store):
+    store = open_store()
+    value = bytes(range(256)) * 4096  # 1 MiB of every byte value
+    await store.set("k:binary", value)
+    assert await store.get("k:binary") == value
+    await store.close()
+
+
+async def test_overwrite_and_delete(open_store):
+    store = open_store()
+    await store.set("k", b"one")
+    await store.set("k", b"two", ttl=60)
+    assert await store.get("k") == b"two"
+    await store.delete("k")
+    assert await store.get("k") is None
+    await store.delete("k")  # deleting a missing key is fine
+    await store.close()
+
+
+async def test_keys_are_independent_and_may_hold_any_characters(open_store):
+    store = open_store()
+    keys = ["versions:registry.example.test/acme/foo", "versions:registry.example.test/acme/bar",
+            "download:xn--bcher-kva.example/ns/typ/1.0.0/linux_amd64", "sums:" + "a" * 64]
+    for number, key in enumerate(keys):
+        await store.set(key, str(number).encode())
+    assert [await store.get(key) for key in keys] == [b"0", b"1", b"2", b"3"]
+    await store.close()
+
+
+async def test_entries_survive_reopening(open_store):
+    store = open_store()
+    entry = CacheEntry(200, b'{"versions": []}', "https://r.example/v1/x", 1700000000.5, '"etag"', "application/json")
+    await store.set("doc", entry.encode())
+    await store.set("rec", encode_record({"sha256": "ab" * 32}))
+    await store.close()
+    again = open_store()
+    assert CacheEntry.decode(await again.get("doc")) == entry
+    assert decode_record(await again.get("rec")) == {"sha256": "ab" * 32}
+    await again.close()
+
+
+async def test_ping_reports_a_working_store(open_store):
+    store = open_store()
+    assert await store.ping() is True
+    await store.close()
