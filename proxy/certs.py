@@ -8,6 +8,7 @@ the names it must cover change. Users trust `ca.pem` (SSL_CERT_FILE or the OS st
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -32,8 +33,17 @@ class LocalTLS:
 
 
 def ensure_local_tls(directory: Path, names: list[str]) -> LocalTLS:
-    """Create (or reuse) the local CA and a server certificate valid for `names`."""
+    """Create (or reuse) the local CA and a server certificate valid for `names`.
+
+    Replicas sharing one data dir may start together: a file lock makes one create the CA.
+    """
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_locked(directory, names)
+
+
+def _ensure_locked(directory: Path, names: list[str]) -> LocalTLS:
     ca_cert_path, ca_key_path = directory / "ca.pem", directory / "ca-key.pem"
     cert_path, key_path = directory / "server.pem", directory / "server-key.pem"
     created = False

@@ -79,6 +79,13 @@ class ProxyProcess:
             await asyncio.sleep(0.1)
         raise RuntimeError(f"proxy did not start: {self.log_path.read_text()[-2000:]}")
 
+    async def kill(self) -> None:
+        """SIGKILL: no cleanup, no lock release (a crash)."""
+        assert self.process is not None
+        self.process.kill()
+        await self.process.wait()
+        self.process = None
+
     async def stop(self) -> None:
         if self.process is not None and self.process.returncode is None:
             self.process.terminate()
@@ -124,7 +131,7 @@ def terraform(tmp_path) -> Terraform:
 async def proxy_process(tmp_path, registry, ca_file):
     started: list[ProxyProcess] = []
 
-    async def start(data_dir: Path | None = None, *extra: str) -> ProxyProcess:
+    async def start(*extra: str, data_dir: Path | None = None) -> ProxyProcess:
         process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url, ca_file, *extra)
         await process.start()
         started.append(process)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import zipfile
 from dataclasses import dataclass, field
 
@@ -13,14 +14,18 @@ DEFAULT_PLATFORMS = ("linux_amd64", "darwin_arm64", "windows_amd64")
 
 
 def provider_zip(type_: str, version: str, platform: str, *, directory_entry: bool = False,
-                 padding: int = 0) -> bytes:
-    """A provider package: one executable script, optionally a `docs/` directory entry."""
+                 padding: int = 0, noise: int = 0) -> bytes:
+    """A provider package: one executable script, optionally a `docs/` directory entry and
+    `noise` bytes of incompressible data (stored, so the zip really is that large)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         script = f"#!/bin/sh\necho terraform-provider-{type_} {version} {platform}\n"
         info = zipfile.ZipInfo(f"terraform-provider-{type_}_v{version}", date_time=(2024, 1, 1, 0, 0, 0))
         info.external_attr = 0o755 << 16
         archive.writestr(info, script + "#" * padding)
+        if noise:
+            archive.writestr(zipfile.ZipInfo("noise.bin", date_time=(2024, 1, 1, 0, 0, 0)), os.urandom(noise),
+                             compress_type=zipfile.ZIP_STORED)
         if directory_entry:
             archive.writestr(zipfile.ZipInfo("docs/", date_time=(2024, 1, 1, 0, 0, 0)), b"")
             archive.writestr(zipfile.ZipInfo("docs/README", date_time=(2024, 1, 1, 0, 0, 0)), b"read me\n")
@@ -37,11 +42,13 @@ class Release:
     key: SigningKey
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS
     padding: int = 0
+    noise: int = 0
     zips: dict[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for platform in self.platforms:
-            self.zips[platform] = provider_zip(self.type, self.version, platform, padding=self.padding)
+            self.zips[platform] = provider_zip(self.type, self.version, platform, padding=self.padding,
+                                               noise=self.noise)
         self.resign()
 
     def filename(self, platform: str) -> str:

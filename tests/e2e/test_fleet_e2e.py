@@ -1,0 +1,79 @@
+"""Two real proxy processes sharing one Redis and one data dir behave as one cache."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+
+import aiohttp
+import pytest
+
+from tests.e2e.test_network_mirror_e2e import MAIN_TF, locked_hashes, mirror_config
+from tests.fakes.packages import Release
+
+pytestmark = pytest.mark.e2e
+
+PATH = "/mirror/v1/registry.example.test/acme/foo/{v}/linux_amd64/terraform-provider-foo_{v}_linux_amd64.zip"
+
+
+@pytest.fixture
+async def fleet(proxy_process, redis_server, tmp_path):
+    shared = tmp_path / "shared-data"
+    redis_args = ("--redis-url", redis_server.url, "--redis-prefix", f"fleet-{tmp_path.name}",
+                  "--fleet-lock-ttl", "2s")
+    first = await proxy_process(*redis_args, data_dir=shared)
+    second = await proxy_process(*redis_args, data_dir=shared)
+    return first, second
+
+
+async def fetch(session, proxy, path) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    async with session.get(proxy.url + path, ssl=context) as response:
+        return response.status, await response.read()
+
+
+async def test_concurrent_cold_requests_across_two_processes_fetch_once(fleet, registry):
+    registry.archive_chunk_delay = 0.05
+    a, b = fleet
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(*(fetch(session, a if n % 2 else b, PATH.format(v="1.0.0"))
+                                         for n in range(24)))
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    assert [status for status, _ in results] == [200] * 24
+    assert all(body == release.zips["linux_amd64"] for _, body in results)
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
+
+async def test_killed_lock_holder_is_taken_over_by_the_other_process(fleet, registry, signing_key):
+    release = registry.add(Release("acme", "foo", "3.0.0", signing_key, platforms=("linux_amd64",),
+                                   noise=2 * 1024 * 1024))
+    registry.archive_chunk_delay = 0.4  # ~3 s for the whole archive
+    a, b = fleet
+    archive = registry.archive_path(release, "linux_amd64")
+    async with aiohttp.ClientSession() as session:
+        from_a = asyncio.create_task(fetch(session, a, PATH.format(v="3.0.0")))
+        while registry.count(archive) == 0:  # A holds the fleet lock and is downloading
+            await asyncio.sleep(0.05)
+        from_b = asyncio.create_task(fetch(session, b, PATH.format(v="3.0.0")))
+        await asyncio.sleep(0.5)
+        assert registry.count(archive) == 1  # B waits on the lock instead of downloading
+        await a.kill()
+        with pytest.raises(aiohttp.ClientError):
+            await from_a
+        status, body = await asyncio.wait_for(from_b, 30)
+    assert status == 200 and body == release.zips["linux_amd64"]
+    assert registry.count(archive) == 2  # A's broken download and B's takeover
+
+
+async def test_init_through_one_replica_then_offline_through_the_other(fleet, registry, terraform):
+    a, b = fleet
+    first = terraform.workdir("a", MAIN_TF)
+    code, output = await terraform.init(first, mirror_config(a), a.ca_file)
+    assert code == 0, output
+    await registry.stop()
+    second = terraform.workdir("b", MAIN_TF)
+    shutil.copy(first / ".terraform.lock.hcl", second / ".terraform.lock.hcl")
+    code, output = await terraform.init(second, mirror_config(b), b.ca_file)
+    assert code == 0, output
+    assert locked_hashes(second) == locked_hashes(first)
