@@ -53,7 +53,7 @@ async def test_killed_lock_holder_is_taken_over_by_the_other_process(fleet, regi
     archive = registry.archive_path(release, "linux_amd64")
     async with aiohttp.ClientSession() as session:
         from_a = asyncio.create_task(fetch(session, a, PATH.format(v="3.0.0")))
-        while registry.count(archive) == 0:  # A holds the fleet lock and is downloading
+        while registry.count(archive) == 0:  # noqa: ASYNC110 - A holds the fleet lock and is downloading
             await asyncio.sleep(0.05)
         from_b = asyncio.create_task(fetch(session, b, PATH.format(v="3.0.0")))
         await asyncio.sleep(0.5)
