@@ -282,7 +282,8 @@ class Suite:
 
     async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
         world = self.world
-        tool = "wrk" if self._use_wrk else "aiohttp load loop (wrk not found: the client is likely the bottleneck)"
+        tool = "wrk" if self._use_wrk else \
+            f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
         if not self._use_wrk:
             self.note("wrk not used for the JSON benchmark: " + tool)
         self.progress(f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each")
@@ -391,7 +392,7 @@ class Suite:
     async def init_big_warm(self, proxy: ProxyProcess) -> None:
         if self._no_terraform():
             return
-        self.progress(f"4b. terraform init of the {self.args.size_mib} MiB provider, warm proxy vs static nginx")
+        self.progress(f"4b. terraform init of the {self.args.size_mib} MiB provider, warm (and static nginx)")
         release = self.world.big
         await self._publish_static(proxy, release)
         result = await self._warm_vs_static(proxy, release, "big")
@@ -401,7 +402,7 @@ class Suite:
     async def init_small(self, proxy: ProxyProcess) -> None:
         if self._no_terraform():
             return
-        self.progress("4. terraform init of a small provider: cold (empty proxy), warm, static nginx")
+        self.progress("4. terraform init of a small provider: cold (empty proxy), warm (and static nginx)")
         world, release = self.world, self.world.small
         cold = await self._init(release, proxy.url, proxy.ca_file, "small-cold")
         await self._publish_static(proxy, release)

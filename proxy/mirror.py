@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 import zipfile
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,17 +22,14 @@ from yarl import URL
 
 from proxy import verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
-from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, encode_record, freshness_of
-from proxy.config import Settings
-from proxy.errors import HostNotAllowedError, NotFoundError, UpstreamError, VerificationError
+from proxy.cache import CacheEntry, decode_record, encode_record
+from proxy.errors import NotFoundError, VerificationError
+from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
-from proxy.metrics import Metrics
-from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
-from proxy.store import ArchiveStore, PendingArchive, StoredArchive
-from proxy.upstream import discovery, providers
-from proxy.upstream.client import UpstreamClient
+from proxy.store import PendingArchive, StoredArchive
+from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 
 log = structlog.get_logger(__name__)
@@ -82,38 +77,25 @@ class ArchiveRecord:
 class Mirror:
     """The service layer behind every HTTP handler."""
 
-    def __init__(self, settings: Settings, upstream: UpstreamClient, cache: MetadataStore,
-                 store: ArchiveStore, keyring: Keyring, metrics: Metrics,
-                 *, locks: FleetLocks | None = None, clock: Callable[[], float] = time.time) -> None:
-        self._settings = settings
-        self._upstream = upstream
-        self._cache = cache
-        self._store = store
+    def __init__(self, fetcher: Fetcher, keyring: Keyring) -> None:
+        self._fetch = fetcher
+        self._settings = fetcher.settings
+        self._cache = fetcher.cache
+        self._store = fetcher.store
+        self._metrics = fetcher.metrics
         self._keyring = keyring
-        self._metrics = metrics
-        self._clock = clock
-        self._flights = SingleFlight()
-        self._locks = locks or LocalLocks()
-        self._upstream_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
 
-    async def close(self) -> None:
-        await self._flights.close()
+    def check_allowed(self, hostname: Hostname) -> None:
+        self._fetch.check_allowed(hostname)
 
     # ---- public API -------------------------------------------------------------------
 
-    def check_allowed(self, hostname: Hostname) -> None:
-        """Refuse registry hostnames outside the allowlist, before any network request."""
-        if str(hostname) not in self._settings.all_allowed_hosts:
-            raise HostNotAllowedError(
-                f"registry host {hostname} is not allowed by this proxy "
-                "(the operator can add it with --allow-host)")
-
     async def provider_versions(self, addr: ProviderAddr) -> dict[Version, VersionInfo]:
         """The upstream's version list for a provider (cached for the versions TTL)."""
-        self.check_allowed(addr.hostname)
-        base = await self._service_url(addr.hostname, "providers.v1")
+        self._fetch.check_allowed(addr.hostname)
+        base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.versions_url(base, addr)
-        entry = await self._document(f"versions:{addr}", url, ttl=self._settings.freshness.versions,
+        entry = await self._fetch.document(f"versions:{addr}", url, ttl=self._settings.freshness.versions,
                                      validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
@@ -125,7 +107,7 @@ class Mirror:
         info = versions.get(version)
         if info is None:
             raise NotFoundError(f"provider {addr} has no version {version}")
-        found = await _gather_bounded(
+        found = await gather_bounded(
             (self._download_info(addr, version, platform) for platform in info.platforms),
             self._settings.limits.upstream_concurrency)
         downloads = [d for d in found if d is not None]
@@ -147,18 +129,14 @@ class Mirror:
     async def archive(self, addr: ProviderAddr, version: Version,
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
-        self.check_allowed(addr.hostname)
+        self._fetch.check_allowed(addr.hostname)
         found = await self._stored_archive(addr, version, platform)
         if found is not None:
             note_cache("hit")
             return found
-        key = f"archive:{addr}/{version}/{platform}"
-
-        async def fetch_once_for_the_fleet() -> tuple[StoredArchive, ArchiveRecord]:
-            async with self._locks.hold(key, lambda: self._stored_archive(addr, version, platform)) as done:
-                return done if done is not None else await self._fetch_archive(addr, version, platform)
-
-        found = await self._flights.run(key, fetch_once_for_the_fleet)
+        found = await self._fetch.once_for_the_fleet(
+            f"archive:{addr}/{version}/{platform}", lambda: self._stored_archive(addr, version, platform),
+            lambda: self._fetch_archive(addr, version, platform))
         note_cache("miss")
         return found
 
@@ -169,76 +147,16 @@ class Mirror:
 
     # ---- discovery and metadata --------------------------------------------------------
 
-    async def _service_url(self, hostname: Hostname, service: str) -> URL:
-        url = discovery.discovery_url(hostname, self._settings.upstream_map)
-        entry = await self._document(
-            f"discovery:{hostname}", url, ttl=self._settings.freshness.discovery,
-            max_bytes=self._settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
-            validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
-        if entry.negative:
-            raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
-        services = discovery.parse_discovery(entry.body, entry.content_type, hostname)
-        return discovery.service_url(services, service, URL(entry.url), hostname)
-
     async def _download_info(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> DownloadInfo | None:
-        base = await self._service_url(addr.hostname, "providers.v1")
+        base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.download_url(base, addr, version, platform)
 
         def parse(entry: CacheEntry) -> DownloadInfo:
             return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
 
-        entry = await self._document(f"download:{addr}/{version}/{platform}", url, ttl=None, validate=parse)
+        entry = await self._fetch.document(f"download:{addr}/{version}/{platform}", url, ttl=None, validate=parse)
         return None if entry.negative else parse(entry)
-
-    async def _document(self, key: str, url: URL, *, ttl: float | None,
-                        validate: Callable[[CacheEntry], object],
-                        max_bytes: int | None = None, max_redirects: int | None = None) -> CacheEntry:
-        """A cached upstream document, refreshed through one shared fetch when not fresh."""
-        cached = CacheEntry.decode(await self._cache.get(key))
-        if cached is not None and freshness_of(cached, self._clock(), ttl,
-                                               self._settings.freshness.negative) is Freshness.FRESH:
-            self._count_cache("hit")
-            return cached
-        limit = max_bytes or self._settings.limits.max_metadata_bytes
-        entry, outcome = await self._flights.run(
-            f"doc:{key}", lambda: self._refresh(key, url, cached, limit, max_redirects, validate))
-        self._count_cache(outcome)
-        return entry
-
-    async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
-                       max_redirects: int | None,
-                       validate: Callable[[CacheEntry], object]) -> tuple[CacheEntry, str]:
-        now = self._clock()
-        usable = cached if cached is not None and not cached.negative else None
-        try:
-            async with self._upstream_slots:
-                response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
-                                                    etag=usable.etag if usable else None)
-            if response.status == 304 and usable is not None:
-                entry = replace(usable, fetched_at=now)
-            elif response.status in (404, 410):
-                entry = CacheEntry(404, b"", str(response.final_url), now)
-            elif response.status == 200:
-                entry = CacheEntry(200, response.body, str(response.final_url), now,
-                                   response.etag, response.content_type)
-                validate(entry)
-            else:
-                raise UpstreamError(f"upstream answered {response.status} for {url}")
-        except UpstreamError as exc:
-            self._metrics.upstream_fetches.labels("metadata", "error").inc()
-            if usable is not None:
-                log.warning("cache.serve_stale", key=key, error=exc.message,
-                            age_seconds=round(now - usable.fetched_at))
-                return usable, "stale"
-            raise
-        self._metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
-        await self._cache.set(key, entry.encode())
-        return entry, "miss"
-
-    def _count_cache(self, outcome: str) -> None:
-        note_cache(outcome)
-        self._metrics.cache.labels(outcome).inc()
 
     # ---- verification -------------------------------------------------------------------
 
@@ -249,20 +167,17 @@ class Mirror:
         async def recorded() -> dict[str, Any] | None:
             return decode_record(await self._cache.get(key))
 
-        async def fetch_once_for_the_fleet() -> dict[str, Any]:
-            async with self._locks.hold(key, recorded) as done:
-                return done if done is not None else await self._fetch_verified_sums(key, addr, version, d)
-
         record = await recorded()
         if record is None:
-            record = await self._flights.run(key, fetch_once_for_the_fleet)
+            record = await self._fetch.once_for_the_fleet(
+                key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d))
         return verify.parse_signed_sums(bytes.fromhex(record["sums"]), str(d.shasums_url))
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
                                    d: DownloadInfo) -> dict[str, Any]:
         limit = self._settings.limits.max_metadata_bytes
-        sums, signature = await asyncio.gather(self._fetch_blob(d.shasums_url, limit, "SHA256SUMS"),
-                                               self._fetch_blob(d.shasums_signature_url, limit,
+        sums, signature = await asyncio.gather(self._fetch.blob(d.shasums_url, limit, "SHA256SUMS"),
+                                               self._fetch.blob(d.shasums_signature_url, limit,
                                                                 "SHA256SUMS signature"))
         try:
             result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature,
@@ -276,14 +191,6 @@ class Mirror:
         await self._cache.set(key, encode_record(record))
         log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=result.key_id)
         return record
-
-    async def _fetch_blob(self, url: URL, max_bytes: int, what: str) -> bytes:
-        async with self._upstream_slots:
-            response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
-        if response.status != 200:
-            raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
-        self._metrics.upstream_fetches.labels("checksums", "200").inc()
-        return response.body
 
     def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo,
                         reason: str) -> None:
@@ -329,27 +236,15 @@ class Mirror:
 
     async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo,
                                  expected: str) -> tuple[StoredArchive, tuple[str, str]]:
-        pending: PendingArchive = await asyncio.to_thread(self._store.begin)
-        try:
-            async def sink(chunk: bytes) -> None:
-                await asyncio.to_thread(pending.write, chunk)
-
-            async with self._upstream_slots:
-                await self._upstream.download(d.download_url, sink,
-                                              max_bytes=self._settings.limits.max_archive_bytes)
-            actual = await asyncio.to_thread(pending.finish)
-            self._metrics.upstream_fetches.labels("archive", "200").inc()
-            self._metrics.upstream_bytes.inc(pending.size)
+        async def check(pending: PendingArchive, actual: str) -> tuple[str, str]:
             try:
                 verify.check_archive_digest(actual, expected, d.filename)
-                h1s = await asyncio.to_thread(_h1_of_zip_file, pending.path)
+                return await asyncio.to_thread(_h1_of_zip_file, pending.path)
             except VerificationError as exc:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
-            return await asyncio.to_thread(self._store.publish, pending, expected), h1s
-        except BaseException:
-            await asyncio.to_thread(pending.discard)
-            raise
+
+        return await self._fetch.download(d.download_url, self._settings.limits.max_archive_bytes, check)
 
 
 def _sums_source(d: DownloadInfo) -> tuple:
@@ -363,13 +258,3 @@ def _h1_of_zip_file(path: Path) -> tuple[str, str]:
             return h1_of_zip(handle)
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
         raise VerificationError(f"archive is not a valid zip file: {exc}") from None
-
-
-async def _gather_bounded(coros: Iterable[Awaitable[T]], limit: int) -> list[T]:
-    slots = asyncio.Semaphore(limit)
-
-    async def one(coro: Awaitable[T]) -> T:
-        async with slots:
-            return await coro
-
-    return await asyncio.gather(*(one(c) for c in coros))

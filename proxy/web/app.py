@@ -12,6 +12,7 @@ from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
 from proxy.cache.redis import RedisFleetLocks, RedisStore
 from proxy.config import Settings
+from proxy.fetch import Fetcher
 from proxy.gpg import Keyring
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
@@ -46,14 +47,15 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     cache = MemoryFront(backend)
     upstream = UpstreamClient.create(AddressPolicy(settings.private_host_exceptions), settings.limits,
                                      settings.upstream_ca_file)
-    mirror = Mirror(settings, upstream, cache, store, Keyring(settings.gnupg_home), app[METRICS], locks=locks)
+    fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
+    mirror = Mirror(fetcher, Keyring(settings.gnupg_home))
     app[MIRROR] = mirror
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded")
     try:
         yield
     finally:
-        await mirror.close()
+        await fetcher.close()
         await upstream.close()
         await cache.close()
         store.close()

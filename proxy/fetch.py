@@ -1,0 +1,168 @@
+"""Shared upstream access for the service layer: cached documents and downloads into the store.
+
+`Fetcher.document` is the freshness policy in action: fresh → serve; stale or missing →
+one shared upstream fetch (ETag revalidation); on upstream failure the stale copy is
+served (stale-if-error); 404s are cached briefly. `Fetcher.download` streams a URL into
+a temp file of the archive store while hashing it, lets the caller check it, and only
+then publishes it. Both the provider mirror and the module mirror build on this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from typing import TypeVar
+
+import structlog
+from yarl import URL
+
+from proxy.addrs import Hostname
+from proxy.cache import CacheEntry, Freshness, MetadataStore, freshness_of
+from proxy.config import Settings
+from proxy.errors import HostNotAllowedError, NotFoundError, UpstreamError
+from proxy.log import note_cache
+from proxy.metrics import Metrics
+from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
+from proxy.store import ArchiveStore, PendingArchive, StoredArchive
+from proxy.upstream import discovery
+from proxy.upstream.client import UpstreamClient
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class Fetcher:
+    """Upstream documents through the metadata cache, and verified downloads into the store."""
+
+    def __init__(self, settings: Settings, upstream: UpstreamClient, cache: MetadataStore,
+                 store: ArchiveStore, metrics: Metrics, *, locks: FleetLocks | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.store = store
+        self.metrics = metrics
+        self.locks = locks or LocalLocks()
+        self.flights = SingleFlight()
+        self._upstream = upstream
+        self._clock = clock
+        self._upstream_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
+
+    async def close(self) -> None:
+        await self.flights.close()
+
+    async def once_for_the_fleet(self, key: str, recheck: Callable[[], Awaitable[T | None]],
+                                 work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` once per key in this process and, with fleet locks, once in the fleet."""
+
+        async def locked() -> T:
+            async with self.locks.hold(key, recheck) as done:
+                return done if done is not None else await work()
+
+        return await self.flights.run(key, locked)
+
+    def check_allowed(self, hostname: Hostname) -> None:
+        """Refuse registry hostnames outside the allowlist, before any network request."""
+        if str(hostname) not in self.settings.all_allowed_hosts:
+            raise HostNotAllowedError(
+                f"registry host {hostname} is not allowed by this proxy "
+                "(the operator can add it with --allow-host)")
+
+    async def service_url(self, hostname: Hostname, service: str) -> URL:
+        url = discovery.discovery_url(hostname, self.settings.upstream_map)
+        entry = await self.document(
+            f"discovery:{hostname}", url, ttl=self.settings.freshness.discovery,
+            max_bytes=self.settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
+            validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
+        if entry.negative:
+            raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
+        services = discovery.parse_discovery(entry.body, entry.content_type, hostname)
+        return discovery.service_url(services, service, URL(entry.url), hostname)
+
+    async def document(self, key: str, url: URL, *, ttl: float | None,
+                        validate: Callable[[CacheEntry], object],
+                        max_bytes: int | None = None, max_redirects: int | None = None) -> CacheEntry:
+        """A cached upstream document, refreshed through one shared fetch when not fresh."""
+        cached = CacheEntry.decode(await self.cache.get(key))
+        if cached is not None and freshness_of(cached, self._clock(), ttl,
+                                               self.settings.freshness.negative) is Freshness.FRESH:
+            self._count_cache("hit")
+            return cached
+        limit = max_bytes or self.settings.limits.max_metadata_bytes
+        entry, outcome = await self.flights.run(
+            f"doc:{key}", lambda: self._refresh(key, url, cached, limit, max_redirects, validate))
+        self._count_cache(outcome)
+        return entry
+
+    async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
+                       max_redirects: int | None,
+                       validate: Callable[[CacheEntry], object]) -> tuple[CacheEntry, str]:
+        now = self._clock()
+        usable = cached if cached is not None and not cached.negative else None
+        try:
+            async with self._upstream_slots:
+                response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
+                                                    etag=usable.etag if usable else None)
+            if response.status == 304 and usable is not None:
+                entry = replace(usable, fetched_at=now)
+            elif response.status in (404, 410):
+                entry = CacheEntry(404, b"", str(response.final_url), now)
+            elif response.status == 200:
+                entry = CacheEntry(200, response.body, str(response.final_url), now,
+                                   response.etag, response.content_type)
+                validate(entry)
+            else:
+                raise UpstreamError(f"upstream answered {response.status} for {url}")
+        except UpstreamError as exc:
+            self.metrics.upstream_fetches.labels("metadata", "error").inc()
+            if usable is not None:
+                log.warning("cache.serve_stale", key=key, error=exc.message,
+                            age_seconds=round(now - usable.fetched_at))
+                return usable, "stale"
+            raise
+        self.metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
+        await self.cache.set(key, entry.encode())
+        return entry, "miss"
+
+    def _count_cache(self, outcome: str) -> None:
+        note_cache(outcome)
+        self.metrics.cache.labels(outcome).inc()
+
+    async def blob(self, url: URL, max_bytes: int, what: str) -> bytes:
+        async with self._upstream_slots:
+            response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
+        if response.status != 200:
+            raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
+        self.metrics.upstream_fetches.labels("checksums", "200").inc()
+        return response.body
+
+    async def download(self, url: URL, max_bytes: int,
+                       check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
+        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish."""
+        pending: PendingArchive = await asyncio.to_thread(self.store.begin)
+        try:
+            async def sink(chunk: bytes) -> None:
+                await asyncio.to_thread(pending.write, chunk)
+
+            async with self._upstream_slots:
+                await self._upstream.download(url, sink, max_bytes=max_bytes)
+            actual = await asyncio.to_thread(pending.finish)
+            self.metrics.upstream_fetches.labels("archive", "200").inc()
+            self.metrics.upstream_bytes.inc(pending.size)
+            result = await check(pending, actual)
+            return await asyncio.to_thread(self.store.publish, pending, actual), result
+        except BaseException:
+            await asyncio.to_thread(pending.discard)
+            raise
+
+
+async def gather_bounded(coros: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """`asyncio.gather` with at most `limit` awaitables running at once."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(coro: Awaitable[T]) -> T:
+        async with slots:
+            return await coro
+
+    return await asyncio.gather(*(one(c) for c in coros))
