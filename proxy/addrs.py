@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 import idna
 
@@ -39,6 +39,10 @@ class Hostname:
     @classmethod
     def parse(cls, given: str) -> Hostname:
         """Normalise a hostname (Unicode or punycode, optional `:port`) or raise InvalidRequestError."""
+        return _parse_hostname(given)
+
+    @classmethod
+    def _parse(cls, given: str) -> Hostname:
         if not given or len(given) > MAX_HOSTNAME_LENGTH + 6:
             raise InvalidRequestError(f"invalid hostname {given[:80]!r}: empty or too long")
         name, port = given, None
@@ -90,6 +94,12 @@ def parse_provider_part(given: str, what: str) -> str:
             or "--" in part):
         raise InvalidRequestError(f"invalid provider {what} {given!r}: only letters, digits and dashes are allowed")
     return part
+
+
+@lru_cache(maxsize=4096)
+def _parse_hostname(given: str) -> Hostname:
+    # IDNA processing costs tens of microseconds; hot paths parse the same few hosts.
+    return Hostname._parse(given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,3 +181,28 @@ class Platform:
 
     def __str__(self) -> str:
         return f"{self.os}_{self.arch}"
+
+
+_MODULE_PART_RE = re.compile(r"^[0-9A-Za-z](?:[0-9A-Za-z_-]{0,62}[0-9A-Za-z])?\Z")
+_MODULE_SYSTEM_RE = re.compile(r"^[0-9a-z]{1,64}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleAddr:
+    """`hostname/namespace/name/system` of a registry module."""
+
+    hostname: Hostname
+    namespace: str
+    name: str
+    system: str
+
+    @classmethod
+    def parse(cls, hostname: str, namespace: str, name: str, system: str) -> ModuleAddr:
+        for what, value, pattern in (("namespace", namespace, _MODULE_PART_RE), ("name", name, _MODULE_PART_RE),
+                                     ("target system", system, _MODULE_SYSTEM_RE)):
+            if not pattern.match(value):
+                raise InvalidRequestError(f"invalid module {what} {value[:70]!r}")
+        return cls(Hostname.parse(hostname), namespace, name, system)
+
+    def __str__(self) -> str:
+        return f"{self.hostname}/{self.namespace}/{self.name}/{self.system}"

@@ -13,13 +13,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from yarl import URL
 
 from proxy.addrs import Hostname
-from proxy.cache import CacheEntry, Freshness, MetadataStore, freshness_of
+from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of
 from proxy.config import Settings
 from proxy.errors import HostNotAllowedError, NotFoundError, UpstreamError
 from proxy.log import note_cache
@@ -31,6 +31,7 @@ from proxy.upstream.client import UpstreamClient
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+MEMO_ENTRIES = 10_000
 
 
 class Fetcher:
@@ -48,9 +49,50 @@ class Fetcher:
         self._upstream = upstream
         self._clock = clock
         self._upstream_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
+        self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
+        self._parsed: dict[str, tuple[object, object]] = {}
+        self._records: dict[str, tuple[bytes, dict[str, Any] | None]] = {}
 
     async def close(self) -> None:
         await self.flights.close()
+
+    def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
+        """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
+        if raw is None:
+            return None
+        memo = self._decoded.get(key)
+        if memo is not None and memo[0] is raw:
+            return memo[1]
+        entry = CacheEntry.decode(raw)
+        self._remember(self._decoded, key, (raw, entry))
+        return entry
+
+    async def record(self, key: str) -> dict[str, Any] | None:
+        """A derived record from the cache, decoded once per stored value."""
+        raw = await self.cache.get(key)
+        if raw is None:
+            return None
+        memo = self._records.get(key)
+        if memo is not None and memo[0] is raw:
+            return memo[1]
+        record = decode_record(raw)
+        self._remember(self._records, key, (raw, record))
+        return record
+
+    def parsed(self, key: str, entry: Any, parse: Callable[[Any], T]) -> T:
+        """`parse(entry)`, memoised per key for as long as the entry object is the same."""
+        memo = self._parsed.get(key)
+        if memo is not None and memo[0] is entry:
+            return memo[1]
+        result = parse(entry)
+        self._remember(self._parsed, key, (entry, result))
+        return result
+
+    @staticmethod
+    def _remember(memo: dict, key: str, value: object) -> None:
+        if len(memo) >= MEMO_ENTRIES:
+            memo.pop(next(iter(memo)))
+        memo[key] = value
 
     async def once_for_the_fleet(self, key: str, recheck: Callable[[], Awaitable[T | None]],
                                  work: Callable[[], Awaitable[T]]) -> T:
@@ -77,14 +119,15 @@ class Fetcher:
             validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         if entry.negative:
             raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
-        services = discovery.parse_discovery(entry.body, entry.content_type, hostname)
+        services = self.parsed(f"discovery:{hostname}", entry,
+                               lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         return discovery.service_url(services, service, URL(entry.url), hostname)
 
     async def document(self, key: str, url: URL, *, ttl: float | None,
                         validate: Callable[[CacheEntry], object],
                         max_bytes: int | None = None, max_redirects: int | None = None) -> CacheEntry:
         """A cached upstream document, refreshed through one shared fetch when not fresh."""
-        cached = CacheEntry.decode(await self.cache.get(key))
+        cached = self._decode(key, await self.cache.get(key))
         if cached is not None and freshness_of(cached, self._clock(), ttl,
                                                self.settings.freshness.negative) is Freshness.FRESH:
             self._count_cache("hit")

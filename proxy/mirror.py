@@ -22,7 +22,7 @@ from yarl import URL
 
 from proxy import verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
-from proxy.cache import CacheEntry, decode_record, encode_record
+from proxy.cache import CacheEntry, encode_record
 from proxy.errors import NotFoundError, VerificationError
 from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
@@ -99,7 +99,7 @@ class Mirror:
                                      validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
-        return providers.parse_versions(entry.body, addr)
+        return self._fetch.parsed(f"versions:{addr}", entry, lambda e: providers.parse_versions(e.body, addr))
 
     async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
         """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes."""
@@ -155,8 +155,9 @@ class Mirror:
         def parse(entry: CacheEntry) -> DownloadInfo:
             return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
 
-        entry = await self._fetch.document(f"download:{addr}/{version}/{platform}", url, ttl=None, validate=parse)
-        return None if entry.negative else parse(entry)
+        key = f"download:{addr}/{version}/{platform}"
+        entry = await self._fetch.document(key, url, ttl=None, validate=parse)
+        return None if entry.negative else self._fetch.parsed(key, entry, parse)
 
     # ---- verification -------------------------------------------------------------------
 
@@ -165,13 +166,14 @@ class Mirror:
         key = "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
 
         async def recorded() -> dict[str, Any] | None:
-            return decode_record(await self._cache.get(key))
+            return await self._fetch.record(key)
 
         record = await recorded()
         if record is None:
             record = await self._fetch.once_for_the_fleet(
                 key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d))
-        return verify.parse_signed_sums(bytes.fromhex(record["sums"]), str(d.shasums_url))
+        return self._fetch.parsed(
+            key, record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
                                    d: DownloadInfo) -> dict[str, Any]:
@@ -209,8 +211,9 @@ class Mirror:
 
     async def _archive_record(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> ArchiveRecord | None:
-        raw = await self._cache.get(f"archive:{addr}/{version}/{platform}")
-        return ArchiveRecord.from_dict(decode_record(raw))
+        key = f"archive:{addr}/{version}/{platform}"
+        record = await self._fetch.record(key)
+        return None if record is None else self._fetch.parsed(key, record, ArchiveRecord.from_dict)
 
     async def _fetch_archive(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:

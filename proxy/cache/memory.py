@@ -1,8 +1,8 @@
 """A bounded in-process LRU in front of a persistent metadata store (write-through).
 
-Warm requests then cost no thread hop or network round trip. Only values that were read
-or written are kept, never absences, so a record another replica adds later is still
-found in the shared store.
+Warm requests then cost no thread hop or network round trip. Absences are remembered only
+when `remember_absence` is set: right for the embedded store, which no other process
+writes; wrong for Redis, where another replica may add a record at any moment.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from proxy.cache import MetadataStore
 class MemoryFront:
     """MetadataStore wrapper that remembers up to `max_entries` values."""
 
-    def __init__(self, inner: MetadataStore, max_entries: int = 20_000) -> None:
+    def __init__(self, inner: MetadataStore, max_entries: int = 20_000, *, remember_absence: bool = False) -> None:
         self.inner = inner
         self._max = max_entries
-        self._values: OrderedDict[str, bytes] = OrderedDict()
+        self._remember_absence = remember_absence
+        self._values: OrderedDict[str, bytes | None] = OrderedDict()
 
     async def get(self, key: str) -> bytes | None:
-        value = self._values.get(key)
-        if value is not None:
+        if key in self._values:
             self._values.move_to_end(key)
-            return value
+            return self._values[key]
         value = await self.inner.get(key)
-        if value is not None:
+        if value is not None or self._remember_absence:
             self._remember(key, value)
         return value
 
@@ -45,7 +45,7 @@ class MemoryFront:
         self._values.clear()
         await self.inner.close()
 
-    def _remember(self, key: str, value: bytes) -> None:
+    def _remember(self, key: str, value: bytes | None) -> None:
         self._values[key] = value
         self._values.move_to_end(key)
         while len(self._values) > self._max:

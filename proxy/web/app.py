@@ -44,7 +44,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store = ArchiveStore(settings.archive_dir)
     store.open()
     backend, locks = open_metadata_store(settings)
-    cache = MemoryFront(backend)
+    cache = MemoryFront(backend, remember_absence=settings.redis_url is None)
     upstream = UpstreamClient.create(AddressPolicy(settings.private_host_exceptions), settings.limits,
                                      settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)

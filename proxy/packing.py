@@ -1,0 +1,105 @@
+"""Module archives: deterministic `.tar.gz` packing and safety checks of fetched archives.
+
+Packing sorts entries, fixes owner, group, modes and times (the commit time) and writes a
+gzip stream with no name or time in its header, so the same tree gives the same bytes.
+Checking refuses archives the clients would unpack outside their module directory
+(absolute paths, `..`, links that point out) and anything that is not a readable archive.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import stat
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+GZIP_LEVEL = 6
+
+
+class ArchiveError(ValueError):
+    """The archive is unreadable or unsafe."""
+
+
+def deterministic_tar_gz(root: Path, output: Path, mtime: int, exclude: frozenset[str] = frozenset({".git"})) -> None:
+    """Pack the tree under `root` into `output` reproducibly."""
+    entries = []
+    for current, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in exclude or Path(current) != root)
+        relative_dir = Path(current).relative_to(root)
+        for name in sorted(files + [d for d in dirs if (Path(current) / d).is_symlink()]):
+            entries.append(relative_dir / name)
+        for name in dirs:
+            if not (Path(current) / name).is_symlink():
+                entries.append(relative_dir / name)
+    entries.sort(key=lambda p: p.as_posix().encode())
+    with open(output, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for relative in entries:
+            tar.addfile(*_tar_entry(root / relative, relative.as_posix(), mtime, root))
+
+
+def _tar_entry(path: Path, name: str, mtime: int, root: Path) -> tuple[tarfile.TarInfo, io.BufferedReader | None]:
+    info = tarfile.TarInfo(name)
+    info.mtime, info.uid, info.gid, info.uname, info.gname = mtime, 0, 0, "", ""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        target = os.readlink(path)
+        _check_link(name, target)
+        info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+        return info, None
+    if stat.S_ISDIR(mode):
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        return info, None
+    info.mode = 0o755 if mode & stat.S_IXUSR else 0o644
+    info.size = path.stat().st_size
+    return info, open(path, "rb")
+
+
+def _check_name(name: str) -> None:
+    pure = PurePosixPath(name.replace("\\", "/"))
+    if pure.is_absolute() or ".." in pure.parts or name.startswith(("/", "\\")) or ":" in pure.parts[0:1][0:1]:
+        raise ArchiveError(f"archive entry {name!r} would be unpacked outside the module directory")
+
+
+def _check_link(name: str, target: str) -> None:
+    joined = PurePosixPath(name).parent / target
+    depth = 0
+    for part in joined.parts:
+        depth += -1 if part == ".." else (0 if part == "." else 1)
+        if depth < 0:
+            raise ArchiveError(f"link {name!r} points outside the module directory")
+    if target.startswith("/"):
+        raise ArchiveError(f"link {name!r} points to an absolute path")
+
+
+def check_archive(path: Path, kind: str, max_entries: int = 100_000) -> int:
+    """Verify that `path` is a readable, safe archive of `kind`; returns the number of entries."""
+    try:
+        if kind == "zip":
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+                for name in names:
+                    _check_name(name)
+                if archive.testzip() is not None:
+                    raise ArchiveError("zip archive has a corrupt member")
+                count = len(names)
+        else:
+            mode = {"tar.gz": "r:gz", "tar.bz2": "r:bz2", "tar.xz": "r:xz", "tar": "r:"}[kind]
+            count = 0
+            with tarfile.open(path, mode) as archive:
+                for member in archive:
+                    count += 1
+                    if count > max_entries:
+                        raise ArchiveError(f"archive has more than {max_entries} entries")
+                    _check_name(member.name)
+                    if member.issym() or member.islnk():
+                        _check_link(member.name, member.linkname)
+                    if member.isdev():
+                        raise ArchiveError(f"archive entry {member.name!r} is a device file")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+        raise ArchiveError(f"not a readable {kind} archive: {exc}") from None
+    return count
