@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
+from proxy.addrs import Hostname
 from proxy.config import (
     DEFAULT_ALLOWED_HOSTS,
     ConfigError,
@@ -33,6 +34,7 @@ from proxy.config import (
     parse_size,
     parse_upstream_map,
 )
+from proxy.errors import InvalidRequestError
 
 log = structlog.get_logger("proxy.cli")
 
@@ -105,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--redis-retention", "TTL of Redis entries, refreshed on every write", default="90d")
     _option(serve, "--fleet-lock-ttl", "expiry of the fleet-wide fetch lock (renewed while a download runs; "
             "a crashed replica's lock frees after this)", default="15s")
+    _option(serve, "--default-upstream", "registry whose providers.v1 and modules.v1 the proxy's own "
+            "/.well-known/terraform.json advertises", default="registry.opentofu.org", metavar="HOST")
+    _option(serve, "--module-passthrough", "module sources the proxy does not cache (s3::, gcs::, hg::, git over "
+            "ssh): 'allow' hands them to the client unchanged, 'deny' answers an error", default="allow")
+    _option(serve, "--max-module-size", "largest module archive or git checkout accepted", default="512MiB")
+    _option(serve, "--git-timeout", "time limit for cloning a git module source", default="120s")
     _option(serve, "--ttl-discovery", "how long a discovery document is fresh", default="1h")
     _option(serve, "--ttl-versions", "how long a version list is fresh", default="10m")
     _option(serve, "--ttl-negative", "how long an upstream 404 is remembered", default="1m")
@@ -143,6 +151,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                       max_metadata_bytes=parse_size(args.max_metadata_size),
                       metadata_timeout=timeout, read_timeout=max(timeout, 60.0),
                       connect_timeout=min(timeout, 10.0), upstream_concurrency=concurrency),
+        default_upstream=_hostname_setting(args.default_upstream, "--default-upstream"),
+        module_passthrough=args.module_passthrough,
+        max_module_bytes=parse_size(args.max_module_size),
+        git_timeout=parse_duration(args.git_timeout),
         redis_url=args.redis_url or None,
         redis_password=args.redis_password or None,
         redis_prefix=args.redis_prefix,
@@ -151,6 +163,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_format=args.log_format,
         log_level=args.log_level,
     )
+
+
+def _hostname_setting(text: str, flag: str) -> Hostname:
+    try:
+        return Hostname.parse(text)
+    except InvalidRequestError as exc:
+        raise ConfigError(f"invalid {flag}: {exc.message}") from None
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:

@@ -18,6 +18,7 @@ from proxy.errors import InvalidRequestError
 
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
+DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -126,6 +127,10 @@ class Settings:
     redis_prefix: str = "registry-proxy"
     redis_retention: float = 90 * 86400.0
     fleet_lock_ttl: float = 15.0
+    default_upstream: Hostname = DEFAULT_UPSTREAM
+    module_passthrough: str = "allow"
+    max_module_bytes: int = 512 * 2**20
+    git_timeout: float = 120.0
     freshness: Freshness = Freshness()
     limits: Limits = Limits()
     log_format: str = "auto"
@@ -140,6 +145,8 @@ class Settings:
             raise ConfigError(f"invalid --redis-url {self.redis_url!r}: use redis://, rediss:// or unix://")
         if self.fleet_lock_ttl < 1:
             raise ConfigError("--fleet-lock-ttl must be at least 1s")
+        if self.module_passthrough not in ("allow", "deny"):
+            raise ConfigError(f"invalid --module-passthrough {self.module_passthrough!r}: allow or deny")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
 
@@ -153,6 +160,11 @@ class Settings:
         """`host` or `host:port` entries the SSRF guard lets through to private addresses."""
         mapped = {f"{url.host}:{url.port}" for url in self.upstream_map.values()}
         return self.allowed_private_hosts | frozenset(mapped)
+
+    @property
+    def upstream_ca_bundle(self) -> Path:
+        """System CAs plus `--upstream-ca-file`, for tools (git) that take a single bundle."""
+        return self.data_dir / "tls" / "upstream-ca-bundle.pem"
 
     @property
     def cache_dir(self) -> Path:

@@ -151,9 +151,9 @@ class Fetcher:
                 entry = replace(usable, fetched_at=now)
             elif response.status in (404, 410):
                 entry = CacheEntry(404, b"", str(response.final_url), now)
-            elif response.status == 200:
-                entry = CacheEntry(200, response.body, str(response.final_url), now,
-                                   response.etag, response.content_type)
+            elif response.status in (200, 204):
+                entry = CacheEntry(response.status, response.body, str(response.final_url), now,
+                                   response.etag, response.content_type, response.terraform_get)
                 validate(entry)
             else:
                 raise UpstreamError(f"upstream answered {response.status} for {url}")

@@ -92,14 +92,39 @@ class Mirror:
 
     async def provider_versions(self, addr: ProviderAddr) -> dict[Version, VersionInfo]:
         """The upstream's version list for a provider (cached for the versions TTL)."""
+        entry = await self._versions_entry(addr)
+        return self._fetch.parsed(f"versions:{addr}", entry, lambda e: providers.parse_versions(e.body, addr))
+
+    async def versions_document(self, addr: ProviderAddr) -> bytes:
+        """The upstream's `versions` answer, byte for byte (registry pass-through)."""
+        return (await self._versions_entry(addr)).body
+
+    async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
+        """The upstream's download metadata as it sent it, unknown fields included."""
+        self._fetch.check_allowed(addr.hostname)
+        d = await self._download_info(addr, version, platform)
+        if d is None:
+            raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
+        return d.raw
+
+    async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
+        """SHA256SUMS and its signature, byte-identical to upstream, only once the signature verified."""
+        self._fetch.check_allowed(addr.hostname)
+        d = await self._download_info(addr, version, platform)
+        if d is None:
+            raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
+        record = await self._verified_sums_record(addr, version, d)
+        return bytes.fromhex(record["sums"]), bytes.fromhex(record["signature"])
+
+    async def _versions_entry(self, addr: ProviderAddr) -> CacheEntry:
         self._fetch.check_allowed(addr.hostname)
         base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.versions_url(base, addr)
         entry = await self._fetch.document(f"versions:{addr}", url, ttl=self._settings.freshness.versions,
-                                     validate=lambda e: providers.parse_versions(e.body, addr))
+                                           validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
-        return self._fetch.parsed(f"versions:{addr}", entry, lambda e: providers.parse_versions(e.body, addr))
+        return entry
 
     async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
         """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes."""
@@ -162,8 +187,14 @@ class Mirror:
     # ---- verification -------------------------------------------------------------------
 
     async def _verified_sums(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, str]:
-        """The SHA256SUMS of a release after its signature verified; cached only once verified."""
-        key = "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
+        """The parsed SHA256SUMS of a release after its signature verified."""
+        record = await self._verified_sums_record(addr, version, d)
+        return self._fetch.parsed(
+            _sums_key(d), record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
+
+    async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, Any]:
+        """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
+        key = _sums_key(d)
 
         async def recorded() -> dict[str, Any] | None:
             return await self._fetch.record(key)
@@ -172,8 +203,7 @@ class Mirror:
         if record is None:
             record = await self._fetch.once_for_the_fleet(
                 key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d))
-        return self._fetch.parsed(
-            key, record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
+        return record
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
                                    d: DownloadInfo) -> dict[str, Any]:
@@ -248,6 +278,10 @@ class Mirror:
                 raise
 
         return await self._fetch.download(d.download_url, self._settings.limits.max_archive_bytes, check)
+
+
+def _sums_key(d: DownloadInfo) -> str:
+    return "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
 
 
 def _sums_source(d: DownloadInfo) -> tuple:

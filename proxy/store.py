@@ -103,13 +103,28 @@ class ArchiveStore:
         return StoredArchive(sha256, path, size)
 
     def begin(self) -> PendingArchive:
-        return PendingArchive(self._tmp / f"{uuid.uuid4().hex}.part")
+        return PendingArchive(self.temp_path())
+
+    @property
+    def temp_dir(self) -> Path:
+        """This process's scratch directory (removed at close, or at the next start after a crash)."""
+        return self._tmp
+
+    def temp_path(self) -> Path:
+        """A fresh path in this process's temp directory, for producers that write files themselves."""
+        return self._tmp / f"{uuid.uuid4().hex}.part"
 
     def publish(self, pending: PendingArchive, sha256: str) -> StoredArchive:
         """Move a finished, verified temp file to its content address (atomic rename)."""
+        return self.publish_path(pending.path, sha256)
+
+    def publish_path(self, path: Path, sha256: str) -> StoredArchive:
+        """Fsync and move a verified file from the temp directory to its content address."""
+        with open(path, "rb+") as handle:
+            os.fsync(handle.fileno())
         final = self.path_for(sha256)
         final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(pending.path, final)
+        os.replace(path, final)
         _fsync_dir(final.parent)
         return StoredArchive(sha256, final, final.stat().st_size)
 
@@ -121,6 +136,14 @@ class ArchiveStore:
         except OSError:
             return False
         return True
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -41,16 +41,18 @@ class CacheEntry:
     fetched_at: float
     etag: str | None = None
     content_type: str = ""
+    terraform_get: str | None = None  # the X-Terraform-Get header of a module download answer
 
     @property
     def negative(self) -> bool:
-        return self.status != 200
+        return self.status not in (200, 204)
 
     def encode(self) -> bytes:
         return json.dumps({
             "v": FORMAT_VERSION, "kind": "entry", "status": self.status,
             "body": base64.b64encode(self.body).decode("ascii"), "url": self.url,
             "fetched_at": self.fetched_at, "etag": self.etag, "content_type": self.content_type,
+            "terraform_get": self.terraform_get,
         }).encode()
 
     @classmethod
@@ -60,7 +62,8 @@ class CacheEntry:
             return None
         try:
             return cls(int(data["status"]), base64.b64decode(data["body"]), str(data["url"]),
-                       float(data["fetched_at"]), data.get("etag"), data.get("content_type", ""))
+                       float(data["fetched_at"]), data.get("etag"), data.get("content_type", ""),
+                       data.get("terraform_get"))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -27,7 +27,7 @@ log = structlog.get_logger(__name__)
 
 USER_AGENT = f"registry-proxy/{__version__}"
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-PASS_STATUSES = frozenset({200, 304, 404, 410})
+PASS_STATUSES = frozenset({200, 204, 304, 404, 410})
 RETRY_BACKOFF = 0.5
 
 
@@ -40,6 +40,7 @@ class UpstreamResponse:
     final_url: URL
     content_type: str
     etag: str | None
+    terraform_get: str | None = None
 
 
 Sink = Callable[[bytes], Awaitable[None]]
@@ -91,8 +92,8 @@ class UpstreamClient:
 
         async def read(response: aiohttp.ClientResponse) -> UpstreamResponse:
             body = await _read_bounded(response, max_bytes, url)
-            return UpstreamResponse(response.status, body, response.url,
-                                    response.content_type, response.headers.get("ETag"))
+            return UpstreamResponse(response.status, body, response.url, response.content_type,
+                                    response.headers.get("ETag"), response.headers.get("X-Terraform-Get"))
 
         return await self._with_retries(url, headers, timeout, read, max_redirects)
 

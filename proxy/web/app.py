@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -16,12 +18,14 @@ from proxy.fetch import Fetcher
 from proxy.gpg import Keyring
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
+from proxy.module_mirror import ModuleMirror
 from proxy.singleflight import FleetLocks, LocalLocks
 from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
-from proxy.web import health, network_mirror
-from proxy.web.keys import METRICS, MIRROR, SETTINGS
+from proxy.web import discovery, health, network_mirror, registry
+from proxy.web.keys import METRICS, MIRROR, MODULES, SETTINGS
 from proxy.web.middlewares import request_context
 
 log = structlog.get_logger(__name__)
@@ -34,7 +38,9 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS] = Metrics()
     app.cleanup_ctx.append(_mirror_ctx)
     health.add_routes(app)
+    discovery.add_routes(app)
     network_mirror.add_routes(app)
+    registry.add_routes(app)
     return app
 
 
@@ -45,11 +51,15 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store.open()
     backend, locks = open_metadata_store(settings)
     cache = MemoryFront(backend, remember_absence=settings.redis_url is None)
-    upstream = UpstreamClient.create(AddressPolicy(settings.private_host_exceptions), settings.limits,
-                                     settings.upstream_ca_file)
+    policy = AddressPolicy(settings.private_host_exceptions)
+    upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
     mirror = Mirror(fetcher, Keyring(settings.gnupg_home))
     app[MIRROR] = mirror
+    git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
+                     timeout=settings.git_timeout, max_bytes=settings.max_module_bytes)
+    app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
+                                max_bytes=settings.max_module_bytes)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded")
     try:
@@ -59,6 +69,19 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         await upstream.close()
         await cache.close()
         store.close()
+
+
+def write_ca_bundle(settings: Settings) -> Path | None:
+    """A single CA file for git: the system bundle plus the operator's extra CAs (None: git's default)."""
+    if settings.upstream_ca_file is None:
+        return None
+    system = ssl.get_default_verify_paths().cafile
+    parts = [Path(system).read_bytes()] if system and Path(system).exists() else []
+    parts.append(settings.upstream_ca_file.read_bytes())
+    bundle = settings.upstream_ca_bundle
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    bundle.write_bytes(b"\n".join(parts))
+    return bundle
 
 
 def open_metadata_store(settings: Settings) -> tuple[MetadataStore, FleetLocks]:

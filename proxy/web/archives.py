@@ -18,7 +18,8 @@ from proxy.web.keys import METRICS
 CHUNK = 1 << 20
 
 
-async def serve_archive(request: web.Request, stored: StoredArchive, filename: str) -> web.StreamResponse:
+async def serve_archive(request: web.Request, stored: StoredArchive, filename: str,
+                        content_type: str = "application/zip") -> web.StreamResponse:
     etag = f'"{stored.sha256}"'
     headers = {
         "ETag": etag,
@@ -30,7 +31,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive, filename: s
         return web.Response(status=304, headers=headers)
     if request.transport is not None and request.transport.get_extra_info("ssl_object") is None:
         response = web.FileResponse(stored.path, chunk_size=CHUNK, headers=headers)
-        response.content_type = "application/zip"
+        response.content_type = content_type
         request.app[METRICS].served_bytes.inc(0 if request.method == "HEAD" else stored.size)
         return response
     try:
@@ -40,7 +41,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive, filename: s
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
     response = web.StreamResponse(status=206 if span is not None else 200, headers=headers)
-    response.content_type = "application/zip"
+    response.content_type = content_type
     response.content_length = length
     if span is not None:
         response.headers["Content-Range"] = f"bytes {start}-{end}/{stored.size}"

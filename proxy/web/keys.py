@@ -7,7 +7,9 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
+from proxy.module_mirror import ModuleMirror
 
 SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
 METRICS = web.AppKey("metrics", Metrics)
+MODULES = web.AppKey("modules", ModuleMirror)

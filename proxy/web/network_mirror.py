@@ -11,15 +11,12 @@ from aiohttp import web
 
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError, NotFoundError
+from proxy.rewrite import archive_filename
 from proxy.web.archives import serve_archive
 from proxy.web.keys import MIRROR
 from proxy.web.responses import json_response
 
 PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
-
-
-def archive_filename(addr: ProviderAddr, version: Version, platform: Platform) -> str:
-    return f"terraform-provider-{addr.type}_{version}_{platform}.zip"
 
 
 def _addr(request: web.Request) -> ProviderAddr:

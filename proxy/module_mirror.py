@@ -1,0 +1,184 @@
+"""The module service: pass-through of `modules.v1` with module sources cached by the proxy.
+
+The download answer points clients at the proxy's own archive URL (with any `//subdir`
+kept). The archive is made on first request, once per fleet: an https archive is fetched
+as it is; a git source is cloned at its ref and packed into a deterministic `.tar.gz`.
+Either is checked (readable, nothing unpacks outside the module directory, within the size
+limit) before it is stored, content-addressed, in the same store as provider archives.
+Module sources carry no signature: integrity rests on TLS to the source host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from yarl import URL
+
+from proxy import modsource
+from proxy.addrs import ModuleAddr, Version
+from proxy.cache import encode_record
+from proxy.errors import NotFoundError, UpstreamError
+from proxy.fetch import Fetcher
+from proxy.log import note_cache
+from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
+from proxy.packing import ArchiveError, check_archive
+from proxy.rewrite import module_archive_path
+from proxy.store import StoredArchive, sha256_file
+from proxy.upstream import modules
+from proxy.upstream.git import GitFetcher
+
+log = structlog.get_logger(__name__)
+
+
+class ModuleSourceRefusedError(UpstreamError):
+    """The upstream's module source is of a form the proxy will not fetch or hand out."""
+
+    code = "module_source_refused"
+
+
+@dataclass(frozen=True)
+class ModuleRecord:
+    sha256: str
+    size: int
+    archive: str  # a key of modsource.FILE_EXTENSIONS
+    source: str
+    commit: str = ""
+
+    @property
+    def extension(self) -> str:
+        return modsource.FILE_EXTENSIONS[self.archive]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "size": self.size, "archive": self.archive, "source": self.source,
+                "commit": self.commit}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModuleRecord | None:
+        try:
+            record = cls(str(data["sha256"]), int(data["size"]), str(data["archive"]), str(data["source"]),
+                         str(data.get("commit", "")))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return record if record.archive in modsource.FILE_EXTENSIONS else None
+
+
+class ModuleMirror:
+    """Module registry pass-through with cached module sources."""
+
+    def __init__(self, fetcher: Fetcher, git: GitFetcher, *, passthrough: str = "allow",
+                 max_bytes: int = 512 * 2**20) -> None:
+        self._fetch = fetcher
+        self._git = git
+        self._passthrough = passthrough
+        self._max_bytes = max_bytes
+
+    async def versions_document(self, addr: ModuleAddr) -> bytes:
+        """The upstream's `versions` answer, byte for byte."""
+        self._fetch.check_allowed(addr.hostname)
+        base = await self._fetch.service_url(addr.hostname, "modules.v1")
+        entry = await self._fetch.document(
+            f"module-versions:{addr}", modules.versions_url(base, addr),
+            ttl=self._fetch.settings.freshness.versions, validate=lambda e: modules.parse_versions(e.body, addr))
+        if entry.negative:
+            raise NotFoundError(f"module {addr} is not known to its registry")
+        return entry.body
+
+    async def location(self, addr: ModuleAddr, version: Version) -> str:
+        """What the client should download: the proxy's archive URL, or a passed-through source."""
+        source = await self._source(addr, version)
+        if isinstance(source, HttpArchive | GitSource):
+            path = module_archive_path(addr, version, modsource.FILE_EXTENSIONS[source.archive])
+            return modsource.proxied_location(path, source)
+        if isinstance(source, Refused):
+            log.warning("module.source_refused", module=str(addr), version=str(version), reason=source.reason)
+            raise ModuleSourceRefusedError(f"module {addr} {version}: upstream source refused: {source.reason}")
+        if self._passthrough == "deny":
+            raise ModuleSourceRefusedError(
+                f"module {addr} {version}: its source is a {source.kind} location, which this proxy does not "
+                "cache, and --module-passthrough=deny forbids handing it out")
+        log.info("module.passthrough", module=str(addr), version=str(version), kind=source.kind)
+        return source.location
+
+    async def archive(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
+        """The cached module archive, made once per fleet on first request."""
+        self._fetch.check_allowed(addr.hostname)
+        found = await self._stored(addr, version)
+        if found is not None:
+            note_cache("hit")
+            return found
+        found = await self._fetch.once_for_the_fleet(
+            f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
+        note_cache("miss")
+        return found
+
+    async def _source(self, addr: ModuleAddr, version: Version) -> ModuleSource:
+        self._fetch.check_allowed(addr.hostname)
+        base = await self._fetch.service_url(addr.hostname, "modules.v1")
+        url = modules.download_url(base, addr, version)
+
+        def parse(entry) -> str:
+            return modules.parse_download(entry.status, entry.terraform_get, entry.body, addr)
+
+        key = f"module-download:{addr}/{version}"
+        entry = await self._fetch.document(key, url, ttl=None, validate=parse)
+        if entry.negative:
+            raise NotFoundError(f"module {addr} has no version {version}")
+        return self._fetch.parsed(key, entry, lambda e: _classify(parse(e), url))
+
+    async def _stored(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord] | None:
+        key = f"module:{addr}/{version}"
+        data = await self._fetch.record(key)
+        record = None if data is None else self._fetch.parsed(key, data, ModuleRecord.from_dict)
+        stored = self._fetch.store.get(record.sha256) if record is not None else None
+        return (stored, record) if stored is not None and record is not None else None
+
+    async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
+        source = await self._source(addr, version)
+        if isinstance(source, HttpArchive):
+            stored, _ = await self._fetch.download(URL(source.url, encoded=True), self._max_bytes,
+                                                   lambda pending, sha: self._check(pending.path, source.archive, addr))
+            record = ModuleRecord(stored.sha256, stored.size, source.archive, source.url)
+        elif isinstance(source, GitSource):
+            stored, commit = await self._pack_git(addr, source)
+            record = ModuleRecord(stored.sha256, stored.size, "tar.gz", f"git::{source.url}?ref={source.ref}", commit)
+        else:
+            raise NotFoundError(f"module {addr} {version} is not served by this proxy (its source is not cached)")
+        await self._fetch.cache.set(f"module:{addr}/{version}", _encode(record))
+        log.info("module.stored", module=str(addr), version=str(version), sha256=record.sha256, bytes=record.size,
+                 source=record.source, commit=record.commit or None)
+        return stored, record
+
+    async def _pack_git(self, addr: ModuleAddr, source: GitSource) -> tuple[StoredArchive, str]:
+        store = self._fetch.store
+        path = await asyncio.to_thread(store.temp_path)
+        try:
+            packed = await self._git.pack(source.url, source.ref, path)
+            await self._check(path, "tar.gz", addr)
+            if path.stat().st_size > self._max_bytes:
+                raise UpstreamError(f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit")
+            sha = await asyncio.to_thread(sha256_file, path)
+            return await asyncio.to_thread(store.publish_path, path, sha), packed.commit
+        except BaseException:
+            await asyncio.to_thread(path.unlink, True)
+            raise
+
+    async def _check(self, path, kind: str, addr: ModuleAddr) -> None:
+        try:
+            await asyncio.to_thread(check_archive, path, kind)
+        except ArchiveError as exc:
+            self._fetch.metrics.verification_failures.labels("module_archive").inc()
+            log.error("security.verification_failed", check="module_archive", module=str(addr), reason=str(exc))
+            raise UpstreamError(f"module {addr}: archive refused: {exc}") from None
+
+
+def _classify(location: str, download: URL) -> ModuleSource:
+    package, subdir = modsource.split_subdir(location)
+    resolved = modules.resolve_relative(package, download)
+    return modsource.classify(resolved + (f"//{subdir}" if subdir else ""))
+
+
+def _encode(record: ModuleRecord) -> bytes:
+    return encode_record(record.to_dict())

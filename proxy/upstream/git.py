@@ -1,0 +1,131 @@
+"""Fetching git module sources with the `git` CLI, locked down, and packing them reproducibly.
+
+git runs with no hooks, no credential helpers or prompts, only the https protocol (plus
+http for operator-named hosts), no redirects, no system or user configuration, a time
+limit and a size limit. The host is checked by the SSRF guard before git connects. A
+shallow clone of the ref is tried first; servers that cannot do shallow clones (git's
+dumb HTTP) get a full clone. The checkout is packed into a deterministic `.tar.gz`: the
+same commit always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import structlog
+
+from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
+from proxy.packing import deterministic_tar_gz
+from proxy.upstream.netguard import AddressPolicy, is_public_address
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PackedSource:
+    commit: str
+    path: Path
+
+
+class GitFetcher:
+    """Clones `https` git sources into a scratch dir and packs them."""
+
+    def __init__(self, policy: AddressPolicy, scratch: Path, *, ca_bundle: Path | None = None,
+                 timeout: float = 120.0, max_bytes: int = 512 * 2**20) -> None:
+        self._policy = policy
+        self._scratch = scratch
+        self._ca_bundle = ca_bundle
+        self._timeout = timeout
+        self._max_bytes = max_bytes
+
+    async def pack(self, url: str, ref: str, output: Path) -> PackedSource:
+        """Clone `url` at `ref` (default branch if empty) and write a deterministic tar.gz to `output`."""
+        await self._check_host(url)
+        self._scratch.mkdir(parents=True, exist_ok=True)
+        work = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="git-", dir=self._scratch))
+        try:
+            checkout = work / "src"
+            await self._clone(url, ref, checkout, work)
+            commit = (await self._git(["rev-parse", "HEAD"], work, cwd=checkout)).strip()
+            mtime = int((await self._git(["show", "-s", "--format=%ct", "HEAD"], work, cwd=checkout)).strip())
+            size = await asyncio.to_thread(_tree_size, checkout)
+            if size > self._max_bytes:
+                raise UpstreamTooLargeError(f"git source {url} is larger than the {self._max_bytes}-byte limit")
+            await asyncio.to_thread(deterministic_tar_gz, checkout, output, mtime)
+            return PackedSource(commit, output)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+
+    async def _clone(self, url: str, ref: str, checkout: Path, work: Path) -> None:
+        shallow = ["clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
+        if ref:
+            shallow += ["--branch", ref]
+        try:
+            await self._git([*shallow, "--", url, str(checkout)], work)
+            return
+        except UpstreamError as exc:
+            log.info("git.shallow_clone_failed", url=url, ref=ref, error=exc.message)
+            await asyncio.to_thread(shutil.rmtree, checkout, True)
+        await self._git(["clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
+        target = ref or "HEAD"
+        await self._git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", target, "--"],
+                        work, cwd=checkout)
+
+    async def _git(self, args: list[str], work: Path, cwd: Path | None = None) -> str:
+        config = ["-c", "core.hooksPath=/dev/null", "-c", "credential.helper=", "-c", "protocol.file.allow=never",
+                  "-c", "protocol.ext.allow=never", "-c", "http.followRedirects=false", "-c", "core.askPass=true",
+                  "-c", "submodule.recurse=false", "-c", "core.fsmonitor=false"]
+        if self._ca_bundle is not None:
+            config += ["-c", f"http.sslCAInfo={self._ca_bundle}"]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ALLOW_PROTOCOL": "https:http",
+            "GIT_LFS_SKIP_SMUDGE": "1", "LC_ALL": "C",
+        }
+        for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        process = await asyncio.create_subprocess_exec(
+            "git", *config, *args, cwd=cwd or work, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), self._timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise UpstreamError(f"git {args[0]} timed out after {self._timeout:.0f}s") from None
+        if process.returncode != 0:
+            message = err.decode(errors="replace").strip().splitlines()
+            raise UpstreamError(f"git {args[0]} failed: {message[-1] if message else process.returncode}")
+        return out.decode(errors="replace")
+
+    async def _check_host(self, url: str) -> None:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or 443
+        if parts.scheme != "https" and not (parts.scheme == "http" and self._policy.is_exempt(host, port)):
+            raise ForbiddenAddressError(f"refused to fetch {url}: git sources are fetched over https only")
+        if self._policy.is_exempt(host, port):
+            return
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise UpstreamError(f"cannot resolve {host}: {exc}") from None
+        addresses = {info[4][0] for info in infos}
+        if not addresses or not all(is_public_address(address) for address in addresses):
+            raise ForbiddenAddressError(f"refused to fetch {url}: {host} resolves to a non-public address")
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for current, dirs, files in os.walk(root):
+        if ".git" in dirs and Path(current) == root:
+            dirs.remove(".git")
+        total += sum((Path(current) / name).lstat().st_size for name in files)
+    return total

@@ -1,0 +1,93 @@
+"""Registry protocol pass-through for upstream host H: `/registry/H/providers/v1/` and `/registry/H/modules/v1/`.
+
+Providers: `versions` and download metadata as the upstream sent them, with the three URLs
+of a download answer pointing at the proxy; SHA256SUMS and its signature byte-identical,
+served only once verified; archives from the same verified store as the network mirror.
+Modules: `versions` as sent; `download` answers `200` with `{"location": X}` *and*
+`X-Terraform-Get: X` (Terraform reads the header, OpenTofu the body); the cached archive.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.errors import NotFoundError
+from proxy.rewrite import rewrite_download_document
+from proxy.web.archives import serve_archive
+from proxy.web.keys import MIRROR, MODULES
+from proxy.web.responses import json_response
+
+PROVIDERS = "/registry/{hostname}/providers/v1/{namespace}/{type}"
+MODULES_PREFIX = "/registry/{hostname}/modules/v1/{namespace}/{name}/{system}"
+
+
+def _provider(request: web.Request) -> ProviderAddr:
+    info = request.match_info
+    return ProviderAddr.parse(info["hostname"], info["namespace"], info["type"])
+
+
+def _module(request: web.Request) -> ModuleAddr:
+    info = request.match_info
+    return ModuleAddr.parse(info["hostname"], info["namespace"], info["name"], info["system"])
+
+
+def _platform(request: web.Request) -> Platform:
+    return Platform.of(request.match_info["os"], request.match_info["arch"])
+
+
+def _raw_json(body: bytes) -> web.Response:
+    return web.Response(body=body, headers={"Content-Type": "application/json"})
+
+
+async def provider_versions(request: web.Request) -> web.Response:
+    return _raw_json(await request.app[MIRROR].versions_document(_provider(request)))
+
+
+async def provider_download(request: web.Request) -> web.Response:
+    addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
+    document = await request.app[MIRROR].download_document(addr, version, platform)
+    return json_response(rewrite_download_document(document, addr, version, platform))
+
+
+async def provider_shasums(request: web.Request) -> web.Response:
+    addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
+    sums, signature = await request.app[MIRROR].signed_sums(addr, version, platform)
+    if request.match_info["file"] == "SHA256SUMS":
+        return web.Response(body=sums, headers={"Content-Type": "text/plain; charset=utf-8"})
+    if request.match_info["file"] == "SHA256SUMS.sig":
+        return web.Response(body=signature, headers={"Content-Type": "application/octet-stream"})
+    raise NotFoundError("expected SHA256SUMS or SHA256SUMS.sig")
+
+
+async def module_versions(request: web.Request) -> web.Response:
+    return _raw_json(await request.app[MODULES].versions_document(_module(request)))
+
+
+async def module_download(request: web.Request) -> web.Response:
+    location = await request.app[MODULES].location(_module(request), Version.parse(request.match_info["version"]))
+    return json_response({"location": location}, headers={"X-Terraform-Get": location})
+
+
+async def module_archive(request: web.Request) -> web.StreamResponse:
+    addr, version = _module(request), Version.parse(request.match_info["version"])
+    stored, record = await request.app[MODULES].archive(addr, version)
+    if request.match_info["file"] != f"archive{record.extension}":
+        raise NotFoundError(f"this module's archive is archive{record.extension}")
+    return await serve_archive(request, stored, f"{addr.name}-{version}{record.extension}",
+                               content_type=_CONTENT_TYPES.get(record.archive, "application/octet-stream"))
+
+
+_CONTENT_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip", "tar.bz2": "application/x-bzip2",
+                  "tar.xz": "application/x-xz", "tar": "application/x-tar"}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(PROVIDERS + "/versions", provider_versions, name="registry_provider_versions")
+    app.router.add_get(PROVIDERS + "/{version}/download/{os}/{arch}", provider_download,
+                       name="registry_provider_download")
+    app.router.add_get(PROVIDERS + "/{version}/download/{os}/{arch}/{file}", provider_shasums,
+                       name="registry_provider_shasums")
+    app.router.add_get(MODULES_PREFIX + "/versions", module_versions, name="registry_module_versions")
+    app.router.add_get(MODULES_PREFIX + "/{version}/download", module_download, name="registry_module_download")
+    app.router.add_get(MODULES_PREFIX + "/{version}/{file}", module_archive, name="registry_module_archive")
