@@ -73,6 +73,14 @@ def split_subdir(source: str) -> tuple[str, str]:
     return rest, subdir
 
 
+def join_subdir(package: str, subdir: str) -> str:
+    """The inverse of `split_subdir`: `URL?q` + `sub` → `URL//sub?q`."""
+    if not subdir:
+        return package
+    base, sep, query = package.partition("?")
+    return f"{base}//{subdir}{sep}{query}"
+
+
 def classify(location: str) -> ModuleSource:
     """What the proxy does with an upstream module location (already resolved if it was relative)."""
     forced = _FORCED_GETTER.match(location)

@@ -175,9 +175,10 @@ class ModuleMirror:
 
 
 def _classify(location: str, download: URL) -> ModuleSource:
-    package, subdir = modsource.split_subdir(location)
-    resolved = modules.resolve_relative(package, download)
-    return modsource.classify(resolved + (f"//{subdir}" if subdir else ""))
+    if location.startswith(("/", "./", "../")):
+        package, subdir = modsource.split_subdir(location)
+        location = modsource.join_subdir(modules.resolve_relative(package, download), subdir)
+    return modsource.classify(location)
 
 
 def _encode(record: ModuleRecord) -> bytes:

@@ -75,13 +75,12 @@ class GitFetcher:
             await asyncio.to_thread(shutil.rmtree, checkout, True)
         await self._git(["clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
         target = ref or "HEAD"
-        await self._git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", target, "--"],
-                        work, cwd=checkout)
+        await self._git(["checkout", "--quiet", "--detach", target, "--"], work, cwd=checkout)
 
     async def _git(self, args: list[str], work: Path, cwd: Path | None = None) -> str:
         config = ["-c", "core.hooksPath=/dev/null", "-c", "credential.helper=", "-c", "protocol.file.allow=never",
                   "-c", "protocol.ext.allow=never", "-c", "http.followRedirects=false", "-c", "core.askPass=true",
-                  "-c", "submodule.recurse=false", "-c", "core.fsmonitor=false"]
+                  "-c", "submodule.recurse=false", "-c", "core.fsmonitor=false", "-c", "advice.detachedHead=false"]
         if self._ca_bundle is not None:
             config += ["-c", f"http.sslCAInfo={self._ca_bundle}"]
         env = {

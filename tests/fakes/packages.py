@@ -66,3 +66,24 @@ class Release:
         lines = [f"{self.sha256(p)}  {self.filename(p)}\n" for p in sorted(self.platforms)]
         self.shasums = "".join(lines).encode()
         self.signature = self.key.sign(self.shasums)
+
+
+def module_tar_gz(files: dict[str, str]) -> bytes:
+    """A module archive as registries serve them: a gzipped tar of the module's files."""
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+MODULE_FILES = {
+    "main.tf": 'variable "name" {\n  default = "net"\n}\n\noutput "name" {\n  value = var.name\n}\n',
+    "modules/subnet/main.tf": 'output "subnet" {\n  value = "10.0.1.0/24"\n}\n',
+    "README.md": "# net module\n",
+}

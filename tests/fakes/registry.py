@@ -12,10 +12,26 @@ import asyncio
 import ssl
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
 from tests.fakes.packages import Release
+
+
+@dataclass
+class ModuleRelease:
+    """A module version: where its download answer points, and how the answer is shaped.
+
+    `answer`: "header" (204 + X-Terraform-Get), "json" (200 + {"location"}), "both".
+    """
+
+    namespace: str
+    name: str
+    system: str
+    version: str
+    location: str
+    answer: str = "header"
 
 
 @dataclass
@@ -40,8 +56,12 @@ class FakeRegistry:
         self.tampered: set[str] = set()
         self.signing_keys_override: list[str] | None = None
         self.files_base: str | None = None
+        self.extra_download_fields: dict = {}
         self.archive_chunk_delay = 0.0
-        self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/"}
+        self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
+        self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
+        self.static: dict[str, bytes] = {}
+        self.git_root: Path | None = None
         self._runner: web.AppRunner | None = None
 
     @property
@@ -50,6 +70,10 @@ class FakeRegistry:
 
     def add(self, release: Release) -> Release:
         self.releases.setdefault((release.namespace, release.type), {})[release.version] = release
+        return release
+
+    def add_module(self, release: ModuleRelease) -> ModuleRelease:
+        self.modules.setdefault((release.namespace, release.name, release.system), {})[release.version] = release
         return release
 
     def count(self, path: str, method: str = "GET") -> int:
@@ -66,6 +90,10 @@ class FakeRegistry:
         app.router.add_get("/v1/providers/{ns}/{type}/versions", self._versions)
         app.router.add_get("/v1/providers/{ns}/{type}/{version}/download/{os}/{arch}", self._download)
         app.router.add_get("/files/{ns}/{type}/{version}/{name}", self._file)
+        app.router.add_get("/v1/modules/{ns}/{name}/{system}/versions", self._module_versions)
+        app.router.add_get("/v1/modules/{ns}/{name}/{system}/{version}/download", self._module_download)
+        app.router.add_get("/static/{path:.+}", self._static)
+        app.router.add_get("/git/{path:.+}", self._git)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ssl, reuse_address=True)
@@ -125,7 +153,44 @@ class FakeRegistry:
             "shasums_signature_url": f"{prefix}/{release.shasums_name}.sig",
             "shasum": release.sha256(platform),
             "signing_keys": {"gpg_public_keys": [{"key_id": "X", "ascii_armor": k} for k in keys]},
+            **self.extra_download_fields,
         })
+
+    def _module_set(self, request: web.Request) -> dict[str, ModuleRelease]:
+        info = request.match_info
+        releases = self.modules.get((info["ns"], info["name"], info["system"]))
+        if not releases:
+            raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
+        return releases
+
+    async def _module_versions(self, request: web.Request) -> web.Response:
+        releases = self._module_set(request)
+        return web.json_response({"modules": [{"versions": [{"version": v} for v in releases]}]})
+
+    async def _module_download(self, request: web.Request) -> web.Response:
+        release = self._module_set(request).get(request.match_info["version"])
+        if release is None:
+            raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
+        location = release.location.replace("{base}", self.url)
+        if release.answer == "header":
+            return web.Response(status=204, headers={"X-Terraform-Get": location})
+        headers = {"X-Terraform-Get": location} if release.answer == "both" else {}
+        return web.json_response({"location": location}, headers=headers)
+
+    async def _static(self, request: web.Request) -> web.Response:
+        body = self.static.get(request.match_info["path"])
+        if body is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    async def _git(self, request: web.Request) -> web.StreamResponse:
+        """git's dumb HTTP protocol: plain files of a bare repository (after `git update-server-info`)."""
+        if self.git_root is None:
+            raise web.HTTPNotFound()
+        path = (self.git_root / request.match_info["path"]).resolve()
+        if not path.is_relative_to(self.git_root.resolve()) or not path.is_file():
+            raise web.HTTPNotFound()
+        return web.Response(body=path.read_bytes(), content_type="application/octet-stream")
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         release = self._release_set(request).get(request.match_info["version"])

@@ -1,0 +1,99 @@
+"""`terraform init` through the registry pass-through: `host` blocks, and the proxy as module host."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from tests.conftest import PROVIDER, REGISTRY_HOST
+from tests.e2e.test_network_mirror_e2e import stored_files
+from tests.fakes.gitrepo import make_bare_repo
+from tests.fakes.packages import MODULE_FILES
+from tests.fakes.registry import ModuleRelease
+
+pytestmark = pytest.mark.e2e
+
+MAIN_TF = f"""
+terraform {{
+  required_providers {{
+    foo = {{
+      source  = "{PROVIDER}"
+      version = "1.0.0"
+    }}
+  }}
+}}
+
+module "net" {{
+  source  = "{REGISTRY_HOST}/acme/net/aws"
+  version = "1.2.0"
+}}
+
+module "subnet" {{
+  source  = "{REGISTRY_HOST}/acme/subnet/aws"
+  version = "1.2.0"
+}}
+"""
+
+
+def host_config(proxy) -> str:
+    base = f"{proxy.url}/registry/{REGISTRY_HOST}"
+    return (f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
+            f'    "providers.v1" = "{base}/providers/v1/"\n    "modules.v1" = "{base}/modules/v1/"\n  }}\n}}\n')
+
+
+@pytest.fixture
+def git_modules(registry, tmp_path):
+    bare, _ = make_bare_repo(tmp_path / "repos", "net", MODULE_FILES, "v1.2.0")
+    registry.git_root = bare.parent
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0"))
+    registry.add_module(ModuleRelease("acme", "subnet", "aws", "1.2.0",
+                                      "git::{base}/git/net.git//modules/subnet?ref=v1.2.0", answer="json"))
+
+
+def lock_hashes(workdir) -> list[str]:
+    return re.findall(r'"((?:h1|zh):[^"]+)"', (workdir / ".terraform.lock.hcl").read_text())
+
+
+async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_process, terraform):
+    proxy = await proxy_process()
+    first = terraform.workdir("first", MAIN_TF)
+    code, output = await terraform.init(first, host_config(proxy), proxy.ca_file)
+    assert code == 0, output
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    hashes = lock_hashes(first)
+    assert sorted(h for h in hashes if h.startswith("zh:")) == sorted(f"zh:{release.sha256(p)}"
+                                                                      for p in release.platforms)
+    assert len([h for h in hashes if h.startswith("h1:")]) == 1
+    assert (first / ".terraform/modules/net/main.tf").read_text() == MODULE_FILES["main.tf"]
+    assert (first / ".terraform/modules/subnet/modules/subnet/main.tf").exists()
+    assert "self-signed" in output or "signed" in output
+
+    await registry.stop()
+    second = terraform.workdir("second", MAIN_TF)
+    shutil.copy(first / ".terraform.lock.hcl", second / ".terraform.lock.hcl")
+    code, output = await terraform.init(second, host_config(proxy), proxy.ca_file)
+    assert code == 0, output
+    assert lock_hashes(second) == hashes
+
+
+async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, git_modules, proxy_process,
+                                                                      terraform):
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    registry.tampered.add(release.filename("linux_amd64"))
+    proxy = await proxy_process()
+    code, output = await terraform.init(terraform.workdir("w", MAIN_TF), host_config(proxy), proxy.ca_file)
+    assert code != 0
+    # Only the module archive (gzip) was stored; no provider zip, tampered or not.
+    assert [p.read_bytes()[:2] for p in stored_files(proxy.data_dir)] == [b"\x1f\x8b"]
+
+
+async def test_proxy_hostname_as_module_registry_without_cli_config(registry, git_modules, proxy_process,
+                                                                    terraform):
+    proxy = await proxy_process("--default-upstream", REGISTRY_HOST)
+    main_tf = f'module "net" {{\n  source  = "127.0.0.1:{proxy.port}/acme/net/aws"\n  version = "1.2.0"\n}}\n'
+    workdir = terraform.workdir("w", main_tf)
+    code, output = await terraform.init(workdir, "", proxy.ca_file)
+    assert code == 0, output
+    assert (workdir / ".terraform/modules/net/main.tf").read_text() == MODULE_FILES["main.tf"]

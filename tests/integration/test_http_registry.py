@@ -1,0 +1,237 @@
+"""Registry pass-through: providers.v1 with rewritten URLs, modules.v1 with cached sources."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from tests.conftest import serve_proxy
+from tests.fakes.gitrepo import make_bare_repo
+from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
+from tests.fakes.registry import ModuleRelease
+
+P = "/registry/registry.example.test/providers/v1/acme/foo"
+M = "/registry/registry.example.test/modules/v1/acme/net/aws"
+
+
+def release_of(registry) -> Release:
+    return registry.releases[("acme", "foo")]["1.0.0"]
+
+
+# ---- providers ------------------------------------------------------------------------------
+
+
+async def test_provider_versions_are_passed_through(proxy, registry):
+    status, body = await proxy.json(f"{P}/versions")
+    assert status == 200
+    assert {v["version"] for v in body["versions"]} == {"1.0.0", "1.1.0"}
+    assert body["versions"][0]["platforms"]  # upstream fields kept
+
+
+async def test_download_document_points_at_the_proxy_and_keeps_everything_else(proxy, registry):
+    packages = {"linux_amd64": {"hashes": ["zh:abc"], "package_size": 1}}
+    registry.extra_download_fields = {"packages": packages, "x_vendor": {"anything": [1, 2]}}
+    status, body = await proxy.json(f"{P}/1.0.0/download/linux/amd64")
+    assert status == 200
+    release = release_of(registry)
+    assert body["download_url"] == ("/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/"
+                                    "terraform-provider-foo_1.0.0_linux_amd64.zip")
+    assert body["shasums_url"] == f"{P}/1.0.0/download/linux/amd64/SHA256SUMS"
+    assert body["shasums_signature_url"] == f"{P}/1.0.0/download/linux/amd64/SHA256SUMS.sig"
+    assert body["filename"] == release.filename("linux_amd64")
+    assert body["shasum"] == release.sha256("linux_amd64")
+    assert body["signing_keys"]["gpg_public_keys"][0]["ascii_armor"] == release.key.armored_public_key
+    assert body["protocols"] == ["5.0"] and (body["os"], body["arch"]) == ("linux", "amd64")
+    assert body["packages"] == packages and body["x_vendor"] == {"anything": [1, 2]}
+
+
+async def test_shasums_and_signature_are_byte_identical(proxy, registry):
+    release = release_of(registry)
+    _, body = await proxy.json(f"{P}/1.0.0/download/darwin/arm64")
+    status, _, sums = await proxy.get(body["shasums_url"])
+    assert (status, sums) == (200, release.shasums)
+    status, _, signature = await proxy.get(body["shasums_signature_url"])
+    assert (status, signature) == (200, release.signature)
+
+
+async def test_unverifiable_shasums_are_not_served(proxy, registry, other_key):
+    release_of(registry).signature = other_key.sign(release_of(registry).shasums)
+    status, body = await proxy.json(f"{P}/1.0.0/download/linux/amd64/SHA256SUMS")
+    assert status == 502 and "signature" in body["errors"][0]
+
+
+async def test_registry_and_mirror_share_one_verified_archive(proxy, registry):
+    _, body = await proxy.json(f"{P}/1.0.0/download/linux/amd64")
+    status, _, data = await proxy.get(body["download_url"])
+    assert status == 200 and data == release_of(registry).zips["linux_amd64"]
+    status, _, again = await proxy.get("/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/"
+                                       "terraform-provider-foo_1.0.0_linux_amd64.zip")
+    assert (status, again) == (200, data)
+    assert registry.count(registry.archive_path(release_of(registry), "linux_amd64")) == 1
+
+
+async def test_registry_errors(proxy, registry):
+    assert (await proxy.json(f"{P}/9.9.9/download/linux/amd64"))[0] == 404
+    assert (await proxy.json("/registry/registry.example.test/providers/v1/acme/nope/versions"))[0] == 404
+    before = len(registry.requests)
+    status, body = await proxy.json("/registry/registry.terraform.io/providers/v1/hashicorp/aws/versions")
+    assert status == 403 and "not allowed" in body["errors"][0]
+    assert len(registry.requests) == before
+
+
+async def test_proxy_discovery_document_advertises_the_default_upstream(proxy):
+    status, body = await proxy.json("/.well-known/terraform.json")
+    assert status == 200
+    assert body == {"providers.v1": "/registry/registry.opentofu.org/providers/v1/",
+                    "modules.v1": "/registry/registry.opentofu.org/modules/v1/"}
+
+
+# ---- modules --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def net_module(registry):
+    registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)
+    return registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
+
+
+async def test_module_versions_are_passed_through(proxy, net_module):
+    status, body = await proxy.json(f"{M}/versions")
+    assert status == 200 and body == {"modules": [{"versions": [{"version": "1.0.0"}]}]}
+
+
+@pytest.mark.parametrize("answer", ["header", "json", "both"])
+async def test_module_download_answers_with_body_and_header(proxy, registry, net_module, answer):
+    net_module.answer = answer
+    async with proxy.session.get(f"{proxy.url}{M}/1.0.0/download") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "application/json"
+        body = await response.json()
+        assert body["location"] == response.headers["X-Terraform-Get"]
+        assert body["location"] == f"{M}/1.0.0/archive.tar.gz"
+    status, _, data = await proxy.get(body["location"])
+    assert status == 200 and data == registry.static["net-1.0.0.tar.gz"]
+    assert (await proxy.get(body["location"]))[0] == 200
+    assert registry.count("/static/net-1.0.0.tar.gz") == 1
+
+
+@pytest.mark.parametrize("location", ["/static/net-1.0.0.tar.gz", "../../../../../../static/net-1.0.0.tar.gz"])
+async def test_relative_upstream_locations_are_resolved_against_the_download_url(proxy, registry, net_module,
+                                                                                  location):
+    net_module.location = location
+    _, body = await proxy.json(f"{M}/1.0.0/download")
+    status, _, data = await proxy.get(body["location"])
+    assert status == 200 and data == registry.static["net-1.0.0.tar.gz"]
+
+
+async def test_subdir_is_preserved(proxy, net_module):
+    net_module.location = "{base}/static/net-1.0.0.tar.gz//modules/subnet"
+    _, body = await proxy.json(f"{M}/1.0.0/download")
+    assert body["location"] == f"{M}/1.0.0/archive.tar.gz//modules/subnet"
+    status, _, _ = await proxy.get(body["location"].split("//")[0])
+    assert status == 200
+
+
+@pytest.mark.parametrize("location, reason", [
+    ("file:///etc/passwd", "file://"),
+    ("git::http://example.com/repo.git", "only fetched over https"),
+    ("https://user:secret@example.com/x.tar.gz", "credentials"),
+    ("{base}/static/net-1.0.0.tar.gz//../../etc", "escapes"),
+])
+async def test_refused_module_sources(proxy, net_module, location, reason):
+    net_module.location = location
+    status, body = await proxy.json(f"{M}/1.0.0/download")
+    assert status == 502 and reason in body["errors"][0]
+
+
+async def test_unproxied_sources_pass_through_unless_denied(make_settings, client_ssl, registry, net_module):
+    net_module.location = "s3::https://s3.amazonaws.com/bucket/net.zip"
+    async with serve_proxy(make_settings(), client_ssl) as running:
+        status, body = await running.json(f"{M}/1.0.0/download")
+        assert (status, body["location"]) == (200, "s3::https://s3.amazonaws.com/bucket/net.zip")
+    async with serve_proxy(make_settings(module_passthrough="deny"), client_ssl) as running:
+        status, body = await running.json(f"{M}/1.0.0/download")
+        assert status == 502 and "--module-passthrough=deny" in body["errors"][0]
+
+
+async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, net_module):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../../outside.tf")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"x=1"))
+    registry.static["net-1.0.0.tar.gz"] = buffer.getvalue()
+    status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
+    assert status == 502 and "outside the module directory" in body["errors"][0]
+    from proxy.web.keys import SETTINGS
+
+    assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]
+
+
+async def test_module_archive_on_a_private_address_is_refused(proxy, net_module):
+    net_module.location = "https://169.254.169.254/net.tar.gz"
+    status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
+    assert status == 502 and "not a public address" in body["errors"][0]
+
+
+async def test_module_archive_name_must_match(proxy, net_module):
+    status, body = await proxy.json(f"{M}/1.0.0/archive.zip")
+    assert status == 404 and "archive.tar.gz" in body["errors"][0]
+
+
+# ---- git sources ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def git_module(registry, tmp_path):
+    bare, commit = make_bare_repo(tmp_path / "repos", "net", MODULE_FILES, "v1.2.0")
+    registry.git_root = bare.parent
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0"))
+    return commit
+
+
+def tar_members(data: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+
+
+async def test_git_source_is_cloned_at_its_ref_and_packed(proxy, registry, git_module):
+    status, body = await proxy.json(f"{M}/1.2.0/download")
+    assert (status, body["location"]) == (200, f"{M}/1.2.0/archive.tar.gz")
+    status, headers, data = await proxy.get(body["location"])
+    assert status == 200 and headers["Content-Type"] == "application/gzip"
+    members = tar_members(data)
+    assert set(members) == set(MODULE_FILES)  # the tagged commit, not the later one, and no .git
+    assert members["main.tf"].decode() == MODULE_FILES["main.tf"]
+    assert (await proxy.get(body["location"]))[2] == data
+
+
+async def test_git_packing_is_deterministic_across_proxies(make_settings, client_ssl, registry, git_module, tmp_path):
+    results = []
+    for name in ("one", "two"):
+        async with serve_proxy(make_settings(data_dir=tmp_path / name), client_ssl) as running:
+            status, _, data = await running.get(f"{M}/1.2.0/archive.tar.gz")
+            assert status == 200
+            results.append(data)
+    assert results[0] == results[1]
+
+
+async def test_git_clone_failure_is_a_clear_502(proxy, registry, git_module):
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.3.0", "git::{base}/git/net.git?ref=v9.9.9"))
+    status, body = await proxy.json(f"{M}/1.3.0/archive.tar.gz")
+    assert status == 502 and "git" in body["errors"][0]
+
+
+async def test_module_errors(proxy, registry, net_module):
+    assert (await proxy.json(f"{M}/9.9.9/download"))[0] == 404
+    assert (await proxy.json("/registry/registry.example.test/modules/v1/acme/none/aws/versions"))[0] == 404
+    assert (await proxy.json("/registry/registry.example.test/modules/v1/acme/net/AWS/versions"))[0] == 400
+    body = json.dumps({"modules": []}).encode()
+    from tests.fakes.registry import Fault
+
+    registry.faults["/v1/modules/acme/net/aws/versions"] = Fault(body=body)
+    status, answer = await proxy.json(f"{M}/versions")
+    assert status == 502 and "modules" in answer["errors"][0]
