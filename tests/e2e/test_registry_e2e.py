@@ -83,7 +83,7 @@ async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, 
     release = registry.releases[("acme", "foo")]["1.0.0"]
     registry.tampered.add(release.filename("linux_amd64"))
     proxy = await proxy_process()
-    code, output = await terraform.init(terraform.workdir("w", MAIN_TF), host_config(proxy), proxy.ca_file)
+    code, _ = await terraform.init(terraform.workdir("w", MAIN_TF), host_config(proxy), proxy.ca_file)
     assert code != 0
     # Only the module archive (gzip) was stored; no provider zip, tampered or not.
     assert [p.read_bytes()[:2] for p in stored_files(proxy.data_dir)] == [b"\x1f\x8b"]
