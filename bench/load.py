@@ -193,6 +193,24 @@ async def sequential_latency(url: str, context: ssl.SSLContext, *, requests: int
             "p99_ms": round(percentile(latencies, 0.99), 3), "statuses": sorted(statuses)}
 
 
+# ---- redis-server ----------------------------------------------------------------------------
+
+
+async def redis_command_calls(port: int) -> int:
+    """Commands redis-server executed so far (INFO commandstats, less the INFO calls themselves)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"INFO commandstats\r\n")
+        await writer.drain()
+        header = await reader.readline()  # b"$LENGTH\r\n", then the text and b"\r\n"
+        body = (await reader.readexactly(int(header[1:]) + 2)).decode()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    calls = re.findall(r"^cmdstat_([\w|]+):calls=(\d+)", body, re.MULTILINE)
+    return sum(int(n) for name, n in calls if name != "info")
+
+
 # ---- downloads -------------------------------------------------------------------------------
 
 

@@ -1,9 +1,12 @@
-"""The benchmark suite: four measurements of a real proxy process, each next to a baseline.
+"""The benchmark suite: five measurements of real proxy processes, each next to a baseline.
 
 1. cold fan-out: peak RSS while 10 clients fetch a 200 MiB archive from an empty proxy;
-2. warm `index.json` / `:version.json` requests per second and latency (wrk, else aiohttp);
+2. warm `index.json` / `:version.json` requests per second and latency (wrk, else aiohttp),
+   the proxy with its embedded store, the proxy with Redis, and nginx;
 3. warm archive throughput, 1 and 4 clients (curl, else aiohttp);
-4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx).
+4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx);
+5. cold fleet fan-out: 100 clients split across two replicas sharing Redis and a data dir,
+   upstream GETs per artifact.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from bench.world import PLATFORM, World, archive_document, build_world, mirror_p
 from tests.conftest import REGISTRY_HOST
 from tests.e2e.conftest import TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.packages import Release
+from tests.fakes.redis_server import RedisServer
+
+REDIS_SERVER = shutil.which("redis-server")
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -78,6 +84,17 @@ async def _version_of(*command: str) -> str | None:
     return " ".join(lines[0].split()[:2]) if lines else None
 
 
+async def _redis_version() -> str | None:
+    """`redis-server --version` prints "Redis server v=7.0.15 sha=... bits=64 build=..."."""
+    if REDIS_SERVER is None:
+        return None
+    process = await asyncio.create_subprocess_exec(REDIS_SERVER, "--version", stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.DEVNULL)
+    output, _ = await process.communicate()
+    version = next((word[2:] for word in output.decode().split() if word.startswith("v=")), "?")
+    return f"redis-server {version}"
+
+
 class Suite:
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         self.args = args
@@ -88,6 +105,7 @@ class Suite:
         self.results: dict = {}
         self.world: World | None = None
         self.nginx: Nginx | None = None
+        self.redis: RedisServer | None = None
         self.terraform = Terraform(root / "tf")
         self._workdirs = 0
 
@@ -115,7 +133,7 @@ class Suite:
         async with contextlib.AsyncExitStack() as stack:
             self.progress(f"building releases ({args.size_mib} MiB random archive), key, CA, fake registry")
             stack.callback(stop_gpg_agent, self.root / "gpg")
-            world = self.world = await build_world(self.root, args.size_mib * MIB)
+            world = self.world = await build_world(self.root, args.size_mib * MIB, args.fleet_mib * MIB)
             stack.push_async_callback(world.registry.stop)
             await self._start_nginx(stack)
 
@@ -123,10 +141,15 @@ class Suite:
             probe = ProcessProbe(proxy.process.pid)
             await self.cold_fanout(proxy, probe)
             await self.warm_archive(proxy, probe)
-            await self.warm_json(proxy, probe)
+            fleet = await self._start_fleet(stack)
+            if fleet is not None:
+                await self.fleet_cold(*fleet)
+            await self.warm_json(proxy, probe, fleet[0] if fleet is not None else None)
             await self.init_big_warm(proxy)
             self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
             await proxy.stop()
+            for replica in fleet or ():
+                await replica.stop()
 
             proxy_b = await self._start_proxy(stack, "proxy-b")
             await self.init_small(proxy_b)
@@ -141,11 +164,15 @@ class Suite:
             "wrk": await _version_of("wrk", "-v") if load.WRK else None,
             "curl": await _version_of("curl", "--version") if load.CURL else None,
             "nginx": await nginx_version(),
+            "redis": await _redis_version(),
             "terraform": await _version_of(TERRAFORM, "version") if TERRAFORM else None,
             "archive_mib": self.args.size_mib,
             "json_load": {"connections": self.args.connections, "seconds": self.args.json_seconds,
                           "tool": "wrk" if self._use_wrk else "aiohttp"},
             "download_client": "curl" if load.CURL else "aiohttp",
+            "fleet": {"clients": self.args.fleet_clients, "archive_mib": self.args.fleet_mib,
+                      "upstream_chunk_delay_s": self.args.fleet_chunk_delay,
+                      "fleet_lock_ttl": self.args.fleet_lock_ttl},
         }
 
     @property
@@ -169,13 +196,34 @@ class Suite:
             nginx.put(mirror_path(world.small, archive_document(world.small, name)), world.small.zips[name])
         self.nginx = nginx
 
-    async def _start_proxy(self, stack: contextlib.AsyncExitStack, name: str) -> ProxyProcess:
-        proxy = ProxyProcess(self.root / name / "data", self.world.registry.url, self.world.ca_file,
-                             "--log-level", "warning")
+    async def _start_proxy(self, stack: contextlib.AsyncExitStack, name: str, *extra: str,
+                           data_dir: Path | None = None) -> ProxyProcess:
+        proxy = ProxyProcess(data_dir or self.root / name / "data", self.world.registry.url, self.world.ca_file,
+                             "--log-level", "warning", *extra)
         stack.callback(stop_gpg_agent, proxy.data_dir / "gnupg")  # the proxy's keyring, after it stopped
         await proxy.start()
         stack.push_async_callback(proxy.stop)
         return proxy
+
+    async def _start_fleet(self, stack: contextlib.AsyncExitStack) -> tuple[ProxyProcess, ProxyProcess] | None:
+        """redis-server, then replicas A and B sharing it and one data dir (B reuses A's generated CA)."""
+        if self.args.no_redis:
+            self.note("Redis benchmarks disabled (--no-redis): no fleet fan-out, no Redis JSON numbers")
+            return None
+        if REDIS_SERVER is None:
+            self.note("redis-server is not installed: the fleet fan-out and Redis JSON benchmarks are SKIPPED "
+                      "(apt-get install redis-server)")
+            return None
+        redis = RedisServer(self.root / "redis")
+        await asyncio.to_thread(redis.start)
+        stack.callback(redis.stop)  # after the replicas stopped (the stack unwinds in reverse)
+        self.redis = redis
+        extra = ("--redis-url", redis.url, "--redis-prefix", "bench-fleet",
+                 "--fleet-lock-ttl", self.args.fleet_lock_ttl)
+        data_dir = self.root / "fleet" / "data"
+        first = await self._start_proxy(stack, "fleet-a", *extra, data_dir=data_dir)
+        second = await self._start_proxy(stack, "fleet-b", *extra, data_dir=data_dir)
+        return first, second
 
     # ---- 1. cold fan-out -----------------------------------------------------------------------
 
@@ -216,6 +264,79 @@ class Suite:
         self.rows.append(Row(f"cold {clients}x{self.args.size_mib} MiB: wall time", f"{wall:.1f} s",
                              note=f"first byte {min(first_bytes):.1f}-{max(first_bytes):.1f} s; "
                                   f"upstream GETs {upstream_gets}; proxy CPU {cpu:.1f} s"))
+
+    # ---- 5. cold fleet fan-out ----------------------------------------------------------------
+
+    async def fleet_cold(self, first: ProxyProcess, second: ProxyProcess) -> None:
+        world, registry, args = self.world, self.world.registry, self.args
+        clients, release = args.fleet_clients, world.mid
+        self.progress(f"5. cold fleet fan-out: {clients} clients x {args.fleet_mib} MiB split across replicas A and B "
+                      f"(one Redis, one data dir), upstream delay {args.fleet_chunk_delay} s per 256 KiB")
+        url_path = mirror_path(release, archive_document(release))
+        context = ssl.create_default_context(cafile=str(first.ca_file))  # the same CA for both
+        files = f"/files/{release.namespace}/{release.type}/{release.version}"
+        provider = f"/v1/providers/{release.namespace}/{release.type}"
+        os_, arch = PLATFORM.split("_")
+        upstream_paths = {
+            "archive": registry.archive_path(release, PLATFORM),
+            "sha256sums": f"{files}/{release.shasums_name}",
+            "signature": f"{files}/{release.shasums_name}.sig",
+            "versions": f"{provider}/versions",
+            "download": f"{provider}/{release.version}/download/{os_}/{arch}",
+            "discovery": "/.well-known/terraform.json",
+        }
+        before = {name: registry.count(path) for name, path in upstream_paths.items()}
+        replicas = {"A": first, "B": second}
+        probes = {name: ProcessProbe(proxy.process.pid) for name, proxy in replicas.items()}
+        cpu = {}
+        for name, probe in probes.items():
+            probe.reset_peak()
+            cpu[name] = probe.cpu_seconds()
+        assignment = ["A" if n % 2 == 0 else "B" for n in range(clients)]
+        redis_calls = await load.redis_command_calls(self.redis.port)
+        start = asyncio.Barrier(clients)
+        registry.archive_chunk_delay = args.fleet_chunk_delay
+        try:
+            downloads = await asyncio.wait_for(asyncio.gather(*(
+                load.download_aiohttp(replicas[name].url + url_path, context, hash_body=True, start=start)
+                for name in assignment)), 180)
+        finally:
+            registry.archive_chunk_delay = 0.0
+        gets = {name: registry.count(path) - before[name] for name, path in upstream_paths.items()}
+        redis_calls = await load.redis_command_calls(self.redis.port) - redis_calls
+        expected_sha, expected_size = release.sha256(PLATFORM), len(release.zips[PLATFORM])
+        ok = self.check(f"fleet: all {clients} clients got 200", all(d.status == 200 for d in downloads),
+                        str(sorted({d.status for d in downloads})))
+        ok &= self.check(f"fleet: all {clients} bodies have the right size and sha256",
+                         all(d.size == expected_size and d.sha256 == expected_sha for d in downloads),
+                         f"{sum(d.sha256 != expected_sha for d in downloads)} wrong")
+        self.check("fleet: upstream saw exactly one GET of the archive", gets["archive"] == 1,
+                   f"{gets['archive']} GETs")
+        wall = max(d.seconds for d in downloads)
+        first_bytes = {name: [d.first_byte_s for d, n in zip(downloads, assignment, strict=True) if n == name]
+                       for name in replicas}
+        chunks = -(-expected_size // (256 * 1024))
+        per_replica = {name: {"clients": assignment.count(name), "peak_rss_mib": round(probes[name].peak_mib(), 1),
+                              "cpu_s": round(probes[name].cpu_seconds() - cpu[name], 2),
+                              "first_byte_s": [round(min(first_bytes[name]), 3), round(max(first_bytes[name]), 3)]}
+                       for name in replicas}
+        self.results["fleet_cold"] = {
+            "clients": clients, "replicas": 2, "archive_bytes": expected_size,
+            "upstream_chunk_delay_s": args.fleet_chunk_delay,
+            "upstream_min_transfer_s": round(chunks * args.fleet_chunk_delay, 2),
+            "upstream_gets": gets, "redis_commands": redis_calls, "wall_s": round(wall, 3),
+            "per_client_s": [round(d.seconds, 3) for d in downloads], "per_replica": per_replica,
+        }
+        fb = "; ".join(f"{name} {v['first_byte_s'][0]:.1f}-{v['first_byte_s'][1]:.1f} s"
+                       for name, v in per_replica.items())
+        self.rows.append(Row(f"cold fleet {clients}x{args.fleet_mib} MiB, 2 replicas + Redis: wall", f"{wall:.1f} s",
+                             note=f"first byte {fb}; upstream sends it in >= {chunks * args.fleet_chunk_delay:.1f} s; "
+                                  f"CPU A {per_replica['A']['cpu_s']:.1f} s, B {per_replica['B']['cpu_s']:.1f} s"))
+        self.rows.append(Row("cold fleet: upstream GETs archive / SUMS / versions",
+                             f"{gets['archive']} / {gets['sha256sums']} / {gets['versions']}",
+                             note=f"SUMS.sig {gets['signature']}, download doc {gets['download']}, "
+                                  f"discovery {gets['discovery']} (an archive request needs no version list); "
+                                  f"all {clients} got 200 + right sha256: {'yes' if ok else 'NO'}"))
 
     # ---- 3. warm archive throughput ------------------------------------------------------------
 
@@ -280,55 +401,96 @@ class Suite:
         return await load.aiohttp_load(url, context, connections=self.args.connections,
                                        seconds=self.args.json_seconds)
 
-    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
+    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, redis_proxy: ProxyProcess | None) -> None:
+        """The embedded-store proxy, the Redis proxy (fleet replica A) and nginx, interleaved per document."""
         world = self.world
         tool = "wrk" if self._use_wrk else \
             f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
         if not self._use_wrk:
             self.note("wrk not used for the JSON benchmark: " + tool)
-        self.progress(f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each")
-        context = ssl.create_default_context(cafile=str(proxy.ca_file))
+        proxies = {"proxy": (proxy, probe)}
+        if redis_proxy is not None:
+            proxies["proxy_redis"] = (redis_proxy, ProcessProbe(redis_proxy.process.pid))
+        redis_probe = ProcessProbe(self.redis.process.pid) if redis_proxy is not None and self.redis else None
+        self.progress(f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each; "
+                      f"{', '.join(proxies)}{', nginx' if self.nginx else ''}")
         documents = {"index.json": "index.json", ":version.json": f"{world.small.version}.json"}
+        bodies: dict[tuple[str, str], bytes] = {}
         for label, name in documents.items():
             path = mirror_path(world.small, name)
-            for _ in range(2):  # the first request fills the cache, the second must be a hit
-                status, body = await _get(proxy.url + path, context)
-            self.check(f"warm json {label}: 200", status == 200, body[:200].decode(errors="replace"))
+            for key, (server, _) in proxies.items():
+                context = ssl.create_default_context(cafile=str(server.ca_file))
+                for _ in range(2):  # the first request fills the cache, the second must be a hit
+                    status, body = await _get(server.url + path, context)
+                self.check(f"warm json {label}: 200 ({key})", status == 200, body[:200].decode(errors="replace"))
+                bodies[key, label] = body
             if self.nginx is not None:
-                self.nginx.put(path, body)
+                self.nginx.put(path, bodies["proxy", label])
         before = len(world.registry.requests)
         result: dict = {"tool": "wrk" if self._use_wrk else "aiohttp", "connections": self.args.connections}
         for label, name in documents.items():
             path = mirror_path(world.small, name)
-            probe.reset_peak()
-            cpu = probe.cpu_seconds()
-            entry = {"proxy": (await self._load(proxy.url + path, proxy.ca_file)).as_dict()}
-            entry["proxy"]["peak_rss_mib"] = round(probe.peak_mib(), 1)
-            entry["proxy"]["cpu_s"] = round(probe.cpu_seconds() - cpu, 2)
-            self.check(f"warm json {label}: no errors under load (proxy)", entry["proxy"]["errors"] == 0,
-                       f"{entry['proxy']['errors']} errors")
-            entry["proxy_unloaded"] = await load.sequential_latency(proxy.url + path, context, requests=200)
+            entry: dict = {}
+            for key, (server, server_probe) in proxies.items():
+                context = ssl.create_default_context(cafile=str(server.ca_file))
+                server_probe.reset_peak()
+                cpu = server_probe.cpu_seconds()
+                redis_cpu = redis_probe.cpu_seconds() if redis_probe and key == "proxy_redis" else None
+                redis_calls = await load.redis_command_calls(self.redis.port) if redis_cpu is not None else 0
+                measured = entry[key] = (await self._load(server.url + path, server.ca_file)).as_dict()
+                measured["peak_rss_mib"] = round(server_probe.peak_mib(), 1)
+                measured["cpu_s"] = round(server_probe.cpu_seconds() - cpu, 2)
+                if redis_cpu is not None:
+                    measured["redis_server_cpu_s"] = round(redis_probe.cpu_seconds() - redis_cpu, 2)
+                    redis_calls = await load.redis_command_calls(self.redis.port) - redis_calls
+                    measured["redis_commands"] = redis_calls
+                    measured["redis_commands_per_request"] = round(redis_calls / max(1, measured["requests"]), 2)
+                if key != "proxy":
+                    measured["same_body_as_embedded"] = bodies[key, label] == bodies["proxy", label]
+                where = "proxy" if key == "proxy" else "proxy, Redis"
+                self.check(f"warm json {label}: no errors under load ({where})", measured["errors"] == 0,
+                           f"{measured['errors']} errors")
+                entry[f"{key}_unloaded"] = await load.sequential_latency(server.url + path, context, requests=200)
             if self.nginx is not None:
                 entry["nginx"] = (await self._load(self.nginx.url + path, world.ca_file)).as_dict()
                 entry["nginx_unloaded"] = await load.sequential_latency(self.nginx.url + path, world.client_ssl(),
                                                                         requests=200)
             result[label] = entry
-            mine, base = entry["proxy"], entry.get("nginx")
-            self.rows.append(Row(f"warm {label} req/s", f"{mine['requests_per_s']:.0f}",
-                                 f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
-                                 _ratio(mine["requests_per_s"], base and base["requests_per_s"]),
-                                 f"{result['tool']}, {self.args.connections} conns, TLS"))
-            self.rows.append(Row(f"warm {label} p50 / p99 ms", f"{mine['p50_ms']:.2f} / {mine['p99_ms']:.2f}",
-                                 f"{base['p50_ms']:.2f} / {base['p99_ms']:.2f}" if base else "-",
-                                 _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99"))
-            mine, base = entry["proxy_unloaded"], entry.get("nginx_unloaded")
-            self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms", f"{mine['p50_ms']:.2f} / {mine['p99_ms']:.2f}",
-                                 f"{base['p50_ms']:.2f} / {base['p99_ms']:.2f}" if base else "-",
-                                 _ratio(mine["p50_ms"], base and base["p50_ms"]),
-                                 "1 connection, sequential (aiohttp client); ratio is of p50"))
+            self._json_rows(label, entry)
         self.check("warm json: no upstream request during the load", len(world.registry.requests) == before,
                    f"{len(world.registry.requests) - before} upstream requests")
         self.results["warm_json"] = result
+
+    def _json_rows(self, label: str, entry: dict) -> None:
+        def latency(result: dict | None) -> str:
+            return f"{result['p50_ms']:.2f} / {result['p99_ms']:.2f}" if result else "-"
+
+        conns = f"{entry['proxy']['tool']}, {self.args.connections} conns, TLS"
+        mine, base = entry["proxy"], entry.get("nginx")
+        self.rows.append(Row(f"warm {label} req/s", f"{mine['requests_per_s']:.0f}",
+                             f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
+                             _ratio(mine["requests_per_s"], base and base["requests_per_s"]),
+                             f"embedded store; {conns}"))
+        self.rows.append(Row(f"warm {label} p50 / p99 ms", latency(mine), latency(base),
+                             _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99"))
+        mine, base = entry["proxy_unloaded"], entry.get("nginx_unloaded")
+        self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms", latency(mine), latency(base),
+                             _ratio(mine["p50_ms"], base and base["p50_ms"]),
+                             "1 connection, sequential (aiohttp client); ratio is of p50"))
+        redis, embedded = entry.get("proxy_redis"), entry["proxy"]
+        if redis is None:
+            return
+        self.rows.append(Row(f"warm {label} req/s, Redis store", f"{redis['requests_per_s']:.0f}",
+                             f"{embedded['requests_per_s']:.0f} (embedded)",
+                             _ratio(redis["requests_per_s"], embedded["requests_per_s"]),
+                             f"{conns}; Redis commands/request {redis.get('redis_commands_per_request', 0):.2f}, "
+                             f"redis-server CPU {redis.get('redis_server_cpu_s', 0):.1f} s, "
+                             f"proxy CPU {redis['cpu_s']:.1f} s (embedded {embedded['cpu_s']:.1f} s)"))
+        self.rows.append(Row(f"warm {label} p50 / p99 ms, Redis store", latency(redis), latency(embedded),
+                             _ratio(redis["p99_ms"], embedded["p99_ms"]), "ratio is of p99"))
+        redis, embedded = entry["proxy_redis_unloaded"], entry["proxy_unloaded"]
+        self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms, Redis", latency(redis), latency(embedded),
+                             _ratio(redis["p50_ms"], embedded["p50_ms"]), "ratio is of p50"))
 
     # ---- 4. terraform init ---------------------------------------------------------------------
 
@@ -439,7 +601,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=64, help="connections of the JSON load")
     parser.add_argument("--init-repeats", type=int, default=5,
                         help="measured warm (and static) terraform inits each, after one warm-up each")
+    parser.add_argument("--fleet-clients", type=int, default=100,
+                        help="concurrent cold clients of the fleet fan-out, split across replicas A and B")
+    parser.add_argument("--fleet-mib", type=int, default=20, help="size of the fleet fan-out archive (default 20)")
+    parser.add_argument("--fleet-chunk-delay", type=float, default=0.02,
+                        help="fake upstream's pause per 256 KiB of archive in the fleet fan-out (default 0.02 s)")
+    parser.add_argument("--fleet-lock-ttl", default="15s", help="the replicas' --fleet-lock-ttl (default 15s)")
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
+    parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")
     parser.add_argument("--time-limit", type=float, default=420, help="abort the whole run after this many s")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")

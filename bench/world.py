@@ -1,7 +1,7 @@
 """The benchmark's world: a signing key, a test CA, provider releases and the fake upstream.
 
-Everything listens on 127.0.0.1. The big release holds one incompressible (ZIP_STORED,
-random bytes) archive, so its size on the wire is its size on disk.
+Everything listens on 127.0.0.1. The big and the mid release each hold one incompressible
+(ZIP_STORED, random bytes) archive, so its size on the wire is its size on disk.
 """
 
 from __future__ import annotations
@@ -65,14 +65,25 @@ class World:
     small: Release
     big: Release
     big_zip: Path
+    mid: Release  # the fleet benchmark's archive, cold for every proxy until then
     registry: FakeRegistry
 
     def client_ssl(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
 
-async def build_world(root: Path, big_bytes: int) -> World:
-    """Create the key, CA, releases (small `acme/foo`, big `acme/big`) and start the fake registry."""
+def random_release(root: Path, key: SigningKey, type_: str, size: int) -> tuple[Release, Path]:
+    """A one-platform release whose archive is a random ZIP_STORED member of `size` bytes."""
+    release = Release("acme", type_, "1.0.0", key, platforms=(PLATFORM,))
+    path = root / type_ / release.filename(PLATFORM)
+    write_random_zip(path, type_, release.version, size)
+    release.zips[PLATFORM] = path.read_bytes()
+    release.resign()
+    return release, path
+
+
+async def build_world(root: Path, big_bytes: int, mid_bytes: int) -> World:
+    """Create the key, CA, releases (small `acme/foo`, big `acme/big`, mid `acme/mid`), start the fake registry."""
     key = SigningKey(root / "gpg", "Bench Release Signer")
     ca = trustme.CA()
     ca_file = root / "ca.pem"
@@ -84,16 +95,14 @@ async def build_world(root: Path, big_bytes: int) -> World:
     leaf.private_key_pem.write_to_path(str(key_file))
 
     small = Release("acme", "foo", "1.0.0", key)
-    big = Release("acme", "big", "1.0.0", key, platforms=(PLATFORM,))
-    big_zip = root / "big" / big.filename(PLATFORM)
-    write_random_zip(big_zip, big.type, big.version, big_bytes)
-    big.zips[PLATFORM] = big_zip.read_bytes()
-    big.resign()
+    big, big_zip = random_release(root, key, "big", big_bytes)
+    mid, _ = random_release(root, key, "mid", mid_bytes)
 
     upstream_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     leaf.configure_cert(upstream_ssl)
     registry = FakeRegistry(upstream_ssl)
     registry.add(small)
     registry.add(big)
+    registry.add(mid)
     await registry.start()
-    return World(root, ca, ca_file, cert_file, key_file, small, big, big_zip, registry)
+    return World(root, ca, ca_file, cert_file, key_file, small, big, big_zip, mid, registry)

@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-timeout", "timeout for metadata requests (and connect/read of downloads)",
             default="30s")
     _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
+    _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
+            "(air-gapped networks; fill the cache with `import`)", switch=True)
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     return parser
@@ -155,6 +157,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         module_passthrough=args.module_passthrough,
         max_module_bytes=parse_size(args.max_module_size),
         git_timeout=parse_duration(args.git_timeout),
+        offline=bool(args.offline),
         redis_url=args.redis_url or None,
         redis_password=args.redis_password or None,
         redis_prefix=args.redis_prefix,

@@ -128,6 +128,7 @@ class Settings:
     redis_retention: float = 90 * 86400.0
     fleet_lock_ttl: float = 15.0
     default_upstream: Hostname = DEFAULT_UPSTREAM
+    offline: bool = False
     module_passthrough: str = "allow"
     max_module_bytes: int = 512 * 2**20
     git_timeout: float = 120.0

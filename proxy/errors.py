@@ -35,6 +35,12 @@ class NotFoundError(ProxyError):
     expected = True
 
 
+class OfflineMissError(NotFoundError):
+    """Running with --offline, and the cache does not have what was asked for."""
+
+    code = "offline_miss"
+
+
 class HostNotAllowedError(ProxyError):
     """The registry hostname is not in the operator's allowlist."""
 

@@ -21,7 +21,7 @@ from yarl import URL
 from proxy.addrs import Hostname
 from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of
 from proxy.config import Settings
-from proxy.errors import HostNotAllowedError, NotFoundError, UpstreamError
+from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
 from proxy.log import note_cache
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
@@ -128,10 +128,11 @@ class Fetcher:
                         max_bytes: int | None = None, max_redirects: int | None = None) -> CacheEntry:
         """A cached upstream document, refreshed through one shared fetch when not fresh."""
         cached = self._decode(key, await self.cache.get(key))
-        if cached is not None and freshness_of(cached, self._clock(), ttl,
-                                               self.settings.freshness.negative) is Freshness.FRESH:
+        if cached is not None and (self.settings.offline or freshness_of(
+                cached, self._clock(), ttl, self.settings.freshness.negative) is Freshness.FRESH):
             self._count_cache("hit")
             return cached
+        self.require_online(key.replace(":", " ", 1))
         limit = max_bytes or self.settings.limits.max_metadata_bytes
         entry, outcome = await self.flights.run(
             f"doc:{key}", lambda: self._refresh(key, url, cached, limit, max_redirects, validate))
@@ -154,7 +155,10 @@ class Fetcher:
             elif response.status in (200, 204):
                 entry = CacheEntry(response.status, response.body, str(response.final_url), now,
                                    response.etag, response.content_type, response.terraform_get)
-                validate(entry)
+                try:
+                    validate(entry)
+                except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a parser missed a shape
+                    raise UpstreamError(f"upstream answer at {url.with_query(None)} is malformed: {exc}") from None
             else:
                 raise UpstreamError(f"upstream answered {response.status} for {url}")
         except UpstreamError as exc:
@@ -172,7 +176,13 @@ class Fetcher:
         note_cache(outcome)
         self.metrics.cache.labels(outcome).inc()
 
+    def require_online(self, what: str) -> None:
+        """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
+        if self.settings.offline:
+            raise OfflineMissError(f"the proxy is offline (--offline) and has no cached copy of {what}")
+
     async def blob(self, url: URL, max_bytes: int, what: str) -> bytes:
+        self.require_online(what)
         async with self._upstream_slots:
             response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
         if response.status != 200:
@@ -183,6 +193,7 @@ class Fetcher:
     async def download(self, url: URL, max_bytes: int,
                        check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
         """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish."""
+        self.require_online(str(url.with_query(None)))
         pending: PendingArchive = await asyncio.to_thread(self.store.begin)
         try:
             async def sink(chunk: bytes) -> None:

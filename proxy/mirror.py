@@ -46,6 +46,19 @@ class PlatformArchive:
 
 
 @dataclass(frozen=True)
+class LockHashes:
+    """Per requested platform its `h1:` (directory form) and `zh:`; `signed`: every zh of SHA256SUMS."""
+
+    h1: dict[str, str]
+    zh: dict[str, str]
+    signed: list[str]
+
+    @property
+    def all(self) -> list[str]:
+        return sorted(set(self.h1.values()) | set(self.zh.values()) | set(self.signed))
+
+
+@dataclass(frozen=True)
 class ArchiveRecord:
     """The verified facts about a stored archive."""
 
@@ -115,6 +128,27 @@ class Mirror:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
         record = await self._verified_sums_record(addr, version, d)
         return bytes.fromhex(record["sums"]), bytes.fromhex(record["signature"])
+
+    async def lock_hashes(self, addr: ProviderAddr, version: Version,
+                          platforms: list[Platform]) -> LockHashes:
+        """What `providers lock` would record: each platform's `h1:` and a `zh:` per signed SHA256SUMS line.
+
+        Each requested platform's archive is fetched and verified if it is not cached yet.
+        """
+        versions = await self.provider_versions(addr)
+        if version not in versions:
+            raise NotFoundError(f"provider {addr} has no version {version}")
+        results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
+                                       self._settings.limits.upstream_concurrency)
+        h1 = {str(p): record.h1_dir for p, (_, record) in zip(platforms, results, strict=True)}
+        zh = {str(p): zh_hash(record.sha256) for p, (_, record) in zip(platforms, results, strict=True)}
+        signed: list[str] = []
+        for platform in platforms or versions[version].platforms[:1]:
+            d = await self._download_info(addr, version, platform)
+            if d is not None:
+                sums = await self._verified_sums(addr, version, d)
+                signed = sorted({zh_hash(digest) for digest in sums.values()} | set(signed))
+        return LockHashes(h1, zh, signed)
 
     async def _versions_entry(self, addr: ProviderAddr) -> CacheEntry:
         self._fetch.check_allowed(addr.hostname)

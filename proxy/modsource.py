@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 _FORCED_GETTER = re.compile(r"^([A-Za-z0-9]+)::(.+)\Z", re.DOTALL)
 _SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:")
@@ -86,7 +86,7 @@ def classify(location: str) -> ModuleSource:
     forced = _FORCED_GETTER.match(location)
     getter, rest = (forced.group(1).lower(), forced.group(2)) if forced else ("", location)
     package, subdir = split_subdir(rest)
-    if subdir and (subdir.startswith("/") or ".." in subdir.split("/")):
+    if _escapes(subdir):
         return Refused(location, "the module subdirectory escapes the package")
     if getter in PASSTHROUGH_GETTERS:
         return Passthrough(location, getter)
@@ -107,19 +107,25 @@ def classify(location: str) -> ModuleSource:
         return Refused(location, f"only https sources are fetched, not {parts.scheme}:")
     if parts.username or parts.password:
         return Refused(location, "sources with credentials in the URL are not fetched")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    archive = dict(query).get("archive")
+    archive = dict(parse_qsl(parts.query, keep_blank_values=True)).get("archive")
     if archive is None:
         archive = next((kind for ext, kind in ARCHIVE_EXTENSIONS.items() if parts.path.lower().endswith(ext)), None)
     else:
         archive = ARCHIVE_EXTENSIONS.get("." + archive.lower())
-        query = [(k, v) for k, v in query if k != "archive"]
     if archive is None:
         return Passthrough(location, "http")  # a terraform-get indirection page: the client follows it
-    return HttpArchive(urlunsplit(parts._replace(query=urlencode(query), fragment="")), archive, subdir)
+    # Drop only the `archive` parameter; the rest of the query stays byte for byte (it may be signed).
+    query = "&".join(item for item in parts.query.split("&") if item and item.split("=", 1)[0] != "archive")
+    return HttpArchive(urlunsplit(parts._replace(query=query, fragment="")), archive, subdir)
+
+
+def _escapes(subdir: str) -> bool:
+    return bool(subdir) and (subdir.startswith(("/", "\\")) or ".." in subdir.replace("\\", "/").split("/"))
 
 
 def _git(location: str, package: str, subdir: str) -> ModuleSource:
+    if _escapes(subdir):
+        return Refused(location, "the module subdirectory escapes the package")
     if _SCP_LIKE.match(package):
         return Passthrough(location, "git-ssh")
     parts = urlsplit(package)

@@ -142,6 +142,7 @@ class ModuleMirror:
                                                    lambda pending, sha: self._check(pending.path, source.archive, addr))
             record = ModuleRecord(stored.sha256, stored.size, source.archive, source.url)
         elif isinstance(source, GitSource):
+            self._fetch.require_online(f"module {addr} {version}")
             stored, commit = await self._pack_git(addr, source)
             record = ModuleRecord(stored.sha256, stored.size, "tar.gz", f"git::{source.url}?ref={source.ref}", commit)
         else:

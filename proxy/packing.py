@@ -61,7 +61,8 @@ def _tar_entry(path: Path, name: str, mtime: int, root: Path) -> tuple[tarfile.T
 
 def _check_name(name: str) -> None:
     pure = PurePosixPath(name.replace("\\", "/"))
-    if pure.is_absolute() or ".." in pure.parts or name.startswith(("/", "\\")) or ":" in pure.parts[0:1][0:1]:
+    drive = bool(pure.parts) and ":" in pure.parts[0]
+    if pure.is_absolute() or ".." in pure.parts or name.startswith(("/", "\\")) or drive:
         raise ArchiveError(f"archive entry {name!r} would be unpacked outside the module directory")
 
 
@@ -74,6 +75,15 @@ def _check_link(name: str, target: str) -> None:
             raise ArchiveError(f"link {name!r} points outside the module directory")
     if target.startswith("/"):
         raise ArchiveError(f"link {name!r} points to an absolute path")
+
+
+def _check_trailer(archive: tarfile.TarFile) -> None:
+    """tarfile stops quietly at the first bad header: what follows the last member must be zero
+    padding, read to the very end (which also checks the compressed stream's length and checksum)."""
+    archive.fileobj.seek(archive.offset)
+    while chunk := archive.fileobj.read(1 << 20):
+        if chunk.strip(b"\0"):
+            raise ArchiveError("archive has data after its last readable entry (corrupt or truncated)")
 
 
 def check_archive(path: Path, kind: str, max_entries: int = 100_000) -> int:
@@ -96,10 +106,15 @@ def check_archive(path: Path, kind: str, max_entries: int = 100_000) -> int:
                     if count > max_entries:
                         raise ArchiveError(f"archive has more than {max_entries} entries")
                     _check_name(member.name)
-                    if member.issym() or member.islnk():
+                    if member.issym():
                         _check_link(member.name, member.linkname)
+                    elif member.islnk():
+                        _check_name(member.linkname)  # hard link targets are relative to the archive root
                     if member.isdev():
                         raise ArchiveError(f"archive entry {member.name!r} is a device file")
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+                _check_trailer(archive)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as exc:
+        if isinstance(exc, ArchiveError):
+            raise
         raise ArchiveError(f"not a readable {kind} archive: {exc}") from None
     return count

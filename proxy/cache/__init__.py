@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -27,6 +28,10 @@ class MetadataStore(Protocol):
     async def delete(self, key: str) -> None: ...
 
     async def ping(self) -> bool: ...
+
+    def keys(self, prefix: str = "") -> AsyncIterator[str]:
+        """Every key starting with `prefix` (for export; not for request paths)."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -8,6 +8,7 @@ what is served, and stale entries are kept for stale-if-error.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp_client_cache.backends.sqlite import SQLiteCache
@@ -29,6 +30,11 @@ class EmbeddedStore:
 
     async def delete(self, key: str) -> None:
         await self._cache.delete(key)
+
+    async def keys(self, prefix: str = "") -> AsyncIterator[str]:
+        async for key in self._cache.keys():
+            if key.startswith(prefix):
+                yield key
 
     async def ping(self) -> bool:
         try:

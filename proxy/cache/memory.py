@@ -8,6 +8,7 @@ writes; wrong for Redis, where another replica may add a record at any moment.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 
 from proxy.cache import MetadataStore
 
@@ -20,23 +21,39 @@ class MemoryFront:
         self._max = max_entries
         self._remember_absence = remember_absence
         self._values: OrderedDict[str, bytes | None] = OrderedDict()
+        self._writes: dict[str, int] = {}  # per key, bumped by set/delete, so a slow read never wins
 
     async def get(self, key: str) -> bytes | None:
         if key in self._values:
             self._values.move_to_end(key)
             return self._values[key]
+        seen = self._writes.get(key, 0)
         value = await self.inner.get(key)
-        if value is not None or self._remember_absence:
+        if (value is not None or self._remember_absence) and self._writes.get(key, 0) == seen:
             self._remember(key, value)
         return value
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        """Write through. `ttl` is passed to the inner store; the memory copy lives until evicted."""
+        self._bump(key)
         await self.inner.set(key, value, ttl)
+        self._bump(key)
         self._remember(key, value)
 
     async def delete(self, key: str) -> None:
+        self._bump(key)
         self._values.pop(key, None)
         await self.inner.delete(key)
+        self._bump(key)
+        self._values.pop(key, None)
+
+    def _bump(self, key: str) -> None:
+        self._writes[key] = self._writes.get(key, 0) + 1
+        if len(self._writes) > 4 * self._max:
+            self._writes.clear()
+
+    def keys(self, prefix: str = "") -> AsyncIterator[str]:
+        return self.inner.keys(prefix)
 
     async def ping(self) -> bool:
         return await self.inner.ping()

@@ -72,6 +72,14 @@ class RedisStore:
     async def delete(self, key: str) -> None:
         await self._call(self.client.delete(self.key(key)), None)
 
+    async def keys(self, prefix: str = "") -> AsyncIterator[str]:
+        """Keys under this store's namespace (SCAN, never KEYS); raises if Redis is unavailable."""
+        skip = len(self.prefix) + 1
+        async for key in self.client.scan_iter(match=f"{self.prefix}:{prefix}*", count=500):
+            name = key.decode() if isinstance(key, bytes) else key
+            if not name.startswith(f"{self.prefix}:lock:"):
+                yield name[skip:]
+
     async def ping(self) -> bool:
         # The readiness probe always asks Redis, so it also closes the breaker early.
         try:

@@ -40,8 +40,11 @@ def parse_versions(body: bytes, addr: ModuleAddr) -> list[Version]:
     modules = document.get("modules") if isinstance(document, dict) else None
     if not isinstance(modules, list) or not modules or not isinstance(modules[0], dict):
         raise UpstreamError(f"upstream version list of module {addr} has no 'modules' entry")
+    entries = modules[0].get("versions") or []
+    if not isinstance(entries, list):
+        raise UpstreamError(f"upstream version list of module {addr} has no 'versions' array")
     versions = []
-    for entry in modules[0].get("versions") or []:
+    for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("version"), str):
             try:
                 versions.append(Version.parse(entry["version"]))

@@ -24,7 +24,7 @@ from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
-from proxy.web import discovery, health, network_mirror, registry
+from proxy.web import discovery, health, lockfile, network_mirror, registry
 from proxy.web.keys import METRICS, MIRROR, MODULES, SETTINGS
 from proxy.web.middlewares import request_context
 
@@ -41,6 +41,7 @@ def create_app(settings: Settings) -> web.Application:
     discovery.add_routes(app)
     network_mirror.add_routes(app)
     registry.add_routes(app)
+    lockfile.add_routes(app)
     return app
 
 
@@ -61,7 +62,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
                                 max_bytes=settings.max_module_bytes)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
-             metadata_store="redis" if settings.redis_url else "embedded")
+             metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline)
     try:
         yield
     finally:

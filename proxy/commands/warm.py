@@ -1,0 +1,144 @@
+"""`registry-proxy warm --proxy URL [DIR | --lock-file F] --platform …`: fill the cache ahead of need.
+
+Downloads, through the proxy, every provider version (for each requested platform) and
+every registry module a configuration or lock file needs, a bounded number at a time.
+The proxy verifies and stores each one as it passes. On a terminal two progress bars show
+items and bytes; otherwise one log line per item. Returns the failures (empty if none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from proxy import constraints
+from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.commands import CommandError
+from proxy.commands.selection import Selection, select_versions
+from proxy.errors import InvalidRequestError
+from proxy.lockfile import LockedProvider, LockFileError, parse_lockfile
+from proxy.proxyclient import ProxyClient, ProxyRequestError
+from proxy.tfconfig import ConfigurationError, ModuleCall, Requirements, read_requirements
+
+
+@dataclass
+class WarmReport:
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    bytes: int = 0
+
+
+async def run_warm(client: ProxyClient, platforms: list[Platform], *, directory: Path | None = None,
+                   lock_file: Path | None = None, jobs: int = 4, default_host: str = "registry.terraform.io",
+                   progress: bool | None = None, say: Callable[[str], None] = print) -> WarmReport:
+    selections, modules = await _targets(client, directory, lock_file, default_host)
+    items: list[tuple[str, Callable[[Callable[[int], None]], Awaitable[int | None]]]] = []
+    for s in selections:
+        for platform in platforms:
+            items.append((f"provider {s.addr} {s.version} {platform}", _provider_job(client, s, platform)))
+    for call in modules:
+        items.append((f"module {call.source} {call.version or '(newest)'}", _module_job(client, call)))
+    report = WarmReport()
+    show_bars = sys.stderr.isatty() if progress is None else progress
+    items_bar = tqdm(total=len(items), unit="item", desc="items", disable=not show_bars, position=0)
+    bytes_bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="bytes", disable=not show_bars,
+                     position=1)
+    slots = asyncio.Semaphore(max(1, jobs))
+
+    def count(n: int) -> None:
+        report.bytes += n
+        bytes_bar.update(n)
+
+    async def run(name: str, job) -> None:
+        async with slots:
+            try:
+                size = await job(count)
+            except (ProxyRequestError, CommandError) as exc:
+                report.failed[name] = exc.message if isinstance(exc, ProxyRequestError) else str(exc)
+                outcome = f"FAILED: {report.failed[name]}"
+            else:
+                if size is None:
+                    report.skipped[name] = "its source is not cached by the proxy (passed through)"
+                    outcome = "skipped: source passed through, not cached"
+                else:
+                    report.done.append(name)
+                    outcome = f"ok ({size} bytes)"
+            items_bar.update(1)
+            if not show_bars:
+                say(f"warm: {name}: {outcome}")
+
+    try:
+        await asyncio.gather(*(run(name, job) for name, job in items))
+    finally:
+        items_bar.close()
+        bytes_bar.close()
+    return report
+
+
+async def _targets(client: ProxyClient, directory: Path | None, lock_file: Path | None,
+                   default_host: str) -> tuple[list[Selection], list[ModuleCall]]:
+    if directory is None and lock_file is None:
+        raise CommandError("name a configuration directory or --lock-file")
+    locked, requirements = await asyncio.to_thread(_read_inputs, directory, lock_file, default_host)
+    if requirements is None:
+        return [_from_lock(key, entry.version) for key, entry in sorted(locked.items())], []
+    return await select_versions(requirements, locked, client), requirements.modules
+
+
+def _read_inputs(directory: Path | None, lock_file: Path | None,
+                 default_host: str) -> tuple[dict[str, LockedProvider], Requirements | None]:
+    try:
+        locked = parse_lockfile(lock_file.read_text(encoding="utf-8"), str(lock_file)) if lock_file else {}
+        if directory is None:
+            return locked, None
+        lock_path = directory / ".terraform.lock.hcl"
+        if not locked and lock_path.exists():
+            locked = parse_lockfile(lock_path.read_text(encoding="utf-8"), str(lock_path))
+        return locked, read_requirements(directory, default_host)
+    except (ConfigurationError, LockFileError, OSError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _from_lock(key: str, version: str) -> Selection:
+    try:
+        host, namespace, type_ = key.split("/")
+        return Selection(ProviderAddr.parse(host, namespace, type_), Version.parse(version), "")
+    except (ValueError, InvalidRequestError) as exc:
+        raise CommandError(f"lock file entry {key!r}: {exc}") from None
+
+
+def _provider_job(client: ProxyClient, selection: Selection, platform: Platform):
+    async def job(progress: Callable[[int], None]) -> int:
+        archives = await client.version_archives(selection.addr, selection.version)
+        entry = archives.get(str(platform))
+        if entry is None:
+            raise CommandError(f"no package for {platform} (the registry has {', '.join(sorted(archives))})")
+        base = client.url(f"mirror/v1/{selection.addr.hostname}/{selection.addr.namespace}/{selection.addr.type}/")
+        return await client.download(entry["url"], progress, base=base)
+
+    return job
+
+
+def _module_job(client: ProxyClient, call: ModuleCall):
+    async def job(progress: Callable[[int], None]) -> int | None:
+        try:
+            host, namespace, name, system = call.source.split("//", 1)[0].split("/")
+            addr = ModuleAddr.parse(host, namespace, name, system)
+            terms = constraints.parse(call.version)
+        except (ValueError, InvalidRequestError, constraints.ConstraintError) as exc:
+            raise CommandError(f"module source {call.source!r} in {call.caller}: {exc}") from None
+        version = constraints.newest(terms, await client.module_versions(addr))
+        if version is None:
+            raise CommandError(f"no version matches {call.version!r}")
+        location = await client.module_location(addr, version)
+        if not location.startswith("/registry/"):
+            return None
+        return await client.download(location.split("//", 1)[0], progress)
+
+    return job

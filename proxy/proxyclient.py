@@ -1,0 +1,124 @@
+"""A small client for a running registry-proxy, used by the `lock` and `warm` commands.
+
+TLS trust comes from `--ca-file`, else `SSL_CERT_FILE`, else the system store, so the
+same set-up that makes `terraform` trust the proxy makes these commands trust it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from proxy import __version__
+from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.errors import InvalidRequestError
+
+
+class ProxyRequestError(Exception):
+    """The proxy answered with an error (its message is kept)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class ProxyClient:
+    def __init__(self, base_url: str, ca_file: Path | None = None, timeout: float = 3600) -> None:
+        self.base = URL(base_url.rstrip("/") + "/")
+        cafile = str(ca_file) if ca_file else os.environ.get("SSL_CERT_FILE")
+        context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=32),
+            timeout=aiohttp.ClientTimeout(total=timeout, connect=30),
+            headers={"User-Agent": f"registry-proxy-cli/{__version__}"})
+
+    async def __aenter__(self) -> ProxyClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.close()
+
+    def url(self, path: str) -> URL:
+        return self.base.join(URL(path.lstrip("/"), encoded=True))
+
+    async def json(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+        async with self._session.get(self.url(path), params=params) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise ProxyRequestError(response.status, _error_message(response.status, body))
+            try:
+                return await response.json(content_type=None)
+            except ValueError:
+                raise ProxyRequestError(response.status, "the proxy answered with invalid JSON") from None
+
+    async def provider_versions(self, addr: ProviderAddr) -> list[Version]:
+        document = await self.json(f"mirror/v1/{_path(addr)}/index.json")
+        versions = []
+        for text in (document.get("versions") or {}):
+            try:
+                versions.append(Version.parse(text))
+            except InvalidRequestError:
+                continue
+        return versions
+
+    async def lock_hashes(self, addr: ProviderAddr, version: Version, platforms: list[Platform]) -> dict[str, Any]:
+        return await self.json(f"lock/v1/{_path(addr)}/{version}", [("platform", str(p)) for p in platforms])
+
+    async def version_archives(self, addr: ProviderAddr, version: Version) -> dict[str, Any]:
+        return (await self.json(f"mirror/v1/{_path(addr)}/{version}.json")).get("archives") or {}
+
+    async def module_versions(self, addr: ModuleAddr) -> list[Version]:
+        document = await self.json(f"{_module_path(addr)}/versions")
+        versions = []
+        for module in document.get("modules") or []:
+            for entry in module.get("versions") or []:
+                try:
+                    versions.append(Version.parse(entry.get("version", "")))
+                except InvalidRequestError:
+                    continue
+        return versions
+
+    async def module_location(self, addr: ModuleAddr, version: Version) -> str:
+        return (await self.json(f"{_module_path(addr)}/{version}/download")).get("location") or ""
+
+    async def download(self, path: str, progress: Callable[[int], None] | None = None,
+                       base: URL | None = None) -> int:
+        """GET a file and discard it, reporting bytes as they arrive; returns the size."""
+        url = (base or self.base).join(URL(path, encoded=True)) if not path.startswith("/") else self.url(path)
+        async with self._session.get(url) as response:
+            if response.status != 200:
+                raise ProxyRequestError(response.status, _error_message(response.status, await response.read()))
+            total = 0
+            async for chunk in response.content.iter_chunked(1 << 20):
+                total += len(chunk)
+                if progress:
+                    progress(len(chunk))
+            return total
+
+
+def _path(addr: ProviderAddr) -> str:
+    return "/".join(quote(part, safe="") for part in (str(addr.hostname), addr.namespace, addr.type))
+
+
+def _module_path(addr: ModuleAddr) -> str:
+    parts = (addr.namespace, addr.name, addr.system)
+    return f"registry/{quote(str(addr.hostname), safe='')}/modules/v1/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def _error_message(status: int, body: bytes) -> str:
+    try:
+        errors = json.loads(body).get("errors")
+        if errors:
+            return "; ".join(str(e) for e in errors)
+    except (ValueError, AttributeError):
+        pass
+    return f"HTTP {status}"

@@ -1,0 +1,37 @@
+"""`GET /lock/v1/:hostname/:namespace/:type/:version?platform=OS_ARCH&…`: hashes for lock files.
+
+Answers what `terraform providers lock -platform=…` would record: the `h1:` of each
+requested platform (computed from the verified archive, fetched if needed) and a `zh:` for
+every line of the signed SHA256SUMS. `hashes` is the sorted union.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.errors import InvalidRequestError
+from proxy.web.keys import MIRROR
+from proxy.web.responses import json_response
+
+MAX_PLATFORMS = 64
+
+
+async def lock_hashes(request: web.Request) -> web.Response:
+    info = request.match_info
+    addr = ProviderAddr.parse(info["hostname"], info["namespace"], info["type"])
+    version = Version.parse(info["version"])
+    requested = request.query.getall("platform", [])
+    if len(requested) > MAX_PLATFORMS:
+        raise InvalidRequestError(f"at most {MAX_PLATFORMS} platforms per request")
+    platforms = list(dict.fromkeys(Platform.parse(p) for p in requested))
+    result = await request.app[MIRROR].lock_hashes(addr, version, platforms)
+    return json_response({
+        "provider": str(addr), "version": str(version),
+        "platforms": {p: {"h1": result.h1[p], "zh": result.zh[p]} for p in result.h1},
+        "signed_zh": result.signed, "hashes": result.all,
+    })
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/lock/v1/{hostname}/{namespace}/{type}/{version}", lock_hashes, name="lock")
