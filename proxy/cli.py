@@ -8,6 +8,7 @@ in the environment.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import ssl
@@ -125,7 +126,62 @@ def build_parser() -> argparse.ArgumentParser:
             "(air-gapped networks; fill the cache with `import`)", switch=True)
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
+    _add_client_commands(commands, default_data)
     return parser
+
+
+def _add_client_commands(commands, default_data: str) -> None:
+    lock = commands.add_parser(
+        "lock", help="write .terraform.lock.hcl with hashes for every platform",
+        description="Write or update DIR/.terraform.lock.hcl with each provider's h1: for every --platform and "
+                    "a signed zh: for every platform, through a running proxy. Keeps locked versions "
+                    "(like init) unless --upgrade.")
+    lock.add_argument("directory", nargs="?", default=".", help="the root module (default: current directory)")
+    _client_options(lock)
+    lock.add_argument("--upgrade", action="store_true", help="select the newest matching versions again")
+
+    warm = commands.add_parser(
+        "warm", help="prefetch providers and modules into a proxy",
+        description="Download through the proxy every provider version (for each --platform) and registry module "
+                    "that a configuration or lock file needs, so later `init`s are served from cache.")
+    warm.add_argument("directory", nargs="?", help="configuration directory (its lock file is used if present)")
+    warm.add_argument("--lock-file", help="take providers and versions from this lock file instead")
+    _client_options(warm)
+    _option(warm, "--jobs", "downloads in parallel", default="4")
+
+    export = commands.add_parser(
+        "export", help="write the verified cache into an air-gap bundle",
+        description="Write verified archives and the metadata needed to serve them into one file "
+                    "(.tar, .tar.gz or .tar.zst by the name of --out).")
+    _store_options(export, default_data)
+    export.add_argument("--out", required=True, help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst")
+    export.add_argument("--only", action="append", default=[], metavar="ADDRESS[@VERSION]",
+                        help="only this provider (HOST/NS/TYPE) or module (HOST/NS/NAME/SYSTEM), repeatable")
+
+    import_ = commands.add_parser(
+        "import", help="load an air-gap bundle into a data dir, verifying every archive",
+        description="Verify every archive of BUNDLE against its signed SHA256SUMS (providers) or recorded digest "
+                    "(modules), then add it to the data dir. A tampered bundle is rejected as a whole.")
+    import_.add_argument("bundle", help="bundle file written by `registry-proxy export`")
+    _store_options(import_, default_data)
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "--proxy", "base URL of the running proxy, e.g. https://127.0.0.1:8443/", metavar="URL")
+    parser.add_argument("--platform", action="append", default=[], metavar="OS_ARCH",
+                        help="target platform, repeatable (e.g. linux_amd64, darwin_arm64)")
+    _option(parser, "--ca-file", "CA certificate to trust for the proxy (default: SSL_CERT_FILE or the system "
+            "store)", metavar="FILE")
+    _option(parser, "--default-registry", "registry host of provider and module sources without one",
+            default="registry.terraform.io", metavar="HOST")
+
+
+def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
+    _option(parser, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
+    _option(parser, "--redis-url", "the metadata store is Redis at this URL (else the data dir's embedded one)",
+            metavar="URL")
+    _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
+    _option(parser, "--redis-prefix", "namespace of the proxy's Redis keys", default="registry-proxy")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -213,14 +269,20 @@ def serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from proxy.commands import CommandError
+
     try:
         if args.command == "serve":
             return serve(args)
+        from proxy.commands import run
+
+        return asyncio.run(run.dispatch(args))
     except ConfigError as exc:
         print(f"registry-proxy: error: {exc}", file=sys.stderr)
         return 2
+    except CommandError as exc:
+        print(f"registry-proxy: error: {exc}", file=sys.stderr)
+        return 1
     except (OSError, ssl.SSLError) as exc:
         print(f"registry-proxy: error: {exc}", file=sys.stderr)
         return 1
-    parser.error(f"unknown command {args.command}")
-    return 2

@@ -224,11 +224,11 @@ class Mirror:
         """The parsed SHA256SUMS of a release after its signature verified."""
         record = await self._verified_sums_record(addr, version, d)
         return self._fetch.parsed(
-            _sums_key(d), record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
+            sums_key(d), record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
 
     async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, Any]:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
-        key = _sums_key(d)
+        key = sums_key(d)
 
         async def recorded() -> dict[str, Any] | None:
             return await self._fetch.record(key)
@@ -314,7 +314,8 @@ class Mirror:
         return await self._fetch.download(d.download_url, self._settings.limits.max_archive_bytes, check)
 
 
-def _sums_key(d: DownloadInfo) -> str:
+def sums_key(d: DownloadInfo) -> str:
+    """The metadata key of the verified SHA256SUMS record for a download."""
     return "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
 
 

@@ -1,0 +1,332 @@
+"""Air-gap bundles: `export` a proxy's verified cache to one file, `import` it elsewhere.
+
+A bundle is a tar (optionally `.gz` or `.zst`) holding `manifest.json`, `metadata.jsonl`
+(every metadata entry needed to serve: discovery, version lists, download metadata,
+verified SHA256SUMS with signatures and keys, hashes, module records) and
+`archives/<sha256>` files. Import trusts nothing in it: every provider archive is checked
+again against its signed SHA256SUMS (signature, line, digest) and its `h1:` recomputed;
+every module archive against its recorded digest and the archive safety rules. One bad
+file rejects the whole bundle, naming the file, before anything is written. Importing the
+same bundle twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import gzip
+import hashlib
+import io
+import json
+import re
+import shutil
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import zstandard
+from yarl import URL
+
+from proxy import __version__, verify
+from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.cache import CacheEntry, MetadataStore, decode_record, encode_record
+from proxy.commands import CommandError
+from proxy.errors import ProxyError
+from proxy.gpg import Keyring, SignatureError
+from proxy.hashes import h1_of_zip
+from proxy.mirror import ArchiveRecord, sums_key
+from proxy.module_mirror import ModuleRecord
+from proxy.packing import ArchiveError, check_archive
+from proxy.store import ArchiveStore
+from proxy.upstream.providers import parse_download
+
+FORMAT = "registry-proxy-bundle"
+FORMAT_VERSION = 1
+_ARCHIVE_MEMBER = re.compile(r"^archives/([0-9a-f]{64})\Z")
+_PART = "[^/]+"
+_PROVIDER_KEY = re.compile(
+    rf"^archive:(?P<host>{_PART})/(?P<ns>{_PART})/(?P<type>{_PART})/(?P<version>{_PART})/(?P<platform>{_PART})\Z")
+_MODULE_KEY = re.compile(
+    rf"^module:(?P<host>{_PART})/(?P<ns>{_PART})/(?P<name>{_PART})/(?P<system>{_PART})/(?P<version>{_PART})\Z")
+_KNOWN_KINDS = ("discovery:", "versions:", "download:", "sums:", "archive:", "module-versions:",
+                "module-download:", "module:")
+ZSTD_MAGIC, GZIP_MAGIC = b"\x28\xb5\x2f\xfd", b"\x1f\x8b"
+
+
+@dataclass
+class BundleReport:
+    providers: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)
+    entries: int = 0
+    archives: int = 0
+    bytes: int = 0
+    already_present: int = 0
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+
+async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str]) -> BundleReport:
+    """Write every cached provider archive and module (or those matching `only`) with their metadata."""
+    keys = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
+    values = {key: value for key in keys if (value := await cache.get(key)) is not None}
+    report = BundleReport()
+    wanted: set[str] = set()
+    manifest: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "proxy_version": __version__,
+                                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                                "providers": [], "modules": []}
+    files: dict[str, Path] = {}
+    for key in keys:
+        if (match := _PROVIDER_KEY.match(key)) and _selected(match, only):
+            record = ArchiveRecord.from_dict(decode_record(values.get(key)))
+            stored = store.get(record.sha256) if record else None
+            download_key = f"download:{key.removeprefix('archive:')}"
+            entry = CacheEntry.decode(values.get(download_key))
+            if record is None or stored is None or entry is None or entry.negative:
+                continue
+            addr, version, platform = _provider_of(match)
+            info = parse_download(entry.body, URL(entry.url), addr, version, platform)
+            related = [key, download_key, sums_key(info), f"versions:{addr}", f"discovery:{addr.hostname}"]
+            wanted.update(k for k in related if k in values)
+            files[record.sha256] = stored.path
+            manifest["providers"].append({"archive_key": key, "download_key": download_key,
+                                          "sums_key": sums_key(info), "sha256": record.sha256,
+                                          "filename": record.filename})
+            report.providers.append(f"{addr} {version} {platform}")
+        elif (match := _MODULE_KEY.match(key)) and _selected(match, only):
+            data = decode_record(values.get(key))
+            record = ModuleRecord.from_dict(data) if data else None
+            stored = store.get(record.sha256) if record else None
+            if record is None or stored is None:
+                continue
+            subject = key.removeprefix("module:")
+            module = subject.rsplit("/", 1)[0]
+            related = [key, f"module-download:{subject}", f"module-versions:{module}",
+                       f"discovery:{match['host']}"]
+            wanted.update(k for k in related if k in values)
+            files[record.sha256] = stored.path
+            manifest["modules"].append({"module_key": key, "sha256": record.sha256, "archive": record.archive})
+            report.modules.append(f"{module} {match['version']}")
+    if not files:
+        raise CommandError("nothing to export: the cache holds no verified archives" +
+                           (f" matching {', '.join(only)}" if only else ""))
+    with _open_for_writing(out) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
+        _add_bytes(tar, "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        lines = [json.dumps({"key": k, "value": base64.b64encode(values[k]).decode()}) for k in sorted(wanted)]
+        _add_bytes(tar, "metadata.jsonl", ("\n".join(lines) + "\n").encode())
+        for sha, path in sorted(files.items()):
+            tar.add(str(path), arcname=f"archives/{sha}", recursive=False)
+            report.bytes += path.stat().st_size
+    report.entries, report.archives = len(wanted), len(files)
+    return report
+
+
+def _selected(match: re.Match, only: list[str]) -> bool:
+    subject = match.string.split(":", 1)[1]
+    return not only or any(subject == o or subject.startswith(o.rstrip("/") + "/") for o in
+                           (pattern.replace("@", "/") for pattern in only))
+
+
+def _provider_of(match: re.Match) -> tuple[ProviderAddr, Version, Platform]:
+    return (ProviderAddr.parse(match["host"], match["ns"], match["type"]), Version.parse(match["version"]),
+            Platform.parse(match["platform"]))
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    info.mtime = int(dt.datetime.now(dt.UTC).timestamp())
+    tar.addfile(info, io.BytesIO(data))
+
+
+@contextmanager
+def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
+    temporary = out.with_name(f".{out.name}.partial")
+    with open(temporary, "wb") as handle:
+        if out.name.endswith(".zst"):
+            with zstandard.ZstdCompressor(level=6).stream_writer(handle, closefd=False) as compressed:
+                yield compressed
+        elif out.name.endswith((".gz", ".tgz")):
+            with gzip.GzipFile(fileobj=handle, mode="wb", mtime=0) as compressed:
+                yield compressed
+        else:
+            yield handle
+    temporary.replace(out)
+
+
+# ---- import ----------------------------------------------------------------------------------
+
+
+async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore, keyring: Keyring) -> BundleReport:
+    """Verify everything in `bundle`, then add it to the cache and the store (idempotent)."""
+    report = BundleReport()
+    staging = store.temp_dir / "import"
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        manifest, metadata, files = _unpack(bundle, staging)
+        records: dict[str, bytes] = {}
+        for entry in manifest.get("providers", []):
+            key, raw = _verify_provider(entry, metadata, files, keyring)
+            records[key] = raw
+            report.providers.append(key.removeprefix("archive:"))
+        for entry in manifest.get("modules", []):
+            _verify_module(entry, metadata, files)
+            report.modules.append(entry["module_key"].removeprefix("module:"))
+        referenced = {e["sha256"] for e in manifest.get("providers", []) + manifest.get("modules", [])}
+        for sha in sorted(files):
+            if sha not in referenced:
+                raise CommandError(f"bundle rejected: archives/{sha} is not described by the manifest")
+        # Only metadata that belongs to a verified archive is taken: nothing else can be trusted.
+        covered = _covered_keys(manifest)
+        for key in sorted(metadata):
+            if key not in covered:
+                raise CommandError(f"bundle rejected: metadata entry {key!r} belongs to no archive in the manifest")
+        # Everything verified: publish.
+        for sha, path in files.items():
+            if store.get(sha) is not None:
+                report.already_present += 1
+                continue
+            store.publish_path(path, sha)
+            report.archives += 1
+            report.bytes += store.get(sha).size
+        for key, value in {**metadata, **records}.items():
+            await cache.set(key, value)
+        report.entries = len(metadata)
+        return report
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, bytes], dict[str, Path]]:
+    manifest: dict[str, Any] | None = None
+    metadata: dict[str, bytes] = {}
+    files: dict[str, Path] = {}
+    try:
+        with _open_for_reading(bundle) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+            for member in tar:
+                if member.name == "manifest.json" and member.isfile():
+                    manifest = json.loads(tar.extractfile(member).read())
+                elif member.name == "metadata.jsonl" and member.isfile():
+                    metadata = _read_metadata(tar.extractfile(member).read())
+                elif (match := _ARCHIVE_MEMBER.match(member.name)) and member.isfile():
+                    files[match[1]] = _extract_verified(tar, member, match[1], staging)
+                else:
+                    raise CommandError(f"bundle rejected: unexpected member {member.name!r}")
+    except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError, ValueError) as exc:
+        if isinstance(exc, CommandError):
+            raise
+        raise CommandError(f"bundle rejected: {bundle} is not a readable bundle: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CommandError(f"bundle rejected: {bundle} has no registry-proxy manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CommandError(f"bundle rejected: format version {manifest.get('version')} is not supported "
+                           f"(this proxy reads version {FORMAT_VERSION})")
+    return manifest, metadata, files
+
+
+def _covered_keys(manifest: dict[str, Any]) -> set[str]:
+    keys: set[str] = set()
+    for entry in manifest.get("providers", []):
+        match = _PROVIDER_KEY.match(entry.get("archive_key", ""))
+        if match:
+            keys.update({entry["archive_key"], entry.get("download_key", ""), entry.get("sums_key", ""),
+                         f"versions:{match['host']}/{match['ns']}/{match['type']}", f"discovery:{match['host']}"})
+    for entry in manifest.get("modules", []):
+        match = _MODULE_KEY.match(entry.get("module_key", ""))
+        if match:
+            subject = entry["module_key"].removeprefix("module:")
+            keys.update({entry["module_key"], f"module-download:{subject}",
+                         f"module-versions:{subject.rsplit('/', 1)[0]}", f"discovery:{match['host']}"})
+    return keys
+
+
+def _read_metadata(data: bytes) -> dict[str, bytes]:
+    result = {}
+    for number, line in enumerate(data.decode().splitlines(), 1):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        key = item.get("key")
+        if not isinstance(key, str) or not key.startswith(_KNOWN_KINDS):
+            raise CommandError(f"bundle rejected: metadata line {number} has an unknown key {key!r}")
+        result[key] = base64.b64decode(item["value"], validate=True)
+    return result
+
+
+def _extract_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, sha: str, staging: Path) -> Path:
+    """Copy a member out while hashing it: its content must have the digest it is named after."""
+    target = staging / sha
+    digest = hashlib.sha256()
+    source = tar.extractfile(member)
+    with open(target, "wb") as handle:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+            handle.write(chunk)
+    if digest.hexdigest() != sha:
+        raise CommandError(f"bundle rejected: archives/{sha} was modified (its content has SHA-256 "
+                           f"{digest.hexdigest()})")
+    return target
+
+
+def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path],
+                     keyring: Keyring) -> tuple[str, bytes]:
+    name = f"{entry.get('filename')} (archives/{entry.get('sha256')})"
+    try:
+        match = _PROVIDER_KEY.match(entry["archive_key"])
+        addr, version, platform = _provider_of(match)
+        if entry["download_key"] != "download:" + entry["archive_key"].removeprefix("archive:"):
+            raise ValueError("the manifest pairs the archive with another provider's download metadata")
+        download = CacheEntry.decode(metadata[entry["download_key"]])
+        info = parse_download(download.body, URL(download.url), addr, version, platform)
+        if entry["sums_key"] != sums_key(info):
+            raise ValueError("the manifest pairs the archive with another release's SHA256SUMS")
+        sums_record = decode_record(metadata[entry["sums_key"]])
+        sums, signature = bytes.fromhex(sums_record["sums"]), bytes.fromhex(sums_record["signature"])
+        keyring.verify_detached(sums, signature, list(info.signing_keys))
+        expected = verify.expected_digest(verify.parse_signed_sums(sums, "bundle"), info.filename, info.shasum)
+        path = files[expected]
+        with open(path, "rb") as handle:
+            h1_zip, h1_dir = h1_of_zip(handle)
+    except SignatureError as exc:
+        raise CommandError(f"bundle rejected: {name}: SHA256SUMS signature: {exc}") from None
+    except KeyError as exc:
+        raise CommandError(f"bundle rejected: {name}: missing {exc}") from None
+    except (ProxyError, ValueError, TypeError, AttributeError, OSError) as exc:
+        message = exc.message if isinstance(exc, ProxyError) else str(exc)
+        raise CommandError(f"bundle rejected: {name}: {message}") from None
+    if expected != entry["sha256"]:
+        raise CommandError(f"bundle rejected: {name}: the manifest's digest disagrees with the signed SHA256SUMS")
+    record = ArchiveRecord(expected, path.stat().st_size, info.filename, h1_zip, h1_dir)
+    return entry["archive_key"], encode_record(record.to_dict())
+
+
+def _verify_module(entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path]) -> None:
+    name = f"{entry.get('module_key')} (archives/{entry.get('sha256')})"
+    data = decode_record(metadata.get(entry.get("module_key", "")))
+    record = ModuleRecord.from_dict(data) if data else None
+    if record is None or record.sha256 != entry.get("sha256") or record.sha256 not in files:
+        raise CommandError(f"bundle rejected: {name}: its record is missing or disagrees with the archive")
+    match = _MODULE_KEY.match(entry["module_key"])
+    try:
+        ModuleAddr.parse(match["host"], match["ns"], match["name"], match["system"])
+        check_archive(files[record.sha256], record.archive)
+    except (ArchiveError, ProxyError, TypeError) as exc:
+        raise CommandError(f"bundle rejected: {name}: {exc}") from None
+
+
+@contextmanager
+def _open_for_reading(bundle: Path) -> Iterator[IO[bytes]]:
+    with open(bundle, "rb") as handle:
+        magic = handle.read(4)
+        handle.seek(0)
+        if magic.startswith(ZSTD_MAGIC):
+            with zstandard.ZstdDecompressor().stream_reader(handle) as stream:
+                yield stream
+        elif magic.startswith(GZIP_MAGIC):
+            with gzip.GzipFile(fileobj=handle) as stream:
+                yield stream
+        else:
+            yield handle

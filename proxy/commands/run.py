@@ -1,0 +1,111 @@
+"""Runs the client-side commands from parsed CLI arguments and prints their summaries."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from proxy.addrs import Platform
+from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.redis import RedisStore
+from proxy.commands import CommandError
+from proxy.commands.bundle import export_bundle, import_bundle
+from proxy.commands.lock import run_lock
+from proxy.commands.warm import run_warm
+from proxy.errors import InvalidRequestError
+from proxy.gpg import Keyring
+from proxy.proxyclient import ProxyClient
+from proxy.store import ArchiveStore
+
+
+async def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "lock":
+        return await _lock(args)
+    if args.command == "warm":
+        return await _warm(args)
+    if args.command == "export":
+        return await _export(args)
+    if args.command == "import":
+        return await _import(args)
+    raise CommandError(f"unknown command {args.command}")
+
+
+def _client(args: argparse.Namespace) -> ProxyClient:
+    if not args.proxy:
+        raise CommandError("--proxy URL is required (or REGISTRY_PROXY_PROXY)")
+    return ProxyClient(args.proxy, Path(args.ca_file) if args.ca_file else None)
+
+
+def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
+    try:
+        platforms = list(dict.fromkeys(Platform.parse(p) for p in args.platform))
+    except InvalidRequestError as exc:
+        raise CommandError(exc.message) from None
+    if required and not platforms:
+        raise CommandError("name at least one --platform OS_ARCH")
+    return platforms
+
+
+async def _lock(args: argparse.Namespace) -> int:
+    platforms = _platforms(args, required=True)
+    async with _client(args) as client:
+        entries = await run_lock(Path(args.directory), client, platforms, upgrade=args.upgrade,
+                                 default_host=args.default_registry)
+    for entry in entries.values():
+        print(f"locked {entry.address} {entry.version} ({len(entry.hashes)} hashes)")
+    print(f"wrote {Path(args.directory) / '.terraform.lock.hcl'} for {', '.join(map(str, platforms))}")
+    return 0
+
+
+async def _warm(args: argparse.Namespace) -> int:
+    platforms = _platforms(args, required=True)
+    jobs = int(args.jobs) if str(args.jobs).isdigit() and int(args.jobs) > 0 else 0
+    if not jobs:
+        raise CommandError("--jobs must be a positive integer")
+    async with _client(args) as client:
+        report = await run_warm(client, platforms, directory=Path(args.directory) if args.directory else None,
+                                lock_file=Path(args.lock_file) if args.lock_file else None, jobs=jobs,
+                                default_host=args.default_registry)
+    print(f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
+          f"{len(report.failed)} failed")
+    for name, reason in report.skipped.items():
+        print(f"  skipped {name}: {reason}")
+    for name, reason in report.failed.items():
+        print(f"  FAILED {name}: {reason}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+def _stores(args: argparse.Namespace) -> tuple[object, ArchiveStore]:
+    data_dir = Path(args.data_dir).expanduser()
+    store = ArchiveStore(data_dir / "archives")
+    store.open()
+    if args.redis_url:
+        return RedisStore(args.redis_url, prefix=args.redis_prefix, password=args.redis_password or None), store
+    return EmbeddedStore(data_dir / "metadata" / "metadata.sqlite"), store
+
+
+async def _export(args: argparse.Namespace) -> int:
+    cache, store = _stores(args)
+    try:
+        report = await export_bundle(cache, store, Path(args.out), args.only)
+    finally:
+        await cache.close()
+        store.close()
+    print(f"exported {len(report.providers)} provider archives and {len(report.modules)} modules "
+          f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}")
+    return 0
+
+
+async def _import(args: argparse.Namespace) -> int:
+    cache, store = _stores(args)
+    try:
+        keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
+        report = await import_bundle(Path(args.bundle), cache, store, keyring)
+    finally:
+        await cache.close()
+        store.close()
+    print(f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
+          f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
+          f"{report.entries} metadata entries")
+    return 0
