@@ -288,8 +288,9 @@ class Suite:
         before = {name: registry.count(path) for name, path in upstream_paths.items()}
         replicas = {"A": first, "B": second}
         probes = {name: ProcessProbe(proxy.process.pid) for name, proxy in replicas.items()}
-        cpu = {}
+        cpu, idle = {}, {}
         for name, probe in probes.items():
+            idle[name] = probe.rss_mib()
             probe.reset_peak()
             cpu[name] = probe.cpu_seconds()
         assignment = ["A" if n % 2 == 0 else "B" for n in range(clients)]
@@ -316,7 +317,8 @@ class Suite:
         first_bytes = {name: [d.first_byte_s for d, n in zip(downloads, assignment, strict=True) if n == name]
                        for name in replicas}
         chunks = -(-expected_size // (256 * 1024))
-        per_replica = {name: {"clients": assignment.count(name), "peak_rss_mib": round(probes[name].peak_mib(), 1),
+        per_replica = {name: {"clients": assignment.count(name), "idle_rss_mib": round(idle[name], 1),
+                              "peak_rss_mib": round(probes[name].peak_mib(), 1),
                               "cpu_s": round(probes[name].cpu_seconds() - cpu[name], 2),
                               "first_byte_s": [round(min(first_bytes[name]), 3), round(max(first_bytes[name]), 3)]}
                        for name in replicas}
@@ -332,6 +334,10 @@ class Suite:
         self.rows.append(Row(f"cold fleet {clients}x{args.fleet_mib} MiB, 2 replicas + Redis: wall", f"{wall:.1f} s",
                              note=f"first byte {fb}; upstream sends it in >= {chunks * args.fleet_chunk_delay:.1f} s; "
                                   f"CPU A {per_replica['A']['cpu_s']:.1f} s, B {per_replica['B']['cpu_s']:.1f} s"))
+        self.rows.append(Row("cold fleet: peak RSS per replica",
+                             " / ".join(f"{v['peak_rss_mib']:.0f}" for v in per_replica.values()) + " MiB",
+                             note="A / B; idle " + " / ".join(f"{v['idle_rss_mib']:.0f}" for v in per_replica.values())
+                                  + f" MiB; {clients // 2} clients each"))
         self.rows.append(Row("cold fleet: upstream GETs archive / SUMS / versions",
                              f"{gets['archive']} / {gets['sha256sums']} / {gets['versions']}",
                              note=f"SUMS.sig {gets['signature']}, download doc {gets['download']}, "

@@ -23,7 +23,7 @@ from yarl import URL
 from proxy import verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, encode_record
-from proxy.errors import NotFoundError, VerificationError
+from proxy.errors import NotFoundError, OfflineMissError, VerificationError
 from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
@@ -167,7 +167,7 @@ class Mirror:
         if info is None:
             raise NotFoundError(f"provider {addr} has no version {version}")
         found = await gather_bounded(
-            (self._download_info(addr, version, platform) for platform in info.platforms),
+            (self._cached_download_info(addr, version, platform) for platform in info.platforms),
             self._settings.limits.upstream_concurrency)
         downloads = [d for d in found if d is not None]
         sums_by_source: dict[tuple, dict[str, str]] = {}
@@ -205,6 +205,14 @@ class Mirror:
                 "archive_store": await asyncio.to_thread(self._store.is_writable)}
 
     # ---- discovery and metadata --------------------------------------------------------
+
+    async def _cached_download_info(self, addr: ProviderAddr, version: Version,
+                                    platform: Platform) -> DownloadInfo | None:
+        """Download metadata, or None when offline and not cached (the platform is then not listed)."""
+        try:
+            return await self._download_info(addr, version, platform)
+        except OfflineMissError:
+            return None
 
     async def _download_info(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> DownloadInfo | None:

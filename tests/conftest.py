@@ -107,10 +107,7 @@ def backend_settings(metadata_backend, request) -> dict:
     return {}
 
 
-@pytest.fixture
-def make_settings(tmp_path, registry, ca_file, server_cert_files, backend_settings):
-    """Settings for a proxy in front of the fake registry; keyword arguments override fields."""
-
+def _settings_factory(tmp_path, registry, ca_file, server_cert_files, backend: dict):
     def make(**overrides) -> Settings:
         values = dict(
             data_dir=tmp_path / "data",
@@ -119,12 +116,24 @@ def make_settings(tmp_path, registry, ca_file, server_cert_files, backend_settin
             allowed_hosts=frozenset(),
             upstream_map={REGISTRY_HOST: URL(registry.url)},
             upstream_ca_file=ca_file,
-            **backend_settings,
+            **backend,
         )
         values.update(overrides)
         return Settings(**values)
 
     return make
+
+
+@pytest.fixture
+def make_settings(tmp_path, registry, ca_file, server_cert_files, backend_settings):
+    """Settings for a proxy in front of the fake registry, once per metadata backend; keywords override."""
+    return _settings_factory(tmp_path, registry, ca_file, server_cert_files, backend_settings)
+
+
+@pytest.fixture
+def make_local_settings(tmp_path, registry, ca_file, server_cert_files):
+    """Like make_settings, with the embedded store only (for tests about something else than the backend)."""
+    return _settings_factory(tmp_path, registry, ca_file, server_cert_files, {})
 
 
 @dataclass

@@ -91,10 +91,12 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             info = parse_download(entry.body, URL(entry.url), addr, version, platform)
             related = [key, download_key, sums_key(info), f"versions:{addr}", f"discovery:{addr.hostname}"]
             wanted.update(k for k in related if k in values)
+            siblings = [k for k in keys if k.startswith(f"download:{addr}/{version}/") and k != download_key]
+            wanted.update(siblings)
             files[record.sha256] = stored.path
             manifest["providers"].append({"archive_key": key, "download_key": download_key,
                                           "sums_key": sums_key(info), "sha256": record.sha256,
-                                          "filename": record.filename})
+                                          "filename": record.filename, "other_platforms": siblings})
             report.providers.append(f"{addr} {version} {platform}")
         elif (match := _MODULE_KEY.match(key)) and _selected(match, only):
             data = decode_record(values.get(key))
@@ -172,6 +174,8 @@ async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore,
             key, raw = _verify_provider(entry, metadata, files, keyring)
             records[key] = raw
             report.providers.append(key.removeprefix("archive:"))
+            for sibling in entry.get("other_platforms", []):
+                _verify_sibling(entry, sibling, metadata)
         for entry in manifest.get("modules", []):
             _verify_module(entry, metadata, files)
             report.modules.append(entry["module_key"].removeprefix("module:"))
@@ -233,7 +237,8 @@ def _covered_keys(manifest: dict[str, Any]) -> set[str]:
         match = _PROVIDER_KEY.match(entry.get("archive_key", ""))
         if match:
             keys.update({entry["archive_key"], entry.get("download_key", ""), entry.get("sums_key", ""),
-                         f"versions:{match['host']}/{match['ns']}/{match['type']}", f"discovery:{match['host']}"})
+                         f"versions:{match['host']}/{match['ns']}/{match['type']}", f"discovery:{match['host']}",
+                         *entry.get("other_platforms", [])})
     for entry in manifest.get("modules", []):
         match = _MODULE_KEY.match(entry.get("module_key", ""))
         if match:
@@ -301,6 +306,28 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
         raise CommandError(f"bundle rejected: {name}: the manifest's digest disagrees with the signed SHA256SUMS")
     record = ArchiveRecord(expected, path.stat().st_size, info.filename, h1_zip, h1_dir)
     return entry["archive_key"], encode_record(record.to_dict())
+
+
+def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes]) -> None:
+    """Download metadata of another platform of a verified release: it must belong to the same signed
+    SHA256SUMS (same URLs and keys) and its shasum must be the one the signed file lists."""
+    match = _PROVIDER_KEY.match("archive:" + key.removeprefix("download:"))
+    own = _PROVIDER_KEY.match(entry["archive_key"])
+    try:
+        if not key.startswith("download:") or match is None or \
+                (match["host"], match["ns"], match["type"], match["version"]) != \
+                (own["host"], own["ns"], own["type"], own["version"]):
+            raise ValueError("it is not a platform of the same provider version")
+        addr, version, platform = _provider_of(match)
+        download = CacheEntry.decode(metadata[key])
+        info = parse_download(download.body, URL(download.url), addr, version, platform)
+        if sums_key(info) != entry["sums_key"]:
+            raise ValueError("it does not belong to the release's signed SHA256SUMS")
+        sums = verify.parse_signed_sums(bytes.fromhex(decode_record(metadata[entry["sums_key"]])["sums"]), "bundle")
+        verify.expected_digest(sums, info.filename, info.shasum)
+    except (KeyError, ValueError, TypeError, AttributeError, ProxyError) as exc:
+        message = exc.message if isinstance(exc, ProxyError) else str(exc)
+        raise CommandError(f"bundle rejected: metadata entry {key!r}: {message}") from None
 
 
 def _verify_module(entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path]) -> None:
