@@ -39,12 +39,13 @@ def free_port() -> int:
 class ProxyProcess:
     """`python -m proxy serve` with its own generated TLS, pointed at the fake registry."""
 
-    def __init__(self, data_dir: Path, registry_url: str, ca_file: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, registry_url: str | None, ca_file: Path, *extra: str) -> None:
         self.data_dir = data_dir
         self.port = free_port()
+        upstream = (["--upstream-map", f"{REGISTRY_HOST}={registry_url}", "--allow-host", ""] if registry_url
+                    else ["--allow-host", REGISTRY_HOST])
         self.args = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{self.port}",
-                     "--data-dir", str(data_dir), "--allow-host", "",
-                     "--upstream-map", f"{REGISTRY_HOST}={registry_url}",
+                     "--data-dir", str(data_dir), *upstream,
                      "--upstream-ca-file", str(ca_file), "--log-format", "json", *extra]
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = data_dir.parent / f"proxy-{self.port}.log"
@@ -110,16 +111,29 @@ class Terraform:
         return path
 
     async def init(self, workdir: Path, cli_config: str, ca_file: Path) -> tuple[int, str]:
+        return await self.run(workdir, ["init", "-input=false", "-no-color"], cli_config, ca_file)
+
+    async def run(self, workdir: Path, args: list[str], cli_config: str, ca_file: Path) -> tuple[int, str]:
+        """Run `terraform ARGS` in `workdir` with its own CLI config, trusting `ca_file`."""
         config = workdir / "cli.tfrc"
         config.write_text(cli_config)
         env = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
         env.update(TF_CLI_CONFIG_FILE=str(config), SSL_CERT_FILE=str(ca_file), CHECKPOINT_DISABLE="1",
                    TF_IN_AUTOMATION="1", HOME=str(workdir))
         process = await asyncio.create_subprocess_exec(
-            TERRAFORM, "init", "-input=false", "-no-color", cwd=workdir, env=env,
+            TERRAFORM, *args, cwd=workdir, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(process.communicate(), 180)
         return process.returncode, output.decode()
+
+
+async def registry_proxy(*args: str) -> tuple[int, str]:
+    """Run the `registry-proxy` CLI (as `python -m proxy`) and return its exit code and output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *args, cwd=Path(__file__).parents[2],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), 180)
+    return process.returncode, output.decode()
 
 
 @pytest.fixture
@@ -131,8 +145,9 @@ def terraform(tmp_path) -> Terraform:
 async def proxy_process(tmp_path, registry, ca_file):
     started: list[ProxyProcess] = []
 
-    async def start(*extra: str, data_dir: Path | None = None) -> ProxyProcess:
-        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url, ca_file, *extra)
+    async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True) -> ProxyProcess:
+        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file,
+                               *extra)
         await process.start()
         started.append(process)
         return process

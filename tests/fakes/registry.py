@@ -210,6 +210,9 @@ class FakeRegistry:
         response = web.StreamResponse(headers={"Content-Type": "application/zip"})
         response.content_length = len(body)
         await response.prepare(request)
+        if request.method == "HEAD":  # terraform's go-getter sends HEAD before GET
+            await response.write_eof()
+            return response
         step = 256 * 1024
         for offset in range(0, len(body), step):
             if self.archive_chunk_delay:
