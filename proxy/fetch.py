@@ -69,7 +69,13 @@ class Fetcher:
 
     async def record(self, key: str) -> dict[str, Any] | None:
         """A derived record from the cache, decoded once per stored value."""
-        raw = await self.cache.get(key)
+        return self._decode_record(key, await self.cache.get(key))
+
+    async def records(self, keys: list[str]) -> list[dict[str, Any] | None]:
+        """Several records in one store round trip."""
+        return [self._decode_record(k, raw) for k, raw in zip(keys, await self.cache.get_many(keys), strict=True)]
+
+    def _decode_record(self, key: str, raw: bytes | None) -> dict[str, Any] | None:
         if raw is None:
             return None
         memo = self._records.get(key)

@@ -175,7 +175,7 @@ class Mirror:
             source = _sums_source(d)
             if source not in sums_by_source:
                 sums_by_source[source] = await self._verified_sums(addr, version, d)
-        records = await asyncio.gather(*(self._archive_record(addr, version, d.platform) for d in downloads))
+        records = await self._archive_records(addr, version, [d.platform for d in downloads])
         result = []
         for d, record in zip(downloads, records, strict=True):
             digest = verify.expected_digest(sums_by_source[_sums_source(d)], d.filename, d.shasum)
@@ -280,6 +280,12 @@ class Mirror:
         record = await self._archive_record(addr, version, platform)
         stored = self._store.get(record.sha256) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
+
+    async def _archive_records(self, addr: ProviderAddr, version: Version,
+                               platforms: list[Platform]) -> list[ArchiveRecord | None]:
+        keys = [f"archive:{addr}/{version}/{p}" for p in platforms]
+        return [None if data is None else self._fetch.parsed(key, data, ArchiveRecord.from_dict)
+                for key, data in zip(keys, await self._fetch.records(keys), strict=True)]
 
     async def _archive_record(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> ArchiveRecord | None:

@@ -25,6 +25,9 @@ class EmbeddedStore:
         value = await self._cache.read(key)
         return bytes(value) if value is not None else None
 
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return [await self.get(key) for key in keys]
+
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         await self._cache.write(key, value)
 

@@ -33,6 +33,23 @@ class MemoryFront:
             self._remember(key, value)
         return value
 
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Memory hits at once; every miss in one call to the inner store."""
+        missing = [key for key in keys if key not in self._values]
+        seen = {key: self._writes.get(key, 0) for key in missing}
+        fetched = dict(zip(missing, await self.inner.get_many(missing), strict=True)) if missing else {}
+        for key, value in fetched.items():
+            if (value is not None or self._remember_absence) and self._writes.get(key, 0) == seen[key]:
+                self._remember(key, value)
+        result = []
+        for key in keys:
+            if key in fetched:
+                result.append(fetched[key])
+            else:
+                self._values.move_to_end(key)
+                result.append(self._values[key])
+        return result
+
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         """Write through. `ttl` is passed to the inner store; the memory copy lives until evicted."""
         self._bump(key)

@@ -65,6 +65,11 @@ class RedisStore:
     async def get(self, key: str) -> bytes | None:
         return await self._call(self.client.get(self.key(key)), None)
 
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return await self._call(self.client.mget([self.key(k) for k in keys]), [None] * len(keys))
+
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         seconds = max(1, int(ttl if ttl is not None else self._retention))
         await self._call(self.client.set(self.key(key), value, ex=seconds), None)

@@ -82,3 +82,12 @@ async def test_ping_reports_a_working_store(open_store):
     store = open_store()
     assert await store.ping() is True
     await store.close()
+
+
+async def test_get_many_returns_values_in_order_with_none_for_missing(open_store):
+    store = open_store()
+    await store.set("a", b"1")
+    await store.set("c", b"3")
+    assert await store.get_many(["c", "b", "a", "c"]) == [b"3", None, b"1", b"3"]
+    assert await store.get_many([]) == []
+    await store.close()

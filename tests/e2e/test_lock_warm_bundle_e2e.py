@@ -115,8 +115,9 @@ async def test_export_import_and_offline_init(registry, release4, proxy_process,
 
 async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
     online = await proxy_process(data_dir=tmp_path / "a")
-    import aiohttp
     import ssl
+
+    import aiohttp
 
     context = ssl.create_default_context(cafile=str(online.ca_file))
     async with aiohttp.ClientSession() as session:
