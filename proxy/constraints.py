@@ -1,6 +1,7 @@
 """Provider version constraints as Terraform and OpenTofu apply them (Ruby-style). Pure.
 
-Operators: `=` (or none), `!=`, `>`, `>=`, `<`, `<=`, `~>`. Omitted parts count as zero,
+Operators: `=` (or none), `!=`, `>`, `>=`, `<`, `<=`, `~>`, followed by at most one space;
+no `v` prefix (the clients reject both). Omitted parts count as zero,
 except for `~>`, whose precision decides what may change: `~> 1.2` allows 1.x from 1.2 on,
 `~> 1.2.3` allows 1.2.x from 1.2.3 on, and `~> 1` means the same as `~> 1.0`.
 A pre-release is selected only when a constraint names it exactly with `=` (or no
@@ -11,12 +12,12 @@ clients write them into lock files: deduplicated, sorted, omitted parts as zero.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.addrs import Version
 
 _TERM = re.compile(
-    r"^\s*(=|!=|>=|<=|>|<|~>)?\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?"
+    r"^\s*(?:(=|!=|>=|<=|>|<|~>) ?)?(\d+)(?:\.(\d+))?(?:\.(\d+))?"
     r"(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?\s*\Z")
 _PRIORITY = {">": 1, ">=": 2, "=": 3, "~>patch": 4, "~>minor": 5, "<=": 6, "<": 7, "!=": 8}
 
@@ -45,6 +46,8 @@ class Constraint:
             return v == b
         if self.op == "!=":
             return v != b
+        # Ordering operators ignore build metadata, as semantic versioning says.
+        b, v = replace(b, build=""), replace(v, build="")
         if self.op == ">":
             return v > b
         if self.op == ">=":
@@ -78,8 +81,6 @@ def parse(text: str) -> list[Constraint]:
             raise ConstraintError(f"invalid version constraint {raw.strip()!r}")
         op, major, minor, patch, pre, build = match.groups()
         precision = 1 + (minor is not None) + (patch is not None)
-        if pre and precision < 3:
-            raise ConstraintError(f"invalid version constraint {raw.strip()!r}: a pre-release needs all three parts")
         boundary = Version(int(major), int(minor or 0), int(patch or 0), pre or "", build or "")
         terms.append(Constraint(op or "=", boundary, precision))
     return terms
@@ -101,5 +102,5 @@ def newest(constraints: list[Constraint], available: list[Version]) -> Version |
 def canonical(constraints: list[Constraint]) -> str:
     """The lock-file form: deduplicated, sorted by boundary then operator, joined by ", "."""
     unique = {(c.kind, c.boundary): c for c in constraints}.values()
-    ordered = sorted(unique, key=lambda c: (c.boundary, c.boundary.build, _PRIORITY[c.kind]))
+    ordered = sorted(unique, key=lambda c: (c.boundary._key(), c.boundary.build, _PRIORITY[c.kind]))
     return ", ".join(c.render() for c in ordered)

@@ -8,11 +8,15 @@ Pure: text in, text out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 
 import hcl2
 from hcl2.utils import SerializationOptions
+
+from proxy.addrs import Hostname
+from proxy.errors import InvalidRequestError
 
 HEADER = ('# This file is maintained automatically by "terraform init".\n'
           "# Manual edits may be lost in future updates.\n")
@@ -72,9 +76,16 @@ def merge_hashes(locked: LockedProvider | None, version: str, new_hashes: list[s
 
 
 def render(providers: dict[str, LockedProvider]) -> str:
-    """The whole lock file text."""
-    blocks = [_render_block(providers[address]) for address in sorted(providers)]
+    """The whole lock file text, blocks ordered as the clients order them (host in ASCII form, namespace, type)."""
+    blocks = [_render_block(providers[address]) for address in sorted(providers, key=_address_order)]
     return HEADER + "".join("\n" + block for block in blocks)
+
+
+def _address_order(address: str) -> tuple[str, ...]:
+    host, _, rest = address.partition("/")
+    with contextlib.suppress(InvalidRequestError):
+        host = str(Hostname.parse(host))
+    return (host, *rest.split("/"))
 
 
 def _render_block(entry: LockedProvider) -> str:

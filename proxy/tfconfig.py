@@ -18,6 +18,8 @@ from proxy.addrs import Hostname, ProviderAddr
 from proxy.errors import InvalidRequestError
 from proxy.lockfile import LockFileError, parse_hcl
 
+BUILTIN_PROVIDER = "terraform"
+
 
 class ConfigurationError(ValueError):
     """The configuration cannot be read or names something invalid."""
@@ -50,8 +52,12 @@ def read_requirements(root: Path, default_host: str = "registry.terraform.io") -
         if directory in seen:
             continue
         seen.add(directory)
-        for path, document in _documents(directory):
-            pending.extend(_read_document(path, document, requirements, default_host))
+        documents = list(_documents(directory))
+        local_names: dict[str, ProviderAddr] = {}  # provider local names apply to the whole module
+        for path, document in documents:
+            local_names.update(_declared_providers(path, document, requirements, default_host))
+        for path, document in documents:
+            pending.extend(_read_document(path, document, requirements, default_host, local_names))
     return requirements
 
 
@@ -65,8 +71,8 @@ def _documents(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             raise ConfigurationError(str(exc)) from None
 
 
-def _read_document(path: Path, document: dict[str, Any], requirements: Requirements,
-                   default_host: str) -> list[Path]:
+def _declared_providers(path: Path, document: dict[str, Any], requirements: Requirements,
+                        default_host: str) -> dict[str, ProviderAddr]:
     local_names: dict[str, ProviderAddr] = {}
     for terraform in document.get("terraform", []):
         for required in terraform.get("required_providers", []):
@@ -75,6 +81,11 @@ def _read_document(path: Path, document: dict[str, Any], requirements: Requireme
                 addr = _provider_address(source or name, default_host, path)
                 local_names[name] = addr
                 _require(requirements, addr, version)
+    return local_names
+
+
+def _read_document(path: Path, document: dict[str, Any], requirements: Requirements, default_host: str,
+                   local_names: dict[str, ProviderAddr]) -> list[Path]:
     for block in document.get("provider", []):
         for name in block:
             _require(requirements, local_names.get(name) or _provider_address(name, default_host, path), None)
@@ -83,6 +94,8 @@ def _read_document(path: Path, document: dict[str, Any], requirements: Requireme
             for type_name, instances in block.items():
                 explicit = _explicit_provider(instances)
                 name = explicit or type_name.split("_", 1)[0]
+                if name == BUILTIN_PROVIDER and name not in local_names:
+                    continue  # terraform_data, terraform_remote_state: built into the client
                 _require(requirements, local_names.get(name) or _provider_address(name, default_host, path), None)
     children = []
     for block in document.get("module", []):
@@ -91,9 +104,13 @@ def _read_document(path: Path, document: dict[str, Any], requirements: Requireme
             if not isinstance(source, str):
                 raise ConfigurationError(f"{path}: module {name!r} has no source")
             if source.startswith(("./", "../")):
-                children.append((path.parent / source).resolve())
+                child = (path.parent / source).resolve()
+                if not child.is_dir():
+                    raise ConfigurationError(f"{path}: module {name!r}: {source} is not a directory")
+                children.append(child)
             elif _is_registry_source(source):
-                host = source if source.count("/") == 3 else f"{default_host}/{source}"
+                package = source.split("//", 1)[0]
+                host = package if package.count("/") == 3 else f"{default_host}/{package}"
                 requirements.modules.append(ModuleCall(host, str(body.get("version") or ""), str(path)))
     return children
 

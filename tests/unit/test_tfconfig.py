@@ -418,8 +418,17 @@ def test_module_calls_use_default_host_and_are_collected_from_child_modules(tmp_
     ],
 )
 def test_non_registry_module_sources_are_not_collected(tmp_path, source):
-    write(tmp_path, {"main.tf": f'module "m" {{\n  source = "{source}"\n}}\n'})
-    assert read_requirements(tmp_path).modules == []
+    root = tmp_path / "root"
+    (root / "local").mkdir(parents=True)
+    (tmp_path / "sibling").mkdir()
+    write(root, {"main.tf": f'module "m" {{\n  source = "{source}"\n}}\n'})
+    assert read_requirements(root).modules == []
+
+
+def test_missing_local_module_directory_is_an_error(tmp_path):
+    write(tmp_path, {"main.tf": 'module "m" {\n  source = "./nowhere"\n}\n'})
+    with pytest.raises(ConfigurationError, match="nowhere is not a directory"):
+        read_requirements(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
