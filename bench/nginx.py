@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import free_port, terminate
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 
@@ -100,13 +100,7 @@ class Nginx:
         raise RuntimeError("nginx did not start")
 
     async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        await terminate(self.process, 10)
         self.process = None
 
 

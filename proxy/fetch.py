@@ -58,14 +58,7 @@ class Fetcher:
 
     def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
-        if raw is None:
-            return None
-        memo = self._decoded.get(key)
-        if memo is not None and memo[0] is raw:
-            return memo[1]
-        entry = CacheEntry.decode(raw)
-        self._remember(self._decoded, key, (raw, entry))
-        return entry
+        return None if raw is None else self._memoised(self._decoded, key, raw, CacheEntry.decode)
 
     async def record(self, key: str) -> dict[str, Any] | None:
         """A derived record from the cache, decoded once per stored value."""
@@ -76,29 +69,23 @@ class Fetcher:
         return [self._decode_record(k, raw) for k, raw in zip(keys, await self.cache.get_many(keys), strict=True)]
 
     def _decode_record(self, key: str, raw: bytes | None) -> dict[str, Any] | None:
-        if raw is None:
-            return None
-        memo = self._records.get(key)
-        if memo is not None and memo[0] is raw:
-            return memo[1]
-        record = decode_record(raw)
-        self._remember(self._records, key, (raw, record))
-        return record
+        return None if raw is None else self._memoised(self._records, key, raw, decode_record)
 
     def parsed(self, key: str, entry: Any, parse: Callable[[Any], T]) -> T:
         """`parse(entry)`, memoised per key for as long as the entry object is the same."""
-        memo = self._parsed.get(key)
-        if memo is not None and memo[0] is entry:
-            return memo[1]
-        result = parse(entry)
-        self._remember(self._parsed, key, (entry, result))
-        return result
+        return self._memoised(self._parsed, key, entry, parse)
 
     @staticmethod
-    def _remember(memo: dict, key: str, value: object) -> None:
+    def _memoised(memo: dict, key: str, source: Any, compute: Callable[[Any], T]) -> T:
+        """`compute(source)`, reused while the same source object is asked for under `key` (bounded)."""
+        hit = memo.get(key)
+        if hit is not None and hit[0] is source:
+            return hit[1]
+        value = compute(source)
         if len(memo) >= MEMO_ENTRIES:
             memo.pop(next(iter(memo)))
-        memo[key] = value
+        memo[key] = (source, value)
+        return value
 
     async def once_for_the_fleet(self, key: str, recheck: Callable[[], Awaitable[T | None]],
                                  work: Callable[[], Awaitable[T]]) -> T:

@@ -88,14 +88,19 @@ class ProxyProcess:
         self.process = None
 
     async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 15)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        await terminate(self.process, 15)
         self.process = None
+
+
+async def terminate(process: asyncio.subprocess.Process | None, grace: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited after `grace` seconds."""
+    if process is not None and process.returncode is None:
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), grace)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
 
 class Terraform:

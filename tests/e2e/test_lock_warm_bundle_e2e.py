@@ -10,23 +10,14 @@ import pytest
 
 from tests.conftest import PROVIDER, REGISTRY_HOST
 from tests.e2e.conftest import registry_proxy
-from tests.e2e.test_network_mirror_e2e import mirror_config, stored_files
+from tests.e2e.test_network_mirror_e2e import mirror_config, provider_tf, stored_files
 from tests.e2e.test_registry_e2e import git_modules, host_config  # noqa: F401 - fixture reused
 from tests.fakes.packages import Release
 
 pytestmark = pytest.mark.e2e
 
 PLATFORMS = ("linux_amd64", "darwin_amd64", "darwin_arm64", "windows_amd64")
-MAIN_TF = f"""
-terraform {{
-  required_providers {{
-    foo = {{
-      source  = "{PROVIDER}"
-      version = "~> 2.0"
-    }}
-  }}
-}}
-"""
+MAIN_TF = provider_tf("~> 2.0")
 
 
 def upstream_config(registry) -> str:

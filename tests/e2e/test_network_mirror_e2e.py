@@ -13,16 +13,13 @@ from tests.fakes.packages import Release
 
 pytestmark = pytest.mark.e2e
 
-MAIN_TF = f"""
-terraform {{
-  required_providers {{
-    foo = {{
-      source  = "{PROVIDER}"
-      version = "1.0.0"
-    }}
-  }}
-}}
-"""
+def provider_tf(constraint: str) -> str:
+    """A root module that requires the fake provider with `constraint`."""
+    return (f'terraform {{\n  required_providers {{\n    foo = {{\n      source  = "{PROVIDER}"\n'
+            f'      version = "{constraint}"\n    }}\n  }}\n}}\n')
+
+
+MAIN_TF = provider_tf("1.0.0")
 
 
 def mirror_config(proxy) -> str:

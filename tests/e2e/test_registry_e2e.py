@@ -7,24 +7,15 @@ import shutil
 
 import pytest
 
-from tests.conftest import PROVIDER, REGISTRY_HOST
-from tests.e2e.test_network_mirror_e2e import stored_files
+from tests.conftest import REGISTRY_HOST
+from tests.e2e.test_network_mirror_e2e import provider_tf, stored_files
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES
 from tests.fakes.registry import ModuleRelease
 
 pytestmark = pytest.mark.e2e
 
-MAIN_TF = f"""
-terraform {{
-  required_providers {{
-    foo = {{
-      source  = "{PROVIDER}"
-      version = "1.0.0"
-    }}
-  }}
-}}
-
+MAIN_TF = provider_tf("1.0.0") + f"""
 module "net" {{
   source  = "{REGISTRY_HOST}/acme/net/aws"
   version = "1.2.0"
