@@ -6,9 +6,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEBIAN_PACKAGES := gnupg git redis-server ca-certificates
+BENCH_PACKAGES  := wrk nginx-light curl
 ARGS   ?=
 
-.PHONY: install system-deps run test test-unit test-e2e lint bench clean
+.PHONY: install system-deps debian-packages run test test-unit test-e2e lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +23,17 @@ install: $(STAMP)
 
 # Debian packages the tests use for real (gpg, git, redis-server); installed only when missing.
 system-deps:
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES)"
+	@command -v terraform >/dev/null || echo "WARNING: terraform is not on PATH: the end-to-end tests will be SKIPPED" >&2
+
+debian-packages:
 	@missing=""; \
-	for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install:$$missing" >&2; exit 1; fi; \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	@command -v terraform >/dev/null || echo "WARNING: terraform is not on PATH: the end-to-end tests will be SKIPPED" >&2
 
 run: install
 	$(BIN)/registry-proxy serve $(ARGS)
@@ -48,6 +52,7 @@ lint: install
 	$(BIN)/ruff check proxy tests bench
 
 bench: system-deps install
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(BENCH_PACKAGES)"
 	$(BIN)/python bench/run.py $(ARGS)
 
 clean:
