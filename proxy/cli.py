@@ -164,6 +164,10 @@ def _add_client_commands(commands, default_data: str) -> None:
                     "(modules), then add it to the data dir. A tampered bundle is rejected as a whole.")
     import_.add_argument("bundle", help="bundle file written by `registry-proxy export`")
     _store_options(import_, default_data)
+    import_.add_argument("--trust-key", action="append", default=[], metavar="FINGERPRINT",
+                         help="accept provider signatures by this OpenPGP key (repeatable; `export` prints them)")
+    import_.add_argument("--trust-bundle-keys", action="store_true",
+                         help="accept the signing keys the bundle itself carries (only for bundles you made)")
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:

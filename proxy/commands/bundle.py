@@ -8,6 +8,12 @@ again against its signed SHA256SUMS (signature, line, digest) and its `h1:` reco
 every module archive against its recorded digest and the archive safety rules. One bad
 file rejects the whole bundle, naming the file, before anything is written. Importing the
 same bundle twice changes nothing.
+
+Trust is anchored outside the bundle: a signature only counts if its key's fingerprint was
+named by the operator (`--trust-key`, e.g. copied from `export`'s output or the registry's
+published keys), or the operator explicitly accepted the keys the bundle carries
+(`--trust-bundle-keys`). Discovery documents are imported only when every service stays on
+the host that served the document, and version lists arrive stale, so a connected proxy asks again.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import shutil
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,6 +65,7 @@ ZSTD_MAGIC, GZIP_MAGIC = b"\x28\xb5\x2f\xfd", b"\x1f\x8b"
 @dataclass
 class BundleReport:
     providers: list[str] = field(default_factory=list)
+    signing_keys: set[str] = field(default_factory=set)
     modules: list[str] = field(default_factory=list)
     entries: int = 0
     archives: int = 0
@@ -94,6 +101,9 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             siblings = [k for k in keys if k.startswith(f"download:{addr}/{version}/") and k != download_key]
             wanted.update(siblings)
             files[record.sha256] = stored.path
+            sums_record = decode_record(values.get(sums_key(info)))
+            if sums_record and sums_record.get("fingerprint"):
+                report.signing_keys.add(str(sums_record["fingerprint"]))
             manifest["providers"].append({"archive_key": key, "download_key": download_key,
                                           "sums_key": sums_key(info), "sha256": record.sha256,
                                           "filename": record.filename, "other_platforms": siblings})
@@ -162,8 +172,12 @@ def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
 # ---- import ----------------------------------------------------------------------------------
 
 
-async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore, keyring: Keyring) -> BundleReport:
-    """Verify everything in `bundle`, then add it to the cache and the store (idempotent)."""
+async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore, keyring: Keyring,
+                        trusted_keys: set[str] | None = None) -> BundleReport:
+    """Verify everything in `bundle`, then add it to the cache and the store (idempotent).
+
+    `trusted_keys`: fingerprints whose signatures are accepted; None accepts the bundle's own keys.
+    """
     report = BundleReport()
     staging = store.temp_dir / "import"
     staging.mkdir(parents=True, exist_ok=True)
@@ -171,7 +185,12 @@ async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore,
         manifest, metadata, files = _unpack(bundle, staging)
         records: dict[str, bytes] = {}
         for entry in manifest.get("providers", []):
-            key, raw = _verify_provider(entry, metadata, files, keyring)
+            key, raw, fingerprint = _verify_provider(entry, metadata, files, keyring)
+            report.signing_keys.add(fingerprint)
+            if trusted_keys is not None and fingerprint not in trusted_keys:
+                raise CommandError(
+                    f"bundle rejected: {key.removeprefix('archive:')} is signed by key {fingerprint}, which is not "
+                    "trusted; pass --trust-key with that fingerprint if it is the registry's real signing key")
             records[key] = raw
             report.providers.append(key.removeprefix("archive:"))
             for sibling in entry.get("other_platforms", []):
@@ -196,7 +215,7 @@ async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore,
             store.publish_path(path, sha)
             report.archives += 1
             report.bytes += store.get(sha).size
-        for key, value in {**metadata, **records}.items():
+        for key, value in {**_arriving_stale(metadata), **records}.items():
             await cache.set(key, value)
         report.entries = len(metadata)
         return report
@@ -229,6 +248,32 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
         raise CommandError(f"bundle rejected: format version {manifest.get('version')} is not supported "
                            f"(this proxy reads version {FORMAT_VERSION})")
     return manifest, metadata, files
+
+
+def _arriving_stale(metadata: dict[str, bytes]) -> dict[str, bytes]:
+    """Version lists and discovery documents age out at once (a connected proxy asks again);
+    a discovery document that sends a service to another host than its own is dropped."""
+    result = {}
+    for key, raw in metadata.items():
+        if key.startswith(("versions:", "module-versions:", "discovery:")):
+            entry = CacheEntry.decode(raw)
+            if entry is None or (key.startswith("discovery:") and not _stays_on_host(entry)):
+                continue
+            raw = replace(entry, fetched_at=0.0).encode()
+        result[key] = raw
+    return result
+
+
+def _stays_on_host(entry: CacheEntry) -> bool:
+    """Every registry service of a discovery document is on the host the document came from."""
+    try:
+        services = json.loads(entry.body)
+        base = URL(entry.url)
+        return isinstance(services, dict) and all(
+            isinstance(v, str) and (target := base.join(URL(v))).host == base.host and target.port == base.port
+            for k, v in services.items() if k in ("providers.v1", "modules.v1"))
+    except (ValueError, TypeError):
+        return False
 
 
 def _covered_keys(manifest: dict[str, Any]) -> set[str]:
@@ -277,7 +322,7 @@ def _extract_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, sha: str, s
 
 
 def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path],
-                     keyring: Keyring) -> tuple[str, bytes]:
+                     keyring: Keyring) -> tuple[str, bytes, str]:
     name = f"{entry.get('filename')} (archives/{entry.get('sha256')})"
     try:
         match = _PROVIDER_KEY.match(entry["archive_key"])
@@ -290,7 +335,7 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
             raise ValueError("the manifest pairs the archive with another release's SHA256SUMS")
         sums_record = decode_record(metadata[entry["sums_key"]])
         sums, signature = bytes.fromhex(sums_record["sums"]), bytes.fromhex(sums_record["signature"])
-        keyring.verify_detached(sums, signature, list(info.signing_keys))
+        signed = keyring.verify_detached(sums, signature, list(info.signing_keys))
         expected = verify.expected_digest(verify.parse_signed_sums(sums, "bundle"), info.filename, info.shasum)
         path = files[expected]
         with open(path, "rb") as handle:
@@ -305,7 +350,7 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
     if expected != entry["sha256"]:
         raise CommandError(f"bundle rejected: {name}: the manifest's digest disagrees with the signed SHA256SUMS")
     record = ArchiveRecord(expected, path.stat().st_size, info.filename, h1_zip, h1_dir)
-    return entry["archive_key"], encode_record(record.to_dict())
+    return entry["archive_key"], encode_record(record.to_dict()), signed.fingerprint
 
 
 def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes]) -> None:

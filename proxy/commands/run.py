@@ -94,6 +94,8 @@ async def _export(args: argparse.Namespace) -> int:
         store.close()
     print(f"exported {len(report.providers)} provider archives and {len(report.modules)} modules "
           f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}")
+    for fingerprint in sorted(report.signing_keys):
+        print(f"signing key: {fingerprint}  (import with --trust-key {fingerprint})")
     return 0
 
 
@@ -101,7 +103,11 @@ async def _import(args: argparse.Namespace) -> int:
     cache, store = _stores(args)
     try:
         keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
-        report = await import_bundle(Path(args.bundle), cache, store, keyring)
+        if not args.trust_key and not args.trust_bundle_keys:
+            raise CommandError("name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
+                               "or --trust-bundle-keys to accept the keys the bundle carries")
+        trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
+        report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted)
     finally:
         await cache.close()
         store.close()

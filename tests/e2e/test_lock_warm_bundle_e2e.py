@@ -82,7 +82,7 @@ async def test_warm_names_what_failed(registry, proxy_process, terraform):
     assert f"FAILED provider {PROVIDER} 1.0.0 plan9_mips" in output
 
 
-async def test_export_import_and_offline_init(registry, release4, proxy_process, terraform, tmp_path):
+async def test_export_import_and_offline_init(registry, release4, proxy_process, terraform, tmp_path, signing_key):
     online = await proxy_process(data_dir=tmp_path / "a")
     first = terraform.workdir("first", MAIN_TF)
     code, output = await terraform.init(first, mirror_config(online), online.ca_file)
@@ -91,11 +91,15 @@ async def test_export_import_and_offline_init(registry, release4, proxy_process,
     bundle = tmp_path / "bundle.tar.zst"
     code, output = await registry_proxy("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
     assert code == 0, output
+    assert f"--trust-key {signing_key.fingerprint}" in output
     await registry.stop()
 
     code, output = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"))
+    assert code == 1 and "--trust-key" in output  # trust must be named
+    trust = ("--trust-key", signing_key.fingerprint)
+    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0, output
-    code, again = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"))
+    code, again = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0 and "0 new files" in again, again
     offline = await proxy_process("--offline", data_dir=tmp_path / "b", upstream=False)
     second = terraform.workdir("second", MAIN_TF)
@@ -129,7 +133,8 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
                 data = data.replace(b"terraform-provider-foo", b"terraform-provider-bar")
             member.size = len(data)
             target.addfile(member, io.BytesIO(data))
-    code, output = await registry_proxy("import", str(tampered), "--data-dir", str(tmp_path / "b"))
+    code, output = await registry_proxy("import", str(tampered), "--data-dir", str(tmp_path / "b"),
+                                        "--trust-bundle-keys")
     assert code == 1
     assert "bundle rejected: archives/" in output and "was modified" in output, output
     assert stored_files(tmp_path / "b") == []

@@ -173,10 +173,10 @@ async def _export(data_dir, out, only=()):
         store.close()
 
 
-async def _import(data_dir, bundle):
+async def _import(data_dir, bundle, trusted=None):
     cache, store = await _stores(data_dir)
     try:
-        return await import_bundle(bundle, cache, store, Keyring(data_dir / "gnupg"))
+        return await import_bundle(bundle, cache, store, Keyring(data_dir / "gnupg"), trusted)
     finally:
         await cache.close()
         store.close()
@@ -198,11 +198,13 @@ async def exported(make_local_settings, client_ssl, registry, config_dir, tmp_pa
     return bundle
 
 
-async def test_bundle_round_trip_serves_offline(exported, make_local_settings, client_ssl, registry, tmp_path):
+async def test_bundle_round_trip_serves_offline(exported, make_local_settings, client_ssl, registry, tmp_path,
+                                                signing_key):
     target = tmp_path / "b"
-    first = await _import(target, exported)
+    first = await _import(target, exported, {signing_key.fingerprint})
     assert (first.archives, first.already_present) == (2, 0)
-    again = await _import(target, exported)
+    assert first.signing_keys == {signing_key.fingerprint}
+    again = await _import(target, exported, {signing_key.fingerprint})
     assert (again.archives, again.already_present) == (0, 2)
     await registry.stop()
     async with serve_proxy(make_local_settings(data_dir=target, offline=True), client_ssl) as offline:
@@ -227,6 +229,26 @@ def _rewrite_bundle(source, target, change):
             data = change(member.name, data)
             member.size = len(data)
             tar.addfile(member, io.BytesIO(data))
+
+
+async def test_bundle_signed_by_an_untrusted_key_is_rejected(exported, tmp_path, other_key, signing_key):
+    with pytest.raises(CommandError, match=f"signed by key {signing_key.fingerprint}, which is not trusted"):
+        await _import(tmp_path / "u", exported, {other_key.fingerprint})
+    assert not (tmp_path / "u" / "archives" / "sha256").exists() or not any(
+        p.is_file() for p in (tmp_path / "u" / "archives" / "sha256").rglob("*"))
+
+
+async def test_imported_version_lists_arrive_stale(exported, tmp_path):
+    from proxy.cache import CacheEntry
+
+    await _import(tmp_path / "s", exported)
+    cache = EmbeddedStore(tmp_path / "s" / "metadata" / "metadata.sqlite")
+    try:
+        entry = CacheEntry.decode(await cache.get(f"versions:{PROVIDER}"))
+        discovery = CacheEntry.decode(await cache.get(f"discovery:{REGISTRY_HOST}"))
+    finally:
+        await cache.close()
+    assert entry.fetched_at == 0.0 and discovery.fetched_at == 0.0
 
 
 async def test_tampered_bundle_archive_is_rejected_naming_it(exported, tmp_path):
