@@ -31,6 +31,7 @@ class HttpArchive:
     url: str
     archive: str  # one of FILE_EXTENSIONS
     subdir: str = ""
+    checksum: tuple[str, str] | None = None  # go-getter `?checksum=`: (algorithm, hex digest)
 
 
 @dataclass(frozen=True)
@@ -107,16 +108,38 @@ def classify(location: str) -> ModuleSource:
         return Refused(location, f"only https sources are fetched, not {parts.scheme}:")
     if parts.username or parts.password:
         return Refused(location, "sources with credentials in the URL are not fetched")
-    archive = dict(parse_qsl(parts.query, keep_blank_values=True)).get("archive")
+    params = dict(parse_qsl(parts.query, keep_blank_values=True))
+    checksum = None
+    if "checksum" in params:
+        checksum = _parse_checksum(params["checksum"])
+        if checksum is None:
+            return Passthrough(location, "checksum-file")  # `file:` checksums: the client checks them itself
+    archive = params.get("archive")
     if archive is None:
         archive = next((kind for ext, kind in ARCHIVE_EXTENSIONS.items() if parts.path.lower().endswith(ext)), None)
     else:
         archive = ARCHIVE_EXTENSIONS.get("." + archive.lower())
     if archive is None:
         return Passthrough(location, "http")  # a terraform-get indirection page: the client follows it
-    # Drop only the `archive` parameter; the rest of the query stays byte for byte (it may be signed).
-    query = "&".join(item for item in parts.query.split("&") if item and item.split("=", 1)[0] != "archive")
-    return HttpArchive(urlunsplit(parts._replace(query=query, fragment="")), archive, subdir)
+    # Drop only go-getter's own parameters; the rest of the query stays byte for byte (it may be signed).
+    query = "&".join(item for item in parts.query.split("&")
+                     if item and item.split("=", 1)[0] not in ("archive", "checksum"))
+    return HttpArchive(urlunsplit(parts._replace(query=query, fragment="")), archive, subdir, checksum)
+
+
+_DIGEST_LENGTHS = {32: "md5", 40: "sha1", 64: "sha256", 128: "sha512"}
+
+
+def _parse_checksum(value: str) -> tuple[str, str] | None:
+    """go-getter's `checksum=[type:]hex`; None for forms the proxy cannot check itself (`file:`)."""
+    kind, sep, digest = value.partition(":")
+    if not sep:
+        kind, digest = _DIGEST_LENGTHS.get(len(value), ""), value
+    digest = digest.lower()
+    if kind in ("md5", "sha1", "sha256", "sha512") and re.fullmatch(r"[0-9a-f]+", digest) and \
+            _DIGEST_LENGTHS.get(len(digest)) == kind:
+        return kind, digest
+    return None
 
 
 def _escapes(subdir: str) -> bool:

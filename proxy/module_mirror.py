@@ -26,7 +26,7 @@ from proxy.log import note_cache
 from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
 from proxy.packing import ArchiveError, check_archive
 from proxy.rewrite import module_archive_path
-from proxy.store import StoredArchive, sha256_file
+from proxy.store import StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
 from proxy.upstream.git import GitFetcher
 
@@ -138,8 +138,11 @@ class ModuleMirror:
     async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
         source = await self._source(addr, version)
         if isinstance(source, HttpArchive):
-            stored, _ = await self._fetch.download(URL(source.url, encoded=True), self._max_bytes,
-                                                   lambda pending, sha: self._check(pending.path, source.archive, addr))
+            async def check(pending, sha: str) -> None:
+                await self._check_checksum(pending.path, source, addr)
+                await self._check(pending.path, source.archive, addr)
+
+            stored, _ = await self._fetch.download(URL(source.url, encoded=True), self._max_bytes, check)
             record = ModuleRecord(stored.sha256, stored.size, source.archive, source.url)
         elif isinstance(source, GitSource):
             self._fetch.require_online(f"module {addr} {version}")
@@ -165,6 +168,18 @@ class ModuleMirror:
         except BaseException:
             await asyncio.to_thread(path.unlink, True)
             raise
+
+    async def _check_checksum(self, path, source: HttpArchive, addr: ModuleAddr) -> None:
+        """The digest pinned by the module's `?checksum=` must match, as go-getter would insist."""
+        if source.checksum is None:
+            return
+        algorithm, expected = source.checksum
+        actual = await asyncio.to_thread(file_digest, path, algorithm)
+        if actual != expected:
+            self._fetch.metrics.verification_failures.labels("module_checksum").inc()
+            log.error("security.verification_failed", check="module_checksum", module=str(addr),
+                      expected=expected, actual=actual)
+            raise UpstreamError(f"module {addr}: archive has {algorithm} {actual}, but its source pins {expected}")
 
     async def _check(self, path, kind: str, addr: ModuleAddr) -> None:
         try:

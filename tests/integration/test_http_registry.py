@@ -235,3 +235,22 @@ async def test_module_errors(proxy, registry, net_module):
     registry.faults["/v1/modules/acme/net/aws/versions"] = Fault(body=body)
     status, answer = await proxy.json(f"{M}/versions")
     assert status == 502 and "modules" in answer["errors"][0]
+
+
+async def test_module_checksum_is_verified(proxy, registry, net_module):
+    import hashlib
+
+    good = hashlib.sha256(registry.static["net-1.0.0.tar.gz"]).hexdigest()
+    net_module.location = f"{{base}}/static/net-1.0.0.tar.gz?checksum=sha256:{good}"
+    status, _, data = await proxy.get(f"{M}/1.0.0/archive.tar.gz")
+    assert status == 200 and data == registry.static["net-1.0.0.tar.gz"]
+    assert registry.requests[-1] == ("GET", "/static/net-1.0.0.tar.gz")  # checksum not sent upstream
+
+
+async def test_module_checksum_mismatch_is_refused_and_not_stored(proxy, registry, net_module):
+    net_module.location = "{base}/static/net-1.0.0.tar.gz?checksum=sha256:" + "0" * 64
+    status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
+    assert status == 502 and "pins" in body["errors"][0]
+    from proxy.web.keys import SETTINGS
+
+    assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]

@@ -245,3 +245,24 @@ def test_proxied_location_round_trips_through_split_subdir() -> None:
     source = classify("https://h.example/x.zip//a/b")
     assert isinstance(source, HttpArchive)
     assert split_subdir(proxied_location("/registry/x/archive.zip", source)) == ("/registry/x/archive.zip", "a/b")
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("checksum=sha256:" + "ab" * 32, ("sha256", "ab" * 32)),
+    ("checksum=" + "CD" * 20, ("sha1", "cd" * 20)),
+    ("checksum=md5:" + "0" * 32, ("md5", "0" * 32)),
+])
+def test_checksum_is_parsed_and_removed_from_the_url(query, expected):
+    source = classify(f"https://h.example/m.tar.gz?x=1&{query}")
+    assert isinstance(source, HttpArchive)
+    assert source.checksum == expected
+    assert source.url == "https://h.example/m.tar.gz?x=1"
+
+
+def test_checksum_file_form_is_passed_through():
+    source = classify("https://h.example/m.tar.gz?checksum=file:https://h.example/SUMS")
+    assert isinstance(source, Passthrough) and source.kind == "checksum-file"
+
+
+def test_malformed_checksum_is_passed_through_not_silently_dropped():
+    assert isinstance(classify("https://h.example/m.tar.gz?checksum=sha256:xyz"), Passthrough)
