@@ -21,7 +21,13 @@ from yarl import URL
 from proxy import __version__
 from proxy.config import Limits
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
-from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, GuardedResolver
+from proxy.upstream.netguard import (
+    AddressPolicy,
+    ForbiddenAddress,
+    GuardedResolver,
+    check_resolved,
+    uses_egress_proxy,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -139,12 +145,15 @@ class UpstreamClient:
         hops = self._limits.max_redirects if max_redirects is None else max_redirects
         current = url
         for _ in range(hops + 1):
-            self._check_url(current)
+            await self._check_url(current)
             try:
                 async with self._session.get(current, headers=headers, timeout=timeout,
                                              allow_redirects=False) as response:
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
-                        current = current.join(URL(response.headers["Location"]))
+                        try:
+                            current = current.join(URL(response.headers["Location"]))
+                        except ValueError:
+                            raise UpstreamError(f"{_show(current)} redirected to an invalid URL") from None
                         continue
                     return await handle(response)
             except ForbiddenAddress as exc:
@@ -159,7 +168,7 @@ class UpstreamClient:
                 raise UpstreamError(f"fetching {_show(current)} failed: {exc}") from None
         raise UpstreamError(f"too many redirects fetching {_show(url)}")
 
-    def _check_url(self, url: URL) -> None:
+    async def _check_url(self, url: URL) -> None:
         if not url.host or url.scheme not in ("https", "http"):
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: only https URLs are fetched")
         if url.user or url.password:
@@ -169,6 +178,8 @@ class UpstreamClient:
                                         "hosts named in --upstream-map or --allow-private-host")
         try:
             self._policy.check_literal(url)
+            if uses_egress_proxy(url):  # the proxy connects, so our resolver would never see the name
+                await check_resolved(url.host, url.port, self._policy)
         except ForbiddenAddress as exc:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
 

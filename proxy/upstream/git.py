@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import structlog
 
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
 from proxy.packing import deterministic_tar_gz
-from proxy.upstream.netguard import AddressPolicy, is_public_address
+from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
 
 log = structlog.get_logger(__name__)
 
@@ -106,19 +105,17 @@ class GitFetcher:
         return out.decode(errors="replace")
 
     async def _check_host(self, url: str) -> None:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "", parts.port or 443
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname or "", parts.port or 443
+        except ValueError:
+            raise UpstreamError(f"invalid git URL {url!r}") from None
         if parts.scheme != "https" and not (parts.scheme == "http" and self._policy.is_exempt(host, port)):
             raise ForbiddenAddressError(f"refused to fetch {url}: git sources are fetched over https only")
-        if self._policy.is_exempt(host, port):
-            return
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise UpstreamError(f"cannot resolve {host}: {exc}") from None
-        addresses = {info[4][0] for info in infos}
-        if not addresses or not all(is_public_address(address) for address in addresses):
-            raise ForbiddenAddressError(f"refused to fetch {url}: {host} resolves to a non-public address")
+            await check_resolved(host, port, self._policy)
+        except ForbiddenAddress as exc:
+            raise ForbiddenAddressError(f"refused to fetch {url}: {exc}") from None
 
 
 def _tree_size(root: Path) -> int:

@@ -9,10 +9,12 @@ IP literals never reach a resolver, so `check_literal` covers them before each r
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import socket
 from typing import Any
+from urllib.request import getproxies, proxy_bypass
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
@@ -35,15 +37,34 @@ def is_public_address(address: str) -> bool:
 
 
 def proxy_hosts_from_environment() -> frozenset[str]:
-    """Hosts of HTTPS_PROXY/HTTP_PROXY: the operator's egress proxy may live on a private address."""
+    """`host:port` of HTTPS_PROXY/HTTP_PROXY: the operator's egress proxy may live on a private address."""
     hosts = set()
     for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
         value = os.environ.get(name)
         if value:
             url = URL(value if "://" in value else f"http://{value}")
             if url.host:
-                hosts.add(url.host.lower())
+                hosts.add(f"{url.host.lower()}:{url.port}")
     return frozenset(hosts)
+
+
+def uses_egress_proxy(url: URL) -> bool:
+    """Whether aiohttp (trust_env) will send this request through HTTPS_PROXY/HTTP_PROXY."""
+    return bool(getproxies().get(url.scheme)) and not proxy_bypass(url.host or "")
+
+
+async def check_resolved(host: str, port: int | None, policy: AddressPolicy) -> None:
+    """Resolve `host` here and refuse it unless every address is public (for requests whose
+    connection an egress proxy makes, so that our resolver never sees the name)."""
+    if policy.is_exempt(host, port):
+        return
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ForbiddenAddress(f"cannot resolve {host}: {exc}") from None
+    addresses = {info[4][0] for info in infos}
+    if not addresses or not all(is_public_address(a) for a in addresses):
+        raise ForbiddenAddress(f"{host} resolves to a non-public address")
 
 
 class AddressPolicy:

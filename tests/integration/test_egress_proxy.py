@@ -72,3 +72,21 @@ async def test_no_proxy_bypasses_the_egress_proxy(make_settings, client_ssl, reg
         assert egress.tunnels == []
     finally:
         await egress.stop()
+
+
+async def test_names_are_checked_even_when_the_egress_proxy_connects(make_settings, client_ssl, registry,
+                                                                     monkeypatch):
+    egress = ConnectProxy()
+    port = await egress.start()
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    registry.files_base = f"https://localhost:{registry.port}"  # a name that resolves to loopback
+    try:
+        async with serve_proxy(make_settings(), client_ssl) as running:
+            name = "terraform-provider-foo_1.0.0_linux_amd64.zip"
+            status, body = await running.json(f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/{name}")
+            assert status == 502 and "non-public address" in body["errors"][0]
+        assert f"localhost:{registry.port}" not in egress.tunnels
+    finally:
+        await egress.stop()

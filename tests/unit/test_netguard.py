@@ -100,7 +100,7 @@ def test_proxy_hosts_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert proxy_hosts_from_environment() == frozenset()
     monkeypatch.setenv("HTTPS_PROXY", "http://Egress.Internal:3128")
     monkeypatch.setenv("http_proxy", "10.0.0.7:8080")
-    assert proxy_hosts_from_environment() == {"egress.internal", "10.0.0.7"}
+    assert proxy_hosts_from_environment() == {"egress.internal:3128", "10.0.0.7:8080"}
 
 
 def test_policy_exempts_egress_proxy_host(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,6 +109,7 @@ def test_policy_exempts_egress_proxy_host(monkeypatch: pytest.MonkeyPatch) -> No
     assert policy.is_exempt("10.0.0.7", 3128)
     policy.check_literal(URL("http://10.0.0.7:3128/"))
     assert not policy.is_exempt("10.0.0.8", 3128)
+    assert not policy.is_exempt("10.0.0.7", 8080)  # only the proxy's own port
 
 
 # ---------------------------------------------------------------------------------------------
