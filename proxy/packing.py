@@ -38,17 +38,20 @@ def deterministic_tar_gz(root: Path, output: Path, mtime: int, exclude: frozense
     with open(output, "wb") as raw, \
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as zipped, \
             tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        links = _Links()
         for relative in entries:
-            tar.addfile(*_tar_entry(root / relative, relative.as_posix(), mtime, root))
+            info, content = _tar_entry(root / relative, relative.as_posix(), mtime)
+            if info.issym():
+                links.add(info.name, info.linkname)
+            tar.addfile(info, content)
 
 
-def _tar_entry(path: Path, name: str, mtime: int, root: Path) -> tuple[tarfile.TarInfo, io.BufferedReader | None]:
+def _tar_entry(path: Path, name: str, mtime: int) -> tuple[tarfile.TarInfo, io.BufferedReader | None]:
     info = tarfile.TarInfo(name)
     info.mtime, info.uid, info.gid, info.uname, info.gname = mtime, 0, 0, "", ""
     mode = path.lstat().st_mode
     if stat.S_ISLNK(mode):
         target = os.readlink(path)
-        _check_link(name, target)
         info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
         return info, None
     if stat.S_ISDIR(mode):
@@ -66,15 +69,49 @@ def _check_name(name: str) -> None:
         raise ArchiveError(f"archive entry {name!r} would be unpacked outside the module directory")
 
 
-def _check_link(name: str, target: str) -> None:
-    joined = PurePosixPath(name).parent / target
-    depth = 0
-    for part in joined.parts:
-        depth += -1 if part == ".." else (0 if part == "." else 1)
-        if depth < 0:
-            raise ArchiveError(f"link {name!r} points outside the module directory")
-    if target.startswith("/"):
-        raise ArchiveError(f"link {name!r} points to an absolute path")
+class _Links:
+    """Symbolic links seen so far in an archive, to resolve paths the way unpacking would.
+
+    A path or link target is resolved component by component, following the links already
+    unpacked, so chains of individually harmless links cannot reach outside the module.
+    """
+
+    MAX_HOPS = 40
+
+    def __init__(self) -> None:
+        self._links: dict[str, str] = {}
+
+    def add(self, name: str, target: str) -> None:
+        if target.startswith(("/", "\\")) or target[1:2] == ":":
+            raise ArchiveError(f"link {name!r} points to an absolute path")
+        parent = PurePosixPath(name.replace("\\", "/")).parent.as_posix()
+        self._resolve(f"{parent}/{target}", name)
+        self._links[self._resolve(name, name, final=False)] = target
+
+    def check_path(self, name: str) -> None:
+        self._resolve(PurePosixPath(name.replace("\\", "/")).parent.as_posix(), name)
+
+    def _resolve(self, path: str, name: str, final: bool = True, hops: int = 0) -> str:
+        if path.startswith(("/", "\\")) or (path[1:2] == ":"):
+            raise ArchiveError(f"{name!r} points to an absolute path")
+        parts: list[str] = []
+        pending = [p for p in path.split("/") if p not in ("", ".")]
+        while pending:
+            part = pending.pop(0)
+            if part == "..":
+                if not parts:
+                    raise ArchiveError(f"{name!r} reaches outside the module directory")
+                parts.pop()
+                continue
+            parts.append(part)
+            target = self._links.get("/".join(parts))
+            if target is not None and (pending or final):
+                hops += 1
+                if hops > self.MAX_HOPS or target.startswith(("/", "\\")):
+                    raise ArchiveError(f"{name!r} follows a link outside the module directory")
+                parts.pop()
+                pending = [p for p in target.split("/") if p not in ("", ".")] + pending
+        return "/".join(parts)
 
 
 def _check_trailer(archive: tarfile.TarFile) -> None:
@@ -92,24 +129,31 @@ def check_archive(path: Path, kind: str, max_entries: int = 100_000) -> int:
         if kind == "zip":
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-                for name in names:
-                    _check_name(name)
+                links = _Links()
+                for info in archive.infolist():
+                    _check_name(info.filename)
+                    links.check_path(info.filename)
+                    if stat.S_ISLNK(info.external_attr >> 16):
+                        links.add(info.filename, archive.read(info).decode("utf-8", "replace"))
                 if archive.testzip() is not None:
                     raise ArchiveError("zip archive has a corrupt member")
                 count = len(names)
         else:
             mode = {"tar.gz": "r:gz", "tar.bz2": "r:bz2", "tar.xz": "r:xz", "tar": "r:"}[kind]
             count = 0
+            links = _Links()
             with tarfile.open(path, mode) as archive:
                 for member in archive:
                     count += 1
                     if count > max_entries:
                         raise ArchiveError(f"archive has more than {max_entries} entries")
                     _check_name(member.name)
+                    links.check_path(member.name)
                     if member.issym():
-                        _check_link(member.name, member.linkname)
+                        links.add(member.name, member.linkname)
                     elif member.islnk():
                         _check_name(member.linkname)  # hard link targets are relative to the archive root
+                        links.check_path(member.linkname + "/x")
                     if member.isdev():
                         raise ArchiveError(f"archive entry {member.name!r} is a device file")
                 _check_trailer(archive)

@@ -370,3 +370,30 @@ def test_check_archive_limits_the_number_of_entries(tmp_path: Path) -> None:
 def test_check_archive_refuses_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ArchiveError):
         check_archive(tmp_path / "does-not-exist", "tar.gz")
+
+
+def test_chained_links_that_escape_together_are_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "chain.tar.gz"
+    archive.write_bytes(tar_bytes([link("a/s", ".."), link("a/b/esc", "../s/..")]))
+    with pytest.raises(ArchiveError, match="outside"):
+        check_archive(archive, "tar.gz")
+
+
+def test_writing_through_an_earlier_link_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "through.tar.gz"
+    archive.write_bytes(tar_bytes([link("up", ".."), ("up/evil.tf", b"x")]))
+    with pytest.raises(ArchiveError, match="outside"):
+        check_archive(archive, "tar.gz")
+
+
+def test_zip_symlink_entries_are_checked(tmp_path: Path) -> None:
+    import stat
+    import zipfile
+
+    path = tmp_path / "link.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        info = zipfile.ZipInfo("link")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        archive.writestr(info, "/etc/passwd")
+    with pytest.raises(ArchiveError, match="absolute"):
+        check_archive(path, "zip")
