@@ -10,8 +10,9 @@ then publishes it. Both the provider mirror and the module mirror build on this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -48,7 +49,9 @@ class Fetcher:
         self.flights = SingleFlight()
         self._upstream = upstream
         self._clock = clock
-        self._upstream_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
+        # Metadata and archives have separate slots, so slow downloads never starve index.json.
+        self._metadata_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
+        self._download_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
         self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
         self._parsed: dict[str, tuple[object, object]] = {}
         self._records: dict[str, tuple[bytes, dict[str, Any] | None]] = {}
@@ -138,7 +141,7 @@ class Fetcher:
         now = self._clock()
         usable = cached if cached is not None and not cached.negative else None
         try:
-            async with self._upstream_slots:
+            async with self._slot(self._metadata_slots, key):
                 response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
                                                     etag=usable.etag if usable else None)
             if response.status == 304 and usable is not None:
@@ -156,10 +159,10 @@ class Fetcher:
                 raise UpstreamError(f"upstream answered {response.status} for {url}")
         except UpstreamError as exc:
             self.metrics.upstream_fetches.labels("metadata", "error").inc()
-            if usable is not None:
+            if cached is not None:  # stale-if-error, for remembered 404s too
                 log.warning("cache.serve_stale", key=key, error=exc.message,
-                            age_seconds=round(now - usable.fetched_at))
-                return usable, "stale"
+                            age_seconds=round(now - cached.fetched_at))
+                return cached, "stale"
             raise
         self.metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
         await self.cache.set(key, entry.encode())
@@ -169,6 +172,19 @@ class Fetcher:
         note_cache(outcome)
         self.metrics.cache.labels(outcome).inc()
 
+    @contextlib.asynccontextmanager
+    async def _slot(self, slots: asyncio.Semaphore, what: str) -> AsyncIterator[None]:
+        """An upstream slot, waited for at most the metadata timeout (then the stale copy is used)."""
+        try:
+            async with asyncio.timeout(self.settings.limits.metadata_timeout):
+                await slots.acquire()
+        except TimeoutError:
+            raise UpstreamError(f"too many upstream requests in flight; gave up waiting to fetch {what}") from None
+        try:
+            yield
+        finally:
+            slots.release()
+
     def require_online(self, what: str) -> None:
         """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
         if self.settings.offline:
@@ -176,7 +192,7 @@ class Fetcher:
 
     async def blob(self, url: URL, max_bytes: int, what: str) -> bytes:
         self.require_online(what)
-        async with self._upstream_slots:
+        async with self._slot(self._metadata_slots, what):
             response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
         if response.status != 200:
             raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
@@ -192,7 +208,7 @@ class Fetcher:
             async def sink(chunk: bytes) -> None:
                 await asyncio.to_thread(pending.write, chunk)
 
-            async with self._upstream_slots:
+            async with self._download_slots:
                 await self._upstream.download(url, sink, max_bytes=max_bytes)
             actual = await asyncio.to_thread(pending.finish)
             self.metrics.upstream_fetches.labels("archive", "200").inc()

@@ -23,7 +23,7 @@ from yarl import URL
 from proxy import verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, encode_record
-from proxy.errors import NotFoundError, OfflineMissError, VerificationError
+from proxy.errors import NotFoundError, OfflineMissError, UpstreamError, VerificationError
 from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
@@ -169,7 +169,10 @@ class Mirror:
         found = await gather_bounded(
             (self._cached_download_info(addr, version, platform) for platform in info.platforms),
             self._settings.limits.upstream_concurrency)
-        downloads = [d for d in found if d is not None]
+        downloads = [d for d in found if isinstance(d, DownloadInfo)]
+        failures = [f for f in found if isinstance(f, UpstreamError)]
+        if failures and not downloads:
+            raise failures[0]
         sums_by_source: dict[tuple, dict[str, str]] = {}
         for d in downloads:
             source = _sums_source(d)
@@ -207,12 +210,17 @@ class Mirror:
     # ---- discovery and metadata --------------------------------------------------------
 
     async def _cached_download_info(self, addr: ProviderAddr, version: Version,
-                                    platform: Platform) -> DownloadInfo | None:
-        """Download metadata, or None when offline and not cached (the platform is then not listed)."""
+                                    platform: Platform) -> DownloadInfo | UpstreamError | None:
+        """Download metadata for a version document; a platform that cannot be had now (offline and not
+        cached, or the upstream failing for it alone) is left out rather than failing the whole document."""
         try:
             return await self._download_info(addr, version, platform)
         except OfflineMissError:
             return None
+        except UpstreamError as exc:
+            log.warning("mirror.platform_unavailable", provider=str(addr), version=str(version),
+                        platform=str(platform), error=exc.message)
+            return exc
 
     async def _download_info(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> DownloadInfo | None:

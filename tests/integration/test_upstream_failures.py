@@ -110,3 +110,40 @@ async def test_discovery_follows_redirects_and_resolves_relative_service_urls(pr
     status, body = await proxy.json(INDEX)
     assert status == 200 and "1.1.0" in body["versions"]
     assert registry.count("/moved/here/terraform.json") == 1
+
+
+async def test_a_remembered_404_stays_a_404_when_the_upstream_fails(make_settings, client_ssl, registry):
+    settings = make_settings(freshness=Freshness(discovery=3600, versions=0, negative=0))
+    missing = f"/mirror/v1/{PROVIDER.replace('foo', 'missing')}/index.json"
+    async with serve_proxy(settings, client_ssl) as running:
+        assert (await running.json(missing))[0] == 404
+        registry.faults["/v1/providers/acme/missing/versions"] = Fault(status=500)
+        assert (await running.json(missing))[0] == 404  # "not here", not a hard error
+
+
+async def test_version_document_leaves_out_a_platform_the_upstream_fails_for(proxy, registry):
+    registry.faults["/v1/providers/acme/foo/1.0.0/download/darwin/arm64"] = Fault(status=500)
+    status, body = await proxy.json(VERSION_DOC)
+    assert status == 200 and set(body["archives"]) == {"linux_amd64", "windows_amd64"}
+    for platform in ("linux/amd64", "windows/amd64"):
+        registry.faults[f"/v1/providers/acme/foo/1.1.0/download/{platform}"] = Fault(status=500)
+    registry.faults["/v1/providers/acme/foo/1.1.0/download/darwin/arm64"] = Fault(status=500)
+    status, body = await proxy.json(f"/mirror/v1/{PROVIDER}/1.1.0.json")
+    assert status == 502 and "500" in body["errors"][0]
+
+
+async def test_slow_downloads_do_not_starve_metadata(make_settings, client_ssl, registry, signing_key):
+    import asyncio
+
+    from tests.fakes.packages import Release
+
+    registry.add(Release("acme", "foo", "9.0.0", signing_key, platforms=("linux_amd64",), noise=512 * 1024))
+    registry.archive_chunk_delay = 1.0
+    async with serve_proxy(make_settings(limits=Limits(upstream_concurrency=1)), client_ssl) as running:
+        name = "terraform-provider-foo_9.0.0_linux_amd64.zip"
+        slow = asyncio.create_task(running.get(f"/mirror/v1/{PROVIDER}/9.0.0/linux_amd64/{name}"))
+        await asyncio.sleep(0.5)
+        started = asyncio.get_running_loop().time()
+        status, _ = await running.json(f"/mirror/v1/{PROVIDER.replace('foo', 'other')}/index.json")
+        assert status == 404 and asyncio.get_running_loop().time() - started < 1.0
+        slow.cancel()
