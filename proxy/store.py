@@ -74,16 +74,20 @@ class ArchiveStore:
         for leftover in self._tmp_root.iterdir():
             if self._abandoned(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)
-        self._tmp.mkdir()
+        self._tmp.mkdir(exist_ok=True)
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def _abandoned(self, path: Path) -> bool:
-        """A temp dir of a dead process on this host, or of any process, untouched for a day."""
+        """A temp dir of a dead process on this host, or one of another host untouched for a day.
+
+        A live process's directory on this host is never removed, however old; another host's
+        process that lost its directory recreates it (`temp_path`).
+        """
         host, _, rest = path.name.rpartition("-")[0].rpartition("-")
-        if host == self._host and rest.isdigit() and not _pid_alive(int(rest)):
-            return True
+        if host == self._host and rest.isdigit():
+            return not _pid_alive(int(rest))
         try:
             return time.time() - path.stat().st_mtime > ABANDONED_AFTER
         except FileNotFoundError:
@@ -112,6 +116,7 @@ class ArchiveStore:
 
     def temp_path(self) -> Path:
         """A fresh path in this process's temp directory, for producers that write files themselves."""
+        self._tmp.mkdir(parents=True, exist_ok=True)  # recreated if another host's start-up reaped it
         return self._tmp / f"{uuid.uuid4().hex}.part"
 
     def publish(self, pending: PendingArchive, sha256: str) -> StoredArchive:

@@ -21,34 +21,30 @@ class MemoryFront:
         self._max = max_entries
         self._remember_absence = remember_absence
         self._values: OrderedDict[str, bytes | None] = OrderedDict()
-        self._writes: dict[str, int] = {}  # per key, bumped by set/delete, so a slow read never wins
+        self._epoch = 0  # bumped by every set/delete, so a read that raced a write is not remembered
 
     async def get(self, key: str) -> bytes | None:
         if key in self._values:
             self._values.move_to_end(key)
             return self._values[key]
-        seen = self._writes.get(key, 0)
+        seen = self._epoch
         value = await self.inner.get(key)
-        if (value is not None or self._remember_absence) and self._writes.get(key, 0) == seen:
+        if (value is not None or self._remember_absence) and self._epoch == seen:
             self._remember(key, value)
         return value
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         """Memory hits at once; every miss in one call to the inner store."""
-        missing = [key for key in keys if key not in self._values]
-        seen = {key: self._writes.get(key, 0) for key in missing}
+        known = {key: self._values[key] for key in keys if key in self._values}
+        for key in known:
+            self._values.move_to_end(key)
+        missing = [key for key in keys if key not in known]
+        seen = self._epoch
         fetched = dict(zip(missing, await self.inner.get_many(missing), strict=True)) if missing else {}
         for key, value in fetched.items():
-            if (value is not None or self._remember_absence) and self._writes.get(key, 0) == seen[key]:
+            if (value is not None or self._remember_absence) and self._epoch == seen:
                 self._remember(key, value)
-        result = []
-        for key in keys:
-            if key in fetched:
-                result.append(fetched[key])
-            else:
-                self._values.move_to_end(key)
-                result.append(self._values[key])
-        return result
+        return [known[key] if key in known else fetched[key] for key in keys]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         """Write through. `ttl` is passed to the inner store; the memory copy lives until evicted."""
@@ -65,9 +61,7 @@ class MemoryFront:
         self._values.pop(key, None)
 
     def _bump(self, key: str) -> None:
-        self._writes[key] = self._writes.get(key, 0) + 1
-        if len(self._writes) > 4 * self._max:
-            self._writes.clear()
+        self._epoch += 1
 
     def keys(self, prefix: str = "") -> AsyncIterator[str]:
         return self.inner.keys(prefix)

@@ -1,7 +1,8 @@
 """The shared metadata store for a fleet of replicas: Redis via redis.asyncio.
 
-Keys are `PREFIX:KEY` (see README, "Redis key schema"); every key is written with a TTL
-(the retention period, refreshed on every write) so an abandoned prefix drains by itself.
+Keys are `PREFIX:KEY` (see README, "Redis key schema"); every key has a TTL, the retention
+period, renewed whenever the key is written or read (GETEX), so entries in use never expire
+and an abandoned prefix drains by itself.
 Values are the versioned JSON of `proxy.cache`, so a replica never crashes on a format
 it does not know: it treats the entry as a miss.
 
@@ -63,15 +64,21 @@ class RedisStore:
         return self._up or self._clock() >= self._retry_at
 
     async def get(self, key: str) -> bytes | None:
-        return await self._call(self.client.get(self.key(key)), None)
+        return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None)
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         if not keys:
             return []
-        return await self._call(self.client.mget([self.key(k) for k in keys]), [None] * len(keys))
+        pipeline = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipeline.getex(self.key(key), ex=self._ttl())
+        return await self._call(pipeline.execute(), [None] * len(keys))
+
+    def _ttl(self) -> int:
+        return max(1, int(self._retention))
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        seconds = max(1, int(ttl if ttl is not None else self._retention))
+        seconds = max(1, int(ttl)) if ttl is not None else self._ttl()
         await self._call(self.client.set(self.key(key), value, ex=seconds), None)
 
     async def delete(self, key: str) -> None:

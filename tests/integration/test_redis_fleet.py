@@ -191,3 +191,15 @@ async def test_redis_losing_its_data_does_not_re_download_archives(make_local_se
         status, _, data = await restarted.get(ARCHIVE)
         assert status == 200 and data == release.zips["linux_amd64"]
     assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
+
+async def test_reads_renew_the_retention_of_entries_in_use(redis_server, prefix):
+    store = RedisStore(redis_server.url, prefix=prefix, retention=100)
+    await store.set("k", b"v", ttl=5)
+    assert await store.client.ttl(store.key("k")) <= 5
+    assert await store.get("k") == b"v"
+    assert 95 < await store.client.ttl(store.key("k")) <= 100
+    await store.set("j", b"w", ttl=5)
+    assert await store.get_many(["j", "missing"]) == [b"w", None]
+    assert 95 < await store.client.ttl(store.key("j")) <= 100
+    await store.close()
