@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
             "or rediss:// (TLS); without it an embedded SQLite store in DATA_DIR is used", metavar="URL")
     _option(serve, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
     _option(serve, "--redis-prefix", "namespace for every Redis key", default="registry-proxy")
-    _option(serve, "--redis-retention", "TTL of Redis entries, refreshed on every write", default="90d")
+    _option(serve, "--redis-retention", "TTL of Redis entries, renewed on every read and write", default="90d")
     _option(serve, "--fleet-lock-ttl", "expiry of the fleet-wide fetch lock (renewed while a download runs; "
             "a crashed replica's lock frees after this)", default="15s")
     _option(serve, "--default-upstream", "registry whose providers.v1 and modules.v1 the proxy's own "

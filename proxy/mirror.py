@@ -286,7 +286,7 @@ class Mirror:
                               platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | None:
         """The archive if its verified record exists and its file is in the store."""
         record = await self._archive_record(addr, version, platform)
-        stored = self._store.get(record.sha256) if record is not None else None
+        stored = await asyncio.to_thread(self._store.get, record.sha256) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
 
     async def _archive_records(self, addr: ProviderAddr, version: Version,
@@ -312,7 +312,7 @@ class Mirror:
         except VerificationError as exc:
             self._security_event("shasums_line", addr, version, d, exc.message)
             raise
-        stored = self._store.get(expected)
+        stored = await asyncio.to_thread(self._store.get, expected)
         if stored is None:  # another address or protocol may have stored the same bytes already
             stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)
         else:

@@ -132,7 +132,7 @@ class ModuleMirror:
         key = f"module:{addr}/{version}"
         data = await self._fetch.record(key)
         record = None if data is None else self._fetch.parsed(key, data, ModuleRecord.from_dict)
-        stored = self._fetch.store.get(record.sha256) if record is not None else None
+        stored = await asyncio.to_thread(self._fetch.store.get, record.sha256) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
 
     async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
@@ -161,7 +161,7 @@ class ModuleMirror:
         try:
             packed = await self._git.pack(source.url, source.ref, path)
             await self._check(path, "tar.gz", addr)
-            if path.stat().st_size > self._max_bytes:
+            if (await asyncio.to_thread(path.stat)).st_size > self._max_bytes:
                 raise UpstreamError(f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit")
             sha = await asyncio.to_thread(sha256_file, path)
             return await asyncio.to_thread(store.publish_path, path, sha), packed.commit

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
-from proxy.packing import deterministic_tar_gz
+from proxy.packing import ArchiveError, deterministic_tar_gz
 from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
 
 log = structlog.get_logger(__name__)
@@ -37,33 +37,41 @@ class GitFetcher:
     """Clones `https` git sources into a scratch dir and packs them."""
 
     def __init__(self, policy: AddressPolicy, scratch: Path, *, ca_bundle: Path | None = None,
-                 timeout: float = 120.0, max_bytes: int = 512 * 2**20) -> None:
+                 timeout: float = 120.0, max_bytes: int = 512 * 2**20, concurrency: int = 4) -> None:
         self._policy = policy
         self._scratch = scratch
         self._ca_bundle = ca_bundle
         self._timeout = timeout
         self._max_bytes = max_bytes
+        self._slots = asyncio.Semaphore(concurrency)
 
     async def pack(self, url: str, ref: str, output: Path) -> PackedSource:
         """Clone `url` at `ref` (default branch if empty) and write a deterministic tar.gz to `output`."""
-        await self._check_host(url)
+        async with self._slots:
+            return await self._pack(url, ref, output)
+
+    async def _pack(self, url: str, ref: str, output: Path) -> PackedSource:
+        pin = await self._check_host(url)
         self._scratch.mkdir(parents=True, exist_ok=True)
         work = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="git-", dir=self._scratch))
         try:
             checkout = work / "src"
-            await self._clone(url, ref, checkout, work)
+            await self._clone(url, ref, checkout, work, pin)
             commit = (await self._git(["rev-parse", "HEAD"], work, cwd=checkout)).strip()
             mtime = int((await self._git(["show", "-s", "--format=%ct", "HEAD"], work, cwd=checkout)).strip())
             size = await asyncio.to_thread(_tree_size, checkout)
             if size > self._max_bytes:
                 raise UpstreamTooLargeError(f"git source {url} is larger than the {self._max_bytes}-byte limit")
-            await asyncio.to_thread(deterministic_tar_gz, checkout, output, mtime)
+            try:
+                await asyncio.to_thread(deterministic_tar_gz, checkout, output, mtime)
+            except ArchiveError as exc:
+                raise UpstreamError(f"git source {url} cannot be packed safely: {exc}") from None
             return PackedSource(commit, output)
         finally:
             await asyncio.to_thread(shutil.rmtree, work, True)
 
-    async def _clone(self, url: str, ref: str, checkout: Path, work: Path) -> None:
-        shallow = ["clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
+    async def _clone(self, url: str, ref: str, checkout: Path, work: Path, pin: list[str]) -> None:
+        shallow = [*pin, "clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
         if ref:
             shallow += ["--branch", ref]
         try:
@@ -72,7 +80,7 @@ class GitFetcher:
         except UpstreamError as exc:
             log.info("git.shallow_clone_failed", url=url, ref=ref, error=exc.message)
             await asyncio.to_thread(shutil.rmtree, checkout, True)
-        await self._git(["clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
+        await self._git([*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
         target = ref or "HEAD"
         await self._git(["checkout", "--quiet", "--detach", target, "--"], work, cwd=checkout)
 
@@ -104,7 +112,9 @@ class GitFetcher:
             raise UpstreamError(f"git {args[0]} failed: {message[-1] if message else process.returncode}")
         return out.decode(errors="replace")
 
-    async def _check_host(self, url: str) -> None:
+    async def _check_host(self, url: str) -> list[str]:
+        """Refuse non-https and non-public hosts; returns git options pinning the checked address
+        (so a second DNS answer cannot send git elsewhere)."""
         try:
             parts = urlsplit(url)
             host, port = parts.hostname or "", parts.port or 443
@@ -113,9 +123,13 @@ class GitFetcher:
         if parts.scheme != "https" and not (parts.scheme == "http" and self._policy.is_exempt(host, port)):
             raise ForbiddenAddressError(f"refused to fetch {url}: git sources are fetched over https only")
         try:
-            await check_resolved(host, port, self._policy)
+            addresses = await check_resolved(host, port, self._policy)
         except ForbiddenAddress as exc:
             raise ForbiddenAddressError(f"refused to fetch {url}: {exc}") from None
+        if not addresses:
+            return []
+        address = f"[{addresses[0]}]" if ":" in addresses[0] else addresses[0]
+        return ["-c", f"http.curloptResolve={host}:{port}:{address}"]
 
 
 def _tree_size(root: Path) -> int:

@@ -53,11 +53,11 @@ def uses_egress_proxy(url: URL) -> bool:
     return bool(getproxies().get(url.scheme)) and not proxy_bypass(url.host or "")
 
 
-async def check_resolved(host: str, port: int | None, policy: AddressPolicy) -> None:
-    """Resolve `host` here and refuse it unless every address is public (for requests whose
-    connection an egress proxy makes, so that our resolver never sees the name)."""
+async def check_resolved(host: str, port: int | None, policy: AddressPolicy) -> list[str]:
+    """Resolve `host` here and refuse it unless every address is public (for connections that our
+    resolver never sees: through an egress proxy, or made by git). Returns the addresses ([] if exempt)."""
     if policy.is_exempt(host, port):
-        return
+        return []
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -65,6 +65,7 @@ async def check_resolved(host: str, port: int | None, policy: AddressPolicy) -> 
     addresses = {info[4][0] for info in infos}
     if not addresses or not all(is_public_address(a) for a in addresses):
         raise ForbiddenAddress(f"{host} resolves to a non-public address")
+    return sorted(addresses)
 
 
 class AddressPolicy:
