@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import ssl
-import time
 from pathlib import Path
 
-import aiohttp
-
-from tests.e2e.conftest import free_port, terminate
+from tests.e2e.conftest import free_port, terminate, wait_healthy
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 
@@ -84,20 +80,8 @@ class Nginx:
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"),
             stdout=log, stderr=log)
         log.close()
-        context = ssl.create_default_context(cafile=str(ca_file))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.returncode is not None:
-                raise RuntimeError(f"nginx exited: {(self.root / 'error.log').read_text()[-2000:]}")
-            try:
-                async with aiohttp.ClientSession() as session, \
-                        session.get(self.url + "/healthz", ssl=context) as response:
-                    if response.status == 200:
-                        return
-            except (aiohttp.ClientError, OSError, ssl.SSLError):
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError("nginx did not start")
+        await wait_healthy(self.url + "/healthz", ca_file, self.process,
+                           lambda: (self.root / "error.log").read_text()[-2000:], timeout=10)
 
     async def stop(self) -> None:
         await terminate(self.process, 10)

@@ -10,6 +10,7 @@ import ssl
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -64,21 +65,8 @@ class ProxyProcess:
         self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log,
                                                             cwd=Path(__file__).parents[2])
         log.close()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.process.returncode is not None:
-                raise RuntimeError(f"proxy exited: {self.log_path.read_text()[-2000:]}")
-            if self.ca_file.exists():
-                try:
-                    context = ssl.create_default_context(cafile=str(self.ca_file))
-                    async with aiohttp.ClientSession() as session, \
-                            session.get(self.url + "/healthz", ssl=context) as response:
-                        if response.status == 200:
-                            return
-                except (aiohttp.ClientError, OSError, ssl.SSLError):
-                    pass
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"proxy did not start: {self.log_path.read_text()[-2000:]}")
+        await wait_healthy(self.url + "/healthz", self.ca_file, self.process,
+                           lambda: self.log_path.read_text()[-2000:], timeout=20)
 
     async def kill(self) -> None:
         """SIGKILL: no cleanup, no lock release (a crash)."""
@@ -90,6 +78,25 @@ class ProxyProcess:
     async def stop(self) -> None:
         await terminate(self.process, 15)
         self.process = None
+
+
+async def wait_healthy(url: str, ca_file: Path, process: asyncio.subprocess.Process,
+                       last_words: Callable[[], str], timeout: float) -> None:
+    """Poll `url` over TLS (trusting `ca_file`, once it exists) until it answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.returncode is not None:
+            raise RuntimeError(f"{url} exited: {last_words()}")
+        if ca_file.exists():  # noqa: ASYNC240 - a test helper polling a local file
+            try:
+                context = ssl.create_default_context(cafile=str(ca_file))
+                async with aiohttp.ClientSession() as session, session.get(url, ssl=context) as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, OSError, ssl.SSLError):
+                pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up: {last_words()}")
 
 
 async def terminate(process: asyncio.subprocess.Process | None, grace: float) -> None:

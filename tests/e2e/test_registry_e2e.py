@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 
 import pytest
 
 from tests.conftest import REGISTRY_HOST
-from tests.e2e.test_network_mirror_e2e import provider_tf, stored_files
+from tests.e2e.test_network_mirror_e2e import locked_hashes, provider_tf, stored_files
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES
 from tests.fakes.registry import ModuleRelease
@@ -43,17 +42,13 @@ def git_modules(registry, tmp_path):
                                       "git::{base}/git/net.git//modules/subnet?ref=v1.2.0", answer="json"))
 
 
-def lock_hashes(workdir) -> list[str]:
-    return re.findall(r'"((?:h1|zh):[^"]+)"', (workdir / ".terraform.lock.hcl").read_text())
-
-
 async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_process, terraform):
     proxy = await proxy_process()
     first = terraform.workdir("first", MAIN_TF)
     code, output = await terraform.init(first, host_config(proxy), proxy.ca_file)
     assert code == 0, output
     release = registry.releases[("acme", "foo")]["1.0.0"]
-    hashes = lock_hashes(first)
+    hashes = locked_hashes(first)
     assert sorted(h for h in hashes if h.startswith("zh:")) == sorted(f"zh:{release.sha256(p)}"
                                                                       for p in release.platforms)
     assert len([h for h in hashes if h.startswith("h1:")]) == 1
@@ -66,7 +61,7 @@ async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_p
     shutil.copy(first / ".terraform.lock.hcl", second / ".terraform.lock.hcl")
     code, output = await terraform.init(second, host_config(proxy), proxy.ca_file)
     assert code == 0, output
-    assert lock_hashes(second) == hashes
+    assert locked_hashes(second) == hashes
 
 
 async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, git_modules, proxy_process,

@@ -251,6 +251,19 @@ async def test_imported_version_lists_arrive_stale(exported, tmp_path):
     assert entry.fetched_at == 0.0 and discovery.fetched_at == 0.0
 
 
+def _rewrite_metadata(source, target, change_item):
+    """Copy a bundle, passing each metadata.jsonl item (a dict) through `change_item`."""
+    import json
+
+    def change(name, data):
+        if name != "metadata.jsonl":
+            return data
+        items = [change_item(json.loads(line)) for line in data.decode().splitlines()]
+        return ("\n".join(json.dumps(item) for item in items) + "\n").encode()
+
+    _rewrite_bundle(source, target, change)
+
+
 async def test_tampered_bundle_archive_is_rejected_naming_it(exported, tmp_path):
     def flip(name, data):
         return data[:-1] + bytes([data[-1] ^ 1]) if name.startswith("archives/") and data[:2] == b"PK" else data
@@ -277,22 +290,15 @@ async def test_bundle_with_a_forged_signature_is_rejected(exported, tmp_path, ot
     import base64
     import json
 
-    def forge(name, data):
-        if name != "metadata.jsonl":
-            return data
-        lines = []
-        for line in data.decode().splitlines():
-            item = json.loads(line)
-            if item["key"].startswith("sums:"):
-                record = json.loads(base64.b64decode(item["value"]))
-                sums = bytes.fromhex(record["data"]["sums"])
-                record["data"]["signature"] = other_key.sign(sums).hex()
-                item["value"] = base64.b64encode(json.dumps(record).encode()).decode()
-            lines.append(json.dumps(item))
-        return ("\n".join(lines) + "\n").encode()
+    def forge(item):
+        if item["key"].startswith("sums:"):
+            record = json.loads(base64.b64decode(item["value"]))
+            record["data"]["signature"] = other_key.sign(bytes.fromhex(record["data"]["sums"])).hex()
+            item["value"] = base64.b64encode(json.dumps(record).encode()).decode()
+        return item
 
     forged = tmp_path / "forged.tar"
-    _rewrite_bundle(exported, forged, forge)
+    _rewrite_metadata(exported, forged, forge)
     with pytest.raises(CommandError, match=r"terraform-provider-foo_1\.0\.0_linux_amd64\.zip .* signature"):
         await _import(tmp_path / "e", forged)
 
@@ -312,22 +318,16 @@ async def test_bundle_with_altered_metadata_of_another_platform_is_rejected(expo
 
     from proxy.cache import CacheEntry
 
-    def alter(name, data):
-        if name != "metadata.jsonl":
-            return data
-        lines = []
-        for line in data.decode().splitlines():
-            item = json.loads(line)
-            if item["key"].startswith("download:") and item["key"].endswith("darwin_arm64"):
-                entry = CacheEntry.decode(base64.b64decode(item["value"]))
-                document = json.loads(entry.body)
-                document["shasum"] = "0" * 64
-                altered = CacheEntry(200, json.dumps(document).encode(), entry.url, entry.fetched_at)
-                item["value"] = base64.b64encode(altered.encode()).decode()
-            lines.append(json.dumps(item))
-        return ("\n".join(lines) + "\n").encode()
+    def alter(item):
+        if item["key"].startswith("download:") and item["key"].endswith("darwin_arm64"):
+            entry = CacheEntry.decode(base64.b64decode(item["value"]))
+            document = json.loads(entry.body)
+            document["shasum"] = "0" * 64
+            altered = CacheEntry(200, json.dumps(document).encode(), entry.url, entry.fetched_at)
+            item["value"] = base64.b64encode(altered.encode()).decode()
+        return item
 
     altered = tmp_path / "altered.tar"
-    _rewrite_bundle(exported, altered, alter)
+    _rewrite_metadata(exported, altered, alter)
     with pytest.raises(CommandError, match=r"darwin_arm64.*registry's shasum"):
         await _import(tmp_path / "f", altered)
