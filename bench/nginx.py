@@ -6,7 +6,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from tests.e2e.conftest import free_port, terminate, wait_healthy
+from tests.fakes.process import free_port, terminate, wait_healthy
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 

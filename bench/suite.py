@@ -33,9 +33,8 @@ from bench import load
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path, stop_gpg_agent
-from tests.conftest import REGISTRY_HOST
-from tests.e2e.conftest import TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.packages import Release
+from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer
 
 REDIS_SERVER = shutil.which("redis-server")

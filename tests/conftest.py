@@ -18,11 +18,11 @@ from yarl import URL
 from proxy.config import Settings
 from proxy.web.app import create_app
 from tests.fakes.packages import Release
+from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.signing import SigningKey
 
-REGISTRY_HOST = "registry.example.test"
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
 
 
@@ -177,3 +177,20 @@ async def serve_proxy(settings: Settings, client_ssl: ssl.SSLContext) -> AsyncIt
 async def proxy(make_settings, client_ssl) -> AsyncIterator[RunningProxy]:
     async with serve_proxy(make_settings(), client_ssl) as running:
         yield running
+
+
+@pytest.fixture
+async def proxy_process(tmp_path, registry, ca_file):
+    """Start `python -m proxy serve` processes in front of the fake registry; stopped after the test."""
+    started: list[ProxyProcess] = []
+
+    async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True) -> ProxyProcess:
+        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file,
+                               *extra)
+        await process.start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        await process.stop()

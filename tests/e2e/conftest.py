@@ -1,24 +1,13 @@
-"""End-to-end fixtures: the proxy as a real process, and the real `terraform` binary."""
+"""End-to-end fixtures: the real `terraform` binary (the proxy process fixture is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import socket
-import ssl
 import sys
-import time
 import warnings
-from collections.abc import Callable
-from pathlib import Path
 
-import aiohttp
 import pytest
 
-from tests.conftest import REGISTRY_HOST
-
-TERRAFORM = shutil.which("terraform")
+from tests.fakes.process import TERRAFORM, Terraform, registry_proxy  # noqa: F401 - re-exported for e2e tests
 
 
 def pytest_collection_modifyitems(items):
@@ -31,139 +20,6 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.skip(reason=message))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ProxyProcess:
-    """`python -m proxy serve` with its own generated TLS, pointed at the fake registry."""
-
-    def __init__(self, data_dir: Path, registry_url: str | None, ca_file: Path, *extra: str) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        upstream = (["--upstream-map", f"{REGISTRY_HOST}={registry_url}", "--allow-host", ""] if registry_url
-                    else ["--allow-host", REGISTRY_HOST])
-        self.args = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{self.port}",
-                     "--data-dir", str(data_dir), *upstream,
-                     "--upstream-ca-file", str(ca_file), "--log-format", "json", *extra]
-        self.process: asyncio.subprocess.Process | None = None
-        self.log_path = data_dir.parent / f"proxy-{self.port}.log"
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    @property
-    def ca_file(self) -> Path:
-        return self.data_dir / "tls" / "ca.pem"
-
-    async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
-        self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log,
-                                                            cwd=Path(__file__).parents[2])
-        log.close()
-        await wait_healthy(self.url + "/healthz", self.ca_file, self.process,
-                           lambda: self.log_path.read_text()[-2000:], timeout=20)
-
-    async def kill(self) -> None:
-        """SIGKILL: no cleanup, no lock release (a crash)."""
-        assert self.process is not None
-        self.process.kill()
-        await self.process.wait()
-        self.process = None
-
-    async def stop(self) -> None:
-        await terminate(self.process, 15)
-        self.process = None
-
-
-async def wait_healthy(url: str, ca_file: Path, process: asyncio.subprocess.Process,
-                       last_words: Callable[[], str], timeout: float) -> None:
-    """Poll `url` over TLS (trusting `ca_file`, once it exists) until it answers 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.returncode is not None:
-            raise RuntimeError(f"{url} exited: {last_words()}")
-        if ca_file.exists():  # noqa: ASYNC240 - a test helper polling a local file
-            try:
-                context = ssl.create_default_context(cafile=str(ca_file))
-                async with aiohttp.ClientSession() as session, session.get(url, ssl=context) as response:
-                    if response.status == 200:
-                        return
-            except (aiohttp.ClientError, OSError, ssl.SSLError):
-                pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up: {last_words()}")
-
-
-async def terminate(process: asyncio.subprocess.Process | None, grace: float) -> None:
-    """SIGTERM, then SIGKILL if the process has not exited after `grace` seconds."""
-    if process is not None and process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), grace)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
-class Terraform:
-    """Runs `terraform init` in a working directory with a CLI config pointing at the proxy."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def workdir(self, name: str, main_tf: str) -> Path:
-        path = self.root / name
-        path.mkdir(parents=True)
-        (path / "main.tf").write_text(main_tf)
-        return path
-
-    async def init(self, workdir: Path, cli_config: str, ca_file: Path) -> tuple[int, str]:
-        return await self.run(workdir, ["init", "-input=false", "-no-color"], cli_config, ca_file)
-
-    async def run(self, workdir: Path, args: list[str], cli_config: str, ca_file: Path) -> tuple[int, str]:
-        """Run `terraform ARGS` in `workdir` with its own CLI config, trusting `ca_file`."""
-        config = workdir / "cli.tfrc"
-        config.write_text(cli_config)
-        env = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
-        env.update(TF_CLI_CONFIG_FILE=str(config), SSL_CERT_FILE=str(ca_file), CHECKPOINT_DISABLE="1",
-                   TF_IN_AUTOMATION="1", HOME=str(workdir))
-        process = await asyncio.create_subprocess_exec(
-            TERRAFORM, *args, cwd=workdir, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        output, _ = await asyncio.wait_for(process.communicate(), 180)
-        return process.returncode, output.decode()
-
-
-async def registry_proxy(*args: str) -> tuple[int, str]:
-    """Run the `registry-proxy` CLI (as `python -m proxy`) and return its exit code and output."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *args, cwd=Path(__file__).parents[2],
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    output, _ = await asyncio.wait_for(process.communicate(), 180)
-    return process.returncode, output.decode()
-
-
 @pytest.fixture
 def terraform(tmp_path) -> Terraform:
     return Terraform(tmp_path / "tf")
-
-
-@pytest.fixture
-async def proxy_process(tmp_path, registry, ca_file):
-    started: list[ProxyProcess] = []
-
-    async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True) -> ProxyProcess:
-        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file,
-                               *extra)
-        await process.start()
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        await process.stop()

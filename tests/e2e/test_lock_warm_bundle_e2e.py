@@ -9,10 +9,10 @@ import tarfile
 import pytest
 
 from tests.conftest import PROVIDER, REGISTRY_HOST
-from tests.e2e.conftest import registry_proxy
 from tests.e2e.test_network_mirror_e2e import mirror_config, provider_tf, stored_files
 from tests.e2e.test_registry_e2e import git_modules, host_config  # noqa: F401 - fixture reused
 from tests.fakes.packages import Release
+from tests.fakes.process import registry_proxy
 
 pytestmark = pytest.mark.e2e
 

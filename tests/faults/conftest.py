@@ -1,0 +1,49 @@
+"""Fault-injection fixtures: a client that talks to a real proxy process over its own TLS.
+
+Every test in this folder reproduces a fault against `python -m proxy serve` (the
+`proxy_process` fixture of tests/conftest.py), a fake HTTPS upstream, real files, a
+real redis-server and real gpg: no mocks.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.fakes.process import ProxyProcess
+
+
+class ProcessClient:
+    """HTTP(S) requests to one proxy process, trusting the CA it generated."""
+
+    def __init__(self, process: ProxyProcess, session: aiohttp.ClientSession) -> None:
+        self.process = process
+        self.session = session
+
+    async def get(self, path: str, **kwargs) -> tuple[int, dict, bytes]:
+        async with self.session.get(self.process.url + path, **kwargs) as response:
+            return response.status, dict(response.headers), await response.read()
+
+    async def head(self, path: str, **kwargs) -> tuple[int, dict]:
+        async with self.session.head(self.process.url + path, **kwargs) as response:
+            return response.status, dict(response.headers)
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator:
+    """`await connect(process)` → a ProcessClient; sessions close after the test."""
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def make(process: ProxyProcess, timeout: float = 30) -> ProcessClient:
+        context = ssl.create_default_context(cafile=str(process.ca_file))
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
+                                        timeout=aiohttp.ClientTimeout(total=timeout))
+        sessions.append(session)
+        return ProcessClient(process, session)
+
+    yield make
+    for session in sessions:
+        await session.close()
