@@ -1,14 +1,64 @@
-"""HTTP `Range` header parsing for archive downloads (single byte ranges). Pure."""
+"""HTTP `Range` and conditional requests for archive downloads (RFC 9110 §13, §14). Pure.
+
+An archive's only validator is its strong ETag (its SHA-256); there is no Last-Modified,
+so date conditions (`If-Modified-Since`, `If-Unmodified-Since`) are ignored and an
+`If-Range` date never matches (§13.1.5: the full archive is sent). Entity-tag lists are
+parsed here rather than with aiohttp's helpers, which read a quoted `"*"` as the wildcard.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 _RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)\Z")
+# entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE, in a comma-separated list (empty elements allowed)
+_ETAG_RE = re.compile(r'[ \t]*(?:(W/)?("[\x21\x23-\x7e\x80-\xff]*")[ \t]*)?(?:,|\Z)')
 
 
 class UnsatisfiableRange(ValueError):
     """The range lies outside the file: answer 416."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What to send: 200 (all), 206 (`span`, inclusive), 304, 412 or 416."""
+
+    status: int
+    span: tuple[int, int] | None = None
+
+
+def evaluate(etag: str, size: int, *, if_match: str | None = None, if_none_match: str | None = None,
+             if_range: str | None = None, range_header: str | None = None) -> Answer:
+    """Decide a GET/HEAD of a representation with strong `etag` (quoted) and `size` bytes (§13.2.2)."""
+    if if_match is not None and not _matches(if_match, etag, weak=False):
+        return Answer(412)
+    if if_none_match is not None and _matches(if_none_match, etag, weak=True):
+        return Answer(304)
+    if range_header and (if_range is None or if_range.strip() == etag):  # If-Range: strong comparison
+        try:
+            span = parse_range(range_header, size)
+        except UnsatisfiableRange:
+            return Answer(416)
+        if span is not None:
+            return Answer(206, span)
+    return Answer(200)
+
+
+def _matches(header: str, etag: str, *, weak: bool) -> bool:
+    """Whether an If-Match/If-None-Match list names `etag` (a malformed list names nothing)."""
+    if header.strip() == "*":
+        return True
+    position, found = 0, False
+    while position < len(header):
+        match = _ETAG_RE.match(header, position)
+        if match is None or match.end() == position:
+            return False
+        is_weak, tag = match.groups()
+        if tag is not None and tag == etag and (weak or not is_weak):
+            found = True
+        position = match.end()
+    return found
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -16,6 +66,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
     Multi-range and malformed headers are ignored (a 200 with the whole file is always a
     valid answer); a syntactically valid range past the end raises UnsatisfiableRange.
+    Positions of any length are accepted: they are compared, never converted whole.
     """
     if not header:
         return None
@@ -26,14 +77,28 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
         raise UnsatisfiableRange(header)
     first, last = match.groups()
     if not first:  # suffix range: the last N bytes
-        length = int(last)
+        length = _capped(last, size)
         if length == 0:
             raise UnsatisfiableRange(header)
-        return max(size - length, 0), size - 1
-    start = int(first)
-    end = int(last) if last else size - 1
+        return size - length, size - 1
+    if last and _magnitude(last) < _magnitude(first):  # invalid (RFC 9110 §14.1.1): ignored
+        return None
+    start = _capped(first, size)
     if start >= size:
         raise UnsatisfiableRange(header)
-    if end < start:
-        return None
+    end = _capped(last, size) if last else size - 1
     return start, min(end, size - 1)
+
+
+def _magnitude(digits: str) -> tuple[int, str]:
+    """A sort key ordering digit strings by their value, of any length."""
+    digits = digits.lstrip("0")
+    return len(digits), digits
+
+
+def _capped(digits: str, cap: int) -> int:
+    """`min(int(digits), cap)` without converting thousands of digits (int() refuses > 4,300)."""
+    digits = digits.lstrip("0")
+    if len(digits) > len(str(cap)):
+        return cap
+    return min(int(digits or "0"), cap)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.httprange import UnsatisfiableRange, parse_range
+from proxy.httprange import Answer, UnsatisfiableRange, evaluate, parse_range
 
 SIZE = 1000
 
@@ -114,3 +114,90 @@ def test_parse_range_ignored(header: str) -> None:
 def test_unsatisfiable_range_is_value_error_with_header() -> None:
     with pytest.raises(ValueError, match="bytes=5000-"):
         parse_range("bytes=5000-", SIZE)
+
+
+# ---------------------------------------------------------------------------------------------
+# positions of any length (Python's int() refuses more than 4,300 digits)
+# ---------------------------------------------------------------------------------------------
+
+MANY = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (f"bytes=0-{MANY}", (0, 999)),  # an absurd last-pos is clipped
+        (f"bytes=10-{MANY}", (10, 999)),
+        (f"bytes=-{MANY}", (0, 999)),  # an absurd suffix is the whole file
+        ("bytes=" + "0" * 5000 + "5-" + "0" * 5000 + "9", (5, 9)),  # leading zeros are not magnitude
+        ("bytes=-" + "0" * 5000 + "1", (999, 999)),
+    ],
+)
+def test_parse_range_long_numbers_satisfiable(header: str, expected: tuple[int, int]) -> None:
+    assert parse_range(header, SIZE) == expected
+
+
+@pytest.mark.parametrize("header", [f"bytes={MANY}-", f"bytes={MANY}-{MANY}", "bytes=-" + "0" * 5000,
+                                    "bytes=" + "0" * 4998 + "1000-"])
+def test_parse_range_long_numbers_unsatisfiable(header: str) -> None:
+    with pytest.raises(UnsatisfiableRange):
+        parse_range(header, SIZE)
+
+
+@pytest.mark.parametrize("header", [f"bytes={MANY}-5", f"bytes={MANY}9-{MANY}", f"bytes=2{MANY}-1{MANY}",
+                                    "bytes=" + "0" * 5000 + "7-6"])
+def test_parse_range_long_last_pos_before_first_pos_is_ignored(header: str) -> None:
+    # last-pos < first-pos makes the range invalid (RFC 9110 §14.1.1): ignored, even past the end
+    assert parse_range(header, SIZE) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate: conditionals and Range together (RFC 9110 §13.2.2)
+# ---------------------------------------------------------------------------------------------
+
+ETAG = '"abc123"'
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({}, Answer(200)),
+        # If-None-Match: weak comparison; "*" matches an existing archive
+        ({"if_none_match": ETAG}, Answer(304)),
+        ({"if_none_match": f"W/{ETAG}"}, Answer(304)),
+        ({"if_none_match": "*"}, Answer(304)),
+        ({"if_none_match": " * "}, Answer(304)),
+        ({"if_none_match": f'"x", {ETAG}'}, Answer(304)),
+        ({"if_none_match": f'W/"x",W/{ETAG} , '}, Answer(304)),
+        ({"if_none_match": '"x"'}, Answer(200)),
+        ({"if_none_match": '"*"'}, Answer(200)),  # a tag whose value is *, not the wildcard
+        ({"if_none_match": "W/*"}, Answer(200)),
+        ({"if_none_match": "abc123"}, Answer(200)),  # unquoted: malformed, names nothing
+        ({"if_none_match": f"{ETAG} junk"}, Answer(200)),
+        ({"if_none_match": ETAG, "range_header": "bytes=0-9"}, Answer(304)),
+        # If-Match: strong comparison, before everything else
+        ({"if_match": ETAG}, Answer(200)),
+        ({"if_match": "*"}, Answer(200)),
+        ({"if_match": f'"x", {ETAG}'}, Answer(200)),
+        ({"if_match": f"W/{ETAG}"}, Answer(412)),
+        ({"if_match": '"x"'}, Answer(412)),
+        ({"if_match": "garbage"}, Answer(412)),
+        ({"if_match": '"x"', "if_none_match": "*"}, Answer(412)),
+        ({"if_match": ETAG, "range_header": "bytes=0-9"}, Answer(206, (0, 9))),
+        # Range, and If-Range deciding between 206 and 200
+        ({"range_header": "bytes=0-9"}, Answer(206, (0, 9))),
+        ({"range_header": "bytes=1000-"}, Answer(416)),
+        ({"range_header": f"bytes={MANY}-"}, Answer(416)),
+        ({"range_header": "bytes=0-1,5-6"}, Answer(200)),
+        ({"range_header": "bytes=0-9", "if_range": ETAG}, Answer(206, (0, 9))),
+        ({"range_header": "bytes=0-9", "if_range": f" {ETAG} "}, Answer(206, (0, 9))),
+        ({"range_header": "bytes=0-9", "if_range": f"W/{ETAG}"}, Answer(200)),
+        ({"range_header": "bytes=0-9", "if_range": '"other"'}, Answer(200)),
+        ({"range_header": "bytes=0-9", "if_range": "Tue, 01 Jan 2030 00:00:00 GMT"}, Answer(200)),
+        ({"range_header": "bytes=0-9", "if_range": "garbage"}, Answer(200)),
+        ({"range_header": "bytes=1000-", "if_range": '"other"'}, Answer(200)),
+        ({"if_range": '"other"'}, Answer(200)),  # If-Range without Range is ignored
+    ],
+)
+def test_evaluate(headers: dict[str, str], expected: Answer) -> None:
+    assert evaluate(ETAG, SIZE, **headers) == expected
