@@ -32,10 +32,11 @@ import aiohttp
 from bench import load
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
-from bench.world import PLATFORM, World, archive_document, build_world, mirror_path, stop_gpg_agent
+from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer
+from tests.fakes.signing import stop_gpg_agent
 
 REDIS_SERVER = shutil.which("redis-server")
 

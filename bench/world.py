@@ -7,9 +7,7 @@ Everything listens on 127.0.0.1. The big and the mid release each hold one incom
 from __future__ import annotations
 
 import os
-import shutil
 import ssl
-import subprocess
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +44,6 @@ def write_random_zip(path: Path, type_: str, version: str, size: int) -> None:
             block = os.urandom(min(8 * MIB, remaining))
             member.write(block)
             remaining -= len(block)
-
-
-def stop_gpg_agent(home: Path) -> None:
-    """Stop the gpg-agent that gpg started for `home` (before `home` is deleted)."""
-    gpgconf = shutil.which("gpgconf")
-    if gpgconf is not None and home.is_dir():
-        subprocess.run([gpgconf, "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, timeout=10)
 
 
 @dataclass

@@ -5,17 +5,25 @@ inside the data directory (never the user's). A signature is accepted only when 
 cryptographically valid *and* was made by one of the keys handed in for this check, so
 keys imported for one provider can never vouch for another. Expired keys are tolerated,
 as the clients tolerate them; revoked keys are not.
+
+Importing public keys and verifying need no secret keys, so gpg runs with `--no-autostart`:
+it never starts a `gpg-agent` (one per home, which outlived the proxy). `close()` stops any
+daemon an earlier version or an operator left running for the home.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import gnupg
+import structlog
+
+log = structlog.get_logger(__name__)
 
 
 class SignatureError(Exception):
@@ -35,9 +43,17 @@ class Keyring:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(home, 0o700)
         self._home = home
-        self._gpg = gnupg.GPG(gnupghome=str(home))
+        self._gpg = gnupg.GPG(gnupghome=str(home), options=["--no-autostart"])
         self._gpg.encoding = "utf-8"
         self._import_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop any gpg daemon (agent, keyboxd, dirmngr) running for this home; never starts one."""
+        try:
+            subprocess.run(["gpgconf", "--homedir", str(self._home), "--kill", "all"],
+                           capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("gpg.close_failed", home=str(self._home), error=str(exc))
 
     def import_keys(self, armored_keys: list[str]) -> set[str]:
         """Import public keys; returns the primary fingerprints that were in the given blocks."""

@@ -28,12 +28,16 @@ PROVIDER = f"{REGISTRY_HOST}/acme/foo"
 
 @pytest.fixture(scope="session")
 def signing_key(tmp_path_factory) -> SigningKey:
-    return SigningKey(tmp_path_factory.mktemp("gpg-signer"), "Acme Release Signer")
+    key = SigningKey(tmp_path_factory.mktemp("gpg-signer"), "Acme Release Signer")
+    yield key
+    key.close()
 
 
 @pytest.fixture(scope="session")
 def other_key(tmp_path_factory) -> SigningKey:
-    return SigningKey(tmp_path_factory.mktemp("gpg-other"), "Someone Else")
+    key = SigningKey(tmp_path_factory.mktemp("gpg-other"), "Someone Else")
+    yield key
+    key.close()
 
 
 @pytest.fixture(scope="session")

@@ -101,8 +101,8 @@ async def _export(args: argparse.Namespace) -> int:
 
 async def _import(args: argparse.Namespace) -> int:
     cache, store = _stores(args)
+    keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
     try:
-        keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
         if not args.trust_key and not args.trust_bundle_keys:
             raise CommandError("name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
                                "or --trust-bundle-keys to accept the keys the bundle carries")
@@ -111,6 +111,7 @@ async def _import(args: argparse.Namespace) -> int:
     finally:
         await cache.close()
         store.close()
+        keyring.close()
     print(f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
           f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
           f"{report.entries} metadata entries")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -55,7 +56,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
-    mirror = Mirror(fetcher, Keyring(settings.gnupg_home))
+    keyring = Keyring(settings.gnupg_home)
+    mirror = Mirror(fetcher, keyring)
     app[MIRROR] = mirror
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes)
@@ -70,6 +72,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         await upstream.close()
         await cache.close()
         store.close()
+        await asyncio.to_thread(keyring.close)
 
 
 def write_ca_bundle(settings: Settings) -> Path | None:

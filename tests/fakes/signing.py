@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
+
+
+def stop_gpg_agent(home: Path) -> None:
+    """Stop the gpg daemons that gpg started for `home` (before `home` is deleted)."""
+    gpgconf = shutil.which("gpgconf")
+    if gpgconf is not None and home.is_dir():
+        subprocess.run([gpgconf, "--homedir", str(home), "--kill", "all"], capture_output=True, timeout=10)
 
 
 class SigningKey:
@@ -18,6 +26,10 @@ class SigningKey:
         self.fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
         self.key_id = self.fingerprint[-16:]
         self.armored_public_key = self._gpg("--armor", "--export", self.fingerprint).decode()
+
+    def close(self) -> None:
+        """Stop the gpg-agent that signing started for this home."""
+        stop_gpg_agent(self.home)
 
     def sign(self, data: bytes) -> bytes:
         return self._gpg("--detach-sign", "--local-user", self.fingerprint, input_=data)
