@@ -25,14 +25,55 @@ class ForbiddenAddress(OSError):
     """Raised inside the connector when every address of a host is refused."""
 
 
+# IPv6 ranges that are never an upstream registry, whatever Python's `is_global` says (it
+# changes between versions): translation, tunnelling and deprecated forms, and recent
+# special-purpose blocks.
+_NON_PUBLIC_V6 = tuple(ipaddress.IPv6Network(net) for net in (
+    "::/96",  # IPv4-compatible (deprecated, RFC 4291), also :: and ::1
+    "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 2765)
+    "64:ff9b:1::/48",  # local-use NAT64 (RFC 8215): translates to whatever the site chose
+    "100::/64",  # discard-only (RFC 6666)
+    "2001::/23",  # IETF protocol assignments, including Teredo 2001::/32 (RFC 4380)
+    "2001:db8::/32",  # documentation
+    "3fff::/20",  # documentation (RFC 9637)
+    "5f00::/16",  # SRv6 SIDs (RFC 9602)
+    "fc00::/7",  # unique local
+    "fe80::/10",  # link-local
+    "fec0::/10",  # site-local (deprecated, RFC 3879)
+))
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # well-known NAT64 prefix (RFC 6052)
+
+
 def is_public_address(address: str) -> bool:
-    """True for globally routable unicast addresses (IPv4-mapped IPv6 judged as IPv4)."""
+    """True for globally routable unicast addresses.
+
+    IPv6 forms that carry an IPv4 address reach that IPv4 address, so they are judged by it:
+    IPv4-mapped (`::ffff:a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`).
+    Deprecated and translation-only forms are never public (`_NON_PUBLIC_V6`).
+    """
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return _is_public(ip.ipv4_mapped)
+        if any(ip in net for net in _NON_PUBLIC_V6):
+            return False
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None and not _is_public(embedded):
+            return False
+    return _is_public(ip)
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a NAT64 or 6to4 address leads to."""
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.sixtofour
+
+
+def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 

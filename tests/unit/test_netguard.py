@@ -91,6 +91,63 @@ def test_is_public_address(address: str, public: bool) -> None:
     assert is_public_address(address) is public
 
 
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        # NAT64 well-known prefix 64:ff9b::/96 (RFC 6052): the embedded IPv4 is what is reached
+        ("64:ff9b::a00:1", False),  # 10.0.0.1
+        ("64:ff9b::7f00:1", False),  # 127.0.0.1
+        ("64:ff9b::a9fe:a9fe", False),  # 169.254.169.254
+        ("64:ff9b::10.1.2.3", False),
+        ("64:ff9b::808:808", True),  # 8.8.8.8
+        # local-use NAT64 64:ff9b:1::/48 (RFC 8215): translates to whatever the site chooses
+        ("64:ff9b:1::a00:1", False),
+        ("64:ff9b:1::808:808", False),
+        # 6to4 2002::/16 (RFC 3056): the IPv4 in bits 16-48
+        ("2002:a00:1::", False),  # 10.0.0.1
+        ("2002:7f00:1::", False),  # 127.0.0.1
+        ("2002:a9fe:a9fe::1", False),  # 169.254.169.254
+        ("2002:c0a8:101::1", False),  # 192.168.1.1
+        ("2002:808:808::1", True),  # 8.8.8.8
+        # IPv4-mapped ::ffff:0:0/96 and IPv4-translated ::ffff:0:0:0/96 (RFC 2765)
+        ("::ffff:10.0.0.1", False),
+        ("::ffff:127.0.0.1", False),
+        ("::ffff:0:a00:1", False),
+        ("::ffff:0:808:808", False),
+        # IPv4-compatible ::/96 (deprecated, RFC 4291): never a destination today
+        ("::10.0.0.1", False),
+        ("::127.0.0.1", False),
+        ("::8.8.8.8", False),
+        # Teredo 2001::/32 (RFC 4380): server and (obfuscated) client IPv4 inside
+        ("2001:0:a00:1::f5ff:fffe", False),  # server 10.0.0.1
+        ("2001:0:808:808:0:0:f5ff:fffe", False),  # client 10.0.0.1 (XOR-ed)
+        ("2001:0:808:808:8000:f227:f7f7:f7f7", False),  # both public: still a tunnel, not a registry
+        # other special-purpose IPv6
+        ("3fff::1", False),  # documentation (RFC 9637)
+        ("5f00::1", False),  # SRv6 SIDs (RFC 9602)
+        ("100::1", False),  # discard-only
+        ("fec0::1", False),  # site-local (deprecated)
+        ("2001:4860:4860::8844", True),
+    ],
+)
+def test_is_public_address_judges_embedded_ipv4(address: str, public: bool) -> None:
+    assert is_public_address(address) is public
+
+
+@pytest.mark.parametrize("url", ["https://[64:ff9b::7f00:1]:8443/", "https://[2002:a00:1::]/",
+                                 "https://[::ffff:0:a00:1]/", "https://[::127.0.0.1]/",
+                                 "https://[64:ff9b:1::a9fe:a9fe]/"])
+def test_check_literal_refuses_embedded_private_ipv4(url: str) -> None:
+    with pytest.raises(ForbiddenAddress):
+        AddressPolicy(frozenset()).check_literal(URL(url))
+
+
+async def test_resolver_refuses_names_resolving_to_embedded_private_ipv4() -> None:
+    table = {"nat64.example": ["64:ff9b::a00:1", "2002:7f00:1::1"]}
+    with pytest.raises(ForbiddenAddress):
+        await GuardedResolver(AddressPolicy(frozenset()), FakeResolver(table)).resolve("nat64.example", 443)
+
+
 # ---------------------------------------------------------------------------------------------
 # proxy_hosts_from_environment
 # ---------------------------------------------------------------------------------------------
