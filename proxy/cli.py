@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
     _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
             "(air-gapped networks; fill the cache with `import`)", switch=True)
+    # --- module archive bombs ---
+    _option(serve, "--max-module-unpacked-size", "largest total a module archive may unpack to (counted while it "
+            "is checked, before it is stored)", default="1GiB")
+    _option(serve, "--max-module-entries", "most entries (files, directories, links) a module archive may hold",
+            default="100000")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -225,7 +230,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
         log_level=args.log_level,
+        max_module_unpacked_bytes=parse_size(args.max_module_unpacked_size),
+        max_module_entries=_count_setting(args.max_module_entries, "--max-module-entries"),
     )
+
+
+def _count_setting(text: str, flag: str) -> int:
+    if not str(text).strip().isdigit():
+        raise ConfigError(f"invalid {flag} {text!r}: expected a positive integer")
+    return int(str(text).strip())
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:

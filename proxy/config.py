@@ -136,6 +136,8 @@ class Settings:
     limits: Limits = Limits()
     log_format: str = "auto"
     log_level: str = "info"
+    max_module_unpacked_bytes: int = 1 * 2**30
+    max_module_entries: int = 100_000
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -148,6 +150,10 @@ class Settings:
             raise ConfigError("--fleet-lock-ttl must be at least 1s")
         if self.module_passthrough not in ("allow", "deny"):
             raise ConfigError(f"invalid --module-passthrough {self.module_passthrough!r}: allow or deny")
+        if self.max_module_unpacked_bytes < 1:
+            raise ConfigError("--max-module-unpacked-size must be at least 1 byte")
+        if self.max_module_entries < 1:
+            raise ConfigError("--max-module-entries must be a positive integer")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
 

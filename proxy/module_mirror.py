@@ -3,8 +3,8 @@
 The download answer points clients at the proxy's own archive URL (with any `//subdir`
 kept). The archive is made on first request, once per fleet: an https archive is fetched
 as it is; a git source is cloned at its ref and packed into a deterministic `.tar.gz`.
-Either is checked (readable, nothing unpacks outside the module directory, within the size
-limit) before it is stored, content-addressed, in the same store as provider archives.
+Either is checked (readable, nothing unpacks outside the module directory, within the size,
+unpacked-size and entry limits) before it is stored, content-addressed, in the same store as provider archives.
 Module sources carry no signature: integrity rests on TLS to the source host.
 """
 
@@ -24,7 +24,7 @@ from proxy.errors import NotFoundError, UpstreamError
 from proxy.fetch import Fetcher
 from proxy.log import note_cache
 from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
-from proxy.packing import ArchiveError, check_archive
+from proxy.packing import DEFAULT_MAX_ENTRIES, DEFAULT_MAX_UNPACKED_BYTES, ArchiveError, check_archive
 from proxy.rewrite import module_archive_path
 from proxy.store import StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
@@ -69,11 +69,14 @@ class ModuleMirror:
     """Module registry pass-through with cached module sources."""
 
     def __init__(self, fetcher: Fetcher, git: GitFetcher, *, passthrough: str = "allow",
-                 max_bytes: int = 512 * 2**20) -> None:
+                 max_bytes: int = 512 * 2**20, max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
+                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self._fetch = fetcher
         self._git = git
         self._passthrough = passthrough
         self._max_bytes = max_bytes
+        self._max_unpacked_bytes = max_unpacked_bytes
+        self._max_entries = max_entries
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte."""
@@ -183,7 +186,7 @@ class ModuleMirror:
 
     async def _check(self, path, kind: str, addr: ModuleAddr) -> None:
         try:
-            await asyncio.to_thread(check_archive, path, kind)
+            await asyncio.to_thread(check_archive, path, kind, self._max_entries, self._max_unpacked_bytes)
         except ArchiveError as exc:
             self._fetch.metrics.verification_failures.labels("module_archive").inc()
             log.error("security.verification_failed", check="module_archive", module=str(addr), reason=str(exc))

@@ -3,18 +3,23 @@
 Packing sorts entries, fixes owner, group, modes and times (the commit time) and writes a
 gzip stream with no name or time in its header, so the same tree gives the same bytes.
 Checking refuses archives the clients would unpack outside their module directory
-(absolute paths, `..`, links that point out) and anything that is not a readable archive.
+(absolute paths, `..`, links that point out), decompression bombs (too many entries, or
+more bytes unpacked than a limit) and anything that is not a readable archive.
 """
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import os
 import stat
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 GZIP_LEVEL = 6
 
@@ -123,42 +128,102 @@ def _check_trailer(archive: tarfile.TarFile) -> None:
             raise ArchiveError("archive has data after its last readable entry (corrupt or truncated)")
 
 
-def check_archive(path: Path, kind: str, max_entries: int = 100_000) -> int:
-    """Verify that `path` is a readable, safe archive of `kind`; returns the number of entries."""
+DEFAULT_MAX_ENTRIES = 100_000
+DEFAULT_MAX_UNPACKED_BYTES = 1 << 30
+_DECOMPRESSORS = {"tar.gz": gzip.open, "tar.bz2": bz2.open, "tar.xz": lzma.open, "tar": open}
+
+
+class _Capped:
+    """A decompressed stream that refuses to be read or skipped past `limit` bytes.
+
+    The tar checks go through this, so what is measured is the bytes actually inflated
+    (whatever the member headers claim), and inflating stops at the limit.
+    """
+
+    def __init__(self, inner: IO[bytes], limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    def _refuse(self) -> ArchiveError:
+        return ArchiveError(f"archive unpacks to more than {self._limit} bytes")
+
+    def read(self, size: int = -1) -> bytes:
+        room = self._limit - self._inner.tell() + 1  # one byte more shows that there is more
+        data = self._inner.read(room if size < 0 else min(size, room))
+        if self._inner.tell() > self._limit:
+            raise self._refuse()
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset if whence == io.SEEK_SET else self._inner.tell() + offset
+        if whence == io.SEEK_END or target > self._limit:
+            raise self._refuse()
+        return self._inner.seek(target)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+
+def check_archive(path: Path, kind: str, max_entries: int = DEFAULT_MAX_ENTRIES,
+                  max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES) -> int:
+    """Verify that `path` is a readable, safe archive of `kind`; returns the number of entries.
+
+    Bounded without unpacking anything to disk or memory: at most `max_entries` entries, and at
+    most `max_unpacked_bytes` both as declared by the entries (sparse tar files, zip headers) and
+    as actually decompressed (the stream is counted while it is read, and reading stops there).
+    """
     try:
         if kind == "zip":
-            with zipfile.ZipFile(path) as archive:
-                names = archive.namelist()
-                links = _Links()
-                for info in archive.infolist():
-                    _check_name(info.filename)
-                    links.check_path(info.filename)
-                    if stat.S_ISLNK(info.external_attr >> 16):
-                        links.add(info.filename, archive.read(info).decode("utf-8", "replace"))
-                if archive.testzip() is not None:
-                    raise ArchiveError("zip archive has a corrupt member")
-                count = len(names)
+            count = _check_zip(path, max_entries, max_unpacked_bytes)
         else:
-            mode = {"tar.gz": "r:gz", "tar.bz2": "r:bz2", "tar.xz": "r:xz", "tar": "r:"}[kind]
-            count = 0
-            links = _Links()
-            with tarfile.open(path, mode) as archive:
-                for member in archive:
-                    count += 1
-                    if count > max_entries:
-                        raise ArchiveError(f"archive has more than {max_entries} entries")
-                    _check_name(member.name)
-                    links.check_path(member.name)
-                    if member.issym():
-                        links.add(member.name, member.linkname)
-                    elif member.islnk():
-                        _check_name(member.linkname)  # hard link targets are relative to the archive root
-                        links.check_path(member.linkname + "/x")
-                    if member.isdev():
-                        raise ArchiveError(f"archive entry {member.name!r} is a device file")
-                _check_trailer(archive)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as exc:
+            count = _check_tar(path, kind, max_entries, max_unpacked_bytes)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError, zlib.error,
+            lzma.LZMAError) as exc:
         if isinstance(exc, ArchiveError):
             raise
         raise ArchiveError(f"not a readable {kind} archive: {exc}") from None
+    return count
+
+
+def _check_zip(path: Path, max_entries: int, max_unpacked_bytes: int) -> int:
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        if len(infos) > max_entries:
+            raise ArchiveError(f"archive has more than {max_entries} entries")
+        # zipfile inflates no member beyond its declared size, so this bounds testzip() too
+        if sum(info.file_size for info in infos) > max_unpacked_bytes:
+            raise ArchiveError(f"archive unpacks to more than {max_unpacked_bytes} bytes")
+        links = _Links()
+        for info in infos:
+            _check_name(info.filename)
+            links.check_path(info.filename)
+            if stat.S_ISLNK(info.external_attr >> 16):
+                links.add(info.filename, archive.read(info).decode("utf-8", "replace"))
+        if archive.testzip() is not None:
+            raise ArchiveError("zip archive has a corrupt member")
+        return len(infos)
+
+
+def _check_tar(path: Path, kind: str, max_entries: int, max_unpacked_bytes: int) -> int:
+    count = declared = 0
+    links = _Links()
+    with _DECOMPRESSORS[kind](path, "rb") as stream, \
+            tarfile.open(fileobj=_Capped(stream, max_unpacked_bytes), mode="r:") as archive:
+        for member in archive:
+            count += 1
+            if count > max_entries:
+                raise ArchiveError(f"archive has more than {max_entries} entries")
+            declared += member.size if member.isreg() else 0  # a sparse file's size is its unpacked size
+            if declared > max_unpacked_bytes:
+                raise ArchiveError(f"archive unpacks to more than {max_unpacked_bytes} bytes")
+            _check_name(member.name)
+            links.check_path(member.name)
+            if member.issym():
+                links.add(member.name, member.linkname)
+            elif member.islnk():
+                _check_name(member.linkname)  # hard link targets are relative to the archive root
+                links.check_path(member.linkname + "/x")
+            if member.isdev():
+                raise ArchiveError(f"archive entry {member.name!r} is a device file")
+        _check_trailer(archive)
     return count

@@ -62,7 +62,9 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes)
     app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
-                                max_bytes=settings.max_module_bytes)
+                                max_bytes=settings.max_module_bytes,
+                                max_unpacked_bytes=settings.max_module_unpacked_bytes,
+                                max_entries=settings.max_module_entries)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline)
     try:

@@ -414,3 +414,33 @@ def test_cli_timeout_derivations(clean_env: pytest.MonkeyPatch, tmp_path: Path) 
     assert (short.metadata_timeout, short.connect_timeout, short.read_timeout) == (5, 5, 60)
     long = _settings(tmp_path, "--upstream-timeout", "2m").limits
     assert (long.metadata_timeout, long.connect_timeout, long.read_timeout) == (120, 10, 120)
+
+
+# ---- module archive bombs ------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_module_limit_env(clean_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("MAX_MODULE_UNPACKED_SIZE", "MAX_MODULE_ENTRIES"):
+        clean_env.delenv("REGISTRY_PROXY_" + name, raising=False)
+    return clean_env
+
+
+def test_cli_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (2**30, 100_000)
+    settings = _settings(tmp_path, "--max-module-unpacked-size", "64MiB", "--max-module-entries", "500")
+    assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (64 * 2**20, 500)
+    no_module_limit_env.setenv("REGISTRY_PROXY_MAX_MODULE_UNPACKED_SIZE", "2GiB")
+    no_module_limit_env.setenv("REGISTRY_PROXY_MAX_MODULE_ENTRIES", " 7 ")
+    settings = _settings(tmp_path)
+    assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (2 * 2**30, 7)
+
+
+@pytest.mark.parametrize("flags", [["--max-module-unpacked-size", "0"], ["--max-module-unpacked-size", "lots"],
+                                   ["--max-module-entries", "0"], ["--max-module-entries", "-1"],
+                                   ["--max-module-entries", "1e5"], ["--max-module-entries", ""]])
+def test_cli_invalid_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_path: Path,
+                                          flags: list[str]) -> None:
+    with pytest.raises(ConfigError, match=r"max-module|invalid size"):
+        _settings(tmp_path, *flags)

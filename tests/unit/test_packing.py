@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import os
 import random
 import tarfile
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -397,3 +400,63 @@ def test_zip_symlink_entries_are_checked(tmp_path: Path) -> None:
         archive.writestr(info, "/etc/passwd")
     with pytest.raises(ArchiveError, match="absolute"):
         check_archive(path, "zip")
+
+
+# ---------------------------------------------------------------------------------------------
+# decompression bombs: unpacked size and entry count
+# ---------------------------------------------------------------------------------------------
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "tar.bz2", "tar.xz", "tar"])
+def test_check_archive_limits_declared_unpacked_size(tmp_path: Path, kind: str) -> None:
+    mode = "w" if kind == "tar" else f"w:{kind.split('.')[1]}"
+    path = write(tmp_path, tar_bytes([("a.tf", bytes(MIB)), ("b.tf", bytes(MIB))], mode))
+    assert check_archive(path, kind, max_unpacked_bytes=4 * MIB) == 2
+    with pytest.raises(ArchiveError, match=f"unpacks to more than {MIB + MIB // 2} bytes"):
+        check_archive(path, kind, max_unpacked_bytes=MIB + MIB // 2)
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "tar.bz2", "tar.xz", "tar"])
+def test_check_archive_counts_bytes_behind_a_lying_header(tmp_path: Path, kind: str) -> None:
+    """An empty file's header, then megabytes of zeros after the end of the archive: only the
+    bytes actually read show them."""
+    raw = tar_bytes([("main.tf", b"")], "w") + bytes(8 * MIB)
+    compress = {"tar.gz": gzip.compress, "tar.bz2": bz2.compress, "tar.xz": lzma.compress, "tar": bytes}[kind]
+    path = write(tmp_path, compress(raw))
+    assert check_archive(path, kind, max_unpacked_bytes=len(raw)) == 1
+    with pytest.raises(ArchiveError, match=f"unpacks to more than {len(raw) - 1} bytes"):
+        check_archive(path, kind, max_unpacked_bytes=len(raw) - 1)
+
+
+def test_check_archive_stops_reading_at_the_unpacked_limit(tmp_path: Path) -> None:
+    from tests.fakes.bombs import gzip_tar_bomb
+
+    path = write(tmp_path, gzip_tar_bomb(64 * 2**30, lying=True), "bomb.tar.gz")  # 64 GiB behind 64 MiB
+    started = time.process_time()
+    with pytest.raises(ArchiveError, match="unpacks to more than"):
+        check_archive(path, "tar.gz", max_unpacked_bytes=8 * MIB)
+    assert time.process_time() - started < 2  # reading it all would take minutes
+
+
+def test_check_archive_limits_zip_declared_sizes(tmp_path: Path) -> None:
+    path = write(tmp_path, zip_bytes([("a.tf", bytes(MIB)), ("b.tf", bytes(MIB))]), "a.zip")
+    assert check_archive(path, "zip", max_unpacked_bytes=2 * MIB) == 2
+    with pytest.raises(ArchiveError, match=f"unpacks to more than {2 * MIB - 1} bytes"):
+        check_archive(path, "zip", max_unpacked_bytes=2 * MIB - 1)
+
+
+def test_check_archive_limits_zip_entries(tmp_path: Path) -> None:
+    path = write(tmp_path, zip_bytes([(f"f{i}.tf", b"") for i in range(11)]), "a.zip")
+    assert check_archive(path, "zip", max_entries=11) == 11
+    with pytest.raises(ArchiveError, match="more than 10 entries"):
+        check_archive(path, "zip", max_entries=10)
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "tar.bz2", "tar.xz"])
+def test_corrupt_compressed_data_is_an_archive_error(tmp_path: Path, kind: str) -> None:
+    mode = f"w:{kind.split('.')[1]}"
+    data = tar_bytes([(f"f{i}.tf", os.urandom(64) * 64) for i in range(20)], mode)
+    with pytest.raises(ArchiveError):
+        check_archive(write(tmp_path, _flip(data, len(data) // 2, 16)), kind)

@@ -1,0 +1,51 @@
+"""Decompression bombs for module-archive tests, built in seconds without ever holding the expansion.
+
+`gzip_tar_bomb` is a valid `.tar.gz` (gzip allows several members back to back, RFC 1952 §2.2;
+Python and Go read them as one stream): a tar header for one file of `unpacked` zero bytes, the
+zeros as repeats of one compressed 64 MiB block (~1030:1), and the end-of-archive blocks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import zipfile
+
+BLOCK = 64 * 2**20
+
+
+def gzip_tar_bomb(unpacked: int, name: str = "main.tf", *, lying: bool = False) -> bytes:
+    """A `.tar.gz` of one file of `unpacked` zero bytes (a multiple of 64 MiB).
+
+    `lying`: the header declares an empty file, so the zeros follow the end of the archive
+    (tar readers stop there; a checker that reads to the end inflates them all).
+    """
+    assert unpacked % BLOCK == 0
+    info = tarfile.TarInfo(name)
+    info.size = 0 if lying else unpacked
+    header = info.tobuf(format=tarfile.GNU_FORMAT)
+    zeros = gzip.compress(bytes(BLOCK), compresslevel=9, mtime=0)
+    end = gzip.compress(bytes(2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE), mtime=0)
+    return gzip.compress(header, mtime=0) + zeros * (unpacked // BLOCK) + end
+
+
+def many_entries_tar_gz(count: int) -> bytes:
+    """A `.tar.gz` of `count` empty files."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+        for index in range(count):
+            tar.addfile(tarfile.TarInfo(f"f{index}.tf"))
+    return buffer.getvalue()
+
+
+def zip_of_zeros(members: int, size: int) -> bytes:
+    """A `.zip` of `members` deflated files of `size` zero bytes each."""
+    buffer = io.BytesIO()
+    chunk = bytes(min(size, 2**20))
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for index in range(members):
+            with archive.open(f"f{index}.tf", "w", force_zip64=True) as member:
+                for _ in range(size // len(chunk)):
+                    member.write(chunk)
+    return buffer.getvalue()

@@ -1,0 +1,110 @@
+"""Module archives are bounded by what they unpack to, not only by their compressed size (issue 8, item 10).
+
+A 4 MiB `.tar.gz` that expands to 4 GiB was inflated completely by the check and then cached;
+every client would have written 4 GiB into `.terraform/modules`. Now the check counts the
+decompressed bytes as it reads (and the sizes the headers declare) and stops at
+`--max-module-unpacked-size`; `--max-module-entries` bounds the number of entries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from proxy.config import parse_size
+from tests.fakes.bombs import gzip_tar_bomb, many_entries_tar_gz, zip_of_zeros
+from tests.fakes.registry import ModuleRelease
+
+M = "/registry/registry.example.test/modules/v1/acme/net/aws"
+GIB = 2**30
+_BOMBS: dict[tuple[int, bool], bytes] = {}
+
+
+def bomb(gib: int, *, lying: bool = False) -> bytes:
+    """`gib` GiB of zeros in a `.tar.gz` of about `gib` MiB (built once)."""
+    if (gib, lying) not in _BOMBS:
+        _BOMBS[gib, lying] = gzip_tar_bomb(gib * GIB, lying=lying)
+    return _BOMBS[gib, lying]
+
+
+def serve_module(registry, name: str, data: bytes) -> str:
+    registry.static[name] = data
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/" + name))
+    return f"/static/{name}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stored_files(data_dir: Path) -> list[Path]:
+    return [p for p in (data_dir / "archives").rglob("*") if p.is_file() and "sha256" in p.parts]
+
+
+def assert_refused(status: int, body: bytes, words: str) -> None:
+    assert status == 502, body[:300]
+    message = json.loads(body)["errors"][0]
+    assert "archive refused" in message and words in message, message
+
+
+async def test_gzip_bomb_is_refused_and_not_stored(proxy_process, connect, registry):
+    upstream = serve_module(registry, "net.tar.gz", bomb(4))
+    assert len(registry.static["net.tar.gz"]) < 5 * 2**20  # well under --max-module-size
+    process = await proxy_process()
+    client = await connect(process, timeout=120)
+    status, _, body = await client.get(f"{M}/1.0.0/archive.tar.gz")
+    assert_refused(status, body, f"more than {GIB} bytes")
+    assert stored_files(process.data_dir) == []
+    events = process.events("security.verification_failed")
+    assert events and events[-1]["check"] == "module_archive"
+    status, _, _ = await client.get(f"{M}/1.0.0/archive.tar.gz")  # nothing was cached: asked again
+    assert status == 502 and registry.count(upstream) == 2
+
+
+@pytest.mark.parametrize("limit", ["1GiB", "32MiB"])
+async def test_bomb_behind_a_lying_header_is_counted_as_inflated(proxy_process, connect, registry, limit):
+    """The tar header declares an empty file and 8 GiB of zeros follow: only the bytes actually
+    inflated show it, and the check stops at the limit (measured in CPU time, not wall time, which
+    a loaded machine stretches)."""
+    serve_module(registry, "net.tar.gz", bomb(8, lying=True))
+    process = await proxy_process("--max-module-unpacked-size", limit)
+    client = await connect(process, timeout=120)
+    before = cpu_seconds(process.process.pid)
+    status, _, body = await client.get(f"{M}/1.0.0/archive.tar.gz")
+    used = cpu_seconds(process.process.pid) - before
+    assert_refused(status, body, f"more than {parse_size(limit)} bytes")
+    assert stored_files(process.data_dir) == []
+    # reading all 8 GiB took the old check 15 CPU seconds here; 1 GiB takes about 2, 32 MiB 0.06
+    assert used < {"1GiB": 4.0, "32MiB": 1.0}[limit], f"the proxy used {used:.2f}s of CPU with a {limit} limit"
+
+
+async def test_too_many_entries_are_refused(proxy_process, connect, registry):
+    serve_module(registry, "net.tar.gz", many_entries_tar_gz(1001))
+    process = await proxy_process("--max-module-entries", "1000")
+    client = await connect(process)
+    status, _, body = await client.get(f"{M}/1.0.0/archive.tar.gz")
+    assert_refused(status, body, "more than 1000 entries")
+    assert stored_files(process.data_dir) == []
+
+
+async def test_zip_bomb_is_refused_by_declared_sizes(proxy_process, connect, registry):
+    serve_module(registry, "net.zip", zip_of_zeros(3, 16 * 2**20))
+    process = await proxy_process("--max-module-unpacked-size", "32MiB")
+    client = await connect(process)
+    status, _, body = await client.get(f"{M}/1.0.0/archive.zip")
+    assert_refused(status, body, f"more than {32 * 2**20} bytes")
+    assert stored_files(process.data_dir) == []
+
+
+async def test_archives_within_the_limits_are_served(proxy_process, connect, registry):
+    data = zip_of_zeros(2, 16 * 2**20)
+    serve_module(registry, "net.zip", data)
+    process = await proxy_process("--max-module-unpacked-size", "32MiB", "--max-module-entries", "2")
+    client = await connect(process)
+    status, _, body = await client.get(f"{M}/1.0.0/archive.zip")
+    assert (status, body) == (200, data)
