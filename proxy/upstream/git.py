@@ -4,8 +4,9 @@ git runs with no hooks, no credential helpers or prompts, only the https protoco
 http for operator-named hosts), no redirects, no system or user configuration, a time
 limit and a size limit. The host is checked by the SSRF guard before git connects. A
 shallow clone of the ref is tried first; servers that cannot do shallow clones (git's
-dumb HTTP) get a full clone. The checkout is packed into a deterministic `.tar.gz`: the
-same commit always gives the same bytes.
+dumb HTTP) get a full clone. The tree's sizes and entry count are checked before it is
+checked out. The checkout is packed into a deterministic `.tar.gz`: the same commit
+always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
-from proxy.packing import ArchiveError, deterministic_tar_gz
+from proxy.packing import DEFAULT_MAX_ENTRIES, ArchiveError, deterministic_tar_gz
 from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
 
 log = structlog.get_logger(__name__)
@@ -37,12 +38,14 @@ class GitFetcher:
     """Clones `https` git sources into a scratch dir and packs them."""
 
     def __init__(self, policy: AddressPolicy, scratch: Path, *, ca_bundle: Path | None = None,
-                 timeout: float = 120.0, max_bytes: int = 512 * 2**20, concurrency: int = 4) -> None:
+                 timeout: float = 120.0, max_bytes: int = 512 * 2**20, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 concurrency: int = 4) -> None:
         self._policy = policy
         self._scratch = scratch
         self._ca_bundle = ca_bundle
         self._timeout = timeout
         self._max_bytes = max_bytes
+        self._max_entries = max_entries
         self._slots = asyncio.Semaphore(concurrency)
 
     async def pack(self, url: str, ref: str, output: Path) -> PackedSource:
@@ -71,18 +74,32 @@ class GitFetcher:
             await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def _clone(self, url: str, ref: str, checkout: Path, work: Path, pin: list[str]) -> None:
-        shallow = [*pin, "clone", "--quiet", "--depth", "1", "--no-tags", "--single-branch"]
+        shallow = [*pin, "clone", "--quiet", "--no-checkout", "--depth", "1", "--no-tags", "--single-branch"]
         if ref:
             shallow += ["--branch", ref]
+        target = "HEAD"
         try:
             await self._git([*shallow, "--", url, str(checkout)], work)
-            return
         except UpstreamError as exc:
             log.info("git.shallow_clone_failed", url=url, ref=ref, error=exc.message)
             await asyncio.to_thread(shutil.rmtree, checkout, True)
-        await self._git([*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
-        target = ref or "HEAD"
+            await self._git([*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
+            target = ref or "HEAD"
+        await self._check_tree(url, target, checkout, work)
         await self._git(["checkout", "--quiet", "--detach", target, "--"], work, cwd=checkout)
+
+    async def _check_tree(self, url: str, target: str, checkout: Path, work: Path) -> None:
+        """Refuse, before anything is written, a tree whose files or entries exceed the limits
+        (a few MiB of repository can check out to GiBs: git compresses blobs)."""
+        listing = await self._git(["ls-tree", "-r", "-t", "-l", "-z", "--full-tree", target, "--"], work,
+                                  cwd=checkout)
+        entries = [entry for entry in listing.split("\0") if entry]
+        if len(entries) > self._max_entries:
+            raise UpstreamTooLargeError(f"git source {url}: its tree has more than {self._max_entries} entries")
+        size = sum(int(fields[3]) for entry in entries
+                   if len(fields := entry.partition("\t")[0].split()) == 4 and fields[3].isdigit())
+        if size > self._max_bytes:
+            raise UpstreamTooLargeError(f"git source {url}: its tree holds more than {self._max_bytes} bytes")
 
     async def _git(self, args: list[str], work: Path, cwd: Path | None = None) -> str:
         config = ["-c", "core.hooksPath=/dev/null", "-c", "credential.helper=", "-c", "protocol.file.allow=never",

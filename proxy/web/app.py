@@ -60,7 +60,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     mirror = Mirror(fetcher, keyring)
     app[MIRROR] = mirror
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
-                     timeout=settings.git_timeout, max_bytes=settings.max_module_bytes)
+                     timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
+                     max_entries=settings.max_module_entries)
     app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
                                 max_bytes=settings.max_module_bytes,
                                 max_unpacked_bytes=settings.max_module_unpacked_bytes,

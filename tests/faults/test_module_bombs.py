@@ -16,6 +16,7 @@ import pytest
 
 from proxy.config import parse_size
 from tests.fakes.bombs import gzip_tar_bomb, many_entries_tar_gz, zip_of_zeros
+from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.registry import ModuleRelease
 
 M = "/registry/registry.example.test/modules/v1/acme/net/aws"
@@ -108,3 +109,24 @@ async def test_archives_within_the_limits_are_served(proxy_process, connect, reg
     client = await connect(process)
     status, _, body = await client.get(f"{M}/1.0.0/archive.zip")
     assert (status, body) == (200, data)
+
+
+@pytest.mark.parametrize(("files", "flags", "words"), [
+    ({"main.tf": "", "big.bin": "\0" * (64 * 2**20)}, ["--max-module-size", "16MiB"],
+     f"its tree holds more than {16 * 2**20} bytes"),
+    ({f"f{i}.tf": "" for i in range(30)}, ["--max-module-entries", "20"], "its tree has more than 20 entries"),
+], ids=["size", "entries"])
+async def test_git_source_over_the_limits_is_refused_before_checkout(proxy_process, connect, registry, tmp_path,
+                                                                      files, flags, words):
+    """A repository of a few hundred KiB can check out to GiBs (git compresses blobs): the tree is
+    measured with `git ls-tree` before anything is written."""
+    bare, _ = make_bare_repo(tmp_path / "repos", "net", files, "v1.2.0")
+    registry.git_root = bare.parent
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0"))
+    process = await proxy_process(*flags)
+    client = await connect(process, timeout=120)
+    status, _, body = await client.get(f"{M}/1.2.0/archive.tar.gz")
+    assert status == 502, body[:300]
+    message = json.loads(body)["errors"][0]
+    assert words in message, message
+    assert stored_files(process.data_dir) == []
