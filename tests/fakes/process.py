@@ -37,10 +37,11 @@ class ProxyProcess:
                      "--upstream-ca-file", str(ca_file), "--log-format", "json", *extra]
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = data_dir.parent / f"proxy-{self.port}.log"
+        self.plain_http = "--plain-http" in extra
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{'http' if self.plain_http else 'https'}://127.0.0.1:{self.port}"
 
     @property
     def ca_file(self) -> Path:
@@ -52,7 +53,7 @@ class ProxyProcess:
         self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log,
                                                             cwd=REPO_ROOT)
         log.close()
-        await wait_healthy(self.url + "/healthz", self.ca_file, self.process,
+        await wait_healthy(self.url + "/healthz", None if self.plain_http else self.ca_file, self.process,
                            lambda: self.log_path.read_text()[-2000:], timeout=20)
 
     def events(self, event: str | None = None) -> list[dict]:
@@ -79,16 +80,16 @@ class ProxyProcess:
         self.process = None
 
 
-async def wait_healthy(url: str, ca_file: Path, process: asyncio.subprocess.Process,
+async def wait_healthy(url: str, ca_file: Path | None, process: asyncio.subprocess.Process,
                        last_words: Callable[[], str], timeout: float) -> None:
-    """Poll `url` over TLS (trusting `ca_file`, once it exists) until it answers 200."""
+    """Poll `url` over TLS (trusting `ca_file`, once it exists; plain HTTP if None) until it answers 200."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.returncode is not None:
             raise RuntimeError(f"{url} exited: {last_words()}")
-        if ca_file.exists():  # noqa: ASYNC240 - a test helper polling a local file
+        if ca_file is None or ca_file.exists():  # noqa: ASYNC240 - a test helper polling a local file
             try:
-                context = ssl.create_default_context(cafile=str(ca_file))
+                context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
                 async with aiohttp.ClientSession() as session, session.get(url, ssl=context) as response:
                     if response.status == 200:
                         return

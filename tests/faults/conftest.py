@@ -38,7 +38,7 @@ async def connect() -> AsyncIterator:
     sessions: list[aiohttp.ClientSession] = []
 
     async def make(process: ProxyProcess, timeout: float = 30) -> ProcessClient:
-        context = ssl.create_default_context(cafile=str(process.ca_file))
+        context = True if process.plain_http else ssl.create_default_context(cafile=str(process.ca_file))
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
                                         timeout=aiohttp.ClientTimeout(total=timeout))
         sessions.append(session)
