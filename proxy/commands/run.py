@@ -118,6 +118,8 @@ async def _import(args: argparse.Namespace) -> int:
     print(f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
           f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
           f"{report.entries} metadata entries")
+    if report.replaced_corrupt:
+        print(f"replaced {report.replaced_corrupt} corrupt stored archives (moved to the quarantine)")
     return 0
 
 
