@@ -135,18 +135,31 @@ class ArchiveReader:
             await asyncio.to_thread(self._handle.seek, self._start)
         digest = hashlib.sha256() if self._start == 0 and self._length == stored.size else None
         remaining = self._length
-        while remaining > 0:
-            chunk = await asyncio.to_thread(_read, self._handle, min(size, remaining), digest)
-            remaining -= len(chunk)
-            if not chunk:
-                await self._guard.corrupted(stored, "size", ident=ident, expected_size=stored.size)
-                raise _corrupt(stored)
-            if digest is not None and remaining == 0 and digest.hexdigest() != stored.sha256:
-                await self._guard.corrupted(stored, "digest", ident=ident, actual=digest.hexdigest())
-                raise _corrupt(stored)
-            yield chunk
+        # The next chunk is read and hashed in a worker thread while this one is written (TLS runs
+        # in the event loop): one read in flight at most, so the digest sees the chunks in order.
+        reading: asyncio.Future[bytes] | None = self._read(min(size, remaining), digest)
+        try:
+            while reading is not None:
+                chunk = await reading
+                remaining -= len(chunk)
+                reading = self._read(min(size, remaining), digest) if chunk and remaining > 0 else None
+                if not chunk:
+                    await self._guard.corrupted(stored, "size", ident=ident, expected_size=stored.size)
+                    raise _corrupt(stored)
+                if digest is not None and remaining == 0 and digest.hexdigest() != stored.sha256:
+                    await self._guard.corrupted(stored, "digest", ident=ident, actual=digest.hexdigest())
+                    raise _corrupt(stored)
+                yield chunk
+        finally:
+            if reading is not None:  # never close the file under a read still running in its thread
+                await asyncio.wait([reading])
+                if not reading.cancelled():
+                    reading.exception()
         if digest is not None:
             self._guard.store.remember_verified(stored.sha256, ident)
+
+    def _read(self, size: int, digest: hashlib._Hash | None) -> asyncio.Future[bytes]:
+        return asyncio.ensure_future(asyncio.to_thread(_read, self._handle, size, digest))
 
     def close(self) -> None:
         self._handle.close()

@@ -233,13 +233,13 @@ class ArchiveStore:
         """
         path = self.path_for(sha256)
         with self._lock:
-            self._verified.pop(sha256, None)
             try:
                 st = path.stat()
             except FileNotFoundError:
                 return None
             if ident is not None and (st.st_dev, st.st_ino) != ident[:2]:
                 return None
+            self._verified.pop(sha256, None)
             self._quarantine.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             target = self._quarantine / f"{sha256}-{stamp}-{uuid.uuid4().hex[:6]}"

@@ -120,6 +120,43 @@ async def test_flipped_byte_is_never_served_and_is_refetched(proxy_process, conn
     assert (await asyncio.to_thread(object_path(proc, sha).read_bytes)) == good
 
 
+async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_process, connect, registry,
+                                                                    signing_key):
+    """The hashing reader reads ahead in a worker thread; a client leaving must still close the file."""
+    huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=48 << 20))
+    proc = await proxy_process()
+    client = await connect(proc)
+    good, sha = huge.zips["linux_amd64"], huge.sha256("linux_amd64")
+    assert await get_or_abort(client, BIG) == (200, good)
+
+    async def leave_early() -> None:
+        async with client.session.get(proc.url + BIG) as response:
+            assert response.status == 200
+            await response.content.readexactly(1 << 20)
+            response.close()
+
+    await asyncio.gather(*(leave_early() for _ in range(8)))
+    target = str(object_path(proc, sha))
+
+    def open_handles() -> int:
+        fds = Path(f"/proc/{proc.process.pid}/fd")
+        return sum(1 for fd in fds.iterdir() if _link(fd) == target)
+
+    await wait_for(lambda: open_handles() == 0)
+    complete = [e for e in proc.events("request") if e.get("path") == BIG and e.get("bytes") == len(good)
+                and e.get("status") == 200]
+    assert len(complete) < 1 + 8, "no client left while the proxy was still sending"
+    assert await get_or_abort(client, BIG) == (200, good)
+    assert not proc.events("security.store_corruption")
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
 async def test_truncated_to_zero_is_refetched_within_the_same_request(proxy_process, connect, registry):
     proc = await proxy_process()
     client = await connect(proc)
