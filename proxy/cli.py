@@ -174,6 +174,15 @@ def _add_client_commands(commands, default_data: str) -> None:
     import_.add_argument("--trust-bundle-keys", action="store_true",
                          help="accept the signing keys the bundle itself carries (only for bundles you made)")
 
+    verify = commands.add_parser(
+        "verify", help="re-hash every archive in a data dir's store",
+        description="Hash every stored archive and compare it with its content address; report corrupt files "
+                    "and temp dirs left by dead processes. Exits 1 while corruption is found and not repaired.")
+    _option(verify, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
+    verify.add_argument("--repair", action="store_true",
+                        help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
+                             "request) and remove abandoned temp dirs")
+
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--proxy", "base URL of the running proxy, e.g. https://127.0.0.1:8443/", metavar="URL")

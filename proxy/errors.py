@@ -72,3 +72,10 @@ class VerificationError(UpstreamError):
     """An archive, checksum file or signature failed verification: a security event."""
 
     code = "verification_failed"
+
+
+class StoreCorruptionError(ProxyError):
+    """A stored archive failed its integrity check while being served; it was quarantined."""
+
+    status = 503
+    code = "store_corruption"

@@ -23,6 +23,7 @@ from proxy.addrs import Hostname
 from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of
 from proxy.config import Settings
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
+from proxy.integrity import StoreGuard
 from proxy.log import note_cache
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
@@ -45,6 +46,7 @@ class Fetcher:
         self.cache = cache
         self.store = store
         self.metrics = metrics
+        self.guard = StoreGuard(store, metrics)
         self.locks = locks or LocalLocks()
         self.flights = SingleFlight()
         self._upstream = upstream

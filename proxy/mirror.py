@@ -95,6 +95,7 @@ class Mirror:
         self._settings = fetcher.settings
         self._cache = fetcher.cache
         self._store = fetcher.store
+        self._guard = fetcher.guard
         self._metrics = fetcher.metrics
         self._keyring = keyring
 
@@ -284,9 +285,9 @@ class Mirror:
 
     async def _stored_archive(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | None:
-        """The archive if its verified record exists and its file is in the store."""
+        """The archive if its verified record exists and its file, of the recorded size, is in the store."""
         record = await self._archive_record(addr, version, platform)
-        stored = await asyncio.to_thread(self._store.get, record.sha256) if record is not None else None
+        stored = await self._guard.lookup(record.sha256, record.size) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
 
     async def _archive_records(self, addr: ProviderAddr, version: Version,
@@ -312,8 +313,10 @@ class Mirror:
         except VerificationError as exc:
             self._security_event("shasums_line", addr, version, d, exc.message)
             raise
-        stored = await asyncio.to_thread(self._store.get, expected)
-        if stored is None:  # another address or protocol may have stored the same bytes already
+        # Another address or protocol (or this one, before the metadata was lost) may have stored the
+        # same bytes already: adopted only if they hash to the address.
+        stored = await self._guard.adopt(expected)
+        if stored is None:
             stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)
         else:
             h1_zip, h1_dir = await asyncio.to_thread(_h1_of_zip_file, stored.path)

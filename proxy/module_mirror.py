@@ -135,7 +135,7 @@ class ModuleMirror:
         key = f"module:{addr}/{version}"
         data = await self._fetch.record(key)
         record = None if data is None else self._fetch.parsed(key, data, ModuleRecord.from_dict)
-        stored = await asyncio.to_thread(self._fetch.store.get, record.sha256) if record is not None else None
+        stored = await self._fetch.guard.lookup(record.sha256, record.size) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
 
     async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:

@@ -5,22 +5,36 @@ process's own (`ROOT/tmp/<host>-<pid>-<id>/`, so replicas sharing one volume nev
 each other's downloads), hashed while written, fsynced, and renamed into place only by
 `publish` after the caller verified them: a partial or unverified file is never visible
 under its final name.
+
+A process holds an `flock` on `.lock` inside its temp directory for as long as it lives;
+a directory whose lock can be taken belongs to a dead process and is reaped (PIDs are no
+evidence: in a container every proxy is PID 1). Files that fail verification after they
+were stored are moved to `ROOT/quarantine/<sha256>-<time>`. The store remembers, per
+object, the file identity (device, inode, size, mtime, ctime) it last hashed and found
+intact, so a file changed since is never trusted without being hashed again.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 ABANDONED_AFTER = 24 * 3600.0
+LOCK_NAME = ".lock"
+HASH_CHUNK = 1 << 20
+VERIFIED_FACTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,27 @@ class StoredArchive:
     sha256: str
     path: Path
     size: int
+
+
+Identity = tuple[int, int, int, int, int]
+"""What changes whenever a file is written or replaced: (device, inode, size, mtime_ns, ctime_ns)."""
+
+
+def identity(st: os.stat_result) -> Identity:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+@dataclass(frozen=True)
+class ObjectCheck:
+    """The outcome of hashing a stored object: what its content hashes to, and which file that was."""
+
+    stored: StoredArchive
+    actual: str
+    identity: Identity
+
+    @property
+    def intact(self) -> bool:
+        return self.actual == self.stored.sha256
 
 
 class PendingArchive:
@@ -66,28 +101,75 @@ class ArchiveStore:
         self._tmp_root = root / "tmp"
         self._tmp = self._tmp_root / f"{self._host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._objects = root / "sha256"
+        self._quarantine = root / "quarantine"
+        self._lock_fd: int | None = None
+        self._verified: dict[str, Identity] = {}
+        self._lock = threading.Lock()
 
     def open(self) -> None:
-        """Create the layout and remove temp files left by crashed processes."""
+        """Create the layout, claim this process's temp dir and remove those of dead processes."""
         self._objects.mkdir(parents=True, exist_ok=True)
         self._tmp_root.mkdir(parents=True, exist_ok=True)
-        for leftover in self._tmp_root.iterdir():
-            if self._abandoned(leftover):
-                shutil.rmtree(leftover, ignore_errors=True)
-        self._tmp.mkdir(exist_ok=True)
+        for leftover in self.abandoned_temp_dirs():
+            self.remove_temp_dir(leftover)
+        self._claim_tmp()
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _claim_tmp(self) -> None:
+        """Create this process's temp dir and hold the lock inside it for the life of the process."""
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._tmp / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        self._lock_fd = fd
+
+    def temp_dirs(self) -> list[Path]:
+        """Every process temp dir under `ROOT/tmp`."""
+        try:
+            return sorted(p for p in self._tmp_root.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def abandoned_temp_dirs(self) -> list[Path]:
+        return [path for path in self.temp_dirs() if path != self._tmp and self._abandoned(path)]
+
+    def remove_temp_dir(self, path: Path) -> None:
+        """Remove another process's temp dir if it is (still) abandoned."""
+        if path != self._tmp and self._abandoned(path):
+            shutil.rmtree(path, ignore_errors=True)
 
     def _abandoned(self, path: Path) -> bool:
-        """A temp dir of a dead process on this host, or one of another host untouched for a day.
+        """A temp dir nobody holds the lock of: on this host, at once; of another host, once untouched for a day.
 
-        A live process's directory on this host is never removed, however old; another host's
-        process that lost its directory recreates it (`temp_path`).
+        A held lock always means a live process, whatever its PID or age. Another host's lock
+        may not be visible on every shared filesystem, so its directory also has to be idle
+        for a day (its process recreates it if it was alive after all, `temp_path`). A
+        directory without a lock file (an older version's, or one being created this very
+        moment) is left alone for a day as well.
         """
-        host, _, rest = path.name.rpartition("-")[0].rpartition("-")
-        if host == self._host and rest.isdigit():
-            return not _pid_alive(int(rest))
+        try:
+            fd = os.open(path / LOCK_NAME, os.O_RDONLY)
+        except FileNotFoundError:
+            return self._idle(path)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        host = path.name.rpartition("-")[0].rpartition("-")[0]
+        return host == self._host or self._idle(path)
+
+    @staticmethod
+    def _idle(path: Path) -> bool:
         try:
             return time.time() - path.stat().st_mtime > ABANDONED_AFTER
         except FileNotFoundError:
@@ -106,6 +188,74 @@ class ArchiveStore:
             return None
         return StoredArchive(sha256, path, size)
 
+    def objects(self) -> Iterator[Path]:
+        """Every file under `ROOT/sha256/` (named by content or not), in a stable order."""
+        for path in sorted(self._objects.rglob("*")):
+            if path.is_file():
+                yield path
+
+    def check(self, sha256: str, progress: Callable[[int], None] | None = None) -> ObjectCheck | None:
+        """Hash the object stored at `sha256`'s address (None if there is none); remembered if intact."""
+        path = self.path_for(sha256)
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return None
+        with handle:
+            st = os.fstat(handle.fileno())
+            actual = hash_stream(handle, progress)
+        result = ObjectCheck(StoredArchive(sha256, path, st.st_size), actual, identity(st))
+        if result.intact:
+            self.remember_verified(sha256, result.identity)
+        return result
+
+    def remember_verified(self, sha256: str, ident: Identity) -> None:
+        """Record that the file with this identity hashed to its address."""
+        with self._lock:
+            if len(self._verified) >= VERIFIED_FACTS and sha256 not in self._verified:
+                self._verified.pop(next(iter(self._verified)), None)
+            self._verified[sha256] = ident
+
+    def is_verified(self, stored: StoredArchive) -> bool:
+        """Whether the file at `stored.path` is the very file last found intact, unchanged since."""
+        known = self._verified.get(stored.sha256)
+        if known is None:
+            return False
+        try:
+            return identity(stored.path.stat()) == known
+        except FileNotFoundError:
+            return False
+
+    def quarantine(self, sha256: str, ident: Identity | None = None) -> Path | None:
+        """Move the object at `sha256`'s address to `ROOT/quarantine/`; None if it is gone already.
+
+        With `ident`, only that very file is moved: a fresh copy published meanwhile stays.
+        """
+        path = self.path_for(sha256)
+        with self._lock:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return None
+            if ident is not None and (st.st_dev, st.st_ino) != ident[:2]:
+                return None
+            self._verified.pop(sha256, None)
+            self._quarantine.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            target = self._quarantine / f"{sha256}-{stamp}-{uuid.uuid4().hex[:6]}"
+            try:
+                os.replace(path, target)
+            except FileNotFoundError:
+                return None
+            _fsync_dir(path.parent)
+            return target
+
+    def quarantined(self) -> list[Path]:
+        try:
+            return sorted(p for p in self._quarantine.iterdir() if p.is_file())
+        except FileNotFoundError:
+            return []
+
     def begin(self) -> PendingArchive:
         return PendingArchive(self.temp_path())
 
@@ -116,7 +266,9 @@ class ArchiveStore:
 
     def temp_path(self) -> Path:
         """A fresh path in this process's temp directory, for producers that write files themselves."""
-        self._tmp.mkdir(parents=True, exist_ok=True)  # recreated if another host's start-up reaped it
+        if not self._tmp.is_dir():  # recreated (and locked again) if another host's start-up reaped it
+            with self._lock:
+                self._claim_tmp()
         return self._tmp / f"{uuid.uuid4().hex}.part"
 
     def publish(self, pending: PendingArchive, sha256: str) -> StoredArchive:
@@ -131,7 +283,9 @@ class ArchiveStore:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, final)
         _fsync_dir(final.parent)
-        return StoredArchive(sha256, final, final.stat().st_size)
+        st = final.stat()
+        self.remember_verified(sha256, identity(st))
+        return StoredArchive(sha256, final, st.st_size)
 
     def is_writable(self) -> bool:
         probe = self._tmp / f".probe-{uuid.uuid4().hex}"
@@ -143,6 +297,16 @@ class ArchiveStore:
         return True
 
 
+def hash_stream(handle: IO[bytes], progress: Callable[[int], None] | None = None) -> str:
+    """SHA-256 hex of the rest of `handle`, read in 1 MiB chunks; `progress(n)` after each."""
+    digest = hashlib.sha256()
+    while chunk := handle.read(HASH_CHUNK):
+        digest.update(chunk)
+        if progress is not None:
+            progress(len(chunk))
+    return digest.hexdigest()
+
+
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
     """Hex digest of a file, read in 1 MiB chunks (blocking: call from a worker thread)."""
     with open(path, "rb") as handle:
@@ -151,16 +315,6 @@ def file_digest(path: Path, algorithm: str = "sha256") -> str:
 
 def sha256_file(path: Path) -> str:
     return file_digest(path, "sha256")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_dir(path: Path) -> None:

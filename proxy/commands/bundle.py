@@ -71,6 +71,7 @@ class BundleReport:
     archives: int = 0
     bytes: int = 0
     already_present: int = 0
+    replaced_corrupt: int = 0  # files at a content address that did not hash to it: quarantined, replaced
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -209,9 +210,12 @@ async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore,
                 raise CommandError(f"bundle rejected: metadata entry {key!r} belongs to no archive in the manifest")
         # Everything verified: publish.
         for sha, path in files.items():
-            if store.get(sha) is not None:
+            present = store.check(sha)  # a file already there counts only if it hashes to its address
+            if present is not None and present.intact:
                 report.already_present += 1
                 continue
+            if present is not None and store.quarantine(sha, present.identity) is not None:
+                report.replaced_corrupt += 1
             store.publish_path(path, sha)
             report.archives += 1
             report.bytes += store.get(sha).size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from proxy.cache.redis import RedisStore
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
+from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.errors import InvalidRequestError
 from proxy.gpg import Keyring
@@ -28,6 +30,8 @@ async def dispatch(args: argparse.Namespace) -> int:
         return await _export(args)
     if args.command == "import":
         return await _import(args)
+    if args.command == "verify":
+        return await asyncio.to_thread(_verify, args)
     raise CommandError(f"unknown command {args.command}")
 
 
@@ -115,4 +119,16 @@ async def _import(args: argparse.Namespace) -> int:
     print(f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
           f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
           f"{report.entries} metadata entries")
+    if report.replaced_corrupt:
+        print(f"replaced {report.replaced_corrupt} corrupt stored archives (moved to the quarantine)")
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    root = Path(args.data_dir).expanduser() / "archives"
+    if not (root / "sha256").is_dir():
+        raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
+    report = verify_store(ArchiveStore(root), repair=args.repair)
+    for line in summary_lines(report):
+        print(line)
+    return 1 if report.unrepaired else 0

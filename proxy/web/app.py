@@ -26,7 +26,7 @@ from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, registry
-from proxy.web.keys import METRICS, MIRROR, MODULES, SETTINGS
+from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, SETTINGS
 from proxy.web.middlewares import request_context
 
 log = structlog.get_logger(__name__)
@@ -59,6 +59,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     keyring = Keyring(settings.gnupg_home)
     mirror = Mirror(fetcher, keyring)
     app[MIRROR] = mirror
+    app[GUARD] = fetcher.guard
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
                      max_entries=settings.max_module_entries)

@@ -2,22 +2,49 @@
 
 Both modes answer conditionals and ranges alike (`proxy.httprange.evaluate`, ETag = SHA-256).
 Over plain HTTP the kernel's sendfile copies the body. Over TLS there is no kernel TLS on
-these hosts, so bytes go through user space anyway; a loop writing 1 MiB chunks is about
-ten times faster than aiohttp's sendfile emulation (PERF-NOTES).
+these hosts, so bytes go through user space anyway; a loop writing chunks from a worker
+thread is about ten times faster than aiohttp's sendfile emulation (PERF-NOTES).
+
+No corrupted byte goes out (`proxy.integrity`). Over TLS every full GET is hashed as it is
+read (same worker-thread hop) and its last chunk is held back until the whole file matched
+its SHA-256; a mismatch aborts the connection, so the client sees a truncated body. Plain
+HTTP uses sendfile only for a file verified since it last changed (device, inode, size,
+mtime, ctime all unchanged); otherwise the body goes through the same hashing loop, which
+makes the file trusted for the next sendfile. A range is served only from a verified file
+(hashed whole first when needed). A copy found corrupt before the status line was sent is
+quarantined and fetched again within the same request (`serve_found`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from proxy.errors import StoreCorruptionError
 from proxy.httprange import evaluate
+from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.store import StoredArchive
-from proxy.web.keys import METRICS
+from proxy.web.keys import GUARD, METRICS
 from proxy.web.responses import error_response
 
 CHUNK = 1 << 20
+Found = tuple[StoredArchive, str, str]  # the stored file, its download name, its content type
+
+
+async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
+    """Serve what `find()` returns; a copy found corrupt before the first byte went out (it is
+    quarantined by then) is looked up once more, which fetches and verifies it again."""
+    stored, filename, content_type = await find()
+    try:
+        return await serve_archive(request, stored, filename, content_type)
+    except StoreCorruptionError:
+        if request.transport is None or request.transport.is_closing():
+            raise
+    stored, filename, content_type = await find()
+    return await serve_archive(request, stored, filename, content_type)
 
 
 async def serve_archive(request: web.Request, stored: StoredArchive, filename: str,
@@ -43,18 +70,31 @@ async def serve_archive(request: web.Request, stored: StoredArchive, filename: s
     span = answer.span
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
-    response = web.StreamResponse(status=answer.status, headers=headers)
-    response.content_type = content_type
-    response.content_length = length
-    if span is not None:
-        response.headers["Content-Range"] = f"bytes {start}-{end}/{stored.size}"
-    await response.prepare(request)
-    if request.method != "HEAD" and length:
-        if request.transport is not None and request.transport.get_extra_info("ssl_object") is None:
+    guard, send = request.app[GUARD], request.method != "HEAD" and length > 0
+    sendfile = send and _plain(request) and await _sendfile_allowed(guard, stored, ranged=span is not None)
+    if send and not sendfile and span is not None:
+        await guard.verify(stored)  # a range cannot be hashed on its own
+    reader = await guard.open(stored, start, length) if send and not sendfile else None
+    try:
+        response = web.StreamResponse(status=answer.status, headers=headers)
+        response.content_type = content_type
+        response.content_length = length
+        if span is not None:
+            response.headers["Content-Range"] = f"bytes {start}-{end}/{stored.size}"
+        await response.prepare(request)
+        if sendfile:
             await _sendfile(request, stored, start, length)
-        else:
-            await _copy(stored, start, length, response)
-        request.app[METRICS].served_bytes.inc(length)
+        elif reader is not None:
+            try:
+                await _copy(reader, response)
+            except StoreCorruptionError:
+                _abort(request)  # the status line is out: never let this response end normally
+                raise
+        if send:
+            request.app[METRICS].served_bytes.inc(length)
+    finally:
+        if reader is not None:
+            reader.close()
     await response.write_eof()
     return response
 
@@ -62,6 +102,26 @@ async def serve_archive(request: web.Request, stored: StoredArchive, filename: s
 def _field(request: web.Request, name: str) -> str | None:
     """All lines of a request header joined as one list (None if absent or empty)."""
     return ", ".join(request.headers.getall(name, ())) or None
+
+
+async def _copy(reader: ArchiveReader, response: web.StreamResponse) -> None:
+    async with contextlib.aclosing(reader.chunks(CHUNK)) as chunks:
+        async for chunk in chunks:
+            await response.write(chunk)
+
+
+def _plain(request: web.Request) -> bool:
+    return request.transport is not None and request.transport.get_extra_info("ssl_object") is None
+
+
+async def _sendfile_allowed(guard: StoreGuard, stored: StoredArchive, *, ranged: bool) -> bool:
+    """Plain HTTP: sendfile only from a file verified since it last changed (a range: verified first)."""
+    if await guard.trusted(stored):
+        return True
+    if ranged:
+        await guard.verify(stored)
+        return True
+    return False  # streamed through the hashing loop instead
 
 
 async def _sendfile(request: web.Request, stored: StoredArchive, start: int, length: int) -> None:
@@ -78,16 +138,6 @@ async def _sendfile(request: web.Request, stored: StoredArchive, start: int, len
         raise ConnectionError("archive shrank while being served")
 
 
-async def _copy(stored: StoredArchive, start: int, length: int, response: web.StreamResponse) -> None:
-    handle = await asyncio.to_thread(open, stored.path, "rb")
-    try:
-        await asyncio.to_thread(handle.seek, start)
-        remaining = length
-        while remaining > 0:
-            chunk = await asyncio.to_thread(handle.read, min(CHUNK, remaining))
-            if not chunk:
-                raise ConnectionError("archive shrank while being served")
-            await response.write(chunk)
-            remaining -= len(chunk)
-    finally:
-        handle.close()
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
@@ -13,3 +14,4 @@ SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
 METRICS = web.AppKey("metrics", Metrics)
 MODULES = web.AppKey("modules", ModuleMirror)
+GUARD = web.AppKey("guard", StoreGuard)

@@ -12,7 +12,7 @@ from aiohttp import web
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError, NotFoundError
 from proxy.rewrite import archive_filename
-from proxy.web.archives import serve_archive
+from proxy.web.archives import Found, serve_found
 from proxy.web.keys import MIRROR
 from proxy.web.responses import json_response
 
@@ -50,8 +50,12 @@ async def archive(request: web.Request) -> web.StreamResponse:
     platform = Platform.parse(request.match_info["platform"])
     if request.match_info["filename"] != archive_filename(addr, version, platform):
         raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
-    stored, record = await request.app[MIRROR].archive(addr, version, platform)
-    return await serve_archive(request, stored, record.filename)
+
+    async def find() -> Found:
+        stored, record = await request.app[MIRROR].archive(addr, version, platform)
+        return stored, record.filename, "application/zip"
+
+    return await serve_found(request, find)
 
 
 def add_routes(app: web.Application) -> None:

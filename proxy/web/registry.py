@@ -14,7 +14,7 @@ from aiohttp import web
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import NotFoundError
 from proxy.rewrite import rewrite_download_document
-from proxy.web.archives import serve_archive
+from proxy.web.archives import Found, serve_found
 from proxy.web.keys import MIRROR, MODULES
 from proxy.web.responses import json_response
 
@@ -71,11 +71,15 @@ async def module_download(request: web.Request) -> web.Response:
 
 async def module_archive(request: web.Request) -> web.StreamResponse:
     addr, version = _module(request), Version.parse(request.match_info["version"])
-    stored, record = await request.app[MODULES].archive(addr, version)
-    if request.match_info["file"] != f"archive{record.extension}":
-        raise NotFoundError(f"this module's archive is archive{record.extension}")
-    return await serve_archive(request, stored, f"{addr.name}-{version}{record.extension}",
-                               content_type=_CONTENT_TYPES.get(record.archive, "application/octet-stream"))
+
+    async def find() -> Found:
+        stored, record = await request.app[MODULES].archive(addr, version)
+        if request.match_info["file"] != f"archive{record.extension}":
+            raise NotFoundError(f"this module's archive is archive{record.extension}")
+        return (stored, f"{addr.name}-{version}{record.extension}",
+                _CONTENT_TYPES.get(record.archive, "application/octet-stream"))
+
+    return await serve_found(request, find)
 
 
 _CONTENT_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip", "tar.bz2": "application/x-bzip2",

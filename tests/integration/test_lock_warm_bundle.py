@@ -216,6 +216,20 @@ async def test_bundle_round_trip_serves_offline(exported, make_local_settings, c
         assert status == 200 and data == registry.static["net.tar.gz"]
 
 
+async def test_import_replaces_a_corrupt_stored_copy_instead_of_counting_it_present(exported, registry, tmp_path,
+                                                                                      signing_key):
+    target = tmp_path / "b"
+    await _import(target, exported, {signing_key.fingerprint})
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    sha = release.sha256("linux_amd64")
+    stored = target / "archives" / "sha256" / sha[:2] / sha[2:4] / sha
+    stored.write_bytes(b"not the archive")
+    again = await _import(target, exported, {signing_key.fingerprint})
+    assert (again.archives, again.already_present, again.replaced_corrupt) == (1, 1, 1)
+    assert stored.read_bytes() == release.zips["linux_amd64"]
+    assert [p.name.split("-")[0] for p in (target / "archives" / "quarantine").iterdir()] == [sha]
+
+
 def _rewrite_bundle(source, target, change):
     import zstandard
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proxy.store import LOCK_NAME
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 
@@ -13,7 +14,7 @@ def stored(proxy) -> list:
     from proxy.web.keys import SETTINGS
 
     root = proxy.app[SETTINGS].archive_dir
-    return [p for p in root.rglob("*") if p.is_file()]
+    return [p for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME]  # the temp dir's lock is no archive
 
 
 def release_of(registry) -> Release:

@@ -1,0 +1,97 @@
+"""`registry-proxy verify`: re-hash every object of a data dir's archive store.
+
+An object is intact when its content hashes to its name (`sha256/ab/cd/<sha256>`). With
+`--repair` corrupt objects are moved to the quarantine (a running proxy fetches and
+verifies them again on the next request) and abandoned temp dirs are removed. Safe to run
+next to a running proxy: nothing is written without `--repair`, and a live process's temp
+dir is recognised by its lock.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from proxy.store import ArchiveStore
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+
+
+@dataclass
+class VerifyReport:
+    objects: int = 0
+    bytes: int = 0
+    corrupt: dict[str, str] = field(default_factory=dict)  # sha256 → what is wrong
+    quarantined: dict[str, Path] = field(default_factory=dict)  # sha256 → where it went
+    strays: list[Path] = field(default_factory=list)  # files not named by a digest at their place
+    abandoned_temp_dirs: list[Path] = field(default_factory=list)
+    removed_temp_dirs: list[Path] = field(default_factory=list)
+    live_temp_dirs: int = 0
+    quarantine_files: int = 0
+
+    @property
+    def unrepaired(self) -> int:
+        return len(set(self.corrupt) - set(self.quarantined))
+
+
+def verify_store(store: ArchiveStore, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
+    """Hash every object under `ROOT/sha256/`; with `repair`, quarantine corrupt ones and reap temp dirs."""
+    report = VerifyReport()
+    paths = list(store.objects())
+    total = sum(_size(p) for p in paths)
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify", disable=not show) as bar:
+        for path in paths:
+            sha = path.name
+            if not _HEX64.match(sha) or store.path_for(sha) != path:
+                report.strays.append(path)
+                bar.update(_size(path))
+                continue
+            result = store.check(sha, bar.update)
+            if result is None:  # removed meanwhile (a running proxy quarantined it)
+                continue
+            report.objects += 1
+            report.bytes += result.stored.size
+            if result.intact:
+                continue
+            report.corrupt[sha] = f"content hashes to {result.actual}"
+            if repair:
+                moved = store.quarantine(sha, result.identity)
+                if moved is not None:
+                    report.quarantined[sha] = moved
+    report.abandoned_temp_dirs = store.abandoned_temp_dirs()
+    report.live_temp_dirs = len(store.temp_dirs()) - len(report.abandoned_temp_dirs)
+    if repair:
+        for folder in report.abandoned_temp_dirs:
+            store.remove_temp_dir(folder)
+            report.removed_temp_dirs.append(folder)
+    report.quarantine_files = len(store.quarantined())
+    return report
+
+
+def summary_lines(report: VerifyReport) -> list[str]:
+    lines = []
+    for sha, reason in report.corrupt.items():
+        moved = report.quarantined.get(sha)
+        lines.append(f"CORRUPT {sha}: {reason}" + (f"; quarantined to {moved}" if moved else ""))
+    lines.extend(f"stray file (not at its content address, never served): {path}" for path in report.strays)
+    for folder in report.abandoned_temp_dirs:
+        removed = "removed" if folder in report.removed_temp_dirs else "remove with --repair"
+        lines.append(f"abandoned temp dir: {folder} ({removed})")
+    lines.append(
+        f"verify: {report.objects} objects ({report.bytes} bytes), {len(report.corrupt)} corrupt, "
+        f"{len(report.quarantined)} quarantined, {len(report.strays)} stray, "
+        f"{len(report.abandoned_temp_dirs)} abandoned temp dir(s), {report.live_temp_dirs} in use, "
+        f"{report.quarantine_files} file(s) in quarantine")
+    return lines
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

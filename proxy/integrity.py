@@ -1,0 +1,191 @@
+"""Integrity of stored archives when they are looked up and served: never hand out a wrong byte.
+
+- Every lookup compares the file's size with the verified record (`StoreGuard.lookup`).
+- A whole-file read hashes each chunk in the same worker-thread hop as the read and hands
+  out the last chunk only once the file matched its content address (`StoreGuard.read`); a
+  mismatch raises `StoreCorruptionError` before the body is complete, so the caller aborts
+  the connection and the client sees a truncated body, which both CLIs reject.
+- A byte range cannot be checked on its own: the whole file is hashed first unless it is
+  the very file (device, inode, size, mtime, ctime) last found intact (`StoreGuard.verify`).
+- A file found at a content address without a record is hashed before it is adopted.
+
+Whatever fails is moved to the quarantine, logged as `security.store_corruption` and
+counted; its record still names the SHA-256, so the next lookup finds nothing and the
+archive is fetched and verified from upstream again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+from proxy.errors import StoreCorruptionError
+from proxy.metrics import Metrics
+from proxy.singleflight import SingleFlight
+from proxy.store import ArchiveStore, Identity, StoredArchive, identity
+
+log = structlog.get_logger(__name__)
+
+
+class StoreGuard:
+    """Size checks, streaming hashes, whole-file verification and quarantine for one archive store."""
+
+    def __init__(self, store: ArchiveStore, metrics: Metrics) -> None:
+        self.store = store
+        self._metrics = metrics
+        self._checks = SingleFlight()
+
+    async def lookup(self, sha256: str, expected_size: int) -> StoredArchive | None:
+        """The stored object if its size is the recorded one; a wrong size is quarantined (None)."""
+        path = self.store.path_for(sha256)
+        st = await asyncio.to_thread(_stat, path)
+        if st is None:
+            return None
+        stored = StoredArchive(sha256, path, st.st_size)
+        if st.st_size != expected_size:
+            await self.corrupted(stored, "size", ident=identity(st), expected_size=expected_size)
+            return None
+        return stored
+
+    async def adopt(self, sha256: str) -> StoredArchive | None:
+        """A file already at `sha256`'s address (stored for another address, or before the metadata was
+        lost), hashed before it is trusted; one that does not match is quarantined (None)."""
+        result = await asyncio.to_thread(self.store.check, sha256)
+        if result is None:
+            return None
+        if not result.intact:
+            await self.corrupted(result.stored, "digest", ident=result.identity, actual=result.actual)
+            return None
+        return result.stored
+
+    async def trusted(self, stored: StoredArchive) -> bool:
+        """Whether the file is unchanged since it was last hashed and found intact."""
+        return await asyncio.to_thread(self.store.is_verified, stored)
+
+    async def verify(self, stored: StoredArchive) -> None:
+        """Hash the whole file unless trusted (one hash per object at a time); raise if it is corrupt."""
+        if await self.trusted(stored):
+            return
+        result = await self._checks.run(stored.sha256,
+                                        lambda: asyncio.to_thread(self.store.check, stored.sha256))
+        if result is not None and result.intact:
+            return
+        if result is not None:
+            await self.corrupted(result.stored, "digest", ident=result.identity, actual=result.actual,
+                                 expected_size=stored.size)
+        raise _corrupt(stored)
+
+    async def open(self, stored: StoredArchive, start: int, length: int) -> ArchiveReader:
+        """A reader of `length` bytes from `start`, opened before the status line is sent: a file that is
+        gone or has changed size since the lookup raises StoreCorruptionError (and can be looked up again)."""
+        try:
+            handle, st = await asyncio.to_thread(_open, stored.path)
+        except FileNotFoundError:
+            raise _corrupt(stored) from None
+        if st.st_size != stored.size:
+            handle.close()
+            await self.corrupted(stored, "size", ident=identity(st), expected_size=stored.size)
+            raise _corrupt(stored)
+        return ArchiveReader(self, stored, handle, identity(st), start, length)
+
+    async def corrupted(self, stored: StoredArchive, check: str, *, ident: Identity | None = None,
+                        actual: str | None = None, expected_size: int | None = None) -> None:
+        """Quarantine a corrupt object, log `security.store_corruption` and count it.
+
+        Nothing is logged when the file is gone already (another request quarantined it, or a
+        fresh copy replaced it: `ident` names the corrupt file, so a fresh one is never moved).
+        """
+        try:
+            moved = await asyncio.to_thread(self.store.quarantine, stored.sha256, ident)
+            error = None
+        except OSError as exc:
+            moved, error = None, str(exc)
+        if moved is None and error is None:
+            return
+        self._metrics.store_corruptions.labels(check).inc()
+        size = ident[2] if ident is not None else stored.size
+        log.error("security.store_corruption", check=check, sha256=stored.sha256, path=str(stored.path),
+                  size=size, expected_size=stored.size if expected_size is None else expected_size,
+                  actual_sha256=actual, quarantined_to=str(moved) if moved else None, quarantine_error=error)
+
+
+class ArchiveReader:
+    """Reads a span of a stored archive; reading the whole file, it hashes every chunk in the same
+    worker-thread hop as the read and hands out the last chunk only once the whole file matched."""
+
+    def __init__(self, guard: StoreGuard, stored: StoredArchive, handle: IO[bytes], ident: Identity,
+                 start: int, length: int) -> None:
+        self._guard = guard
+        self._stored = stored
+        self._handle = handle
+        self._ident = ident
+        self._start = start
+        self._length = length
+
+    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+        """The span in chunks of at most `size` bytes; raises StoreCorruptionError on a mismatch."""
+        stored, ident = self._stored, self._ident
+        if self._start:
+            await asyncio.to_thread(self._handle.seek, self._start)
+        digest = hashlib.sha256() if self._start == 0 and self._length == stored.size else None
+        remaining = self._length
+        # The next chunk is read and hashed in a worker thread while this one is written (TLS runs
+        # in the event loop): one read in flight at most, so the digest sees the chunks in order.
+        reading: asyncio.Future[bytes] | None = self._read(min(size, remaining), digest)
+        try:
+            while reading is not None:
+                chunk = await reading
+                remaining -= len(chunk)
+                reading = self._read(min(size, remaining), digest) if chunk and remaining > 0 else None
+                if not chunk:
+                    await self._guard.corrupted(stored, "size", ident=ident, expected_size=stored.size)
+                    raise _corrupt(stored)
+                if digest is not None and remaining == 0 and digest.hexdigest() != stored.sha256:
+                    await self._guard.corrupted(stored, "digest", ident=ident, actual=digest.hexdigest())
+                    raise _corrupt(stored)
+                yield chunk
+        finally:
+            if reading is not None:  # never close the file under a read still running in its thread
+                await asyncio.wait([reading])
+                if not reading.cancelled():
+                    reading.exception()
+        if digest is not None:
+            self._guard.store.remember_verified(stored.sha256, ident)
+
+    def _read(self, size: int, digest: hashlib._Hash | None) -> asyncio.Future[bytes]:
+        return asyncio.ensure_future(asyncio.to_thread(_read, self._handle, size, digest))
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _corrupt(stored: StoredArchive) -> StoreCorruptionError:
+    return StoreCorruptionError(
+        f"the stored copy of archive {stored.sha256} failed its integrity check and was quarantined; "
+        "it is fetched and verified again on the next request")
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _open(path: Path) -> tuple[IO[bytes], os.stat_result]:
+    handle = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    return handle, os.fstat(handle.fileno())
+
+
+def _read(handle: IO[bytes], size: int, digest: hashlib._Hash | None) -> bytes:
+    """One read, and the hash update of what was read, in the same worker-thread hop."""
+    chunk = handle.read(size)
+    if digest is not None:
+        digest.update(chunk)
+    return chunk
