@@ -9,6 +9,7 @@ otherwise).
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 
@@ -65,6 +66,27 @@ class RawClient(asyncio.Protocol):
     def dropped_by_server(self) -> bool:
         """True when the server closed or reset the connection, even if we stopped reading."""
         return self.closed.done() or self.tcp_state() not in (TCP_ESTABLISHED, None)
+
+    def clear(self) -> None:
+        """Forget what was received, to read the next response on a keep-alive connection."""
+        self.head.clear()
+        self.received = 0
+        self.got_data.clear()
+
+    async def response(self, timeout: float = 10.0) -> tuple[int | None, bytes]:
+        """Wait for one whole response (head plus Content-Length bytes, or the close): (status, body)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                head, sep, body = bytes(self.head).partition(b"\r\n\r\n")
+                match = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                if sep and match and len(body) >= int(match.group(1)):
+                    return self.status(), body[:int(match.group(1))]
+                if self.closed.done():
+                    return self.status(), body
+                self.got_data.clear()
+                waiter = asyncio.ensure_future(self.got_data.wait())
+                await asyncio.wait([waiter, self.closed], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
 
     def abort(self) -> None:
         if self.transport is not None:
