@@ -91,6 +91,19 @@ async def test_slowloris_and_idle_connections_are_closed_after_the_header_timeou
     assert status == 200 and json.loads(body) == {"status": "ok"}
 
 
+async def test_a_tls_handshake_that_never_starts_is_cut_at_the_header_timeout(proxy_process):
+    proc = await proxy_process("--client-header-timeout", "1s")
+    reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)  # TCP only, no ClientHello
+    started = time.monotonic()
+    try:
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    except ConnectionResetError:
+        pass  # a reset is a close too
+    finally:
+        writer.close()
+    assert time.monotonic() - started < 10
+
+
 async def test_keepalive_timeout_closes_idle_connections_between_requests(proxy_process):
     proc = await proxy_process("--keepalive-timeout", "1s", "--client-header-timeout", "30s")
     client = await _open(proc)
