@@ -17,7 +17,6 @@ from pathlib import Path
 
 import platformdirs
 import structlog
-from aiohttp import web
 
 from proxy import __version__
 from proxy.addrs import Hostname
@@ -129,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
             "is checked, before it is stored)", default="1GiB")
     _option(serve, "--max-module-entries", "most entries (files, directories, links) a module archive may hold",
             default="100000")
+    # --- server limits ---
+    _option(serve, "--max-connections", "client connections open at once; beyond it a new connection gets a 503 "
+            "and is closed (nginx: worker_connections)", default="1024")
+    _option(serve, "--client-header-timeout", "time from accepting a connection to a complete request head, "
+            "TLS handshake included (nginx: client_header_timeout)", default="10s")
+    _option(serve, "--keepalive-timeout", "how long an idle connection is kept open between requests "
+            "(nginx: keepalive_timeout)", default="15s")
+    _option(serve, "--send-timeout", "longest wait for a client to take more of a response; a client that "
+            "stops reading is dropped after it (nginx: send_timeout)", default="60s")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -240,13 +248,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_format=args.log_format,
         log_level=args.log_level,
         max_module_unpacked_bytes=parse_size(args.max_module_unpacked_size),
-        max_module_entries=_count_setting(args.max_module_entries, "--max-module-entries"),
+        max_module_entries=_count(args.max_module_entries, "--max-module-entries"),
+        max_connections=_count(args.max_connections, "--max-connections"),
+        client_header_timeout=parse_duration(args.client_header_timeout),
+        keepalive_timeout=parse_duration(args.keepalive_timeout),
+        send_timeout=parse_duration(args.send_timeout),
     )
 
 
-def _count_setting(text: str, flag: str) -> int:
-    if not str(text).strip().isdigit():
-        raise ConfigError(f"invalid {flag} {text!r}: expected a positive integer")
+def _count(text: str, flag: str) -> int:
+    if not str(text).strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"{flag} must be a positive integer, not {text!r}")
     return int(str(text).strip())
 
 
@@ -280,6 +292,7 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
 def serve(args: argparse.Namespace) -> int:
     from proxy.log import setup_logging
     from proxy.web.app import create_app
+    from proxy.web.server import run_server
 
     settings = settings_from_args(args)
     setup_logging(settings.log_format, settings.log_level)
@@ -287,8 +300,7 @@ def serve(args: argparse.Namespace) -> int:
     scheme = "http" if context is None else "https"
     display_host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
     log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/")
-    web.run_app(create_app(settings), host=settings.listen_host, port=settings.listen_port,
-                ssl_context=context, access_log=None, print=None, shutdown_timeout=30)
+    run_server(create_app(settings), settings, context, shutdown_timeout=30)
     return 0
 
 

@@ -138,6 +138,10 @@ class Settings:
     log_level: str = "info"
     max_module_unpacked_bytes: int = 1 * 2**30
     max_module_entries: int = 100_000
+    max_connections: int = 1024
+    client_header_timeout: float = 10.0
+    keepalive_timeout: float = 15.0
+    send_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -156,6 +160,13 @@ class Settings:
             raise ConfigError("--max-module-entries must be a positive integer")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+        if self.max_connections < 1:
+            raise ConfigError("--max-connections must be a positive integer")
+        for flag, seconds in (("--client-header-timeout", self.client_header_timeout),
+                              ("--keepalive-timeout", self.keepalive_timeout),
+                              ("--send-timeout", self.send_timeout)):
+            if seconds <= 0:
+                raise ConfigError(f"{flag} must be more than 0s")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Metrics:
@@ -29,3 +29,10 @@ class Metrics:
                                          ["check"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)
+        self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",
+                                      registry=self.registry)
+        self.connections_refused = Counter("registry_proxy_connections_refused",
+                                           "Client connections refused at --max-connections", registry=self.registry)
+        self.connections_dropped = Counter("registry_proxy_connections_dropped",
+                                           "Client connections closed by a timeout", ["reason"],
+                                           registry=self.registry)

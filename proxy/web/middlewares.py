@@ -1,7 +1,13 @@
-"""Request id, access log, metrics, and rendering of every error as `{"errors": [...]}`."""
+"""Request id, access log, metrics, and rendering of every error as `{"errors": [...]}`.
+
+A client that goes away mid-request is not a server error: it is logged as `request.aborted`
+and counted with status 499 (nginx's "client closed request"), and the exception goes on to
+aiohttp, which drops the connection.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import structlog
@@ -14,6 +20,9 @@ from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.access")
 
+CLIENT_CLOSED_REQUEST = 499
+SUPPORTED_VERSIONS = ((1, 0), (1, 1))
+
 
 @web.middleware
 async def request_context(request: web.Request, handler) -> web.StreamResponse:
@@ -23,21 +32,33 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     structlog.contextvars.bind_contextvars(request_id=request_id)
     begin_request()
     started = time.perf_counter()
-    response = await _render_errors(request, handler)
+    try:
+        response = await _render_errors(request, handler)
+    except (ConnectionError, asyncio.CancelledError) as exc:
+        _record(request, "request.aborted", CLIENT_CLOSED_REQUEST, request.writer.output_size, started,
+                error=type(exc).__name__)
+        raise
     response.headers["X-Request-Id"] = request_id
-    duration = time.perf_counter() - started
-    route = request.match_info.route.name or "unmatched"
-    metrics = request.app[METRICS]
-    metrics.requests.labels(route, str(response.status)).inc()
-    metrics.request_seconds.labels(route).observe(duration)
     sent = response.body_length if response.prepared else (response.content_length or 0)
-    log.info("request", method=request.method, path=request.path, status=response.status,
-             bytes=sent, duration_ms=round(duration * 1000, 2), cache=request_cache_status(),
-             remote=request.remote, user_agent=request.headers.get("User-Agent", ""))
+    _record(request, "request", response.status, sent, started)
     return response
 
 
+def _record(request: web.Request, event: str, status: int, sent: int, started: float, **extra) -> None:
+    """One access-log line and the request metrics."""
+    duration = time.perf_counter() - started
+    route = request.match_info.route.name or "unmatched"
+    metrics = request.app[METRICS]
+    metrics.requests.labels(route, str(status)).inc()
+    metrics.request_seconds.labels(route).observe(duration)
+    log.info(event, method=request.method, path=request.path, status=status,
+             bytes=sent, duration_ms=round(duration * 1000, 2), cache=request_cache_status(),
+             remote=request.remote, user_agent=request.headers.get("User-Agent", ""), **extra)
+
+
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:
+    if (request.version.major, request.version.minor) not in SUPPORTED_VERSIONS:
+        return error_response(505, f"HTTP version not supported: HTTP/{request.version.major}.{request.version.minor}")
     try:
         return await handler(request)
     except ProxyError as exc:
@@ -49,6 +70,13 @@ async def _render_errors(request: web.Request, handler) -> web.StreamResponse:
             raise
         reason = "no such endpoint" if exc.status == 404 else exc.reason
         return error_response(exc.status, f"{reason}: {request.method} {request.path}")
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, ConnectionError) and _client_gone(request):
+            raise
         log.exception("request.crashed")
         return error_response(500, "internal error; see the proxy log for the request id")
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()

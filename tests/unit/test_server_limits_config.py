@@ -1,0 +1,54 @@
+"""The server-limit flags: defaults, environment variables, validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import build_parser, settings_from_args
+from proxy.config import ConfigError, Settings
+
+_ENV = ("MAX_CONNECTIONS", "CLIENT_HEADER_TIMEOUT", "KEEPALIVE_TIMEOUT", "SEND_TIMEOUT")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in _ENV:
+        monkeypatch.delenv("REGISTRY_PROXY_" + name, raising=False)
+    return monkeypatch
+
+
+def _settings(tmp_path: Path, *flags: str) -> Settings:
+    return settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path), *flags]))
+
+
+def test_defaults_are_nginx_like(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert settings.max_connections == 1024
+    assert settings.client_header_timeout == 10.0
+    assert settings.keepalive_timeout == 15.0
+    assert settings.send_timeout == 60.0
+
+
+def test_flags_and_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("REGISTRY_PROXY_MAX_CONNECTIONS", "64")
+    clean_env.setenv("REGISTRY_PROXY_SEND_TIMEOUT", "2m")
+    settings = _settings(tmp_path, "--client-header-timeout", "500ms", "--keepalive-timeout", "5s")
+    assert (settings.max_connections, settings.send_timeout) == (64, 120.0)
+    assert (settings.client_header_timeout, settings.keepalive_timeout) == (0.5, 5.0)
+    assert _settings(tmp_path, "--max-connections", "8").max_connections == 8  # the flag wins
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--max-connections", "0"), "--max-connections must be a positive integer"),
+    (("--max-connections", "-5"), "--max-connections must be a positive integer"),
+    (("--max-connections", "lots"), "--max-connections must be a positive integer"),
+    (("--send-timeout", "0s"), "--send-timeout must be more than 0s"),
+    (("--keepalive-timeout", "0"), "--keepalive-timeout must be more than 0s"),
+    (("--client-header-timeout", "soon"), "invalid duration"),
+])
+def test_invalid_values_stop_start_up(clean_env: pytest.MonkeyPatch, tmp_path: Path, flags: tuple,
+                                      message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _settings(tmp_path, *flags)
