@@ -97,3 +97,11 @@ class UpstreamTimeoutError(ProxyError):
 
     status = 504
     code = "upstream_timeout"
+
+
+class ShuttingDownError(ProxyError):
+    """The shared fetch a request waited for was cancelled because the proxy is shutting down."""
+
+    status = 503
+    code = "shutting_down"
+    expected = True

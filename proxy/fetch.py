@@ -60,12 +60,23 @@ class Fetcher:
         self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
         self._parsed: dict[str, tuple[object, object]] = {}
         self._records: dict[str, tuple[bytes, dict[str, Any] | None]] = {}
+        self._shutdown_timer: asyncio.TimerHandle | None = None
 
-    async def close(self) -> None:
-        """At shutdown (requests have had their grace): cancel the fetches still running."""
-        cancelled = await self.flights.close(grace=0)
+    def begin_shutdown(self, grace: float) -> None:
+        """Requests may wait for running fetches `grace` seconds more; then the fetches are cancelled."""
+        self._shutdown_timer = asyncio.get_running_loop().call_later(grace, self._cancel_fetches)
+
+    def _cancel_fetches(self) -> None:
+        cancelled = self.flights.cancel_all()
         if cancelled:
             log.info("proxy.fetches_cancelled", count=cancelled)
+
+    async def close(self) -> None:
+        """At shutdown (requests have had their grace): cancel the fetches still running, wait for their cleanup."""
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+        self._cancel_fetches()
+        await self.flights.close(grace=0)
 
     def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
@@ -180,12 +191,12 @@ class Fetcher:
     async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
                        max_redirects: int | None,
                        validate: Callable[[CacheEntry], object]) -> tuple[CacheEntry, str]:
-        now = self._clock()
         usable = cached if cached is not None and not cached.negative else None
         try:
             async with self._metadata_slots.hold(url, self.settings.limits.metadata_timeout, key):
                 response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
                                                     etag=usable.etag if usable else None)
+            now = self._clock()  # the answer's age counts from its arrival, however slow the upstream was
             if response.status == 304 and usable is not None:
                 entry = replace(usable, fetched_at=now)
             elif response.status in (404, 410):
@@ -203,7 +214,7 @@ class Fetcher:
             self.metrics.upstream_fetches.labels("metadata", "error").inc()
             if cached is not None:  # stale-if-error, for remembered 404s too
                 log.warning("cache.serve_stale", key=key, error=exc.message,
-                            age_seconds=round(now - cached.fetched_at))
+                            age_seconds=round(self._clock() - cached.fetched_at))
                 return cached, "stale"
             raise
         self.metrics.upstream_fetches.labels("metadata", str(response.status)).inc()

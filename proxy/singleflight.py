@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from proxy.deadline import detached_context
+from proxy.errors import ShuttingDownError
 
 T = TypeVar("T")
 
@@ -54,13 +55,26 @@ class SingleFlight:
                                                           context=detached_context())
             self._tasks[key] = task
             task.add_done_callback(lambda done, key=key: self._forget(key, done))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                raise ShuttingDownError("the proxy is shutting down and stopped this fetch; retry") from None
+            raise
 
     def _forget(self, key: str, task: asyncio.Task[Any]) -> None:
         if self._tasks.get(key) is task:
             del self._tasks[key]
         if not task.cancelled():
             task.exception()  # mark retrieved: waiters may all have gone away
+
+    def cancel_all(self) -> int:
+        """Cancel every running task (their waiters get a ShuttingDownError); returns how many."""
+        running = [task for task in self._tasks.values() if not task.done()]
+        for task in running:
+            task.cancel()
+        return len(running)
 
     async def close(self, grace: float | None = None, unwind: float = 5.0) -> int:
         """At shutdown: wait for running work at most `grace` seconds (None: as long as it takes), then

@@ -62,6 +62,11 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes)
     app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
                                 max_bytes=settings.max_module_bytes)
+
+    async def begin_shutdown(_: web.Application) -> None:
+        fetcher.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
+
+    app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline)
     try:

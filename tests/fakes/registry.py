@@ -3,7 +3,7 @@
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
 (archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
-signing keys, slow archive streaming, trickling archives (bytes per second).
+signing keys, slow archive streaming, trickling (bytes per second) and stalling archives.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class FakeRegistry:
         self.extra_download_fields: dict = {}
         self.archive_chunk_delay = 0.0
         self.trickle: dict[str, int] = {}  # archive path -> bytes per second
+        self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
         self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
@@ -223,6 +224,9 @@ class FakeRegistry:
         if request.method == "HEAD":  # terraform's go-getter sends HEAD before GET
             await response.write_eof()
             return response
+        if request.path in self.stall:
+            await response.write(body[:self.stall[request.path]])
+            await asyncio.sleep(3600)
         rate = self.trickle.get(request.path)
         step = max(1, rate // 10) if rate else 256 * 1024
         for offset in range(0, len(body), step):
