@@ -4,9 +4,9 @@
 one shared upstream fetch (ETag revalidation); on upstream failure the stale copy is
 served (stale-if-error); 404s are cached briefly. A request waits for a refresh at most
 its stale deadline (then the stale copy is answered while the refresh goes on) and for a
-missing document at most its request deadline (then 504) — see `proxy.deadline`. `Fetcher.download` streams a URL into
-a temp file of the archive store while hashing it, lets the caller check it, and only
-then publishes it. Both the provider mirror and the module mirror build on this.
+missing document at most its request deadline (then 504) — see `proxy.deadline`.
+`Fetcher.download` streams a URL into a temp file of the archive store while hashing it,
+lets the caller check it, and only then publishes it. Both the provider mirror and the module mirror build on this.
 """
 
 from __future__ import annotations
