@@ -137,6 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
             "(nginx: keepalive_timeout)", default="15s")
     _option(serve, "--send-timeout", "longest wait for a client to take more of a response; a client that "
             "stops reading is dropped after it (nginx: send_timeout)", default="60s")
+    # --- upstream deadlines ---
+    _option(serve, "--stale-deadline", "with a stale cached copy, wait at most this long (from the request's start) "
+            "for the refresh, then answer the stale copy while the refresh goes on", default="2s")
+    _option(serve, "--request-deadline", "wait at most this long for upstream metadata the cache lacks, then "
+            "answer 504 (the fetch goes on; downloads themselves are bounded by the rate rules)", default="8s")
+    _option(serve, "--download-idle-timeout", "abort a download that sends nothing for this long", default="30s")
+    _option(serve, "--min-download-rate", "abort a download slower than this per second over "
+            "--download-rate-window (checked after one window); 0 turns it off", default="32KiB")
+    _option(serve, "--download-rate-window", "window of the minimum download rate", default="30s")
+    _option(serve, "--download-slot-wait", "wait at most this long for a download slot, then answer 503",
+            default="30s")
+    _option(serve, "--upstream-host-concurrency", "upstream requests in flight to one host at most (within "
+            "--upstream-concurrency)", default="8")
+    _option(serve, "--shutdown-grace", "on SIGTERM, let requests finish for at most this long, then cancel "
+            "upstream fetches and exit", default="15s")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -217,6 +232,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     concurrency = int(args.upstream_concurrency) if str(args.upstream_concurrency).isdigit() else 0
     if concurrency < 1:
         raise ConfigError("--upstream-concurrency must be a positive integer")
+    host_concurrency = int(args.upstream_host_concurrency) if str(args.upstream_host_concurrency).isdigit() else 0
     return Settings(
         data_dir=Path(args.data_dir).expanduser(),
         listen_host=host,
@@ -233,8 +249,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                             negative=parse_duration(args.ttl_negative)),
         limits=Limits(max_archive_bytes=parse_size(args.max_archive_size),
                       max_metadata_bytes=parse_size(args.max_metadata_size),
-                      metadata_timeout=timeout, read_timeout=max(timeout, 60.0),
-                      connect_timeout=min(timeout, 10.0), upstream_concurrency=concurrency),
+                      metadata_timeout=timeout, read_timeout=parse_duration(args.download_idle_timeout),
+                      connect_timeout=min(timeout, 10.0), upstream_concurrency=concurrency,
+                      min_download_rate=parse_size(args.min_download_rate),
+                      download_rate_window=parse_duration(args.download_rate_window),
+                      download_slot_wait=parse_duration(args.download_slot_wait),
+                      upstream_host_concurrency=host_concurrency),
         default_upstream=_hostname_setting(args.default_upstream, "--default-upstream"),
         module_passthrough=args.module_passthrough,
         max_module_bytes=parse_size(args.max_module_size),
@@ -253,6 +273,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         client_header_timeout=parse_duration(args.client_header_timeout),
         keepalive_timeout=parse_duration(args.keepalive_timeout),
         send_timeout=parse_duration(args.send_timeout),
+        stale_deadline=parse_duration(args.stale_deadline),
+        request_deadline=parse_duration(args.request_deadline),
+        shutdown_grace=parse_duration(args.shutdown_grace),
     )
 
 
@@ -300,7 +323,7 @@ def serve(args: argparse.Namespace) -> int:
     scheme = "http" if context is None else "https"
     display_host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
     log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/")
-    run_server(create_app(settings), settings, context, shutdown_timeout=30)
+    run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace)
     return 0
 
 

@@ -102,10 +102,26 @@ class Limits:
     max_metadata_bytes: int = 8 * 2**20
     max_discovery_bytes: int = 1 * 2**20
     connect_timeout: float = 10.0
-    read_timeout: float = 60.0
-    metadata_timeout: float = 30.0
+    read_timeout: float = 30.0  # a download that sends nothing this long is aborted
+    metadata_timeout: float = 30.0  # one metadata fetch, its retry included
     max_redirects: int = 5
     upstream_concurrency: int = 16
+    min_download_rate: int = 32 * 2**10  # bytes/s over download_rate_window (after as long again); 0: off
+    download_rate_window: float = 30.0
+    download_slot_wait: float = 30.0
+    upstream_host_concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        if self.min_download_rate < 0:
+            raise ConfigError("--min-download-rate must not be negative (0 turns it off)")
+        if self.download_rate_window <= 0:
+            raise ConfigError("--download-rate-window must be positive")
+        if self.read_timeout <= 0:
+            raise ConfigError("--download-idle-timeout must be positive")
+        if self.download_slot_wait <= 0:
+            raise ConfigError("--download-slot-wait must be positive")
+        if self.upstream_host_concurrency < 1:
+            raise ConfigError("--upstream-host-concurrency must be a positive integer")
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,9 @@ class Settings:
     client_header_timeout: float = 10.0
     keepalive_timeout: float = 15.0
     send_timeout: float = 60.0
+    stale_deadline: float = 2.0
+    request_deadline: float = 8.0
+    shutdown_grace: float = 15.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -167,6 +186,12 @@ class Settings:
                               ("--send-timeout", self.send_timeout)):
             if seconds <= 0:
                 raise ConfigError(f"{flag} must be more than 0s")
+        if self.request_deadline <= 0:
+            raise ConfigError("--request-deadline must be positive")
+        if not 0 <= self.stale_deadline <= self.request_deadline:
+            raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
+        if self.shutdown_grace < 0:
+            raise ConfigError("--shutdown-grace must not be negative")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

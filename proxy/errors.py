@@ -79,3 +79,34 @@ class StoreCorruptionError(ProxyError):
 
     status = 503
     code = "store_corruption"
+class UpstreamBusyError(UpstreamError):
+    """Every upstream slot (or every slot for one upstream host) stayed taken for too long."""
+
+    status = 503
+    code = "upstream_busy"
+
+
+class UpstreamTooSlowError(UpstreamError):
+    """A download stalled or stayed below the minimum transfer rate, and was aborted."""
+
+    status = 504
+    code = "upstream_too_slow"
+
+
+class UpstreamTimeoutError(ProxyError):
+    """The upstream did not answer within the request deadline (the shared fetch may go on).
+
+    Not an UpstreamError: it is the request's own deadline, so it is never turned into a stale
+    answer or a left-out platform by the handlers of upstream failures.
+    """
+
+    status = 504
+    code = "upstream_timeout"
+
+
+class ShuttingDownError(ProxyError):
+    """The shared fetch a request waited for was cancelled because the proxy is shutting down."""
+
+    status = 503
+    code = "shutting_down"
+    expected = True

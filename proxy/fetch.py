@@ -2,23 +2,25 @@
 
 `Fetcher.document` is the freshness policy in action: fresh → serve; stale or missing →
 one shared upstream fetch (ETag revalidation); on upstream failure the stale copy is
-served (stale-if-error); 404s are cached briefly. `Fetcher.download` streams a URL into
-a temp file of the archive store while hashing it, lets the caller check it, and only
-then publishes it. Both the provider mirror and the module mirror build on this.
+served (stale-if-error); 404s are cached briefly. A request waits for a refresh at most
+its stale deadline (then the stale copy is answered while the refresh goes on) and for a
+missing document at most its request deadline (then 504) — see `proxy.deadline`.
+`Fetcher.download` streams a URL into a temp file of the archive store while hashing it,
+lets the caller check it, and only then publishes it. Both the provider mirror and the module mirror build on this.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import structlog
 from yarl import URL
 
+from proxy import deadline
 from proxy.addrs import Hostname
 from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of
 from proxy.config import Settings
@@ -27,6 +29,7 @@ from proxy.integrity import StoreGuard
 from proxy.log import note_cache
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
+from proxy.slots import HostSlots
 from proxy.store import ArchiveStore, PendingArchive, StoredArchive
 from proxy.upstream import discovery
 from proxy.upstream.client import UpstreamClient
@@ -51,15 +54,31 @@ class Fetcher:
         self.flights = SingleFlight()
         self._upstream = upstream
         self._clock = clock
-        # Metadata and archives have separate slots, so slow downloads never starve index.json.
-        self._metadata_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
-        self._download_slots = asyncio.Semaphore(settings.limits.upstream_concurrency)
+        # Metadata and archives have separate slots, so slow downloads never starve index.json;
+        # each upstream host gets a share of them, so one slow host never takes them all.
+        limits = settings.limits
+        self._metadata_slots = HostSlots(limits.upstream_concurrency, limits.upstream_host_concurrency)
+        self._download_slots = HostSlots(limits.upstream_concurrency, limits.upstream_host_concurrency)
         self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
         self._parsed: dict[str, tuple[object, object]] = {}
         self._records: dict[str, tuple[bytes, dict[str, Any] | None]] = {}
+        self._shutdown_timer: asyncio.TimerHandle | None = None
+
+    def begin_shutdown(self, grace: float) -> None:
+        """Requests may wait for running fetches `grace` seconds more; then the fetches are cancelled."""
+        self._shutdown_timer = asyncio.get_running_loop().call_later(grace, self._cancel_fetches)
+
+    def _cancel_fetches(self) -> None:
+        cancelled = self.flights.cancel_all()
+        if cancelled:
+            log.info("proxy.fetches_cancelled", count=cancelled)
 
     async def close(self) -> None:
-        await self.flights.close()
+        """At shutdown (requests have had their grace): cancel the fetches still running, wait for their cleanup."""
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+        self._cancel_fetches()
+        await self.flights.close(grace=0)
 
     def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
@@ -93,14 +112,28 @@ class Fetcher:
         return value
 
     async def once_for_the_fleet(self, key: str, recheck: Callable[[], Awaitable[T | None]],
-                                 work: Callable[[], Awaitable[T]]) -> T:
-        """Run `work` once per key in this process and, with fleet locks, once in the fleet."""
+                                 work: Callable[[], Awaitable[T]], what: str | None = None) -> T:
+        """Run `work` once per key in this process and, with fleet locks, once in the fleet.
+
+        A request waits for it at most its deadline (504 naming `what`, the upstream URL).
+        """
 
         async def locked() -> T:
             async with self.locks.hold(key, recheck) as done:
                 return done if done is not None else await work()
 
-        return await self.flights.run(key, locked)
+        return await self._shared(key, locked, what or key)
+
+    async def _shared(self, key: str, work: Callable[[], Awaitable[T]], what: str) -> T:
+        """Join (or start) the shared fetch of `key`, waiting at most the request's remaining deadline."""
+        try:
+            async with asyncio.timeout(deadline.remaining()) as scope:
+                return await self.flights.run(key, work)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+        log.warning("upstream.deadline_exceeded", key=key, upstream=what)
+        raise deadline.timed_out(what)
 
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""
@@ -132,20 +165,40 @@ class Fetcher:
             return cached
         self.require_online(key.replace(":", " ", 1))
         limit = max_bytes or self.settings.limits.max_metadata_bytes
-        entry, outcome = await self.flights.run(
-            f"doc:{key}", lambda: self._refresh(key, url, cached, limit, max_redirects, validate))
+
+        def refresh() -> Awaitable[tuple[CacheEntry, str]]:
+            return self._refresh(key, url, cached, limit, max_redirects, validate)
+
+        if cached is None:
+            entry, outcome = await self._shared(f"doc:{key}", refresh, str(url.with_query(None)))
+        else:
+            entry, outcome = await self._stale_while_revalidate(key, refresh, cached)
         self._count_cache(outcome)
         return entry
+
+    async def _stale_while_revalidate(self, key: str, refresh: Callable[[], Awaitable[tuple[CacheEntry, str]]],
+                                      cached: CacheEntry) -> tuple[CacheEntry, str]:
+        """The refreshed entry if the shared refresh ends within the stale deadline, else the stale copy
+        (the refresh goes on in the background and its result lands in the cache)."""
+        try:
+            async with asyncio.timeout(deadline.stale_wait(self.settings.stale_deadline)) as scope:
+                return await self.flights.run(f"doc:{key}", refresh)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+        log.info("cache.serve_stale", key=key, reason="refresh still running at the stale deadline",
+                 age_seconds=round(self._clock() - cached.fetched_at))
+        return cached, "stale"
 
     async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
                        max_redirects: int | None,
                        validate: Callable[[CacheEntry], object]) -> tuple[CacheEntry, str]:
-        now = self._clock()
         usable = cached if cached is not None and not cached.negative else None
         try:
-            async with self._slot(self._metadata_slots, key):
+            async with self._metadata_slots.hold(url, self.settings.limits.metadata_timeout, key):
                 response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
                                                     etag=usable.etag if usable else None)
+            now = self._clock()  # the answer's age counts from its arrival, however slow the upstream was
             if response.status == 304 and usable is not None:
                 entry = replace(usable, fetched_at=now)
             elif response.status in (404, 410):
@@ -163,7 +216,7 @@ class Fetcher:
             self.metrics.upstream_fetches.labels("metadata", "error").inc()
             if cached is not None:  # stale-if-error, for remembered 404s too
                 log.warning("cache.serve_stale", key=key, error=exc.message,
-                            age_seconds=round(now - cached.fetched_at))
+                            age_seconds=round(self._clock() - cached.fetched_at))
                 return cached, "stale"
             raise
         self.metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
@@ -174,19 +227,6 @@ class Fetcher:
         note_cache(outcome)
         self.metrics.cache.labels(outcome).inc()
 
-    @contextlib.asynccontextmanager
-    async def _slot(self, slots: asyncio.Semaphore, what: str) -> AsyncIterator[None]:
-        """An upstream slot, waited for at most the metadata timeout (then the stale copy is used)."""
-        try:
-            async with asyncio.timeout(self.settings.limits.metadata_timeout):
-                await slots.acquire()
-        except TimeoutError:
-            raise UpstreamError(f"too many upstream requests in flight; gave up waiting to fetch {what}") from None
-        try:
-            yield
-        finally:
-            slots.release()
-
     def require_online(self, what: str) -> None:
         """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
         if self.settings.offline:
@@ -194,7 +234,7 @@ class Fetcher:
 
     async def blob(self, url: URL, max_bytes: int, what: str) -> bytes:
         self.require_online(what)
-        async with self._slot(self._metadata_slots, what):
+        async with self._metadata_slots.hold(url, self.settings.limits.metadata_timeout, what):
             response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
         if response.status != 200:
             raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
@@ -210,7 +250,8 @@ class Fetcher:
             async def sink(chunk: bytes) -> None:
                 await asyncio.to_thread(pending.write, chunk)
 
-            async with self._download_slots:
+            async with self._download_slots.hold(url, self.settings.limits.download_slot_wait,
+                                                 str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes)
             actual = await asyncio.to_thread(pending.finish)
             self.metrics.upstream_fetches.labels("archive", "200").inc()

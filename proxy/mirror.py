@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import structlog
 from yarl import URL
 
-from proxy import verify
+from proxy import deadline, verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, encode_record
 from proxy.errors import NotFoundError, OfflineMissError, UpstreamError, VerificationError
@@ -197,9 +197,11 @@ class Mirror:
         if found is not None:
             note_cache("hit")
             return found
-        found = await self._fetch.once_for_the_fleet(
-            f"archive:{addr}/{version}/{platform}", lambda: self._stored_archive(addr, version, platform),
-            lambda: self._fetch_archive(addr, version, platform))
+        d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
+        with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
+            found = await self._fetch.once_for_the_fleet(
+                f"archive:{addr}/{version}/{platform}", lambda: self._stored_archive(addr, version, platform),
+                lambda: self._fetch_archive(addr, version, platform, d, sums))
         note_cache("miss")
         return found
 
@@ -253,7 +255,8 @@ class Mirror:
         record = await recorded()
         if record is None:
             record = await self._fetch.once_for_the_fleet(
-                key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d))
+                key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d),
+                str(d.shasums_url.with_query(None)))
         return record
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
@@ -302,12 +305,16 @@ class Mirror:
         record = await self._fetch.record(key)
         return None if record is None else self._fetch.parsed(key, record, ArchiveRecord.from_dict)
 
-    async def _fetch_archive(self, addr: ProviderAddr, version: Version,
-                             platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
+    async def _release_facts(self, addr: ProviderAddr, version: Version,
+                             platform: Platform) -> tuple[DownloadInfo, dict[str, str]]:
+        """Download metadata and verified SHA256SUMS of an archive: what its download needs first."""
         d = await self._download_info(addr, version, platform)
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
-        sums = await self._verified_sums(addr, version, d)
+        return d, await self._verified_sums(addr, version, d)
+
+    async def _fetch_archive(self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo,
+                             sums: dict[str, str]) -> tuple[StoredArchive, ArchiveRecord]:
         try:
             expected = verify.expected_digest(sums, d.filename, d.shasum)
         except VerificationError as exc:

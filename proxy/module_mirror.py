@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from yarl import URL
 
-from proxy import modsource
+from proxy import deadline, modsource
 from proxy.addrs import ModuleAddr, Version
 from proxy.cache import encode_record
 from proxy.errors import NotFoundError, UpstreamError
@@ -112,8 +112,10 @@ class ModuleMirror:
         if found is not None:
             note_cache("hit")
             return found
-        found = await self._fetch.once_for_the_fleet(
-            f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
+        await self._source(addr, version)  # the metadata step, waited for within the request deadline
+        with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
+            found = await self._fetch.once_for_the_fleet(
+                f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
         note_cache("miss")
         return found
 

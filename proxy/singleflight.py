@@ -1,8 +1,10 @@
 """Per-key coalescing of cold fetches, in one process and across a fleet.
 
 The first caller for a key starts the work in its own task (tracked, so shutdown can
-wait for it); every caller, the first included, awaits it through `asyncio.shield`, so a
-client that disconnects cancels only its own wait, never the shared fetch.
+wait for it or cancel it); every caller, the first included, awaits it through
+`asyncio.shield`, so a client that disconnects (or stops waiting at its deadline) cancels
+only its own wait, never the shared fetch. The task runs without the first caller's
+request budget (`proxy.deadline`): shared work is bounded by the upstream timeouts.
 
 Across processes, a `FleetLocks` implementation (e.g. `proxy.cache.redis.RedisFleetLocks`)
 makes one replica do the work while the others wait and re-check the shared result.
@@ -14,6 +16,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
+
+from proxy.deadline import detached_context
+from proxy.errors import ShuttingDownError
 
 T = TypeVar("T")
 
@@ -46,10 +51,17 @@ class SingleFlight:
     async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         task = self._tasks.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(_call(work), name=f"singleflight:{key}")
+            task = asyncio.get_running_loop().create_task(_call(work), name=f"singleflight:{key}",
+                                                          context=detached_context())
             self._tasks[key] = task
             task.add_done_callback(lambda done, key=key: self._forget(key, done))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                raise ShuttingDownError("the proxy is shutting down and stopped this fetch; retry") from None
+            raise
 
     def _forget(self, key: str, task: asyncio.Task[Any]) -> None:
         if self._tasks.get(key) is task:
@@ -57,11 +69,25 @@ class SingleFlight:
         if not task.cancelled():
             task.exception()  # mark retrieved: waiters may all have gone away
 
-    async def close(self) -> None:
-        """Wait for every fetch still running (used at shutdown)."""
+    def cancel_all(self) -> int:
+        """Cancel every running task (their waiters get a ShuttingDownError); returns how many."""
+        running = [task for task in self._tasks.values() if not task.done()]
+        for task in running:
+            task.cancel()
+        return len(running)
+
+    async def close(self, grace: float | None = None, unwind: float = 5.0) -> int:
+        """At shutdown: wait for running work at most `grace` seconds (None: as long as it takes), then
+        cancel what is left and give it `unwind` seconds to clean up. Returns how many were cancelled."""
         tasks = list(self._tasks.values())
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if not tasks:
+            return 0
+        _, running = await asyncio.wait(tasks, timeout=grace)
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=unwind)
+        return len(running)
 
 
 async def _call(work: Callable[[], Awaitable[T]]) -> T:

@@ -20,7 +20,7 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.config import Limits
-from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
+from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, UpstreamTooSlowError
 from proxy.upstream.netguard import (
     AddressPolicy,
     ForbiddenAddress,
@@ -28,6 +28,7 @@ from proxy.upstream.netguard import (
     check_resolved,
     uses_egress_proxy,
 )
+from proxy.upstream.transfer import TransferRate
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +36,7 @@ USER_AGENT = f"registry-proxy/{__version__}"
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 PASS_STATUSES = frozenset({200, 204, 304, 404, 410})
 RETRY_BACKOFF = 0.5
+MIN_RETRY_TIME = 1.0  # a retry is only made if at least this long (or half the timeout) is left for it
 
 
 @dataclass(frozen=True)
@@ -89,56 +91,74 @@ class UpstreamClient:
 
     async def get(self, url: URL, *, max_bytes: int, accept: str = "application/json",
                   etag: str | None = None, max_redirects: int | None = None) -> UpstreamResponse:
-        """GET a small document. 200/304/404/410 are returned; anything else raises UpstreamError."""
+        """GET a small document. 200/304/404/410 are returned; anything else raises UpstreamError.
+
+        The metadata timeout bounds the whole fetch, its retry included.
+        """
         headers = {"Accept": accept}
         if etag:
             headers["If-None-Match"] = etag
-        timeout = aiohttp.ClientTimeout(total=self._limits.metadata_timeout,
-                                        connect=self._limits.connect_timeout)
 
         async def read(response: aiohttp.ClientResponse) -> UpstreamResponse:
             body = await _read_bounded(response, max_bytes, url)
             return UpstreamResponse(response.status, body, response.url, response.content_type,
                                     response.headers.get("ETag"), response.headers.get("X-Terraform-Get"))
 
-        return await self._with_retries(url, headers, timeout, read, max_redirects)
+        return await self._with_retries(url, headers, read, max_redirects)
 
     async def download(self, url: URL, sink: Sink, *, max_bytes: int) -> URL:
-        """Stream a 200 answer into `sink` chunk by chunk; returns the final URL."""
-        timeout = aiohttp.ClientTimeout(total=None, connect=self._limits.connect_timeout,
-                                        sock_read=self._limits.read_timeout)
+        """Stream a 200 answer into `sink` chunk by chunk; returns the final URL.
+
+        A download that sends nothing for the idle timeout, or less than the minimum rate over
+        the rate window (checked after one window), is aborted with an UpstreamTooSlowError.
+        """
+        limits = self._limits
+        timeout = aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout, sock_read=limits.read_timeout)
+        clock = asyncio.get_running_loop().time
 
         async def stream(response: aiohttp.ClientResponse) -> URL:
             if response.status != 200:
                 raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
             if response.content_length is not None and response.content_length > max_bytes:
                 raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+            rate = TransferRate(limits.min_download_rate, limits.download_rate_window, clock())
             total = 0
-            async for chunk in response.content.iter_chunked(1 << 20):
+            while chunk := await _next_chunk(response, rate, clock, url):
                 total += len(chunk)
                 if total > max_bytes:
                     raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+                rate.add(len(chunk), clock())
                 await sink(chunk)
             return response.url
 
         # A half-written sink cannot be replayed, so downloads are not retried here.
         return await self._request(url, {"Accept": "*/*"}, timeout, stream, None)
 
-    async def _with_retries(self, url, headers, timeout, handle, max_redirects):
+    async def _with_retries(self, url, headers, handle, max_redirects):
+        clock = asyncio.get_running_loop().time
+        give_up = clock() + self._limits.metadata_timeout
         attempt = 0
         while True:
+            left = max(give_up - clock(), 0.001)
+            timeout = aiohttp.ClientTimeout(total=left, connect=min(self._limits.connect_timeout, left))
             try:
                 result = await self._request(url, headers, timeout, handle, max_redirects)
             except UpstreamError as exc:
-                if isinstance(exc, ForbiddenAddressError | UpstreamTooLargeError) or attempt >= self._retries:
+                if (isinstance(exc, ForbiddenAddressError | UpstreamTooLargeError)
+                        or not self._may_retry(attempt, give_up - clock())):
                     raise
                 log.info("upstream.retry", url=_show(url), error=exc.message)
             else:
-                if result.status < 500 or result.status == 501 or attempt >= self._retries:
+                if result.status < 500 or result.status == 501 or not self._may_retry(attempt, give_up - clock()):
                     return _raise_for_status(result, url)
                 log.info("upstream.retry", url=_show(url), status=result.status)
             attempt += 1
             await self._sleep(RETRY_BACKOFF * attempt)
+
+    def _may_retry(self, attempt: int, left: float) -> bool:
+        """Another attempt is allowed, and after its backoff it still has time to finish within the timeout."""
+        needed = min(MIN_RETRY_TIME, self._limits.metadata_timeout / 2)
+        return attempt < self._retries and left - RETRY_BACKOFF * (attempt + 1) >= needed
 
     async def _request(self, url: URL, headers: dict[str, str], timeout: aiohttp.ClientTimeout,
                        handle: Callable[[aiohttp.ClientResponse], Awaitable], max_redirects: int | None):
@@ -182,6 +202,29 @@ class UpstreamClient:
                 await check_resolved(url.host, url.port, self._policy)
         except ForbiddenAddress as exc:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
+
+
+async def _next_chunk(response: aiohttp.ClientResponse, rate: TransferRate, clock: Callable[[], float],
+                      url: URL) -> bytes:
+    """The next chunk of a download (b"" at the end), waited for only while the minimum rate can still hold."""
+    while True:
+        try:
+            async with asyncio.timeout(rate.patience(clock())) as scope:
+                return await response.content.read(1 << 20)
+        except aiohttp.ServerTimeoutError:
+            raise UpstreamTooSlowError(f"{_show(url)} sent nothing for too long; download aborted") from None
+        except TimeoutError:
+            if not scope.expired():
+                raise
+        if rate.too_slow(clock()):
+            got = rate.received(clock()) / rate.window
+            raise UpstreamTooSlowError(
+                f"{_show(url)} arrived at {_per_second(got)} over the last {rate.window:g}s, below the minimum "
+                f"of {_per_second(rate.min_rate)}; download aborted")
+
+
+def _per_second(rate: float) -> str:
+    return f"{rate / 1024:.1f} KiB/s" if rate >= 1024 else f"{rate:.0f} B/s"
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, max_bytes: int, url: URL) -> bytes:

@@ -26,6 +26,7 @@ from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, registry
+from proxy.web.deadlines import request_deadline
 from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, SETTINGS
 from proxy.web.middlewares import request_context
 
@@ -34,7 +35,7 @@ log = structlog.get_logger(__name__)
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown."""
-    app = web.Application(middlewares=[request_context], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[request_context, request_deadline], client_max_size=64 * 1024)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app.cleanup_ctx.append(_mirror_ctx)
@@ -67,6 +68,11 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
                                 max_bytes=settings.max_module_bytes,
                                 max_unpacked_bytes=settings.max_module_unpacked_bytes,
                                 max_entries=settings.max_module_entries)
+
+    async def begin_shutdown(_: web.Application) -> None:
+        fetcher.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
+
+    app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline)
     try:

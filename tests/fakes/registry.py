@@ -3,7 +3,7 @@
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
 (archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
-signing keys, slow archive streaming.
+signing keys, slow archive streaming, trickling (bytes per second) and stalling archives.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class FakeRegistry:
         self.files_base: str | None = None
         self.extra_download_fields: dict = {}
         self.archive_chunk_delay = 0.0
+        self.trickle: dict[str, int] = {}  # archive path -> bytes per second
+        self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
+        self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
         self.static: dict[str, bytes] = {}
@@ -79,6 +82,10 @@ class FakeRegistry:
     def count(self, path: str, method: str = "GET") -> int:
         return Counter(self.requests)[(method, path)]
 
+    def completed_count(self, path: str, method: str = "GET") -> int:
+        """How many requests for `path` have been answered (not just received)."""
+        return Counter(self.completed)[(method, path)]
+
     def archive_path(self, release: Release, platform: str) -> str:
         return f"/files/{release.namespace}/{release.type}/{release.version}/{release.filename(platform)}"
 
@@ -94,7 +101,8 @@ class FakeRegistry:
         app.router.add_get("/v1/modules/{ns}/{name}/{system}/{version}/download", self._module_download)
         app.router.add_get("/static/{path:.+}", self._static)
         app.router.add_get("/git/{path:.+}", self._git)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Slow or trickling handlers must not hold a test's teardown for aiohttp's default 60 s.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ssl, reuse_address=True)
         await site.start()
@@ -116,9 +124,12 @@ class FakeRegistry:
             if fault.delay:
                 await asyncio.sleep(fault.delay)
             if fault.status is not None or fault.body is not None:
+                self.completed.append((request.method, request.path))
                 return web.Response(status=fault.status or 200, body=fault.body or b"",
                                     headers={"Content-Type": fault.content_type, **(fault.headers or {})})
-        return await handler(request)
+        response = await handler(request)
+        self.completed.append((request.method, request.path))
+        return response
 
     async def _discovery(self, request: web.Request) -> web.Response:
         return web.json_response(self.discovery)
@@ -213,9 +224,15 @@ class FakeRegistry:
         if request.method == "HEAD":  # terraform's go-getter sends HEAD before GET
             await response.write_eof()
             return response
-        step = 256 * 1024
+        if request.path in self.stall:
+            await response.write(body[:self.stall[request.path]])
+            await asyncio.sleep(3600)
+        rate = self.trickle.get(request.path)
+        step = max(1, rate // 10) if rate else 256 * 1024
         for offset in range(0, len(body), step):
-            if self.archive_chunk_delay:
+            if rate:
+                await asyncio.sleep(0.1)
+            elif self.archive_chunk_delay:
                 await asyncio.sleep(self.archive_chunk_delay)
             await response.write(body[offset:offset + step])
         await response.write_eof()

@@ -411,9 +411,9 @@ def test_cli_invalid_values(clean_env: pytest.MonkeyPatch, tmp_path: Path, flags
 
 def test_cli_timeout_derivations(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     short = _settings(tmp_path, "--upstream-timeout", "5s").limits
-    assert (short.metadata_timeout, short.connect_timeout, short.read_timeout) == (5, 5, 60)
-    long = _settings(tmp_path, "--upstream-timeout", "2m").limits
-    assert (long.metadata_timeout, long.connect_timeout, long.read_timeout) == (120, 10, 120)
+    assert (short.metadata_timeout, short.connect_timeout, short.read_timeout) == (5, 5, 30)
+    long = _settings(tmp_path, "--upstream-timeout", "2m", "--download-idle-timeout", "90s").limits
+    assert (long.metadata_timeout, long.connect_timeout, long.read_timeout) == (120, 10, 90)
 
 
 # ---- module archive bombs ------------------------------------------------------------------

@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 
+from proxy import deadline
+from proxy.errors import ShuttingDownError
 from proxy.singleflight import SingleFlight
 
 
@@ -173,3 +175,38 @@ async def test_close_swallows_failures_and_is_noop_when_idle() -> None:
     await flight.close()
     with pytest.raises(KeyError):
         await caller
+
+
+async def test_close_with_a_grace_cancels_what_outlives_it() -> None:
+    flight = SingleFlight()
+    work = Work(result="never")
+    caller = asyncio.create_task(flight.run("key", work))
+    await work.started.wait()
+    assert await asyncio.wait_for(flight.close(grace=0.05, unwind=1), 5) == 1
+    assert not work.finished and not flight.in_flight("key")
+    with pytest.raises(ShuttingDownError):  # the waiter gets an answer, not a bare cancellation
+        await caller
+
+
+async def test_a_waiter_that_is_cancelled_itself_sees_a_cancellation() -> None:
+    flight = SingleFlight()
+    work = Work()
+    caller = asyncio.create_task(flight.run("key", work))
+    await work.started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert flight.in_flight("key")  # the shared work goes on
+    assert flight.cancel_all() == 1
+
+
+async def test_shared_work_runs_without_the_callers_request_budget() -> None:
+    seen = []
+
+    async def work() -> None:
+        seen.append(deadline.remaining())
+
+    with deadline.request_budget(5, 1):
+        assert deadline.remaining() is not None
+        await SingleFlight().run("key", work)
+    assert seen == [None]

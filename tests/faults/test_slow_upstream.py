@@ -1,0 +1,287 @@
+"""Slow and trickling upstreams against a real proxy process: deadlines, rate limits, slots, shutdown.
+
+Issue 8 items 3 and 4. Each test prints the time it measured (run with `-s` to see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROVIDER
+from tests.fakes.packages import Release
+from tests.fakes.registry import FakeRegistry, Fault
+
+SLOW = 45.0  # an upstream this slow outlasts the proxy's 30 s upstream timeout and the clients' 10 s
+INDEX = f"/mirror/v1/{PROVIDER}/index.json"
+VERSION_DOC = f"/mirror/v1/{PROVIDER}/1.0.0.json"
+DISCOVERY = "/.well-known/terraform.json"
+VERSIONS = "/v1/providers/acme/foo/versions"
+DOWNLOAD_DOC = "/v1/providers/acme/foo/1.0.0/download/linux/amd64"
+OTHER_HOST = "other.example.test"
+
+
+def archive_url(host: str, name: str, version: str = "1.0.0", platform: str = "linux_amd64") -> str:
+    return f"/mirror/v1/{host}/acme/{name}/{version}/{platform}/terraform-provider-{name}_{version}_{platform}.zip"
+
+
+FOO_ARCHIVE = archive_url("registry.example.test", "foo")
+BIG_ARCHIVE = archive_url("registry.example.test", "big")
+
+
+async def timed(call: Awaitable) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = await call
+    return time.perf_counter() - started, result
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def errors(body: bytes) -> list[str]:
+    return json.loads(body)["errors"]
+
+
+def part_files(data_dir: Path) -> list[Path]:
+    return list((data_dir / "archives" / "tmp").rglob("*.part"))
+
+
+def stored(data_dir: Path, sha256: str) -> bool:
+    return (data_dir / "archives" / "sha256" / sha256[:2] / sha256[2:4] / sha256).exists()
+
+
+def big_release(registry: FakeRegistry, signing_key, noise: int = 256 * 1024, name: str = "big") -> Release:
+    """A provider whose archive is large enough to trickle for minutes."""
+    return registry.add(Release("acme", name, "1.0.0", signing_key, platforms=("linux_amd64",), noise=noise))
+
+
+async def request_log(proc, path: str, nth: int) -> dict:
+    """The access log record of the `nth` request for `path` (waiting for it to be written)."""
+    def records() -> list[dict]:
+        return [r for r in proc.events("request") if r.get("path") == path]
+
+    await wait_for(lambda: len(records()) >= nth, 5, f"access log record {nth} of {path}")
+    return records()[nth - 1]
+
+
+# ---- item 3: stale-while-revalidate and the request deadline -----------------------------------
+
+
+async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow_upstream(
+        proxy_process, connect, registry):
+    proc = await proxy_process("--ttl-discovery", "1s", "--ttl-versions", "1s")
+    client = await connect(proc, timeout=15)
+    status, _, warm = await client.get(INDEX)
+    assert status == 200
+    await asyncio.sleep(1.2)  # let both cached entries go stale (TTL 1 s)
+    registry.faults[DISCOVERY] = Fault(delay=SLOW)
+    registry.faults[VERSIONS] = Fault(delay=SLOW)
+
+    elapsed, (status, _, body) = await timed(client.get(INDEX))
+    print(f"\nstale index.json with a {SLOW:g}s-slow upstream answered in {elapsed:.2f}s")
+    assert status == 200 and json.loads(body) == json.loads(warm)
+    assert elapsed < 4.5, f"stale answer took {elapsed:.1f}s (stale deadline 2 s)"
+    assert (await request_log(proc, INDEX, 2))["cache"] == "stale"
+
+    # A second client joins the refreshes already running: again a quick stale answer, no new upstream call.
+    elapsed, (status, _, _) = await timed(client.get(INDEX))
+    assert status == 200 and elapsed < 4.5
+    assert registry.count(DISCOVERY) == 2 and registry.count(VERSIONS) == 2
+
+
+async def test_background_refresh_lands_without_another_client_wait(proxy_process, connect, registry,
+                                                                     signing_key):
+    proc = await proxy_process("--ttl-versions", "3s")
+    client = await connect(proc, timeout=15)
+    assert (await client.get(INDEX))[0] == 200
+    await asyncio.sleep(3.2)  # the version list goes stale
+    registry.add(Release("acme", "foo", "1.2.0", signing_key))
+    registry.faults[VERSIONS] = Fault(delay=3.5)  # slower than the stale deadline, faster than the timeout
+
+    elapsed, (status, _, body) = await timed(client.get(INDEX))
+    assert status == 200 and "1.2.0" not in json.loads(body)["versions"]
+    assert elapsed < 3.4, f"stale answer took {elapsed:.1f}s, it waited for the refresh"
+    await wait_for(lambda: registry.completed_count(VERSIONS) == 2, 10, "the background refresh")
+
+    elapsed, (status, _, body) = await timed(client.get(INDEX))
+    assert status == 200 and "1.2.0" in json.loads(body)["versions"]
+    assert (await request_log(proc, INDEX, 3))["cache"] == "hit"  # the refresh landed in the cache
+    assert registry.count(VERSIONS) == 2
+
+
+async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_within_10s(proxy_process, connect, registry):
+    proc = await proxy_process()
+    client = await connect(proc, timeout=15)
+    registry.faults[VERSIONS] = Fault(delay=SLOW)
+    elapsed, (status, headers, body) = await timed(client.get(INDEX))
+    print(f"\ncold index.json with a {SLOW:g}s-slow upstream: {status} in {elapsed:.2f}s")
+    assert status == 504 and elapsed < 10
+    assert headers["Content-Type"].startswith("application/json")
+    message = errors(body)[0]
+    assert "did not answer" in message and f"{registry.url}{VERSIONS}" in message
+    assert proc.events("upstream.deadline_exceeded")
+
+
+async def test_cold_version_document_with_serial_slow_steps_is_a_504_within_10s(proxy_process, connect,
+                                                                                 registry):
+    proc = await proxy_process()
+    client = await connect(proc, timeout=15)
+    for path in (DISCOVERY, VERSIONS):
+        registry.faults[path] = Fault(delay=3)  # each step well within its own timeout ...
+    registry.faults[DOWNLOAD_DOC] = Fault(delay=SLOW)  # ... but together with this one far beyond 10 s
+    elapsed, (status, _, body) = await timed(client.get(VERSION_DOC))
+    print(f"\ncold 1.0.0.json, serial slow steps: {status} in {elapsed:.2f}s")
+    assert status == 504 and elapsed < 10
+    assert DOWNLOAD_DOC in errors(body)[0]
+
+
+async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(proxy_process, connect, registry):
+    proc = await proxy_process("--request-deadline", "1s", "--stale-deadline", "1s")
+    client = await connect(proc, timeout=15)
+    registry.faults[VERSIONS] = Fault(delay=2.5)
+    status, _, _ = await client.get(INDEX)
+    assert status == 504
+    await wait_for(lambda: registry.completed_count(VERSIONS) == 1, 10, "the shared fetch")
+    await asyncio.sleep(0.3)  # the answer travels to the proxy and into its cache
+    elapsed, (status, _, body) = await timed(client.get(INDEX))
+    assert status == 200 and "1.1.0" in json.loads(body)["versions"]
+    assert elapsed < 1 and registry.count(VERSIONS) == 1
+
+
+async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(proxy_process, connect,
+                                                                                registry, signing_key):
+    proc = await proxy_process("--request-deadline", "2s", "--stale-deadline", "1s")
+    client = await connect(proc, timeout=20)
+    registry.faults[DOWNLOAD_DOC] = Fault(delay=SLOW)
+    elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
+    assert status == 504 and elapsed < 6, (status, elapsed)
+    assert DOWNLOAD_DOC in errors(body)[0]
+
+    big = big_release(registry, signing_key, noise=1024 * 1024)
+    registry.archive_chunk_delay = 1.0  # ~5 s for 1 MiB: far above the minimum rate, longer than the deadline
+    elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
+    assert status == 200 and body == big.zips["linux_amd64"]
+    assert elapsed > 2
+
+
+# ---- item 4: trickling downloads, slots, shutdown --------------------------------------------------
+
+
+async def test_trickling_archive_is_aborted_within_the_window_and_nothing_is_stored(
+        proxy_process, connect, registry, signing_key):
+    big = big_release(registry, signing_key)
+    upstream_path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[upstream_path] = 1024  # 1 KiB/s: 256 KiB would take over four minutes
+    proc = await proxy_process("--min-download-rate", "32KiB", "--download-rate-window", "2s")
+    client = await connect(proc, timeout=20)
+    elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
+    print(f"\ntrickling archive (1 KiB/s) aborted after {elapsed:.2f}s with {status}")
+    assert status == 504 and elapsed < 10
+    assert "below the minimum" in errors(body)[0]
+    assert not stored(proc.data_dir, big.sha256("linux_amd64"))
+    await wait_for(lambda: not part_files(proc.data_dir), 5, "the temp file to be removed")
+
+    registry.trickle.clear()  # nothing bad was remembered: the next request downloads and verifies
+    status, _, body = await client.get(BIG_ARCHIVE)
+    assert status == 200 and body == big.zips["linux_amd64"]
+    assert registry.count(upstream_path) == 2
+
+
+async def test_stalled_download_hits_the_idle_timeout(proxy_process, connect, registry, signing_key):
+    big = big_release(registry, signing_key)
+    registry.stall[registry.archive_path(big, "linux_amd64")] = 1000  # some bytes, then silence
+    proc = await proxy_process("--download-idle-timeout", "1s", "--min-download-rate", "0")
+    client = await connect(proc, timeout=20)
+    elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
+    assert status == 504 and elapsed < 8
+    assert "sent nothing" in errors(body)[0]
+    assert not stored(proc.data_dir, big.sha256("linux_amd64"))
+
+
+async def start_trickle(client, registry: FakeRegistry, path: str, upstream_path: str) -> asyncio.Task:
+    """A client download of `path` that is trickling from the upstream once this returns."""
+    task = asyncio.create_task(client.get(path))
+    await wait_for(lambda: registry.count(upstream_path) >= 1, 10, "the trickling download to start")
+    return task
+
+
+@pytest.fixture
+async def other_registry(upstream_ssl, signing_key):
+    """A second upstream host (its own port) with provider acme/bar."""
+    fake = FakeRegistry(upstream_ssl)
+    fake.add(Release("acme", "bar", "1.0.0", signing_key))
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+async def test_one_slow_host_cannot_take_the_slots_of_another(proxy_process, connect, registry,
+                                                              other_registry, signing_key):
+    big = big_release(registry, signing_key)
+    upstream_path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[upstream_path] = 1024
+    proc = await proxy_process("--upstream-map", f"{OTHER_HOST}={other_registry.url}",
+                               "--upstream-host-concurrency", "1", "--download-slot-wait", "1s",
+                               "--shutdown-grace", "1s")
+    client = await connect(proc, timeout=20)
+    trickling = await start_trickle(client, registry, BIG_ARCHIVE, upstream_path)
+
+    elapsed, (status, _, body) = await timed(client.get(archive_url(OTHER_HOST, "bar")))
+    assert status == 200 and body == other_registry.releases[("acme", "bar")]["1.0.0"].zips["linux_amd64"]
+    assert elapsed < 5, f"the other host's download waited {elapsed:.1f}s"
+
+    # The slow host's own slot is taken: a second download from it waits a bounded time, then 503.
+    elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
+    print(f"\ndownload slot wait ended after {elapsed:.2f}s with {status}")
+    assert status == 503 and elapsed < 6
+    assert "gave up waiting 1s for a slot" in errors(body)[0]
+    assert not trickling.done()
+    trickling.cancel()
+
+
+async def test_same_host_downloads_within_the_per_host_cap_are_not_blocked(proxy_process, connect, registry,
+                                                                           signing_key):
+    big = big_release(registry, signing_key)
+    upstream_path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[upstream_path] = 1024
+    proc = await proxy_process("--upstream-host-concurrency", "2", "--upstream-concurrency", "2",
+                               "--shutdown-grace", "1s")
+    client = await connect(proc, timeout=20)
+    trickling = await start_trickle(client, registry, BIG_ARCHIVE, upstream_path)
+    elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
+    assert status == 200 and body == registry.releases[("acme", "foo")]["1.0.0"].zips["linux_amd64"]
+    assert elapsed < 5
+    assert not trickling.done()
+    trickling.cancel()
+
+
+async def test_sigterm_during_a_trickling_download_exits_within_the_grace(proxy_process, connect, registry,
+                                                                          signing_key):
+    big = big_release(registry, signing_key)
+    upstream_path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[upstream_path] = 1024
+    proc = await proxy_process("--shutdown-grace", "2s")
+    client = await connect(proc, timeout=30)
+    trickling = await start_trickle(client, registry, BIG_ARCHIVE, upstream_path)
+    await wait_for(lambda: bool(part_files(proc.data_dir)), 10, "the download's temp file")
+
+    proc.process.send_signal(signal.SIGTERM)
+    elapsed, code = await timed(asyncio.wait_for(proc.process.wait(), 15))
+    print(f"\nSIGTERM with a trickling download in flight: exit {code} after {elapsed:.2f}s (grace 2 s)")
+    assert code == 0 and elapsed < 2 + 3
+    assert not part_files(proc.data_dir)
+    assert not stored(proc.data_dir, big.sha256("linux_amd64"))
+    assert proc.events("proxy.fetches_cancelled")
+    status, _, body = await trickling  # the waiting client got an answer, not a dropped connection
+    assert status == 503 and "shutting down" in errors(body)[0]
