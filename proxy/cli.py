@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
     _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
             "(air-gapped networks; fill the cache with `import`)", switch=True)
+    # --- negative cache ---
+    _option(serve, "--negative-cache-entries", "remembered upstream 404s (made-up names) kept at most, fleet-wide "
+            "with Redis; the least recently written are dropped first", default="10000")
+    _option(serve, "--negative-cache-bytes", "total size of remembered upstream 404s at most", default="16MiB")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -225,7 +229,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
         log_level=args.log_level,
+        negative_cache_entries=_count_setting(args.negative_cache_entries, "--negative-cache-entries"),
+        negative_cache_bytes=parse_size(args.negative_cache_bytes),
     )
+
+
+def _count_setting(text: str, flag: str) -> int:
+    if not str(text).strip().isdigit():
+        raise ConfigError(f"invalid {flag} {text!r}: expected a whole number")
+    return int(text)
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:

@@ -136,6 +136,8 @@ class Settings:
     limits: Limits = Limits()
     log_format: str = "auto"
     log_level: str = "info"
+    negative_cache_entries: int = 10_000
+    negative_cache_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -150,6 +152,10 @@ class Settings:
             raise ConfigError(f"invalid --module-passthrough {self.module_passthrough!r}: allow or deny")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+        if self.negative_cache_entries < 1:
+            raise ConfigError("--negative-cache-entries must be a positive integer")
+        if self.negative_cache_bytes < 1024:
+            raise ConfigError("--negative-cache-bytes must be at least 1KiB")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

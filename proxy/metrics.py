@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Metrics:
@@ -26,3 +26,7 @@ class Metrics:
                                              ["check"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)
+        self.negative_entries = Gauge("registry_proxy_negative_cache_entries",
+                                      "Remembered upstream 404s held (fleet-wide with Redis)", registry=self.registry)
+        self.negative_bytes = Gauge("registry_proxy_negative_cache_bytes",
+                                    "Size of the remembered upstream 404s held", registry=self.registry)
