@@ -183,11 +183,15 @@ async def test_made_up_module_versions_never_reach_the_upstream(proxy_process, c
 WARM = (f"{MIRROR}/index.json", f"{MIRROR}/1.0.0.json", archive_url("1.0.0", "linux_amd64"))
 
 
-async def flood_made_up_names(client, names: int) -> None:
-    tag = uuid.uuid4().hex[:6]
+async def flood_made_up_names(client, registry, names: int) -> None:
+    """`names` distinct made-up providers: each 404s and costs exactly one upstream request (its version
+    list: the upstream alone knows whether a name exists), never more."""
+    tag, start = uuid.uuid4().hex[:6], len(registry.requests)
     answers = await gather_limited(
         (client.get(f"/mirror/v1/{HOST}/acme/nope{tag}x{i}/index.json") for i in range(names)), limit=24)
     assert all(status == 404 for status, _, _ in answers)
+    caused = [p for p in upstream_since(registry, start) if p != "/.well-known/terraform.json"]
+    assert len(caused) == names and all(p.endswith("/versions") for p in caused), len(caused)
 
 
 def embedded_rows(proc) -> int:
@@ -218,7 +222,7 @@ async def test_negative_cache_stays_bounded_and_warm_entries_survive_a_flood(
         assert (await client.get(path))[0] == 200, path
     warm_count = embedded_rows(proc) if backend == "embedded" else len(redis_keys(server.url, prefix))
 
-    await flood_made_up_names(client, 5000)
+    await flood_made_up_names(client, registry, 5000)
 
     status, _, text = await client.get("/metrics")
     assert status == 200
@@ -254,7 +258,7 @@ async def test_negative_cache_respects_its_byte_bound(backend, proxy_process, co
         extra += ["--redis-url", server.url, "--redis-prefix", f"amp-{uuid.uuid4().hex[:10]}"]
     proc = await proxy_process(*extra)
     client = await connect(proc, timeout=300)
-    await flood_made_up_names(client, 400)
+    await flood_made_up_names(client, registry, 400)
     text = (await client.get("/metrics"))[2].decode()
     assert 0 < metric(text, "registry_proxy_negative_cache_bytes") <= 16 * 1024
     assert 0 < metric(text, "registry_proxy_negative_cache_entries") < 400
