@@ -33,6 +33,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 DEFAULT_RETENTION = 90 * 86400.0
+_NOT_LISTED = ("lock:", "negative:", "negatives")  # fleet locks and remembered 404s are never exported
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 
 
@@ -85,11 +86,12 @@ class RedisStore:
         await self._call(self.client.delete(self.key(key)), None)
 
     async def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        """Keys under this store's namespace (SCAN, never KEYS); raises if Redis is unavailable."""
+        """Keys under this store's namespace but for locks and negatives (SCAN, never KEYS); raises if Redis
+        is unavailable."""
         skip = len(self.prefix) + 1
         async for key in self.client.scan_iter(match=f"{self.prefix}:{prefix}*", count=500):
             name = key.decode() if isinstance(key, bytes) else key
-            if not name.startswith(f"{self.prefix}:lock:"):
+            if not name[skip:].startswith(_NOT_LISTED):
                 yield name[skip:]
 
     async def ping(self) -> bool:

@@ -71,6 +71,7 @@ async def test_the_count_bound_drops_the_oldest(make_negatives):
         client, prefix = raw
         assert len(list(client.scan_iter(match=f"{prefix}:negative:*"))) == 3  # evicted keys are gone
         assert 0 < client.ttl(f"{prefix}:negative:k9") <= 3600
+        assert [key async for key in negatives._store.keys()] == []  # noqa: SIM118 - never listed, never exported
 
 
 async def test_the_byte_bound_drops_the_oldest(make_negatives):
