@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
             "--upstream-concurrency)", default="8")
     _option(serve, "--shutdown-grace", "on SIGTERM, let requests finish for at most this long, then cancel "
             "upstream fetches and exit", default="15s")
+    # --- negative cache ---
+    _option(serve, "--negative-cache-entries", "remembered upstream 404s (made-up names) kept at most, fleet-wide "
+            "with Redis; the least recently written are dropped first", default="10000")
+    _option(serve, "--negative-cache-bytes", "total size of remembered upstream 404s at most", default="16MiB")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -276,6 +280,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         stale_deadline=parse_duration(args.stale_deadline),
         request_deadline=parse_duration(args.request_deadline),
         shutdown_grace=parse_duration(args.shutdown_grace),
+        negative_cache_entries=_count(args.negative_cache_entries, "--negative-cache-entries"),
+        negative_cache_bytes=parse_size(args.negative_cache_bytes),
     )
 
 

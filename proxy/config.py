@@ -161,6 +161,8 @@ class Settings:
     stale_deadline: float = 2.0
     request_deadline: float = 8.0
     shutdown_grace: float = 15.0
+    negative_cache_entries: int = 10_000
+    negative_cache_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -192,6 +194,10 @@ class Settings:
             raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
         if self.shutdown_grace < 0:
             raise ConfigError("--shutdown-grace must not be negative")
+        if self.negative_cache_entries < 1:
+            raise ConfigError("--negative-cache-entries must be a positive integer")
+        if self.negative_cache_bytes < 1024:
+            raise ConfigError("--negative-cache-bytes must be at least 1KiB")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

@@ -166,8 +166,13 @@ class Fetcher:
         self.require_online(key.replace(":", " ", 1))
         limit = max_bytes or self.settings.limits.max_metadata_bytes
 
-        def refresh() -> Awaitable[tuple[CacheEntry, str]]:
-            return self._refresh(key, url, cached, limit, max_redirects, validate)
+        async def refresh() -> tuple[CacheEntry, str]:
+            # A flight for this key may have stored a fresh entry since the read above: no second fetch.
+            latest = self._decode(key, await self.cache.get(key))
+            if latest is not None and freshness_of(
+                    latest, self._clock(), ttl, self.settings.freshness.negative) is Freshness.FRESH:
+                return latest, "hit"
+            return await self._refresh(key, url, latest or cached, limit, max_redirects, validate)
 
         if cached is None:
             entry, outcome = await self._shared(f"doc:{key}", refresh, str(url.with_query(None)))

@@ -36,3 +36,7 @@ class Metrics:
         self.connections_dropped = Counter("registry_proxy_connections_dropped",
                                            "Client connections closed by a timeout", ["reason"],
                                            registry=self.registry)
+        self.negative_entries = Gauge("registry_proxy_negative_cache_entries",
+                                      "Remembered upstream 404s held (fleet-wide with Redis)", registry=self.registry)
+        self.negative_bytes = Gauge("registry_proxy_negative_cache_bytes",
+                                    "Size of the remembered upstream 404s held", registry=self.registry)

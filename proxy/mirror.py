@@ -28,6 +28,7 @@ from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
+from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
@@ -98,15 +99,16 @@ class Mirror:
         self._guard = fetcher.guard
         self._metrics = fetcher.metrics
         self._keyring = keyring
+        self._rechecks = RecheckGate(self._settings.freshness.negative)
 
     def check_allowed(self, hostname: Hostname) -> None:
         self._fetch.check_allowed(hostname)
 
     # ---- public API -------------------------------------------------------------------
 
-    async def provider_versions(self, addr: ProviderAddr) -> dict[Version, VersionInfo]:
-        """The upstream's version list for a provider (cached for the versions TTL)."""
-        entry = await self._versions_entry(addr)
+    async def provider_versions(self, addr: ProviderAddr, max_age: float | None = None) -> dict[Version, VersionInfo]:
+        """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter)."""
+        entry = await self._versions_entry(addr, max_age)
         return self._fetch.parsed(f"versions:{addr}", entry, lambda e: providers.parse_versions(e.body, addr))
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
@@ -116,6 +118,7 @@ class Mirror:
     async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
         """The upstream's download metadata as it sent it, unknown fields included."""
         self._fetch.check_allowed(addr.hostname)
+        await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
@@ -124,6 +127,7 @@ class Mirror:
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
         """SHA256SUMS and its signature, byte-identical to upstream, only once the signature verified."""
         self._fetch.check_allowed(addr.hostname)
+        await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
@@ -134,28 +138,49 @@ class Mirror:
                           platforms: list[Platform]) -> LockHashes:
         """What `providers lock` would record: each platform's `h1:` and a `zh:` per signed SHA256SUMS line.
 
-        Each requested platform's archive is fetched and verified if it is not cached yet.
+        Each requested platform's archive is fetched and verified if it is not cached yet; a platform
+        the version does not offer fails the whole request before anything is fetched.
         """
-        versions = await self.provider_versions(addr)
-        if version not in versions:
-            raise NotFoundError(f"provider {addr} has no version {version}")
+        info = await self.offered(addr, version, platforms)
         results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
                                        self._settings.limits.upstream_concurrency)
         h1 = {str(p): record.h1_dir for p, (_, record) in zip(platforms, results, strict=True)}
         zh = {str(p): zh_hash(record.sha256) for p, (_, record) in zip(platforms, results, strict=True)}
         signed: list[str] = []
-        for platform in platforms or versions[version].platforms[:1]:
+        for platform in platforms or info.platforms[:1]:
             d = await self._download_info(addr, version, platform)
             if d is not None:
                 sums = await self._verified_sums(addr, version, d)
                 signed = sorted({zh_hash(digest) for digest in sums.values()} | set(signed))
         return LockHashes(h1, zh, signed)
 
-    async def _versions_entry(self, addr: ProviderAddr) -> CacheEntry:
+    async def offered(self, addr: ProviderAddr, version: Version, platforms: list[Platform]) -> VersionInfo:
+        """The version's entry in the provider's version list, which must offer every one of `platforms`.
+
+        Checked before any per-version or per-platform upstream request, so made-up versions and
+        platforms cost nothing upstream; a list missing them is refetched at most once per
+        `--ttl-negative` (a version may have been published since the list was cached).
+        """
+        def lacks(versions: dict[Version, VersionInfo]) -> bool:
+            info = versions.get(version)
+            return info is None or bool(missing_platforms(info.platforms, platforms))
+
+        versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks,
+                                self._rechecks, f"versions:{addr}")
+        info = versions.get(version)
+        if info is None:
+            raise NotFoundError(f"provider {addr} has no version {version}")
+        missing = missing_platforms(info.platforms, platforms)
+        if missing:
+            raise NotFoundError(no_package_message(f"provider {addr} {version}", missing, info.platforms))
+        return info
+
+    async def _versions_entry(self, addr: ProviderAddr, max_age: float | None = None) -> CacheEntry:
         self._fetch.check_allowed(addr.hostname)
         base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.versions_url(base, addr)
-        entry = await self._fetch.document(f"versions:{addr}", url, ttl=self._settings.freshness.versions,
+        entry = await self._fetch.document(f"versions:{addr}", url,
+                                           ttl=list_ttl(self._settings.freshness.versions, max_age),
                                            validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
@@ -163,10 +188,7 @@ class Mirror:
 
     async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
         """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes."""
-        versions = await self.provider_versions(addr)
-        info = versions.get(version)
-        if info is None:
-            raise NotFoundError(f"provider {addr} has no version {version}")
+        info = await self.offered(addr, version, [])
         found = await gather_bounded(
             (self._cached_download_info(addr, version, platform) for platform in info.platforms),
             self._settings.limits.upstream_concurrency)
@@ -197,6 +219,7 @@ class Mirror:
         if found is not None:
             note_cache("hit")
             return found
+        await self.offered(addr, version, [platform])
         d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
             found = await self._fetch.once_for_the_fleet(

@@ -19,11 +19,12 @@ from yarl import URL
 
 from proxy import deadline, modsource
 from proxy.addrs import ModuleAddr, Version
-from proxy.cache import encode_record
+from proxy.cache import CacheEntry, encode_record
 from proxy.errors import NotFoundError, UpstreamError
 from proxy.fetch import Fetcher
 from proxy.log import note_cache
 from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
+from proxy.offered import RecheckGate, list_ttl, listed
 from proxy.packing import DEFAULT_MAX_ENTRIES, DEFAULT_MAX_UNPACKED_BYTES, ArchiveError, check_archive
 from proxy.rewrite import module_archive_path
 from proxy.store import StoredArchive, file_digest, sha256_file
@@ -77,20 +78,40 @@ class ModuleMirror:
         self._max_bytes = max_bytes
         self._max_unpacked_bytes = max_unpacked_bytes
         self._max_entries = max_entries
+        self._rechecks = RecheckGate(fetcher.settings.freshness.negative)
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte."""
+        return (await self._versions_entry(addr)).body
+
+    async def _versions_entry(self, addr: ModuleAddr, max_age: float | None = None) -> CacheEntry:
         self._fetch.check_allowed(addr.hostname)
         base = await self._fetch.service_url(addr.hostname, "modules.v1")
         entry = await self._fetch.document(
             f"module-versions:{addr}", modules.versions_url(base, addr),
-            ttl=self._fetch.settings.freshness.versions, validate=lambda e: modules.parse_versions(e.body, addr))
+            ttl=list_ttl(self._fetch.settings.freshness.versions, max_age),
+            validate=lambda e: modules.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"module {addr} is not known to its registry")
-        return entry.body
+        return entry
+
+    async def _require_version(self, addr: ModuleAddr, version: Version) -> None:
+        """404 unless the module's version list has `version`, before any per-version upstream request.
+
+        A list missing it is refetched at most once per `--ttl-negative` (it may have been published since).
+        """
+        key = f"module-versions:{addr}"
+
+        async def load(max_age: float | None) -> frozenset[Version]:
+            entry = await self._versions_entry(addr, max_age)
+            return self._fetch.parsed(key, entry, lambda e: frozenset(modules.parse_versions(e.body, addr)))
+
+        if version not in await listed(load, lambda versions: version not in versions, self._rechecks, key):
+            raise NotFoundError(f"module {addr} has no version {version}")
 
     async def location(self, addr: ModuleAddr, version: Version) -> str:
         """What the client should download: the proxy's archive URL, or a passed-through source."""
+        await self._require_version(addr, version)
         source = await self._source(addr, version)
         if isinstance(source, HttpArchive | GitSource):
             path = module_archive_path(addr, version, modsource.FILE_EXTENSIONS[source.archive])
@@ -112,6 +133,7 @@ class ModuleMirror:
         if found is not None:
             note_cache("hit")
             return found
+        await self._require_version(addr, version)
         await self._source(addr, version)  # the metadata step, waited for within the request deadline
         with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
             found = await self._fetch.once_for_the_fleet(

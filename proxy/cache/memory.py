@@ -2,7 +2,9 @@
 
 Warm requests then cost no thread hop or network round trip. Absences are remembered only
 when `remember_absence` is set: right for the embedded store, which no other process
-writes; wrong for Redis, where another replica may add a record at any moment.
+writes; wrong for Redis, where another replica may add a record at any moment. Absences
+live in an LRU of their own (`max_absent`), so lookups of made-up keys, which anyone can
+send by the thousand, never push warm values out of memory.
 """
 
 from __future__ import annotations
@@ -14,19 +16,21 @@ from proxy.cache import MetadataStore
 
 
 class MemoryFront:
-    """MetadataStore wrapper that remembers up to `max_entries` values."""
+    """MetadataStore wrapper that remembers up to `max_entries` values and `max_absent` absences."""
 
-    def __init__(self, inner: MetadataStore, max_entries: int = 20_000, *, remember_absence: bool = False) -> None:
+    def __init__(self, inner: MetadataStore, max_entries: int = 20_000, *, remember_absence: bool = False,
+                 max_absent: int = 4096) -> None:
         self.inner = inner
         self._max = max_entries
+        self._max_absent = max_absent
         self._remember_absence = remember_absence
-        self._values: OrderedDict[str, bytes | None] = OrderedDict()
+        self._values: OrderedDict[str, bytes] = OrderedDict()
+        self._absent: OrderedDict[str, None] = OrderedDict()
         self._epoch = 0  # bumped by every set/delete, so a read that raced a write is not remembered
 
     async def get(self, key: str) -> bytes | None:
-        if key in self._values:
-            self._values.move_to_end(key)
-            return self._values[key]
+        if self._known(key):
+            return self._values.get(key)
         seen = self._epoch
         value = await self.inner.get(key)
         if (value is not None or self._remember_absence) and self._epoch == seen:
@@ -35,9 +39,7 @@ class MemoryFront:
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         """Memory hits at once; every miss in one call to the inner store."""
-        known = {key: self._values[key] for key in keys if key in self._values}
-        for key in known:
-            self._values.move_to_end(key)
+        known = {key: self._values.get(key) for key in keys if self._known(key)}
         missing = [key for key in keys if key not in known]
         seen = self._epoch
         fetched = dict(zip(missing, await self.inner.get_many(missing), strict=True)) if missing else {}
@@ -55,10 +57,10 @@ class MemoryFront:
 
     async def delete(self, key: str) -> None:
         self._bump(key)
-        self._values.pop(key, None)
+        self._forget(key)
         await self.inner.delete(key)
         self._bump(key)
-        self._values.pop(key, None)
+        self._forget(key)
 
     def _bump(self, key: str) -> None:
         self._epoch += 1
@@ -71,10 +73,24 @@ class MemoryFront:
 
     async def close(self) -> None:
         self._values.clear()
+        self._absent.clear()
         await self.inner.close()
 
+    def _known(self, key: str) -> bool:
+        """Whether memory knows `key` (a value, or a remembered absence); marks it recently used."""
+        for memo in (self._values, self._absent):
+            if key in memo:
+                memo.move_to_end(key)
+                return True
+        return False
+
+    def _forget(self, key: str) -> None:
+        self._values.pop(key, None)
+        self._absent.pop(key, None)
+
     def _remember(self, key: str, value: bytes | None) -> None:
-        self._values[key] = value
-        self._values.move_to_end(key)
-        while len(self._values) > self._max:
-            self._values.popitem(last=False)
+        self._forget(key)
+        memo, limit = (self._absent, self._max_absent) if value is None else (self._values, self._max)
+        memo[key] = value
+        while len(memo) > limit:
+            memo.popitem(last=False)

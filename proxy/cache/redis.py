@@ -33,6 +33,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 DEFAULT_RETENTION = 90 * 86400.0
+_NOT_LISTED = ("lock:", "negative:", "negatives")  # fleet locks and remembered 404s are never exported
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 
 
@@ -85,11 +86,12 @@ class RedisStore:
         await self._call(self.client.delete(self.key(key)), None)
 
     async def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        """Keys under this store's namespace (SCAN, never KEYS); raises if Redis is unavailable."""
+        """Keys under this store's namespace but for locks and negatives (SCAN, never KEYS); raises if Redis
+        is unavailable."""
         skip = len(self.prefix) + 1
         async for key in self.client.scan_iter(match=f"{self.prefix}:{prefix}*", count=500):
             name = key.decode() if isinstance(key, bytes) else key
-            if not name.startswith(f"{self.prefix}:lock:"):
+            if not name[skip:].startswith(_NOT_LISTED):
                 yield name[skip:]
 
     async def ping(self) -> bool:
@@ -183,3 +185,80 @@ class RedisFleetLocks:
                 return
             except FAILURES:
                 continue  # Redis blip: keep working, try again at the next interval
+
+
+# KEYS: sorted set of negative keys by write time, hash of their sizes, counter of total bytes.
+# ARGV: entry key prefix, op ("put" or "discard"), key, value, retention, now, max entries, max bytes.
+# Returns {entries, bytes} after the change. Every key it writes expires after the retention.
+_NEGATIVES_SCRIPT = """
+local zset, sizes, total = KEYS[1], KEYS[2], KEYS[3]
+local prefix, op, key, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local retention, now = tonumber(ARGV[5]), tonumber(ARGV[6])
+local max_entries, max_bytes = tonumber(ARGV[7]), tonumber(ARGV[8])
+local function forget(member)
+  redis.call('DEL', prefix .. member)
+  redis.call('DECRBY', total, tonumber(redis.call('HGET', sizes, member) or '0'))
+  redis.call('HDEL', sizes, member)
+  redis.call('ZREM', zset, member)
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', now - retention, 'LIMIT', 0, 512)) do
+  forget(member)
+end
+forget(key)
+local size = #key + #value
+if op == 'put' and size <= max_bytes then
+  local seconds = math.max(1, math.ceil(retention))
+  redis.call('SET', prefix .. key, value, 'EX', seconds)
+  redis.call('ZADD', zset, now, key)
+  redis.call('HSET', sizes, key, size)
+  redis.call('INCRBY', total, size)
+  for _, name in ipairs(KEYS) do redis.call('EXPIRE', name, seconds) end
+end
+while redis.call('ZCARD', zset) > max_entries or tonumber(redis.call('GET', total) or '0') > max_bytes do
+  local oldest = redis.call('ZRANGE', zset, 0, 0)[1]
+  if not oldest then break end
+  forget(oldest)
+end
+return {redis.call('ZCARD', zset), tonumber(redis.call('GET', total) or '0')}
+"""
+
+
+class RedisNegatives:
+    """The fleet's remembered 404s (see proxy.cache.negative): `PREFIX:negative:KEY`, each with the short
+    retention as its TTL (reads do not renew it), bounded in count and bytes by one atomic script that
+    evicts the least recently written first. Bookkeeping: `PREFIX:negatives` (sorted set by write time),
+    `PREFIX:negatives:sizes`, `PREFIX:negatives:bytes`. Redis down: nothing is remembered (a miss)."""
+
+    def __init__(self, store: RedisStore, max_entries: int, max_bytes: int, retention: float, *,
+                 report: Callable[[int, int], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._retention = retention
+        self._report = report
+        self._clock = clock
+        self._script = store.client.register_script(_NEGATIVES_SCRIPT)
+        self._keys = [store.key("negatives"), store.key("negatives:sizes"), store.key("negatives:bytes")]
+
+    def _entry(self, key: str) -> str:
+        return self._store.key(f"negative:{key}")
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._store._call(self._store.client.get(self._entry(key)), None)
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        default: list[bytes | None] = [None] * len(keys)
+        return await self._store._call(self._store.client.mget([self._entry(k) for k in keys]), default)
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self._run("put", key, value)
+
+    async def discard(self, key: str) -> None:
+        await self._run("discard", key, b"")
+
+    async def _run(self, op: str, key: str, value: bytes) -> None:
+        args = [self._store.key("negative:"), op, key, value, self._retention, self._clock(),
+                self._max_entries, self._max_bytes]
+        counts = await self._store._call(self._script(keys=self._keys, args=args), None)
+        if counts is not None and self._report is not None:
+            self._report(int(counts[0]), int(counts[1]))

@@ -13,7 +13,8 @@ from aiohttp import web
 from proxy.cache import MetadataStore
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
-from proxy.cache.redis import RedisFleetLocks, RedisStore
+from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
+from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
 from proxy.config import Settings
 from proxy.fetch import Fetcher
 from proxy.gpg import Keyring
@@ -53,7 +54,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store = ArchiveStore(settings.archive_dir)
     store.open()
     backend, locks = open_metadata_store(settings)
-    cache = MemoryFront(backend, remember_absence=settings.redis_url is None)
+    cache = NegativeBound(MemoryFront(backend, remember_absence=settings.redis_url is None),
+                          negative_store(settings, backend, app[METRICS]))
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
@@ -96,6 +98,20 @@ def write_ca_bundle(settings: Settings) -> Path | None:
     bundle.parent.mkdir(parents=True, exist_ok=True)
     bundle.write_bytes(b"\n".join(parts))
     return bundle
+
+
+def negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics) -> NegativeStore:
+    """Where remembered 404s go: Redis for a fleet, else process memory; bounded either way."""
+
+    def report(entries: int, size: int) -> None:
+        metrics.negative_entries.set(entries)
+        metrics.negative_bytes.set(size)
+
+    bounds = (settings.negative_cache_entries, settings.negative_cache_bytes,
+              negative_retention(settings.freshness.negative))
+    if isinstance(backend, RedisStore):
+        return RedisNegatives(backend, *bounds, report=report)
+    return MemoryNegatives(*bounds, report=report)
 
 
 def open_metadata_store(settings: Settings) -> tuple[MetadataStore, FleetLocks]:

@@ -2,7 +2,9 @@
 
 Answers what `terraform providers lock -platform=…` would record: the `h1:` of each
 requested platform (computed from the verified archive, fetched if needed) and a `zh:` for
-every line of the signed SHA256SUMS. `hashes` is the sorted union.
+every line of the signed SHA256SUMS. `hashes` is the sorted union. A platform the version does
+not offer (per the provider's version list) is a 404 naming it, before anything is fetched,
+as `providers lock` fails for a platform the provider has no package for.
 """
 
 from __future__ import annotations

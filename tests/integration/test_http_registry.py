@@ -226,15 +226,15 @@ async def test_git_clone_failure_is_a_clear_502(proxy, registry, git_module):
 
 
 async def test_module_errors(proxy, registry, net_module):
+    from tests.fakes.registry import Fault
+
+    registry.faults["/v1/modules/acme/net/aws/versions"] = Fault(body=json.dumps({"modules": []}).encode())
+    status, answer = await proxy.json(f"{M}/versions")
+    assert status == 502 and "modules" in answer["errors"][0]
+    del registry.faults["/v1/modules/acme/net/aws/versions"]  # (a malformed answer was not cached)
     assert (await proxy.json(f"{M}/9.9.9/download"))[0] == 404
     assert (await proxy.json("/registry/registry.example.test/modules/v1/acme/none/aws/versions"))[0] == 404
     assert (await proxy.json("/registry/registry.example.test/modules/v1/acme/net/AWS/versions"))[0] == 400
-    body = json.dumps({"modules": []}).encode()
-    from tests.fakes.registry import Fault
-
-    registry.faults["/v1/modules/acme/net/aws/versions"] = Fault(body=body)
-    status, answer = await proxy.json(f"{M}/versions")
-    assert status == 502 and "modules" in answer["errors"][0]
 
 
 async def test_module_checksum_is_verified(proxy, registry, net_module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -443,4 +444,28 @@ def test_cli_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_p
 def test_cli_invalid_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_path: Path,
                                           flags: list[str]) -> None:
     with pytest.raises(ConfigError, match=r"max-module|invalid size"):
+        _settings(tmp_path, *flags)
+
+
+def test_cli_negative_cache_bounds(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (10_000, 16 * 2**20)
+    clean_env.setenv("REGISTRY_PROXY_NEGATIVE_CACHE_ENTRIES", "500")
+    clean_env.setenv("REGISTRY_PROXY_NEGATIVE_CACHE_BYTES", "1MiB")
+    settings = _settings(tmp_path)
+    assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (500, 2**20)
+    settings = _settings(tmp_path, "--negative-cache-entries", "7", "--negative-cache-bytes", "64KiB")
+    assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (7, 64 * 2**10)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--negative-cache-entries", "0"], "--negative-cache-entries must be a positive integer"),
+    (["--negative-cache-entries", "-5"], "--negative-cache-entries must be a positive integer"),
+    (["--negative-cache-entries", "many"], "--negative-cache-entries must be a positive integer"),
+    (["--negative-cache-bytes", "100"], "--negative-cache-bytes must be at least 1KiB"),
+    (["--negative-cache-bytes", "lots"], "invalid size 'lots'"),
+])
+def test_cli_negative_cache_bounds_are_validated(clean_env: pytest.MonkeyPatch, tmp_path: Path,
+                                                 flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
         _settings(tmp_path, *flags)

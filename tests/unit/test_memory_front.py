@@ -235,3 +235,16 @@ async def test_a_get_during_a_delete_does_not_bring_the_value_back() -> None:
     await deleter
     assert "k" not in inner.values
     assert await front.get("k") is None
+
+
+async def test_a_flood_of_absences_does_not_push_out_warm_values() -> None:
+    inner = CountingStore({"warm:a": b"1", "warm:b": b"2"})
+    front = MemoryFront(inner, max_entries=2, remember_absence=True, max_absent=3)
+    assert [await front.get("warm:a"), await front.get("warm:b")] == [b"1", b"2"]
+    for number in range(1000):
+        assert await front.get(f"made-up:{number}") is None
+    inner.gets.clear()
+    assert [await front.get("warm:a"), await front.get("warm:b")] == [b"1", b"2"]
+    assert inner.gets == []  # still in memory
+    assert await front.get("made-up:999") is None and inner.gets == []  # recent absences are remembered
+    assert await front.get("made-up:0") is None and inner.gets == ["made-up:0"]  # old ones were evicted
