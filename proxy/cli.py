@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
     _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
             "(air-gapped networks; fill the cache with `import`)", switch=True)
+    # --- metadata trust ---
+    _metadata_secret_options(serve)
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -186,6 +188,15 @@ def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
             metavar="URL")
     _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
     _option(parser, "--redis-prefix", "namespace of the proxy's Redis keys", default="registry-proxy")
+    _metadata_secret_options(parser)
+
+
+def _metadata_secret_options(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "--metadata-secret", "secret that seals every metadata record (HMAC), so a writer to the "
+            "store cannot make the proxy serve other archives or hashes; required with --redis-url, the same on "
+            "every replica (e.g. `openssl rand -hex 32`); without it the embedded store makes its own in "
+            "DATA_DIR/metadata", metavar="SECRET")
+    _option(parser, "--metadata-secret-file", "read --metadata-secret from this file instead", metavar="FILE")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -225,7 +236,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
         log_level=args.log_level,
+        **metadata_secret_settings(args),
     )
+
+
+def metadata_secret_settings(args: argparse.Namespace) -> dict:
+    """The --metadata-secret/--metadata-secret-file keywords of Settings."""
+    return {"metadata_secret": args.metadata_secret or None,
+            "metadata_secret_file": Path(args.metadata_secret_file) if args.metadata_secret_file else None}
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:

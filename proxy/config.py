@@ -136,6 +136,8 @@ class Settings:
     limits: Limits = Limits()
     log_format: str = "auto"
     log_level: str = "info"
+    metadata_secret: str | None = field(default=None, repr=False)  # never logged
+    metadata_secret_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -150,6 +152,19 @@ class Settings:
             raise ConfigError(f"invalid --module-passthrough {self.module_passthrough!r}: allow or deny")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+        self._check_metadata_secret()
+
+    def _check_metadata_secret(self) -> None:
+        if self.metadata_secret is not None and self.metadata_secret_file is not None:
+            raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
+        if self.metadata_secret is not None and len(self.metadata_secret.strip().encode()) < 16:
+            raise ConfigError("--metadata-secret must be at least 16 bytes (e.g. `openssl rand -hex 32`)")
+        if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
+            raise ConfigError(
+                "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
+                "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
+                "make the proxy serve other archives or hashes; give every replica the same secret "
+                "(e.g. `openssl rand -hex 32`)")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

@@ -24,5 +24,8 @@ class Metrics:
         self.verification_failures = Counter("registry_proxy_verification_failures_total",
                                              "Archives or checksums that failed verification",
                                              ["check"], registry=self.registry)
+        self.metadata_rejected = Counter("registry_proxy_metadata_rejected_total",
+                                         "Metadata store values refused: no seal or a bad seal (poisoned records)",
+                                         ["store", "reason"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)

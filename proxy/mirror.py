@@ -207,6 +207,10 @@ class Mirror:
         return {"metadata_store": await self._cache.ping(),
                 "archive_store": await asyncio.to_thread(self._store.is_writable)}
 
+    def metadata_problem(self) -> str | None:
+        """Why the metadata store is unusable now (for /readyz), or None."""
+        return self._cache.problem
+
     # ---- discovery and metadata --------------------------------------------------------
 
     async def _cached_download_info(self, addr: ProviderAddr, version: Version,

@@ -69,6 +69,10 @@ class MemoryFront:
     async def ping(self) -> bool:
         return await self.inner.ping()
 
+    @property
+    def problem(self) -> str | None:
+        return self.inner.problem
+
     async def close(self) -> None:
         self._values.clear()
         await self.inner.close()

@@ -7,12 +7,14 @@ import sys
 from pathlib import Path
 
 from proxy.addrs import Platform
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.redis import RedisStore
+from proxy.cache import MetadataStore
+from proxy.cache.factory import open_metadata_store
+from proxy.cli import metadata_secret_settings
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.warm import run_warm
+from proxy.config import Settings
 from proxy.errors import InvalidRequestError
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
@@ -76,13 +78,15 @@ async def _warm(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-def _stores(args: argparse.Namespace) -> tuple[object, ArchiveStore]:
-    data_dir = Path(args.data_dir).expanduser()
-    store = ArchiveStore(data_dir / "archives")
+def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore]:
+    """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
+    settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
+                        redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
+                        **metadata_secret_settings(args))
+    cache, _ = open_metadata_store(settings)
+    store = ArchiveStore(settings.archive_dir)
     store.open()
-    if args.redis_url:
-        return RedisStore(args.redis_url, prefix=args.redis_prefix, password=args.redis_password or None), store
-    return EmbeddedStore(data_dir / "metadata" / "metadata.sqlite"), store
+    return cache, store
 
 
 async def _export(args: argparse.Namespace) -> int:

@@ -9,17 +9,14 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from proxy.cache import MetadataStore
-from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.factory import open_metadata_store
 from proxy.cache.memory import MemoryFront
-from proxy.cache.redis import RedisFleetLocks, RedisStore
 from proxy.config import Settings
 from proxy.fetch import Fetcher
 from proxy.gpg import Keyring
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
-from proxy.singleflight import FleetLocks, LocalLocks
 from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
@@ -50,8 +47,9 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    backend, locks = open_metadata_store(settings)
+    backend, locks = open_metadata_store(settings, app[METRICS])
     cache = MemoryFront(backend, remember_absence=settings.redis_url is None)
+    await cache.ping()  # the embedded store checks its file now, before the first request
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
@@ -84,11 +82,3 @@ def write_ca_bundle(settings: Settings) -> Path | None:
     bundle.write_bytes(b"\n".join(parts))
     return bundle
 
-
-def open_metadata_store(settings: Settings) -> tuple[MetadataStore, FleetLocks]:
-    """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store."""
-    if settings.redis_url:
-        redis_store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,
-                                 password=settings.redis_password, retention=settings.redis_retention)
-        return redis_store, RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl)
-    return EmbeddedStore(settings.cache_dir / "metadata.sqlite"), LocalLocks()
