@@ -14,6 +14,7 @@ import uuid
 import pytest
 import redis
 
+from proxy.cache.sealed import seal, unseal
 from proxy.hashes import h1_of_zip, zh_hash
 
 PROVIDER = "registry.example.test/acme/foo"
@@ -136,3 +137,24 @@ async def test_redis_without_a_secret_refuses_to_start(proxy_process, redis_serv
     with pytest.raises(RuntimeError, match="metadata-secret"):
         await proxy_process("--redis-url", redis_server.url, "--redis-prefix", prefix)
 
+
+
+async def test_a_resealed_archive_record_must_still_match_the_signed_sums(
+        proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path):
+    """Defence in depth: even with the secret, an archive record alone cannot point 1.1.0 at 1.0.0's zip."""
+    releases = registry.releases[("acme", "foo")]
+    data_dir = tmp_path / "replica"
+    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    client = await connect(proc)
+    for version in ("1.0.0", "1.1.0"):
+        assert (await client.get(ARCHIVE.format(v=version, p="linux_amd64")))[0] == 200
+    await proc.stop()
+    source, target = (f"archive:{PROVIDER}/{v}/linux_amd64" for v in ("1.0.0", "1.1.0"))
+    value, why = unseal(SECRET.encode(), source, attacker.get(f"{prefix}:{source}"))
+    assert why == ""
+    attacker.set(f"{prefix}:{target}", seal(SECRET.encode(), target, value))
+
+    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    status, _, body = await (await connect(proc)).get(ARCHIVE.format(v="1.1.0", p="linux_amd64"))
+    assert (status, body) == (200, releases["1.1.0"].zips["linux_amd64"])
+    assert {(r["key"], r["store"]) for r in proc.events("security.metadata_poisoned")} == {(target, "consistency")}
