@@ -106,20 +106,19 @@ class EmbeddedStore:
             return default
         generation = self._generation
         try:
-            result = await operation(await self._open())
-        except FAILURES as exc:
-            if not is_corruption(exc):
-                self._mark_down(exc)
-                return default
-            if generation == self._generation:
-                await self._quarantine(exc)
-            if not retry_fresh:
-                return default  # a fresh file has nothing to read
             try:
                 result = await operation(await self._open())
-            except FAILURES as again:
-                self._mark_down(again)
-                return default
+            except FAILURES as exc:
+                if not is_corruption(exc):
+                    raise
+                if generation == self._generation:  # not replaced meanwhile by another call that saw it
+                    await self._quarantine(exc)
+                if not retry_fresh:
+                    return default  # a fresh file has nothing to read
+                result = await operation(await self._open())
+        except FAILURES as exc:  # also a file that could not be moved aside
+            self._mark_down(exc)
+            return default
         self._mark_up()
         return result
 

@@ -98,6 +98,18 @@ class SealedStore:
     async def close(self) -> None:
         await self.inner.close()
 
+    async def adopt_unsealed(self) -> int:
+        """Seal in place every value without a seal; only for the embedded file on the start that makes its
+        secret (upgrading from a version without seals), which this data dir trusted until then."""
+        keys = [key async for key in self.inner.keys()]  # noqa: SIM118 - an async iterator, not a dict
+        adopted = 0
+        for key in keys:
+            raw = await self.inner.get(key)
+            if raw is not None and not raw.startswith(MAGIC):
+                await self.inner.set(key, seal(self._secret, key, raw))
+                adopted += 1
+        return adopted
+
     def _open(self, key: str, stored: bytes | None) -> bytes | None:
         if stored is None:
             return None

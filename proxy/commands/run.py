@@ -78,19 +78,19 @@ async def _warm(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore]:
+async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore]:
     """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
     settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
                         redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
                         **metadata_secret_settings(args))
-    cache, _ = open_metadata_store(settings)
+    cache, _ = await open_metadata_store(settings)
     store = ArchiveStore(settings.archive_dir)
     store.open()
     return cache, store
 
 
 async def _export(args: argparse.Namespace) -> int:
-    cache, store = _stores(args)
+    cache, store = await _stores(args)
     try:
         report = await export_bundle(cache, store, Path(args.out), args.only)
     finally:
@@ -104,7 +104,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    cache, store = _stores(args)
+    cache, store = await _stores(args)
     try:
         keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
         if not args.trust_key and not args.trust_bundle_keys:

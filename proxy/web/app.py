@@ -47,9 +47,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    backend, locks = open_metadata_store(settings, app[METRICS])
+    backend, locks = await open_metadata_store(settings, app[METRICS])
     cache = MemoryFront(backend, remember_absence=settings.redis_url is None)
-    await cache.ping()  # the embedded store checks its file now, before the first request
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 import uuid
 
 import pytest
@@ -158,3 +159,33 @@ async def test_a_resealed_archive_record_must_still_match_the_signed_sums(
     status, _, body = await (await connect(proc)).get(ARCHIVE.format(v="1.1.0", p="linux_amd64"))
     assert (status, body) == (200, releases["1.1.0"].zips["linux_amd64"])
     assert {(r["key"], r["store"]) for r in proc.events("security.metadata_poisoned")} == {(target, "consistency")}
+
+
+async def test_upgrading_an_embedded_data_dir_seals_its_records_and_keeps_serving_offline(
+        proxy_process, connect, registry, tmp_path):
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    data_dir = tmp_path / "data"
+    proc = await proxy_process(data_dir=data_dir)
+    client = await connect(proc)
+    assert (await client.get(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
+    assert (await client.get(ARCHIVE.format(v="1.0.0", p="linux_amd64")))[0] == 200
+    await proc.stop()
+    # As a version before seals left it: the same records, unsealed, and no secret file.
+    secret_file = data_dir / "metadata" / "metadata.secret"
+    secret = secret_file.read_bytes().strip()
+    with sqlite3.connect(data_dir / "metadata" / "metadata.sqlite") as db:
+        for key, value in db.execute("SELECT key, value FROM metadata").fetchall():
+            plain, why = unseal(secret, key, bytes(value))
+            assert why == ""
+            db.execute("UPDATE metadata SET value = ? WHERE key = ?", (plain, key))
+    secret_file.unlink()
+
+    requests = len(registry.requests)
+    proc = await proxy_process("--offline", data_dir=data_dir)
+    client = await connect(proc)
+    status, _, body = await client.get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
+    assert (status, body) == (200, release.zips["linux_amd64"])
+    assert (await client.get(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
+    assert registry.requests[requests:] == []
+    assert proc.events("security.metadata_poisoned") == []
+    assert proc.events("metadata.records_sealed")[0]["records"] >= 4

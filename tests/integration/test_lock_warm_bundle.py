@@ -162,7 +162,7 @@ async def test_warm_reports_failures_by_name(proxy, registry, config_dir, ca_fil
 async def _stores(data_dir):
     store = ArchiveStore(data_dir / "archives")
     store.open()
-    return open_metadata_store(Settings(data_dir=data_dir))[0], store
+    return (await open_metadata_store(Settings(data_dir=data_dir)))[0], store
 
 
 async def _export(data_dir, out, only=()):
