@@ -102,6 +102,10 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
     assert {f"archive:{PROVIDER}/1.1.0/linux_amd64", f"archive:{PROVIDER}/1.1.0/darwin_arm64",
             f"archive:{PROVIDER}/1.1.0/windows_amd64"} <= poisoned
     assert all(record.get("store") == "redis" for record in proc.events("security.metadata_poisoned"))
+    _, _, metrics = await client.get("/metrics")
+    refused = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.decode().splitlines()
+               if line.startswith("registry_proxy_metadata_rejected_total{")}
+    assert refused['reason="bad_seal",store="redis"'] >= 3 and refused['reason="no_seal",store="redis"'] >= 1
     assert not any(SECRET in line for line in proc.log_path.read_text().splitlines())
     # The archive on disk was reused (its bytes are the signed ones): nothing downloaded again.
     assert registry.count(registry.archive_path(new, "linux_amd64")) == downloads_before
