@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import os
 import platform
+import secrets
 import shutil
 import ssl
 import statistics
@@ -218,7 +219,7 @@ class Suite:
         await asyncio.to_thread(redis.start)
         stack.callback(redis.stop)  # after the replicas stopped (the stack unwinds in reverse)
         self.redis = redis
-        extra = ("--redis-url", redis.url, "--redis-prefix", "bench-fleet",
+        extra = ("--redis-url", redis.url, "--redis-prefix", "bench-fleet", "--metadata-secret", secrets.token_hex(32),
                  "--fleet-lock-ttl", self.args.fleet_lock_ttl)
         data_dir = self.root / "fleet" / "data"
         first = await self._start_proxy(stack, "fleet-a", *extra, data_dir=data_dir)

@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--negative-cache-entries", "remembered upstream 404s (made-up names) kept at most, fleet-wide "
             "with Redis; the least recently written are dropped first", default="10000")
     _option(serve, "--negative-cache-bytes", "total size of remembered upstream 404s at most", default="16MiB")
+    # --- metadata trust ---
+    _metadata_secret_options(serve)
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -227,6 +229,15 @@ def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
             metavar="URL")
     _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
     _option(parser, "--redis-prefix", "namespace of the proxy's Redis keys", default="registry-proxy")
+    _metadata_secret_options(parser)
+
+
+def _metadata_secret_options(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "--metadata-secret", "secret that seals every metadata record (HMAC), so a writer to the "
+            "store cannot make the proxy serve other archives or hashes; required with --redis-url, the same on "
+            "every replica (e.g. `openssl rand -hex 32`); without it the embedded store makes its own in "
+            "DATA_DIR/metadata", metavar="SECRET")
+    _option(parser, "--metadata-secret-file", "read --metadata-secret from this file instead", metavar="FILE")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -282,6 +293,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         shutdown_grace=parse_duration(args.shutdown_grace),
         negative_cache_entries=_count(args.negative_cache_entries, "--negative-cache-entries"),
         negative_cache_bytes=parse_size(args.negative_cache_bytes),
+        **metadata_secret_settings(args),
     )
 
 
@@ -289,6 +301,12 @@ def _count(text: str, flag: str) -> int:
     if not str(text).strip().isdigit() or int(text) < 1:
         raise ConfigError(f"{flag} must be a positive integer, not {text!r}")
     return int(str(text).strip())
+
+
+def metadata_secret_settings(args: argparse.Namespace) -> dict:
+    """The --metadata-secret/--metadata-secret-file keywords of Settings."""
+    return {"metadata_secret": args.metadata_secret or None,
+            "metadata_secret_file": Path(args.metadata_secret_file) if args.metadata_secret_file else None}
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:

@@ -163,6 +163,8 @@ class Settings:
     shutdown_grace: float = 15.0
     negative_cache_entries: int = 10_000
     negative_cache_bytes: int = 16 * 2**20
+    metadata_secret: str | None = field(default=None, repr=False)  # never logged
+    metadata_secret_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -198,6 +200,19 @@ class Settings:
             raise ConfigError("--negative-cache-entries must be a positive integer")
         if self.negative_cache_bytes < 1024:
             raise ConfigError("--negative-cache-bytes must be at least 1KiB")
+        self._check_metadata_secret()
+
+    def _check_metadata_secret(self) -> None:
+        if self.metadata_secret is not None and self.metadata_secret_file is not None:
+            raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
+        if self.metadata_secret is not None and len(self.metadata_secret.strip().encode()) < 16:
+            raise ConfigError("--metadata-secret must be at least 16 bytes (e.g. `openssl rand -hex 32`)")
+        if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
+            raise ConfigError(
+                "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
+                "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
+                "make the proxy serve other archives or hashes; give every replica the same secret "
+                "(e.g. `openssl rand -hex 32`)")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

@@ -84,6 +84,10 @@ class Fetcher:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
         return None if raw is None else self._memoised(self._decoded, key, raw, CacheEntry.decode)
 
+    async def cached(self, key: str) -> CacheEntry | None:
+        """The cached upstream document under `key`, never fetching it."""
+        return self._decode(key, await self.cache.get(key))
+
     async def record(self, key: str) -> dict[str, Any] | None:
         """A derived record from the cache, decoded once per stored value."""
         return self._decode_record(key, await self.cache.get(key))

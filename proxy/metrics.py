@@ -27,6 +27,9 @@ class Metrics:
         self.store_corruptions = Counter("registry_proxy_store_corruptions_total",
                                          "Stored archives found corrupt (and quarantined), by check",
                                          ["check"], registry=self.registry)
+        self.metadata_rejected = Counter("registry_proxy_metadata_rejected_total",
+                                         "Metadata store values refused: no seal or a bad seal (poisoned records)",
+                                         ["store", "reason"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)
         self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",

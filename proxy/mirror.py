@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -233,6 +234,10 @@ class Mirror:
         return {"metadata_store": await self._cache.ping(),
                 "archive_store": await asyncio.to_thread(self._store.is_writable)}
 
+    def metadata_problem(self) -> str | None:
+        """Why the metadata store is unusable now (for /readyz), or None."""
+        return self._cache.problem
+
     # ---- discovery and metadata --------------------------------------------------------
 
     async def _cached_download_info(self, addr: ProviderAddr, version: Version,
@@ -252,10 +257,7 @@ class Mirror:
                              platform: Platform) -> DownloadInfo | None:
         base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.download_url(base, addr, version, platform)
-
-        def parse(entry: CacheEntry) -> DownloadInfo:
-            return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
-
+        parse = _download_parser(addr, version, platform)
         key = f"download:{addr}/{version}/{platform}"
         entry = await self._fetch.document(key, url, ttl=None, validate=parse)
         return None if entry.negative else self._fetch.parsed(key, entry, parse)
@@ -264,7 +266,9 @@ class Mirror:
 
     async def _verified_sums(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, str]:
         """The parsed SHA256SUMS of a release after its signature verified."""
-        record = await self._verified_sums_record(addr, version, d)
+        return self._parsed_sums(d, await self._verified_sums_record(addr, version, d))
+
+    def _parsed_sums(self, d: DownloadInfo, record: dict[str, Any]) -> dict[str, str]:
         return self._fetch.parsed(
             sums_key(d), record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
 
@@ -311,10 +315,37 @@ class Mirror:
 
     async def _stored_archive(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | None:
-        """The archive if its verified record exists and its file, of the recorded size, is in the store."""
+        """The archive if its verified record exists, agrees with the signed sums, and its file, of the
+        recorded size, is in the store."""
         record = await self._archive_record(addr, version, platform)
+        if record is not None and not await self._agrees_with_signed_sums(addr, version, platform, record):
+            record = None
         stored = await self._guard.lookup(record.sha256, record.size) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
+
+    async def _agrees_with_signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform,
+                                       record: ArchiveRecord) -> bool:
+        """Defence in depth behind the sealed store: an archive record must name the file and digest that the
+        release's verified SHA256SUMS lists for this platform's download. Only cached metadata is consulted
+        (a hit never goes upstream); with nothing cached to compare, the sealed record stands."""
+        key = f"download:{addr}/{version}/{platform}"
+        entry = await self._fetch.cached(key)
+        if entry is None or entry.negative:
+            return True
+        d = self._fetch.parsed(key, entry, _download_parser(addr, version, platform))
+        sums_record = await self._fetch.record(sums_key(d))
+        if sums_record is None:
+            return True
+        try:
+            expected = verify.expected_digest(self._parsed_sums(d, sums_record), d.filename, d.shasum)
+        except VerificationError:
+            expected = None
+        if (expected, d.filename) == (record.sha256, record.filename):
+            return True
+        log.error("security.metadata_poisoned", key=f"archive:{addr}/{version}/{platform}", store="consistency",
+                  reason="the archive record disagrees with the signed SHA256SUMS of its download",
+                  effect="treated as a miss and fetched again; never served")
+        return False
 
     async def _archive_records(self, addr: ProviderAddr, version: Version,
                                platforms: list[Platform]) -> list[ArchiveRecord | None]:
@@ -372,6 +403,13 @@ class Mirror:
 def sums_key(d: DownloadInfo) -> str:
     """The metadata key of the verified SHA256SUMS record for a download."""
     return "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
+
+
+def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:
+    def parse(entry: CacheEntry) -> DownloadInfo:
+        return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
+
+    return parse
 
 
 def _sums_source(d: DownloadInfo) -> tuple:

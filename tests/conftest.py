@@ -19,7 +19,7 @@ from proxy.config import Settings
 from proxy.web.app import create_app
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
-from tests.fakes.redis_server import RedisServer
+from tests.fakes.redis_server import METADATA_SECRET, RedisServer
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.signing import SigningKey
 
@@ -107,7 +107,8 @@ def metadata_backend(request) -> str:
 def backend_settings(metadata_backend, request) -> dict:
     if metadata_backend == "redis":
         server = request.getfixturevalue("redis_server")
-        return {"redis_url": server.url, "redis_prefix": f"test-{uuid.uuid4().hex[:12]}"}
+        return {"redis_url": server.url, "redis_prefix": f"test-{uuid.uuid4().hex[:12]}",
+                "metadata_secret": METADATA_SECRET}
     return {}
 
 

@@ -33,6 +33,11 @@ class MetadataStore(Protocol):
 
     async def ping(self) -> bool: ...
 
+    @property
+    def problem(self) -> str | None:
+        """Why the store is unusable right now (for /readyz), or None while it works."""
+        ...
+
     def keys(self, prefix: str = "") -> AsyncIterator[str]:
         """Every key starting with `prefix` (for export; not for request paths)."""
         ...

@@ -4,47 +4,200 @@ Built on aiohttp-client-cache's SQLite key-value class (aiosqlite underneath), s
 survives restarts: after one warm `init`, the same `init` works with the upstream down
 even after the proxy restarted. Entries do not expire here; the freshness policy decides
 what is served, and stale entries are kept for stale-if-error.
+
+The file is a cache, so a broken one is never an outage (like the Redis breaker): any
+SQLite error makes a read a miss and a write skipped, logged once per state change, and for
+`retry_interval` seconds the file is left alone. A file SQLite calls corrupt ("file is not
+a database", "database disk image is malformed") is moved aside to
+`metadata.sqlite.corrupt-<UTC time>` and a fresh one started; the first use (at start-up)
+runs `PRAGMA quick_check` so damage found while stopped is handled before any request.
+The database runs in WAL mode with a busy timeout, ready for several processes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import datetime as dt
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
+import structlog
 from aiohttp_client_cache.backends.sqlite import SQLiteCache
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+TABLE = "metadata"
+BUSY_TIMEOUT = 5.0
+FAILURES = (sqlite3.Error, ValueError, OSError)  # ValueError: aiosqlite's "no active connection"
+_CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # and their extended codes
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """SQLite says the file itself is damaged (not busy, full, read-only or missing)."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc).lower()
+    return name.startswith(_CORRUPT) or "malformed" in text or "not a database" in text
 
 
 class EmbeddedStore:
-    """MetadataStore on a local SQLite file."""
+    """MetadataStore on a local SQLite file, with a breaker and self-repair for a damaged file."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._cache = SQLiteCache(str(path), "metadata")
+    def __init__(self, path: Path, *, retry_interval: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._retry_interval = retry_interval
+        self._clock = clock
+        self._cache: SQLiteCache | None = None
+        self._checked = False
+        self._opening = asyncio.Lock()
+        self._generation = 0
+        self._up = True
+        self._retry_at = 0.0
+        self._problem: str | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store is not usable right now (None while it works)."""
+        return None if self._up else self._problem
+
+    @property
+    def available(self) -> bool:
+        return self._up or self._clock() >= self._retry_at
 
     async def get(self, key: str) -> bytes | None:
-        value = await self._cache.read(key)
+        value = await self._call(lambda cache: cache.read(key), None)
         return bytes(value) if value is not None else None
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         return [await self.get(key) for key in keys]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        await self._cache.write(key, value)
+        await self._call(lambda cache: cache.write(key, value), None, retry_fresh=True)
 
     async def delete(self, key: str) -> None:
-        await self._cache.delete(key)
+        await self._call(lambda cache: cache.delete(key), None, retry_fresh=True)
 
     async def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        async for key in self._cache.keys():
+        """Every key (for export); raises if the file cannot be read: a partial export must not look whole."""
+        cache = await self._open()
+        async for key in cache.keys():
             if key.startswith(prefix):
                 yield key
 
     async def ping(self) -> bool:
-        try:
-            await self._cache.contains("__ping__")
-        except Exception:
+        """True when the file answers a query now; False while the breaker is open."""
+        if not self.available:
             return False
-        return True
+        found = await self._call(lambda cache: cache.contains("__ping__"), None)
+        return found is not None and self._up
 
     async def close(self) -> None:
-        await self._cache.close()
+        await self._drop()
+
+    async def _call(self, operation: Callable[[SQLiteCache], Awaitable[T]], default: T,
+                    *, retry_fresh: bool = False) -> T:
+        """`operation` on the database; any SQLite failure answers `default` (see module docstring)."""
+        if not self.available:
+            return default
+        generation = self._generation
+        try:
+            try:
+                result = await operation(await self._open())
+            except FAILURES as exc:
+                if not is_corruption(exc):
+                    raise
+                if generation == self._generation:  # not replaced meanwhile by another call that saw it
+                    await self._quarantine(exc)
+                if not retry_fresh:
+                    return default  # a fresh file has nothing to read
+                result = await operation(await self._open())
+        except FAILURES as exc:  # also a file that could not be moved aside
+            self._mark_down(exc)
+            return default
+        self._mark_up()
+        return result
+
+    async def _open(self) -> SQLiteCache:
+        """The open database; on first use, its integrity is checked and a damaged file replaced."""
+        async with self._opening:
+            if self._cache is None or not self._checked:
+                try:
+                    await self._check()
+                except BaseException:
+                    await self._drop()  # a connection that failed to open cannot be opened again
+                    raise
+                self._checked = True
+            return self._cache
+
+    async def _check(self) -> None:
+        """Open with WAL mode and run `quick_check`; a damaged file is moved aside for a fresh one."""
+        try:
+            async with self._connect() as db, db.execute("PRAGMA quick_check") as cursor:
+                problems = [row[0] for row in await cursor.fetchall()]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {'; '.join(problems[:3])}")
+        except FAILURES as exc:
+            if not is_corruption(exc):
+                raise
+            await self._move_aside(exc)
+            async with self._connect():
+                pass
+
+    @contextlib.asynccontextmanager
+    async def _connect(self) -> AsyncIterator:
+        if self._cache is None:
+            await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+            self._cache = SQLiteCache(str(self.path), TABLE, timeout=BUSY_TIMEOUT)
+        async with self._cache.get_connection() as db:
+            await db.execute("PRAGMA journal_mode=WAL")
+            yield db
+
+    async def _drop(self) -> None:
+        if self._cache is not None:
+            with contextlib.suppress(*FAILURES):
+                await self._cache.close()
+            self._cache = None
+
+    async def _quarantine(self, exc: BaseException) -> None:
+        """Replace a file found damaged while running (once, whoever sees the error first)."""
+        async with self._opening:
+            self._generation += 1
+            self._checked = False  # the next use opens and checks a fresh file
+            await self._move_aside(exc)
+
+    async def _move_aside(self, exc: BaseException) -> None:
+        await self._drop()
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        await asyncio.to_thread(_rename_database, self.path, target)
+        log.error("metadata_store.quarantined", path=str(self.path), moved_to=str(target), error=str(exc),
+                  effect="a fresh metadata file is used; metadata is fetched again, archives on disk are kept")
+
+    def _mark_down(self, exc: BaseException) -> None:
+        self._retry_at = self._clock() + self._retry_interval
+        self._problem = f"{type(exc).__name__}: {exc}"
+        if self._up:
+            self._up = False
+            log.warning("metadata_store.down", path=str(self.path), error=self._problem,
+                        effect="metadata is fetched upstream and not cached; archives on disk are served; "
+                               "retrying in the background")
+
+    def _mark_up(self) -> None:
+        if not self._up:
+            self._up = True
+            self._problem = None
+            log.warning("metadata_store.up", path=str(self.path), effect="metadata is cached again")
+
+
+def _rename_database(path: Path, target: Path) -> None:
+    """Move the database and its WAL aside together (the shared-memory index is rebuilt by SQLite)."""
+    for suffix in ("", "-wal", "-journal"):
+        source = Path(f"{path}{suffix}")
+        if source.exists():
+            source.rename(Path(f"{target}{suffix}"))
+    Path(f"{path}-shm").unlink(missing_ok=True)

@@ -71,6 +71,10 @@ class MemoryFront:
     async def ping(self) -> bool:
         return await self.inner.ping()
 
+    @property
+    def problem(self) -> str | None:
+        return self.inner.problem
+
     async def close(self) -> None:
         self._values.clear()
         self._absent.clear()

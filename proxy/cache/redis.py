@@ -55,6 +55,12 @@ class RedisStore:
         self._clock = clock
         self._up = True
         self._retry_at = 0.0
+        self._problem: str | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """The last error while Redis is marked down (None while it works)."""
+        return None if self._up else self._problem
 
     def key(self, key: str) -> str:
         return f"{self.prefix}:{key}"
@@ -121,6 +127,7 @@ class RedisStore:
 
     def _mark_down(self, exc: BaseException) -> None:
         self._retry_at = self._clock() + self._retry_interval
+        self._problem = f"Redis: {str(exc) or type(exc).__name__}"
         if self._up:
             self._up = False
             log.warning("redis.down", error=str(exc) or type(exc).__name__,

@@ -8,13 +8,15 @@ import sys
 from pathlib import Path
 
 from proxy.addrs import Platform
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.redis import RedisStore
+from proxy.cache import MetadataStore
+from proxy.cache.factory import open_metadata_store
+from proxy.cli import metadata_secret_settings
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
+from proxy.config import Settings
 from proxy.errors import InvalidRequestError
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
@@ -80,17 +82,19 @@ async def _warm(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-def _stores(args: argparse.Namespace) -> tuple[object, ArchiveStore]:
-    data_dir = Path(args.data_dir).expanduser()
-    store = ArchiveStore(data_dir / "archives")
+async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore]:
+    """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
+    settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
+                        redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
+                        **metadata_secret_settings(args))
+    cache, _ = await open_metadata_store(settings)
+    store = ArchiveStore(settings.archive_dir)
     store.open()
-    if args.redis_url:
-        return RedisStore(args.redis_url, prefix=args.redis_prefix, password=args.redis_password or None), store
-    return EmbeddedStore(data_dir / "metadata" / "metadata.sqlite"), store
+    return cache, store
 
 
 async def _export(args: argparse.Namespace) -> int:
-    cache, store = _stores(args)
+    cache, store = await _stores(args)
     try:
         report = await export_bundle(cache, store, Path(args.out), args.only)
     finally:
@@ -104,7 +108,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    cache, store = _stores(args)
+    cache, store = await _stores(args)
     keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
     try:
         if not args.trust_key and not args.trust_bundle_keys:

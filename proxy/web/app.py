@@ -11,17 +11,16 @@ import structlog
 from aiohttp import web
 
 from proxy.cache import MetadataStore
-from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.factory import open_metadata_store
 from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
-from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
+from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.config import Settings
 from proxy.fetch import Fetcher
 from proxy.gpg import Keyring
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
-from proxy.singleflight import FleetLocks, LocalLocks
 from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
@@ -53,7 +52,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    backend, locks = open_metadata_store(settings)
+    backend, locks = await open_metadata_store(settings, app[METRICS])
     cache = NegativeBound(MemoryFront(backend, remember_absence=settings.redis_url is None),
                           negative_store(settings, backend, app[METRICS]))
     policy = AddressPolicy(settings.private_host_exceptions)
@@ -109,15 +108,8 @@ def negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics)
 
     bounds = (settings.negative_cache_entries, settings.negative_cache_bytes,
               negative_retention(settings.freshness.negative))
-    if isinstance(backend, RedisStore):
-        return RedisNegatives(backend, *bounds, report=report)
+    redis_store = getattr(backend, "inner", backend)  # under the seal
+    if isinstance(redis_store, RedisStore):
+        return RedisNegatives(redis_store, *bounds, report=report)
     return MemoryNegatives(*bounds, report=report)
 
-
-def open_metadata_store(settings: Settings) -> tuple[MetadataStore, FleetLocks]:
-    """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store."""
-    if settings.redis_url:
-        redis_store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,
-                                 password=settings.redis_password, retention=settings.redis_retention)
-        return redis_store, RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl)
-    return EmbeddedStore(settings.cache_dir / "metadata.sqlite"), LocalLocks()

@@ -15,14 +15,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """503 only when archives cannot be stored; a metadata store outage is "degraded" but serving."""
-    checks = await request.app[MIRROR].ready()
+    mirror = request.app[MIRROR]
+    checks = await mirror.ready()
     if not checks["archive_store"]:
         status, code = "not ready", 503
     elif not checks["metadata_store"]:
         status, code = "degraded", 200
     else:
         status, code = "ready", 200
-    return json_response({"status": status, "checks": checks}, status=code)
+    body: dict = {"status": status, "checks": checks}
+    if not checks["metadata_store"]:
+        body["reasons"] = {"metadata_store": mirror.metadata_problem() or "the metadata store did not answer"}
+    return json_response(body, status=code)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -10,9 +10,10 @@ from proxy.cache import CacheEntry, decode_record, encode_record
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
 from proxy.cache.redis import RedisStore
+from proxy.cache.sealed import SealedStore
 
 
-@pytest.fixture(params=["embedded", "redis", "memory-front"])
+@pytest.fixture(params=["embedded", "redis", "memory-front", "sealed-embedded", "sealed-redis"])
 def open_store(request, tmp_path):
     """A factory that opens the same store again (to check persistence across restarts)."""
     prefix = f"contract-{uuid.uuid4().hex[:10]}"
@@ -23,8 +24,13 @@ def open_store(request, tmp_path):
             store = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
         elif request.param == "embedded":
             store = EmbeddedStore(tmp_path / "meta.sqlite")
-        else:
+        elif request.param == "memory-front":
             store = MemoryFront(EmbeddedStore(tmp_path / "meta.sqlite"), max_entries=2)
+        elif request.param == "sealed-redis":
+            inner = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
+            store = SealedStore(inner, b"contract-secret-0123456789", name="redis")
+        else:
+            store = SealedStore(EmbeddedStore(tmp_path / "meta.sqlite"), b"contract-secret-0123456789", name="embedded")
         opened.append(store)
         return store
 
@@ -81,6 +87,7 @@ async def test_entries_survive_reopening(open_store):
 async def test_ping_reports_a_working_store(open_store):
     store = open_store()
     assert await store.ping() is True
+    assert store.problem is None
     await store.close()
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.test_network_mirror_e2e import MAIN_TF, locked_hashes, mirror_config
 from tests.fakes.packages import Release
+from tests.fakes.redis_server import METADATA_SECRET
 
 pytestmark = pytest.mark.e2e
 
@@ -21,6 +22,7 @@ PATH = "/mirror/v1/registry.example.test/acme/foo/{v}/linux_amd64/terraform-prov
 async def fleet(proxy_process, redis_server, tmp_path):
     shared = tmp_path / "shared-data"
     redis_args = ("--redis-url", redis_server.url, "--redis-prefix", f"fleet-{tmp_path.name}",
+                  "--metadata-secret", METADATA_SECRET,
                   "--fleet-lock-ttl", "2s")
     first = await proxy_process(*redis_args, data_dir=shared)
     second = await proxy_process(*redis_args, data_dir=shared)

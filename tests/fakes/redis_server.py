@@ -8,6 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
+# Every proxy on a shared Redis needs the fleet's metadata secret (`--metadata-secret`); tests share this one.
+METADATA_SECRET = "test-fleet-metadata-secret-0123456789"
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -8,11 +8,12 @@ import tarfile
 import pytest
 
 from proxy.addrs import Platform
-from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.factory import open_metadata_store
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.warm import run_warm
+from proxy.config import Settings
 from proxy.gpg import Keyring
 from proxy.hashes import h1_of_zip
 from proxy.lockfile import parse_lockfile
@@ -161,7 +162,7 @@ async def test_warm_reports_failures_by_name(proxy, registry, config_dir, ca_fil
 async def _stores(data_dir):
     store = ArchiveStore(data_dir / "archives")
     store.open()
-    return EmbeddedStore(data_dir / "metadata" / "metadata.sqlite"), store
+    return (await open_metadata_store(Settings(data_dir=data_dir)))[0], store
 
 
 async def _export(data_dir, out, only=()):
@@ -256,7 +257,7 @@ async def test_imported_version_lists_arrive_stale(exported, tmp_path):
     from proxy.cache import CacheEntry
 
     await _import(tmp_path / "s", exported)
-    cache = EmbeddedStore(tmp_path / "s" / "metadata" / "metadata.sqlite")
+    cache, _ = await _stores(tmp_path / "s")
     try:
         entry = CacheEntry.decode(await cache.get(f"versions:{PROVIDER}"))
         discovery = CacheEntry.decode(await cache.get(f"discovery:{REGISTRY_HOST}"))

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from proxy.cache.redis import RedisFleetLocks, RedisStore
 from tests.conftest import PROVIDER, serve_proxy
-from tests.fakes.redis_server import RedisServer, free_port
+from tests.fakes.redis_server import METADATA_SECRET, RedisServer, free_port
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 ARCHIVE_110 = f"/mirror/v1/{PROVIDER}/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip"
@@ -139,7 +139,7 @@ async def test_fleet_lock_with_redis_down_lets_the_caller_work(prefix):
 
 async def test_two_replicas_on_one_redis_and_one_data_dir_fetch_once(make_local_settings, client_ssl, registry,
                                                                       redis_server, prefix):
-    settings = make_local_settings(redis_url=redis_server.url, redis_prefix=prefix)
+    settings = make_local_settings(redis_url=redis_server.url, redis_prefix=prefix, metadata_secret=METADATA_SECRET)
     registry.archive_chunk_delay = 0.05
     async with serve_proxy(settings, client_ssl) as a, serve_proxy(settings, client_ssl) as b:
         results = await asyncio.gather(*((a if n % 2 else b).get(ARCHIVE) for n in range(24)))
@@ -156,7 +156,7 @@ async def test_two_replicas_on_one_redis_and_one_data_dir_fetch_once(make_local_
 
 async def test_redis_outage_keeps_serving_and_redis_is_used_again(make_local_settings, client_ssl, registry,
                                                                    own_redis, prefix):
-    settings = make_local_settings(redis_url=own_redis.url, redis_prefix=prefix)
+    settings = make_local_settings(redis_url=own_redis.url, redis_prefix=prefix, metadata_secret=METADATA_SECRET)
     async with serve_proxy(settings, client_ssl) as running:
         assert (await running.get(ARCHIVE))[0] == 200
         own_redis.stop()
@@ -179,7 +179,7 @@ async def test_redis_outage_keeps_serving_and_redis_is_used_again(make_local_set
 
 async def test_redis_losing_its_data_does_not_re_download_archives(make_local_settings, client_ssl, registry,
                                                                    redis_server, prefix):
-    settings = make_local_settings(redis_url=redis_server.url, redis_prefix=prefix)
+    settings = make_local_settings(redis_url=redis_server.url, redis_prefix=prefix, metadata_secret=METADATA_SECRET)
     release = registry.releases[("acme", "foo")]["1.0.0"]
     async with serve_proxy(settings, client_ssl) as running:
         assert (await running.get(ARCHIVE))[0] == 200

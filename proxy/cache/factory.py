@@ -1,0 +1,44 @@
+"""Opening the metadata store from Settings: one place for the server and the CLI commands."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from proxy.cache import MetadataStore
+from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.redis import RedisFleetLocks, RedisStore
+from proxy.cache.sealed import SECRET_FILE, SealedStore, metadata_secret
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.singleflight import FleetLocks, LocalLocks
+
+log = structlog.get_logger(__name__)
+
+
+async def open_metadata_store(settings: Settings,
+                              metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
+    """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store;
+    either sealed with the metadata secret (ConfigError when it cannot be had). The embedded file is
+    checked now, before the first request."""
+    on_reject = None
+    if metrics is not None:
+        def on_reject(store: str, reason: str) -> None:
+            metrics.metadata_rejected.labels(store, reason).inc()
+
+    if settings.redis_url:
+        secret = await asyncio.to_thread(metadata_secret, settings)
+        redis_store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,
+                                 password=settings.redis_password, retention=settings.redis_retention)
+        return (SealedStore(redis_store, secret, name="redis", on_reject=on_reject),
+                RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl))
+    database = settings.cache_dir / "metadata.sqlite"
+    upgrading = not settings.metadata_secret and not settings.metadata_secret_file and \
+        await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
+    secret = await asyncio.to_thread(metadata_secret, settings)
+    sealed = SealedStore(EmbeddedStore(database), secret, name="embedded", on_reject=on_reject)
+    if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
+        log.info("metadata.records_sealed", records=await sealed.adopt_unsealed(),
+                 reason="first start with sealed metadata: the existing records of this data dir were sealed")
+    return sealed, LocalLocks()

@@ -1,0 +1,79 @@
+"""The embedded SQLite store on real files: breaker, start-up check and repair of a damaged file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from structlog.testing import capture_logs
+
+from proxy.cache.embedded import EmbeddedStore
+
+
+def corrupt_files(path) -> list:
+    return sorted(p for p in path.parent.glob(f"{path.name}.corrupt-*") if not p.name.endswith("-wal"))
+
+
+def damage_after_page_one(path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(os.urandom(path.stat().st_size // 2))
+
+
+async def test_damage_found_while_running_is_moved_aside_and_the_write_lands_in_a_fresh_file(tmp_path):
+    path = tmp_path / "metadata.sqlite"
+    store = EmbeddedStore(path)
+    keys = [f"download:example/{n}" for n in range(800)]
+    for key in keys:
+        await store.set(key, os.urandom(6000))  # ~5 MB: more than SQLite's page cache holds
+    await store.close()
+    store = EmbeddedStore(path)
+    assert await store.ping() is True  # opened and checked while whole
+    damage_after_page_one(path)  # then damaged under the running store
+    with capture_logs() as logs:
+        found = [await store.get(key) for key in keys]
+        await store.set("after", b"value")
+    assert [e["event"] for e in logs if e["event"].startswith("metadata_store.")] == ["metadata_store.quarantined"]
+    assert len(corrupt_files(path)) == 1
+    assert None in found  # what was read after the damage was found is a miss, not an error
+    assert await store.get("after") == b"value"
+    assert await store.ping() is True and store.problem is None
+    await store.close()
+
+
+async def test_garbage_found_at_start_is_moved_aside(tmp_path):
+    path = tmp_path / "metadata.sqlite"
+    path.write_bytes(b"this is not a database" * 1000)
+    store = EmbeddedStore(path)
+    with capture_logs() as logs:
+        assert await store.get("k") is None
+        await store.set("k", b"v")
+    assert await store.get("k") == b"v"
+    assert [e["event"] for e in logs] == ["metadata_store.quarantined"]
+    assert corrupt_files(path)[0].read_bytes().startswith(b"this is not a database")
+    await store.close()
+
+
+async def test_unusable_file_opens_the_breaker_and_closes_it_when_usable_again(tmp_path):
+    path = tmp_path / "metadata.sqlite"
+    path.mkdir()  # cannot be opened as a database
+    now = [1000.0]
+    store = EmbeddedStore(path, retry_interval=5, clock=lambda: now[0])
+    with capture_logs() as logs:
+        assert await store.get("k") is None
+        await store.set("k", b"v")  # skipped, not raised
+        assert await store.ping() is False
+        assert "unable to open" in (store.problem or "")
+        now[0] += 1
+        assert await store.get("k") is None
+    assert [e["event"] for e in logs] == ["metadata_store.down"]
+    shutil.rmtree(path)
+    assert await store.ping() is False  # still within the retry interval: the file is left alone
+    now[0] += 5
+    with capture_logs() as logs:
+        assert await store.ping() is True
+    assert [e["event"] for e in logs] == ["metadata_store.up"]
+    await store.set("k", b"v")
+    assert await store.get("k") == b"v" and store.problem is None
+    assert corrupt_files(path) == []
+    await store.close()
