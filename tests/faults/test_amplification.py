@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
+from tests.fakes.redis_server import METADATA_SECRET
 from tests.fakes.registry import Fault, ModuleRelease
 
 HOST = "registry.example.test"
@@ -215,7 +216,7 @@ async def test_negative_cache_stays_bounded_and_warm_entries_survive_a_flood(
     prefix = f"amp-{uuid.uuid4().hex[:10]}"
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
-        extra += ["--redis-url", server.url, "--redis-prefix", prefix]
+        extra += ["--redis-url", server.url, "--redis-prefix", prefix, "--metadata-secret", METADATA_SECRET]
     proc = await proxy_process(*extra)
     client = await connect(proc, timeout=300)
     for path in WARM:
@@ -255,7 +256,8 @@ async def test_negative_cache_respects_its_byte_bound(backend, proxy_process, co
     extra = ["--negative-cache-entries", "10000", "--negative-cache-bytes", "16KiB"]
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
-        extra += ["--redis-url", server.url, "--redis-prefix", f"amp-{uuid.uuid4().hex[:10]}"]
+        extra += ["--redis-url", server.url, "--redis-prefix", f"amp-{uuid.uuid4().hex[:10]}",
+                  "--metadata-secret", METADATA_SECRET]
     proc = await proxy_process(*extra)
     client = await connect(proc, timeout=300)
     await flood_made_up_names(client, registry, 400)
