@@ -3,7 +3,7 @@
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
 (archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
-signing keys, slow archive streaming.
+signing keys, slow archive streaming, archives without a Content-Length (chunked).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class FakeRegistry:
         self.files_base: str | None = None
         self.extra_download_fields: dict = {}
         self.archive_chunk_delay = 0.0
+        self.chunked_archives = False  # send provider archives chunked, without a Content-Length
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
         self.static: dict[str, bytes] = {}
@@ -208,7 +209,10 @@ class FakeRegistry:
         if name in self.tampered:
             body = body[:-1] + bytes([body[-1] ^ 0xFF])
         response = web.StreamResponse(headers={"Content-Type": "application/zip"})
-        response.content_length = len(body)
+        if self.chunked_archives:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = len(body)
         await response.prepare(request)
         if request.method == "HEAD":  # terraform's go-getter sends HEAD before GET
             await response.write_eof()
