@@ -33,6 +33,7 @@ from proxy.config import (
     parse_duration,
     parse_listen,
     parse_size,
+    parse_space_floor,
     parse_upstream_map,
 )
 from proxy.errors import InvalidRequestError
@@ -124,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
     _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
             "(air-gapped networks; fill the cache with `import`)", switch=True)
+    # --- disk space ---
+    _option(serve, "--min-free-space", "free space to keep in DATA_DIR (a size, or a percentage of the disk "
+            "such as 5%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
+            "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -225,6 +230,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
         log_level=args.log_level,
+        min_free_space=parse_space_floor(args.min_free_space),
     )
 
 

@@ -72,3 +72,11 @@ class VerificationError(UpstreamError):
     """An archive, checksum file or signature failed verification: a security event."""
 
     code = "verification_failed"
+
+
+class DiskFullError(ProxyError):
+    """The data directory is below its free-space floor or out of space: nothing can be stored now."""
+
+    status = 503
+    code = "disk_full"
+    expected = True

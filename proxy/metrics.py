@@ -24,5 +24,8 @@ class Metrics:
         self.verification_failures = Counter("registry_proxy_verification_failures_total",
                                              "Archives or checksums that failed verification",
                                              ["check"], registry=self.registry)
+        self.passthrough = Counter("registry_proxy_archive_passthrough_total",
+                                   "Archives relayed from the upstream without being stored (disk full), "
+                                   "by kind and outcome", ["kind", "outcome"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)

@@ -5,7 +5,9 @@ shared upstream fetch (ETag revalidation), and on upstream failure serve the sta
 copy (stale-if-error); 404s are cached briefly. For archives: download metadata →
 SHA256SUMS and signature (verified with the registry's keys) → download to a temp
 file while hashing → compare → compute `h1:` → publish to the content-addressed store
-→ record the hashes. Nothing unverified is stored or served.
+→ record the hashes. Nothing unverified is stored or served. While the disk is full, an
+archive a client asks for is relayed from the upstream without being stored, its last chunk
+held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from yarl import URL
 from proxy import verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, encode_record
-from proxy.errors import NotFoundError, OfflineMissError, UpstreamError, VerificationError
+from proxy.diskspace import SpaceReport, is_disk_full
+from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
 from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
+from proxy.passthrough import PassThrough
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
@@ -138,8 +142,13 @@ class Mirror:
         versions = await self.provider_versions(addr)
         if version not in versions:
             raise NotFoundError(f"provider {addr} has no version {version}")
-        results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
-                                       self._settings.limits.upstream_concurrency)
+        try:
+            results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
+                                           self._settings.limits.upstream_concurrency)
+        except DiskFullError as exc:
+            raise DiskFullError(f"cannot compute the h1: hashes of {addr} {version}: they need the archives, "
+                                f"which the proxy cannot store now; free space on the proxy and retry ({exc.message})"
+                                ) from None
         h1 = {str(p): record.h1_dir for p, (_, record) in zip(platforms, results, strict=True)}
         zh = {str(p): zh_hash(record.sha256) for p, (_, record) in zip(platforms, results, strict=True)}
         signed: list[str] = []
@@ -202,10 +211,36 @@ class Mirror:
         note_cache("miss")
         return found
 
+    async def archive_for_client(self, addr: ProviderAddr, version: Version,
+                                 platform: Platform) -> tuple[StoredArchive | PassThrough, str]:
+        """The verified archive and its file name; while the disk is full, a verified relay of the upstream's."""
+        try:
+            stored, record = await self.archive(addr, version, platform)
+            return stored, record.filename
+        except DiskFullError as exc:
+            d, expected = await self._expected_digest(addr, version, platform)
+
+            def check(actual: str) -> None:
+                try:
+                    verify.check_archive_digest(actual, expected, d.filename)
+                except VerificationError as failure:
+                    self._security_event("archive", addr, version, d, failure.message)
+                    raise
+
+            log.warning("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
+                        reason=exc.message)
+            return self._fetch.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
+                                            algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
+
     async def ready(self) -> dict[str, bool]:
-        """Readiness of the metadata store and the data directory."""
+        """Readiness of the metadata store, the data directory and its free space."""
         return {"metadata_store": await self._cache.ping(),
-                "archive_store": await asyncio.to_thread(self._store.is_writable)}
+                "archive_store": await asyncio.to_thread(self._store.is_writable),
+                "disk_space": (await self.disk_space()).ok}
+
+    async def disk_space(self) -> SpaceReport:
+        """Free space of the data directory against `--min-free-space` (measured at most once a second)."""
+        return await self._fetch.space.report()
 
     # ---- discovery and metadata --------------------------------------------------------
 
@@ -267,6 +302,10 @@ class Mirror:
         except SignatureError as exc:
             self._security_event("signature", addr, version, d, str(exc))
             raise VerificationError(f"SHA256SUMS of {addr} {version} failed verification: {exc}") from None
+        except OSError as exc:  # gpg needs a little room in DATA_DIR/gnupg: a full disk is no forgery
+            if not is_disk_full(exc):
+                raise
+            raise self._fetch.space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
         verify.parse_signed_sums(sums, str(d.shasums_url))  # a malformed document is never cached
         record = {"sums": sums.hex(), "signature": signature.hex(), "key_id": result.key_id,
                   "fingerprint": result.fingerprint}
@@ -301,17 +340,22 @@ class Mirror:
         record = await self._fetch.record(key)
         return None if record is None else self._fetch.parsed(key, record, ArchiveRecord.from_dict)
 
-    async def _fetch_archive(self, addr: ProviderAddr, version: Version,
-                             platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
+    async def _expected_digest(self, addr: ProviderAddr, version: Version,
+                               platform: Platform) -> tuple[DownloadInfo, str]:
+        """The download metadata and the SHA-256 the signed SHA256SUMS lists for the archive."""
         d = await self._download_info(addr, version, platform)
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
         sums = await self._verified_sums(addr, version, d)
         try:
-            expected = verify.expected_digest(sums, d.filename, d.shasum)
+            return d, verify.expected_digest(sums, d.filename, d.shasum)
         except VerificationError as exc:
             self._security_event("shasums_line", addr, version, d, exc.message)
             raise
+
+    async def _fetch_archive(self, addr: ProviderAddr, version: Version,
+                             platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
+        d, expected = await self._expected_digest(addr, version, platform)
         stored = await asyncio.to_thread(self._store.get, expected)
         if stored is None:  # another address or protocol may have stored the same bytes already
             stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)

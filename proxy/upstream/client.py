@@ -103,8 +103,12 @@ class UpstreamClient:
 
         return await self._with_retries(url, headers, timeout, read, max_redirects)
 
-    async def download(self, url: URL, sink: Sink, *, max_bytes: int) -> URL:
-        """Stream a 200 answer into `sink` chunk by chunk; returns the final URL."""
+    async def download(self, url: URL, sink: Sink, *, max_bytes: int,
+                       on_response: Callable[[int | None], Awaitable[None]] | None = None) -> URL:
+        """Stream a 200 answer into `sink` chunk by chunk; returns the final URL.
+
+        `on_response(length)` runs before the first chunk, with the body's length if the upstream
+        sent a Content-Length for the bytes as they reach the sink (no content coding)."""
         timeout = aiohttp.ClientTimeout(total=None, connect=self._limits.connect_timeout,
                                         sock_read=self._limits.read_timeout)
 
@@ -113,6 +117,9 @@ class UpstreamClient:
                 raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
             if response.content_length is not None and response.content_length > max_bytes:
                 raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+            if on_response is not None:
+                coded = response.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+                await on_response(None if coded else response.content_length)
             total = 0
             async for chunk in response.content.iter_chunked(1 << 20):
                 total += len(chunk)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from proxy.cache import MetadataStore
 from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
 from proxy.cache.redis import RedisFleetLocks, RedisStore
 from proxy.config import Settings
@@ -51,7 +52,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store = ArchiveStore(settings.archive_dir)
     store.open()
     backend, locks = open_metadata_store(settings)
-    cache = MemoryFront(backend, remember_absence=settings.redis_url is None)
+    cache = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None)
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)

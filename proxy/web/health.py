@@ -14,15 +14,20 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """503 only when archives cannot be stored; a metadata store outage is "degraded" but serving."""
-    checks = await request.app[MIRROR].ready()
-    if not checks["archive_store"]:
+    """503 when archives cannot be stored (unwritable, or below --min-free-space); a metadata store
+    outage is "degraded" but serving."""
+    mirror = request.app[MIRROR]
+    checks = await mirror.ready()
+    space = await mirror.disk_space()
+    if not checks["archive_store"] or not checks["disk_space"]:
         status, code = "not ready", 503
     elif not checks["metadata_store"]:
         status, code = "degraded", 200
     else:
         status, code = "ready", 200
-    return json_response({"status": status, "checks": checks}, status=code)
+    return json_response({"status": status, "checks": checks,
+                          "disk_space": {"free_bytes": space.free_bytes, "min_free_bytes": space.min_free_bytes}},
+                         status=code)
 
 
 async def metrics(request: web.Request) -> web.Response:

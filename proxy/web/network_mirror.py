@@ -50,8 +50,8 @@ async def archive(request: web.Request) -> web.StreamResponse:
     platform = Platform.parse(request.match_info["platform"])
     if request.match_info["filename"] != archive_filename(addr, version, platform):
         raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
-    stored, record = await request.app[MIRROR].archive(addr, version, platform)
-    return await serve_archive(request, stored, record.filename)
+    archive_or_relay, filename = await request.app[MIRROR].archive_for_client(addr, version, platform)
+    return await serve_archive(request, archive_or_relay, filename)
 
 
 def add_routes(app: web.Application) -> None:
