@@ -227,8 +227,8 @@ class Mirror:
                     self._security_event("archive", addr, version, d, failure.message)
                     raise
 
-            log.warning("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
-                        reason=exc.message)
+            log.info("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
+                     reason=exc.message)
             return self._fetch.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
                                             algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
 

@@ -125,11 +125,11 @@ class ModuleMirror:
         """A pinned https archive relayed unstored; anything else cannot be verified without storing it."""
         source = await self._source(addr, version)
         if not isinstance(source, HttpArchive) or source.checksum is None:
-            raise DiskFullError(f"module {addr} {version}: the proxy's disk is full, and this module's source has no "
-                                "?checksum= pin, so it cannot be checked without storing it; free space on the proxy "
-                                f"and retry ({exc.message})")
+            raise DiskFullError(f"module {addr} {version}: the proxy's disk is full, and this module's source is not "
+                                "an https archive with a ?checksum= pin, so it cannot be checked without storing it; "
+                                f"free space on the proxy and retry ({exc.message})")
         algorithm, pin = source.checksum
-        log.warning("archive.passthrough", module=str(addr), version=str(version), reason=exc.message)
+        log.info("archive.passthrough", module=str(addr), version=str(version), reason=exc.message)
         relay = self._fetch.pass_through(
             URL(source.url, encoded=True), max_bytes=self._max_bytes, algorithm=algorithm, kind="module",
             check=lambda actual: self._compare_pin(actual, (algorithm, pin), addr),
