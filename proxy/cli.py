@@ -32,6 +32,7 @@ from proxy.config import (
     parse_duration,
     parse_listen,
     parse_size,
+    parse_space_floor,
     parse_upstream_map,
 )
 from proxy.errors import InvalidRequestError
@@ -158,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--negative-cache-bytes", "total size of remembered upstream 404s at most", default="16MiB")
     # --- metadata trust ---
     _metadata_secret_options(serve)
+    # --- disk space ---
+    _option(serve, "--min-free-space", "free space to keep in DATA_DIR (a size, or a percentage of the disk "
+            "such as 5%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
+            "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _add_client_commands(commands, default_data)
@@ -293,6 +298,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         shutdown_grace=parse_duration(args.shutdown_grace),
         negative_cache_entries=_count(args.negative_cache_entries, "--negative-cache-entries"),
         negative_cache_bytes=parse_size(args.negative_cache_bytes),
+        min_free_space=parse_space_floor(args.min_free_space),
         **metadata_secret_settings(args),
     )
 

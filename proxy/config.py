@@ -85,6 +85,40 @@ def _hostname(text: str) -> Hostname:
 
 
 @dataclass(frozen=True)
+class SpaceFloor:
+    """Free space to keep on the data directory's filesystem: bytes, or a percentage of its size."""
+
+    bytes: int = 2**30
+    percent: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0 or (self.percent is not None and not 0 <= self.percent < 100):
+            raise ConfigError(f"invalid --min-free-space {self}: a size of 0 or more, or a percentage below 100%")
+
+    def of(self, total: int) -> int:
+        """The floor in bytes on a filesystem of `total` bytes."""
+        return self.bytes if self.percent is None else int(total * self.percent / 100)
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent is not None else f"{self.bytes} bytes"
+
+
+def parse_space_floor(text: str) -> SpaceFloor:
+    """`1GiB`, `500MB`, `0` (no floor) or `5%` (of the filesystem's size)."""
+    value = str(text).strip()
+    try:
+        if value.endswith("%"):
+            percent = float(value[:-1])
+            if percent != percent:  # NaN
+                raise ValueError(value)
+            return SpaceFloor(0, percent)
+        return SpaceFloor(parse_size(value))
+    except (ConfigError, ValueError):
+        raise ConfigError(f"invalid --min-free-space {text!r}: use a size (e.g. 1GiB, 0 for none) "
+                          "or a percentage of the disk (e.g. 5%)") from None
+
+
+@dataclass(frozen=True)
 class Freshness:
     """How long each kind of upstream metadata is served without asking the upstream again."""
 
@@ -165,6 +199,7 @@ class Settings:
     negative_cache_bytes: int = 16 * 2**20
     metadata_secret: str | None = field(default=None, repr=False)  # never logged
     metadata_secret_file: Path | None = None
+    min_free_space: SpaceFloor = SpaceFloor()
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -109,4 +109,9 @@ class ShuttingDownError(ProxyError):
 
     status = 503
     code = "shutting_down"
+class DiskFullError(ProxyError):
+    """The data directory is below its free-space floor or out of space: nothing can be stored now."""
+
+    status = 503
+    code = "disk_full"
     expected = True

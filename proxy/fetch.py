@@ -6,12 +6,15 @@ served (stale-if-error); 404s are cached briefly. A request waits for a refresh 
 its stale deadline (then the stale copy is answered while the refresh goes on) and for a
 missing document at most its request deadline (then 504) — see `proxy.deadline`.
 `Fetcher.download` streams a URL into a temp file of the archive store while hashing it,
-lets the caller check it, and only then publishes it. Both the provider mirror and the module mirror build on this.
+lets the caller check it, and only then publishes it; when the disk is full it raises
+DiskFullError instead, and `Fetcher.pass_through` relays the archive to the client
+unstored, verified on the way. Both the provider mirror and the module mirror build on this.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
@@ -24,10 +27,12 @@ from proxy import deadline
 from proxy.addrs import Hostname
 from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of
 from proxy.config import Settings
+from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
 from proxy.integrity import StoreGuard
 from proxy.log import note_cache
 from proxy.metrics import Metrics
+from proxy.passthrough import Begin, PassThrough, Send
 from proxy.singleflight import FleetLocks, LocalLocks, SingleFlight
 from proxy.slots import HostSlots
 from proxy.store import ArchiveStore, PendingArchive, StoredArchive
@@ -48,6 +53,7 @@ class Fetcher:
         self.settings = settings
         self.cache = cache
         self.store = store
+        self.space = DiskSpace(store.root, settings.min_free_space)
         self.metrics = metrics
         self.guard = StoreGuard(store, metrics)
         self.locks = locks or LocalLocks()
@@ -252,16 +258,35 @@ class Fetcher:
 
     async def download(self, url: URL, max_bytes: int,
                        check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
-        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish."""
-        self.require_online(str(url.with_query(None)))
+        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish.
+
+        Raises DiskFullError, leaving no temp file behind, when the disk is below the free-space
+        floor (before or, by the upstream's Content-Length, during the download) or a write fails
+        for lack of space."""
+        what = str(url.with_query(None))
+        self.require_online(what)
+        await self.space.require_room(what)
+        try:
+            return await self._download(url, what, max_bytes, check)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise self.space.full(exc, f"store {what}") from None
+
+    async def _download(self, url: URL, what: str, max_bytes: int,
+                        check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self.store.begin)
         try:
             async def sink(chunk: bytes) -> None:
                 await asyncio.to_thread(pending.write, chunk)
 
+            async def room(length: int | None) -> None:
+                if length:
+                    await self.space.require_room(what, length)
+
             async with self._download_slots.hold(url, self.settings.limits.download_slot_wait,
                                                  str(url.with_query(None))):
-                await self._upstream.download(url, sink, max_bytes=max_bytes)
+                await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
             actual = await asyncio.to_thread(pending.finish)
             self.metrics.upstream_fetches.labels("archive", "200").inc()
             self.metrics.upstream_bytes.inc(pending.size)
@@ -270,6 +295,47 @@ class Fetcher:
         except BaseException:
             await asyncio.to_thread(pending.discard)
             raise
+
+    def pass_through(self, url: URL, *, max_bytes: int, algorithm: str, kind: str,
+                     check: Callable[[str], None], etag: str | None) -> PassThrough:
+        """A relay of `url` that stores nothing; `check(hexdigest)` (raise to refuse) runs before the last chunk."""
+
+        async def stream(begin: Begin, send: Send) -> None:
+            await self._relay(url, max_bytes, algorithm, kind, check, begin, send)
+
+        return PassThrough(etag, stream)
+
+    async def _relay(self, url: URL, max_bytes: int, algorithm: str, kind: str, check: Callable[[str], None],
+                     begin: Begin, send: Send) -> None:
+        self.require_online(str(url.with_query(None)))
+        digest = hashlib.new(algorithm)
+        held = b""
+        outcome = "error"
+        size = 0
+
+        async def sink(chunk: bytes) -> None:
+            nonlocal held, size
+            digest.update(chunk)
+            size += len(chunk)
+            if held:
+                await send(held)
+            held = chunk  # the newest chunk waits until the digest is known
+
+        try:
+            async with self._download_slots.hold(url, self.settings.limits.download_slot_wait,
+                                                 str(url.with_query(None))):
+                await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=begin)
+            self.metrics.upstream_fetches.labels("archive", "200").inc()
+            self.metrics.upstream_bytes.inc(size)
+            outcome = "verification_failed"
+            check(digest.hexdigest())
+            outcome = "error"
+            if held:
+                await send(held)
+            outcome = "complete"
+        finally:
+            self.metrics.passthrough.labels(kind, outcome).inc()
+            log.info("archive.passthrough_done", url=str(url.with_query(None)), kind=kind, outcome=outcome)
 
 
 async def gather_bounded(coros: Iterable[Awaitable[T]], limit: int) -> list[T]:

@@ -13,6 +13,7 @@ daemon an earlier version or an operator left running for the home.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import tempfile
@@ -62,6 +63,8 @@ class Keyring:
             for armor in armored_keys:
                 result = self._gpg.import_keys(armor)
                 fingerprints.update(fp.upper() for fp in result.fingerprints if fp)
+                if not result.fingerprints and "No space left on device" in (result.stderr or ""):
+                    raise OSError(errno.ENOSPC, f"no space left for the keyring in {self._home}")
         return fingerprints
 
     def verify_detached(self, data: bytes, signature: bytes, armored_keys: list[str]) -> SignatureResult:

@@ -30,6 +30,9 @@ class Metrics:
         self.metadata_rejected = Counter("registry_proxy_metadata_rejected_total",
                                          "Metadata store values refused: no seal or a bad seal (poisoned records)",
                                          ["store", "reason"], registry=self.registry)
+        self.passthrough = Counter("registry_proxy_archive_passthrough_total",
+                                   "Archives relayed from the upstream without being stored (disk full), "
+                                   "by kind and outcome", ["kind", "outcome"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)
         self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",

@@ -5,7 +5,9 @@ shared upstream fetch (ETag revalidation), and on upstream failure serve the sta
 copy (stale-if-error); 404s are cached briefly. For archives: download metadata →
 SHA256SUMS and signature (verified with the registry's keys) → download to a temp
 file while hashing → compare → compute `h1:` → publish to the content-addressed store
-→ record the hashes. Nothing unverified is stored or served.
+→ record the hashes. Nothing unverified is stored or served. While the disk is full, an
+archive a client asks for is relayed from the upstream without being stored, its last chunk
+held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from yarl import URL
 from proxy import deadline, verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, encode_record
-from proxy.errors import NotFoundError, OfflineMissError, UpstreamError, VerificationError
+from proxy.diskspace import SpaceReport, is_disk_full
+from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
 from proxy.fetch import Fetcher, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
 from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
+from proxy.passthrough import PassThrough
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
@@ -143,8 +147,13 @@ class Mirror:
         the version does not offer fails the whole request before anything is fetched.
         """
         info = await self.offered(addr, version, platforms)
-        results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
-                                       self._settings.limits.upstream_concurrency)
+        try:
+            results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
+                                           self._settings.limits.upstream_concurrency)
+        except DiskFullError as exc:
+            raise DiskFullError(f"cannot compute the h1: hashes of {addr} {version}: they need the archives, "
+                                f"which the proxy cannot store now; free space on the proxy and retry ({exc.message})"
+                                ) from None
         h1 = {str(p): record.h1_dir for p, (_, record) in zip(platforms, results, strict=True)}
         zh = {str(p): zh_hash(record.sha256) for p, (_, record) in zip(platforms, results, strict=True)}
         signed: list[str] = []
@@ -229,10 +238,36 @@ class Mirror:
         note_cache("miss")
         return found
 
+    async def archive_for_client(self, addr: ProviderAddr, version: Version,
+                                 platform: Platform) -> tuple[StoredArchive | PassThrough, str]:
+        """The verified archive and its file name; while the disk is full, a verified relay of the upstream's."""
+        try:
+            stored, record = await self.archive(addr, version, platform)
+            return stored, record.filename
+        except DiskFullError as exc:
+            d, expected = await self._expected_digest(addr, version, platform)
+
+            def check(actual: str) -> None:
+                try:
+                    verify.check_archive_digest(actual, expected, d.filename)
+                except VerificationError as failure:
+                    self._security_event("archive", addr, version, d, failure.message)
+                    raise
+
+            log.info("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
+                     reason=exc.message)
+            return self._fetch.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
+                                            algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
+
     async def ready(self) -> dict[str, bool]:
-        """Readiness of the metadata store and the data directory."""
+        """Readiness of the metadata store, the data directory and its free space."""
         return {"metadata_store": await self._cache.ping(),
-                "archive_store": await asyncio.to_thread(self._store.is_writable)}
+                "archive_store": await asyncio.to_thread(self._store.is_writable),
+                "disk_space": (await self.disk_space()).ok}
+
+    async def disk_space(self) -> SpaceReport:
+        """Free space of the data directory against `--min-free-space` (measured at most once a second)."""
+        return await self._fetch.space.report()
 
     def metadata_problem(self) -> str | None:
         """Why the metadata store is unusable now (for /readyz), or None."""
@@ -298,6 +333,10 @@ class Mirror:
         except SignatureError as exc:
             self._security_event("signature", addr, version, d, str(exc))
             raise VerificationError(f"SHA256SUMS of {addr} {version} failed verification: {exc}") from None
+        except OSError as exc:  # gpg needs a little room in DATA_DIR/gnupg: a full disk is no forgery
+            if not is_disk_full(exc):
+                raise
+            raise self._fetch.space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
         verify.parse_signed_sums(sums, str(d.shasums_url))  # a malformed document is never cached
         record = {"sums": sums.hex(), "signature": signature.hex(), "key_id": result.key_id,
                   "fingerprint": result.fingerprint}
@@ -367,13 +406,23 @@ class Mirror:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
         return d, await self._verified_sums(addr, version, d)
 
-    async def _fetch_archive(self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo,
-                             sums: dict[str, str]) -> tuple[StoredArchive, ArchiveRecord]:
+    def _expected(self, addr: ProviderAddr, version: Version, d: DownloadInfo, sums: dict[str, str]) -> str:
+        """The SHA-256 the signed SHA256SUMS lists for the download (which must agree with its `shasum`)."""
         try:
-            expected = verify.expected_digest(sums, d.filename, d.shasum)
+            return verify.expected_digest(sums, d.filename, d.shasum)
         except VerificationError as exc:
             self._security_event("shasums_line", addr, version, d, exc.message)
             raise
+
+    async def _expected_digest(self, addr: ProviderAddr, version: Version,
+                               platform: Platform) -> tuple[DownloadInfo, str]:
+        """The download metadata and the SHA-256 the signed SHA256SUMS lists for the archive."""
+        d, sums = await self._release_facts(addr, version, platform)
+        return d, self._expected(addr, version, d, sums)
+
+    async def _fetch_archive(self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo,
+                             sums: dict[str, str]) -> tuple[StoredArchive, ArchiveRecord]:
+        expected = self._expected(addr, version, d, sums)
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address.
         stored = await self._guard.adopt(expected)

@@ -5,7 +5,9 @@ kept). The archive is made on first request, once per fleet: an https archive is
 as it is; a git source is cloned at its ref and packed into a deterministic `.tar.gz`.
 Either is checked (readable, nothing unpacks outside the module directory, within the size,
 unpacked-size and entry limits) before it is stored, content-addressed, in the same store as provider archives.
-Module sources carry no signature: integrity rests on TLS to the source host.
+Module sources carry no signature: integrity rests on TLS to the source host. While the
+disk is full, only an https archive with a `?checksum=` pin can be served (relayed unstored,
+its last chunk held back until the pin matched); any other answers 503.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from yarl import URL
 from proxy import deadline, modsource
 from proxy.addrs import ModuleAddr, Version
 from proxy.cache import CacheEntry, encode_record
-from proxy.errors import NotFoundError, UpstreamError
+from proxy.errors import DiskFullError, NotFoundError, UpstreamError
 from proxy.fetch import Fetcher
 from proxy.log import note_cache
 from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
 from proxy.offered import RecheckGate, list_ttl, listed
 from proxy.packing import DEFAULT_MAX_ENTRIES, DEFAULT_MAX_UNPACKED_BYTES, ArchiveError, check_archive
+from proxy.passthrough import PassThrough
 from proxy.rewrite import module_archive_path
 from proxy.store import StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
@@ -126,8 +129,8 @@ class ModuleMirror:
         log.info("module.passthrough", module=str(addr), version=str(version), kind=source.kind)
         return source.location
 
-    async def archive(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
-        """The cached module archive, made once per fleet on first request."""
+    async def archive(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive | PassThrough, ModuleRecord]:
+        """The cached module archive, made once per fleet on first request (relayed if the disk is full)."""
         self._fetch.check_allowed(addr.hostname)
         found = await self._stored(addr, version)
         if found is not None:
@@ -135,11 +138,30 @@ class ModuleMirror:
             return found
         await self._require_version(addr, version)
         await self._source(addr, version)  # the metadata step, waited for within the request deadline
-        with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
-            found = await self._fetch.once_for_the_fleet(
-                f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
+        try:
+            with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
+                found = await self._fetch.once_for_the_fleet(
+                    f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
+        except DiskFullError as exc:
+            return await self._pass_through(addr, version, exc)
         note_cache("miss")
         return found
+
+    async def _pass_through(self, addr: ModuleAddr, version: Version,
+                            exc: DiskFullError) -> tuple[PassThrough, ModuleRecord]:
+        """A pinned https archive relayed unstored; anything else cannot be verified without storing it."""
+        source = await self._source(addr, version)
+        if not isinstance(source, HttpArchive) or source.checksum is None:
+            raise DiskFullError(f"module {addr} {version}: the proxy's disk is full, and this module's source is not "
+                                "an https archive with a ?checksum= pin, so it cannot be checked without storing it; "
+                                f"free space on the proxy and retry ({exc.message})")
+        algorithm, pin = source.checksum
+        log.info("archive.passthrough", module=str(addr), version=str(version), reason=exc.message)
+        relay = self._fetch.pass_through(
+            URL(source.url, encoded=True), max_bytes=self._max_bytes, algorithm=algorithm, kind="module",
+            check=lambda actual: self._compare_pin(actual, (algorithm, pin), addr),
+            etag=pin if algorithm == "sha256" else None)
+        return relay, ModuleRecord(pin if algorithm == "sha256" else "", 0, source.archive, source.url)
 
     async def _source(self, addr: ModuleAddr, version: Version) -> ModuleSource:
         self._fetch.check_allowed(addr.hostname)
@@ -173,6 +195,7 @@ class ModuleMirror:
             record = ModuleRecord(stored.sha256, stored.size, source.archive, source.url)
         elif isinstance(source, GitSource):
             self._fetch.require_online(f"module {addr} {version}")
+            await self._fetch.space.require_room(f"module {addr} {version}")
             stored, commit = await self._pack_git(addr, source)
             record = ModuleRecord(stored.sha256, stored.size, "tar.gz", f"git::{source.url}?ref={source.ref}", commit)
         else:
@@ -200,8 +223,11 @@ class ModuleMirror:
         """The digest pinned by the module's `?checksum=` must match, as go-getter would insist."""
         if source.checksum is None:
             return
-        algorithm, expected = source.checksum
-        actual = await asyncio.to_thread(file_digest, path, algorithm)
+        self._compare_pin(await asyncio.to_thread(file_digest, path, source.checksum[0]), source.checksum, addr)
+
+    def _compare_pin(self, actual: str, checksum: tuple[str, str], addr: ModuleAddr) -> None:
+        """Refuse (a security event) an archive whose digest is not the `?checksum=` pin."""
+        algorithm, expected = checksum
         if actual != expected:
             self._fetch.metrics.verification_failures.labels("module_checksum").inc()
             log.error("security.verification_failed", check="module_checksum", module=str(addr),

@@ -87,9 +87,14 @@ class PendingArchive:
         return self._digest.hexdigest()
 
     def discard(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-        self.path.unlink(missing_ok=True)
+        """Close and remove the temp file; buffered bytes that cannot be flushed (disk full) are dropped."""
+        try:
+            if not self._file.closed:
+                self._file.close()
+        except OSError:
+            pass  # close() still releases the descriptor when its flush fails
+        finally:
+            self.path.unlink(missing_ok=True)
 
 
 class ArchiveStore:

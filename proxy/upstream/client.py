@@ -106,8 +106,11 @@ class UpstreamClient:
 
         return await self._with_retries(url, headers, read, max_redirects)
 
-    async def download(self, url: URL, sink: Sink, *, max_bytes: int) -> URL:
+    async def download(self, url: URL, sink: Sink, *, max_bytes: int,
+                       on_response: Callable[[int | None], Awaitable[None]] | None = None) -> URL:
         """Stream a 200 answer into `sink` chunk by chunk; returns the final URL.
+        `on_response(length)` runs before the first chunk, with the body's length if the upstream
+        sent a Content-Length for the bytes as they reach the sink (no content coding).
 
         A download that sends nothing for the idle timeout, or less than the minimum rate over
         the rate window (checked after one window), is aborted with an UpstreamTooSlowError.
@@ -121,6 +124,9 @@ class UpstreamClient:
                 raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
             if response.content_length is not None and response.content_length > max_bytes:
                 raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
+            if on_response is not None:
+                coded = response.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+                await on_response(None if coded else response.content_length)
             rate = TransferRate(limits.min_download_rate, limits.download_rate_window, clock())
             total = 0
             while chunk := await _next_chunk(response, rate, clock, url):

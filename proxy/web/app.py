@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy.cache import MetadataStore
 from proxy.cache.factory import open_metadata_store
+from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
 from proxy.cache.redis import RedisNegatives, RedisStore
@@ -53,7 +54,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store = ArchiveStore(settings.archive_dir)
     store.open()
     backend, locks = await open_metadata_store(settings, app[METRICS])
-    cache = NegativeBound(MemoryFront(backend, remember_absence=settings.redis_url is None),
+    cache = NegativeBound(MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None),
                           negative_store(settings, backend, app[METRICS]))
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)

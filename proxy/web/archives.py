@@ -15,6 +15,11 @@ mtime, ctime all unchanged); otherwise the body goes through the same hashing lo
 makes the file trusted for the next sendfile. A range is served only from a verified file
 (hashed whole first when needed). A copy found corrupt before the status line was sent is
 quarantined and fetched again within the same request (`serve_found`).
+
+A `PassThrough` (disk full) is relayed as it arrives, whole (no Range), with the upstream's
+Content-Length when it has one, else chunked. Headers go out with the first relayed chunk,
+so a refusal before that is a plain JSON error; a refusal after it aborts the connection
+with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 """
 
 from __future__ import annotations
@@ -23,18 +28,21 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+import structlog
 from aiohttp import web
 
 from proxy.errors import StoreCorruptionError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
+from proxy.passthrough import PassThrough
 from proxy.store import StoredArchive
 from proxy.web.keys import GUARD, METRICS
 from proxy.web.responses import error_response
 from proxy.web.server import write_paced
 
 CHUNK = 1 << 18
-Found = tuple[StoredArchive, str, str]  # the stored file, its download name, its content type
+Found = tuple[StoredArchive | PassThrough, str, str]  # the file (or a relay), its download name, its content type
+log = structlog.get_logger(__name__)
 
 
 async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
@@ -50,15 +58,12 @@ async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]
     return await serve_archive(request, stored, filename, content_type)
 
 
-async def serve_archive(request: web.Request, stored: StoredArchive, filename: str,
+async def serve_archive(request: web.Request, stored: StoredArchive | PassThrough, filename: str,
                         content_type: str = "application/zip") -> web.StreamResponse:
+    if isinstance(stored, PassThrough):
+        return await _relay(request, stored, filename, content_type)
     etag = f'"{stored.sha256}"'
-    headers = {
-        "ETag": etag,
-        "Accept-Ranges": "bytes",
-        "Cache-Control": "public, max-age=31536000, immutable",
-        "Content-Disposition": f'attachment; filename="{filename}"',
-    }
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(filename)}
     answer = evaluate(etag, stored.size, if_match=_field(request, "If-Match"),
                       if_none_match=_field(request, "If-None-Match"), if_range=_field(request, "If-Range"),
                       range_header=_field(request, "Range"))
@@ -100,6 +105,55 @@ async def serve_archive(request: web.Request, stored: StoredArchive, filename: s
             reader.close()
     await response.write_eof()
     return response
+
+
+async def _relay(request: web.Request, relay: PassThrough, filename: str, content_type: str) -> web.StreamResponse:
+    """Send a verified-on-the-way relay; abort the connection if it fails once the headers went out."""
+    headers = _common_headers(filename)
+    if relay.etag is not None:
+        headers["ETag"] = f'"{relay.etag}"'
+        if evaluate(headers["ETag"], 0, if_none_match=_field(request, "If-None-Match")).status == 304:
+            return web.Response(status=304, headers=headers)
+    response = web.StreamResponse(status=200, headers=headers)
+    response.content_type = content_type
+    if request.method == "HEAD":
+        await response.prepare(request)
+        await response.write_eof()
+        return response
+    length: int | None = None
+
+    async def begin(size: int | None) -> None:
+        nonlocal length
+        length = size
+
+    async def send(chunk: bytes) -> None:
+        if not response.prepared:
+            if length is not None:
+                response.content_length = length
+            await response.prepare(request)
+        await write_paced(response, chunk)
+        request.app[METRICS].served_bytes.inc(len(chunk))
+
+    try:
+        await relay.stream(begin, send)
+    except BaseException as exc:
+        if not response.prepared:
+            raise  # nothing sent yet: an ordinary error answer
+        log.warning("archive.passthrough_aborted", filename=filename, error=getattr(exc, "message", repr(exc)))
+        _abort(request)  # drop the connection: the withheld end of the body never follows
+        if isinstance(exc, Exception):
+            return response
+        raise
+    if not response.prepared:  # a verified empty body
+        response.content_length = 0
+        await response.prepare(request)
+    await response.write_eof()
+    return response
+
+
+def _common_headers(filename: str) -> dict[str, str]:
+    return {"Cache-Control": "public, max-age=31536000, immutable",
+            "Content-Disposition": f'attachment; filename="{filename}"'}
 
 
 def _field(request: web.Request, name: str) -> str | None:

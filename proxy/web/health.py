@@ -14,16 +14,19 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """503 only when archives cannot be stored; a metadata store outage is "degraded" but serving."""
+    """503 when archives cannot be stored (unwritable, or below --min-free-space); a metadata store
+    outage is "degraded" but serving."""
     mirror = request.app[MIRROR]
     checks = await mirror.ready()
-    if not checks["archive_store"]:
+    space = await mirror.disk_space()
+    if not checks["archive_store"] or not checks["disk_space"]:
         status, code = "not ready", 503
     elif not checks["metadata_store"]:
         status, code = "degraded", 200
     else:
         status, code = "ready", 200
-    body: dict = {"status": status, "checks": checks}
+    body: dict = {"status": status, "checks": checks,
+                  "disk_space": {"free_bytes": space.free_bytes, "min_free_bytes": space.min_free_bytes}}
     if not checks["metadata_store"]:
         body["reasons"] = {"metadata_store": mirror.metadata_problem() or "the metadata store did not answer"}
     return json_response(body, status=code)

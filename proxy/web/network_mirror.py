@@ -52,8 +52,8 @@ async def archive(request: web.Request) -> web.StreamResponse:
         raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
 
     async def find() -> Found:
-        stored, record = await request.app[MIRROR].archive(addr, version, platform)
-        return stored, record.filename, "application/zip"
+        archive_or_relay, filename = await request.app[MIRROR].archive_for_client(addr, version, platform)
+        return archive_or_relay, filename, "application/zip"
 
     return await serve_found(request, find)
 

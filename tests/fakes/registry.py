@@ -3,7 +3,8 @@
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
 (archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
-signing keys, slow archive streaming, trickling (bytes per second) and stalling archives.
+signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
+archives without a Content-Length (chunked).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class FakeRegistry:
         self.trickle: dict[str, int] = {}  # archive path -> bytes per second
         self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
         self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
+        self.chunked_archives = False  # send provider archives chunked, without a Content-Length
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
         self.static: dict[str, bytes] = {}
@@ -219,7 +221,10 @@ class FakeRegistry:
         if name in self.tampered:
             body = body[:-1] + bytes([body[-1] ^ 0xFF])
         response = web.StreamResponse(headers={"Content-Type": "application/zip"})
-        response.content_length = len(body)
+        if self.chunked_archives:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = len(body)
         await response.prepare(request)
         if request.method == "HEAD":  # terraform's go-getter sends HEAD before GET
             await response.write_eof()

@@ -92,7 +92,7 @@ async def test_default_allowlist_names_the_public_registries(make_settings, clie
 async def test_health_ready_and_metrics(proxy):
     assert (await proxy.json("/healthz")) == (200, {"status": "ok"})
     status, body = await proxy.json("/readyz")
-    assert status == 200 and body["checks"] == {"metadata_store": True, "archive_store": True}
+    assert status == 200 and body["checks"] == {"metadata_store": True, "archive_store": True, "disk_space": True}
     await proxy.json(f"/mirror/v1/{PROVIDER}/index.json")
     status, _, text = await proxy.get("/metrics")
     assert status == 200

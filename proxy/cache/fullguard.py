@@ -1,0 +1,80 @@
+"""A metadata store wrapper for a full disk: failed writes are skipped, not request failures.
+
+A write that fails because the disk is full (ENOSPC, SQLite's "database or disk is full")
+is logged once per full-disk spell and skipped; the answer is still served (and the
+in-memory front still remembers it). A read that fails for the same reason (a store that
+could not even create its table) is a miss. Any other error propagates unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import structlog
+
+from proxy.cache import MetadataStore
+from proxy.diskspace import is_disk_full
+
+log = structlog.get_logger(__name__)
+
+
+class SkipWritesWhenFull:
+    """MetadataStore wrapper that survives a full disk."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+        self._full = False
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            return await self.inner.get(key)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._note_full(exc, "read", key)
+            return None
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        try:
+            return await self.inner.get_many(keys)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._note_full(exc, "read", keys[0] if keys else "")
+            return [None] * len(keys)
+
+    async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        try:
+            await self.inner.set(key, value, ttl)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._note_full(exc, "write", key)
+            return
+        if self._full:
+            self._full = False
+            log.info("storage.metadata_writes_resumed", key=key)
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self.inner.delete(key)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._note_full(exc, "delete", key)
+
+    def keys(self, prefix: str = "") -> AsyncIterator[str]:
+        return self.inner.keys(prefix)
+
+    async def ping(self) -> bool:
+        return await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def _note_full(self, exc: Exception, operation: str, key: str) -> None:
+        """Log the first failure of a full-disk spell."""
+        if not self._full:
+            self._full = True
+            log.warning("storage.metadata_write_skipped", operation=operation, key=key, error=str(exc),
+                        hint="the disk is full: answers are served but not cached until space is freed")

@@ -1,0 +1,24 @@
+"""An archive the proxy cannot store now (disk full), relayed from the upstream and verified on the way.
+
+The service layer hands the web layer a `PassThrough` instead of a `StoredArchive`; calling
+`stream(begin, send)` fetches the upstream archive, hashes it while passing every chunk but
+the last to `send`, and sends the last one only once the digest matched the expected one
+(signed SHA256SUMS for providers, the `?checksum=` pin for modules). On a mismatch it raises
+with the last chunk withheld, so a client never receives the complete (unverified) body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+Begin = Callable[[int | None], Awaitable[None]]  # called with the body length, when it is known
+Send = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class PassThrough:
+    """A verified-on-the-way relay of an upstream archive; `etag` is its SHA-256 when that is the pin."""
+
+    etag: str | None
+    stream: Callable[[Begin, Send], Awaitable[None]]
