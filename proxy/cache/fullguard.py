@@ -25,6 +25,11 @@ class SkipWritesWhenFull:
         self.inner = inner
         self._full = False
 
+    @property
+    def problem(self) -> str | None:
+        """Why the store under this wrapper is unusable now, or None."""
+        return self.inner.problem
+
     async def get(self, key: str) -> bytes | None:
         try:
             return await self.inner.get(key)

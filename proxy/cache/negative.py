@@ -128,6 +128,11 @@ class NegativeBound:
         self.inner = inner
         self.negatives = negatives
 
+    @property
+    def problem(self) -> str | None:
+        """Why the store under this wrapper is unusable now, or None."""
+        return self.inner.problem
+
     async def get(self, key: str) -> bytes | None:
         value = await self.inner.get(key)
         return value if value is not None else await self.negatives.get(key)

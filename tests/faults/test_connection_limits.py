@@ -43,14 +43,14 @@ async def _until(condition, timeout: float, interval: float = 0.05) -> bool:
 
 
 def _archive_handles(pid: int) -> list[str]:
-    """Files of the archive store the process holds open."""
+    """Archives of the store the process holds open (not the lock file it holds in its temp dir)."""
     found = []
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
             target = os.readlink(fd)
         except OSError:
             continue
-        if "/archives/" in target:
+        if "/archives/sha256/" in target:
             found.append(target)
     return found
 

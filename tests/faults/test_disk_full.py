@@ -89,7 +89,8 @@ def stored(data_dir: Path) -> set[str]:
 
 
 def temp_files(data_dir: Path) -> list[Path]:
-    return [p for p in (data_dir / "archives" / "tmp").rglob("*") if p.is_file()]
+    """Files in the temp dirs, but the lock file each live process holds in its own."""
+    return [p for p in (data_dir / "archives" / "tmp").rglob("*") if p.is_file() and p.name != ".lock"]
 
 
 async def readyz(client, status: int, timeout: float = 15) -> dict:
@@ -187,7 +188,11 @@ async def test_enospc_while_downloading_and_failed_metadata_writes(small_disk, p
     status, _, data = await client.get(f"{MIRROR}/foo/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip")
     assert status == 200, data[:300]
     assert hashlib.sha256(data).hexdigest() == registry.releases[("acme", "foo")]["1.1.0"].sha256("linux_amd64")
-    assert len(proc.events("storage.metadata_write_skipped")) == 1  # logged once per full-disk spell
+    # Logged once per full-disk spell: by the embedded store's breaker (which catches its own write
+    # errors), or by the disk-full guard in front of a store that raises them.
+    skipped = proc.events("storage.metadata_write_skipped") + [
+        e for e in proc.events("metadata_store.down") if "full" in e.get("error", "")]
+    assert len(skipped) == 1, skipped
 
     status, headers, body = await client.get(f"{MIRROR}/foo/1.0.0.json")
     assert status == 503 and headers["Content-Type"] == "application/json" and b"disk is full" in body, body
