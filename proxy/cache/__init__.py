@@ -45,6 +45,28 @@ class MetadataStore(Protocol):
     async def close(self) -> None: ...
 
 
+class StoreWrapper:
+    """Base of the MetadataStore wrappers (memory front, seal, negative bound, disk-full guard): what a
+    wrapper does not change goes to the store it wraps."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store under this wrapper is unusable now, or None."""
+        return self.inner.problem
+
+    def keys(self, prefix: str = "") -> AsyncIterator[str]:
+        return self.inner.keys(prefix)
+
+    async def ping(self) -> bool:
+        return await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 @dataclass(frozen=True)
 class CacheEntry:
     """An upstream answer as cached: a 200 document or a negative (404) answer."""

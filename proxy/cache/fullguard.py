@@ -8,27 +8,20 @@ could not even create its table) is a miss. Any other error propagates unchanged
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import structlog
 
-from proxy.cache import MetadataStore
+from proxy.cache import MetadataStore, StoreWrapper
 from proxy.diskspace import is_disk_full
 
 log = structlog.get_logger(__name__)
 
 
-class SkipWritesWhenFull:
+class SkipWritesWhenFull(StoreWrapper):
     """MetadataStore wrapper that survives a full disk."""
 
     def __init__(self, inner: MetadataStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._full = False
-
-    @property
-    def problem(self) -> str | None:
-        """Why the store under this wrapper is unusable now, or None."""
-        return self.inner.problem
 
     async def get(self, key: str) -> bytes | None:
         try:
@@ -67,15 +60,6 @@ class SkipWritesWhenFull:
             if not is_disk_full(exc):
                 raise
             self._note_full(exc, "delete", key)
-
-    def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        return self.inner.keys(prefix)
-
-    async def ping(self) -> bool:
-        return await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     def _note_full(self, exc: Exception, operation: str, key: str) -> None:
         """Log the first failure of a full-disk spell."""

@@ -10,17 +10,16 @@ send by the thousand, never push warm values out of memory.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 
-from proxy.cache import MetadataStore
+from proxy.cache import MetadataStore, StoreWrapper
 
 
-class MemoryFront:
+class MemoryFront(StoreWrapper):
     """MetadataStore wrapper that remembers up to `max_entries` values and `max_absent` absences."""
 
     def __init__(self, inner: MetadataStore, max_entries: int = 20_000, *, remember_absence: bool = False,
                  max_absent: int = 4096) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._max = max_entries
         self._max_absent = max_absent
         self._remember_absence = remember_absence
@@ -64,16 +63,6 @@ class MemoryFront:
 
     def _bump(self, key: str) -> None:
         self._epoch += 1
-
-    def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        return self.inner.keys(prefix)
-
-    async def ping(self) -> bool:
-        return await self.inner.ping()
-
-    @property
-    def problem(self) -> str | None:
-        return self.inner.problem
 
     async def close(self) -> None:
         self._values.clear()

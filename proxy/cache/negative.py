@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
-from proxy.cache import CacheEntry, MetadataStore
+from proxy.cache import CacheEntry, MetadataStore, StoreWrapper
 
 RETENTION_FLOOR = 3600.0
 MAX_NEGATIVE_VALUE = 16 * 1024  # a negative entry has no body: status, URL and time only
@@ -116,7 +116,7 @@ def _size(key: str, value: bytes) -> int:
     return len(key.encode()) + len(value)
 
 
-class NegativeBound:
+class NegativeBound(StoreWrapper):
     """MetadataStore that keeps negative entries in a bounded `NegativeStore`, everything else in `inner`.
 
     A negative answer replaces what `inner` had under its key (as it did before); a positive one
@@ -125,13 +125,8 @@ class NegativeBound:
     """
 
     def __init__(self, inner: MetadataStore, negatives: NegativeStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.negatives = negatives
-
-    @property
-    def problem(self) -> str | None:
-        """Why the store under this wrapper is unusable now, or None."""
-        return self.inner.problem
 
     async def get(self, key: str) -> bytes | None:
         value = await self.inner.get(key)
@@ -156,11 +151,3 @@ class NegativeBound:
         await self.negatives.discard(key)
         await self.inner.delete(key)
 
-    def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        return self.inner.keys(prefix)
-
-    async def ping(self) -> bool:
-        return await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()

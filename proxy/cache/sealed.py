@@ -21,12 +21,12 @@ import hmac
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
-from proxy.cache import MetadataStore
+from proxy.cache import MetadataStore, StoreWrapper
 from proxy.config import ConfigError, Settings
 
 log = structlog.get_logger(__name__)
@@ -61,20 +61,16 @@ def unseal(secret: bytes, key: str, stored: bytes) -> tuple[bytes | None, str]:
     return value, ""
 
 
-class SealedStore:
+class SealedStore(StoreWrapper):
     """MetadataStore wrapper that seals what it writes and refuses what it cannot verify."""
 
     def __init__(self, inner: MetadataStore, secret: bytes, *, name: str,
                  on_reject: Callable[[str, str], None] | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._secret = secret
         self._name = name
         self._on_reject = on_reject
         self._reported: OrderedDict[str, None] = OrderedDict()
-
-    @property
-    def problem(self) -> str | None:
-        return self.inner.problem
 
     async def get(self, key: str) -> bytes | None:
         return self._open(key, await self.inner.get(key))
@@ -88,15 +84,6 @@ class SealedStore:
 
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
-
-    def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        return self.inner.keys(prefix)
-
-    async def ping(self) -> bool:
-        return await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     async def adopt_unsealed(self) -> int:
         """Seal in place every value without a seal; only for the embedded file on the start that makes its
@@ -131,7 +118,6 @@ class SealedStore:
         log.error("security.metadata_poisoned", key=key, store=self._name, reason=why,
                   effect="treated as a miss and fetched again; never served")
 
-
 def metadata_secret(settings: Settings) -> bytes:
     """The operator's secret, or (embedded store only) the data dir's own, made on first start."""
     if settings.metadata_secret:
@@ -149,7 +135,6 @@ def metadata_secret(settings: Settings) -> bytes:
     if settings.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
         raise ConfigError("a shared Redis store needs --metadata-secret or --metadata-secret-file")
     return _local_secret(settings.cache_dir / SECRET_FILE)
-
 
 def _local_secret(path: Path) -> bytes:
     """Read the data dir's secret, or create it (0600, atomically: two processes agree on one)."""
