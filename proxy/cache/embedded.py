@@ -28,6 +28,8 @@ from typing import TypeVar
 import structlog
 from aiohttp_client_cache.backends.sqlite import SQLiteCache
 
+from proxy.cache.breaker import Breaker
+
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
@@ -50,24 +52,20 @@ class EmbeddedStore:
     def __init__(self, path: Path, *, retry_interval: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
-        self._retry_interval = retry_interval
-        self._clock = clock
+        self._breaker = Breaker(retry_interval, clock)
         self._cache: SQLiteCache | None = None
         self._checked = False
         self._opening = asyncio.Lock()
         self._generation = 0
-        self._up = True
-        self._retry_at = 0.0
-        self._problem: str | None = None
 
     @property
     def problem(self) -> str | None:
         """Why the store is not usable right now (None while it works)."""
-        return None if self._up else self._problem
+        return self._breaker.problem
 
     @property
     def available(self) -> bool:
-        return self._up or self._clock() >= self._retry_at
+        return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
         value = await self._call(lambda cache: cache.read(key), None)
@@ -94,7 +92,7 @@ class EmbeddedStore:
         if not self.available:
             return False
         found = await self._call(lambda cache: cache.contains("__ping__"), None)
-        return found is not None and self._up
+        return found is not None and self._breaker.up
 
     async def close(self) -> None:
         await self._drop()
@@ -179,18 +177,13 @@ class EmbeddedStore:
                   effect="a fresh metadata file is used; metadata is fetched again, archives on disk are kept")
 
     def _mark_down(self, exc: BaseException) -> None:
-        self._retry_at = self._clock() + self._retry_interval
-        self._problem = f"{type(exc).__name__}: {exc}"
-        if self._up:
-            self._up = False
-            log.warning("metadata_store.down", path=str(self.path), error=self._problem,
+        if self._breaker.trip(f"{type(exc).__name__}: {exc}"):
+            log.warning("metadata_store.down", path=str(self.path), error=self._breaker.problem,
                         effect="metadata is fetched upstream and not cached; archives on disk are served; "
                                "retrying in the background")
 
     def _mark_up(self) -> None:
-        if not self._up:
-            self._up = True
-            self._problem = None
+        if self._breaker.reset():
             log.warning("metadata_store.up", path=str(self.path), effect="metadata is cached again")
 
 

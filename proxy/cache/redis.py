@@ -29,6 +29,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import LockError, RedisError
 
+from proxy.cache.breaker import Breaker
+
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
@@ -51,16 +53,12 @@ class RedisStore:
         self.client = aioredis.from_url(url, **options)
         self.prefix = prefix
         self._retention = retention
-        self._retry_interval = retry_interval
-        self._clock = clock
-        self._up = True
-        self._retry_at = 0.0
-        self._problem: str | None = None
+        self._breaker = Breaker(retry_interval, clock)
 
     @property
     def problem(self) -> str | None:
         """The last error while Redis is marked down (None while it works)."""
-        return None if self._up else self._problem
+        return self._breaker.problem
 
     def key(self, key: str) -> str:
         return f"{self.prefix}:{key}"
@@ -68,7 +66,7 @@ class RedisStore:
     @property
     def available(self) -> bool:
         """False while the breaker is open (Redis failed recently)."""
-        return self._up or self._clock() >= self._retry_at
+        return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
         return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None)
@@ -126,16 +124,12 @@ class RedisStore:
         return result
 
     def _mark_down(self, exc: BaseException) -> None:
-        self._retry_at = self._clock() + self._retry_interval
-        self._problem = f"Redis: {str(exc) or type(exc).__name__}"
-        if self._up:
-            self._up = False
+        if self._breaker.trip(f"Redis: {str(exc) or type(exc).__name__}"):
             log.warning("redis.down", error=str(exc) or type(exc).__name__,
                         effect="serving from disk and upstream; retrying in the background")
 
     def _mark_up(self) -> None:
-        if not self._up:
-            self._up = True
+        if self._breaker.reset():
             log.warning("redis.up", effect="shared metadata store in use again")
 
 
