@@ -49,7 +49,7 @@ def h1_of_zip(fileobj: IO[bytes]) -> tuple[str, str]:
     The zip form (dirhash `HashZip`) lists every entry as stored, directory entries
     included; the directory form (`HashDir` of the unpacked package, which is what the
     clients record in lock files) lists only files. They differ when the zip has
-    directory entries (PROTOCOL-NOTES §2 pitfall).
+    directory entries (docs/protocol.md#h1-hashes).
     """
     with zipfile.ZipFile(fileobj) as archive:
         contents: dict[str, str] = {}

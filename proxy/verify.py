@@ -1,4 +1,4 @@
-"""The verification chain for a provider archive, as the clients apply it (PROTOCOL-NOTES §3).
+"""The verification chain for a provider archive, as the clients apply it (docs/protocol.md#verification-chain).
 
 1. the signed SHA256SUMS has a line for `filename` whose digest equals the registry's `shasum`;
 2. the archive's SHA-256 equals that digest;

@@ -3,9 +3,11 @@
 Both modes answer conditionals and ranges alike (`proxy.httprange.evaluate`, ETag = SHA-256).
 Over plain HTTP the kernel's sendfile copies the body. Over TLS there is no kernel TLS on
 these hosts, so bytes go through user space anyway; a loop writing chunks from a worker
-thread is about ten times faster than aiohttp's sendfile emulation (PERF-NOTES). Chunks are
-256 KiB and written with `write_paced` (64 KiB slices, waiting for the client in between), so a
-client that stops reading pins about 1 MiB of the proxy's memory, not 4 (bench/connections.py).
+thread is about ten times faster than aiohttp's sendfile emulation
+(docs/performance.md#serving-archives-over-tls). Chunks are 256 KiB and written with
+`write_paced` (64 KiB slices, waiting for the client in between), so a client that stops
+reading pins about 1 MiB of the proxy's memory, not 4
+(docs/performance.md#memory-per-slow-client, measured by bench/connections.py).
 
 No corrupted byte goes out (`proxy.integrity`). Over TLS every full GET is hashed as it is
 read (same worker-thread hop) and its last chunk is held back until the whole file matched
