@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+from multidict import CIMultiDict
+
 from tests.conftest import PROVIDER, serve_proxy
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
@@ -50,6 +52,14 @@ async def test_range_and_conditional_requests(proxy, registry):
     assert status == 416 and headers["Content-Range"] == f"bytes */{len(data)}"
     etag = f'"{hashlib.sha256(data).hexdigest()}"'
     status, _, body = await proxy.get(ARCHIVE, headers={"If-None-Match": etag})
+    assert (status, body) == (304, b"")
+
+
+async def test_an_etag_list_split_over_header_lines_is_one_list(proxy, registry):
+    # RFC 9110 §5.3: repeated field lines form one list; aiohttp's request.if_none_match reads the first only
+    etag = f'"{release_of(registry).sha256("linux_amd64")}"'
+    lines = CIMultiDict([("If-None-Match", '"other"'), ("If-None-Match", etag)])
+    status, _, body = await proxy.get(ARCHIVE, headers=lines)
     assert (status, body) == (304, b"")
 
 
