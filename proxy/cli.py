@@ -1,7 +1,8 @@
-"""Command-line interface: `registry-proxy serve` (also `python -m proxy serve`).
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify` (also `python -m proxy`).
 
-Every flag has an environment variable `REGISTRY_PROXY_<NAME>`; flags win over the
-environment, which wins over the defaults. Repeatable flags take a comma-separated list
+Every `serve` flag, and the connection and data-dir options of the other commands, has an
+environment variable `REGISTRY_PROXY_<NAME>`; flags win over the environment, which wins over
+the defaults. Repeatable flags take a comma-separated list
 in the environment.
 """
 

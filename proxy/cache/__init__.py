@@ -1,6 +1,6 @@
 """Metadata cache: the store protocol, the entry format and the freshness policy.
 
-A store is a byte key-value map (`embedded` in the data dir by default, Redis later).
+A store is a byte key-value map (`embedded`, an SQLite file in the data dir, by default; `redis` for a fleet).
 Entries are upstream answers (status, body, final URL, ETag, fetch time) or derived
 records (verified hashes), encoded as versioned JSON so a future format change makes
 old entries a miss rather than a crash. Freshness decisions are pure functions.

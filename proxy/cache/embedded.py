@@ -5,7 +5,7 @@ survives restarts: after one warm `init`, the same `init` works with the upstrea
 even after the proxy restarted. Entries do not expire here; the freshness policy decides
 what is served, and stale entries are kept for stale-if-error.
 
-The file is a cache, so a broken one is never an outage (like the Redis breaker): any
+The file is a cache, so a broken one is never an outage (the breaker of `proxy.cache.breaker`): any
 SQLite error makes a read a miss and a write skipped, logged once per state change, and for
 `retry_interval` seconds the file is left alone. A file SQLite calls corrupt ("file is not
 a database", "database disk image is malformed") is moved aside to

@@ -1,4 +1,5 @@
-"""Offline-capable commands run from the CLI: `lock`, `warm`, `export`, `import`."""
+"""The CLI commands besides `serve`: `lock` and `warm` (through a running proxy), `export`, `import`
+and `verify` (on a data directory, no proxy needed)."""
 
 
 class CommandError(Exception):

@@ -1,1 +1,2 @@
-"""Everything that talks to upstream registries: the HTTP client, discovery, providers.v1."""
+"""Everything that talks to upstreams: the HTTP client and its SSRF guard, git, and the discovery,
+`providers.v1` and `modules.v1` protocols."""

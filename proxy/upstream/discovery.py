@@ -2,7 +2,8 @@
 
 Pure helpers: where to ask for a host (or the operator's `--upstream-map` base URL),
 how to validate the answer, and how to resolve a service URL against the final
-(post-redirect) discovery URL. Fetching and caching are the mirror's job.
+(post-redirect) discovery URL (docs/protocol.md#service-discovery). Fetching and caching are
+`proxy.fetch`'s job.
 """
 
 from __future__ import annotations

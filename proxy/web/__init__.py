@@ -1,1 +1,1 @@
-"""The HTTP layer: thin handlers per protocol over `proxy.mirror.Mirror`."""
+"""The HTTP layer: thin handlers per protocol over the services (`proxy.mirror`, `proxy.module_mirror`)."""

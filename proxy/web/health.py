@@ -1,4 +1,4 @@
-"""`/healthz` (the process answers), `/readyz` (stores reachable) and `/metrics`."""
+"""`/healthz` (the process answers), `/readyz` (stores reachable, free space above the floor) and `/metrics`."""
 
 from __future__ import annotations
 
