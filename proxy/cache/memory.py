@@ -49,19 +49,19 @@ class MemoryFront(StoreWrapper):
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         """Write through. `ttl` is passed to the inner store; the memory copy lives until evicted."""
-        self._bump(key)
+        self._bump()
         await self.inner.set(key, value, ttl)
-        self._bump(key)
+        self._bump()
         self._remember(key, value)
 
     async def delete(self, key: str) -> None:
-        self._bump(key)
+        self._bump()
         self._forget(key)
         await self.inner.delete(key)
-        self._bump(key)
+        self._bump()
         self._forget(key)
 
-    def _bump(self, key: str) -> None:
+    def _bump(self) -> None:
         self._epoch += 1
 
     async def close(self) -> None:

@@ -107,8 +107,8 @@ class UpstreamClient:
         return await self._with_retries(url, headers, read, max_redirects)
 
     async def download(self, url: URL, sink: Sink, *, max_bytes: int,
-                       on_response: Callable[[int | None], Awaitable[None]] | None = None) -> URL:
-        """Stream a 200 answer into `sink` chunk by chunk; returns the final URL.
+                       on_response: Callable[[int | None], Awaitable[None]] | None = None) -> None:
+        """Stream a 200 answer into `sink` chunk by chunk.
         `on_response(length)` runs before the first chunk, with the body's length if the upstream
         sent a Content-Length for the bytes as they reach the sink (no content coding).
 
@@ -119,7 +119,7 @@ class UpstreamClient:
         timeout = aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout, sock_read=limits.read_timeout)
         clock = asyncio.get_running_loop().time
 
-        async def stream(response: aiohttp.ClientResponse) -> URL:
+        async def stream(response: aiohttp.ClientResponse) -> None:
             if response.status != 200:
                 raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
             if response.content_length is not None and response.content_length > max_bytes:
@@ -135,10 +135,9 @@ class UpstreamClient:
                     raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
                 rate.add(len(chunk), clock())
                 await sink(chunk)
-            return response.url
 
         # A half-written sink cannot be replayed, so downloads are not retried here.
-        return await self._request(url, {"Accept": "*/*"}, timeout, stream, None)
+        await self._request(url, {"Accept": "*/*"}, timeout, stream, None)
 
     async def _with_retries(self, url, headers, handle, max_redirects):
         clock = asyncio.get_running_loop().time
