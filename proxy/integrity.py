@@ -2,9 +2,10 @@
 
 - Every lookup compares the file's size with the verified record (`StoreGuard.lookup`).
 - A whole-file read hashes each chunk in the same worker-thread hop as the read and hands
-  out the last chunk only once the file matched its content address (`StoreGuard.read`); a
-  mismatch raises `StoreCorruptionError` before the body is complete, so the caller aborts
-  the connection and the client sees a truncated body, which both CLIs reject.
+  out the last chunk only once the file matched its content address (`StoreGuard.open`,
+  `ArchiveReader.chunks`); a mismatch raises `StoreCorruptionError` before the body is
+  complete, so the caller aborts the connection and the client sees a truncated body, which
+  both CLIs reject.
 - A byte range cannot be checked on its own: the whole file is hashed first unless it is
   the very file (device, inode, size, mtime, ctime) last found intact (`StoreGuard.verify`).
 - A file found at a content address without a record is hashed before it is adopted.

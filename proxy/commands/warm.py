@@ -3,7 +3,8 @@
 Downloads, through the proxy, every provider version (for each requested platform) and
 every registry module a configuration or lock file needs, a bounded number at a time.
 The proxy verifies and stores each one as it passes. On a terminal two progress bars show
-items and bytes; otherwise one log line per item. Returns the failures (empty if none).
+items and bytes; otherwise one log line per item. Returns a `WarmReport`: what was done,
+what failed and why, what was skipped, and the bytes fetched.
 """
 
 from __future__ import annotations
