@@ -2,7 +2,8 @@
 
 Every string that arrives from a client or an upstream is parsed here once, into a
 normalised value, before anything else sees it. The rules follow the clients
-(svchost `ForComparison`, terraform-registry-address `ParseProviderPart`). Pure code.
+(svchost `ForComparison`, terraform-registry-address `ParseProviderPart`;
+docs/protocol.md#host-names-and-addresses). Pure code.
 """
 
 from __future__ import annotations

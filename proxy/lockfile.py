@@ -3,6 +3,7 @@
 Rendering matches what `terraform init` writes byte for byte (header, one block per
 provider sorted by address, aligned `version`/`constraints`, sorted `hashes`), so a
 following `init` finds nothing to change. Parsing uses a real HCL parser (python-hcl2).
+Which hashes the clients record: docs/protocol.md#lock-files.
 Pure: text in, text out.
 """
 

@@ -3,6 +3,7 @@
 The download answer carries the source location either in the `X-Terraform-Get` header
 (Terraform reads only this) or in a JSON body `{"location": ...}` (OpenTofu prefers it).
 Relative locations (`/`, `./`, `../`) are resolved against the download request URL.
+See docs/protocol.md#module-registry-protocol.
 """
 
 from __future__ import annotations

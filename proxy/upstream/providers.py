@@ -2,6 +2,7 @@
 
 Pure: builds request URLs from a discovered base URL and parses the upstream's JSON
 into records, resolving download URLs against the final URL of the answer.
+See docs/protocol.md#provider-registry-protocol.
 """
 
 from __future__ import annotations

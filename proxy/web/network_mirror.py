@@ -3,6 +3,7 @@
 URL contract: `/mirror/v1/:hostname/:namespace/:type/index.json`, `.../:version.json`, and
 archives at `.../:version/:os_:arch/terraform-provider-:type_:version_:os_:arch.zip`
 (listed as relative URLs, so they resolve under whatever base URL the client used).
+See docs/protocol.md#network-mirror-protocol.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""JSON answers with the exact media type the clients require (`application/json`)."""
+"""JSON answers with the exact media type the clients require (`application/json`).
+
+See docs/protocol.md#content-types-and-status-codes.
+"""
 
 from __future__ import annotations
 
