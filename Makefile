@@ -38,8 +38,7 @@ debian-packages:
 run: install
 	$(BIN)/registry-proxy serve $(ARGS)
 
-test: system-deps install
-	$(BIN)/ruff check proxy tests bench
+test: system-deps lint
 	$(BIN)/python -m pytest $(ARGS)
 
 test-unit: install
@@ -48,8 +47,10 @@ test-unit: install
 test-e2e: system-deps install
 	$(BIN)/python -m pytest -m e2e $(ARGS)
 
+# ruff, then the import contracts of setup.cfg (the layers; pure modules do no I/O).
 lint: install
 	$(BIN)/ruff check proxy tests bench
+	$(BIN)/lint-imports --no-cache --no-logo
 
 bench: system-deps install
 	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(BENCH_PACKAGES)"

@@ -28,6 +28,7 @@ from proxy.config import (
     Limits,
     Settings,
     env_name,
+    metadata_secret_settings,
     normalise_hosts,
     normalise_private_hosts,
     parse_duration,
@@ -300,7 +301,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         negative_cache_entries=_count(args.negative_cache_entries, "--negative-cache-entries"),
         negative_cache_bytes=parse_size(args.negative_cache_bytes),
         min_free_space=parse_space_floor(args.min_free_space),
-        **metadata_secret_settings(args),
+        **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
     )
 
 
@@ -308,12 +309,6 @@ def _count(text: str, flag: str) -> int:
     if not str(text).strip().isdigit() or int(text) < 1:
         raise ConfigError(f"{flag} must be a positive integer, not {text!r}")
     return int(str(text).strip())
-
-
-def metadata_secret_settings(args: argparse.Namespace) -> dict:
-    """The --metadata-secret/--metadata-secret-file keywords of Settings."""
-    return {"metadata_secret": args.metadata_secret or None,
-            "metadata_secret_file": Path(args.metadata_secret_file) if args.metadata_secret_file else None}
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:

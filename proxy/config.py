@@ -298,3 +298,9 @@ def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
         if entry:
             result.add(entry)
     return frozenset(result)
+
+
+def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:
+    """The `metadata_secret`/`metadata_secret_file` keywords of Settings from the flags' text (empty is unset)."""
+    return {"metadata_secret": secret or None,
+            "metadata_secret_file": Path(secret_file) if secret_file else None}

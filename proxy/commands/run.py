@@ -10,13 +10,12 @@ from pathlib import Path
 from proxy.addrs import Platform
 from proxy.cache import MetadataStore
 from proxy.cache.factory import open_metadata_store
-from proxy.cli import metadata_secret_settings
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import Settings
+from proxy.config import Settings, metadata_secret_settings
 from proxy.errors import InvalidRequestError
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
@@ -86,7 +85,7 @@ async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore
     """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
     settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
                         redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
-                        **metadata_secret_settings(args))
+                        **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file))
     cache, _ = await open_metadata_store(settings)
     store = ArchiveStore(settings.archive_dir)
     store.open()

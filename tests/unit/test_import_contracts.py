@@ -1,0 +1,59 @@
+"""The import contracts of setup.cfg hold, and they do catch a module that breaks one.
+
+`lint-imports` runs in a child process from the directory holding setup.cfg and the `proxy`
+package, so the package checked is that directory's, never an installed copy.
+"""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = ("import sys; from importlinter.cli import lint_imports; "
+                "sys.exit(lint_imports(no_cache=True, no_logo=True))")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """Run lint-imports on `root`'s setup.cfg and `proxy` package."""
+    return subprocess.run([sys.executable, "-c", LINT_IMPORTS], cwd=root, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def contract_name(section: str) -> str:
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    return config[f"importlinter:contract:{section}"]["name"]
+
+
+def test_the_project_keeps_its_import_contracts():
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ", 0 broken." in result.stdout
+
+
+@pytest.mark.parametrize(("module", "line", "contract", "chain"), [
+    ("proxy/addrs.py", "import socket", "pure", "proxy.addrs -> socket"),
+    ("proxy/cache/breaker.py", "import structlog", "pure", "proxy.cache.breaker -> structlog"),
+    ("proxy/store.py", "import proxy.mirror", "layers", "proxy.store -> proxy.mirror"),
+    ("proxy/web/health.py", "import proxy.commands.lock", "layers", "proxy.web.health -> proxy.commands.lock"),
+    ("proxy/commands/lock.py", "import proxy.cli", "layers", "proxy.commands.lock -> proxy.cli"),
+    ("proxy/store.py", "import redis", "adapters", "proxy.store -> redis"),
+])
+def test_a_module_that_breaks_a_contract_fails_the_check(tmp_path, module, line, contract, chain):
+    shutil.copy(REPO / "setup.cfg", tmp_path / "setup.cfg")
+    shutil.copytree(REPO / "proxy", tmp_path / "proxy", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / module).open("a", encoding="utf-8") as source:
+        source.write(f"\n{line}\n")
+
+    result = lint_imports(tmp_path)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{contract_name(contract)} BROKEN" in result.stdout
+    assert chain in result.stdout
+    assert "Contracts: " in result.stdout and ", 1 broken." in result.stdout
