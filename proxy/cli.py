@@ -23,7 +23,7 @@ from proxy.addrs import Hostname
 from proxy.config import (
     DEFAULT_ALLOWED_HOSTS,
     ConfigError,
-    Freshness,
+    FreshnessTtls,
     Limits,
     Settings,
     env_name,
@@ -264,7 +264,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         upstream_map=parse_upstream_map(_repeated(args, "--upstream-map")),
         upstream_ca_file=Path(args.upstream_ca_file) if args.upstream_ca_file else None,
         allowed_private_hosts=normalise_private_hosts(_repeated(args, "--allow-private-host")),
-        freshness=Freshness(discovery=parse_duration(args.ttl_discovery),
+        freshness=FreshnessTtls(discovery=parse_duration(args.ttl_discovery),
                             versions=parse_duration(args.ttl_versions),
                             negative=parse_duration(args.ttl_negative)),
         limits=Limits(max_archive_bytes=parse_size(args.max_archive_size),

@@ -119,7 +119,7 @@ def parse_space_floor(text: str) -> SpaceFloor:
 
 
 @dataclass(frozen=True)
-class Freshness:
+class FreshnessTtls:
     """How long each kind of upstream metadata is served without asking the upstream again."""
 
     discovery: float = 3600.0
@@ -182,7 +182,7 @@ class Settings:
     module_passthrough: str = "allow"
     max_module_bytes: int = 512 * 2**20
     git_timeout: float = 120.0
-    freshness: Freshness = Freshness()
+    freshness: FreshnessTtls = FreshnessTtls()
     limits: Limits = Limits()
     log_format: str = "auto"
     log_level: str = "info"

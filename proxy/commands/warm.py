@@ -23,7 +23,7 @@ from proxy.commands.selection import Selection, select_versions
 from proxy.errors import InvalidRequestError
 from proxy.lockfile import LockedProvider, LockFileError, parse_lockfile
 from proxy.proxyclient import ProxyClient, ProxyRequestError
-from proxy.tfconfig import ConfigurationError, ModuleCall, Requirements, read_requirements
+from proxy.tfconfig import ModuleCall, ProjectConfigError, Requirements, read_requirements
 
 
 @dataclass
@@ -101,7 +101,7 @@ def _read_inputs(directory: Path | None, lock_file: Path | None,
         if not locked and lock_path.exists():
             locked = parse_lockfile(lock_path.read_text(encoding="utf-8"), str(lock_path))
         return locked, read_requirements(directory, default_host)
-    except (ConfigurationError, LockFileError, OSError) as exc:
+    except (ProjectConfigError, LockFileError, OSError) as exc:
         raise CommandError(str(exc)) from None
 
 
