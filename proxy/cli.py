@@ -19,7 +19,7 @@ import platformdirs
 import structlog
 
 from proxy import __version__
-from proxy.addrs import Hostname
+from proxy.addrs import AddressError, Hostname
 from proxy.config import (
     DEFAULT_ALLOWED_HOSTS,
     ConfigError,
@@ -35,7 +35,6 @@ from proxy.config import (
     parse_space_floor,
     parse_upstream_map,
 )
-from proxy.errors import InvalidRequestError
 
 log = structlog.get_logger("proxy.cli")
 
@@ -318,8 +317,8 @@ def metadata_secret_settings(args: argparse.Namespace) -> dict:
 def _hostname_setting(text: str, flag: str) -> Hostname:
     try:
         return Hostname.parse(text)
-    except InvalidRequestError as exc:
-        raise ConfigError(f"invalid {flag}: {exc.message}") from None
+    except AddressError as exc:
+        raise ConfigError(f"invalid {flag}: {exc}") from None
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from yarl import URL
 
-from proxy.addrs import Hostname
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, Hostname
 
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
@@ -80,8 +79,8 @@ def parse_upstream_map(entries: list[str]) -> dict[str, URL]:
 def _hostname(text: str) -> Hostname:
     try:
         return Hostname.parse(text)
-    except InvalidRequestError as exc:
-        raise ConfigError(exc.message) from None
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.addrs import Hostname, ProviderAddr
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, Hostname, ProviderAddr
 from proxy.lockfile import LockFileError, parse_hcl
 
 BUILTIN_PROVIDER = "terraform"
@@ -139,8 +138,8 @@ def _provider_address(source: str, default_host: str, path: Path) -> ProviderAdd
         raise ProjectConfigError(f"{path}: invalid provider source {source!r}")
     try:
         return ProviderAddr.parse(*parts)
-    except InvalidRequestError as exc:
-        raise ProjectConfigError(f"{path}: invalid provider source {source!r}: {exc.message}") from None
+    except AddressError as exc:
+        raise ProjectConfigError(f"{path}: invalid provider source {source!r}: {exc}") from None
 
 
 def _is_registry_source(source: str) -> bool:
@@ -151,7 +150,7 @@ def _is_registry_source(source: str) -> bool:
     if len(parts) == 4:
         try:
             Hostname.parse(parts[0])
-        except InvalidRequestError:
+        except AddressError:
             return False
         return "." in parts[0] or ":" in parts[0]
     return len(parts) == 3

@@ -17,10 +17,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from proxy import constraints
-from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.commands import CommandError
 from proxy.commands.selection import Selection, select_versions
-from proxy.errors import InvalidRequestError
 from proxy.lockfile import LockedProvider, LockFileError, parse_lockfile
 from proxy.proxyclient import ProxyClient, ProxyRequestError
 from proxy.tfconfig import ModuleCall, ProjectConfigError, Requirements, read_requirements
@@ -109,7 +108,7 @@ def _from_lock(key: str, version: str) -> Selection:
     try:
         host, namespace, type_ = key.split("/")
         return Selection(ProviderAddr.parse(host, namespace, type_), Version.parse(version), "")
-    except (ValueError, InvalidRequestError) as exc:
+    except (ValueError, AddressError) as exc:
         raise CommandError(f"lock file entry {key!r}: {exc}") from None
 
 
@@ -131,7 +130,7 @@ def _module_job(client: ProxyClient, call: ModuleCall):
             host, namespace, name, system = call.source.split("//", 1)[0].split("/")
             addr = ModuleAddr.parse(host, namespace, name, system)
             terms = constraints.parse(call.version)
-        except (ValueError, InvalidRequestError, constraints.ConstraintError) as exc:
+        except (ValueError, AddressError, constraints.ConstraintError) as exc:
             raise CommandError(f"module source {call.source!r} in {call.caller}: {exc}") from None
         version = constraints.newest(terms, await client.module_versions(addr))
         if version is None:
