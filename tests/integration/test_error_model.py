@@ -1,5 +1,6 @@
-"""The one error model: neutral errors of pure modules become 400 only in the web layer, module
-archive failures are verification failures (502, a security event), oversize is always too large."""
+"""The one error model: neutral errors of pure modules (`addrs`) become 400 only in the web layer.
+
+(Module archive failures as verification failures: tests/integration/test_http_registry.py.)"""
 
 from __future__ import annotations
 
