@@ -158,13 +158,18 @@ async def test_unproxied_sources_pass_through_unless_denied(make_settings, clien
         assert status == 502 and "--module-passthrough=deny" in body["errors"][0]
 
 
-async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, net_module):
+def escaping_tar_gz() -> bytes:
+    """A module archive with an entry that would be unpacked outside the module directory."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         info = tarfile.TarInfo("../../outside.tf")
         info.size = 3
         tar.addfile(info, io.BytesIO(b"x=1"))
-    registry.static["net-1.0.0.tar.gz"] = buffer.getvalue()
+    return buffer.getvalue()
+
+
+async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, net_module):
+    registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
     assert status == 502 and "outside the module directory" in body["errors"][0]
     from proxy.web.keys import SETTINGS
@@ -280,12 +285,7 @@ async def test_module_checksum_mismatch_is_a_verification_failure(proxy, net_mod
 
 
 async def test_unsafe_module_archive_is_a_verification_failure(proxy, registry, net_module):
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        info = tarfile.TarInfo("../../outside.tf")
-        info.size = 3
-        tar.addfile(info, io.BytesIO(b"x=1"))
-    registry.static["net-1.0.0.tar.gz"] = buffer.getvalue()
+    registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
     status, message, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
     assert status == 502 and "outside the module directory" in message
     assert [e["code"] for e in logged(logs, "request.failed")] == ["verification_failed"]
