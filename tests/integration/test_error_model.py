@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -21,6 +24,17 @@ def address_error(parse, *args) -> str:
 def test_address_errors_are_neutral_and_mapped_by_the_web_layer() -> None:
     assert not issubclass(AddressError, ProxyError)
     assert AddressError in INVALID_REQUEST_ERRORS
+
+
+@pytest.mark.parametrize("module", ["proxy.addrs", "proxy.constraints", "proxy.hashes", "proxy.httprange",
+                                    "proxy.lockfile", "proxy.modsource", "proxy.packing", "proxy.tfconfig"])
+def test_pure_modules_do_not_import_the_http_error_hierarchy(module: str) -> None:
+    source = importlib.import_module(module).__file__
+    with open(source, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "proxy.errors" not in imported
 
 
 @pytest.mark.parametrize("path, message", [
