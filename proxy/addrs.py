@@ -3,7 +3,8 @@
 Every string that arrives from a client or an upstream is parsed here once, into a
 normalised value, before anything else sees it. The rules follow the clients
 (svchost `ForComparison`, terraform-registry-address `ParseProviderPart`;
-docs/protocol.md#host-names-and-addresses). Pure code.
+docs/protocol.md#host-names-and-addresses). Pure code: a bad value raises `AddressError`,
+which the web layer answers with 400.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache, total_ordering
 
 import idna
-
-from proxy.errors import InvalidRequestError
 
 MAX_HOSTNAME_LENGTH = 253
 MAX_PART_LENGTH = 64
@@ -30,6 +29,10 @@ _SEMVER_RE = re.compile(
 _PLATFORM_PART_RE = re.compile(r"^[a-z0-9]{1,32}\Z")
 
 
+class AddressError(ValueError):
+    """A hostname, provider or module address, version or platform is malformed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hostname:
     """A registry hostname in the clients' comparison form: IDNA ASCII, lower case, port kept unless 443."""
@@ -39,32 +42,32 @@ class Hostname:
 
     @classmethod
     def parse(cls, given: str) -> Hostname:
-        """Normalise a hostname (Unicode or punycode, optional `:port`) or raise InvalidRequestError."""
+        """Normalise a hostname (Unicode or punycode, optional `:port`) or raise AddressError."""
         return _parse_hostname(given)
 
     @classmethod
     def _parse(cls, given: str) -> Hostname:
         if not given or len(given) > MAX_HOSTNAME_LENGTH + 6:
-            raise InvalidRequestError(f"invalid hostname {given[:80]!r}: empty or too long")
+            raise AddressError(f"invalid hostname {given[:80]!r}: empty or too long")
         name, port = given, None
         if ":" in given:
             name, _, port_text = given.rpartition(":")
             if not _PORT_RE.match(port_text) or not 0 < int(port_text) < 65536:
-                raise InvalidRequestError(f"invalid hostname {given!r}: bad port")
+                raise AddressError(f"invalid hostname {given!r}: bad port")
             port = int(port_text)
             if port == 443:
                 port = None
         if name.endswith("."):
-            raise InvalidRequestError(f"invalid hostname {given!r}: trailing dot")
+            raise AddressError(f"invalid hostname {given!r}: trailing dot")
         try:
             # Decode punycode labels first so that `xn--` and Unicode spellings normalise alike.
             unicode_name = idna.decode(name, uts46=True) if "xn--" in name.lower() else name
             ascii_name = idna.encode(unicode_name, uts46=True, transitional=False).decode("ascii")
         except (idna.IDNAError, UnicodeError, ValueError) as exc:
-            raise InvalidRequestError(f"invalid hostname {given!r}: {exc}") from None
+            raise AddressError(f"invalid hostname {given!r}: {exc}") from None
         ascii_name = ascii_name.lower()
         if len(ascii_name) > MAX_HOSTNAME_LENGTH or not ascii_name:
-            raise InvalidRequestError(f"invalid hostname {given!r}: too long")
+            raise AddressError(f"invalid hostname {given!r}: too long")
         return cls(ascii_name, port)
 
     def __str__(self) -> str:
@@ -80,20 +83,20 @@ class Hostname:
 def parse_provider_part(given: str, what: str) -> str:
     """Validate a namespace or type: letters, digits and dashes, no leading/trailing dash."""
     if not given:
-        raise InvalidRequestError(f"invalid provider {what}: empty")
+        raise AddressError(f"invalid provider {what}: empty")
     if len(given) > MAX_PART_LENGTH:
-        raise InvalidRequestError(f"invalid provider {what} {given[:40]!r}...: longer than {MAX_PART_LENGTH}")
+        raise AddressError(f"invalid provider {what} {given[:40]!r}...: longer than {MAX_PART_LENGTH}")
     part = given.lower()
     if part.isascii():
         if not _ASCII_PART_RE.match(part) or "--" in part:
-            raise InvalidRequestError(
+            raise AddressError(
                 f"invalid provider {what} {given!r}: only letters, digits and single dashes are allowed,"
                 " and it may not start or end with a dash"
             )
         return part
     if (not all(ch.isalnum() or ch == "-" for ch in part) or part[0] == "-" or part[-1] == "-"
             or "--" in part):
-        raise InvalidRequestError(f"invalid provider {what} {given!r}: only letters, digits and dashes are allowed")
+        raise AddressError(f"invalid provider {what} {given!r}: only letters, digits and dashes are allowed")
     return part
 
 
@@ -134,10 +137,10 @@ class Version:
     @classmethod
     def parse(cls, given: str) -> Version:
         if len(given) > MAX_VERSION_LENGTH:
-            raise InvalidRequestError(f"invalid version {given[:40]!r}...: too long")
+            raise AddressError(f"invalid version {given[:40]!r}...: too long")
         match = _SEMVER_RE.match(given)
         if not match:
-            raise InvalidRequestError(f"invalid version {given!r}: not a semantic version")
+            raise AddressError(f"invalid version {given!r}: not a semantic version")
         major, minor, patch, pre, build = match.groups()
         return cls(int(major), int(minor), int(patch), pre or "", build or "")
 
@@ -173,7 +176,7 @@ class Platform:
     def parse(cls, given: str) -> Platform:
         os_, sep, arch = given.partition("_")
         if not sep or not _PLATFORM_PART_RE.match(os_) or not _PLATFORM_PART_RE.match(arch):
-            raise InvalidRequestError(f"invalid platform {given[:40]!r}: expected OS_ARCH, e.g. linux_amd64")
+            raise AddressError(f"invalid platform {given[:40]!r}: expected OS_ARCH, e.g. linux_amd64")
         return cls(os_, arch)
 
     @classmethod
@@ -202,7 +205,7 @@ class ModuleAddr:
         for what, value, pattern in (("namespace", namespace, _MODULE_PART_RE), ("name", name, _MODULE_PART_RE),
                                      ("target system", system, _MODULE_SYSTEM_RE)):
             if not pattern.match(value):
-                raise InvalidRequestError(f"invalid module {what} {value[:70]!r}")
+                raise AddressError(f"invalid module {what} {value[:70]!r}")
         return cls(Hostname.parse(hostname), namespace, name, system)
 
     def __str__(self) -> str:

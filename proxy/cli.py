@@ -20,11 +20,11 @@ import platformdirs
 import structlog
 
 from proxy import __version__
-from proxy.addrs import Hostname
+from proxy.addrs import AddressError, Hostname
 from proxy.config import (
     DEFAULT_ALLOWED_HOSTS,
     ConfigError,
-    Freshness,
+    FreshnessTtls,
     Limits,
     Settings,
     env_name,
@@ -37,7 +37,6 @@ from proxy.config import (
     parse_space_floor,
     parse_upstream_map,
 )
-from proxy.errors import InvalidRequestError
 
 log = structlog.get_logger("proxy.cli")
 
@@ -266,7 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         upstream_map=parse_upstream_map(_repeated(args, "--upstream-map")),
         upstream_ca_file=Path(args.upstream_ca_file) if args.upstream_ca_file else None,
         allowed_private_hosts=normalise_private_hosts(_repeated(args, "--allow-private-host")),
-        freshness=Freshness(discovery=parse_duration(args.ttl_discovery),
+        freshness=FreshnessTtls(discovery=parse_duration(args.ttl_discovery),
                             versions=parse_duration(args.ttl_versions),
                             negative=parse_duration(args.ttl_negative)),
         limits=Limits(max_archive_bytes=parse_size(args.max_archive_size),
@@ -314,8 +313,8 @@ def _count(text: str, flag: str) -> int:
 def _hostname_setting(text: str, flag: str) -> Hostname:
     try:
         return Hostname.parse(text)
-    except InvalidRequestError as exc:
-        raise ConfigError(f"invalid {flag}: {exc.message}") from None
+    except AddressError as exc:
+        raise ConfigError(f"invalid {flag}: {exc}") from None
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:

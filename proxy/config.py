@@ -13,8 +13,7 @@ from pathlib import Path
 
 from yarl import URL
 
-from proxy.addrs import Hostname
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, Hostname
 
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
@@ -80,8 +79,8 @@ def parse_upstream_map(entries: list[str]) -> dict[str, URL]:
 def _hostname(text: str) -> Hostname:
     try:
         return Hostname.parse(text)
-    except InvalidRequestError as exc:
-        raise ConfigError(exc.message) from None
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def parse_space_floor(text: str) -> SpaceFloor:
 
 
 @dataclass(frozen=True)
-class Freshness:
+class FreshnessTtls:
     """How long each kind of upstream metadata is served without asking the upstream again."""
 
     discovery: float = 3600.0
@@ -182,7 +181,7 @@ class Settings:
     module_passthrough: str = "allow"
     max_module_bytes: int = 512 * 2**20
     git_timeout: float = 120.0
-    freshness: Freshness = Freshness()
+    freshness: FreshnessTtls = FreshnessTtls()
     limits: Limits = Limits()
     log_format: str = "auto"
     log_level: str = "info"

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import hcl2
 from hcl2.utils import SerializationOptions
 
-from proxy.addrs import Hostname
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, Hostname
 
 HEADER = ('# This file is maintained automatically by "terraform init".\n'
           "# Manual edits may be lost in future updates.\n")
@@ -84,7 +83,7 @@ def render(providers: dict[str, LockedProvider]) -> str:
 
 def _address_order(address: str) -> tuple[str, ...]:
     host, _, rest = address.partition("/")
-    with contextlib.suppress(InvalidRequestError):
+    with contextlib.suppress(AddressError):
         host = str(Hostname.parse(host))
     return (host, *rest.split("/"))
 

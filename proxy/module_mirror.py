@@ -22,12 +22,18 @@ from yarl import URL
 from proxy import deadline, modsource
 from proxy.addrs import ModuleAddr, Version
 from proxy.cache import CacheEntry, encode_record
-from proxy.errors import DiskFullError, NotFoundError, UpstreamError
+from proxy.errors import DiskFullError, NotFoundError, UpstreamError, UpstreamTooLargeError, VerificationError
 from proxy.fetch import Fetcher
 from proxy.log import note_cache
 from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
 from proxy.offered import RecheckGate, list_ttl, listed
-from proxy.packing import DEFAULT_MAX_ENTRIES, DEFAULT_MAX_UNPACKED_BYTES, ArchiveError, check_archive
+from proxy.packing import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_UNPACKED_BYTES,
+    ArchiveError,
+    ArchiveTooLargeError,
+    check_archive,
+)
 from proxy.passthrough import PassThrough
 from proxy.rewrite import module_archive_path
 from proxy.store import StoredArchive, file_digest, sha256_file
@@ -212,7 +218,8 @@ class ModuleMirror:
             packed = await self._git.pack(source.url, source.ref, path)
             await self._check(path, "tar.gz", addr)
             if (await asyncio.to_thread(path.stat)).st_size > self._max_bytes:
-                raise UpstreamError(f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit")
+                raise UpstreamTooLargeError(
+                    f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit")
             sha = await asyncio.to_thread(sha256_file, path)
             return await asyncio.to_thread(store.publish_path, path, sha), packed.commit
         except BaseException:
@@ -232,7 +239,7 @@ class ModuleMirror:
             self._fetch.metrics.verification_failures.labels("module_checksum").inc()
             log.error("security.verification_failed", check="module_checksum", module=str(addr),
                       expected=expected, actual=actual)
-            raise UpstreamError(f"module {addr}: archive has {algorithm} {actual}, but its source pins {expected}")
+            raise VerificationError(f"module {addr}: archive has {algorithm} {actual}, but its source pins {expected}")
 
     async def _check(self, path, kind: str, addr: ModuleAddr) -> None:
         try:
@@ -240,7 +247,8 @@ class ModuleMirror:
         except ArchiveError as exc:
             self._fetch.metrics.verification_failures.labels("module_archive").inc()
             log.error("security.verification_failed", check="module_archive", module=str(addr), reason=str(exc))
-            raise UpstreamError(f"module {addr}: archive refused: {exc}") from None
+            refused = UpstreamTooLargeError if isinstance(exc, ArchiveTooLargeError) else VerificationError
+            raise refused(f"module {addr}: archive refused: {exc}") from None
 
 
 def _classify(location: str, download: URL) -> ModuleSource:

@@ -28,6 +28,10 @@ class ArchiveError(ValueError):
     """The archive is unreadable or unsafe."""
 
 
+class ArchiveTooLargeError(ArchiveError):
+    """The archive has more entries, or unpacks to more bytes, than the limits allow."""
+
+
 def deterministic_tar_gz(root: Path, output: Path, mtime: int, exclude: frozenset[str] = frozenset({".git"})) -> None:
     """Pack the tree under `root` into `output` reproducibly."""
     entries = []
@@ -144,8 +148,8 @@ class _Capped:
         self._inner = inner
         self._limit = limit
 
-    def _refuse(self) -> ArchiveError:
-        return ArchiveError(f"archive unpacks to more than {self._limit} bytes")
+    def _refuse(self) -> ArchiveTooLargeError:
+        return ArchiveTooLargeError(f"archive unpacks to more than {self._limit} bytes")
 
     def read(self, size: int = -1) -> bytes:
         room = self._limit - self._inner.tell() + 1  # one byte more shows that there is more
@@ -189,10 +193,10 @@ def _check_zip(path: Path, max_entries: int, max_unpacked_bytes: int) -> int:
     with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
         if len(infos) > max_entries:
-            raise ArchiveError(f"archive has more than {max_entries} entries")
+            raise ArchiveTooLargeError(f"archive has more than {max_entries} entries")
         # zipfile inflates no member beyond its declared size, so this bounds testzip() too
         if sum(info.file_size for info in infos) > max_unpacked_bytes:
-            raise ArchiveError(f"archive unpacks to more than {max_unpacked_bytes} bytes")
+            raise ArchiveTooLargeError(f"archive unpacks to more than {max_unpacked_bytes} bytes")
         links = _Links()
         for info in infos:
             _check_name(info.filename)
@@ -212,10 +216,10 @@ def _check_tar(path: Path, kind: str, max_entries: int, max_unpacked_bytes: int)
         for member in archive:
             count += 1
             if count > max_entries:
-                raise ArchiveError(f"archive has more than {max_entries} entries")
+                raise ArchiveTooLargeError(f"archive has more than {max_entries} entries")
             declared += member.size if member.isreg() else 0  # a sparse file's size is its unpacked size
             if declared > max_unpacked_bytes:
-                raise ArchiveError(f"archive unpacks to more than {max_unpacked_bytes} bytes")
+                raise ArchiveTooLargeError(f"archive unpacks to more than {max_unpacked_bytes} bytes")
             _check_name(member.name)
             links.check_path(member.name)
             if member.issym():

@@ -18,8 +18,7 @@ import aiohttp
 from yarl import URL
 
 from proxy import __version__
-from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 
 
 class ProxyRequestError(Exception):
@@ -66,7 +65,7 @@ class ProxyClient:
         for text in (document.get("versions") or {}):
             try:
                 versions.append(Version.parse(text))
-            except InvalidRequestError:
+            except AddressError:
                 continue
         return versions
 
@@ -83,7 +82,7 @@ class ProxyClient:
             for entry in module.get("versions") or []:
                 try:
                     versions.append(Version.parse(entry.get("version", "")))
-                except InvalidRequestError:
+                except AddressError:
                     continue
         return versions
 

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.addrs import Hostname, ProviderAddr
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, Hostname, ProviderAddr
 from proxy.lockfile import LockFileError, parse_hcl
 
 BUILTIN_PROVIDER = "terraform"
 
 
-class ConfigurationError(ValueError):
+class ProjectConfigError(ValueError):
     """The configuration cannot be read or names something invalid."""
 
 
@@ -43,7 +42,7 @@ class Requirements:
 def read_requirements(root: Path, default_host: str = "registry.terraform.io") -> Requirements:
     """Providers (with every constraint that applies) and registry modules of the configuration at `root`."""
     if not root.is_dir():
-        raise ConfigurationError(f"{root} is not a directory")
+        raise ProjectConfigError(f"{root} is not a directory")
     requirements = Requirements()
     seen: set[Path] = set()
     pending = [root.resolve()]
@@ -68,7 +67,7 @@ def _documents(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         try:
             yield path, parse_hcl(path.read_text(encoding="utf-8"), str(path))
         except (LockFileError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(str(exc)) from None
+            raise ProjectConfigError(str(exc)) from None
 
 
 def _declared_providers(path: Path, document: dict[str, Any], requirements: Requirements,
@@ -102,11 +101,11 @@ def _read_document(path: Path, document: dict[str, Any], requirements: Requireme
         for name, body in block.items():
             source = body.get("source") if isinstance(body, dict) else None
             if not isinstance(source, str):
-                raise ConfigurationError(f"{path}: module {name!r} has no source")
+                raise ProjectConfigError(f"{path}: module {name!r} has no source")
             if source.startswith(("./", "../")):
                 child = (path.parent / source).resolve()
                 if not child.is_dir():
-                    raise ConfigurationError(f"{path}: module {name!r}: {source} is not a directory")
+                    raise ProjectConfigError(f"{path}: module {name!r}: {source} is not a directory")
                 children.append(child)
             elif _is_registry_source(source):
                 package = source.split("//", 1)[0]
@@ -136,11 +135,11 @@ def _provider_address(source: str, default_host: str, path: Path) -> ProviderAdd
     if len(parts) == 2:
         parts = [default_host, *parts]
     if len(parts) != 3:
-        raise ConfigurationError(f"{path}: invalid provider source {source!r}")
+        raise ProjectConfigError(f"{path}: invalid provider source {source!r}")
     try:
         return ProviderAddr.parse(*parts)
-    except InvalidRequestError as exc:
-        raise ConfigurationError(f"{path}: invalid provider source {source!r}: {exc.message}") from None
+    except AddressError as exc:
+        raise ProjectConfigError(f"{path}: invalid provider source {source!r}: {exc}") from None
 
 
 def _is_registry_source(source: str) -> bool:
@@ -151,7 +150,7 @@ def _is_registry_source(source: str) -> bool:
     if len(parts) == 4:
         try:
             Hostname.parse(parts[0])
-        except InvalidRequestError:
+        except AddressError:
             return False
         return "." in parts[0] or ":" in parts[0]
     return len(parts) == 3

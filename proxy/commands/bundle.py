@@ -37,7 +37,7 @@ import zstandard
 from yarl import URL
 
 from proxy import __version__, verify
-from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, MetadataStore, decode_record, encode_record
 from proxy.commands import CommandError
 from proxy.errors import ProxyError
@@ -389,7 +389,7 @@ def _verify_module(entry: dict[str, Any], metadata: dict[str, bytes], files: dic
     try:
         ModuleAddr.parse(match["host"], match["ns"], match["name"], match["system"])
         check_archive(files[record.sha256], record.archive)
-    except (ArchiveError, ProxyError, TypeError) as exc:
+    except (ArchiveError, AddressError, TypeError) as exc:
         raise CommandError(f"bundle rejected: {name}: {exc}") from None
 
 

@@ -16,7 +16,7 @@ from proxy.commands import CommandError
 from proxy.commands.selection import lock_key, select_versions
 from proxy.lockfile import LockedProvider, LockFileError, merge_hashes, parse_lockfile, render
 from proxy.proxyclient import ProxyClient, ProxyRequestError
-from proxy.tfconfig import ConfigurationError, read_requirements
+from proxy.tfconfig import ProjectConfigError, read_requirements
 
 LOCK_FILE = ".terraform.lock.hcl"
 
@@ -28,7 +28,7 @@ async def run_lock(directory: Path, client: ProxyClient, platforms: list[Platfor
     try:
         requirements = read_requirements(directory, default_host)
         existing = parse_lockfile(path.read_text(encoding="utf-8"), str(path)) if path.exists() else {}
-    except (ConfigurationError, LockFileError) as exc:
+    except (ProjectConfigError, LockFileError) as exc:
         raise CommandError(str(exc)) from None
     selections = await select_versions(requirements, existing, client, upgrade=upgrade)
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from proxy.addrs import Platform
+from proxy.addrs import AddressError, Platform
 from proxy.cache import MetadataStore
 from proxy.cache.factory import open_metadata_store
 from proxy.commands import CommandError
@@ -16,7 +16,6 @@ from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.config import Settings, metadata_secret_settings
-from proxy.errors import InvalidRequestError
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
 from proxy.store import ArchiveStore
@@ -45,8 +44,8 @@ def _client(args: argparse.Namespace) -> ProxyClient:
 def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
     try:
         platforms = list(dict.fromkeys(Platform.parse(p) for p in args.platform))
-    except InvalidRequestError as exc:
-        raise CommandError(exc.message) from None
+    except AddressError as exc:
+        raise CommandError(str(exc)) from None
     if required and not platforms:
         raise CommandError("name at least one --platform OS_ARCH")
     return platforms

@@ -18,13 +18,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from proxy import constraints
-from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.commands import CommandError
 from proxy.commands.selection import Selection, select_versions
-from proxy.errors import InvalidRequestError
 from proxy.lockfile import LockedProvider, LockFileError, parse_lockfile
 from proxy.proxyclient import ProxyClient, ProxyRequestError
-from proxy.tfconfig import ConfigurationError, ModuleCall, Requirements, read_requirements
+from proxy.tfconfig import ModuleCall, ProjectConfigError, Requirements, read_requirements
 
 
 @dataclass
@@ -102,7 +101,7 @@ def _read_inputs(directory: Path | None, lock_file: Path | None,
         if not locked and lock_path.exists():
             locked = parse_lockfile(lock_path.read_text(encoding="utf-8"), str(lock_path))
         return locked, read_requirements(directory, default_host)
-    except (ConfigurationError, LockFileError, OSError) as exc:
+    except (ProjectConfigError, LockFileError, OSError) as exc:
         raise CommandError(str(exc)) from None
 
 
@@ -110,7 +109,7 @@ def _from_lock(key: str, version: str) -> Selection:
     try:
         host, namespace, type_ = key.split("/")
         return Selection(ProviderAddr.parse(host, namespace, type_), Version.parse(version), "")
-    except (ValueError, InvalidRequestError) as exc:
+    except (ValueError, AddressError) as exc:
         raise CommandError(f"lock file entry {key!r}: {exc}") from None
 
 
@@ -132,7 +131,7 @@ def _module_job(client: ProxyClient, call: ModuleCall):
             host, namespace, name, system = call.source.split("//", 1)[0].split("/")
             addr = ModuleAddr.parse(host, namespace, name, system)
             terms = constraints.parse(call.version)
-        except (ValueError, InvalidRequestError, constraints.ConstraintError) as exc:
+        except (ValueError, AddressError, constraints.ConstraintError) as exc:
             raise CommandError(f"module source {call.source!r} in {call.caller}: {exc}") from None
         version = constraints.newest(terms, await client.module_versions(addr))
         if version is None:

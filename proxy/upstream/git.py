@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError
+from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, VerificationError
 from proxy.packing import DEFAULT_MAX_ENTRIES, ArchiveError, deterministic_tar_gz
 from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
 
@@ -68,7 +68,7 @@ class GitFetcher:
             try:
                 await asyncio.to_thread(deterministic_tar_gz, checkout, output, mtime)
             except ArchiveError as exc:
-                raise UpstreamError(f"git source {url} cannot be packed safely: {exc}") from None
+                raise VerificationError(f"git source {url} cannot be packed safely: {exc}") from None
             return PackedSource(commit, output)
         finally:
             await asyncio.to_thread(shutil.rmtree, work, True)

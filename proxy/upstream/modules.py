@@ -13,8 +13,8 @@ from typing import Any
 
 from yarl import URL
 
-from proxy.addrs import ModuleAddr, Version
-from proxy.errors import InvalidRequestError, UpstreamError
+from proxy.addrs import AddressError, ModuleAddr, Version
+from proxy.errors import UpstreamError
 
 MAX_LOCATION_LENGTH = 4096
 
@@ -49,7 +49,7 @@ def parse_versions(body: bytes, addr: ModuleAddr) -> list[Version]:
         if isinstance(entry, dict) and isinstance(entry.get("version"), str):
             try:
                 versions.append(Version.parse(entry["version"]))
-            except InvalidRequestError:
+            except AddressError:
                 continue
     return versions
 

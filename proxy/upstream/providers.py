@@ -14,8 +14,8 @@ from typing import Any
 
 from yarl import URL
 
-from proxy.addrs import Platform, ProviderAddr, Version
-from proxy.errors import InvalidRequestError, UpstreamError
+from proxy.addrs import AddressError, Platform, ProviderAddr, Version
+from proxy.errors import UpstreamError
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}\Z")
@@ -75,14 +75,14 @@ def parse_versions(body: bytes, addr: ProviderAddr) -> dict[Version, VersionInfo
             continue
         try:
             version = Version.parse(entry["version"])
-        except InvalidRequestError:
+        except AddressError:
             continue
         platforms = []
         for item in entry.get("platforms") or []:
             if isinstance(item, dict) and isinstance(item.get("os"), str) and isinstance(item.get("arch"), str):
                 try:
                     platforms.append(Platform.of(item["os"], item["arch"]))
-                except InvalidRequestError:
+                except AddressError:
                     continue
         protocols = tuple(p for p in entry.get("protocols") or [] if isinstance(p, str))
         result[version] = VersionInfo(protocols, tuple(dict.fromkeys(platforms)))

@@ -1,5 +1,9 @@
 """Request id, access log, metrics, and rendering of every error as `{"errors": [...]}`.
 
+Errors of the proxy's hierarchy (`proxy.errors`) carry their own status; the pure modules
+raise neutral errors, and those that mean the request named something malformed
+(`INVALID_REQUEST_ERRORS`) are answered here as 400, like `InvalidRequestError`.
+
 A client that goes away mid-request is not a server error: it is logged as `request.aborted`
 and counted with status 499 (nginx's "client closed request"), and the exception goes on to
 aiohttp, which drops the connection.
@@ -13,7 +17,8 @@ import time
 import structlog
 from aiohttp import web
 
-from proxy.errors import ProxyError
+from proxy.addrs import AddressError
+from proxy.errors import InvalidRequestError, ProxyError
 from proxy.log import begin_request, new_request_id, request_cache_status
 from proxy.web.keys import METRICS
 from proxy.web.responses import error_response
@@ -22,6 +27,8 @@ log = structlog.get_logger("proxy.access")
 
 CLIENT_CLOSED_REQUEST = 499
 SUPPORTED_VERSIONS = ((1, 0), (1, 1))
+# Neutral errors of pure modules that mean the client asked for something malformed: 400.
+INVALID_REQUEST_ERRORS: tuple[type[Exception], ...] = (AddressError,)
 
 
 @web.middleware
@@ -61,10 +68,10 @@ async def _render_errors(request: web.Request, handler) -> web.StreamResponse:
         return error_response(505, f"HTTP version not supported: HTTP/{request.version.major}.{request.version.minor}")
     try:
         return await handler(request)
+    except INVALID_REQUEST_ERRORS as exc:
+        return _proxy_error_response(InvalidRequestError(str(exc)))
     except ProxyError as exc:
-        if not exc.expected:
-            log.warning("request.failed", error=exc.message, code=exc.code, status=exc.status)
-        return error_response(exc.status, exc.message)
+        return _proxy_error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -75,6 +82,13 @@ async def _render_errors(request: web.Request, handler) -> web.StreamResponse:
             raise
         log.exception("request.crashed")
         return error_response(500, "internal error; see the proxy log for the request id")
+
+
+def _proxy_error_response(exc: ProxyError) -> web.Response:
+    """`{"errors": [message]}` with the error's status; unexpected errors are logged."""
+    if not exc.expected:
+        log.warning("request.failed", error=exc.message, code=exc.code, status=exc.status)
+    return error_response(exc.status, exc.message)
 
 
 def _client_gone(request: web.Request) -> bool:

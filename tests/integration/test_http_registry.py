@@ -7,6 +7,7 @@ import json
 import tarfile
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.conftest import serve_proxy
 from tests.fakes.gitrepo import make_bare_repo
@@ -157,13 +158,18 @@ async def test_unproxied_sources_pass_through_unless_denied(make_settings, clien
         assert status == 502 and "--module-passthrough=deny" in body["errors"][0]
 
 
-async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, net_module):
+def escaping_tar_gz() -> bytes:
+    """A module archive with an entry that would be unpacked outside the module directory."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         info = tarfile.TarInfo("../../outside.tf")
         info.size = 3
         tar.addfile(info, io.BytesIO(b"x=1"))
-    registry.static["net-1.0.0.tar.gz"] = buffer.getvalue()
+    return buffer.getvalue()
+
+
+async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, net_module):
+    registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
     assert status == 502 and "outside the module directory" in body["errors"][0]
     from proxy.web.keys import SETTINGS
@@ -254,3 +260,45 @@ async def test_module_checksum_mismatch_is_refused_and_not_stored(proxy, registr
     from proxy.web.keys import SETTINGS
 
     assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]
+
+
+# ---- one error model for module archives ------------------------------------------------------
+
+
+async def refused_archive(running, path: str) -> tuple[int, str, list[dict]]:
+    """Status, message and the proxy's log events of a refused module archive."""
+    with capture_logs() as logs:
+        status, body = await running.json(path)
+    return status, body["errors"][0], logs
+
+
+def logged(logs: list[dict], event: str) -> list[dict]:
+    return [entry for entry in logs if entry["event"] == event]
+
+
+async def test_module_checksum_mismatch_is_a_verification_failure(proxy, net_module):
+    net_module.location = "{base}/static/net-1.0.0.tar.gz?checksum=sha256:" + "0" * 64
+    status, message, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
+    assert status == 502 and "pins" in message
+    assert [e["code"] for e in logged(logs, "request.failed")] == ["verification_failed"]
+    assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_checksum"]
+
+
+async def test_unsafe_module_archive_is_a_verification_failure(proxy, registry, net_module):
+    registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
+    status, message, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
+    assert status == 502 and "outside the module directory" in message
+    assert [e["code"] for e in logged(logs, "request.failed")] == ["verification_failed"]
+    assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_archive"]
+
+
+@pytest.mark.parametrize("limits, words", [
+    ({"max_module_entries": 1}, "more than 1 entries"),
+    ({"max_module_unpacked_bytes": 16}, "more than 16 bytes"),
+])
+async def test_module_archive_over_the_limits_is_too_large(make_settings, client_ssl, net_module, limits, words):
+    async with serve_proxy(make_settings(**limits), client_ssl) as running:
+        status, message, logs = await refused_archive(running, f"{M}/1.0.0/archive.tar.gz")
+    assert status == 502 and words in message
+    assert [e["code"] for e in logged(logs, "request.failed")] == ["upstream_too_large"]
+    assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_archive"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.config import Freshness, Limits
+from proxy.config import FreshnessTtls, Limits
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.registry import Fault
 
@@ -75,7 +75,7 @@ async def test_not_found_is_cached_briefly(proxy, registry):
 
 
 async def test_stale_metadata_is_served_when_the_upstream_fails(make_settings, client_ssl, registry):
-    settings = make_settings(freshness=Freshness(discovery=0, versions=0, negative=0))
+    settings = make_settings(freshness=FreshnessTtls(discovery=0, versions=0, negative=0))
     async with serve_proxy(settings, client_ssl) as running:
         assert (await running.json(VERSION_DOC))[0] == 200
         assert (await running.get(ARCHIVE))[0] == 200
@@ -113,7 +113,7 @@ async def test_discovery_follows_redirects_and_resolves_relative_service_urls(pr
 
 
 async def test_a_remembered_404_stays_a_404_when_the_upstream_fails(make_settings, client_ssl, registry):
-    settings = make_settings(freshness=Freshness(discovery=3600, versions=0, negative=0))
+    settings = make_settings(freshness=FreshnessTtls(discovery=3600, versions=0, negative=0))
     missing = f"/mirror/v1/{PROVIDER.replace('foo', 'missing')}/index.json"
     async with serve_proxy(settings, client_ssl) as running:
         assert (await running.json(missing))[0] == 404

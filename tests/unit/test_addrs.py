@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from proxy.addrs import MAX_HOSTNAME_LENGTH, MAX_PART_LENGTH, Hostname, Platform, ProviderAddr, Version
-from proxy.errors import InvalidRequestError
+from proxy.addrs import MAX_HOSTNAME_LENGTH, MAX_PART_LENGTH, AddressError, Hostname, Platform, ProviderAddr, Version
+from proxy.errors import ProxyError
 
 # ---------------------------------------------------------------------------------------------
 # Hostname.parse
@@ -108,7 +108,7 @@ def test_hostname_at_max_length_is_accepted() -> None:
 
 @pytest.mark.parametrize("length", [MAX_HOSTNAME_LENGTH + 1, MAX_HOSTNAME_LENGTH + 6, MAX_HOSTNAME_LENGTH + 7, 1000])
 def test_hostname_overlong_is_rejected(length: int) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Hostname.parse(_long_name(length))
 
 
@@ -117,7 +117,7 @@ def test_hostname_overlong_after_punycode_is_rejected() -> None:
     # but 419 once encoded, past the 253 limit.
     name = ".".join(["bücher"] * 30)
     assert len(name) <= MAX_HOSTNAME_LENGTH
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Hostname.parse(name)
 
 
@@ -159,7 +159,7 @@ def test_hostname_overlong_after_punycode_is_rejected() -> None:
     ],
 )
 def test_hostname_parse_rejects_invalid_names(given: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Hostname.parse(given)
 
 
@@ -183,16 +183,17 @@ def test_hostname_parse_rejects_invalid_names(given: str) -> None:
     ],
 )
 def test_hostname_parse_rejects_bad_ports(given: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Hostname.parse(given)
 
 
-def test_invalid_request_error_is_client_error() -> None:
-    with pytest.raises(InvalidRequestError) as info:
+def test_address_error_is_neutral() -> None:
+    """Pure code: a neutral ValueError with the message; only the web layer makes it a 400."""
+    with pytest.raises(AddressError) as info:
         Hostname.parse("bad..name")
-    assert info.value.status == 400
-    assert info.value.expected is True
-    assert "bad..name" in info.value.message
+    assert isinstance(info.value, ValueError)
+    assert not isinstance(info.value, ProxyError)
+    assert "bad..name" in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ def test_provider_addr_parse_and_str() -> None:
 
 
 def test_provider_addr_rejects_bad_hostname() -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         ProviderAddr.parse("bad..host", "hashicorp", "aws")
 
 
@@ -279,20 +280,20 @@ INVALID_PARTS = [
 
 @pytest.mark.parametrize("given", INVALID_PARTS)
 def test_provider_namespace_invalid(given: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         ProviderAddr.parse("registry.opentofu.org", given, "aws")
 
 
 @pytest.mark.parametrize("given", INVALID_PARTS)
 def test_provider_type_invalid(given: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         ProviderAddr.parse("registry.opentofu.org", "hashicorp", given)
 
 
 def test_provider_part_error_names_what() -> None:
-    with pytest.raises(InvalidRequestError, match="namespace"):
+    with pytest.raises(AddressError, match="namespace"):
         ProviderAddr.parse("registry.opentofu.org", "-bad", "aws")
-    with pytest.raises(InvalidRequestError, match="type"):
+    with pytest.raises(AddressError, match="type"):
         ProviderAddr.parse("registry.opentofu.org", "hashicorp", "-bad")
 
 
@@ -364,7 +365,7 @@ def test_version_parse(given: str, fields: tuple, canonical: str) -> None:
     ],
 )
 def test_version_parse_rejects(given: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Version.parse(given)
 
 
@@ -374,7 +375,7 @@ def test_version_length_limit() -> None:
     ok = base + "a" * (128 - len(base))
     assert len(ok) == 128
     assert str(Version.parse(ok)) == ok
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Version.parse(ok + "a")
 
 
@@ -516,12 +517,12 @@ def test_platform_parse(given: str, os_: str, arch: str) -> None:
     ],
 )
 def test_platform_parse_rejects(given: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Platform.parse(given)
 
 
 def test_platform_of_rejects_bad_parts() -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Platform.of("linux", "amd64_v2")
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         Platform.of("", "amd64")

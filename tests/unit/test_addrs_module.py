@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.addrs import Hostname, ModuleAddr
-from proxy.errors import InvalidRequestError
+from proxy.addrs import AddressError, Hostname, ModuleAddr
 
 
 @pytest.mark.parametrize(
@@ -86,11 +85,11 @@ def test_module_addr_str_with_port() -> None:
     ],
 )
 def test_module_addr_parse_refuses(namespace: str, name: str, system: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         ModuleAddr.parse("registry.example.test", namespace, name, system)
 
 
 @pytest.mark.parametrize("hostname", ["", "bad host", "registry.example.test.", "h:0", "h:99999"])
 def test_module_addr_parse_refuses_bad_hostnames(hostname: str) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(AddressError):
         ModuleAddr.parse(hostname, "acme", "vpc", "aws")

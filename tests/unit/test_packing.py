@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.packing import ArchiveError, check_archive, deterministic_tar_gz
+from proxy.packing import ArchiveError, ArchiveTooLargeError, check_archive, deterministic_tar_gz
 
 MTIME = 1_700_000_000
 
@@ -460,3 +460,24 @@ def test_corrupt_compressed_data_is_an_archive_error(tmp_path: Path, kind: str) 
     data = tar_bytes([(f"f{i}.tf", os.urandom(64) * 64) for i in range(20)], mode)
     with pytest.raises(ArchiveError):
         check_archive(write(tmp_path, _flip(data, len(data) // 2, 16)), kind)
+
+
+@pytest.mark.parametrize("kind, data, limits", [
+    pytest.param("tar.gz", tar_bytes([(f"f{i}", b"") for i in range(3)]), {"max_entries": 2}, id="tar-entries"),
+    pytest.param("zip", zip_bytes([(f"f{i}.tf", b"") for i in range(3)]), {"max_entries": 2}, id="zip-entries"),
+    pytest.param("tar.gz", tar_bytes([("a.tf", bytes(64))]), {"max_unpacked_bytes": 63}, id="tar-declared"),
+    pytest.param("zip", zip_bytes([("a.tf", bytes(64))]), {"max_unpacked_bytes": 63}, id="zip-declared"),
+    pytest.param("tar.gz", gzip.compress(tar_bytes([("main.tf", b"")], "w") + bytes(MIB)),
+                 {"max_unpacked_bytes": MIB}, id="tar-inflated"),
+])
+def test_over_the_limits_is_too_large(tmp_path: Path, kind: str, data: bytes, limits: dict) -> None:
+    """Oversize is its own kind of refusal (the module service answers it as too large)."""
+    with pytest.raises(ArchiveTooLargeError):
+        check_archive(write(tmp_path, data, f"a.{kind}"), kind, **limits)
+
+
+def test_unsafe_or_unreadable_is_not_too_large(tmp_path: Path) -> None:
+    for data in (tar_bytes([("../outside.tf", b"x")]), NOISE):
+        with pytest.raises(ArchiveError) as info:
+            check_archive(write(tmp_path, data), "tar.gz")
+        assert not isinstance(info.value, ArchiveTooLargeError)

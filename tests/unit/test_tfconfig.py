@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.addrs import ProviderAddr
-from proxy.tfconfig import ConfigurationError, ModuleCall, Requirements, read_requirements
+from proxy.tfconfig import ModuleCall, ProjectConfigError, Requirements, read_requirements
 
 TF = "registry.terraform.io"
 TOFU = "registry.opentofu.org"
@@ -427,7 +427,7 @@ def test_non_registry_module_sources_are_not_collected(tmp_path, source):
 
 def test_missing_local_module_directory_is_an_error(tmp_path):
     write(tmp_path, {"main.tf": 'module "m" {\n  source = "./nowhere"\n}\n'})
-    with pytest.raises(ConfigurationError, match="nowhere is not a directory"):
+    with pytest.raises(ProjectConfigError, match="nowhere is not a directory"):
         read_requirements(tmp_path)
 
 
@@ -446,14 +446,14 @@ def test_missing_local_module_directory_is_an_error(tmp_path):
 )
 def test_unparseable_file_is_named(tmp_path, files, bad_file):
     write(tmp_path, files)
-    with pytest.raises(ConfigurationError) as info:
+    with pytest.raises(ProjectConfigError) as info:
         read_requirements(tmp_path)
     assert str((tmp_path / bad_file).resolve()) in str(info.value)
 
 
 def test_non_utf8_file_is_an_error(tmp_path):
     (tmp_path / "main.tf").write_bytes(b'resource "aws_instance" "\xff" {}\n')
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ProjectConfigError):
         read_requirements(tmp_path)
 
 
@@ -473,7 +473,7 @@ def test_non_utf8_file_is_an_error(tmp_path):
 def test_invalid_provider_source(tmp_path, source):
     config = f'terraform {{\n  required_providers {{\n    p = {{ source = "{source}" }}\n  }}\n}}\n'
     write(tmp_path, {"main.tf": config})
-    with pytest.raises(ConfigurationError, match="invalid provider source") as info:
+    with pytest.raises(ProjectConfigError, match="invalid provider source") as info:
         read_requirements(tmp_path)
     assert "main.tf" in str(info.value)
 
@@ -484,12 +484,12 @@ def test_invalid_provider_source(tmp_path, source):
 )
 def test_module_without_source(tmp_path, body):
     write(tmp_path, {"main.tf": body})
-    with pytest.raises(ConfigurationError, match="'m' has no source"):
+    with pytest.raises(ProjectConfigError, match="'m' has no source"):
         read_requirements(tmp_path)
 
 
 def test_path_that_is_not_a_directory(tmp_path):
     file = write(tmp_path, {"main.tf": 'resource "aws_instance" "x" {}\n'}) / "main.tf"
     for path in (file, tmp_path / "missing"):
-        with pytest.raises(ConfigurationError, match="not a directory"):
+        with pytest.raises(ProjectConfigError, match="not a directory"):
             read_requirements(path)
