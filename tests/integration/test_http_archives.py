@@ -78,8 +78,8 @@ async def test_concurrent_cold_version_documents_share_metadata_fetches(proxy, r
 
 async def test_client_disconnect_does_not_cancel_the_shared_fetch(make_settings, client_ssl, registry):
     """The test server cancels the handler of a client that went away (the harshest case; the real
-    server lets it run on): the upstream download it started must go on, and a later request must
-    join it rather than fetch again."""
+    server lets it run on): the upstream download it started must go on to its end, and a later
+    request is answered from it (joining it, or from the store) rather than fetching again."""
     release = release_of(registry)
     path = registry.archive_path(release, "linux_amd64")
     download = registry.hold(path)
