@@ -14,8 +14,8 @@ from pathlib import Path
 
 import trustme
 
-from tests.conftest import REGISTRY_HOST
 from tests.fakes.packages import Release
+from tests.fakes.process import REGISTRY_HOST
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.signing import SigningKey
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,10 +157,16 @@ class RunningProxy:
 
 
 @contextlib.asynccontextmanager
-async def serve_proxy(settings: Settings, client_ssl: ssl.SSLContext) -> AsyncIterator[RunningProxy]:
-    """Run the real application over TLS (or plain HTTP) on a free loopback port."""
+async def serve_proxy(settings: Settings, client_ssl: ssl.SSLContext, *, handler_cancellation: bool = False,
+                      middlewares: Iterable = ()) -> AsyncIterator[RunningProxy]:
+    """Run the real application over TLS (or plain HTTP) on a free loopback port.
+
+    `handler_cancellation`: cancel a request's handler when its client goes away (aiohttp's
+    option; off by default, as in the real server). `middlewares` go inside the app's own.
+    """
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None)
+    app.middlewares.extend(middlewares)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
     await runner.setup()
     server_ssl = None
     if not settings.plain_http:

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from tests.fakes.process import TERRAFORM, Terraform, registry_proxy  # noqa: F401 - re-exported for e2e tests
+from tests.fakes.process import TERRAFORM, Terraform
 
 
 def pytest_collection_modifyitems(items):

@@ -26,6 +26,14 @@ def mirror_config(proxy) -> str:
     return f'provider_installation {{\n  network_mirror {{\n    url = "{proxy.url}/mirror/v1/"\n  }}\n}}\n'
 
 
+def assert_refused_by_the_proxy(output: str, refusal: str) -> None:
+    """terraform failed to install the provider, saying `refusal` (a regex) about the proxy's answer."""
+    said = " ".join(output.split())  # terraform wraps its messages
+    assert f"Error while installing {PROVIDER} v1.0.0" in said, output
+    assert re.search(refusal, said), output
+    assert "- Installed" not in output, output
+
+
 def locked_hashes(workdir) -> list[str]:
     text = (workdir / ".terraform.lock.hcl").read_text()
     return re.findall(r'"((?:h1|zh):[^"]+)"', text)
@@ -63,7 +71,8 @@ async def test_init_fails_and_caches_nothing_for_tampered_zip(registry, proxy_pr
     proxy = await proxy_process()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
-    assert "502" in output, output
+    assert_refused_by_the_proxy(output, r"127\.0\.0\.1:\d+: bad response code: 502")  # the archive
+    assert {e["check"] for e in proxy.events("security.verification_failed")} == {"archive"}
     assert stored_files(proxy.data_dir) == []
 
 
@@ -74,5 +83,7 @@ async def test_init_fails_and_caches_nothing_for_bad_signature(registry, proxy_p
     proxy = await proxy_process()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
-    assert "502" in output, output
+    assert_refused_by_the_proxy(output, r"failed to query provider mirror .*: 502 Bad Gateway returned from "
+                                        r"127\.0\.0\.1:\d+")  # the version document
+    assert {e["check"] for e in proxy.events("security.verification_failed")} == {"signature"}
     assert stored_files(proxy.data_dir) == []

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
 
-from tests.conftest import REGISTRY_HOST
 from tests.e2e.test_network_mirror_e2e import locked_hashes, provider_tf, stored_files
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES
+from tests.fakes.process import REGISTRY_HOST
 from tests.fakes.registry import ModuleRelease
 
 pytestmark = pytest.mark.e2e
@@ -25,6 +26,13 @@ module "subnet" {{
   version = "1.2.0"
 }}
 """
+
+
+def installed_signed_by(output: str, release) -> bool:
+    """terraform's own line: the provider was installed with its signature checked against the release key."""
+    line = (f"- Installed {REGISTRY_HOST}/acme/foo v{release.version} "
+            f"(self-signed, key ID {release.key.key_id})")
+    return re.search(rf"^{re.escape(line)}$", output, re.MULTILINE) is not None
 
 
 def host_config(proxy) -> str:
@@ -54,7 +62,7 @@ async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_p
     assert len([h for h in hashes if h.startswith("h1:")]) == 1
     assert (first / ".terraform/modules/net/main.tf").read_text() == MODULE_FILES["main.tf"]
     assert (first / ".terraform/modules/subnet/modules/subnet/main.tf").exists()
-    assert "self-signed" in output or "signed" in output
+    assert installed_signed_by(output, release), output
 
     await registry.stop()
     second = terraform.workdir("second", MAIN_TF)
@@ -62,6 +70,7 @@ async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_p
     code, output = await terraform.init(second, host_config(proxy), proxy.ca_file)
     assert code == 0, output
     assert locked_hashes(second) == hashes
+    assert installed_signed_by(output, release), output
 
 
 async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, git_modules, proxy_process,
@@ -69,8 +78,13 @@ async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, 
     release = registry.releases[("acme", "foo")]["1.0.0"]
     registry.tampered.add(release.filename("linux_amd64"))
     proxy = await proxy_process()
-    code, _ = await terraform.init(terraform.workdir("w", MAIN_TF), host_config(proxy), proxy.ca_file)
+    code, output = await terraform.init(terraform.workdir("w", MAIN_TF), host_config(proxy), proxy.ca_file)
     assert code != 0
+    assert f"Error while installing {REGISTRY_HOST}/acme/foo v1.0.0" in output, output
+    assert re.search(r"127\.0\.0\.1:\d+: bad response code: 502", output), output  # the proxy refused it
+    assert "- Installed" not in output, output
+    failures = proxy.events("security.verification_failed")
+    assert {(e["check"], e["filename"]) for e in failures} == {("archive", release.filename("linux_amd64"))}
     # Only the module archive (gzip) was stored; no provider zip, tampered or not.
     assert [p.read_bytes()[:2] for p in stored_files(proxy.data_dir)] == [b"\x1f\x8b"]
 

@@ -1,4 +1,5 @@
-"""Real processes for tests and benchmarks: the proxy (`python -m proxy serve`), its CLI, and `terraform`.
+"""Real processes for tests and benchmarks: the proxy (`python -m proxy serve`) and a client
+for it, its CLI, and `terraform`.
 
 Shared by `tests/e2e`, `tests/faults` and `bench/`, so nothing imports a conftest.
 """
@@ -78,6 +79,22 @@ class ProxyProcess:
     async def stop(self) -> None:
         await terminate(self.process, 15)
         self.process = None
+
+
+class ProcessClient:
+    """HTTP(S) requests to one proxy process, trusting the CA it generated."""
+
+    def __init__(self, process: ProxyProcess, session: aiohttp.ClientSession) -> None:
+        self.process = process
+        self.session = session
+
+    async def get(self, path: str, **kwargs) -> tuple[int, dict, bytes]:
+        async with self.session.get(self.process.url + path, **kwargs) as response:
+            return response.status, dict(response.headers), await response.read()
+
+    async def head(self, path: str, **kwargs) -> tuple[int, dict]:
+        async with self.session.head(self.process.url + path, **kwargs) as response:
+            return response.status, dict(response.headers)
 
 
 async def wait_healthy(url: str, ca_file: Path | None, process: asyncio.subprocess.Process,

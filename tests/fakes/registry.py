@@ -4,7 +4,8 @@ Serves discovery, `providers.v1` (versions, download metadata) and the release f
 (archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
-archives without a Content-Length (chunked).
+archives held after their headers until the test releases them, archives without a
+Content-Length (chunked).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -44,6 +45,15 @@ class Fault:
     headers: dict[str, str] | None = None
 
 
+@dataclass
+class Hold:
+    """An archive answer held after its headers: `started` is set once they went out (the
+    download is under way), the body follows when the test sets `release`."""
+
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class FakeRegistry:
     """An HTTPS registry on 127.0.0.1; `url` is its base, e.g. `https://127.0.0.1:PORT`."""
 
@@ -61,6 +71,7 @@ class FakeRegistry:
         self.archive_chunk_delay = 0.0
         self.trickle: dict[str, int] = {}  # archive path -> bytes per second
         self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
+        self.holds: dict[str, Hold] = {}  # archive path -> its answer waits for the test after the headers
         self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
         self.chunked_archives = False  # send provider archives chunked, without a Content-Length
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
@@ -87,6 +98,10 @@ class FakeRegistry:
     def completed_count(self, path: str, method: str = "GET") -> int:
         """How many requests for `path` have been answered (not just received)."""
         return Counter(self.completed)[(method, path)]
+
+    def hold(self, path: str) -> Hold:
+        """Hold every answer for the archive at `path` after its headers until `release` is set."""
+        return self.holds.setdefault(path, Hold())
 
     def archive_path(self, release: Release, platform: str) -> str:
         return f"/files/{release.namespace}/{release.type}/{release.version}/{release.filename(platform)}"
@@ -229,6 +244,10 @@ class FakeRegistry:
         if request.method == "HEAD":  # terraform's go-getter sends HEAD before GET
             await response.write_eof()
             return response
+        hold = self.holds.get(request.path)
+        if hold is not None:
+            hold.started.set()
+            await hold.release.wait()
         if request.path in self.stall:
             await response.write(body[:self.stall[request.path]])
             await asyncio.sleep(3600)

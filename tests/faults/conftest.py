@@ -13,23 +13,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.fakes.process import ProxyProcess
-
-
-class ProcessClient:
-    """HTTP(S) requests to one proxy process, trusting the CA it generated."""
-
-    def __init__(self, process: ProxyProcess, session: aiohttp.ClientSession) -> None:
-        self.process = process
-        self.session = session
-
-    async def get(self, path: str, **kwargs) -> tuple[int, dict, bytes]:
-        async with self.session.get(self.process.url + path, **kwargs) as response:
-            return response.status, dict(response.headers), await response.read()
-
-    async def head(self, path: str, **kwargs) -> tuple[int, dict]:
-        async with self.session.head(self.process.url + path, **kwargs) as response:
-            return response.status, dict(response.headers)
+from tests.fakes.process import ProcessClient, ProxyProcess
 
 
 @pytest.fixture

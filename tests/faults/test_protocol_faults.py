@@ -15,7 +15,7 @@ import pytest
 from multidict import CIMultiDict
 
 from tests.conftest import PROVIDER
-from tests.faults.conftest import ProcessClient
+from tests.fakes.process import ProcessClient
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 HUGE = "9" * 5000  # Python's int() refuses more than 4,300 digits

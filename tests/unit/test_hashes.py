@@ -198,8 +198,14 @@ def test_zh_hash_invalid(given: str) -> None:
         zh_hash(given)
 
 
-def test_hash_format_error_is_value_error() -> None:
-    assert issubclass(HashFormatError, ValueError)
+def test_zip_with_a_newline_in_a_member_name_is_refused_as_a_value_error() -> None:
+    """The mirror treats a ValueError from `h1_of_zip` as a zip that fails verification."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("terraform-provider-foo\nabc", b"data")
+    buffer.seek(0)
+    with pytest.raises(ValueError, match="newline"):
+        h1_of_zip(buffer)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
@@ -242,11 +243,6 @@ def test_is_exempt_case_insensitive() -> None:
     assert not policy.is_exempt("other.internal", 8443)
 
 
-def test_forbidden_address_is_os_error() -> None:
-    # aiohttp turns OSErrors raised while connecting into ClientConnectorError.
-    assert issubclass(ForbiddenAddress, OSError)
-
-
 # ---------------------------------------------------------------------------------------------
 # GuardedResolver
 # ---------------------------------------------------------------------------------------------
@@ -318,6 +314,16 @@ async def test_resolver_exempt_host_gets_everything() -> None:
     resolver = GuardedResolver(AddressPolicy(frozenset({"internal.example"})), FakeResolver(TABLE))
     results = await resolver.resolve("internal.example", 443)
     assert [r["host"] for r in results] == ["10.0.0.5", "127.0.0.1"]
+
+
+async def test_refusal_reaches_aiohttp_callers_as_the_connector_error_cause() -> None:
+    """The upstream client tells a refused address from other connect failures by `os_error`."""
+    connector = aiohttp.TCPConnector(resolver=GuardedResolver(AddressPolicy(frozenset()), FakeResolver(TABLE)))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        with pytest.raises(aiohttp.ClientConnectorError) as info:
+            await session.get("https://metadata.example/latest/meta-data/")
+    assert isinstance(info.value.os_error, ForbiddenAddress)
+    assert "169.254.169.254" in str(info.value.os_error)
 
 
 async def test_resolver_exempt_host_port_only_on_that_port() -> None:

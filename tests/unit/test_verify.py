@@ -5,9 +5,14 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from aiohttp import web
+from structlog.testing import capture_logs
 
-from proxy.errors import UpstreamError, VerificationError
+from proxy.errors import VerificationError
+from proxy.metrics import Metrics
 from proxy.verify import check_archive_digest, expected_digest, parse_signed_sums
+from proxy.web.keys import METRICS
+from proxy.web.middlewares import request_context
 
 ARCHIVE = b"PK\x03\x04 pretend this is a provider zip"
 DIGEST = hashlib.sha256(ARCHIVE).hexdigest()
@@ -42,9 +47,22 @@ def test_parse_signed_sums_malformed_names_source(document: bytes) -> None:
     assert info.value.status == 502
 
 
-def test_verification_error_is_an_upstream_error() -> None:
-    assert issubclass(VerificationError, UpstreamError)
-    assert VerificationError.expected is False
+async def test_a_verification_failure_is_answered_502_and_logged_as_a_failure(aiohttp_client) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        parse_signed_sums(b"not a sums file\n", SOURCE)
+        return web.Response()
+
+    app = web.Application(middlewares=[request_context])
+    app[METRICS] = Metrics()
+    app.router.add_get("/sums", handler)
+    client = await aiohttp_client(app)
+    with capture_logs() as logs:
+        response = await client.get("/sums")
+        body = await response.json()
+    assert response.status == 502 and response.content_type == "application/json"
+    assert SOURCE in body["errors"][0]
+    assert [(e["log_level"], e["code"]) for e in logs if e["event"] == "request.failed"] == [
+        ("warning", "verification_failed")]
 
 
 # ---------------------------------------------------------------------------------------------
