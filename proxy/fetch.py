@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import structlog
 from yarl import URL
 
-from proxy import deadline
+from proxy import deadline, records
 from proxy.addrs import Hostname
-from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of
+from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of, keys
 from proxy.config import Settings
 from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
@@ -41,6 +41,7 @@ from proxy.upstream.client import UpstreamClient
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+R = TypeVar("R", bound=records.Record)
 MEMO_ENTRIES = 10_000
 
 
@@ -67,7 +68,7 @@ class Fetcher:
         self._download_slots = HostSlots(limits.upstream_concurrency, limits.upstream_host_concurrency)
         self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
         self._parsed: dict[str, tuple[object, object]] = {}
-        self._records: dict[str, tuple[bytes, dict[str, Any] | None]] = {}
+        self._records: dict[str, tuple[bytes, Any]] = {}
         self._shutdown_timer: asyncio.TimerHandle | None = None
 
     def begin_shutdown(self, grace: float) -> None:
@@ -94,16 +95,17 @@ class Fetcher:
         """The cached upstream document under `key`, never fetching it."""
         return self._decode(key, await self.cache.get(key))
 
-    async def record(self, key: str) -> dict[str, Any] | None:
-        """A derived record from the cache, decoded once per stored value."""
-        return self._decode_record(key, await self.cache.get(key))
+    async def record(self, key: str, kind: type[R]) -> R | None:
+        """The record of type `kind` under `key` (None: missing or unreadable), decoded once per stored value."""
+        return self._decode_record(key, await self.cache.get(key), kind)
 
-    async def records(self, keys: list[str]) -> list[dict[str, Any] | None]:
+    async def records(self, wanted: list[str], kind: type[R]) -> list[R | None]:
         """Several records in one store round trip."""
-        return [self._decode_record(k, raw) for k, raw in zip(keys, await self.cache.get_many(keys), strict=True)]
+        found = await self.cache.get_many(wanted)
+        return [self._decode_record(key, raw, kind) for key, raw in zip(wanted, found, strict=True)]
 
-    def _decode_record(self, key: str, raw: bytes | None) -> dict[str, Any] | None:
-        return None if raw is None else self._memoised(self._records, key, raw, decode_record)
+    def _decode_record(self, key: str, raw: bytes | None, kind: type[R]) -> R | None:
+        return None if raw is None else self._memoised(self._records, key, raw, lambda r: _read_record(key, r, kind))
 
     def parsed(self, key: str, entry: Any, parse: Callable[[Any], T]) -> T:
         """`parse(entry)`, memoised per key for as long as the entry object is the same."""
@@ -155,12 +157,12 @@ class Fetcher:
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         url = discovery.discovery_url(hostname, self.settings.upstream_map)
         entry = await self.document(
-            f"discovery:{hostname}", url, ttl=self.settings.freshness.discovery,
+            keys.discovery(hostname), url, ttl=self.settings.freshness.discovery,
             max_bytes=self.settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
             validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         if entry.negative:
             raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
-        services = self.parsed(f"discovery:{hostname}", entry,
+        services = self.parsed(keys.discovery(hostname), entry,
                                lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         return discovery.service_url(services, service, URL(entry.url), hostname)
 
@@ -185,7 +187,7 @@ class Fetcher:
             return await self._refresh(key, url, latest or cached, limit, max_redirects, validate)
 
         if cached is None:
-            entry, outcome = await self._shared(f"doc:{key}", refresh, str(url.with_query(None)))
+            entry, outcome = await self._shared(keys.DOCUMENT_FLIGHT.key(key), refresh, str(url.with_query(None)))
         else:
             entry, outcome = await self._stale_while_revalidate(key, refresh, cached)
         self._count_cache(outcome)
@@ -197,7 +199,7 @@ class Fetcher:
         (the refresh goes on in the background and its result lands in the cache)."""
         try:
             async with asyncio.timeout(deadline.stale_wait(self.settings.stale_deadline)) as scope:
-                return await self.flights.run(f"doc:{key}", refresh)
+                return await self.flights.run(keys.DOCUMENT_FLIGHT.key(key), refresh)
         except TimeoutError:
             if not scope.expired():
                 raise
@@ -336,6 +338,16 @@ class Fetcher:
         finally:
             self.metrics.passthrough.labels(kind, outcome).inc()
             log.info("archive.passthrough_done", url=str(url.with_query(None)), kind=kind, outcome=outcome)
+
+
+def _read_record(key: str, raw: bytes, kind: type[R]) -> R | None:
+    """A stored record; one written by a newer proxy is logged and read as a miss."""
+    data = decode_record(raw)
+    record = kind.from_dict(data)
+    if record is None and records.is_newer(data):
+        log.warning("cache.record_unreadable", key=key, version=records.version_of(data),
+                    reason="written in a newer record format than this proxy reads: treated as a miss")
+    return record
 
 
 async def gather_bounded(coros: Iterable[Awaitable[T]], limit: int) -> list[T]:

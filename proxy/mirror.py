@@ -13,7 +13,6 @@ held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`)
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +22,9 @@ from typing import Any, TypeVar
 import structlog
 from yarl import URL
 
-from proxy import deadline, verify
+from proxy import deadline, records, verify
 from proxy.addrs import Hostname, Platform, ProviderAddr, Version
-from proxy.cache import CacheEntry, encode_record
+from proxy.cache import CacheEntry, keys
 from proxy.diskspace import SpaceReport, is_disk_full
 from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
 from proxy.fetch import Fetcher, gather_bounded
@@ -34,6 +33,7 @@ from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
 from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
 from proxy.passthrough import PassThrough
+from proxy.records import ArchiveRecord, SumsRecord
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
@@ -64,35 +64,6 @@ class LockHashes:
         return sorted(set(self.h1.values()) | set(self.zh.values()) | set(self.signed))
 
 
-@dataclass(frozen=True)
-class ArchiveRecord:
-    """The verified facts about a stored archive."""
-
-    sha256: str
-    size: int
-    filename: str
-    h1_zip: str
-    h1_dir: str
-
-    @property
-    def hashes(self) -> tuple[str, ...]:
-        return tuple(sorted({self.h1_dir, self.h1_zip, zh_hash(self.sha256)}))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size, "filename": self.filename,
-                "h1_zip": self.h1_zip, "h1_dir": self.h1_dir}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> ArchiveRecord | None:
-        if data is None:
-            return None
-        try:
-            return cls(str(data["sha256"]), int(data["size"]), str(data["filename"]),
-                       str(data["h1_zip"]), str(data["h1_dir"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-
 class Mirror:
     """The service layer behind every HTTP handler."""
 
@@ -114,7 +85,7 @@ class Mirror:
     async def provider_versions(self, addr: ProviderAddr, max_age: float | None = None) -> dict[Version, VersionInfo]:
         """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter)."""
         entry = await self._versions_entry(addr, max_age)
-        return self._fetch.parsed(f"versions:{addr}", entry, lambda e: providers.parse_versions(e.body, addr))
+        return self._fetch.parsed(keys.versions(addr), entry, lambda e: providers.parse_versions(e.body, addr))
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
@@ -137,7 +108,7 @@ class Mirror:
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
         record = await self._verified_sums_record(addr, version, d)
-        return bytes.fromhex(record["sums"]), bytes.fromhex(record["signature"])
+        return record.sums, record.signature
 
     async def lock_hashes(self, addr: ProviderAddr, version: Version,
                           platforms: list[Platform]) -> LockHashes:
@@ -176,7 +147,7 @@ class Mirror:
             return info is None or bool(missing_platforms(info.platforms, platforms))
 
         versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks,
-                                self._rechecks, f"versions:{addr}")
+                                self._rechecks, keys.versions(addr))
         info = versions.get(version)
         if info is None:
             raise NotFoundError(f"provider {addr} has no version {version}")
@@ -189,7 +160,7 @@ class Mirror:
         self._fetch.check_allowed(addr.hostname)
         base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.versions_url(base, addr)
-        entry = await self._fetch.document(f"versions:{addr}", url,
+        entry = await self._fetch.document(keys.versions(addr), url,
                                            ttl=list_ttl(self._settings.freshness.versions, max_age),
                                            validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
@@ -208,13 +179,13 @@ class Mirror:
             raise failures[0]
         sums_by_source: dict[tuple, dict[str, str]] = {}
         for d in downloads:
-            source = _sums_source(d)
+            source = keys.sums_source(d)
             if source not in sums_by_source:
                 sums_by_source[source] = await self._verified_sums(addr, version, d)
         records = await self._archive_records(addr, version, [d.platform for d in downloads])
         result = []
         for d, record in zip(downloads, records, strict=True):
-            digest = verify.expected_digest(sums_by_source[_sums_source(d)], d.filename, d.shasum)
+            digest = verify.expected_digest(sums_by_source[keys.sums_source(d)], d.filename, d.shasum)
             hashes = {zh_hash(digest)}
             if record is not None and record.sha256 == digest:
                 hashes.update((record.h1_dir, record.h1_zip))
@@ -233,7 +204,7 @@ class Mirror:
         d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
             found = await self._fetch.once_for_the_fleet(
-                f"archive:{addr}/{version}/{platform}", lambda: self._stored_archive(addr, version, platform),
+                keys.archive(addr, version, platform), lambda: self._stored_archive(addr, version, platform),
                 lambda: self._fetch_archive(addr, version, platform, d, sums))
         note_cache("miss")
         return found
@@ -293,7 +264,7 @@ class Mirror:
         base = await self._fetch.service_url(addr.hostname, "providers.v1")
         url = providers.download_url(base, addr, version, platform)
         parse = _download_parser(addr, version, platform)
-        key = f"download:{addr}/{version}/{platform}"
+        key = keys.download(addr, version, platform)
         entry = await self._fetch.document(key, url, ttl=None, validate=parse)
         return None if entry.negative else self._fetch.parsed(key, entry, parse)
 
@@ -303,16 +274,15 @@ class Mirror:
         """The parsed SHA256SUMS of a release after its signature verified."""
         return self._parsed_sums(d, await self._verified_sums_record(addr, version, d))
 
-    def _parsed_sums(self, d: DownloadInfo, record: dict[str, Any]) -> dict[str, str]:
-        return self._fetch.parsed(
-            sums_key(d), record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
+    def _parsed_sums(self, d: DownloadInfo, record: SumsRecord) -> dict[str, str]:
+        return self._fetch.parsed(keys.sums(d), record, lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url)))
 
-    async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, Any]:
+    async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
-        key = sums_key(d)
+        key = keys.sums(d)
 
-        async def recorded() -> dict[str, Any] | None:
-            return await self._fetch.record(key)
+        async def recorded() -> SumsRecord | None:
+            return await self._fetch.record(key, SumsRecord)
 
         record = await recorded()
         if record is None:
@@ -322,7 +292,7 @@ class Mirror:
         return record
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
-                                   d: DownloadInfo) -> dict[str, Any]:
+                                   d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
         sums, signature = await asyncio.gather(self._fetch.blob(d.shasums_url, limit, "SHA256SUMS"),
                                                self._fetch.blob(d.shasums_signature_url, limit,
@@ -338,9 +308,8 @@ class Mirror:
                 raise
             raise self._fetch.space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
         verify.parse_signed_sums(sums, str(d.shasums_url))  # a malformed document is never cached
-        record = {"sums": sums.hex(), "signature": signature.hex(), "key_id": result.key_id,
-                  "fingerprint": result.fingerprint}
-        await self._cache.set(key, encode_record(record))
+        record = SumsRecord(sums, signature, result.key_id, result.fingerprint)
+        await self._cache.set(key, records.encode(record))
         log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=result.key_id)
         return record
 
@@ -367,12 +336,12 @@ class Mirror:
         """Defence in depth behind the sealed store: an archive record must name the file and digest that the
         release's verified SHA256SUMS lists for this platform's download. Only cached metadata is consulted
         (a hit never goes upstream); with nothing cached to compare, the sealed record stands."""
-        key = f"download:{addr}/{version}/{platform}"
+        key = keys.download(addr, version, platform)
         entry = await self._fetch.cached(key)
         if entry is None or entry.negative:
             return True
         d = self._fetch.parsed(key, entry, _download_parser(addr, version, platform))
-        sums_record = await self._fetch.record(sums_key(d))
+        sums_record = await self._fetch.record(keys.sums(d), SumsRecord)
         if sums_record is None:
             return True
         try:
@@ -381,22 +350,18 @@ class Mirror:
             expected = None
         if (expected, d.filename) == (record.sha256, record.filename):
             return True
-        log.error("security.metadata_poisoned", key=f"archive:{addr}/{version}/{platform}", store="consistency",
+        log.error("security.metadata_poisoned", key=keys.archive(addr, version, platform), store="consistency",
                   reason="the archive record disagrees with the signed SHA256SUMS of its download",
                   effect="treated as a miss and fetched again; never served")
         return False
 
     async def _archive_records(self, addr: ProviderAddr, version: Version,
                                platforms: list[Platform]) -> list[ArchiveRecord | None]:
-        keys = [f"archive:{addr}/{version}/{p}" for p in platforms]
-        return [None if data is None else self._fetch.parsed(key, data, ArchiveRecord.from_dict)
-                for key, data in zip(keys, await self._fetch.records(keys), strict=True)]
+        return await self._fetch.records([keys.archive(addr, version, p) for p in platforms], ArchiveRecord)
 
     async def _archive_record(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> ArchiveRecord | None:
-        key = f"archive:{addr}/{version}/{platform}"
-        record = await self._fetch.record(key)
-        return None if record is None else self._fetch.parsed(key, record, ArchiveRecord.from_dict)
+        return await self._fetch.record(keys.archive(addr, version, platform), ArchiveRecord)
 
     async def _release_facts(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> tuple[DownloadInfo, dict[str, str]]:
@@ -431,7 +396,7 @@ class Mirror:
         else:
             h1_zip, h1_dir = await asyncio.to_thread(_h1_of_zip_file, stored.path)
         record = ArchiveRecord(expected, stored.size, d.filename, h1_zip, h1_dir)
-        await self._cache.set(f"archive:{addr}/{version}/{platform}", encode_record(record.to_dict()))
+        await self._cache.set(keys.archive(addr, version, platform), records.encode(record))
         log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
                  sha256=expected, bytes=stored.size)
         return stored, record
@@ -449,20 +414,11 @@ class Mirror:
         return await self._fetch.download(d.download_url, self._settings.limits.max_archive_bytes, check)
 
 
-def sums_key(d: DownloadInfo) -> str:
-    """The metadata key of the verified SHA256SUMS record for a download."""
-    return "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
-
-
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:
     def parse(entry: CacheEntry) -> DownloadInfo:
         return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
 
     return parse
-
-
-def _sums_source(d: DownloadInfo) -> tuple:
-    return (str(d.shasums_url), str(d.shasums_signature_url), *sorted(d.signing_keys))
 
 
 def _h1_of_zip_file(path: Path) -> tuple[str, str]:

@@ -13,15 +13,13 @@ its last chunk held back until the pin matched); any other answers 503.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any
 
 import structlog
 from yarl import URL
 
-from proxy import deadline, modsource
+from proxy import deadline, modsource, records
 from proxy.addrs import ModuleAddr, Version
-from proxy.cache import CacheEntry, encode_record
+from proxy.cache import CacheEntry, keys
 from proxy.errors import DiskFullError, NotFoundError, UpstreamError
 from proxy.fetch import Fetcher
 from proxy.log import note_cache
@@ -29,6 +27,7 @@ from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
 from proxy.offered import RecheckGate, list_ttl, listed
 from proxy.packing import DEFAULT_MAX_ENTRIES, DEFAULT_MAX_UNPACKED_BYTES, ArchiveError, check_archive
 from proxy.passthrough import PassThrough
+from proxy.records import ModuleRecord
 from proxy.rewrite import module_archive_path
 from proxy.store import StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
@@ -41,32 +40,6 @@ class ModuleSourceRefusedError(UpstreamError):
     """The upstream's module source is of a form the proxy will not fetch or hand out."""
 
     code = "module_source_refused"
-
-
-@dataclass(frozen=True)
-class ModuleRecord:
-    sha256: str
-    size: int
-    archive: str  # a key of modsource.FILE_EXTENSIONS
-    source: str
-    commit: str = ""
-
-    @property
-    def extension(self) -> str:
-        return modsource.FILE_EXTENSIONS[self.archive]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size, "archive": self.archive, "source": self.source,
-                "commit": self.commit}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModuleRecord | None:
-        try:
-            record = cls(str(data["sha256"]), int(data["size"]), str(data["archive"]), str(data["source"]),
-                         str(data.get("commit", "")))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return record if record.archive in modsource.FILE_EXTENSIONS else None
 
 
 class ModuleMirror:
@@ -91,7 +64,7 @@ class ModuleMirror:
         self._fetch.check_allowed(addr.hostname)
         base = await self._fetch.service_url(addr.hostname, "modules.v1")
         entry = await self._fetch.document(
-            f"module-versions:{addr}", modules.versions_url(base, addr),
+            keys.module_versions(addr), modules.versions_url(base, addr),
             ttl=list_ttl(self._fetch.settings.freshness.versions, max_age),
             validate=lambda e: modules.parse_versions(e.body, addr))
         if entry.negative:
@@ -103,7 +76,7 @@ class ModuleMirror:
 
         A list missing it is refetched at most once per `--ttl-negative` (it may have been published since).
         """
-        key = f"module-versions:{addr}"
+        key = keys.module_versions(addr)
 
         async def load(max_age: float | None) -> frozenset[Version]:
             entry = await self._versions_entry(addr, max_age)
@@ -141,7 +114,7 @@ class ModuleMirror:
         try:
             with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
                 found = await self._fetch.once_for_the_fleet(
-                    f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
+                    keys.module(addr, version), lambda: self._stored(addr, version), lambda: self._make(addr, version))
         except DiskFullError as exc:
             return await self._pass_through(addr, version, exc)
         note_cache("miss")
@@ -171,16 +144,14 @@ class ModuleMirror:
         def parse(entry) -> str:
             return modules.parse_download(entry.status, entry.terraform_get, entry.body, addr)
 
-        key = f"module-download:{addr}/{version}"
+        key = keys.module_download(addr, version)
         entry = await self._fetch.document(key, url, ttl=None, validate=parse)
         if entry.negative:
             raise NotFoundError(f"module {addr} has no version {version}")
         return self._fetch.parsed(key, entry, lambda e: _classify(parse(e), url))
 
     async def _stored(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord] | None:
-        key = f"module:{addr}/{version}"
-        data = await self._fetch.record(key)
-        record = None if data is None else self._fetch.parsed(key, data, ModuleRecord.from_dict)
+        record = await self._fetch.record(keys.module(addr, version), ModuleRecord)
         stored = await self._fetch.guard.lookup(record.sha256, record.size) if record is not None else None
         return (stored, record) if stored is not None and record is not None else None
 
@@ -200,7 +171,7 @@ class ModuleMirror:
             record = ModuleRecord(stored.sha256, stored.size, "tar.gz", f"git::{source.url}?ref={source.ref}", commit)
         else:
             raise NotFoundError(f"module {addr} {version} is not served by this proxy (its source is not cached)")
-        await self._fetch.cache.set(f"module:{addr}/{version}", _encode(record))
+        await self._fetch.cache.set(keys.module(addr, version), records.encode(record))
         log.info("module.stored", module=str(addr), version=str(version), sha256=record.sha256, bytes=record.size,
                  source=record.source, commit=record.commit or None)
         return stored, record
@@ -248,7 +219,3 @@ def _classify(location: str, download: URL) -> ModuleSource:
         package, subdir = modsource.split_subdir(location)
         location = modsource.join_subdir(modules.resolve_relative(package, download), subdir)
     return modsource.classify(location)
-
-
-def _encode(record: ModuleRecord) -> bytes:
-    return encode_record(record.to_dict())
