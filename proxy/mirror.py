@@ -1,13 +1,12 @@
-"""The orchestrator: cached upstream metadata, verified archives, one fetch per artifact.
+"""The provider service: the registry's metadata and verified archives, one fetch per artifact.
 
-Handlers call one method here. For metadata: fresh → serve; stale or missing → one
-shared upstream fetch (ETag revalidation), and on upstream failure serve the stale
-copy (stale-if-error); 404s are cached briefly. For archives: download metadata →
-SHA256SUMS and signature (verified with the registry's keys) → download to a temp
-file while hashing → compare → compute `h1:` → publish to the content-addressed store
-→ record the hashes. Nothing unverified is stored or served. While the disk is full, an
-archive a client asks for is relayed from the upstream without being stored, its last chunk
-held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
+Handlers call one method here. Metadata comes through the document cache (`proxy.documents`:
+freshness, stale-if-error, remembered 404s). For archives: download metadata → SHA256SUMS
+and signature (verified with the registry's keys) → download to a temp file while hashing
+(`proxy.downloader`) → compare → compute `h1:` → publish to the content-addressed store →
+record the hashes (`proxy.records`). Nothing unverified is stored or served. While the disk
+is full, an archive a client asks for is relayed from the upstream without being stored, its
+last chunk held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
 """
 
 from __future__ import annotations
@@ -17,29 +16,33 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from yarl import URL
 
-from proxy import deadline, records, verify
-from proxy.addrs import Hostname, Platform, ProviderAddr, Version
-from proxy.cache import CacheEntry, keys
-from proxy.diskspace import SpaceReport, is_disk_full
+from proxy import deadline, verify
+from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.cache import CacheEntry, MetadataStore, keys
+from proxy.config import Settings
+from proxy.diskspace import DiskSpace, SpaceReport, is_disk_full
+from proxy.documents import DocumentCache
+from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
-from proxy.fetch import Fetcher, gather_bounded
+from proxy.flights import Flights, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
+from proxy.metrics import Metrics
 from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
 from proxy.passthrough import PassThrough
 from proxy.records import ArchiveRecord, SumsRecord
-from proxy.store import PendingArchive, StoredArchive
+from proxy.security import security_event
+from proxy.store import ArchiveStore, PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,27 +68,28 @@ class LockHashes:
 
 
 class Mirror:
-    """The service layer behind every HTTP handler."""
+    """The provider service behind the registry, network mirror and lock file handlers."""
 
-    def __init__(self, fetcher: Fetcher, keyring: Keyring) -> None:
-        self._fetch = fetcher
-        self._settings = fetcher.settings
-        self._cache = fetcher.cache
-        self._store = fetcher.store
-        self._guard = fetcher.guard
-        self._metrics = fetcher.metrics
+    def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
+                 keyring: Keyring, *, cache: MetadataStore, store: ArchiveStore, space: DiskSpace,
+                 metrics: Metrics) -> None:
+        self._settings = settings
+        self._documents = documents
+        self._downloader = downloader
+        self._flights = flights
         self._keyring = keyring
-        self._rechecks = RecheckGate(self._settings.freshness.negative)
-
-    def check_allowed(self, hostname: Hostname) -> None:
-        self._fetch.check_allowed(hostname)
+        self._cache = cache
+        self._store = store
+        self._space = space
+        self._metrics = metrics
+        self._rechecks = RecheckGate(settings.freshness.negative)
 
     # ---- public API -------------------------------------------------------------------
 
     async def provider_versions(self, addr: ProviderAddr, max_age: float | None = None) -> dict[Version, VersionInfo]:
         """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter)."""
         entry = await self._versions_entry(addr, max_age)
-        return self._fetch.parsed(keys.versions(addr), entry, lambda e: providers.parse_versions(e.body, addr))
+        return self._documents.parsed(keys.versions(addr), entry, lambda e: providers.parse_versions(e.body, addr))
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
@@ -93,7 +97,7 @@ class Mirror:
 
     async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
         """The upstream's download metadata as it sent it, unknown fields included."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
@@ -102,7 +106,7 @@ class Mirror:
 
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
         """SHA256SUMS and its signature, byte-identical to upstream, only once the signature verified."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
@@ -157,10 +161,10 @@ class Mirror:
         return info
 
     async def _versions_entry(self, addr: ProviderAddr, max_age: float | None = None) -> CacheEntry:
-        self._fetch.check_allowed(addr.hostname)
-        base = await self._fetch.service_url(addr.hostname, "providers.v1")
+        self._documents.check_allowed(addr.hostname)
+        base = await self._documents.service_url(addr.hostname, "providers.v1")
         url = providers.versions_url(base, addr)
-        entry = await self._fetch.document(keys.versions(addr), url,
+        entry = await self._documents.document(keys.versions(addr), url,
                                            ttl=list_ttl(self._settings.freshness.versions, max_age),
                                            validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
@@ -195,7 +199,7 @@ class Mirror:
     async def archive(self, addr: ProviderAddr, version: Version,
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         found = await self._stored_archive(addr, version, platform)
         if found is not None:
             note_cache("hit")
@@ -203,7 +207,7 @@ class Mirror:
         await self.offered(addr, version, [platform])
         d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
-            found = await self._fetch.once_for_the_fleet(
+            found = await self._flights.once_for_the_fleet(
                 keys.archive(addr, version, platform), lambda: self._stored_archive(addr, version, platform),
                 lambda: self._fetch_archive(addr, version, platform, d, sums))
         note_cache("miss")
@@ -227,7 +231,7 @@ class Mirror:
 
             log.info("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
                      reason=exc.message)
-            return self._fetch.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
+            return self._downloader.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
                                             algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
 
     async def ready(self) -> dict[str, bool]:
@@ -238,7 +242,7 @@ class Mirror:
 
     async def disk_space(self) -> SpaceReport:
         """Free space of the data directory against `--min-free-space` (measured at most once a second)."""
-        return await self._fetch.space.report()
+        return await self._space.report()
 
     def metadata_problem(self) -> str | None:
         """Why the metadata store is unusable now (for /readyz), or None."""
@@ -261,12 +265,12 @@ class Mirror:
 
     async def _download_info(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> DownloadInfo | None:
-        base = await self._fetch.service_url(addr.hostname, "providers.v1")
+        base = await self._documents.service_url(addr.hostname, "providers.v1")
         url = providers.download_url(base, addr, version, platform)
         parse = _download_parser(addr, version, platform)
         key = keys.download(addr, version, platform)
-        entry = await self._fetch.document(key, url, ttl=None, validate=parse)
-        return None if entry.negative else self._fetch.parsed(key, entry, parse)
+        entry = await self._documents.document(key, url, ttl=None, validate=parse)
+        return None if entry.negative else self._documents.parsed(key, entry, parse)
 
     # ---- verification -------------------------------------------------------------------
 
@@ -275,18 +279,19 @@ class Mirror:
         return self._parsed_sums(d, await self._verified_sums_record(addr, version, d))
 
     def _parsed_sums(self, d: DownloadInfo, record: SumsRecord) -> dict[str, str]:
-        return self._fetch.parsed(keys.sums(d), record, lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url)))
+        return self._documents.parsed(keys.sums(d), record,
+                                      lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url)))
 
     async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
         key = keys.sums(d)
 
         async def recorded() -> SumsRecord | None:
-            return await self._fetch.record(key, SumsRecord)
+            return await self._documents.record(key, SumsRecord)
 
         record = await recorded()
         if record is None:
-            record = await self._fetch.once_for_the_fleet(
+            record = await self._flights.once_for_the_fleet(
                 key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d),
                 str(d.shasums_url.with_query(None)))
         return record
@@ -294,8 +299,8 @@ class Mirror:
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
                                    d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
-        sums, signature = await asyncio.gather(self._fetch.blob(d.shasums_url, limit, "SHA256SUMS"),
-                                               self._fetch.blob(d.shasums_signature_url, limit,
+        sums, signature = await asyncio.gather(self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
+                                               self._documents.blob(d.shasums_signature_url, limit,
                                                                 "SHA256SUMS signature"))
         try:
             result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature,
@@ -306,18 +311,17 @@ class Mirror:
         except OSError as exc:  # gpg needs a little room in DATA_DIR/gnupg: a full disk is no forgery
             if not is_disk_full(exc):
                 raise
-            raise self._fetch.space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
+            raise self._space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
         verify.parse_signed_sums(sums, str(d.shasums_url))  # a malformed document is never cached
         record = SumsRecord(sums, signature, result.key_id, result.fingerprint)
-        await self._cache.set(key, records.encode(record))
+        await self._documents.put_record(key, record)
         log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=result.key_id)
         return record
 
     def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo,
                         reason: str) -> None:
-        self._metrics.verification_failures.labels(check).inc()
-        log.error("security.verification_failed", check=check, provider=str(addr), version=str(version),
-                  platform=str(d.platform), filename=d.filename, reason=reason)
+        security_event(self._metrics, check, addr, version=str(version), platform=str(d.platform),
+                       filename=d.filename, reason=reason)
 
     # ---- archives -------------------------------------------------------------------------
 
@@ -328,8 +332,7 @@ class Mirror:
         record = await self._archive_record(addr, version, platform)
         if record is not None and not await self._agrees_with_signed_sums(addr, version, platform, record):
             record = None
-        stored = await self._guard.lookup(record.sha256, record.size) if record is not None else None
-        return (stored, record) if stored is not None and record is not None else None
+        return await self._downloader.stored(record)
 
     async def _agrees_with_signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform,
                                        record: ArchiveRecord) -> bool:
@@ -337,11 +340,11 @@ class Mirror:
         release's verified SHA256SUMS lists for this platform's download. Only cached metadata is consulted
         (a hit never goes upstream); with nothing cached to compare, the sealed record stands."""
         key = keys.download(addr, version, platform)
-        entry = await self._fetch.cached(key)
+        entry = await self._documents.cached(key)
         if entry is None or entry.negative:
             return True
-        d = self._fetch.parsed(key, entry, _download_parser(addr, version, platform))
-        sums_record = await self._fetch.record(keys.sums(d), SumsRecord)
+        d = self._documents.parsed(key, entry, _download_parser(addr, version, platform))
+        sums_record = await self._documents.record(keys.sums(d), SumsRecord)
         if sums_record is None:
             return True
         try:
@@ -357,11 +360,11 @@ class Mirror:
 
     async def _archive_records(self, addr: ProviderAddr, version: Version,
                                platforms: list[Platform]) -> list[ArchiveRecord | None]:
-        return await self._fetch.records([keys.archive(addr, version, p) for p in platforms], ArchiveRecord)
+        return await self._documents.records([keys.archive(addr, version, p) for p in platforms], ArchiveRecord)
 
     async def _archive_record(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> ArchiveRecord | None:
-        return await self._fetch.record(keys.archive(addr, version, platform), ArchiveRecord)
+        return await self._documents.record(keys.archive(addr, version, platform), ArchiveRecord)
 
     async def _release_facts(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> tuple[DownloadInfo, dict[str, str]]:
@@ -390,13 +393,13 @@ class Mirror:
         expected = self._expected(addr, version, d, sums)
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address.
-        stored = await self._guard.adopt(expected)
+        stored = await self._downloader.adopt(expected)
         if stored is None:
             stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)
         else:
             h1_zip, h1_dir = await asyncio.to_thread(_h1_of_zip_file, stored.path)
         record = ArchiveRecord(expected, stored.size, d.filename, h1_zip, h1_dir)
-        await self._cache.set(keys.archive(addr, version, platform), records.encode(record))
+        await self._documents.put_record(keys.archive(addr, version, platform), record)
         log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
                  sha256=expected, bytes=stored.size)
         return stored, record
@@ -411,7 +414,7 @@ class Mirror:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
 
-        return await self._fetch.download(d.download_url, self._settings.limits.max_archive_bytes, check)
+        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check)
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:

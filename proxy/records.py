@@ -10,6 +10,7 @@ as None, a cache miss: it is fetched again, never a crash. Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -42,8 +43,14 @@ def is_newer(data: dict[str, Any] | None) -> bool:
     return isinstance(version, int) and version > RECORD_VERSION
 
 
-def _readable(data: dict[str, Any] | None) -> bool:
-    return isinstance(data, dict) and version_of(data) == RECORD_VERSION
+def _read(data: dict[str, Any] | None, build: Callable[[dict[str, Any]], R | None]) -> R | None:
+    """`build(data)` for a dict of this version; None for another version or a shape `build` cannot read."""
+    if not isinstance(data, dict) or version_of(data) != RECORD_VERSION:
+        return None
+    try:
+        return build(data)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,8 @@ class ArchiveRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ArchiveRecord | None:
-        if not _readable(data):
-            return None
-        try:
-            return cls(str(data["sha256"]), int(data["size"]), str(data["filename"]),
-                       str(data["h1_zip"]), str(data["h1_dir"]))
-        except (KeyError, TypeError, ValueError):
-            return None
+        return _read(data, lambda d: cls(str(d["sha256"]), int(d["size"]), str(d["filename"]), str(d["h1_zip"]),
+                                         str(d["h1_dir"])))
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,9 @@ class ModuleRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ModuleRecord | None:
-        if not _readable(data):
-            return None
-        try:
-            record = cls(str(data["sha256"]), int(data["size"]), str(data["archive"]), str(data["source"]),
-                         str(data.get("commit", "")))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return record if record.archive in FILE_EXTENSIONS else None
+        record = _read(data, lambda d: cls(str(d["sha256"]), int(d["size"]), str(d["archive"]), str(d["source"]),
+                                           str(d.get("commit", ""))))
+        return record if record is not None and record.archive in FILE_EXTENSIONS else None
 
 
 @dataclass(frozen=True)
@@ -116,13 +113,8 @@ class SumsRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SumsRecord | None:
-        if not _readable(data):
-            return None
-        try:
-            return cls(bytes.fromhex(data["sums"]), bytes.fromhex(data["signature"]), str(data.get("key_id", "")),
-                       str(data.get("fingerprint", "")))
-        except (KeyError, TypeError, ValueError):
-            return None
+        return _read(data, lambda d: cls(bytes.fromhex(d["sums"]), bytes.fromhex(d["signature"]),
+                                         str(d.get("key_id", "")), str(d.get("fingerprint", ""))))
 
 
 def encode(record: Record) -> bytes:

@@ -17,8 +17,12 @@ from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
 from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.config import Settings
-from proxy.fetch import Fetcher
+from proxy.diskspace import DiskSpace
+from proxy.documents import DocumentCache
+from proxy.downloader import Downloader
+from proxy.flights import Flights
 from proxy.gpg import Keyring
+from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
@@ -58,21 +62,24 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
                           negative_store(settings, backend, app[METRICS]))
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
-    fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
+    metrics = app[METRICS]
+    flights = Flights(locks)
+    space = DiskSpace(store.root, settings.min_free_space)
+    guard = StoreGuard(store, metrics)
+    documents = DocumentCache(settings, upstream, cache, metrics, flights)
+    downloader = Downloader(settings, upstream, store, guard, space, metrics)
     keyring = Keyring(settings.gnupg_home)
-    mirror = Mirror(fetcher, keyring)
-    app[MIRROR] = mirror
-    app[GUARD] = fetcher.guard
+    app[MIRROR] = Mirror(settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space,
+                         metrics=metrics)
+    app[GUARD] = guard
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
                      max_entries=settings.max_module_entries)
-    app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
-                                max_bytes=settings.max_module_bytes,
-                                max_unpacked_bytes=settings.max_module_unpacked_bytes,
-                                max_entries=settings.max_module_entries)
+    app[MODULES] = ModuleMirror(settings, documents, downloader, flights, git, store=store, space=space,
+                                metrics=metrics)
 
     async def begin_shutdown(_: web.Application) -> None:
-        fetcher.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
+        flights.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
 
     app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
@@ -80,7 +87,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await fetcher.close()
+        await flights.close()
         await upstream.close()
         await cache.close()
         store.close()

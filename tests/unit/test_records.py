@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from structlog.testing import capture_logs
 
 from proxy import records
 from proxy.cache import decode_record, encode_record
+from proxy.cache.embedded import EmbeddedStore
+from proxy.config import Settings
+from proxy.documents import DocumentCache
+from proxy.flights import Flights
 from proxy.records import RECORD_VERSION, ArchiveRecord, ModuleRecord, SumsRecord
 
 ARCHIVE = ArchiveRecord("ab" * 32, 123, "foo_1.0.0_linux_amd64.zip", "h1:zip", "h1:dir")
@@ -69,3 +74,19 @@ def test_a_sums_record_keeps_the_bytes_as_fetched() -> None:
     data = SUMS.to_dict()
     assert (data["sums"], data["signature"]) == (b"sums\n".hex(), b"\x00signature".hex())
     assert SumsRecord.from_dict({**data, "sums": "not hex"}) is None
+
+
+async def test_the_document_cache_logs_a_newer_record_and_reads_it_as_a_miss(tmp_path) -> None:
+    store = EmbeddedStore(tmp_path / "metadata.sqlite")
+    key = "archive:registry.example.test/acme/foo/1.0.0/linux_amd64"
+    documents = DocumentCache(Settings(data_dir=tmp_path), None, store, None, Flights())
+    try:
+        await store.set(key, encode_record({**ARCHIVE.to_dict(), "v": RECORD_VERSION + 1}))
+        with capture_logs() as logs:
+            assert await documents.record(key, ArchiveRecord) is None
+        assert [e["version"] for e in logs if e["event"] == "cache.record_unreadable"] == [RECORD_VERSION + 1]
+        await documents.put_record(key, ARCHIVE)
+        assert await documents.record(key, ArchiveRecord) == ARCHIVE
+        assert await documents.records([key, key + "x"], ArchiveRecord) == [ARCHIVE, None]
+    finally:
+        await store.close()
