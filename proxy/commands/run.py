@@ -9,14 +9,14 @@ from pathlib import Path
 
 from proxy.addrs import Platform
 from proxy.cache import MetadataStore
-from proxy.cache.factory import open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cli import metadata_secret_settings
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import Settings
+from proxy.config import Settings, parse_duration
 from proxy.errors import InvalidRequestError
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
@@ -86,8 +86,9 @@ async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore
     """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
     settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
                         redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
-                        **metadata_secret_settings(args))
-    cache, _ = await open_metadata_store(settings)
+                        redis_retention=parse_duration(args.redis_retention), **metadata_secret_settings(args))
+    backend, _ = await open_metadata_store(settings)
+    cache = negative_bound(settings, backend)
     store = ArchiveStore(settings.archive_dir)
     store.open()
     return cache, store

@@ -10,12 +10,9 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from proxy.cache import MetadataStore
-from proxy.cache.factory import open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
-from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
-from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.config import Settings
 from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
@@ -57,12 +54,12 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    backend, locks = await open_metadata_store(settings, app[METRICS])
-    cache = NegativeBound(MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None),
-                          negative_store(settings, backend, app[METRICS]))
+    metrics = app[METRICS]
+    backend, locks = await open_metadata_store(settings, metrics)
+    cache = negative_bound(settings, backend, metrics,
+                           front=MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None))
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
-    metrics = app[METRICS]
     flights = Flights(locks)
     space = DiskSpace(store.root, settings.min_free_space)
     guard = StoreGuard(store, metrics)
@@ -105,19 +102,3 @@ def write_ca_bundle(settings: Settings) -> Path | None:
     bundle.parent.mkdir(parents=True, exist_ok=True)
     bundle.write_bytes(b"\n".join(parts))
     return bundle
-
-
-def negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics) -> NegativeStore:
-    """Where remembered 404s go: Redis for a fleet, else process memory; bounded either way."""
-
-    def report(entries: int, size: int) -> None:
-        metrics.negative_entries.set(entries)
-        metrics.negative_bytes.set(size)
-
-    bounds = (settings.negative_cache_entries, settings.negative_cache_bytes,
-              negative_retention(settings.freshness.negative))
-    redis_store = getattr(backend, "inner", backend)  # under the seal
-    if isinstance(redis_store, RedisStore):
-        return RedisNegatives(redis_store, *bounds, report=report)
-    return MemoryNegatives(*bounds, report=report)
-
