@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound
 from proxy.cli import build_parser
 from proxy.commands import run
-from proxy.config import Freshness, Settings
+from proxy.config import Settings
 
 NEGATIVE = CacheEntry(404, b"", "https://registry.example.test/v1/providers/acme/nope/versions", 1.0).encode()
 
@@ -48,7 +49,8 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 
 async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path: Path) -> None:
     backend = EmbeddedStore(tmp_path / "metadata.sqlite")
-    settings = Settings(data_dir=tmp_path, freshness=Freshness(negative=7200.0))
+    defaults = Settings(data_dir=tmp_path)
+    settings = replace(defaults, freshness=replace(defaults.freshness, negative=7200.0))
     cache = negative_bound(settings, backend)
     try:
         assert isinstance(cache.negatives, MemoryNegatives)
