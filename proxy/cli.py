@@ -235,6 +235,8 @@ def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
             metavar="URL")
     _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
     _option(parser, "--redis-prefix", "namespace of the proxy's Redis keys", default="registry-proxy")
+    _option(parser, "--redis-retention", "TTL of Redis entries, renewed on every read and write (as `serve` has "
+            "it)", default="90d")
     _metadata_secret_options(parser)
 
 

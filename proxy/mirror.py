@@ -1,45 +1,48 @@
-"""The orchestrator: cached upstream metadata, verified archives, one fetch per artifact.
+"""The provider service: the registry's metadata and verified archives, one fetch per artifact.
 
-Handlers call one method here. For metadata: fresh → serve; stale or missing → one
-shared upstream fetch (ETag revalidation), and on upstream failure serve the stale
-copy (stale-if-error); 404s are cached briefly. For archives: download metadata →
-SHA256SUMS and signature (verified with the registry's keys) → download to a temp
-file while hashing → compare → compute `h1:` → publish to the content-addressed store
-→ record the hashes. Nothing unverified is stored or served. While the disk is full, an
-archive a client asks for is relayed from the upstream without being stored, its last chunk
-held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
+Handlers call one method here. Metadata comes through the document cache (`proxy.documents`:
+freshness, stale-if-error, remembered 404s). For archives: download metadata → SHA256SUMS
+and signature (verified with the registry's keys) → download to a temp file while hashing
+(`proxy.downloader`) → compare → compute `h1:` → publish to the content-addressed store →
+record the hashes (`proxy.records`). Nothing unverified is stored or served. While the disk
+is full, an archive a client asks for is relayed from the upstream without being stored, its
+last chunk held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from yarl import URL
 
 from proxy import deadline, verify
-from proxy.addrs import Hostname, Platform, ProviderAddr, Version
-from proxy.cache import CacheEntry, encode_record
-from proxy.diskspace import SpaceReport, is_disk_full
+from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.cache import CacheEntry, MetadataStore, keys
+from proxy.config import Settings
+from proxy.diskspace import DiskSpace, SpaceReport, is_disk_full
+from proxy.documents import DocumentCache
+from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
-from proxy.fetch import Fetcher, gather_bounded
+from proxy.flights import Flights, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
+from proxy.metrics import Metrics
 from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
 from proxy.passthrough import PassThrough
-from proxy.store import PendingArchive, StoredArchive
+from proxy.records import ArchiveRecord, SumsRecord
+from proxy.security import security_event
+from proxy.store import ArchiveStore, PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,57 +67,29 @@ class LockHashes:
         return sorted(set(self.h1.values()) | set(self.zh.values()) | set(self.signed))
 
 
-@dataclass(frozen=True)
-class ArchiveRecord:
-    """The verified facts about a stored archive."""
-
-    sha256: str
-    size: int
-    filename: str
-    h1_zip: str
-    h1_dir: str
-
-    @property
-    def hashes(self) -> tuple[str, ...]:
-        return tuple(sorted({self.h1_dir, self.h1_zip, zh_hash(self.sha256)}))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size, "filename": self.filename,
-                "h1_zip": self.h1_zip, "h1_dir": self.h1_dir}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> ArchiveRecord | None:
-        if data is None:
-            return None
-        try:
-            return cls(str(data["sha256"]), int(data["size"]), str(data["filename"]),
-                       str(data["h1_zip"]), str(data["h1_dir"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-
 class Mirror:
-    """The service layer behind every HTTP handler."""
+    """The provider service behind the registry, network mirror and lock file handlers."""
 
-    def __init__(self, fetcher: Fetcher, keyring: Keyring) -> None:
-        self._fetch = fetcher
-        self._settings = fetcher.settings
-        self._cache = fetcher.cache
-        self._store = fetcher.store
-        self._guard = fetcher.guard
-        self._metrics = fetcher.metrics
+    def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
+                 keyring: Keyring, *, cache: MetadataStore, store: ArchiveStore, space: DiskSpace,
+                 metrics: Metrics) -> None:
+        self._settings = settings
+        self._documents = documents
+        self._downloader = downloader
+        self._flights = flights
         self._keyring = keyring
-        self._rechecks = RecheckGate(self._settings.freshness.negative)
-
-    def check_allowed(self, hostname: Hostname) -> None:
-        self._fetch.check_allowed(hostname)
+        self._cache = cache
+        self._store = store
+        self._space = space
+        self._metrics = metrics
+        self._rechecks = RecheckGate(settings.freshness.negative)
 
     # ---- public API -------------------------------------------------------------------
 
     async def provider_versions(self, addr: ProviderAddr, max_age: float | None = None) -> dict[Version, VersionInfo]:
         """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter)."""
         entry = await self._versions_entry(addr, max_age)
-        return self._fetch.parsed(f"versions:{addr}", entry, lambda e: providers.parse_versions(e.body, addr))
+        return self._documents.parsed(keys.versions(addr), entry, lambda e: providers.parse_versions(e.body, addr))
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
@@ -122,7 +97,7 @@ class Mirror:
 
     async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
         """The upstream's download metadata as it sent it, unknown fields included."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
@@ -131,13 +106,13 @@ class Mirror:
 
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
         """SHA256SUMS and its signature, byte-identical to upstream, only once the signature verified."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
         record = await self._verified_sums_record(addr, version, d)
-        return bytes.fromhex(record["sums"]), bytes.fromhex(record["signature"])
+        return record.sums, record.signature
 
     async def lock_hashes(self, addr: ProviderAddr, version: Version,
                           platforms: list[Platform]) -> LockHashes:
@@ -176,7 +151,7 @@ class Mirror:
             return info is None or bool(missing_platforms(info.platforms, platforms))
 
         versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks,
-                                self._rechecks, f"versions:{addr}")
+                                self._rechecks, keys.versions(addr))
         info = versions.get(version)
         if info is None:
             raise NotFoundError(f"provider {addr} has no version {version}")
@@ -186,10 +161,10 @@ class Mirror:
         return info
 
     async def _versions_entry(self, addr: ProviderAddr, max_age: float | None = None) -> CacheEntry:
-        self._fetch.check_allowed(addr.hostname)
-        base = await self._fetch.service_url(addr.hostname, "providers.v1")
+        self._documents.check_allowed(addr.hostname)
+        base = await self._documents.service_url(addr.hostname, "providers.v1")
         url = providers.versions_url(base, addr)
-        entry = await self._fetch.document(f"versions:{addr}", url,
+        entry = await self._documents.document(keys.versions(addr), url,
                                            ttl=list_ttl(self._settings.freshness.versions, max_age),
                                            validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
@@ -208,13 +183,13 @@ class Mirror:
             raise failures[0]
         sums_by_source: dict[tuple, dict[str, str]] = {}
         for d in downloads:
-            source = _sums_source(d)
+            source = keys.sums_source(d)
             if source not in sums_by_source:
                 sums_by_source[source] = await self._verified_sums(addr, version, d)
         records = await self._archive_records(addr, version, [d.platform for d in downloads])
         result = []
         for d, record in zip(downloads, records, strict=True):
-            digest = verify.expected_digest(sums_by_source[_sums_source(d)], d.filename, d.shasum)
+            digest = verify.expected_digest(sums_by_source[keys.sums_source(d)], d.filename, d.shasum)
             hashes = {zh_hash(digest)}
             if record is not None and record.sha256 == digest:
                 hashes.update((record.h1_dir, record.h1_zip))
@@ -224,7 +199,7 @@ class Mirror:
     async def archive(self, addr: ProviderAddr, version: Version,
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         found = await self._stored_archive(addr, version, platform)
         if found is not None:
             note_cache("hit")
@@ -232,8 +207,8 @@ class Mirror:
         await self.offered(addr, version, [platform])
         d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
-            found = await self._fetch.once_for_the_fleet(
-                f"archive:{addr}/{version}/{platform}", lambda: self._stored_archive(addr, version, platform),
+            found = await self._flights.once_for_the_fleet(
+                keys.archive(addr, version, platform), lambda: self._stored_archive(addr, version, platform),
                 lambda: self._fetch_archive(addr, version, platform, d, sums))
         note_cache("miss")
         return found
@@ -256,7 +231,7 @@ class Mirror:
 
             log.info("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
                      reason=exc.message)
-            return self._fetch.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
+            return self._downloader.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
                                             algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
 
     async def ready(self) -> dict[str, bool]:
@@ -267,7 +242,7 @@ class Mirror:
 
     async def disk_space(self) -> SpaceReport:
         """Free space of the data directory against `--min-free-space` (measured at most once a second)."""
-        return await self._fetch.space.report()
+        return await self._space.report()
 
     def metadata_problem(self) -> str | None:
         """Why the metadata store is unusable now (for /readyz), or None."""
@@ -290,12 +265,12 @@ class Mirror:
 
     async def _download_info(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> DownloadInfo | None:
-        base = await self._fetch.service_url(addr.hostname, "providers.v1")
+        base = await self._documents.service_url(addr.hostname, "providers.v1")
         url = providers.download_url(base, addr, version, platform)
         parse = _download_parser(addr, version, platform)
-        key = f"download:{addr}/{version}/{platform}"
-        entry = await self._fetch.document(key, url, ttl=None, validate=parse)
-        return None if entry.negative else self._fetch.parsed(key, entry, parse)
+        key = keys.download(addr, version, platform)
+        entry = await self._documents.document(key, url, ttl=None, validate=parse)
+        return None if entry.negative else self._documents.parsed(key, entry, parse)
 
     # ---- verification -------------------------------------------------------------------
 
@@ -303,29 +278,29 @@ class Mirror:
         """The parsed SHA256SUMS of a release after its signature verified."""
         return self._parsed_sums(d, await self._verified_sums_record(addr, version, d))
 
-    def _parsed_sums(self, d: DownloadInfo, record: dict[str, Any]) -> dict[str, str]:
-        return self._fetch.parsed(
-            sums_key(d), record, lambda r: verify.parse_signed_sums(bytes.fromhex(r["sums"]), str(d.shasums_url)))
+    def _parsed_sums(self, d: DownloadInfo, record: SumsRecord) -> dict[str, str]:
+        return self._documents.parsed(keys.sums(d), record,
+                                      lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url)))
 
-    async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, Any]:
+    async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
-        key = sums_key(d)
+        key = keys.sums(d)
 
-        async def recorded() -> dict[str, Any] | None:
-            return await self._fetch.record(key)
+        async def recorded() -> SumsRecord | None:
+            return await self._documents.record(key, SumsRecord)
 
         record = await recorded()
         if record is None:
-            record = await self._fetch.once_for_the_fleet(
+            record = await self._flights.once_for_the_fleet(
                 key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d),
                 str(d.shasums_url.with_query(None)))
         return record
 
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
-                                   d: DownloadInfo) -> dict[str, Any]:
+                                   d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
-        sums, signature = await asyncio.gather(self._fetch.blob(d.shasums_url, limit, "SHA256SUMS"),
-                                               self._fetch.blob(d.shasums_signature_url, limit,
+        sums, signature = await asyncio.gather(self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
+                                               self._documents.blob(d.shasums_signature_url, limit,
                                                                 "SHA256SUMS signature"))
         try:
             result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature,
@@ -336,19 +311,17 @@ class Mirror:
         except OSError as exc:  # gpg needs a little room in DATA_DIR/gnupg: a full disk is no forgery
             if not is_disk_full(exc):
                 raise
-            raise self._fetch.space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
+            raise self._space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
         verify.parse_signed_sums(sums, str(d.shasums_url))  # a malformed document is never cached
-        record = {"sums": sums.hex(), "signature": signature.hex(), "key_id": result.key_id,
-                  "fingerprint": result.fingerprint}
-        await self._cache.set(key, encode_record(record))
+        record = SumsRecord(sums, signature, result.key_id, result.fingerprint)
+        await self._documents.put_record(key, record)
         log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=result.key_id)
         return record
 
     def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo,
                         reason: str) -> None:
-        self._metrics.verification_failures.labels(check).inc()
-        log.error("security.verification_failed", check=check, provider=str(addr), version=str(version),
-                  platform=str(d.platform), filename=d.filename, reason=reason)
+        security_event(self._metrics, check, addr, version=str(version), platform=str(d.platform),
+                       filename=d.filename, reason=reason)
 
     # ---- archives -------------------------------------------------------------------------
 
@@ -359,20 +332,19 @@ class Mirror:
         record = await self._archive_record(addr, version, platform)
         if record is not None and not await self._agrees_with_signed_sums(addr, version, platform, record):
             record = None
-        stored = await self._guard.lookup(record.sha256, record.size) if record is not None else None
-        return (stored, record) if stored is not None and record is not None else None
+        return await self._downloader.stored(record)
 
     async def _agrees_with_signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform,
                                        record: ArchiveRecord) -> bool:
         """Defence in depth behind the sealed store: an archive record must name the file and digest that the
         release's verified SHA256SUMS lists for this platform's download. Only cached metadata is consulted
         (a hit never goes upstream); with nothing cached to compare, the sealed record stands."""
-        key = f"download:{addr}/{version}/{platform}"
-        entry = await self._fetch.cached(key)
+        key = keys.download(addr, version, platform)
+        entry = await self._documents.cached(key)
         if entry is None or entry.negative:
             return True
-        d = self._fetch.parsed(key, entry, _download_parser(addr, version, platform))
-        sums_record = await self._fetch.record(sums_key(d))
+        d = self._documents.parsed(key, entry, _download_parser(addr, version, platform))
+        sums_record = await self._documents.record(keys.sums(d), SumsRecord)
         if sums_record is None:
             return True
         try:
@@ -381,22 +353,18 @@ class Mirror:
             expected = None
         if (expected, d.filename) == (record.sha256, record.filename):
             return True
-        log.error("security.metadata_poisoned", key=f"archive:{addr}/{version}/{platform}", store="consistency",
+        log.error("security.metadata_poisoned", key=keys.archive(addr, version, platform), store="consistency",
                   reason="the archive record disagrees with the signed SHA256SUMS of its download",
                   effect="treated as a miss and fetched again; never served")
         return False
 
     async def _archive_records(self, addr: ProviderAddr, version: Version,
                                platforms: list[Platform]) -> list[ArchiveRecord | None]:
-        keys = [f"archive:{addr}/{version}/{p}" for p in platforms]
-        return [None if data is None else self._fetch.parsed(key, data, ArchiveRecord.from_dict)
-                for key, data in zip(keys, await self._fetch.records(keys), strict=True)]
+        return await self._documents.records([keys.archive(addr, version, p) for p in platforms], ArchiveRecord)
 
     async def _archive_record(self, addr: ProviderAddr, version: Version,
                               platform: Platform) -> ArchiveRecord | None:
-        key = f"archive:{addr}/{version}/{platform}"
-        record = await self._fetch.record(key)
-        return None if record is None else self._fetch.parsed(key, record, ArchiveRecord.from_dict)
+        return await self._documents.record(keys.archive(addr, version, platform), ArchiveRecord)
 
     async def _release_facts(self, addr: ProviderAddr, version: Version,
                              platform: Platform) -> tuple[DownloadInfo, dict[str, str]]:
@@ -425,13 +393,13 @@ class Mirror:
         expected = self._expected(addr, version, d, sums)
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address.
-        stored = await self._guard.adopt(expected)
+        stored = await self._downloader.adopt(expected)
         if stored is None:
             stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)
         else:
             h1_zip, h1_dir = await asyncio.to_thread(_h1_of_zip_file, stored.path)
         record = ArchiveRecord(expected, stored.size, d.filename, h1_zip, h1_dir)
-        await self._cache.set(f"archive:{addr}/{version}/{platform}", encode_record(record.to_dict()))
+        await self._documents.put_record(keys.archive(addr, version, platform), record)
         log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
                  sha256=expected, bytes=stored.size)
         return stored, record
@@ -446,12 +414,7 @@ class Mirror:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
 
-        return await self._fetch.download(d.download_url, self._settings.limits.max_archive_bytes, check)
-
-
-def sums_key(d: DownloadInfo) -> str:
-    """The metadata key of the verified SHA256SUMS record for a download."""
-    return "sums:" + hashlib.sha256("\n".join(map(str, _sums_source(d))).encode()).hexdigest()
+        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check)
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:
@@ -459,10 +422,6 @@ def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -
         return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
 
     return parse
-
-
-def _sums_source(d: DownloadInfo) -> tuple:
-    return (str(d.shasums_url), str(d.shasums_signature_url), *sorted(d.signing_keys))
 
 
 def _h1_of_zip_file(path: Path) -> tuple[str, str]:

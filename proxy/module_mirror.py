@@ -13,30 +13,29 @@ its last chunk held back until the pin matched); any other answers 503.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any
 
 import structlog
 from yarl import URL
 
 from proxy import deadline, modsource
 from proxy.addrs import ModuleAddr, Version
-from proxy.cache import CacheEntry, encode_record
+from proxy.cache import CacheEntry, keys
+from proxy.config import Settings
+from proxy.diskspace import DiskSpace
+from proxy.documents import DocumentCache
+from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, NotFoundError, UpstreamError, UpstreamTooLargeError, VerificationError
-from proxy.fetch import Fetcher
+from proxy.flights import Flights
 from proxy.log import note_cache
+from proxy.metrics import Metrics
 from proxy.modsource import GitSource, HttpArchive, ModuleSource, Refused
 from proxy.offered import RecheckGate, list_ttl, listed
-from proxy.packing import (
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_MAX_UNPACKED_BYTES,
-    ArchiveError,
-    ArchiveTooLargeError,
-    check_archive,
-)
+from proxy.packing import ArchiveError, ArchiveTooLargeError, check_archive
 from proxy.passthrough import PassThrough
+from proxy.records import ModuleRecord
 from proxy.rewrite import module_archive_path
-from proxy.store import StoredArchive, file_digest, sha256_file
+from proxy.security import security_event
+from proxy.store import ArchiveStore, StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
 from proxy.upstream.git import GitFetcher
 
@@ -49,56 +48,35 @@ class ModuleSourceRefusedError(UpstreamError):
     code = "module_source_refused"
 
 
-@dataclass(frozen=True)
-class ModuleRecord:
-    sha256: str
-    size: int
-    archive: str  # a key of modsource.FILE_EXTENSIONS
-    source: str
-    commit: str = ""
-
-    @property
-    def extension(self) -> str:
-        return modsource.FILE_EXTENSIONS[self.archive]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size, "archive": self.archive, "source": self.source,
-                "commit": self.commit}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModuleRecord | None:
-        try:
-            record = cls(str(data["sha256"]), int(data["size"]), str(data["archive"]), str(data["source"]),
-                         str(data.get("commit", "")))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return record if record.archive in modsource.FILE_EXTENSIONS else None
-
-
 class ModuleMirror:
     """Module registry pass-through with cached module sources."""
 
-    def __init__(self, fetcher: Fetcher, git: GitFetcher, *, passthrough: str = "allow",
-                 max_bytes: int = 512 * 2**20, max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-        self._fetch = fetcher
+    def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
+                 git: GitFetcher, *, store: ArchiveStore, space: DiskSpace, metrics: Metrics) -> None:
+        self._settings = settings
+        self._documents = documents
+        self._downloader = downloader
+        self._flights = flights
         self._git = git
-        self._passthrough = passthrough
-        self._max_bytes = max_bytes
-        self._max_unpacked_bytes = max_unpacked_bytes
-        self._max_entries = max_entries
-        self._rechecks = RecheckGate(fetcher.settings.freshness.negative)
+        self._store = store
+        self._space = space
+        self._metrics = metrics
+        self._passthrough = settings.module_passthrough
+        self._max_bytes = settings.max_module_bytes
+        self._max_unpacked_bytes = settings.max_module_unpacked_bytes
+        self._max_entries = settings.max_module_entries
+        self._rechecks = RecheckGate(settings.freshness.negative)
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte."""
         return (await self._versions_entry(addr)).body
 
     async def _versions_entry(self, addr: ModuleAddr, max_age: float | None = None) -> CacheEntry:
-        self._fetch.check_allowed(addr.hostname)
-        base = await self._fetch.service_url(addr.hostname, "modules.v1")
-        entry = await self._fetch.document(
-            f"module-versions:{addr}", modules.versions_url(base, addr),
-            ttl=list_ttl(self._fetch.settings.freshness.versions, max_age),
+        self._documents.check_allowed(addr.hostname)
+        base = await self._documents.service_url(addr.hostname, "modules.v1")
+        entry = await self._documents.document(
+            keys.module_versions(addr), modules.versions_url(base, addr),
+            ttl=list_ttl(self._settings.freshness.versions, max_age),
             validate=lambda e: modules.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"module {addr} is not known to its registry")
@@ -109,11 +87,11 @@ class ModuleMirror:
 
         A list missing it is refetched at most once per `--ttl-negative` (it may have been published since).
         """
-        key = f"module-versions:{addr}"
+        key = keys.module_versions(addr)
 
         async def load(max_age: float | None) -> frozenset[Version]:
             entry = await self._versions_entry(addr, max_age)
-            return self._fetch.parsed(key, entry, lambda e: frozenset(modules.parse_versions(e.body, addr)))
+            return self._documents.parsed(key, entry, lambda e: frozenset(modules.parse_versions(e.body, addr)))
 
         if version not in await listed(load, lambda versions: version not in versions, self._rechecks, key):
             raise NotFoundError(f"module {addr} has no version {version}")
@@ -137,7 +115,7 @@ class ModuleMirror:
 
     async def archive(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive | PassThrough, ModuleRecord]:
         """The cached module archive, made once per fleet on first request (relayed if the disk is full)."""
-        self._fetch.check_allowed(addr.hostname)
+        self._documents.check_allowed(addr.hostname)
         found = await self._stored(addr, version)
         if found is not None:
             note_cache("hit")
@@ -146,8 +124,8 @@ class ModuleMirror:
         await self._source(addr, version)  # the metadata step, waited for within the request deadline
         try:
             with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
-                found = await self._fetch.once_for_the_fleet(
-                    f"module:{addr}/{version}", lambda: self._stored(addr, version), lambda: self._make(addr, version))
+                found = await self._flights.once_for_the_fleet(
+                    keys.module(addr, version), lambda: self._stored(addr, version), lambda: self._make(addr, version))
         except DiskFullError as exc:
             return await self._pass_through(addr, version, exc)
         note_cache("miss")
@@ -163,32 +141,28 @@ class ModuleMirror:
                                 f"free space on the proxy and retry ({exc.message})")
         algorithm, pin = source.checksum
         log.info("archive.passthrough", module=str(addr), version=str(version), reason=exc.message)
-        relay = self._fetch.pass_through(
+        relay = self._downloader.pass_through(
             URL(source.url, encoded=True), max_bytes=self._max_bytes, algorithm=algorithm, kind="module",
             check=lambda actual: self._compare_pin(actual, (algorithm, pin), addr),
             etag=pin if algorithm == "sha256" else None)
         return relay, ModuleRecord(pin if algorithm == "sha256" else "", 0, source.archive, source.url)
 
     async def _source(self, addr: ModuleAddr, version: Version) -> ModuleSource:
-        self._fetch.check_allowed(addr.hostname)
-        base = await self._fetch.service_url(addr.hostname, "modules.v1")
+        self._documents.check_allowed(addr.hostname)
+        base = await self._documents.service_url(addr.hostname, "modules.v1")
         url = modules.download_url(base, addr, version)
 
         def parse(entry) -> str:
             return modules.parse_download(entry.status, entry.terraform_get, entry.body, addr)
 
-        key = f"module-download:{addr}/{version}"
-        entry = await self._fetch.document(key, url, ttl=None, validate=parse)
+        key = keys.module_download(addr, version)
+        entry = await self._documents.document(key, url, ttl=None, validate=parse)
         if entry.negative:
             raise NotFoundError(f"module {addr} has no version {version}")
-        return self._fetch.parsed(key, entry, lambda e: _classify(parse(e), url))
+        return self._documents.parsed(key, entry, lambda e: _classify(parse(e), url))
 
     async def _stored(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord] | None:
-        key = f"module:{addr}/{version}"
-        data = await self._fetch.record(key)
-        record = None if data is None else self._fetch.parsed(key, data, ModuleRecord.from_dict)
-        stored = await self._fetch.guard.lookup(record.sha256, record.size) if record is not None else None
-        return (stored, record) if stored is not None and record is not None else None
+        return await self._downloader.stored(await self._documents.record(keys.module(addr, version), ModuleRecord))
 
     async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
         source = await self._source(addr, version)
@@ -197,22 +171,22 @@ class ModuleMirror:
                 await self._check_checksum(pending.path, source, addr)
                 await self._check(pending.path, source.archive, addr)
 
-            stored, _ = await self._fetch.download(URL(source.url, encoded=True), self._max_bytes, check)
+            stored, _ = await self._downloader.download(URL(source.url, encoded=True), self._max_bytes, check)
             record = ModuleRecord(stored.sha256, stored.size, source.archive, source.url)
         elif isinstance(source, GitSource):
-            self._fetch.require_online(f"module {addr} {version}")
-            await self._fetch.space.require_room(f"module {addr} {version}")
+            self._documents.require_online(f"module {addr} {version}")
+            await self._space.require_room(f"module {addr} {version}")
             stored, commit = await self._pack_git(addr, source)
             record = ModuleRecord(stored.sha256, stored.size, "tar.gz", f"git::{source.url}?ref={source.ref}", commit)
         else:
             raise NotFoundError(f"module {addr} {version} is not served by this proxy (its source is not cached)")
-        await self._fetch.cache.set(f"module:{addr}/{version}", _encode(record))
+        await self._documents.put_record(keys.module(addr, version), record)
         log.info("module.stored", module=str(addr), version=str(version), sha256=record.sha256, bytes=record.size,
                  source=record.source, commit=record.commit or None)
         return stored, record
 
     async def _pack_git(self, addr: ModuleAddr, source: GitSource) -> tuple[StoredArchive, str]:
-        store = self._fetch.store
+        store = self._store
         path = await asyncio.to_thread(store.temp_path)
         try:
             packed = await self._git.pack(source.url, source.ref, path)
@@ -236,17 +210,14 @@ class ModuleMirror:
         """Refuse (a security event) an archive whose digest is not the `?checksum=` pin."""
         algorithm, expected = checksum
         if actual != expected:
-            self._fetch.metrics.verification_failures.labels("module_checksum").inc()
-            log.error("security.verification_failed", check="module_checksum", module=str(addr),
-                      expected=expected, actual=actual)
+            security_event(self._metrics, "module_checksum", addr, expected=expected, actual=actual)
             raise VerificationError(f"module {addr}: archive has {algorithm} {actual}, but its source pins {expected}")
 
     async def _check(self, path, kind: str, addr: ModuleAddr) -> None:
         try:
             await asyncio.to_thread(check_archive, path, kind, self._max_entries, self._max_unpacked_bytes)
         except ArchiveError as exc:
-            self._fetch.metrics.verification_failures.labels("module_archive").inc()
-            log.error("security.verification_failed", check="module_archive", module=str(addr), reason=str(exc))
+            security_event(self._metrics, "module_archive", addr, reason=str(exc))
             refused = UpstreamTooLargeError if isinstance(exc, ArchiveTooLargeError) else VerificationError
             raise refused(f"module {addr}: archive refused: {exc}") from None
 
@@ -256,7 +227,3 @@ def _classify(location: str, download: URL) -> ModuleSource:
         package, subdir = modsource.split_subdir(location)
         location = modsource.join_subdir(modules.resolve_relative(package, download), subdir)
     return modsource.classify(location)
-
-
-def _encode(record: ModuleRecord) -> bytes:
-    return encode_record(record.to_dict())

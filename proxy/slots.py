@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from yarl import URL
 
+from proxy.config import Limits
 from proxy.errors import UpstreamBusyError
 
 
@@ -22,6 +23,11 @@ class HostSlots:
         self._total = asyncio.Semaphore(total)
         self._per_host = min(per_host, total)
         self._hosts: dict[str, tuple[asyncio.Semaphore, int]] = {}  # host -> (slots, users)
+
+    @classmethod
+    def for_upstream(cls, limits: Limits) -> HostSlots:
+        """Slots sized by `--upstream-concurrency`, `--upstream-host-concurrency` for each host."""
+        return cls(limits.upstream_concurrency, limits.upstream_host_concurrency)
 
     @contextlib.asynccontextmanager
     async def hold(self, url: URL, wait: float, what: str) -> AsyncIterator[None]:

@@ -1,4 +1,9 @@
-"""Opening the metadata store from Settings: one place for the server and the CLI commands."""
+"""Opening the metadata store from Settings: one place for the server and the CLI commands.
+
+Both open the same backend (sealed, with Redis's retention) and bound remembered 404s the same
+way (`negative_bound`), so a command run against a data dir or a fleet's Redis keeps the
+retention the server gives each kind of entry.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import structlog
 
 from proxy.cache import MetadataStore
 from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.redis import RedisFleetLocks, RedisStore
+from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
+from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
 from proxy.cache.sealed import SECRET_FILE, SealedStore, metadata_secret
 from proxy.config import Settings
 from proxy.metrics import Metrics
@@ -42,3 +48,25 @@ async def open_metadata_store(settings: Settings,
         log.info("metadata.records_sealed", records=await sealed.adopt_unsealed(),
                  reason="first start with sealed metadata: the existing records of this data dir were sealed")
     return sealed, LocalLocks()
+
+
+def negative_bound(settings: Settings, backend: MetadataStore, metrics: Metrics | None = None, *,
+                   front: MetadataStore | None = None) -> NegativeBound:
+    """`front` (by default the backend itself) with every remembered 404 sent to a store of its own:
+    Redis's for a fleet, else process memory; bounded in count and bytes, each kept `negative_retention`."""
+    return NegativeBound(backend if front is None else front, _negative_store(settings, backend, metrics))
+
+
+def _negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics | None) -> NegativeStore:
+    report = None
+    if metrics is not None:
+        def report(entries: int, size: int) -> None:
+            metrics.negative_entries.set(entries)
+            metrics.negative_bytes.set(size)
+
+    bounds = (settings.negative_cache_entries, settings.negative_cache_bytes,
+              negative_retention(settings.freshness.negative))
+    redis_store = getattr(backend, "inner", backend)  # under the seal
+    if isinstance(redis_store, RedisStore):
+        return RedisNegatives(redis_store, *bounds, report=report)
+    return MemoryNegatives(*bounds, report=report)

@@ -30,12 +30,14 @@ import structlog
 from redis.exceptions import LockError, RedisError
 
 from proxy.cache.breaker import Breaker
+from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 DEFAULT_RETENTION = 90 * 86400.0
-_NOT_LISTED = ("lock:", "negative:", "negatives")  # fleet locks and remembered 404s are never exported
+# fleet locks and remembered 404s are never exported
+_NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING)
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 
 
@@ -153,7 +155,7 @@ class RedisFleetLocks:
         The caller owns the fleet lock while the block runs (or works without it while
         Redis is unavailable: in-process single flight still applies).
         """
-        lock = self._store.client.lock(self._store.key(f"lock:{key}"), timeout=self._ttl,
+        lock = self._store.client.lock(self._store.key(FLEET_LOCK.key(key)), timeout=self._ttl,
                                        blocking=False, thread_local=False)
         owned, existing = False, None
         while self._store.available:
@@ -239,10 +241,10 @@ class RedisNegatives:
         self._report = report
         self._clock = clock
         self._script = store.client.register_script(_NEGATIVES_SCRIPT)
-        self._keys = [store.key("negatives"), store.key("negatives:sizes"), store.key("negatives:bytes")]
+        self._keys = [store.key(name) for name in NEGATIVE_BOOKKEEPING]
 
     def _entry(self, key: str) -> str:
-        return self._store.key(f"negative:{key}")
+        return self._store.key(NEGATIVE.key(key))
 
     async def get(self, key: str) -> bytes | None:
         return await self._store._call(self._store.client.get(self._entry(key)), None)
@@ -258,7 +260,7 @@ class RedisNegatives:
         await self._run("discard", key, b"")
 
     async def _run(self, op: str, key: str, value: bytes) -> None:
-        args = [self._store.key("negative:"), op, key, value, self._retention, self._clock(),
+        args = [self._store.key(NEGATIVE.prefix), op, key, value, self._retention, self._clock(),
                 self._max_entries, self._max_bytes]
         counts = await self._store._call(self._script(keys=self._keys, args=args), None)
         if counts is not None and self._report is not None:

@@ -36,29 +36,21 @@ from typing import IO, Any
 import zstandard
 from yarl import URL
 
-from proxy import __version__, verify
+from proxy import __version__, records, verify
 from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
-from proxy.cache import CacheEntry, MetadataStore, decode_record, encode_record
+from proxy.cache import CacheEntry, MetadataStore, keys
 from proxy.commands import CommandError
 from proxy.errors import ProxyError
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip
-from proxy.mirror import ArchiveRecord, sums_key
-from proxy.module_mirror import ModuleRecord
 from proxy.packing import ArchiveError, check_archive
+from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
 from proxy.store import ArchiveStore
 from proxy.upstream.providers import parse_download
 
 FORMAT = "registry-proxy-bundle"
 FORMAT_VERSION = 1
 _ARCHIVE_MEMBER = re.compile(r"^archives/([0-9a-f]{64})\Z")
-_PART = "[^/]+"
-_PROVIDER_KEY = re.compile(
-    rf"^archive:(?P<host>{_PART})/(?P<ns>{_PART})/(?P<type>{_PART})/(?P<version>{_PART})/(?P<platform>{_PART})\Z")
-_MODULE_KEY = re.compile(
-    rf"^module:(?P<host>{_PART})/(?P<ns>{_PART})/(?P<name>{_PART})/(?P<system>{_PART})/(?P<version>{_PART})\Z")
-_KNOWN_KINDS = ("discovery:", "versions:", "download:", "sums:", "archive:", "module-versions:",
-                "module-download:", "module:")
 ZSTD_MAGIC, GZIP_MAGIC = b"\x28\xb5\x2f\xfd", b"\x1f\x8b"
 
 
@@ -79,50 +71,48 @@ class BundleReport:
 
 async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str]) -> BundleReport:
     """Write every cached provider archive and module (or those matching `only`) with their metadata."""
-    keys = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
-    values = {key: value for key in keys if (value := await cache.get(key)) is not None}
+    names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
+    values = {key: value for key in names if (value := await cache.get(key)) is not None}
     report = BundleReport()
     wanted: set[str] = set()
     manifest: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "proxy_version": __version__,
                                 "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                                 "providers": [], "modules": []}
     files: dict[str, Path] = {}
-    for key in keys:
-        if (match := _PROVIDER_KEY.match(key)) and _selected(match, only):
-            record = ArchiveRecord.from_dict(decode_record(values.get(key)))
+    for key in names:
+        if (parts := keys.ARCHIVE.parse(key)) and _selected(keys.ARCHIVE.subject(key), only):
+            record = records.decode(values.get(key), ArchiveRecord)
             stored = store.get(record.sha256) if record else None
-            download_key = f"download:{key.removeprefix('archive:')}"
+            download_key = keys.DOWNLOAD.key_for(parts)
             entry = CacheEntry.decode(values.get(download_key))
             if record is None or stored is None or entry is None or entry.negative:
                 continue
-            addr, version, platform = _provider_of(match)
+            addr, version, platform = _provider_of(parts)
             info = parse_download(entry.body, URL(entry.url), addr, version, platform)
-            related = [key, download_key, sums_key(info), f"versions:{addr}", f"discovery:{addr.hostname}"]
+            sums_key = keys.sums(info)
+            related = [key, download_key, sums_key, keys.versions(addr), keys.discovery(addr.hostname)]
             wanted.update(k for k in related if k in values)
-            siblings = [k for k in keys if k.startswith(f"download:{addr}/{version}/") and k != download_key]
+            siblings = [k for k in names if _same_release(keys.DOWNLOAD.parse(k), parts) and k != download_key]
             wanted.update(siblings)
             files[record.sha256] = stored.path
-            sums_record = decode_record(values.get(sums_key(info)))
-            if sums_record and sums_record.get("fingerprint"):
-                report.signing_keys.add(str(sums_record["fingerprint"]))
+            sums_record = records.decode(values.get(sums_key), SumsRecord)
+            if sums_record and sums_record.fingerprint:
+                report.signing_keys.add(sums_record.fingerprint)
             manifest["providers"].append({"archive_key": key, "download_key": download_key,
-                                          "sums_key": sums_key(info), "sha256": record.sha256,
+                                          "sums_key": sums_key, "sha256": record.sha256,
                                           "filename": record.filename, "other_platforms": siblings})
             report.providers.append(f"{addr} {version} {platform}")
-        elif (match := _MODULE_KEY.match(key)) and _selected(match, only):
-            data = decode_record(values.get(key))
-            record = ModuleRecord.from_dict(data) if data else None
+        elif (parts := keys.MODULE.parse(key)) and _selected(keys.MODULE.subject(key), only):
+            record = records.decode(values.get(key), ModuleRecord)
             stored = store.get(record.sha256) if record else None
             if record is None or stored is None:
                 continue
-            subject = key.removeprefix("module:")
-            module = subject.rsplit("/", 1)[0]
-            related = [key, f"module-download:{subject}", f"module-versions:{module}",
-                       f"discovery:{match['host']}"]
+            versions_key = keys.MODULE_VERSIONS.key_for(parts)
+            related = [key, keys.MODULE_DOWNLOAD.key_for(parts), versions_key, keys.DISCOVERY.key_for(parts)]
             wanted.update(k for k in related if k in values)
             files[record.sha256] = stored.path
             manifest["modules"].append({"module_key": key, "sha256": record.sha256, "archive": record.archive})
-            report.modules.append(f"{module} {match['version']}")
+            report.modules.append(f"{keys.MODULE_VERSIONS.subject(versions_key)} {parts['version']}")
     if not files:
         raise CommandError("nothing to export: the cache holds no verified archives" +
                            (f" matching {', '.join(only)}" if only else ""))
@@ -137,15 +127,20 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
     return report
 
 
-def _selected(match: re.Match, only: list[str]) -> bool:
-    subject = match.string.split(":", 1)[1]
+def _selected(subject: str, only: list[str]) -> bool:
+    """Whether a key's subject (`HOST/NAMESPACE/...`) is one `export --only` asked for (or all, without it)."""
     return not only or any(subject == o or subject.startswith(o.rstrip("/") + "/") for o in
                            (pattern.replace("@", "/") for pattern in only))
 
 
-def _provider_of(match: re.Match) -> tuple[ProviderAddr, Version, Platform]:
-    return (ProviderAddr.parse(match["host"], match["ns"], match["type"]), Version.parse(match["version"]),
-            Platform.parse(match["platform"]))
+def _provider_of(parts: dict[str, str]) -> tuple[ProviderAddr, Version, Platform]:
+    return (ProviderAddr.parse(parts["host"], parts["namespace"], parts["type"]), Version.parse(parts["version"]),
+            Platform.parse(parts["platform"]))
+
+
+def _same_release(download: dict[str, str] | None, archive: dict[str, str]) -> bool:
+    """Whether a download key's parts name the provider version of an archive key's parts."""
+    return download is not None and all(download[p] == archive[p] for p in ("host", "namespace", "type", "version"))
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -190,15 +185,15 @@ async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore,
             report.signing_keys.add(fingerprint)
             if trusted_keys is not None and fingerprint not in trusted_keys:
                 raise CommandError(
-                    f"bundle rejected: {key.removeprefix('archive:')} is signed by key {fingerprint}, which is not "
+                    f"bundle rejected: {keys.ARCHIVE.subject(key)} is signed by key {fingerprint}, which is not "
                     "trusted; pass --trust-key with that fingerprint if it is the registry's real signing key")
             records[key] = raw
-            report.providers.append(key.removeprefix("archive:"))
+            report.providers.append(keys.ARCHIVE.subject(key))
             for sibling in entry.get("other_platforms", []):
                 _verify_sibling(entry, sibling, metadata)
         for entry in manifest.get("modules", []):
             _verify_module(entry, metadata, files)
-            report.modules.append(entry["module_key"].removeprefix("module:"))
+            report.modules.append(keys.MODULE.subject(entry["module_key"]))
         referenced = {e["sha256"] for e in manifest.get("providers", []) + manifest.get("modules", [])}
         for sha in sorted(files):
             if sha not in referenced:
@@ -259,9 +254,10 @@ def _arriving_stale(metadata: dict[str, bytes]) -> dict[str, bytes]:
     a discovery document that sends a service to another host than its own is dropped."""
     result = {}
     for key, raw in metadata.items():
-        if key.startswith(("versions:", "module-versions:", "discovery:")):
+        kind = keys.kind_of(key)
+        if kind in (keys.VERSIONS, keys.MODULE_VERSIONS, keys.DISCOVERY):
             entry = CacheEntry.decode(raw)
-            if entry is None or (key.startswith("discovery:") and not _stays_on_host(entry)):
+            if entry is None or (kind is keys.DISCOVERY and not _stays_on_host(entry)):
                 continue
             raw = replace(entry, fetched_at=0.0).encode()
         result[key] = raw
@@ -281,20 +277,19 @@ def _stays_on_host(entry: CacheEntry) -> bool:
 
 
 def _covered_keys(manifest: dict[str, Any]) -> set[str]:
-    keys: set[str] = set()
+    covered: set[str] = set()
     for entry in manifest.get("providers", []):
-        match = _PROVIDER_KEY.match(entry.get("archive_key", ""))
-        if match:
-            keys.update({entry["archive_key"], entry.get("download_key", ""), entry.get("sums_key", ""),
-                         f"versions:{match['host']}/{match['ns']}/{match['type']}", f"discovery:{match['host']}",
-                         *entry.get("other_platforms", [])})
+        parts = keys.ARCHIVE.parse(entry.get("archive_key", ""))
+        if parts:
+            covered.update({entry["archive_key"], entry.get("download_key", ""), entry.get("sums_key", ""),
+                            keys.VERSIONS.key_for(parts), keys.DISCOVERY.key_for(parts),
+                            *entry.get("other_platforms", [])})
     for entry in manifest.get("modules", []):
-        match = _MODULE_KEY.match(entry.get("module_key", ""))
-        if match:
-            subject = entry["module_key"].removeprefix("module:")
-            keys.update({entry["module_key"], f"module-download:{subject}",
-                         f"module-versions:{subject.rsplit('/', 1)[0]}", f"discovery:{match['host']}"})
-    return keys
+        parts = keys.MODULE.parse(entry.get("module_key", ""))
+        if parts:
+            covered.update({entry["module_key"], keys.MODULE_DOWNLOAD.key_for(parts),
+                            keys.MODULE_VERSIONS.key_for(parts), keys.DISCOVERY.key_for(parts)})
+    return covered
 
 
 def _read_metadata(data: bytes) -> dict[str, bytes]:
@@ -304,7 +299,7 @@ def _read_metadata(data: bytes) -> dict[str, bytes]:
             continue
         item = json.loads(line)
         key = item.get("key")
-        if not isinstance(key, str) or not key.startswith(_KNOWN_KINDS):
+        if not isinstance(key, str) or keys.kind_of(key) is None:
             raise CommandError(f"bundle rejected: metadata line {number} has an unknown key {key!r}")
         result[key] = base64.b64decode(item["value"], validate=True)
     return result
@@ -329,16 +324,17 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
                      keyring: Keyring) -> tuple[str, bytes, str]:
     name = f"{entry.get('filename')} (archives/{entry.get('sha256')})"
     try:
-        match = _PROVIDER_KEY.match(entry["archive_key"])
-        addr, version, platform = _provider_of(match)
-        if entry["download_key"] != "download:" + entry["archive_key"].removeprefix("archive:"):
+        parts = keys.ARCHIVE.parse(entry["archive_key"])
+        if parts is None:
+            raise ValueError("the manifest names no provider archive")
+        addr, version, platform = _provider_of(parts)
+        if entry["download_key"] != keys.DOWNLOAD.key_for(parts):
             raise ValueError("the manifest pairs the archive with another provider's download metadata")
         download = CacheEntry.decode(metadata[entry["download_key"]])
         info = parse_download(download.body, URL(download.url), addr, version, platform)
-        if entry["sums_key"] != sums_key(info):
+        if entry["sums_key"] != keys.sums(info):
             raise ValueError("the manifest pairs the archive with another release's SHA256SUMS")
-        sums_record = decode_record(metadata[entry["sums_key"]])
-        sums, signature = bytes.fromhex(sums_record["sums"]), bytes.fromhex(sums_record["signature"])
+        sums, signature = _sums_record(metadata, entry["sums_key"])
         signed = keyring.verify_detached(sums, signature, list(info.signing_keys))
         expected = verify.expected_digest(verify.parse_signed_sums(sums, "bundle"), info.filename, info.shasum)
         path = files[expected]
@@ -354,25 +350,31 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
     if expected != entry["sha256"]:
         raise CommandError(f"bundle rejected: {name}: the manifest's digest disagrees with the signed SHA256SUMS")
     record = ArchiveRecord(expected, path.stat().st_size, info.filename, h1_zip, h1_dir)
-    return entry["archive_key"], encode_record(record.to_dict()), signed.fingerprint
+    return entry["archive_key"], records.encode(record), signed.fingerprint
+
+
+def _sums_record(metadata: dict[str, bytes], key: str) -> tuple[bytes, bytes]:
+    """The SHA256SUMS and signature a bundle carries under `key` (KeyError when missing, ValueError when
+    unreadable)."""
+    record = records.decode(metadata[key], SumsRecord)
+    if record is None:
+        raise ValueError(f"the SHA256SUMS record {key} is unreadable")
+    return record.sums, record.signature
 
 
 def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes]) -> None:
     """Download metadata of another platform of a verified release: it must belong to the same signed
     SHA256SUMS (same URLs and keys) and its shasum must be the one the signed file lists."""
-    match = _PROVIDER_KEY.match("archive:" + key.removeprefix("download:"))
-    own = _PROVIDER_KEY.match(entry["archive_key"])
+    parts = keys.DOWNLOAD.parse(key)
     try:
-        if not key.startswith("download:") or match is None or \
-                (match["host"], match["ns"], match["type"], match["version"]) != \
-                (own["host"], own["ns"], own["type"], own["version"]):
+        if not _same_release(parts, keys.ARCHIVE.parse(entry["archive_key"])):
             raise ValueError("it is not a platform of the same provider version")
-        addr, version, platform = _provider_of(match)
+        addr, version, platform = _provider_of(parts)
         download = CacheEntry.decode(metadata[key])
         info = parse_download(download.body, URL(download.url), addr, version, platform)
-        if sums_key(info) != entry["sums_key"]:
+        if keys.sums(info) != entry["sums_key"]:
             raise ValueError("it does not belong to the release's signed SHA256SUMS")
-        sums = verify.parse_signed_sums(bytes.fromhex(decode_record(metadata[entry["sums_key"]])["sums"]), "bundle")
+        sums = verify.parse_signed_sums(_sums_record(metadata, entry["sums_key"])[0], "bundle")
         verify.expected_digest(sums, info.filename, info.shasum)
     except (KeyError, ValueError, TypeError, AttributeError, ProxyError) as exc:
         message = exc.message if isinstance(exc, ProxyError) else str(exc)
@@ -381,13 +383,12 @@ def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes])
 
 def _verify_module(entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path]) -> None:
     name = f"{entry.get('module_key')} (archives/{entry.get('sha256')})"
-    data = decode_record(metadata.get(entry.get("module_key", "")))
-    record = ModuleRecord.from_dict(data) if data else None
+    record = records.decode(metadata.get(entry.get("module_key", "")), ModuleRecord)
     if record is None or record.sha256 != entry.get("sha256") or record.sha256 not in files:
         raise CommandError(f"bundle rejected: {name}: its record is missing or disagrees with the archive")
-    match = _MODULE_KEY.match(entry["module_key"])
+    parts = keys.MODULE.parse(entry["module_key"])
     try:
-        ModuleAddr.parse(match["host"], match["ns"], match["name"], match["system"])
+        ModuleAddr.parse(parts["host"], parts["namespace"], parts["name"], parts["system"])
         check_archive(files[record.sha256], record.archive)
     except (ArchiveError, AddressError, TypeError) as exc:
         raise CommandError(f"bundle rejected: {name}: {exc}") from None

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from proxy.addrs import AddressError, Platform
 from proxy.cache import MetadataStore
-from proxy.cache.factory import open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import Settings, metadata_secret_settings
+from proxy.config import Settings, metadata_secret_settings, parse_duration
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
 from proxy.store import ArchiveStore
@@ -84,8 +84,10 @@ async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore
     """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
     settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
                         redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
+                        redis_retention=parse_duration(args.redis_retention),
                         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file))
-    cache, _ = await open_metadata_store(settings)
+    backend, _ = await open_metadata_store(settings)
+    cache = negative_bound(settings, backend)
     store = ArchiveStore(settings.archive_dir)
     store.open()
     return cache, store

@@ -10,15 +10,16 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from proxy.cache import MetadataStore
-from proxy.cache.factory import open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
-from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
-from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.config import Settings
-from proxy.fetch import Fetcher
+from proxy.diskspace import DiskSpace
+from proxy.documents import DocumentCache
+from proxy.downloader import Downloader
+from proxy.flights import Flights
 from proxy.gpg import Keyring
+from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
@@ -53,26 +54,29 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = ArchiveStore(settings.archive_dir)
     store.open()
-    backend, locks = await open_metadata_store(settings, app[METRICS])
-    cache = NegativeBound(MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None),
-                          negative_store(settings, backend, app[METRICS]))
+    metrics = app[METRICS]
+    backend, locks = await open_metadata_store(settings, metrics)
+    cache = negative_bound(settings, backend, metrics,
+                           front=MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None))
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
-    fetcher = Fetcher(settings, upstream, cache, store, app[METRICS], locks=locks)
+    flights = Flights(locks)
+    space = DiskSpace(store.root, settings.min_free_space)
+    guard = StoreGuard(store, metrics)
+    documents = DocumentCache(settings, upstream, cache, metrics, flights)
+    downloader = Downloader(settings, upstream, store, guard, space, metrics)
     keyring = Keyring(settings.gnupg_home)
-    mirror = Mirror(fetcher, keyring)
-    app[MIRROR] = mirror
-    app[GUARD] = fetcher.guard
+    app[MIRROR] = Mirror(settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space,
+                         metrics=metrics)
+    app[GUARD] = guard
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
                      max_entries=settings.max_module_entries)
-    app[MODULES] = ModuleMirror(fetcher, git, passthrough=settings.module_passthrough,
-                                max_bytes=settings.max_module_bytes,
-                                max_unpacked_bytes=settings.max_module_unpacked_bytes,
-                                max_entries=settings.max_module_entries)
+    app[MODULES] = ModuleMirror(settings, documents, downloader, flights, git, store=store, space=space,
+                                metrics=metrics)
 
     async def begin_shutdown(_: web.Application) -> None:
-        fetcher.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
+        flights.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
 
     app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
@@ -80,7 +84,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await fetcher.close()
+        await flights.close()
         await upstream.close()
         await cache.close()
         store.close()
@@ -98,19 +102,3 @@ def write_ca_bundle(settings: Settings) -> Path | None:
     bundle.parent.mkdir(parents=True, exist_ok=True)
     bundle.write_bytes(b"\n".join(parts))
     return bundle
-
-
-def negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics) -> NegativeStore:
-    """Where remembered 404s go: Redis for a fleet, else process memory; bounded either way."""
-
-    def report(entries: int, size: int) -> None:
-        metrics.negative_entries.set(entries)
-        metrics.negative_bytes.set(size)
-
-    bounds = (settings.negative_cache_entries, settings.negative_cache_bytes,
-              negative_retention(settings.freshness.negative))
-    redis_store = getattr(backend, "inner", backend)  # under the seal
-    if isinstance(redis_store, RedisStore):
-        return RedisNegatives(redis_store, *bounds, report=report)
-    return MemoryNegatives(*bounds, report=report)
-

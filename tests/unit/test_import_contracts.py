@@ -45,6 +45,7 @@ def test_the_project_keeps_its_import_contracts():
     ("proxy/commands/lock.py", "import proxy.cli", "layers", "proxy.commands.lock -> proxy.cli"),
     ("proxy/store.py", "import redis", "adapters", "proxy.store -> redis"),
     ("proxy/tfconfig.py", "import proxy.errors", "neutral-errors", "proxy.tfconfig -> proxy.errors"),
+    ("proxy/commands/verify.py", "import proxy.mirror", "commands-services", "proxy.commands.verify -> proxy.mirror"),
 ])
 def test_a_module_that_breaks_a_contract_fails_the_check(tmp_path, module, line, contract, chain):
     shutil.copy(REPO / "setup.cfg", tmp_path / "setup.cfg")

@@ -1,0 +1,225 @@
+"""Upstream documents through the metadata cache: the freshness policy, memos and the offline policy.
+
+`DocumentCache.document` is the freshness policy in action: fresh → serve; stale or missing →
+one shared upstream fetch (ETag revalidation); on upstream failure the stale copy is
+served (stale-if-error); 404s are cached briefly. A request waits for a refresh at most
+its stale deadline (then the stale copy is answered while the refresh goes on) and for a
+missing document at most its request deadline (then 504) — see `proxy.deadline`.
+Derived records (`proxy.records`) are read and written here too, each decoded once per
+stored value. The registry allowlist and service discovery come first for every address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import structlog
+from yarl import URL
+
+from proxy import deadline, records
+from proxy.addrs import Hostname
+from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of, keys
+from proxy.config import Settings
+from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
+from proxy.flights import Flights
+from proxy.log import note_cache
+from proxy.metrics import Metrics
+from proxy.slots import HostSlots
+from proxy.upstream import discovery
+from proxy.upstream.client import UpstreamClient
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+R = TypeVar("R", bound=records.Record)
+MEMO_ENTRIES = 10_000
+
+
+def require_online(settings: Settings, what: str) -> None:
+    """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
+    if settings.offline:
+        raise OfflineMissError(f"the proxy is offline (--offline) and has no cached copy of {what}")
+
+
+class DocumentCache:
+    """Cached upstream documents and derived records, refreshed through shared fetches."""
+
+    def __init__(self, settings: Settings, upstream: UpstreamClient, cache: MetadataStore, metrics: Metrics,
+                 flights: Flights, *, clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._cache = cache
+        self._metrics = metrics
+        self._flights = flights
+        self._upstream = upstream
+        self._clock = clock
+        # Metadata has slots of its own (archives have theirs, in proxy.downloader), so slow downloads
+        # never starve index.json; each upstream host gets a share, so one slow host never takes them all.
+        self._slots = HostSlots.for_upstream(settings.limits)
+        self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
+        self._parsed: dict[str, tuple[object, object]] = {}
+        self._records: dict[str, tuple[bytes, Any]] = {}
+
+    def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
+        """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
+        return None if raw is None else self._memoised(self._decoded, key, raw, CacheEntry.decode)
+
+    async def cached(self, key: str) -> CacheEntry | None:
+        """The cached upstream document under `key`, never fetching it."""
+        return self._decode(key, await self._cache.get(key))
+
+    async def record(self, key: str, kind: type[R]) -> R | None:
+        """The record of type `kind` under `key` (None: missing or unreadable), decoded once per stored value."""
+        return self._decode_record(key, await self._cache.get(key), kind)
+
+    async def records(self, wanted: list[str], kind: type[R]) -> list[R | None]:
+        """Several records in one store round trip."""
+        found = await self._cache.get_many(wanted)
+        return [self._decode_record(key, raw, kind) for key, raw in zip(wanted, found, strict=True)]
+
+    def _decode_record(self, key: str, raw: bytes | None, kind: type[R]) -> R | None:
+        return None if raw is None else self._memoised(self._records, key, raw, lambda r: _read_record(key, r, kind))
+
+    def parsed(self, key: str, entry: Any, parse: Callable[[Any], T]) -> T:
+        """`parse(entry)`, memoised per key for as long as the entry object is the same."""
+        return self._memoised(self._parsed, key, entry, parse)
+
+    @staticmethod
+    def _memoised(memo: dict, key: str, source: Any, compute: Callable[[Any], T]) -> T:
+        """`compute(source)`, reused while the same source object is asked for under `key` (bounded)."""
+        hit = memo.get(key)
+        if hit is not None and hit[0] is source:
+            return hit[1]
+        value = compute(source)
+        if len(memo) >= MEMO_ENTRIES:
+            memo.pop(next(iter(memo)))
+        memo[key] = (source, value)
+        return value
+
+    def check_allowed(self, hostname: Hostname) -> None:
+        """Refuse registry hostnames outside the allowlist, before any network request."""
+        if str(hostname) not in self._settings.all_allowed_hosts:
+            raise HostNotAllowedError(
+                f"registry host {hostname} is not allowed by this proxy "
+                "(the operator can add it with --allow-host)")
+
+    async def service_url(self, hostname: Hostname, service: str) -> URL:
+        """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
+        url = discovery.discovery_url(hostname, self._settings.upstream_map)
+        entry = await self.document(
+            keys.discovery(hostname), url, ttl=self._settings.freshness.discovery,
+            max_bytes=self._settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
+            validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
+        if entry.negative:
+            raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
+        services = self.parsed(keys.discovery(hostname), entry,
+                               lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
+        return discovery.service_url(services, service, URL(entry.url), hostname)
+
+    async def document(self, key: str, url: URL, *, ttl: float | None,
+                        validate: Callable[[CacheEntry], object],
+                        max_bytes: int | None = None, max_redirects: int | None = None) -> CacheEntry:
+        """A cached upstream document, refreshed through one shared fetch when not fresh."""
+        cached = self._decode(key, await self._cache.get(key))
+        if cached is not None and (self._settings.offline or freshness_of(
+                cached, self._clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH):
+            self._count_cache("hit")
+            return cached
+        self.require_online(key.replace(":", " ", 1))
+        limit = max_bytes or self._settings.limits.max_metadata_bytes
+
+        async def refresh() -> tuple[CacheEntry, str]:
+            # A flight for this key may have stored a fresh entry since the read above: no second fetch.
+            latest = self._decode(key, await self._cache.get(key))
+            if latest is not None and freshness_of(
+                    latest, self._clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH:
+                return latest, "hit"
+            return await self._refresh(key, url, latest or cached, limit, max_redirects, validate)
+
+        if cached is None:
+            entry, outcome = await self._flights.join(keys.DOCUMENT_FLIGHT.key(key), refresh, str(url.with_query(None)))
+        else:
+            entry, outcome = await self._stale_while_revalidate(key, refresh, cached)
+        self._count_cache(outcome)
+        return entry
+
+    async def _stale_while_revalidate(self, key: str, refresh: Callable[[], Awaitable[tuple[CacheEntry, str]]],
+                                      cached: CacheEntry) -> tuple[CacheEntry, str]:
+        """The refreshed entry if the shared refresh ends within the stale deadline, else the stale copy
+        (the refresh goes on in the background and its result lands in the cache)."""
+        try:
+            async with asyncio.timeout(deadline.stale_wait(self._settings.stale_deadline)) as scope:
+                return await self._flights.run(keys.DOCUMENT_FLIGHT.key(key), refresh)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+        log.info("cache.serve_stale", key=key, reason="refresh still running at the stale deadline",
+                 age_seconds=round(self._clock() - cached.fetched_at))
+        return cached, "stale"
+
+    async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
+                       max_redirects: int | None,
+                       validate: Callable[[CacheEntry], object]) -> tuple[CacheEntry, str]:
+        usable = cached if cached is not None and not cached.negative else None
+        try:
+            async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
+                response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
+                                                    etag=usable.etag if usable else None)
+            now = self._clock()  # the answer's age counts from its arrival, however slow the upstream was
+            if response.status == 304 and usable is not None:
+                entry = replace(usable, fetched_at=now)
+            elif response.status in (404, 410):
+                entry = CacheEntry(404, b"", str(response.final_url), now)
+            elif response.status in (200, 204):
+                entry = CacheEntry(response.status, response.body, str(response.final_url), now,
+                                   response.etag, response.content_type, response.terraform_get)
+                try:
+                    validate(entry)
+                except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a parser missed a shape
+                    raise UpstreamError(f"upstream answer at {url.with_query(None)} is malformed: {exc}") from None
+            else:
+                raise UpstreamError(f"upstream answered {response.status} for {url}")
+        except UpstreamError as exc:
+            self._metrics.upstream_fetches.labels("metadata", "error").inc()
+            if cached is not None:  # stale-if-error, for remembered 404s too
+                log.warning("cache.serve_stale", key=key, error=exc.message,
+                            age_seconds=round(self._clock() - cached.fetched_at))
+                return cached, "stale"
+            raise
+        self._metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
+        await self._cache.set(key, entry.encode())
+        return entry, "miss"
+
+    def _count_cache(self, outcome: str) -> None:
+        note_cache(outcome)
+        self._metrics.cache.labels(outcome).inc()
+
+    def require_online(self, what: str) -> None:
+        """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
+        require_online(self._settings, what)
+
+    async def put_record(self, key: str, record: records.Record) -> None:
+        """Store a derived record (only ever a verified one)."""
+        await self._cache.set(key, records.encode(record))
+
+    async def blob(self, url: URL, max_bytes: int, what: str) -> bytes:
+        """An uncached upstream file (SHA256SUMS and its signature), fetched in a metadata slot."""
+        self.require_online(what)
+        async with self._slots.hold(url, self._settings.limits.metadata_timeout, what):
+            response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
+        if response.status != 200:
+            raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
+        self._metrics.upstream_fetches.labels("checksums", "200").inc()
+        return response.body
+
+
+def _read_record(key: str, raw: bytes, kind: type[R]) -> R | None:
+    """A stored record; one written by a newer proxy is logged and read as a miss."""
+    data = decode_record(raw)
+    record = kind.from_dict(data)
+    if record is None and records.is_newer(data):
+        log.warning("cache.record_unreadable", key=key, version=records.version_of(data),
+                    reason="written in a newer record format than this proxy reads: treated as a miss")
+    return record

@@ -1,0 +1,152 @@
+"""Archives into the store: verified downloads, verified relays while the disk is full, and lookups.
+
+`Downloader.download` streams a URL into a temp file of the archive store while hashing it,
+lets the caller check it, and only then publishes it; when the disk is full (below the
+`--min-free-space` floor, or a write fails for lack of space) it raises DiskFullError instead,
+and `Downloader.pass_through` relays the archive to the client unstored, verified on the way.
+`Downloader.stored` is the one "already stored and intact" check of providers and modules.
+Downloads have upstream slots of their own, shared fairly between hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import structlog
+from yarl import URL
+
+from proxy.config import Settings
+from proxy.diskspace import DiskSpace, is_disk_full
+from proxy.documents import require_online
+from proxy.integrity import StoreGuard
+from proxy.metrics import Metrics
+from proxy.passthrough import Begin, PassThrough, Send
+from proxy.slots import HostSlots
+from proxy.store import ArchiveStore, PendingArchive, StoredArchive
+from proxy.upstream.client import UpstreamClient
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class ArchiveFacts(Protocol):
+    """What a record says about its archive file (`ArchiveRecord`, `ModuleRecord`)."""
+
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+F = TypeVar("F", bound=ArchiveFacts)
+
+
+class Downloader:
+    """Verified downloads into the archive store, and relays of what cannot be stored."""
+
+    def __init__(self, settings: Settings, upstream: UpstreamClient, store: ArchiveStore, guard: StoreGuard,
+                 space: DiskSpace, metrics: Metrics) -> None:
+        self._settings = settings
+        self._upstream = upstream
+        self._store = store
+        self._guard = guard
+        self._space = space
+        self._metrics = metrics
+        self._slots = HostSlots.for_upstream(settings.limits)
+
+    async def stored(self, record: F | None) -> tuple[StoredArchive, F] | None:
+        """The archive a verified record names, if its file, of the recorded size, is in the store."""
+        if record is None:
+            return None
+        stored = await self._guard.lookup(record.sha256, record.size)
+        return None if stored is None else (stored, record)
+
+    async def adopt(self, sha256: str) -> StoredArchive | None:
+        """A file already at this content address (stored for another address or protocol, or before its
+        metadata was lost), taken only if it hashes to the address."""
+        return await self._guard.adopt(sha256)
+
+    async def download(self, url: URL, max_bytes: int,
+                       check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
+        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish.
+
+        Raises DiskFullError, leaving no temp file behind, when the disk is below the free-space
+        floor (before or, by the upstream's Content-Length, during the download) or a write fails
+        for lack of space."""
+        what = str(url.with_query(None))
+        require_online(self._settings, what)
+        await self._space.require_room(what)
+        try:
+            return await self._download(url, what, max_bytes, check)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise self._space.full(exc, f"store {what}") from None
+
+    async def _download(self, url: URL, what: str, max_bytes: int,
+                        check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
+        pending: PendingArchive = await asyncio.to_thread(self._store.begin)
+        try:
+            async def sink(chunk: bytes) -> None:
+                await asyncio.to_thread(pending.write, chunk)
+
+            async def room(length: int | None) -> None:
+                if length:
+                    await self._space.require_room(what, length)
+
+            async with self._slots.hold(url, self._settings.limits.download_slot_wait,
+                                                 str(url.with_query(None))):
+                await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
+            actual = await asyncio.to_thread(pending.finish)
+            self._metrics.upstream_fetches.labels("archive", "200").inc()
+            self._metrics.upstream_bytes.inc(pending.size)
+            result = await check(pending, actual)
+            return await asyncio.to_thread(self._store.publish, pending, actual), result
+        except BaseException:
+            await asyncio.to_thread(pending.discard)
+            raise
+
+    def pass_through(self, url: URL, *, max_bytes: int, algorithm: str, kind: str,
+                     check: Callable[[str], None], etag: str | None) -> PassThrough:
+        """A relay of `url` that stores nothing; `check(hexdigest)` (raise to refuse) runs before the last chunk."""
+
+        async def stream(begin: Begin, send: Send) -> None:
+            await self._relay(url, max_bytes, algorithm, kind, check, begin, send)
+
+        return PassThrough(etag, stream)
+
+    async def _relay(self, url: URL, max_bytes: int, algorithm: str, kind: str, check: Callable[[str], None],
+                     begin: Begin, send: Send) -> None:
+        require_online(self._settings, str(url.with_query(None)))
+        digest = hashlib.new(algorithm)
+        held = b""
+        outcome = "error"
+        size = 0
+
+        async def sink(chunk: bytes) -> None:
+            nonlocal held, size
+            digest.update(chunk)
+            size += len(chunk)
+            if held:
+                await send(held)
+            held = chunk  # the newest chunk waits until the digest is known
+
+        try:
+            async with self._slots.hold(url, self._settings.limits.download_slot_wait,
+                                                 str(url.with_query(None))):
+                await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=begin)
+            self._metrics.upstream_fetches.labels("archive", "200").inc()
+            self._metrics.upstream_bytes.inc(size)
+            outcome = "verification_failed"
+            check(digest.hexdigest())
+            outcome = "error"
+            if held:
+                await send(held)
+            outcome = "complete"
+        finally:
+            self._metrics.passthrough.labels(kind, outcome).inc()
+            log.info("archive.passthrough_done", url=str(url.with_query(None)), kind=kind, outcome=outcome)
