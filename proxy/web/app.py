@@ -54,7 +54,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store = ArchiveStore(settings.archive_dir)
     store.open()
     backend, locks = await open_metadata_store(settings, app[METRICS])
-    cache = NegativeBound(MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None),
+    cache = NegativeBound(MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer),
                           negative_store(settings, backend, app[METRICS]))
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
