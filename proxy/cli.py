@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--max-metadata-size", "largest JSON/SHA256SUMS document accepted", default="8MiB")
     _option(serve, "--upstream-timeout", "timeout for metadata requests (and connect/read of downloads)",
             default="30s")
-    _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
+    _option(serve, "--upstream-concurrency", "upstream requests in flight at most, per worker", default="16")
     _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
             "(air-gapped networks; fill the cache with `import`)", switch=True)
     # --- module archive bombs ---
@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--workers", "worker processes serving the one listening socket, under a supervisor that "
             "restarts a crashed worker; 'auto': one per available CPU; 1 serves in this process",
             default="auto", metavar="N|auto")
-    _option(serve, "--max-connections", "client connections open at once; beyond it a new connection gets a 503 "
-            "and is closed (nginx: worker_connections)", default="1024")
+    _option(serve, "--max-connections", "client connections open at once, per worker; beyond it a new connection "
+            "gets a 503 and is closed (nginx: worker_connections)", default="1024")
     _option(serve, "--client-header-timeout", "time from accepting a connection to a complete request head, "
             "TLS handshake included (nginx: client_header_timeout)", default="10s")
     _option(serve, "--keepalive-timeout", "how long an idle connection is kept open between requests "

@@ -4,7 +4,8 @@ aiohttp's `web.run_app` has no connection cap, no request-head or send timeout, 
 handshake timeout below 60 s, and answers protocol errors in plain text. This module keeps
 `run_app`'s life cycle (graceful shutdown on a signal, `shutdown_timeout` for requests in
 flight) but builds the listener itself with `loop.create_server`, and each connection is a
-`LimitedRequestHandler` (aiohttp's `RequestHandler` plus the limits below):
+`LimitedRequestHandler` (aiohttp's `RequestHandler` plus the limits below). `serve_app` is that
+life cycle: `run_server` runs it in this process, `proxy.web.workers` in each worker process.
 
 - `--max-connections`: an admitted connection holds a slot until it closes; beyond the cap
   a new connection gets a 503 JSON answer and is closed at once (counted, logged once per
