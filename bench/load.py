@@ -24,35 +24,53 @@ MIB = 1 << 20
 
 
 class ProcessProbe:
-    """Memory and CPU of one process, from /proc. Peak RSS is VmHWM, reset per phase via clear_refs."""
+    """Memory and CPU of one process (with `tree`: summed over it and its child processes, the workers
+    of `serve --workers N`), from /proc. Peak RSS is VmHWM, reset per phase via clear_refs."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, tree: bool = False) -> None:
         self.pid = pid
+        self.tree = tree
         self.resettable = True
 
+    def pids(self) -> list[int]:
+        if not self.tree:
+            return [self.pid]
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        return [self.pid, *map(int, children)]
+
     def _status_kib(self, field: str) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-        raise KeyError(field)
+        return sum(_status_kib(pid, field) for pid in self.pids())
 
     def rss_mib(self) -> float:
         return self._status_kib("VmRSS") / 1024
 
     def peak_mib(self) -> float:
+        """VmHWM (with `tree`: the sum of each process's peak, an upper bound of the peak of the sum)."""
         return self._status_kib("VmHWM") / 1024
 
     def reset_peak(self) -> bool:
         """Make VmHWM the current RSS (Linux >= 4.0, needs ptrace rights on the process: we started it)."""
         try:
-            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+            for pid in self.pids():
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
         except OSError:
             self.resettable = False
         return self.resettable
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return sum(_cpu_seconds(pid) for pid in self.pids())
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

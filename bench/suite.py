@@ -5,8 +5,8 @@
    the proxy with its embedded store, the proxy with Redis, and nginx;
 3. warm archive throughput, 1 and 4 clients (curl, else aiohttp);
 4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx);
-5. cold fleet fan-out: 100 clients split across two replicas sharing Redis and a data dir,
-   upstream GETs per artifact.
+5. cold fleet fan-out: 100 clients split across two replicas (each with `--fleet-workers`
+   worker processes) sharing Redis and a data dir, upstream GETs per artifact.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class Suite:
         self.world: World | None = None
         self.nginx: Nginx | None = None
         self.redis: RedisServer | None = None
+        self.redis_args: tuple[str, ...] = ()  # a proxy on that Redis: URL, prefix, metadata secret, lock TTL
         self.terraform = Terraform(root / "tf")
         self._workdirs = 0
 
@@ -143,14 +144,19 @@ class Suite:
             await self.cold_fanout(proxy, probe)
             await self.warm_archive(proxy, probe)
             fleet = await self._start_fleet(stack)
+            redis_proxy = None
             if fleet is not None:
                 await self.fleet_cold(*fleet)
-            await self.warm_json(proxy, probe, fleet[0] if fleet is not None else None)
+                for replica in fleet:
+                    await replica.stop()
+                redis_proxy = await self._start_proxy(stack, "proxy-redis", *self.redis_args,
+                                                      data_dir=self.root / "fleet" / "data")
+            await self.warm_json(proxy, probe, redis_proxy)
             await self.init_big_warm(proxy)
             self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
             await proxy.stop()
-            for replica in fleet or ():
-                await replica.stop()
+            if redis_proxy is not None:
+                await redis_proxy.stop()
 
             proxy_b = await self._start_proxy(stack, "proxy-b")
             await self.init_small(proxy_b)
@@ -173,7 +179,7 @@ class Suite:
             "download_client": "curl" if load.CURL else "aiohttp",
             "fleet": {"clients": self.args.fleet_clients, "archive_mib": self.args.fleet_mib,
                       "upstream_chunk_delay_s": self.args.fleet_chunk_delay,
-                      "fleet_lock_ttl": self.args.fleet_lock_ttl},
+                      "fleet_lock_ttl": self.args.fleet_lock_ttl, "workers_per_replica": self.args.fleet_workers},
         }
 
     @property
@@ -219,8 +225,9 @@ class Suite:
         await asyncio.to_thread(redis.start)
         stack.callback(redis.stop)  # after the replicas stopped (the stack unwinds in reverse)
         self.redis = redis
-        extra = ("--redis-url", redis.url, "--redis-prefix", "bench-fleet", "--metadata-secret", secrets.token_hex(32),
-                 "--fleet-lock-ttl", self.args.fleet_lock_ttl)
+        self.redis_args = ("--redis-url", redis.url, "--redis-prefix", "bench-fleet",
+                           "--metadata-secret", secrets.token_hex(32), "--fleet-lock-ttl", self.args.fleet_lock_ttl)
+        extra = (*self.redis_args, "--workers", str(self.args.fleet_workers))
         data_dir = self.root / "fleet" / "data"
         first = await self._start_proxy(stack, "fleet-a", *extra, data_dir=data_dir)
         second = await self._start_proxy(stack, "fleet-b", *extra, data_dir=data_dir)
@@ -272,7 +279,8 @@ class Suite:
         world, registry, args = self.world, self.world.registry, self.args
         clients, release = args.fleet_clients, world.mid
         self.progress(f"5. cold fleet fan-out: {clients} clients x {args.fleet_mib} MiB split across replicas A and B "
-                      f"(one Redis, one data dir), upstream delay {args.fleet_chunk_delay} s per 256 KiB")
+                      f"({args.fleet_workers} workers each, one Redis, one data dir), upstream delay "
+                      f"{args.fleet_chunk_delay} s per 256 KiB")
         url_path = mirror_path(release, archive_document(release))
         context = ssl.create_default_context(cafile=str(first.ca_file))  # the same CA for both
         files = f"/files/{release.namespace}/{release.type}/{release.version}"
@@ -288,7 +296,7 @@ class Suite:
         }
         before = {name: registry.count(path) for name, path in upstream_paths.items()}
         replicas = {"A": first, "B": second}
-        probes = {name: ProcessProbe(proxy.process.pid) for name, proxy in replicas.items()}
+        probes = {name: ProcessProbe(proxy.process.pid, tree=True) for name, proxy in replicas.items()}
         cpu, idle = {}, {}
         for name, probe in probes.items():
             idle[name] = probe.rss_mib()
@@ -324,7 +332,8 @@ class Suite:
                               "first_byte_s": [round(min(first_bytes[name]), 3), round(max(first_bytes[name]), 3)]}
                        for name in replicas}
         self.results["fleet_cold"] = {
-            "clients": clients, "replicas": 2, "archive_bytes": expected_size,
+            "clients": clients, "replicas": 2, "workers_per_replica": args.fleet_workers,
+            "archive_bytes": expected_size,
             "upstream_chunk_delay_s": args.fleet_chunk_delay,
             "upstream_min_transfer_s": round(chunks * args.fleet_chunk_delay, 2),
             "upstream_gets": gets, "redis_commands": redis_calls, "wall_s": round(wall, 3),
@@ -332,10 +341,11 @@ class Suite:
         }
         fb = "; ".join(f"{name} {v['first_byte_s'][0]:.1f}-{v['first_byte_s'][1]:.1f} s"
                        for name, v in per_replica.items())
-        self.rows.append(Row(f"cold fleet {clients}x{args.fleet_mib} MiB, 2 replicas + Redis: wall", f"{wall:.1f} s",
+        self.rows.append(Row(f"cold fleet {clients}x{args.fleet_mib} MiB, 2 replicas x {args.fleet_workers} workers + "
+                             "Redis: wall", f"{wall:.1f} s",
                              note=f"first byte {fb}; upstream sends it in >= {chunks * args.fleet_chunk_delay:.1f} s; "
                                   f"CPU A {per_replica['A']['cpu_s']:.1f} s, B {per_replica['B']['cpu_s']:.1f} s"))
-        self.rows.append(Row("cold fleet: peak RSS per replica",
+        self.rows.append(Row("cold fleet: peak RSS per replica (its processes summed)",
                              " / ".join(f"{v['peak_rss_mib']:.0f}" for v in per_replica.values()) + " MiB",
                              note="A / B; idle " + " / ".join(f"{v['idle_rss_mib']:.0f}" for v in per_replica.values())
                                   + f" MiB; {clients // 2} clients each"))
@@ -409,7 +419,8 @@ class Suite:
                                        seconds=self.args.json_seconds)
 
     async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, redis_proxy: ProxyProcess | None) -> None:
-        """The embedded-store proxy, the Redis proxy (fleet replica A) and nginx, interleaved per document."""
+        """The embedded-store proxy, the Redis proxy (one worker, like it, on the fleet's Redis and data dir)
+        and nginx, interleaved per document."""
         world = self.world
         tool = "wrk" if self._use_wrk else \
             f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
@@ -614,6 +625,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fleet-chunk-delay", type=float, default=0.02,
                         help="fake upstream's pause per 256 KiB of archive in the fleet fan-out (default 0.02 s)")
     parser.add_argument("--fleet-lock-ttl", default="15s", help="the replicas' --fleet-lock-ttl (default 15s)")
+    parser.add_argument("--fleet-workers", type=int, default=2,
+                        help="worker processes of each fleet replica (`serve --workers`, default 2)")
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--max-metadata-size", "largest JSON/SHA256SUMS document accepted", default="8MiB")
     _option(serve, "--upstream-timeout", "timeout for metadata requests (and connect/read of downloads)",
             default="30s")
-    _option(serve, "--upstream-concurrency", "upstream requests in flight at most", default="16")
+    _option(serve, "--upstream-concurrency", "upstream requests in flight at most, per worker", default="16")
     _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
             "(air-gapped networks; fill the cache with `import`)", switch=True)
     # --- module archive bombs ---
@@ -131,8 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--max-module-entries", "most entries (files, directories, links) a module archive may hold",
             default="100000")
     # --- server limits ---
-    _option(serve, "--max-connections", "client connections open at once; beyond it a new connection gets a 503 "
-            "and is closed (nginx: worker_connections)", default="1024")
+    _option(serve, "--workers", "worker processes serving the one listening socket, under a supervisor that "
+            "restarts a crashed worker; 'auto': one per available CPU; 1 serves in this process",
+            default="auto", metavar="N|auto")
+    _option(serve, "--max-connections", "client connections open at once, per worker; beyond it a new connection "
+            "gets a 503 and is closed (nginx: worker_connections)", default="1024")
     _option(serve, "--client-header-timeout", "time from accepting a connection to a complete request head, "
             "TLS handshake included (nginx: client_header_timeout)", default="10s")
     _option(serve, "--keepalive-timeout", "how long an idle connection is kept open between requests "
@@ -302,6 +305,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         negative_cache_entries=_count(args.negative_cache_entries, "--negative-cache-entries"),
         negative_cache_bytes=parse_size(args.negative_cache_bytes),
         min_free_space=parse_space_floor(args.min_free_space),
+        workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
     )
 
@@ -310,6 +314,11 @@ def _count(text: str, flag: str) -> int:
     if not str(text).strip().isdigit() or int(text) < 1:
         raise ConfigError(f"{flag} must be a positive integer, not {text!r}")
     return int(str(text).strip())
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:
@@ -343,14 +352,19 @@ def serve(args: argparse.Namespace) -> int:
     from proxy.log import setup_logging
     from proxy.web.app import create_app
     from proxy.web.server import run_server
+    from proxy.web.workers import run_workers
 
     settings = settings_from_args(args)
     setup_logging(settings.log_format, settings.log_level)
     context = server_ssl_context(settings, _repeated(args, "--tls-hostname"))
     scheme = "http" if context is None else "https"
     display_host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
-    log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/")
-    run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace)
+    log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/",
+             workers=settings.workers)
+    if settings.workers > 1:
+        run_workers(settings, context)
+    else:
+        run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace)
     return 0
 
 

@@ -199,6 +199,7 @@ class Settings:
     metadata_secret: str | None = field(default=None, repr=False)  # never logged
     metadata_secret_file: Path | None = None
     min_free_space: SpaceFloor = SpaceFloor()
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -230,6 +231,8 @@ class Settings:
             raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
         if self.shutdown_grace < 0:
             raise ConfigError("--shutdown-grace must not be negative")
+        if self.workers < 1:
+            raise ConfigError("--workers must be a positive integer")
         if self.negative_cache_entries < 1:
             raise ConfigError("--negative-cache-entries must be a positive integer")
         if self.negative_cache_bytes < 1024:
@@ -260,6 +263,12 @@ class Settings:
         return self.allowed_private_hosts | frozenset(mapped)
 
     @property
+    def sole_metadata_writer(self) -> bool:
+        """No other process writes this proxy's metadata store (the embedded store, one worker), so an
+        absence it saw stays true until it writes the key itself."""
+        return self.redis_url is None and self.workers == 1
+
+    @property
     def upstream_ca_bundle(self) -> Path:
         """System CAs plus `--upstream-ca-file`, for tools (git) that take a single bundle."""
         return self.data_dir / "tls" / "upstream-ca-bundle.pem"
@@ -279,6 +288,11 @@ class Settings:
     @property
     def tls_dir(self) -> Path:
         return self.data_dir / "tls"
+
+    @property
+    def lock_dir(self) -> Path:
+        """Lock files by which the worker processes sharing this data dir fetch each artifact once."""
+        return self.data_dir / "locks"
 
 
 def normalise_hosts(hosts: list[str]) -> frozenset[str]:

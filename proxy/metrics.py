@@ -1,8 +1,46 @@
-"""Prometheus metrics, one registry per application instance (so tests never collide)."""
+"""Prometheus metrics, one registry per application instance (so tests never collide).
+
+Worker processes (`serve --workers N`) keep their values in files of one directory instead
+(prometheus_client's multiprocess mode, `share_between_processes`), so /metrics answers
+the same totals whichever worker takes the request.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+
+_shared_dir: Path | None = None
+
+
+def new_shared_dir(root: Path) -> Path:
+    """In the supervisor, before the workers start: an empty directory of its own (replicas may share
+    `root`) where its workers will keep their values."""
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="workers-", dir=root))
+
+
+def share_between_processes(directory: Path) -> None:
+    """In a worker process, before any Metrics is made: keep every value in `directory`, shared by
+    the workers of one supervisor."""
+    global _shared_dir
+    _shared_dir = directory
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    values.ValueClass = values.MultiProcessValue()
+
+
+def remove_shared_dir(directory: Path) -> None:
+    """In the supervisor, when it exits."""
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def forget_process(directory: Path, pid: int) -> None:
+    """In the supervisor, when a worker exits: drop its live gauges (its counters keep counting)."""
+    multiprocess.mark_process_dead(pid, str(directory))
 
 
 class Metrics:
@@ -36,13 +74,23 @@ class Metrics:
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)
         self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",
-                                      registry=self.registry)
+                                      registry=self.registry, multiprocess_mode="livesum")
         self.connections_refused = Counter("registry_proxy_connections_refused",
                                            "Client connections refused at --max-connections", registry=self.registry)
         self.connections_dropped = Counter("registry_proxy_connections_dropped",
                                            "Client connections closed by a timeout", ["reason"],
                                            registry=self.registry)
         self.negative_entries = Gauge("registry_proxy_negative_cache_entries",
-                                      "Remembered upstream 404s held (fleet-wide with Redis)", registry=self.registry)
+                                      "Remembered upstream 404s held (fleet-wide with Redis)", registry=self.registry,
+                                      multiprocess_mode="livemax")
         self.negative_bytes = Gauge("registry_proxy_negative_cache_bytes",
-                                    "Size of the remembered upstream 404s held", registry=self.registry)
+                                    "Size of the remembered upstream 404s held", registry=self.registry,
+                                    multiprocess_mode="livemax")
+
+    def exposition(self) -> bytes:
+        """The text format for /metrics: this instance's values, or every worker's when they are shared."""
+        if _shared_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, str(_shared_dir))
+        return generate_latest(merged)

@@ -11,7 +11,10 @@ SQLite error makes a read a miss and a write skipped, logged once per state chan
 a database", "database disk image is malformed") is moved aside to
 `metadata.sqlite.corrupt-<UTC time>` and a fresh one started; the first use (at start-up)
 runs `PRAGMA quick_check` so damage found while stopped is handled before any request.
-The database runs in WAL mode with a busy timeout, ready for several processes.
+The database is ready for several processes (the workers of `serve --workers N`): WAL mode,
+a busy timeout, autocommit (no transaction spans two coroutines' statements), no statement left
+open (it would pin a read snapshot), and a statement SQLite refuses at once as busy is tried
+again for up to the busy timeout before the store counts as down.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import aiosqlite
 import structlog
 from aiohttp_client_cache.backends.sqlite import SQLiteCache
 
@@ -35,8 +39,15 @@ T = TypeVar("T")
 
 TABLE = "metadata"
 BUSY_TIMEOUT = 5.0
+BUSY_PAUSE = 0.01  # first pause before trying a statement SQLite refused as busy again (doubling)
 FAILURES = (sqlite3.Error, ValueError, OSError)  # ValueError: aiosqlite's "no active connection"
 _CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # and their extended codes
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Another process holds a lock SQLite did not (or could not) wait for."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(exc).lower()
 
 
 def is_corruption(exc: BaseException) -> bool:
@@ -68,7 +79,7 @@ class EmbeddedStore:
         return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
-        value = await self._call(lambda cache: cache.read(key), None)
+        value = await self._call(lambda cache: _select_value(cache, key), None)
         return bytes(value) if value is not None else None
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
@@ -91,8 +102,8 @@ class EmbeddedStore:
         """True when the file answers a query now; False while the breaker is open."""
         if not self.available:
             return False
-        found = await self._call(lambda cache: cache.contains("__ping__"), None)
-        return found is not None and self._breaker.up
+        found = await self._call(lambda cache: _select_value(cache, "__ping__"), False)
+        return found is not False and self._breaker.up
 
     async def close(self) -> None:
         await self._drop()
@@ -105,7 +116,7 @@ class EmbeddedStore:
         generation = self._generation
         try:
             try:
-                result = await operation(await self._open())
+                result = await self._patiently(operation)
             except FAILURES as exc:
                 if not is_corruption(exc):
                     raise
@@ -113,12 +124,27 @@ class EmbeddedStore:
                     await self._quarantine(exc)
                 if not retry_fresh:
                     return default  # a fresh file has nothing to read
-                result = await operation(await self._open())
+                result = await self._patiently(operation)
         except FAILURES as exc:  # also a file that could not be moved aside
             self._mark_down(exc)
             return default
         self._mark_up()
         return result
+
+    async def _patiently(self, operation: Callable[[SQLiteCache], Awaitable[T]]) -> T:
+        """`operation`, tried again while another process holds the lock SQLite would not wait for
+        (it answers "database is locked" at once where waiting could deadlock), for up to BUSY_TIMEOUT."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + BUSY_TIMEOUT
+        pause = BUSY_PAUSE
+        while True:
+            try:
+                return await operation(await self._open())
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or loop.time() + pause > give_up:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     async def _open(self) -> SQLiteCache:
         """The open database; on first use, its integrity is checked and a damaged file replaced."""
@@ -150,7 +176,10 @@ class EmbeddedStore:
     async def _connect(self) -> AsyncIterator:
         if self._cache is None:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
-            self._cache = SQLiteCache(str(self.path), TABLE, timeout=BUSY_TIMEOUT)
+            # autocommit: each statement its own transaction, so no coroutine's write waits inside (or holds
+            # the lock across awaits for) a transaction that another coroutine on this connection opened
+            connection = aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None)
+            self._cache = SQLiteCache(str(self.path), TABLE, connection=connection)
         async with self._cache.get_connection() as db:
             await db.execute("PRAGMA journal_mode=WAL")
             yield db
@@ -185,6 +214,15 @@ class EmbeddedStore:
     def _mark_up(self) -> None:
         if self._breaker.reset():
             log.warning("metadata_store.up", path=str(self.path), effect="metadata is cached again")
+
+
+async def _select_value(cache: SQLiteCache, key: str) -> bytes | None:
+    """The value stored under `key`, its statement closed at once: a statement left open would hold a
+    read snapshot, and a later write on this connection would fail (SQLITE_BUSY_SNAPSHOT) as soon
+    as another process had written since."""
+    async with cache.get_connection() as db, db.execute(f"SELECT value FROM `{TABLE}` WHERE key=?", (key,)) as cursor:
+        row = await cursor.fetchone()
+    return row[0] if row else None
 
 
 def _rename_database(path: Path, target: Path) -> None:

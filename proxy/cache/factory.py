@@ -13,6 +13,7 @@ import structlog
 
 from proxy.cache import MetadataStore
 from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.filelocks import FileLocks
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
 from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
 from proxy.cache.sealed import SECRET_FILE, SealedStore, metadata_secret
@@ -25,9 +26,9 @@ log = structlog.get_logger(__name__)
 
 async def open_metadata_store(settings: Settings,
                               metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
-    """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store;
-    either sealed with the metadata secret (ConfigError when it cannot be had). The embedded file is
-    checked now, before the first request."""
+    """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store (with
+    lock files in the data dir when several workers share it); either sealed with the metadata secret
+    (ConfigError when it cannot be had). The embedded file is checked now, before the first request."""
     on_reject = None
     if metrics is not None:
         def on_reject(store: str, reason: str) -> None:
@@ -47,7 +48,7 @@ async def open_metadata_store(settings: Settings,
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
         log.info("metadata.records_sealed", records=await sealed.adopt_unsealed(),
                  reason="first start with sealed metadata: the existing records of this data dir were sealed")
-    return sealed, LocalLocks()
+    return sealed, FileLocks(settings.lock_dir) if settings.workers > 1 else LocalLocks()
 
 
 def negative_bound(settings: Settings, backend: MetadataStore, metrics: Metrics | None = None, *,

@@ -1,8 +1,9 @@
 """A bounded in-process LRU in front of a persistent metadata store (write-through).
 
 Warm requests then cost no thread hop or network round trip. Absences are remembered only
-when `remember_absence` is set: right for the embedded store, which no other process
-writes; wrong for Redis, where another replica may add a record at any moment. Absences
+when `remember_absence` is set: right for the embedded store of a single process, which no
+other process writes; wrong for Redis, where another replica may add a record at any moment,
+and for the workers of `serve --workers N`, which share the embedded store. Absences
 live in an LRU of their own (`max_absent`), so lookups of made-up keys, which anyone can
 send by the thousand, never push warm values out of memory.
 """

@@ -56,8 +56,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     store.open()
     metrics = app[METRICS]
     backend, locks = await open_metadata_store(settings, metrics)
-    cache = negative_bound(settings, backend, metrics,
-                           front=MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.redis_url is None))
+    front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
+    cache = negative_bound(settings, backend, metrics, front=front)
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     flights = Flights(locks)

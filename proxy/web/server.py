@@ -4,7 +4,8 @@ aiohttp's `web.run_app` has no connection cap, no request-head or send timeout, 
 handshake timeout below 60 s, and answers protocol errors in plain text. This module keeps
 `run_app`'s life cycle (graceful shutdown on a signal, `shutdown_timeout` for requests in
 flight) but builds the listener itself with `loop.create_server`, and each connection is a
-`LimitedRequestHandler` (aiohttp's `RequestHandler` plus the limits below):
+`LimitedRequestHandler` (aiohttp's `RequestHandler` plus the limits below). `serve_app` is that
+life cycle: `run_server` runs it in this process, `proxy.web.workers` in each worker process.
 
 - `--max-connections`: an admitted connection holds a slot until it closes; beyond the cap
   a new connection gets a 503 JSON answer and is closed at once (counted, logged once per
@@ -26,9 +27,10 @@ import resource
 import socket
 import ssl
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from aiohttp import http_exceptions, web
@@ -236,9 +238,11 @@ def _ensure_file_limit(needed: int) -> None:
                     hint="raise the open-files limit (ulimit -n) or lower --max-connections")
 
 
-async def start_listener(runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None,
-                         limits: ConnectionLimits) -> asyncio.Server:
-    """Listen on host:port; every connection is a LimitedRequestHandler of `runner`'s server."""
+async def start_listener(runner: web.AppRunner, ssl_context: ssl.SSLContext | None, limits: ConnectionLimits, *,
+                         host: str | None = None, port: int | None = None,
+                         sock: socket.socket | None = None) -> asyncio.Server:
+    """Listen on host:port (or on the listening socket `sock`); every connection is a
+    LimitedRequestHandler of `runner`'s server."""
     loop = asyncio.get_running_loop()
     server = runner.server
     assert server is not None, "runner.setup() first"
@@ -248,47 +252,65 @@ async def start_listener(runner: web.AppRunner, host: str, port: int, ssl_contex
     tls = {} if ssl_context is None else {"ssl_handshake_timeout": limits.header_timeout,
                                            "ssl_shutdown_timeout": min(limits.send_timeout, 30.0)}
     _ensure_file_limit(limits.max_connections + SPARE_FILES)
-    return await loop.create_server(factory, host, port, ssl=ssl_context, backlog=BACKLOG, **tls)
+    return await loop.create_server(factory, host, port, sock=sock, ssl=ssl_context, backlog=BACKLOG, **tls)
 
 
-async def _serve(app: web.Application, settings: Settings, ssl_context: ssl.SSLContext | None,
-                 shutdown_timeout: float) -> None:
-    runner = web.AppRunner(app, handle_signals=True, access_log=None, shutdown_timeout=shutdown_timeout)
+Listen = Callable[[web.AppRunner], Awaitable[list[asyncio.Server]]]
+
+
+async def serve_app(app: web.Application, listen: Listen, stopped: Callable[[], Awaitable[object]], *,
+                    shutdown_timeout: float, handle_signals: bool = False) -> None:
+    """Start `app`, `listen`, wait until `stopped()` returns (or, with `handle_signals`, SIGTERM or SIGINT
+    raises GracefulExit), then stop listening and shut down gracefully: idle connections are closed,
+    requests in flight get `shutdown_timeout` seconds to finish."""
+    runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    listener = None
+    listeners: list[asyncio.Server] = []
     try:
-        listener = await start_listener(runner, settings.listen_host, settings.listen_port, ssl_context,
-                                        ConnectionLimits.from_settings(settings))
-        await asyncio.Event().wait()  # until a signal raises GracefulExit
+        listeners = await listen(runner)
+        await stopped()
     finally:
-        if listener is not None:
+        for listener in listeners:
             listener.close()
-        await runner.cleanup()  # closes idle connections, waits up to shutdown_timeout for the others
+        await runner.cleanup()
 
 
 def run_server(app: web.Application, settings: Settings, ssl_context: ssl.SSLContext | None, *,
                shutdown_timeout: float) -> None:
-    """Serve `app` until SIGTERM or SIGINT, then shut down gracefully (like `web.run_app`).
+    """Serve `app` in this process until SIGTERM or SIGINT, then shut down gracefully (like `web.run_app`).
 
     `shutdown_timeout`: how long requests in flight may take to finish after the signal.
     """
+    limits = ConnectionLimits.from_settings(settings)
+
+    async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
+        return [await start_listener(runner, ssl_context, limits, host=settings.listen_host,
+                                     port=settings.listen_port)]
+
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(app, settings, ssl_context, shutdown_timeout))
+    run_until_complete(loop, serve_app(app, listen, lambda: asyncio.Event().wait(),  # until a signal
+                                       shutdown_timeout=shutdown_timeout, handle_signals=True))
+
+
+def run_until_complete(loop: asyncio.AbstractEventLoop, main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on `loop`; a GracefulExit or KeyboardInterrupt cancels it (its `finally` shuts down
+    gracefully). Then cancel every task left and close the loop."""
+    task = loop.create_task(main)
     try:
-        loop.run_until_complete(main)
+        loop.run_until_complete(task)
     except (web.GracefulExit, KeyboardInterrupt):
         pass
     finally:
         try:
-            if not main.done():
-                main.cancel()  # its `finally` runs the graceful cleanup
-                with suppress(asyncio.CancelledError):
-                    loop.run_until_complete(main)
-        finally:
-            rest = [task for task in asyncio.all_tasks(loop) if not task.done()]
-            for task in rest:
+            if not task.done():
                 task.cancel()
+                with suppress(asyncio.CancelledError):
+                    loop.run_until_complete(task)
+        finally:
+            rest = [pending for pending in asyncio.all_tasks(loop) if not pending.done()]
+            for pending in rest:
+                pending.cancel()
             loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()

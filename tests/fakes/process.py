@@ -33,9 +33,10 @@ class ProxyProcess:
         self.port = free_port()
         upstream = (["--upstream-map", f"{REGISTRY_HOST}={registry_url}", "--allow-host", ""] if registry_url
                     else ["--allow-host", REGISTRY_HOST])
+        workers = [] if "--workers" in extra else ["--workers", "1"]  # one process unless a test asks for more
         self.args = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{self.port}",
                      "--data-dir", str(data_dir), *upstream,
-                     "--upstream-ca-file", str(ca_file), "--log-format", "json", *extra]
+                     "--upstream-ca-file", str(ca_file), "--log-format", "json", *workers, *extra]
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = data_dir.parent / f"proxy-{self.port}.log"
         self.plain_http = "--plain-http" in extra

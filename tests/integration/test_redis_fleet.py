@@ -68,32 +68,6 @@ async def test_outage_is_logged_once_and_recovers_without_restart(tmp_path, pref
     await store.close()
 
 
-async def test_fleet_lock_makes_the_second_holder_wait_for_the_result(redis_server, prefix):
-    store = RedisStore(redis_server.url, prefix=prefix)
-    first, second = RedisFleetLocks(store, ttl=5, poll=0.05), RedisFleetLocks(store, ttl=5, poll=0.05)
-    result: list[str] = []
-    order: list[str] = []
-
-    async def recheck():
-        return result[0] if result else None
-
-    async def owner():
-        async with first.hold("k", recheck) as existing:
-            assert existing is None
-            order.append("owner-start")
-            await asyncio.sleep(0.3)
-            result.append("done")
-
-    async def waiter():
-        await asyncio.sleep(0.05)
-        async with second.hold("k", recheck) as existing:
-            order.append(f"waiter-got-{existing}")
-
-    await asyncio.gather(owner(), waiter())
-    assert order == ["owner-start", "waiter-got-done"]
-    await store.close()
-
-
 async def test_a_crashed_owners_lock_expires_and_another_takes_over(redis_server, prefix):
     store = RedisStore(redis_server.url, prefix=prefix)
     crashed = store.client.lock(store.key("lock:k"), timeout=1, thread_local=False)

@@ -1,0 +1,76 @@
+"""One contract for fleet-wide single flight: Redis locks (replicas) and lock files (workers on one data dir).
+
+Two lock objects stand for two processes: Redis locks carry an owner token each, and two
+FileLocks open the lock file separately, so their flocks exclude each other like two processes'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from proxy.cache.filelocks import FileLocks
+from proxy.cache.redis import RedisFleetLocks, RedisStore
+
+
+@pytest.fixture(params=["redis", "file"])
+async def two_processes(request, tmp_path):
+    """Two lock objects on the same keys, as two processes would hold them."""
+    if request.param == "file":
+        yield FileLocks(tmp_path, poll=0.02), FileLocks(tmp_path, poll=0.02)
+        return
+    store = RedisStore(request.getfixturevalue("redis_server").url, prefix=f"locks-{uuid.uuid4().hex[:10]}")
+    yield RedisFleetLocks(store, ttl=5, poll=0.05), RedisFleetLocks(store, ttl=5, poll=0.05)
+    await store.close()
+
+
+async def nothing() -> None:
+    return None
+
+
+async def owner_then_waiter(locks, recheck, work) -> list[str]:
+    """The first process holds "k" and runs `work`; the second asks for "k" meanwhile: what each saw, in order."""
+    first, second = locks
+    order: list[str] = []
+
+    async def owner():
+        async with first.hold("k", recheck) as existing:
+            assert existing is None
+            await work()
+            order.append("owner-done")
+
+    async def waiter():
+        await asyncio.sleep(0.05)
+        async with second.hold("k", recheck) as existing:
+            order.append(f"waiter-got-{existing}")
+
+    await asyncio.gather(owner(), waiter())
+    return order
+
+
+async def test_the_second_holder_waits_and_gets_the_owners_result(two_processes):
+    result: list[str] = []
+
+    async def recheck():
+        return result[0] if result else None
+
+    async def work():
+        await asyncio.sleep(0.3)
+        result.append("done")
+
+    assert await owner_then_waiter(two_processes, recheck, work) == ["owner-done", "waiter-got-done"]
+
+
+async def test_a_waiter_takes_over_when_the_owner_stored_nothing(two_processes):
+    async def work():
+        await asyncio.sleep(0.2)  # then fails: nothing stored
+
+    assert await owner_then_waiter(two_processes, nothing, work) == ["owner-done", "waiter-got-None"]
+
+
+async def test_different_keys_do_not_wait_for_each_other(two_processes):
+    first, second = two_processes
+    async with first.hold("a", nothing), asyncio.timeout(1), second.hold("b", nothing) as existing:
+        assert existing is None

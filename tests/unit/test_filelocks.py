@@ -1,0 +1,53 @@
+"""proxy.cache.filelocks.FileLocks beyond the fleet lock contract (tests/contract): lock files are
+removed after use, and a crashed holder (a real process killed with SIGKILL) frees its lock at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from proxy.cache.filelocks import FileLocks
+
+HOLD_FOREVER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+async def nothing() -> None:
+    return None
+
+
+async def test_the_lock_file_is_removed_after_use(tmp_path):
+    locks = FileLocks(tmp_path / "locks")
+    async with locks.hold("k", nothing):
+        assert locks.path("k").exists()
+    assert list((tmp_path / "locks").iterdir()) == []
+
+
+async def test_a_killed_holders_lock_is_free_at_once(tmp_path):
+    locks = FileLocks(tmp_path, poll=0.02)
+    path = locks.path("k")
+    holder = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD_FOREVER, str(path),
+                                                  stdout=asyncio.subprocess.PIPE)
+    try:
+        assert await holder.stdout.readline() == b"locked\n"
+        with_holder = asyncio.create_task(_enter(locks))
+        await asyncio.sleep(0.3)
+        assert not with_holder.done()  # waits while the other process holds the lock
+        holder.kill()  # SIGKILL: the kernel drops its lock
+        await holder.wait()
+        assert await asyncio.wait_for(with_holder, 2) is None
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+
+
+async def _enter(locks: FileLocks) -> None:
+    async with locks.hold("k", nothing) as existing:
+        return existing
