@@ -9,13 +9,14 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PROVIDER
 from tests.fakes.packages import Release
+from tests.fakes.process import wait_for
 from tests.fakes.registry import FakeRegistry, Fault
 
 SLOW = 45.0  # an upstream this slow outlasts the proxy's 30 s upstream timeout and the clients' 10 s
@@ -39,14 +40,6 @@ async def timed(call: Awaitable) -> tuple[float, object]:
     started = time.perf_counter()
     result = await call
     return time.perf_counter() - started, result
-
-
-async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def errors(body: bytes) -> list[str]:
