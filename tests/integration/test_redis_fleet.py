@@ -73,20 +73,26 @@ async def test_fleet_lock_makes_the_second_holder_wait_for_the_result(redis_serv
     first, second = RedisFleetLocks(store, ttl=5, poll=0.05), RedisFleetLocks(store, ttl=5, poll=0.05)
     result: list[str] = []
     order: list[str] = []
+    owner_holds, waiter_checked = asyncio.Event(), asyncio.Event()
 
     async def recheck():
         return result[0] if result else None
+
+    async def waiter_recheck():
+        waiter_checked.set()  # the waiter tried the lock (taken) and looked for a result (none yet)
+        return await recheck()
 
     async def owner():
         async with first.hold("k", recheck) as existing:
             assert existing is None
             order.append("owner-start")
-            await asyncio.sleep(0.3)
+            owner_holds.set()
+            await asyncio.wait_for(waiter_checked.wait(), 10)
             result.append("done")
 
     async def waiter():
-        await asyncio.sleep(0.05)
-        async with second.hold("k", recheck) as existing:
+        await asyncio.wait_for(owner_holds.wait(), 10)
+        async with second.hold("k", waiter_recheck) as existing:
             order.append(f"waiter-got-{existing}")
 
     await asyncio.gather(owner(), waiter())
