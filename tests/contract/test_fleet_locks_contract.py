@@ -30,20 +30,42 @@ async def nothing() -> None:
     return None
 
 
-async def owner_then_waiter(locks, recheck, work) -> list[str]:
-    """The first process holds "k" and runs `work`; the second asks for "k" meanwhile: what each saw, in order."""
+class StoredResult:
+    """A recheck that finds what the owner stored (nothing until it stores something)."""
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+
+    async def __call__(self) -> str | None:
+        return self.stored[0] if self.stored else None
+
+
+async def owner_then_waiter(locks, recheck: StoredResult, result: str | None) -> list[str]:
+    """The first process holds "k"; the second asks for "k" meanwhile: what each saw, in order.
+
+    Ordered by events, not sleeps: the waiter asks only once the owner holds the lock, and the
+    owner finishes (storing `result`, or nothing) only after the waiter has found the lock taken
+    and looked for a result, so a waiter that did not wait cannot pass."""
     first, second = locks
     order: list[str] = []
+    owner_holds, waiter_looked = asyncio.Event(), asyncio.Event()
+
+    async def waiter_recheck():
+        waiter_looked.set()
+        return await recheck()
 
     async def owner():
         async with first.hold("k", recheck) as existing:
             assert existing is None
-            await work()
+            owner_holds.set()
+            await asyncio.wait_for(waiter_looked.wait(), 10)
+            if result is not None:
+                recheck.stored.append(result)
             order.append("owner-done")
 
     async def waiter():
-        await asyncio.sleep(0.05)
-        async with second.hold("k", recheck) as existing:
+        await asyncio.wait_for(owner_holds.wait(), 10)
+        async with second.hold("k", waiter_recheck) as existing:
             order.append(f"waiter-got-{existing}")
 
     await asyncio.gather(owner(), waiter())
@@ -51,23 +73,13 @@ async def owner_then_waiter(locks, recheck, work) -> list[str]:
 
 
 async def test_the_second_holder_waits_and_gets_the_owners_result(two_processes):
-    result: list[str] = []
-
-    async def recheck():
-        return result[0] if result else None
-
-    async def work():
-        await asyncio.sleep(0.3)
-        result.append("done")
-
-    assert await owner_then_waiter(two_processes, recheck, work) == ["owner-done", "waiter-got-done"]
+    order = await owner_then_waiter(two_processes, StoredResult(), "done")
+    assert order == ["owner-done", "waiter-got-done"]
 
 
 async def test_a_waiter_takes_over_when_the_owner_stored_nothing(two_processes):
-    async def work():
-        await asyncio.sleep(0.2)  # then fails: nothing stored
-
-    assert await owner_then_waiter(two_processes, nothing, work) == ["owner-done", "waiter-got-None"]
+    order = await owner_then_waiter(two_processes, StoredResult(), None)
+    assert order == ["owner-done", "waiter-got-None"]
 
 
 async def test_different_keys_do_not_wait_for_each_other(two_processes):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import ssl
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from tests.e2e.test_network_mirror_e2e import MAIN_TF, locked_hashes, mirror_config
 from tests.fakes.packages import Release
+from tests.fakes.process import wait_for
 from tests.fakes.redis_server import METADATA_SECRET
 
 pytestmark = pytest.mark.e2e
@@ -47,22 +51,50 @@ async def test_concurrent_cold_requests_across_two_processes_fetch_once(fleet, r
     assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
 
 
-async def test_killed_lock_holder_is_taken_over_by_the_other_process(fleet, registry, signing_key):
-    release = registry.add(Release("acme", "foo", "3.0.0", signing_key, platforms=("linux_amd64",),
-                                   noise=2 * 1024 * 1024))
-    registry.archive_chunk_delay = 0.4  # ~3 s for the whole archive
+@contextlib.asynccontextmanager
+async def lock_attempts(redis_url: str, key: str) -> AsyncIterator[list[str]]:
+    """Every attempt to take the fleet lock on `key` (a `SET ... NX`), as Redis's MONITOR sees it."""
+    attempts: list[str] = []
+    client = aioredis.from_url(redis_url)
+
+    async def watch() -> None:
+        async with client.monitor() as monitor:
+            started.set()
+            async for command in monitor.listen():
+                words = command["command"].split()
+                if words[:1] == ["SET"] and words[1].endswith(f":lock:{key}") and "NX" in words:
+                    attempts.append(command["client_port"])
+
+    started = asyncio.Event()
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        yield attempts
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await client.aclose()
+
+
+async def test_killed_lock_holder_is_taken_over_by_the_other_process(fleet, registry, signing_key, redis_server):
+    release = registry.add(Release("acme", "foo", "3.0.0", signing_key, platforms=("linux_amd64",)))
     a, b = fleet
     archive = registry.archive_path(release, "linux_amd64")
-    async with aiohttp.ClientSession() as session:
+    held = registry.hold(archive)  # A's download stays under way (holding the fleet lock) until released
+    async with aiohttp.ClientSession() as session, \
+            lock_attempts(redis_server.url, "archive:registry.example.test/acme/foo/3.0.0/linux_amd64") as attempts:
         from_a = asyncio.create_task(fetch(session, a, PATH.format(v="3.0.0")))
-        while registry.count(archive) == 0:  # noqa: ASYNC110 - A holds the fleet lock and is downloading
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(held.started.wait(), 30)
+        await wait_for(lambda: len(attempts) == 1, 10, "A's (only) attempt: it took the lock")
         from_b = asyncio.create_task(fetch(session, b, PATH.format(v="3.0.0")))
-        await asyncio.sleep(0.5)
-        assert registry.count(archive) == 1  # B waits on the lock instead of downloading
+        # B found the lock taken, rechecked and tried again: it waits instead of downloading
+        await wait_for(lambda: len(attempts) >= 3, 30, "B to try the fleet lock twice")
+        assert registry.count(archive) == 1
         await a.kill()
         with pytest.raises(aiohttp.ClientError):
             await from_a
+        held.release.set()
         status, body = await asyncio.wait_for(from_b, 30)
     assert status == 200 and body == release.zips["linux_amd64"]
     assert registry.count(archive) == 2  # A's broken download and B's takeover

@@ -3,14 +3,21 @@
 `gzip_tar_bomb` is a valid `.tar.gz` (gzip allows several members back to back, RFC 1952 §2.2;
 Python and Go read them as one stream): a tar header for one file of `unpacked` zero bytes, the
 zeros as repeats of one compressed 64 MiB block (~1030:1), and the end-of-archive blocks.
+`measure_inflation` shows how many bytes `proxy.packing.check_archive` decompressed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import tarfile
 import zipfile
+from collections.abc import Callable, Iterator
+from typing import IO
+from unittest import mock
+
+from proxy import packing
 
 BLOCK = 64 * 2**20
 
@@ -49,3 +56,49 @@ def zip_of_zeros(members: int, size: int) -> bytes:
                 for _ in range(size // len(chunk)):
                     member.write(chunk)
     return buffer.getvalue()
+
+
+class _HighWater:
+    """A decompressed stream that remembers the furthest offset it was read or skipped to: the
+    bytes inflated (give or take the decompressor's own small buffer)."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self._inner = inner
+        self.furthest = 0
+
+    def _note(self) -> None:
+        self.furthest = max(self.furthest, self._inner.tell())
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._inner.read(size)
+        self._note()
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        position = self._inner.seek(offset, whence)
+        self._note()
+        return position
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def __enter__(self) -> _HighWater:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._inner.close()
+
+
+@contextlib.contextmanager
+def measure_inflation(kind: str) -> Iterator[Callable[[], int]]:
+    """While the block runs, `check_archive` reads `kind` archives through streams that remember how
+    far they got; yields a function giving the most bytes any of them decompressed."""
+    streams: list[_HighWater] = []
+    opener = packing._DECOMPRESSORS[kind]
+
+    def open_measured(path, mode: str) -> _HighWater:
+        streams.append(_HighWater(opener(path, mode)))
+        return streams[-1]
+
+    with mock.patch.dict(packing._DECOMPRESSORS, {kind: open_measured}):
+        yield lambda: max((stream.furthest for stream in streams), default=0)

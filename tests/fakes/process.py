@@ -117,6 +117,16 @@ async def wait_healthy(url: str, ca_file: Path | None, process: asyncio.subproce
     raise RuntimeError(f"{url} did not come up: {last_words()}")
 
 
+async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `condition` (state of another process, or of a fake) until it holds; fail naming `what`
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
 async def terminate(process: asyncio.subprocess.Process | None, grace: float) -> None:
     """SIGTERM, then SIGKILL if the process has not exited after `grace` seconds."""
     if process is not None and process.returncode is None:

@@ -6,16 +6,19 @@ Issue 8 items 3 and 4. Each test prints the time it measured (run with `-s` to s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PROVIDER
 from tests.fakes.packages import Release
+from tests.fakes.process import wait_for
 from tests.fakes.registry import FakeRegistry, Fault
 
 SLOW = 45.0  # an upstream this slow outlasts the proxy's 30 s upstream timeout and the clients' 10 s
@@ -41,14 +44,6 @@ async def timed(call: Awaitable) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def errors(body: bytes) -> list[str]:
     return json.loads(body)["errors"]
 
@@ -59,6 +54,13 @@ def part_files(data_dir: Path) -> list[Path]:
 
 def stored(data_dir: Path, sha256: str) -> bool:
     return (data_dir / "archives" / "sha256" / sha256[:2] / sha256[2:4] / sha256).exists()
+
+
+def cached_keys(proc) -> set[str]:
+    """The keys in the proxy's embedded metadata store (read-only, while the proxy runs)."""
+    path = proc.data_dir / "metadata" / "metadata.sqlite"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return {key for (key,) in db.execute("SELECT key FROM metadata")}
 
 
 def big_release(registry: FakeRegistry, signing_key, noise: int = 256 * 1024, name: str = "big") -> Release:
@@ -153,7 +155,8 @@ async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(pr
     status, _, _ = await client.get(INDEX)
     assert status == 504
     await wait_for(lambda: registry.completed_count(VERSIONS) == 1, 10, "the shared fetch")
-    await asyncio.sleep(0.3)  # the answer travels to the proxy and into its cache
+    await wait_for(lambda: "versions:registry.example.test/acme/foo" in cached_keys(proc), 10,
+                   "the answer to reach the proxy's cache")
     elapsed, (status, _, body) = await timed(client.get(INDEX))
     assert status == 200 and "1.1.0" in json.loads(body)["versions"]
     assert elapsed < 1 and registry.count(VERSIONS) == 1

@@ -137,13 +137,14 @@ async def test_slow_downloads_do_not_starve_metadata(make_settings, client_ssl, 
 
     from tests.fakes.packages import Release
 
-    registry.add(Release("acme", "foo", "9.0.0", signing_key, platforms=("linux_amd64",), noise=512 * 1024))
-    registry.archive_chunk_delay = 1.0
+    release = registry.add(Release("acme", "foo", "9.0.0", signing_key, platforms=("linux_amd64",)))
+    held = registry.hold(registry.archive_path(release, "linux_amd64"))  # the download never ends by itself
     async with serve_proxy(make_settings(limits=Limits(upstream_concurrency=1)), client_ssl) as running:
         name = "terraform-provider-foo_9.0.0_linux_amd64.zip"
         slow = asyncio.create_task(running.get(f"/mirror/v1/{PROVIDER}/9.0.0/linux_amd64/{name}"))
-        await asyncio.sleep(0.5)
-        started = asyncio.get_running_loop().time()
-        status, _ = await running.json(f"/mirror/v1/{PROVIDER.replace('foo', 'other')}/index.json")
-        assert status == 404 and asyncio.get_running_loop().time() - started < 1.0
+        await asyncio.wait_for(held.started.wait(), 10)  # the download holds the only download slot
+        status, _ = await asyncio.wait_for(
+            running.json(f"/mirror/v1/{PROVIDER.replace('foo', 'other')}/index.json"), 10)
+        assert status == 404
+        held.release.set()
         slow.cancel()
