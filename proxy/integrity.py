@@ -5,7 +5,8 @@
   out the last chunk only once the file matched its content address (`StoreGuard.open`,
   `ArchiveReader.chunks`); a mismatch raises `StoreCorruptionError` before the body is
   complete, so the caller aborts the connection and the client sees a truncated body, which
-  both CLIs reject.
+  both CLIs reject. The open file that is the very file (device, inode, size, mtime, ctime)
+  last found intact is not hashed again: it has not changed since.
 - A byte range cannot be checked on its own: the whole file is hashed first unless it is
   the very file (device, inode, size, mtime, ctime) last found intact (`StoreGuard.verify`).
 - A file found at a content address without a record is hashed before it is adopted.
@@ -93,7 +94,10 @@ class StoreGuard:
             handle.close()
             await self.corrupted(stored, "size", ident=identity(st), expected_size=stored.size)
             raise _corrupt(stored)
-        return ArchiveReader(self, stored, handle, identity(st), start, length)
+        ident = identity(st)
+        whole = start == 0 and length == stored.size
+        check = whole and not self.store.was_found_intact(stored.sha256, ident)
+        return ArchiveReader(self, stored, handle, ident, start, length, check=check)
 
     async def corrupted(self, stored: StoredArchive, check: str, *, ident: Identity | None = None,
                         actual: str | None = None, expected_size: int | None = None) -> None:
@@ -117,37 +121,40 @@ class StoreGuard:
 
 
 class ArchiveReader:
-    """Reads a span of a stored archive; reading the whole file, it hashes every chunk in the same
-    worker-thread hop as the read and hands out the last chunk only once the whole file matched."""
+    """Reads a span of a stored archive; with `check` (the whole file, not known intact), it hashes
+    every chunk in the same worker-thread hop as the read and hands out the last chunk only once
+    the whole file matched."""
 
     def __init__(self, guard: StoreGuard, stored: StoredArchive, handle: IO[bytes], ident: Identity,
-                 start: int, length: int) -> None:
+                 start: int, length: int, *, check: bool) -> None:
         self._guard = guard
         self._stored = stored
         self._handle = handle
         self._ident = ident
         self._start = start
         self._length = length
+        self._check = check
 
     async def chunks(self, size: int) -> AsyncIterator[bytes]:
         """The span in chunks of at most `size` bytes; raises StoreCorruptionError on a mismatch."""
+        if not self._check:
+            async for chunk in self._plain_chunks(size):
+                yield chunk
+            return
         stored, ident = self._stored, self._ident
-        if self._start:
-            await asyncio.to_thread(self._handle.seek, self._start)
-        digest = hashlib.sha256() if self._start == 0 and self._length == stored.size else None
-        remaining = self._length
+        digest = hashlib.sha256()
+        offset, end = self._start, self._start + self._length
         # The next chunk is read and hashed in a worker thread while this one is written (TLS runs
         # in the event loop): one read in flight at most, so the digest sees the chunks in order.
-        reading: asyncio.Future[bytes] | None = self._read(min(size, remaining), digest)
+        reading: asyncio.Future[bytes] | None = self._read(offset, min(size, end - offset), digest)
         try:
             while reading is not None:
                 chunk = await reading
-                remaining -= len(chunk)
-                reading = self._read(min(size, remaining), digest) if chunk and remaining > 0 else None
+                offset += len(chunk)
+                reading = self._read(offset, min(size, end - offset), digest) if chunk and offset < end else None
                 if not chunk:
-                    await self._guard.corrupted(stored, "size", ident=ident, expected_size=stored.size)
-                    raise _corrupt(stored)
-                if digest is not None and remaining == 0 and digest.hexdigest() != stored.sha256:
+                    raise await self._shrunk()
+                if offset == end and digest.hexdigest() != stored.sha256:
                     await self._guard.corrupted(stored, "digest", ident=ident, actual=digest.hexdigest())
                     raise _corrupt(stored)
                 yield chunk
@@ -156,11 +163,29 @@ class ArchiveReader:
                 await asyncio.wait([reading])
                 if not reading.cancelled():
                     reading.exception()
-        if digest is not None:
-            self._guard.store.remember_verified(stored.sha256, ident)
+        self._guard.store.remember_verified(stored.sha256, ident)
 
-    def _read(self, size: int, digest: hashlib._Hash | None) -> asyncio.Future[bytes]:
-        return asyncio.ensure_future(asyncio.to_thread(_read, self._handle, size, digest))
+    async def _plain_chunks(self, size: int) -> AsyncIterator[bytes]:
+        """Chunks read without hashing, one at a time: straight from the page cache in the event
+        loop when they are all there (`RWF_NOWAIT`), else in a worker thread."""
+        fd, offset, end = self._handle.fileno(), self._start, self._start + self._length
+        while offset < end:
+            want = min(size, end - offset)
+            chunk = _read_cached(fd, offset, want)
+            if chunk is None:
+                chunk = await asyncio.to_thread(os.pread, fd, want, offset)
+            if not chunk:
+                raise await self._shrunk()
+            offset += len(chunk)
+            yield chunk
+
+    async def _shrunk(self) -> StoreCorruptionError:
+        stored = self._stored
+        await self._guard.corrupted(stored, "size", ident=self._ident, expected_size=stored.size)
+        return _corrupt(stored)
+
+    def _read(self, offset: int, size: int, digest: hashlib._Hash) -> asyncio.Future[bytes]:
+        return asyncio.ensure_future(asyncio.to_thread(_read, self._handle.fileno(), offset, size, digest))
 
     def close(self) -> None:
         self._handle.close()
@@ -184,9 +209,26 @@ def _open(path: Path) -> tuple[IO[bytes], os.stat_result]:
     return handle, os.fstat(handle.fileno())
 
 
-def _read(handle: IO[bytes], size: int, digest: hashlib._Hash | None) -> bytes:
+def _read(fd: int, offset: int, size: int, digest: hashlib._Hash) -> bytes:
     """One read, and the hash update of what was read, in the same worker-thread hop."""
-    chunk = handle.read(size)
-    if digest is not None:
-        digest.update(chunk)
+    chunk = os.pread(fd, size, offset)
+    digest.update(chunk)
     return chunk
+
+
+def _read_cached(fd: int, offset: int, size: int) -> bytearray | None:
+    """Up to `size` bytes at `offset` if the page cache has them (no disk wait), else None."""
+    if _NOWAIT is None:
+        return None
+    buffer = bytearray(size)
+    try:
+        count = os.preadv(fd, [buffer], offset, _NOWAIT)
+    except OSError:  # not all in the page cache (BlockingIOError), or no RWF_NOWAIT here: a thread reads
+        return None
+    if count <= 0:
+        return None
+    del buffer[count:]
+    return buffer
+
+
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux >= 4.14

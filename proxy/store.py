@@ -223,13 +223,17 @@ class ArchiveStore:
 
     def is_verified(self, stored: StoredArchive) -> bool:
         """Whether the file at `stored.path` is the very file last found intact, unchanged since."""
-        known = self._verified.get(stored.sha256)
-        if known is None:
+        if stored.sha256 not in self._verified:
             return False
         try:
-            return identity(stored.path.stat()) == known
+            return self.was_found_intact(stored.sha256, identity(stored.path.stat()))
         except FileNotFoundError:
             return False
+
+    def was_found_intact(self, sha256: str, ident: Identity) -> bool:
+        """Whether the file with this identity (from a stat of a path or of an open file) is the one
+        last hashed to `sha256`'s address: no I/O."""
+        return self._verified.get(sha256) == ident
 
     def quarantine(self, sha256: str, ident: Identity | None = None) -> Path | None:
         """Move the object at `sha256`'s address to `ROOT/quarantine/`; None if it is gone already.

@@ -2,21 +2,24 @@
 
 Both modes answer conditionals and ranges alike (`proxy.httprange.evaluate`, ETag = SHA-256).
 Over plain HTTP the kernel's sendfile copies the body. Over TLS there is no kernel TLS on
-these hosts, so bytes go through user space anyway; a loop writing chunks from a worker
-thread is about ten times faster than aiohttp's sendfile emulation
-(docs/performance.md#serving-archives-over-tls). Chunks are 256 KiB and written with
-`write_paced` (64 KiB slices, waiting for the client in between), so a client that stops
-reading pins about 1 MiB of the proxy's memory, not 4
-(docs/performance.md#memory-per-slow-client, measured by bench/connections.py).
+these hosts, so bytes go through user space anyway: a loop reads 256 KiB chunks
+(`proxy.integrity.ArchiveReader`) and writes each with `write_paced` (64 KiB slices, waiting
+for the client in between). A file verified since it last changed is read straight from the
+page cache in the event loop when its pages are there (no thread hop, no hashing: less than
+half the CPU per GiB of a hashed read); the loop is about ten times faster than aiohttp's
+sendfile emulation (docs/performance.md#serving-archives-over-tls). A client that stops
+reading pins about 0.7 MiB of the proxy's memory: its TLS state, one chunk and the slices in
+the write buffers, no read-ahead (measured by bench/connections.py).
 
-No corrupted byte goes out (`proxy.integrity`). Over TLS every full GET is hashed as it is
-read (same worker-thread hop) and its last chunk is held back until the whole file matched
-its SHA-256; a mismatch aborts the connection, so the client sees a truncated body. Plain
-HTTP uses sendfile only for a file verified since it last changed (device, inode, size,
-mtime, ctime all unchanged); otherwise the body goes through the same hashing loop, which
-makes the file trusted for the next sendfile. A range is served only from a verified file
-(hashed whole first when needed). A copy found corrupt before the status line was sent is
-quarantined and fetched again within the same request (`serve_found`).
+No corrupted byte goes out (`proxy.integrity`). Over TLS a full GET of a file not verified
+since it last changed is hashed as it is read (in the worker-thread hop that reads it) and
+its last chunk is held back until the whole file matched its SHA-256; a mismatch aborts the
+connection, so the client sees a truncated body. A file verified since it last changed
+(device, inode, size, mtime, ctime all unchanged) is not hashed again, over TLS as over
+plain HTTP, where it is sent with sendfile; otherwise the body goes through the hashing
+loop, which makes the file trusted for the next request. A range is served only from a
+verified file (hashed whole first when needed). A copy found corrupt before the status line
+was sent is quarantined and fetched again within the same request (`serve_found`).
 
 A `PassThrough` (disk full) is relayed as it arrives, whole (no Range), with the upstream's
 Content-Length when it has one, else chunked. Headers go out with the first relayed chunk,

@@ -1,0 +1,106 @@
+"""ArchiveReader: a file verified since it last changed is read without hashing; any other is hashed whole."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from proxy import integrity
+from proxy.errors import StoreCorruptionError
+from proxy.integrity import StoreGuard
+from proxy.metrics import Metrics
+from proxy.store import ArchiveStore, StoredArchive
+
+DATA = os.urandom(5 * 100_000 + 17)  # several chunks and a short last one
+CHUNK = 100_000
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = ArchiveStore(tmp_path)
+    store.open()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> list[int]:
+    """Counts the SHA-256 digests the reader starts."""
+    started: list[int] = []
+
+    def sha256():
+        started.append(1)
+        return hashlib.sha256()
+
+    monkeypatch.setattr(integrity, "hashlib", SimpleNamespace(sha256=sha256))
+    return started
+
+
+def publish(store: ArchiveStore, data: bytes = DATA) -> StoredArchive:
+    path = store.temp_path()
+    path.write_bytes(data)
+    return store.publish_path(path, hashlib.sha256(data).hexdigest())
+
+
+def flip_byte(stored: StoredArchive, offset: int) -> None:
+    with open(stored.path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(bytes([DATA[offset] ^ 1]))
+
+
+async def read(guard: StoreGuard, stored: StoredArchive, start: int = 0, length: int | None = None) -> bytes:
+    reader = await guard.open(stored, start, stored.size - start if length is None else length)
+    try:
+        return b"".join([bytes(chunk) async for chunk in reader.chunks(CHUNK)])
+    finally:
+        reader.close()
+
+
+async def test_a_file_verified_since_it_last_changed_is_served_without_hashing(store, hashes):
+    stored = publish(store)
+    assert await read(StoreGuard(store, Metrics()), stored) == DATA
+    assert hashes == []
+
+
+async def test_a_file_that_changed_since_is_hashed_whole_and_then_trusted(store, hashes):
+    stored = publish(store)
+    os.utime(stored.path, ns=(1, 1))  # a new identity, the same bytes
+    guard = StoreGuard(store, Metrics())
+    assert await read(guard, stored) == DATA
+    assert len(hashes) == 1
+    assert await read(guard, stored) == DATA
+    assert len(hashes) == 1
+
+
+async def test_a_changed_file_with_a_flipped_byte_raises_before_its_last_chunk(store):
+    stored = publish(store)
+    flip_byte(stored, 10)
+    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    received = bytearray()
+    with pytest.raises(StoreCorruptionError):
+        async for chunk in reader.chunks(CHUNK):
+            received += chunk
+    reader.close()
+    assert len(received) < len(DATA)
+    assert not stored.path.exists()  # quarantined
+
+
+async def test_chunks_missing_from_the_page_cache_are_read_in_a_thread(store, monkeypatch):
+    stored = publish(store)
+    monkeypatch.setattr(integrity, "_read_cached", lambda fd, offset, size: None)
+    guard = StoreGuard(store, Metrics())
+    assert await read(guard, stored) == DATA
+    assert await read(guard, stored, 123_456, 200_000) == DATA[123_456:323_456]
+
+
+async def test_a_trusted_file_that_shrank_while_open_raises(store):
+    stored = publish(store)
+    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    os.truncate(stored.path, 250_000)
+    with pytest.raises(StoreCorruptionError):
+        async for _ in reader.chunks(CHUNK):
+            pass
+    reader.close()
