@@ -35,11 +35,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.load import ProcessProbe  # noqa: E402
-from bench.world import MIB, archive_document, mirror_path, random_release, stop_gpg_agent  # noqa: E402
+from bench.world import MIB, archive_document, mirror_path, random_release  # noqa: E402
 from tests.fakes.process import ProxyProcess  # noqa: E402
 from tests.fakes.rawclients import RawClient, open_tls, request  # noqa: E402
 from tests.fakes.registry import FakeRegistry  # noqa: E402
-from tests.fakes.signing import SigningKey  # noqa: E402
+from tests.fakes.signing import SigningKey, stop_gpg_agent  # noqa: E402
 
 
 def _raise_fd_limit() -> None:
