@@ -48,6 +48,10 @@ class ProcessProbe:
         """VmHWM (with `tree`: the sum of each process's peak, an upper bound of the peak of the sum)."""
         return self._status_kib("VmHWM") / 1024
 
+    def peak_mib_each(self) -> dict[int, float]:
+        """VmHWM of each process (with `tree`: the supervisor first, then its workers)."""
+        return {pid: _status_kib(pid, "VmHWM") / 1024 for pid in self.pids()}
+
     def reset_peak(self) -> bool:
         """Make VmHWM the current RSS (Linux >= 4.0, needs ptrace rights on the process: we started it)."""
         try:
@@ -154,6 +158,45 @@ async def wrk(url: str, *, connections: int, threads: int, seconds: float) -> Lo
     if process.returncode != 0:
         raise RuntimeError(f"wrk failed ({process.returncode}):\n{output.decode()}")
     return parse_wrk(output.decode())
+
+
+@dataclass
+class Throughput:
+    tool: str
+    mib_per_s: float
+    seconds: float
+    errors: int
+
+    def as_dict(self) -> dict:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+
+_SIZE_MIB = {"B": 1 / MIB, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1024.0 ** 2}
+
+
+def parse_wrk_transfer(output: str) -> Throughput:
+    """Bytes read over the whole run (bodies still in flight at the end included) per second."""
+    total = re.search(r"requests in ([\d.]+)(us|ms|s|m), ([\d.]+)([KMGT]?B) read", output)
+    if total is None:
+        raise ValueError(f"cannot parse wrk output:\n{output}")
+    seconds = _to_ms(total.group(1) + total.group(2)) / 1000
+    mib = float(total.group(3)) * _SIZE_MIB[total.group(4)]
+    errors = sum(int(n) for n in sockets.groups()) if (
+        sockets := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)) else 0
+    if non2xx := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output):
+        errors += int(non2xx.group(1))
+    return Throughput("wrk", mib / seconds, seconds, errors)
+
+
+async def wrk_throughput(url: str, *, connections: int, seconds: float) -> Throughput:
+    """`connections` connections downloading `url` over and over (a large body: MiB/s, not requests/s)."""
+    process = await asyncio.create_subprocess_exec(
+        WRK, "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "60s", url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), seconds + 90)
+    if process.returncode != 0:
+        raise RuntimeError(f"wrk failed ({process.returncode}):\n{output.decode()}")
+    return parse_wrk_transfer(output.decode())
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -2,8 +2,10 @@
 
 1. cold fan-out: peak RSS while 10 clients fetch a 200 MiB archive from an empty proxy;
 2. warm `index.json` / `:version.json` requests per second and latency (wrk, else aiohttp),
-   the proxy with its embedded store, the proxy with Redis, and nginx;
-3. warm archive throughput, 1 and 4 clients (curl, else aiohttp);
+   the proxy with its embedded store (1 and `--workers` N worker processes), the proxy with
+   Redis, nginx, and the ceiling: a bare aiohttp app answering the same bytes (asyncio, uvloop);
+3. warm archive throughput, 8 connections (wrk) and 1 and 4 clients (curl, else aiohttp),
+   the proxy with 1 and N workers, peak RSS per worker;
 4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx);
 5. cold fleet fan-out: 100 clients split across two replicas (each with `--fleet-workers`
    worker processes) sharing Redis and a data dir, upstream GETs per artifact.
@@ -31,6 +33,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import load
+from bench.bare import LOOPS, BareAiohttp
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
@@ -51,6 +54,8 @@ class Row:
     baseline: str = "-"
     ratio: str = "-"
     note: str = ""
+    proxy_workers: str = "-"  # the proxy with `--workers` N processes
+    ratio_workers: str = "-"
 
 
 def _ratio(value: float | None, base: float | None) -> str:
@@ -142,7 +147,11 @@ class Suite:
             proxy = await self._start_proxy(stack, "proxy-a")
             probe = ProcessProbe(proxy.process.pid)
             await self.cold_fanout(proxy, probe)
-            await self.warm_archive(proxy, probe)
+            self.progress(f"starting the proxy with --workers {args.workers} (and caching the big archive in it)")
+            workers = await self._start_proxy(stack, "proxy-workers", "--workers", str(args.workers))
+            await self._fetch_big(workers)
+            await self.warm_archive({"proxy": (proxy, probe),
+                                     "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))})
             fleet = await self._start_fleet(stack)
             redis_proxy = None
             if fleet is not None:
@@ -151,7 +160,8 @@ class Suite:
                     await replica.stop()
                 redis_proxy = await self._start_proxy(stack, "proxy-redis", *self.redis_args,
                                                       data_dir=self.root / "fleet" / "data")
-            await self.warm_json(proxy, probe, redis_proxy)
+            await self.warm_json(proxy, probe, workers, redis_proxy)
+            await workers.stop()
             await self.init_big_warm(proxy)
             self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
             await proxy.stop()
@@ -173,7 +183,8 @@ class Suite:
             "nginx": await nginx_version(),
             "redis": await _redis_version(),
             "terraform": await _version_of(TERRAFORM, "version") if TERRAFORM else None,
-            "archive_mib": self.args.size_mib,
+            "archive_mib": self.args.size_mib, "workers": self.args.workers,
+            "bare_aiohttp_loops": list(LOOPS),
             "json_load": {"connections": self.args.connections, "seconds": self.args.json_seconds,
                           "tool": "wrk" if self._use_wrk else "aiohttp"},
             "download_client": "curl" if load.CURL else "aiohttp",
@@ -328,6 +339,7 @@ class Suite:
         chunks = -(-expected_size // (256 * 1024))
         per_replica = {name: {"clients": assignment.count(name), "idle_rss_mib": round(idle[name], 1),
                               "peak_rss_mib": round(probes[name].peak_mib(), 1),
+                              "peak_rss_mib_each": [round(v, 1) for v in probes[name].peak_mib_each().values()],
                               "cpu_s": round(probes[name].cpu_seconds() - cpu[name], 2),
                               "first_byte_s": [round(min(first_bytes[name]), 3), round(max(first_bytes[name]), 3)]}
                        for name in replicas}
@@ -348,7 +360,9 @@ class Suite:
         self.rows.append(Row("cold fleet: peak RSS per replica (its processes summed)",
                              " / ".join(f"{v['peak_rss_mib']:.0f}" for v in per_replica.values()) + " MiB",
                              note="A / B; idle " + " / ".join(f"{v['idle_rss_mib']:.0f}" for v in per_replica.values())
-                                  + f" MiB; {clients // 2} clients each"))
+                                  + f" MiB; {clients // 2} clients each; max per worker (goal < 150 MiB) "
+                                  + " / ".join(f"{max(v['peak_rss_mib_each'][1:]):.0f}" for v in per_replica.values())
+                                  + " MiB"))
         self.rows.append(Row("cold fleet: upstream GETs archive / SUMS / versions",
                              f"{gets['archive']} / {gets['sha256sums']} / {gets['versions']}",
                              note=f"SUMS.sig {gets['signature']}, download doc {gets['download']}, "
@@ -357,12 +371,35 @@ class Suite:
 
     # ---- 3. warm archive throughput ------------------------------------------------------------
 
-    async def _throughput(self, targets: dict[str, tuple[str, Path]]) -> dict[str, dict]:
-        """Download the big archive from each target, 1 and 4 clients, `repeats` rounds interleaved."""
-        size = len(self.world.big.zips[PLATFORM])
-        runs = {name: {1: [], 4: []} for name in targets}
+    async def _fetch_big(self, proxy: ProxyProcess) -> None:
+        """One download of the big archive through `proxy`, so that it has it cached."""
+        release = self.world.big
+        context = ssl.create_default_context(cafile=str(proxy.ca_file))
+        download = await load.download_aiohttp(proxy.url + mirror_path(release, archive_document(release)), context,
+                                               hash_body=True)
+        self.check("big archive cached in the N-worker proxy: 200 and the right sha256",
+                   download.status == 200 and download.sha256 == release.sha256(PLATFORM), str(download.status))
+
+    async def _throughput(self, targets: dict[str, tuple[str, Path, ProcessProbe | None]]) -> dict[str, dict]:
+        """Download the big archive from each target: wrk with 8 connections for `--archive-seconds` (and the
+        server's CPU seconds per GiB, when it is a process of ours), then 1 and 4 whole downloads (curl);
+        `repeats` rounds, interleaved."""
+        registry, size = self.world.registry, len(self.world.big.zips[PLATFORM])
+        archive_path = registry.archive_path(self.world.big, PLATFORM)
+        runs: dict[str, dict] = {name: {"wrk8": [], "cpu_gib": [], 1: [], 4: []} for name in targets}
+        upstream_gets = dict.fromkeys(targets, 0)
         for _ in range(self.args.repeats):  # interleaved, so the machine's drift hits every target alike
-            for name, (url, ca_file) in targets.items():
+            for name, (url, ca_file, probe) in targets.items():
+                before = registry.count(archive_path)
+                if self._use_wrk:
+                    cpu = probe.cpu_seconds() if probe is not None else 0.0
+                    measured = await load.wrk_throughput(url, connections=8, seconds=self.args.archive_seconds)
+                    self.check(f"warm archive from {name}, wrk -c8: no errors", measured.errors == 0,
+                               f"{measured.errors} errors")
+                    runs[name]["wrk8"].append(measured.mib_per_s)
+                    if probe is not None:
+                        gib = measured.mib_per_s * measured.seconds / 1024
+                        runs[name]["cpu_gib"].append((probe.cpu_seconds() - cpu) / gib)
                 context = ssl.create_default_context(cafile=str(ca_file))
                 for clients in (1, 4):
                     wall, downloads = await asyncio.wait_for(
@@ -371,42 +408,70 @@ class Suite:
                     self.check(f"warm archive from {name} x{clients}: 200 and full size", ok,
                                str([(d.status, d.size) for d in downloads]))
                     runs[name][clients].append(clients * size / wall / MIB)
-        return {name: {"single_mib_s": round(statistics.median(r[1]), 1),
-                       "concurrent4_mib_s": round(statistics.median(r[4]), 1),
-                       "single_runs": [round(v, 1) for v in r[1]], "concurrent4_runs": [round(v, 1) for v in r[4]]}
-                for name, r in runs.items()}
+                upstream_gets[name] += registry.count(archive_path) - before
+        results = {}
+        for name, r in runs.items():
+            results[name] = {"upstream_archive_gets": upstream_gets[name],
+                             "single_mib_s": round(statistics.median(r[1]), 1),
+                             "concurrent4_mib_s": round(statistics.median(r[4]), 1),
+                             "single_runs": [round(v, 1) for v in r[1]],
+                             "concurrent4_runs": [round(v, 1) for v in r[4]]}
+            if r["wrk8"]:
+                results[name]["wrk8_mib_s"] = round(statistics.median(r["wrk8"]), 1)
+                results[name]["wrk8_runs"] = [round(v, 1) for v in r["wrk8"]]
+            if r["cpu_gib"]:
+                results[name]["wrk8_cpu_s_per_gib"] = round(statistics.median(r["cpu_gib"]), 2)
+        return results
 
-    async def warm_archive(self, proxy: ProxyProcess, probe: ProcessProbe) -> None:
+    async def warm_archive(self, proxies: dict[str, tuple[ProxyProcess, ProcessProbe]]) -> None:
+        """The proxy with 1 and with N workers, nginx, and the fake registry (aiohttp from memory)."""
         world = self.world
         client = "curl" if load.CURL else "aiohttp"
-        self.progress(f"3. warm archive throughput ({client}, {self.args.repeats} runs each of 1 and 4 clients)")
+        self.progress(f"3. warm archive throughput ({'wrk -c8, ' if self._use_wrk else ''}{client} 1 and 4 clients; "
+                      f"{self.args.repeats} rounds)")
         path = mirror_path(world.big, archive_document(world.big))
-        targets = {"proxy": (proxy.url + path, proxy.ca_file)}
+        targets = {name: (proxy.url + path, proxy.ca_file, probe) for name, (proxy, probe) in proxies.items()}
         if self.nginx is not None:
-            targets["nginx"] = (self.nginx.url + path, world.ca_file)
+            targets["nginx"] = (self.nginx.url + path, world.ca_file, ProcessProbe(self.nginx.process.pid, tree=True))
         targets["fake_registry_aiohttp"] = (world.registry.url + world.registry.archive_path(world.big, PLATFORM),
-                                            world.ca_file)
-        probe.reset_peak()
-        cpu = probe.cpu_seconds()
-        proxy_gets = world.registry.count(world.registry.archive_path(world.big, PLATFORM))
+                                            world.ca_file, None)  # it runs in this process, with the clients
+        cpu = {}
+        for name, (_, probe) in proxies.items():
+            probe.reset_peak()
+            cpu[name] = probe.cpu_seconds()
         result: dict = {"client": client, **await self._throughput(targets)}
-        result["proxy"]["peak_rss_mib"] = round(probe.peak_mib(), 1)  # the proxy idles while the others serve
-        result["proxy"]["cpu_s"] = round(probe.cpu_seconds() - cpu, 2)
-        reference_gets = self.args.repeats * 5
-        gets = world.registry.count(world.registry.archive_path(world.big, PLATFORM)) - proxy_gets
-        self.check("warm archive: the proxy made no upstream request", gets == reference_gets,
-                   f"{gets} archive GETs upstream, {reference_gets} of them by the reference client")
+        for name, (_, probe) in proxies.items():  # each idles while the others serve
+            result[name]["peak_rss_mib"] = round(probe.peak_mib(), 1)
+            result[name]["peak_rss_mib_each"] = [round(v, 1) for v in probe.peak_mib_each().values()]
+            result[name]["cpu_s"] = round(probe.cpu_seconds() - cpu[name], 2)
+            gets = result[name]["upstream_archive_gets"]
+            self.check(f"warm archive: {name} made no upstream request", gets == 0, f"{gets} archive GETs upstream")
         self.results["warm_archive"] = result
-        nginx = result.get("nginx", {})
-        reference = result["fake_registry_aiohttp"]
-        for key, label in (("single_mib_s", "1 client"), ("concurrent4_mib_s", "4 clients")):
-            value = result["proxy"][key]
-            self.rows.append(Row(f"warm archive MiB/s, {label}", f"{value:.0f}",
-                                 f"{nginx[key]:.0f} (nginx)" if nginx else "-", _ratio(value, nginx.get(key)),
-                                 f"fake registry (aiohttp, from memory) {reference[key]:.0f}; client {client}"))
-        self.rows.append(Row("warm archive: proxy peak RSS / CPU", f"{result['proxy']['peak_rss_mib']:.0f} MiB",
-                             note=f"proxy CPU {result['proxy']['cpu_s']:.1f} s for "
-                                  f"{self.args.repeats * 5 * self.args.size_mib} MiB served"))
+        self._archive_rows(result, client)
+
+    def _archive_rows(self, result: dict, client: str) -> None:
+        nginx, reference = result.get("nginx", {}), result["fake_registry_aiohttp"]
+        one, many = result["proxy"], result["proxy_workers"]
+        labels = [("single_mib_s", "1 client (curl)" if client == "curl" else "1 client"),
+                  ("concurrent4_mib_s", "4 clients (curl)" if client == "curl" else "4 clients")]
+        if "wrk8_mib_s" in one:
+            labels.insert(0, ("wrk8_mib_s", "8 connections (wrk -c8)"))
+        for key, label in labels:
+            self.rows.append(Row(f"warm archive MiB/s, {label}", f"{one[key]:.0f}",
+                                 f"{nginx[key]:.0f} (nginx)" if nginx else "-", _ratio(one[key], nginx.get(key)),
+                                 f"bare aiohttp (fake registry, from memory) {reference[key]:.0f}",
+                                 f"{many[key]:.0f}", _ratio(many[key], nginx.get(key))))
+        if "wrk8_cpu_s_per_gib" in one:
+            base = nginx.get("wrk8_cpu_s_per_gib")
+            self.rows.append(Row("warm archive: server CPU s per GiB (wrk -c8)", f"{one['wrk8_cpu_s_per_gib']:.2f}",
+                                 f"{base:.2f} (nginx)" if base else "-", _ratio(one["wrk8_cpu_s_per_gib"], base),
+                                 "user + system CPU of the server's processes; less depends less on the load",
+                                 f"{many['wrk8_cpu_s_per_gib']:.2f}", _ratio(many["wrk8_cpu_s_per_gib"], base)))
+        supervisor, *workers = many["peak_rss_mib_each"]
+        self.rows.append(Row("warm archive: peak RSS per worker", f"{one['peak_rss_mib']:.0f} MiB",
+                             note=f"goal < 150 MiB; N workers: max of {len(workers)}, supervisor {supervisor:.0f} MiB; "
+                                  f"CPU {one['cpu_s']:.1f} s / {many['cpu_s']:.1f} s",
+                             proxy_workers=f"{max(workers):.0f} MiB"))
 
     # ---- 2. warm JSON ----------------------------------------------------------------------------
 
@@ -418,15 +483,36 @@ class Suite:
         return await load.aiohttp_load(url, context, connections=self.args.connections,
                                        seconds=self.args.json_seconds)
 
-    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, redis_proxy: ProxyProcess | None) -> None:
-        """The embedded-store proxy, the Redis proxy (one worker, like it, on the fleet's Redis and data dir)
-        and nginx, interleaved per document."""
+    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, workers: ProxyProcess,
+                        redis_proxy: ProxyProcess | None) -> None:
+        """The embedded-store proxy with 1 and N workers, the Redis proxy (one worker, on the fleet's Redis and
+        data dir), nginx and the bare aiohttp ceiling, interleaved per document."""
+        async with contextlib.AsyncExitStack() as stack:
+            await self._warm_json(proxy, probe, workers, redis_proxy, stack)
+
+    async def _start_bare(self, stack: contextlib.AsyncExitStack, bodies: dict[str, bytes]) -> dict[str, BareAiohttp]:
+        """The bare aiohttp ceiling servers (one per event loop), answering `bodies` (URL path -> bytes)."""
+        world, servers = self.world, {}
+        for loop in LOOPS:
+            bare = BareAiohttp(self.root / f"bare-{loop}", world.cert_file, world.key_file, loop)
+            for path, body in bodies.items():
+                bare.put(path, body)
+            await bare.start(world.ca_file)
+            stack.push_async_callback(bare.stop)
+            servers[f"bare_{loop}"] = bare
+        if len(LOOPS) == 1:
+            self.note("uvloop is not installed: the bare aiohttp ceiling is measured with asyncio only")
+        return servers
+
+    async def _warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, workers: ProxyProcess,
+                         redis_proxy: ProxyProcess | None, stack: contextlib.AsyncExitStack) -> None:
         world = self.world
         tool = "wrk" if self._use_wrk else \
             f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
         if not self._use_wrk:
             self.note("wrk not used for the JSON benchmark: " + tool)
-        proxies = {"proxy": (proxy, probe)}
+        proxies = {"proxy": (proxy, probe), "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))}
+        where = {"proxy": "proxy", "proxy_workers": f"proxy x{self.args.workers}", "proxy_redis": "proxy, Redis"}
         if redis_proxy is not None:
             proxies["proxy_redis"] = (redis_proxy, ProcessProbe(redis_proxy.process.pid))
         redis_probe = ProcessProbe(self.redis.process.pid) if redis_proxy is not None and self.redis else None
@@ -444,6 +530,8 @@ class Suite:
                 bodies[key, label] = body
             if self.nginx is not None:
                 self.nginx.put(path, bodies["proxy", label])
+        bare = await self._start_bare(stack, {mirror_path(world.small, name): bodies["proxy", label]
+                                              for label, name in documents.items()})
         before = len(world.registry.requests)
         result: dict = {"tool": "wrk" if self._use_wrk else "aiohttp", "connections": self.args.connections}
         for label, name in documents.items():
@@ -457,6 +545,7 @@ class Suite:
                 redis_calls = await load.redis_command_calls(self.redis.port) if redis_cpu is not None else 0
                 measured = entry[key] = (await self._load(server.url + path, server.ca_file)).as_dict()
                 measured["peak_rss_mib"] = round(server_probe.peak_mib(), 1)
+                measured["peak_rss_mib_each"] = [round(v, 1) for v in server_probe.peak_mib_each().values()]
                 measured["cpu_s"] = round(server_probe.cpu_seconds() - cpu, 2)
                 if redis_cpu is not None:
                     measured["redis_server_cpu_s"] = round(redis_probe.cpu_seconds() - redis_cpu, 2)
@@ -465,14 +554,15 @@ class Suite:
                     measured["redis_commands_per_request"] = round(redis_calls / max(1, measured["requests"]), 2)
                 if key != "proxy":
                     measured["same_body_as_embedded"] = bodies[key, label] == bodies["proxy", label]
-                where = "proxy" if key == "proxy" else "proxy, Redis"
-                self.check(f"warm json {label}: no errors under load ({where})", measured["errors"] == 0,
+                self.check(f"warm json {label}: no errors under load ({where[key]})", measured["errors"] == 0,
                            f"{measured['errors']} errors")
                 entry[f"{key}_unloaded"] = await load.sequential_latency(server.url + path, context, requests=200)
             if self.nginx is not None:
                 entry["nginx"] = (await self._load(self.nginx.url + path, world.ca_file)).as_dict()
                 entry["nginx_unloaded"] = await load.sequential_latency(self.nginx.url + path, world.client_ssl(),
                                                                         requests=200)
+            for key, server in bare.items():
+                entry[key] = (await self._load(server.url + path, world.ca_file)).as_dict()
             result[label] = entry
             self._json_rows(label, entry)
         self.check("warm json: no upstream request during the load", len(world.registry.requests) == before,
@@ -484,17 +574,32 @@ class Suite:
             return f"{result['p50_ms']:.2f} / {result['p99_ms']:.2f}" if result else "-"
 
         conns = f"{entry['proxy']['tool']}, {self.args.connections} conns, TLS"
-        mine, base = entry["proxy"], entry.get("nginx")
+        mine, many, base = entry["proxy"], entry["proxy_workers"], entry.get("nginx")
         self.rows.append(Row(f"warm {label} req/s", f"{mine['requests_per_s']:.0f}",
                              f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
                              _ratio(mine["requests_per_s"], base and base["requests_per_s"]),
-                             f"embedded store; {conns}"))
+                             f"embedded store; {conns}", f"{many['requests_per_s']:.0f}",
+                             _ratio(many["requests_per_s"], base and base["requests_per_s"])))
         self.rows.append(Row(f"warm {label} p50 / p99 ms", latency(mine), latency(base),
-                             _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99"))
+                             _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99", latency(many),
+                             _ratio(many["p99_ms"], base and base["p99_ms"])))
+        supervisor, *workers = many["peak_rss_mib_each"]
+        self.rows.append(Row(f"warm {label}: peak RSS per worker", f"{mine['peak_rss_mib']:.0f} MiB",
+                             note=f"goal < 150 MiB; N workers: max of {len(workers)}, supervisor {supervisor:.0f} MiB",
+                             proxy_workers=f"{max(workers):.0f} MiB"))
+        for key in (key for key in entry if key.startswith("bare_")):
+            bare = entry[key]
+            self.rows.append(Row(f"warm {label} req/s: bare aiohttp ceiling, {key.removeprefix('bare_')}",
+                                 f"{bare['requests_per_s']:.0f}",
+                                 f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
+                                 _ratio(bare["requests_per_s"], base and base["requests_per_s"]),
+                                 f"one process, fixed bytes from memory; p50 / p99 {latency(bare)} ms"))
         mine, base = entry["proxy_unloaded"], entry.get("nginx_unloaded")
+        many = entry["proxy_workers_unloaded"]
         self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms", latency(mine), latency(base),
                              _ratio(mine["p50_ms"], base and base["p50_ms"]),
-                             "1 connection, sequential (aiohttp client); ratio is of p50"))
+                             "1 connection, sequential (aiohttp client); ratio is of p50", latency(many),
+                             _ratio(many["p50_ms"], base and base["p50_ms"])))
         redis, embedded = entry.get("proxy_redis"), entry["proxy"]
         if redis is None:
             return
@@ -597,13 +702,15 @@ class Suite:
     # ---- report ------------------------------------------------------------------------------
 
     def table(self) -> str:
-        header = Row("benchmark", "proxy", "baseline", "ratio", "notes")
+        n = self.args.workers
+        header = Row("benchmark", "proxy", "baseline", "ratio", "notes", f"proxy x{n}", f"ratio x{n}")
         rows = [header, *self.rows]
-        widths = [max(len(getattr(r, f)) for r in rows) for f in ("metric", "proxy", "baseline", "ratio")]
+        fields = ("metric", "proxy", "proxy_workers", "baseline", "ratio", "ratio_workers")
+        widths = [max(len(getattr(r, f)) for r in rows) for f in fields]
         lines = []
         for index, r in enumerate(rows):
-            cells = [r.metric.ljust(widths[0]), r.proxy.rjust(widths[1]), r.baseline.rjust(widths[2]),
-                     r.ratio.rjust(widths[3]), r.note]
+            cells = [r.metric.ljust(widths[0]),
+                     *(getattr(r, f).rjust(width) for f, width in zip(fields[1:], widths[1:], strict=True)), r.note]
             lines.append("  ".join(cells).rstrip())
             if index == 0:
                 lines.append("-" * max(len(line) for line in lines))
@@ -614,7 +721,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Benchmark the registry proxy (see bench/README.md).")
     parser.add_argument("--size-mib", type=int, default=200, help="size of the big archive (default 200)")
     parser.add_argument("--clients", type=int, default=10, help="concurrent clients of the cold fan-out")
+    parser.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 1),
+                        help="worker processes of the proxy in the `proxy xN` column (default: the CPUs, at least 2)")
     parser.add_argument("--repeats", type=int, default=3, help="warm archive downloads per configuration")
+    parser.add_argument("--archive-seconds", type=float, default=6,
+                        help="duration of each wrk run on the big archive (8 connections)")
     parser.add_argument("--json-seconds", type=float, default=8, help="duration of each JSON load run")
     parser.add_argument("--connections", type=int, default=64, help="connections of the JSON load")
     parser.add_argument("--init-repeats", type=int, default=5,
@@ -630,7 +741,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")
-    parser.add_argument("--time-limit", type=float, default=420, help="abort the whole run after this many s")
+    parser.add_argument("--time-limit", type=float, default=720, help="abort the whole run after this many s")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     return parser.parse_args(argv)

@@ -1,0 +1,102 @@
+"""The ceiling: a bare aiohttp app answering fixed bytes over TLS, in its own process.
+
+It answers every path it was given (`www`: URL path -> bytes, read once at start) from memory
+with no work of its own, on asyncio's event loop or uvloop's, so a row of it shows what one
+aiohttp process can reach on this machine at all. Run as a script it is the server:
+
+    python bench/bare.py --port P --cert CERT --key KEY --www DIR --loop asyncio|uvloop
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import ssl
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script: tests.fakes
+
+from tests.fakes.process import free_port, terminate, wait_healthy  # noqa: E402
+
+LOOPS = ("asyncio", "uvloop") if importlib.util.find_spec("uvloop") else ("asyncio",)
+
+
+class BareAiohttp:
+    """One bare aiohttp server process serving the files under `root/www` from memory."""
+
+    def __init__(self, root: Path, cert: Path, key: Path, loop: str) -> None:
+        self.root = root
+        self.www = root / "www"
+        self.loop = loop
+        self.port = free_port()
+        self._cert, self._key = cert, key
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def put(self, path: str, data: bytes) -> None:
+        """Answer `data` at URL path `path` (before `start`)."""
+        target = self.www / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+    async def start(self, ca_file: Path) -> None:
+        self.put("/healthz", b"ok\n")
+        log_path = self.root / "stderr.log"
+        log = open(log_path, "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--port", str(self.port), "--cert", str(self._cert), "--key", str(self._key),
+            "--www", str(self.www), "--loop", self.loop, stdout=log, stderr=log)
+        log.close()
+        await wait_healthy(self.url + "/healthz", ca_file, self.process, lambda: log_path.read_text()[-2000:],
+                           timeout=10)
+
+    async def stop(self) -> None:
+        await terminate(self.process, 10)
+        self.process = None
+
+
+def _app(www: Path) -> web.Application:
+    bodies = {"/" + path.relative_to(www).as_posix(): path.read_bytes() for path in www.rglob("*") if path.is_file()}
+
+    async def answer(request: web.Request) -> web.Response:
+        body = bodies.get(request.path)
+        if body is None:
+            return web.Response(status=404)
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    return app
+
+
+def _serve(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--www", type=Path, required=True)
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    args = parser.parse_args(argv)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(args.cert, args.key)
+    if args.loop == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    web.run_app(_app(args.www), host="127.0.0.1", port=args.port, ssl_context=context, access_log=None,
+                print=None, loop=loop)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1:])
