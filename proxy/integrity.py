@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import IO
 
@@ -135,12 +135,11 @@ class ArchiveReader:
         self._length = length
         self._check = check
 
-    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+    def chunks(self, size: int) -> AsyncGenerator[bytes, None]:
         """The span in chunks of at most `size` bytes; raises StoreCorruptionError on a mismatch."""
-        if not self._check:
-            async for chunk in self._plain_chunks(size):
-                yield chunk
-            return
+        return self._hashed_chunks(size) if self._check else self._plain_chunks(size)
+
+    async def _hashed_chunks(self, size: int) -> AsyncGenerator[bytes, None]:
         stored, ident = self._stored, self._ident
         digest = hashlib.sha256()
         offset, end = self._start, self._start + self._length
@@ -165,15 +164,19 @@ class ArchiveReader:
                     reading.exception()
         self._guard.store.remember_verified(stored.sha256, ident)
 
-    async def _plain_chunks(self, size: int) -> AsyncIterator[bytes]:
+    async def _plain_chunks(self, size: int) -> AsyncGenerator[bytes, None]:
         """Chunks read without hashing, one at a time: straight from the page cache in the event
-        loop when they are all there (`RWF_NOWAIT`), else in a worker thread."""
+        loop when they are all there (`RWF_NOWAIT`), else in a worker thread. Either way the event
+        loop runs between chunks: a client fast enough never to pause its writer must not keep the
+        others waiting, and a connection lost in the meantime fails the next write."""
         fd, offset, end = self._handle.fileno(), self._start, self._start + self._length
         while offset < end:
             want = min(size, end - offset)
             chunk = _read_cached(fd, offset, want)
             if chunk is None:
-                chunk = await asyncio.to_thread(os.pread, fd, want, offset)
+                chunk = await _finish_in_thread(os.pread, fd, want, offset)
+            else:
+                await asyncio.sleep(0)
             if not chunk:
                 raise await self._shrunk()
             offset += len(chunk)
@@ -207,6 +210,17 @@ def _stat(path: Path) -> os.stat_result | None:
 def _open(path: Path) -> tuple[IO[bytes], os.stat_result]:
     handle = open(path, "rb")  # noqa: SIM115 - closed by the caller
     return handle, os.fstat(handle.fileno())
+
+
+async def _finish_in_thread(func: Callable[..., bytes], *args: object) -> bytes:
+    """`func(*args)` in a worker thread; cancelled meanwhile, it waits for the call to return before it
+    raises, so the caller never closes the file under a read still running in its thread."""
+    running = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        raise
 
 
 def _read(fd: int, offset: int, size: int, digest: hashlib._Hash) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from types import SimpleNamespace
@@ -104,3 +105,26 @@ async def test_a_trusted_file_that_shrank_while_open_raises(store):
         async for _ in reader.chunks(CHUNK):
             pass
     reader.close()
+
+
+async def test_the_event_loop_runs_between_chunks_read_from_the_page_cache(store):
+    stored = publish(store)
+    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    try:
+        before, chunks = ticks, 0
+        async for _ in reader.chunks(CHUNK):
+            chunks += 1
+        assert ticks - before >= chunks - 1  # the ticker ran between any two chunks
+    finally:
+        task.cancel()
+        reader.close()
