@@ -22,31 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script: tests.fakes
 
-from tests.fakes.process import free_port, terminate, wait_healthy  # noqa: E402
+from bench.static import StaticServer  # noqa: E402
+from tests.fakes.process import wait_healthy  # noqa: E402
 
 LOOPS = ("asyncio", "uvloop") if importlib.util.find_spec("uvloop") else ("asyncio",)
 
 
-class BareAiohttp:
-    """One bare aiohttp server process serving the files under `root/www` from memory."""
+class BareAiohttp(StaticServer):
+    """One bare aiohttp server process answering the files under `root/www` from memory."""
 
     def __init__(self, root: Path, cert: Path, key: Path, loop: str) -> None:
-        self.root = root
-        self.www = root / "www"
+        super().__init__(root, cert, key)
         self.loop = loop
-        self.port = free_port()
-        self._cert, self._key = cert, key
-        self.process: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def put(self, path: str, data: bytes) -> None:
-        """Answer `data` at URL path `path` (before `start`)."""
-        target = self.www / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
 
     async def start(self, ca_file: Path) -> None:
         self.put("/healthz", b"ok\n")
@@ -58,11 +45,6 @@ class BareAiohttp:
         log.close()
         await wait_healthy(self.url + "/healthz", ca_file, self.process, lambda: log_path.read_text()[-2000:],
                            timeout=10)
-
-    async def stop(self) -> None:
-        await terminate(self.process, 10)
-        self.process = None
-
 
 def _app(www: Path) -> web.Application:
     bodies = {"/" + path.relative_to(www).as_posix(): path.read_bytes() for path in www.rglob("*") if path.is_file()}

@@ -6,7 +6,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from tests.fakes.process import free_port, terminate, wait_healthy
+from bench.static import StaticServer
+from tests.fakes.process import wait_healthy
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 
@@ -40,32 +41,8 @@ http {{
 """
 
 
-class Nginx:
+class Nginx(StaticServer):
     """One nginx master (ours, in the foreground) with `worker_processes auto`."""
-
-    def __init__(self, root: Path, cert: Path, key: Path) -> None:
-        self.root = root
-        self.www = root / "www"
-        self.port = free_port()
-        self._cert, self._key = cert, key
-        self.process: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def put(self, path: str, data: bytes | Path) -> None:
-        """Serve `data` (bytes, or a file linked/copied in) at URL path `path`."""
-        target = self.www / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.unlink(missing_ok=True)
-        if isinstance(data, Path):
-            try:
-                target.hardlink_to(data)
-            except OSError:
-                shutil.copyfile(data, target)
-        else:
-            target.write_bytes(data)
 
     async def start(self, ca_file: Path) -> None:
         if NGINX is None:
@@ -82,11 +59,6 @@ class Nginx:
         log.close()
         await wait_healthy(self.url + "/healthz", ca_file, self.process,
                            lambda: (self.root / "error.log").read_text()[-2000:], timeout=10)
-
-    async def stop(self) -> None:
-        await terminate(self.process, 10)
-        self.process = None
-
 
 async def nginx_version() -> str | None:
     if NGINX is None:
