@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import platform
 import secrets
@@ -747,8 +748,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _quiet_reference_server() -> None:
+    """wrk drops its connections mid-body when its time is up: the fake registry, which runs in this
+    process, would log every write after that (asyncio) and every reset (aiohttp) on the console."""
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+
+
 async def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    _quiet_reference_server()
     root = Path(tempfile.mkdtemp(prefix="registry-proxy-bench-"))
     suite = Suite(args, root)
     started = time.perf_counter()
