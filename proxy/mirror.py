@@ -4,7 +4,9 @@ Handlers call one method here. Metadata comes through the document cache (`proxy
 freshness, stale-if-error, remembered 404s). For archives: download metadata → SHA256SUMS
 and signature (verified with the registry's keys) → download to a temp file while hashing
 (`proxy.downloader`) → compare → compute `h1:` → publish to the content-addressed store →
-record the hashes (`proxy.records`). Nothing unverified is stored or served. While the disk
+record the hashes (`proxy.records`). Nothing unverified is stored or served whole: clients
+waiting for a cold archive get it as it downloads, its last chunk held back until verified
+(`proxy.growing`). While the disk
 is full, an archive a client asks for is relayed from the upstream without being stored, its
 last chunk held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
 """
@@ -31,6 +33,7 @@ from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
 from proxy.flights import Flights, gather_bounded
 from proxy.gpg import Keyring, SignatureError
+from proxy.growing import GrowingFile
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
 from proxy.metrics import Metrics
@@ -213,11 +216,20 @@ class Mirror:
         note_cache("miss")
         return found
 
-    async def archive_for_client(self, addr: ProviderAddr, version: Version,
-                                 platform: Platform) -> tuple[StoredArchive | PassThrough, str]:
-        """The verified archive and its file name; while the disk is full, a verified relay of the upstream's."""
+    async def archive_for_client(self, addr: ProviderAddr, version: Version, platform: Platform, *,
+                                 follow: bool = False) -> tuple[StoredArchive | PassThrough, str]:
+        """The verified archive and its file name; while the disk is full, a verified relay of the upstream's.
+
+        With `follow`, a cold archive whose download is under way is relayed as it is written, its
+        last chunk held back until it is verified (`proxy.growing`), instead of waited for whole.
+        """
         try:
-            stored, record = await self.archive(addr, version, platform)
+            found = await (self._archive_or_growing(addr, version, platform) if follow
+                           else self.archive(addr, version, platform))
+            if isinstance(found, GrowingFile):
+                d, _ = await self._release_facts(addr, version, platform)  # cached: the download needed them
+                return found.relay(), d.filename
+            stored, record = found
             return stored, record.filename
         except DiskFullError as exc:
             d, expected = await self._expected_digest(addr, version, platform)
@@ -233,6 +245,20 @@ class Mirror:
                      reason=exc.message)
             return self._downloader.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
                                             algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
+
+    async def _archive_or_growing(self, addr: ProviderAddr, version: Version,
+                                  platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | GrowingFile:
+        """The stored archive, or its download in this process as soon as it is under way."""
+        self._documents.check_allowed(addr.hostname)
+        found = await self._stored_archive(addr, version, platform)
+        if found is not None:
+            note_cache("hit")
+            return found
+        found_or_growing = await self._downloader.growing.result_or_growing(
+            keys.archive(addr, version, platform), self.archive(addr, version, platform))
+        if isinstance(found_or_growing, GrowingFile):
+            note_cache("miss")
+        return found_or_growing
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of the metadata store, the data directory and its free space."""
@@ -414,7 +440,8 @@ class Mirror:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
 
-        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check)
+        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check,
+                                               follow=(keys.archive(addr, version, d.platform), expected))
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:

@@ -18,8 +18,9 @@ makes the file trusted for the next sendfile. A range is served only from a veri
 (hashed whole first when needed). A copy found corrupt before the status line was sent is
 quarantined and fetched again within the same request (`serve_found`).
 
-A `PassThrough` (disk full) is relayed as it arrives, whole (no Range), with the upstream's
-Content-Length when it has one, else chunked. Headers go out with the first relayed chunk,
+A `PassThrough` (disk full, or a cold archive followed as it downloads, `proxy.growing`) is
+relayed as it arrives, whole (no Range), with the upstream's Content-Length when it has one,
+else chunked. Headers go out with the first relayed chunk,
 so a refusal before that is a plain JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 """
@@ -45,6 +46,11 @@ from proxy.web.server import write_paced
 CHUNK = 1 << 18
 Found = tuple[StoredArchive | PassThrough, str, str]  # the file (or a relay), its download name, its content type
 log = structlog.get_logger(__name__)
+
+
+def may_follow(request: web.Request) -> bool:
+    """Whether a cold archive may be sent as it downloads: a whole GET (ranges and If-Match need the stored file)."""
+    return request.method == "GET" and "Range" not in request.headers and "If-Match" not in request.headers
 
 
 async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
