@@ -122,7 +122,7 @@ class Downloader:
             result = await check(pending, actual)
             stored = await asyncio.to_thread(self._store.publish, pending, actual)
             if growing is not None:
-                growing.publish()
+                growing.publish(stored.path)
             return stored, result
         except BaseException as exc:
             error = self._disk_full_or(exc, what)

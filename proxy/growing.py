@@ -3,8 +3,8 @@
 A download whose length is known up front (the upstream's Content-Length) is announced as a
 `GrowingFile` under its flight key while the `Downloader` writes it into a temp file of the
 store. Every request waiting for that archive in this process follows it (`GrowingFile.relay`):
-it reads the bytes written so far from the temp file (through a descriptor that survives the
-rename at publication) and passes them on, always `HOLD_BACK` bytes behind the end of the
+it reads the bytes written so far from the temp file (through its own descriptor, which survives
+the rename at publication) and passes them on, always `HOLD_BACK` bytes behind the end of the
 archive, so the last chunk stays with the proxy until both
 
 - the download's SHA-256 matched the signed sum and the file was published, and
@@ -36,13 +36,12 @@ class GrowingFile:
     """A temp file being downloaded: how much of it is written, and whether it was verified or failed."""
 
     def __init__(self, path: Path, size: int, sha256: str) -> None:
+        self.path = path
         self.size = size
         self.sha256 = sha256
         self.written = 0
         self.verified = False
-        self.error: BaseException | None = None
-        self._descriptor: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._readers = 0
+        self.error: Exception | None = None
         self._moved = asyncio.Event()
 
     @property
@@ -54,17 +53,18 @@ class GrowingFile:
         self.written += length
         self._wake()
 
-    def publish(self) -> None:
-        """The download matched its signed sum and is published: followers may send the end."""
+    def publish(self, path: Path) -> None:
+        """The download matched its signed sum and is published at `path`: followers may send the end."""
+        self.path = path
         self.verified = True
-        self._end()
+        self._wake()
 
     def fail(self, error: BaseException) -> None:
         """The download failed: followers abort with the end unsent."""
         if not self.done:
             self.error = error if isinstance(error, Exception) else ShuttingDownError(
                 "the proxy is shutting down and stopped this download; retry")
-        self._end()
+        self._wake()
 
     def relay(self) -> PassThrough:
         """The archive for one client, sent as it is written, its end held back until verified."""
@@ -72,14 +72,16 @@ class GrowingFile:
 
     async def _follow(self, begin: Begin, send: Send) -> None:
         await begin(self.size)
-        self._readers += 1
+        descriptor = await self._open()
         try:
             digest, sent = hashlib.sha256(), 0
             while sent < self.size:
                 moved = self._moved
                 end = self.size if self.verified else max(min(self.written, self.size - HOLD_BACK), 0)
                 if sent < end:
-                    chunk = await self._read(sent, min(end - sent, READ_CHUNK))
+                    chunk = await asyncio.to_thread(os.pread, descriptor, min(end - sent, READ_CHUNK), sent)
+                    if not chunk:
+                        raise VerificationError("the archive being downloaded is shorter than announced")
                     digest.update(chunk)
                     if sent + len(chunk) == self.size and digest.hexdigest() != self.sha256:
                         raise VerificationError(f"the downloaded archive does not hash to {self.sha256}")
@@ -90,29 +92,25 @@ class GrowingFile:
                 else:
                     await moved.wait()
         finally:
-            self._readers -= 1
-            self._close_if_unused()
+            os.close(descriptor)
 
-    async def _read(self, offset: int, length: int) -> bytes:
-        descriptor = self._descriptor
-        assert descriptor is not None  # open while a reader is registered
-        chunk = await asyncio.to_thread(os.pread, descriptor, length, offset)
-        if not chunk:
-            raise VerificationError("the archive being downloaded ended before its announced size")
-        return chunk
+    async def _open(self) -> int:
+        """A descriptor of the file, wherever it is now (the temp file, or where it was published)."""
+        while True:
+            moved, path = self._moved, self.path
+            try:
+                return await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if self.error is not None:
+                    raise self.error from None
+                if self.verified and path == self.path:
+                    raise VerificationError("the downloaded archive vanished from the store") from None
+            if path == self.path:
+                await moved.wait()  # renamed, and `publish` has not told us where to yet
 
     def _wake(self) -> None:
         moved, self._moved = self._moved, asyncio.Event()
         moved.set()
-
-    def _end(self) -> None:
-        self._wake()
-        self._close_if_unused()
-
-    def _close_if_unused(self) -> None:
-        if self.done and self._readers == 0 and self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
 
 
 class GrowingDownloads:

@@ -1,0 +1,113 @@
+"""Following a growing download: the end is held back until verified; a failure withholds it for good."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from proxy.errors import ShuttingDownError, UpstreamError, VerificationError
+from proxy.growing import HOLD_BACK, GrowingDownloads, GrowingFile
+
+WAIT = 10
+BODY = os.urandom(3 * HOLD_BACK + 1000)
+SHA = hashlib.sha256(BODY).hexdigest()
+
+
+class Client:
+    """What a follower sends to one client."""
+
+    def __init__(self) -> None:
+        self.length: int | None = None
+        self.received = b""
+        self.moved = asyncio.Event()
+
+    async def begin(self, length: int | None) -> None:
+        self.length = length
+
+    async def send(self, chunk: bytes) -> None:
+        self.received += chunk
+        self.moved.set()
+
+    async def has(self, size: int) -> None:
+        while len(self.received) < size:
+            self.moved.clear()
+            await asyncio.wait_for(self.moved.wait(), WAIT)
+
+
+@pytest.fixture
+def temp(tmp_path):
+    path = tmp_path / "download.part"
+    handle = open(path, "wb")  # noqa: SIM115 - closed below
+    yield path, handle
+    handle.close()
+
+
+def write(handle, growing: GrowingFile, data: bytes) -> None:
+    handle.write(data)
+    handle.flush()
+    growing.advance(len(data))
+
+
+async def test_the_end_waits_for_verification(temp):
+    path, handle = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    client = Client()
+    follower = asyncio.create_task(growing.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    await asyncio.sleep(0.05)
+    assert client.length == len(BODY) and client.received == BODY[:-HOLD_BACK] and not follower.done()
+    growing.publish(path)
+    await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY
+
+
+async def test_a_failure_withholds_the_end(temp):
+    path, handle = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    client = Client()
+    follower = asyncio.create_task(growing.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    growing.fail(UpstreamError("tampered"))
+    with pytest.raises(UpstreamError):
+        await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY[:-HOLD_BACK]
+
+
+async def test_cancelled_downloads_tell_followers_the_proxy_is_shutting_down(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    growing.fail(asyncio.CancelledError())
+    with pytest.raises(ShuttingDownError):
+        await growing.relay().stream(Client().begin, Client().send)
+
+
+async def test_bytes_changed_on_disk_are_never_completed(temp):
+    path, handle = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    write(handle, growing, BODY[:-1] + bytes([BODY[-1] ^ 1]))  # the file no longer holds what was verified
+    growing.publish(path)
+    client = Client()
+    with pytest.raises(VerificationError):
+        await growing.relay().stream(client.begin, client.send)
+    assert len(client.received) < len(BODY)
+
+
+async def test_waiters_get_the_download_once_it_is_announced_or_the_result_first(temp):
+    path, _ = temp
+    downloads = GrowingDownloads()
+    growing = GrowingFile(path, len(BODY), SHA)
+    never = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(downloads.result_or_growing("key", never))
+    await asyncio.sleep(0)
+    downloads.announce("key", growing)
+    assert await asyncio.wait_for(waiting, WAIT) is growing
+    assert never.cancelled()  # only this wait: a real flight is shielded
+    assert await downloads.result_or_growing("key", asyncio.sleep(0, "stored")) in ("stored", growing)
+    downloads.withdraw("key", growing)
+    assert await downloads.result_or_growing("key", asyncio.sleep(0, "stored")) == "stored"
+    growing.fail(UpstreamError("done"))
