@@ -23,6 +23,7 @@ from yarl import URL
 from proxy.config import Settings
 from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.documents import require_online
+from proxy.download_notices import DownloadNotices
 from proxy.growing import GrowingDownloads, GrowingFile
 from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
@@ -60,7 +61,11 @@ class Downloader:
         self._space = space
         self._metrics = metrics
         self._slots = HostSlots.for_upstream(settings.limits)
-        self.growing = GrowingDownloads()
+        self.growing = GrowingDownloads(DownloadNotices(store.root / "growing"), store.path_for)
+
+    async def close(self) -> None:
+        """Stop following other processes' downloads."""
+        await self.growing.close()
 
     async def stored(self, record: F | None) -> tuple[StoredArchive, F] | None:
         """The archive a verified record names, if its file, of the recorded size, is in the store."""
@@ -126,9 +131,11 @@ class Downloader:
             return stored, result
         except BaseException as exc:
             error = self._disk_full_or(exc, what)
-            if growing is not None:
-                growing.fail(error)
-            await asyncio.to_thread(pending.discard)
+            try:
+                await asyncio.to_thread(pending.discard)
+            finally:  # followers learn of the failure once nothing of the download is left
+                if growing is not None:
+                    growing.fail(error)
             if error is not exc:
                 raise error from None
             raise

@@ -13,23 +13,31 @@ archive, so the last chunk stays with the proxy until both
 On a failure (tampered bytes, an upstream error, shutdown) the follower raises with the last
 chunk unsent: the web layer aborts the connection, so a client never holds an unverified
 archive whole (`Content-Length` is the expected size, so the short body is detectable).
+
+Other worker processes and replicas sharing the archive store follow the same temp file
+through the notices of `proxy.download_notices` (`GrowingDownloads`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from proxy.errors import ShuttingDownError, VerificationError
+import structlog
+
+from proxy.download_notices import DownloadNotices, Notice, owner_alive
+from proxy.errors import ShuttingDownError, UpstreamError, VerificationError
 from proxy.passthrough import Begin, PassThrough, Send
 
 HOLD_BACK = 1 << 18  # the bytes at the end of an archive sent only once it is verified
 READ_CHUNK = 1 << 18
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 
 class GrowingFile:
@@ -114,42 +122,124 @@ class GrowingFile:
 
 
 class GrowingDownloads:
-    """The growing files of this process by flight key, and the requests waiting for one to start."""
+    """The growing files of this process by flight key, and the requests waiting for one to start.
 
-    def __init__(self) -> None:
+    With `notices`, the downloads of this process are posted for the other processes sharing the
+    archive store, and a waiting request also looks for theirs (every `poll` seconds): it follows
+    the other process's temp file as its size grows, until the archive appears at its content
+    address (`published`), or fails when the other process's notice lock goes away without it.
+    Notices are tiny files, posted and taken down inline, so a cancelled task cannot leave one behind.
+    """
+
+    def __init__(self, notices: DownloadNotices | None = None,
+                 published: Callable[[str], Path] | None = None, poll: float = 0.02) -> None:
         self._growing: dict[str, GrowingFile] = {}
         self._waiting: dict[str, list[asyncio.Future[GrowingFile]]] = {}
+        self._notices = notices
+        self._published = published
+        self._poll = poll
+        self._posted: dict[str, tuple[GrowingFile, int]] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
 
     def announce(self, key: str, growing: GrowingFile) -> None:
-        self._growing[key] = growing
-        for waiter in self._waiting.pop(key, []):
-            if not waiter.done():
-                waiter.set_result(growing)
+        """`growing` is the download of `key`: wake the requests waiting for it, here and elsewhere."""
+        self._announce_here(key, growing)
+        if self._notices is None:
+            return
+        try:
+            descriptor = self._notices.post(key, Notice(growing.path, growing.size, growing.sha256))
+        except OSError as exc:  # other processes wait for the stored archive instead
+            log.warning("archive.notice_failed", key=key, error=str(exc))
+            return
+        self._posted[key] = (growing, descriptor)
 
     def withdraw(self, key: str, growing: GrowingFile) -> None:
-        if self._growing.get(key) is growing:
-            del self._growing[key]
+        """The download of `key` ended (after `publish` or `fail`)."""
+        self._withdraw_here(key, growing)
+        posted = self._posted.get(key)
+        if posted is not None and posted[0] is growing and self._notices is not None:
+            del self._posted[key]
+            self._notices.take_down(key, posted[1])
 
-    async def started(self, key: str) -> GrowingFile:
-        """The growing file of `key`, as soon as one is announced."""
-        growing = self._growing.get(key)
-        if growing is not None:
-            return growing
+    async def started(self, key: str, sha256: str) -> GrowingFile:
+        """The growing file of `key`, as soon as one is announced here or posted by another process."""
         waiter: asyncio.Future[GrowingFile] = asyncio.get_running_loop().create_future()
         waiters = self._waiting.setdefault(key, [])
         waiters.append(waiter)
         try:
-            return await waiter
+            while True:
+                growing = self._growing.get(key) or self._follow_posted(key, sha256)
+                if growing is not None:
+                    return growing
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(waiter), self._poll)
         finally:
             if waiter in waiters:
                 waiters.remove(waiter)
             if not waiters and self._waiting.get(key) is waiters:
                 del self._waiting[key]
 
-    async def result_or_growing(self, key: str, flight: Awaitable[T]) -> T | GrowingFile:
-        """What `flight` returns, or the growing download of `key` if it starts first (the flight goes on)."""
+    async def close(self) -> None:
+        """Stop following other processes' downloads (their followers here abort)."""
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    def _announce_here(self, key: str, growing: GrowingFile) -> None:
+        self._growing[key] = growing
+        for waiter in self._waiting.pop(key, []):
+            if not waiter.done():
+                waiter.set_result(growing)
+
+    def _withdraw_here(self, key: str, growing: GrowingFile) -> None:
+        if self._growing.get(key) is growing:
+            del self._growing[key]
+
+    def _follow_posted(self, key: str, sha256: str) -> GrowingFile | None:
+        """Another process's download of `key`, if it posted one for the archive expected here."""
+        found = self._notices.read(key) if self._notices is not None and self._published is not None else None
+        if found is None:
+            return None
+        notice, descriptor = found
+        if notice.sha256 != sha256:
+            os.close(descriptor)
+            return None
+        growing = GrowingFile(notice.path, notice.size, notice.sha256)
+        self._announce_here(key, growing)
+        log.info("archive.following_another_process", key=key, temp_file=notice.path.name)
+        watcher = asyncio.get_running_loop().create_task(self._watch(key, growing, descriptor))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return growing
+
+    async def _watch(self, key: str, growing: GrowingFile, descriptor: int) -> None:
+        """Mirror another process's download into `growing`: its size, its publication or its end."""
+        assert self._published is not None
+        final = self._published(growing.sha256)
+        try:
+            while not growing.done:
+                alive, published, size = await asyncio.to_thread(_probe, descriptor, growing.path, final, growing.size)
+                if published:
+                    growing.publish(final)
+                elif not alive:
+                    growing.fail(UpstreamError("the download this request followed ended without a verified "
+                                               "archive in another proxy process; retry"))
+                elif size > growing.written:
+                    growing.advance(size - growing.written)
+                else:
+                    await asyncio.sleep(self._poll)
+        except BaseException as exc:
+            growing.fail(exc)
+            raise
+        finally:
+            os.close(descriptor)
+            self._withdraw_here(key, growing)
+
+    async def result_or_growing(self, key: str, sha256: str, flight: Awaitable[T]) -> T | GrowingFile:
+        """What `flight` returns, or the growing download of `key` (to hash to `sha256`) if it starts first;
+        the flight goes on either way."""
         result = asyncio.ensure_future(flight)
-        growing = asyncio.ensure_future(self.started(key))
+        growing = asyncio.ensure_future(self.started(key, sha256))
         try:
             await asyncio.wait({result, growing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -161,3 +251,19 @@ class GrowingDownloads:
         if growing.done() and not growing.cancelled():
             return growing.result()
         return await result  # re-raises the cancellation
+
+
+def _probe(descriptor: int, path: Path, final: Path, size: int) -> tuple[bool, bool, int]:
+    """Another process's download: whether it is alive, whether it was published, and its size so far.
+
+    Published is checked after alive: the owner publishes before it lets its notice go."""
+    alive = owner_alive(descriptor)
+    try:
+        published = final.stat().st_size == size
+    except FileNotFoundError:
+        published = False
+    try:
+        written = path.stat().st_size
+    except FileNotFoundError:
+        written = 0
+    return alive, published, min(written, size)

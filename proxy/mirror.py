@@ -254,8 +254,10 @@ class Mirror:
         if found is not None:
             note_cache("hit")
             return found
+        await self.offered(addr, version, [platform])
+        _, expected = await self._expected_digest(addr, version, platform)
         found_or_growing = await self._downloader.growing.result_or_growing(
-            keys.archive(addr, version, platform), self.archive(addr, version, platform))
+            keys.archive(addr, version, platform), expected, self.archive(addr, version, platform))
         if isinstance(found_or_growing, GrowingFile):
             note_cache("miss")
         return found_or_growing

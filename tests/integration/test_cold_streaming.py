@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 
 import aiohttp
 import pytest
@@ -103,3 +104,30 @@ async def test_ranges_and_heads_wait_for_the_stored_archive(proxy, registry, big
     async with proxy.session.get(proxy.url + BIG, headers={"Range": "bytes=10-19"}) as response:
         assert response.status == 206 and await response.read() == body[10:20]
     assert registry.count(path) == 1
+
+
+async def test_workers_follow_one_download_in_any_process(proxy_process, registry, big):
+    body = big.zips["linux_amd64"]
+    path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[path] = MiB  # bytes per second: the upstream takes about two seconds
+    proc = await proxy_process("--workers", "2")
+    async with asyncio.timeout(4 * WAIT):
+        while len(proc.events("worker.started")) < 2:  # noqa: ASYNC110 - the other processes' log
+            await asyncio.sleep(0.05)
+    context = ssl.create_default_context(cafile=str(proc.ca_file))
+    early: list[bool] = []
+
+    async def fetch() -> bytes:
+        async with (aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+                    session.get(proc.url + BIG, ssl=context) as response):
+            assert response.status == 200 and int(response.headers["Content-Length"]) == len(body)
+            first = await response.content.readexactly(1)
+            early.append(registry.completed_count(path) == 0)
+            return first + await response.read()
+
+    results = await asyncio.wait_for(asyncio.gather(*(fetch() for _ in range(20))), 4 * WAIT)
+    assert all(r == body for r in results)
+    assert early == [True] * 20  # every client had bytes before the upstream finished, in either worker
+    assert registry.count(path) == 1
+    assert proc.events("archive.following_another_process")
+    assert list((proc.data_dir / "archives" / "growing").iterdir()) == []

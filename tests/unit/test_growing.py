@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from proxy.download_notices import DownloadNotices
 from proxy.errors import ShuttingDownError, UpstreamError, VerificationError
 from proxy.growing import HOLD_BACK, GrowingDownloads, GrowingFile
 
@@ -102,12 +103,65 @@ async def test_waiters_get_the_download_once_it_is_announced_or_the_result_first
     downloads = GrowingDownloads()
     growing = GrowingFile(path, len(BODY), SHA)
     never = asyncio.get_running_loop().create_future()
-    waiting = asyncio.create_task(downloads.result_or_growing("key", never))
+    waiting = asyncio.create_task(downloads.result_or_growing("key", SHA, never))
     await asyncio.sleep(0)
     downloads.announce("key", growing)
     assert await asyncio.wait_for(waiting, WAIT) is growing
     assert never.cancelled()  # only this wait: a real flight is shielded
-    assert await downloads.result_or_growing("key", asyncio.sleep(0, "stored")) in ("stored", growing)
+    assert await downloads.result_or_growing("key", SHA, asyncio.sleep(0, "stored")) in ("stored", growing)
     downloads.withdraw("key", growing)
-    assert await downloads.result_or_growing("key", asyncio.sleep(0, "stored")) == "stored"
+    assert await downloads.result_or_growing("key", SHA, asyncio.sleep(0, "stored")) == "stored"
     growing.fail(UpstreamError("done"))
+
+
+def two_processes(tmp_path) -> tuple[GrowingDownloads, GrowingDownloads]:
+    """Two processes' views of one archive store (flocks of separate descriptors conflict in one process too)."""
+    def published(sha256: str):
+        return tmp_path / "sha256" / sha256
+
+    return (GrowingDownloads(DownloadNotices(tmp_path / "growing"), published, poll=0.005),
+            GrowingDownloads(DownloadNotices(tmp_path / "growing"), published, poll=0.005))
+
+
+async def test_another_process_follows_until_the_archive_is_published(tmp_path, temp):
+    path, handle = temp
+    owner, other = two_processes(tmp_path)
+    growing = GrowingFile(path, len(BODY), SHA)
+    owner.announce("key", growing)
+    followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
+    assert followed is not growing and (followed.path, followed.size) == (path, len(BODY))
+    client = Client()
+    follower = asyncio.create_task(followed.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    await asyncio.sleep(0.05)
+    assert client.received == BODY[:-HOLD_BACK] and not follower.done()
+    final = tmp_path / "sha256" / SHA
+    final.parent.mkdir()
+    os.replace(path, final)
+    growing.publish(final)
+    owner.withdraw("key", growing)
+    await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY
+    assert list((tmp_path / "growing").iterdir()) == []
+    await other.close()
+
+
+async def test_another_process_aborts_when_the_download_ends_unpublished(tmp_path, temp):
+    path, handle = temp
+    owner, other = two_processes(tmp_path)
+    growing = GrowingFile(path, len(BODY), SHA)
+    owner.announce("key", growing)
+    with pytest.raises(TimeoutError):  # a notice for other bytes is not followed
+        await asyncio.wait_for(other.started("key", "0" * 64), 0.05)
+    followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
+    client = Client()
+    follower = asyncio.create_task(followed.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    growing.fail(UpstreamError("tampered"))
+    owner.withdraw("key", growing)
+    with pytest.raises(UpstreamError, match="another proxy process"):
+        await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY[:-HOLD_BACK]
+    await other.close()
