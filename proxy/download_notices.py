@@ -5,7 +5,8 @@ flight key>.json`: where its temp file is, how long the archive will be, and the
 must have. The file is `flock`ed by that process for as long as the download lasts (taken before
 the notice is renamed into place, so a notice is never seen unlocked while it is alive), and
 removed when the download ends; the kernel releases the lock of a process that dies, so
-a notice whose lock can be taken is void. Blocking file I/O: call from a worker thread.
+a notice whose lock can be taken is void. A notice names a temp file only inside the store's
+temp root. Each call is a few small blocking file operations.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class Notice:
 class DownloadNotices:
     """The notices directory of an archive store (see module docstring)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, temp_root: Path) -> None:
         self._directory = directory
+        self._temp_root = temp_root
 
     def _path(self, key: str) -> Path:
         return self._directory / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
@@ -75,6 +77,8 @@ class DownloadNotices:
                 raise ValueError("a notice of a download that ended")
             fields = json.loads(os.pread(descriptor, 4096, 0))
             notice = Notice(Path(fields["path"]), int(fields["size"]), str(fields["sha256"]))
+            if notice.path.parent.parent != self._temp_root or notice.path.suffix != ".part":
+                raise ValueError(f"a notice of a file outside {self._temp_root}")
         except (ValueError, KeyError, TypeError):
             os.close(descriptor)
             return None

@@ -61,7 +61,8 @@ class Downloader:
         self._space = space
         self._metrics = metrics
         self._slots = HostSlots.for_upstream(settings.limits)
-        self.growing = GrowingDownloads(DownloadNotices(store.root / "growing"), store.path_for)
+        self.growing = GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root),
+                                        store.path_for)
 
     async def close(self) -> None:
         """Stop following other processes' downloads."""

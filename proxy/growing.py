@@ -31,7 +31,7 @@ from typing import TypeVar
 import structlog
 
 from proxy.download_notices import DownloadNotices, Notice, owner_alive
-from proxy.errors import ShuttingDownError, UpstreamError, VerificationError
+from proxy.errors import FollowedDownloadLostError, ShuttingDownError, VerificationError
 from proxy.passthrough import Begin, PassThrough, Send
 
 HOLD_BACK = 1 << 18  # the bytes at the end of an archive sent only once it is verified
@@ -107,7 +107,7 @@ class GrowingFile:
         while True:
             moved, path = self._moved, self.path
             try:
-                return await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+                return await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             except FileNotFoundError:
                 if self.error is not None:
                     raise self.error from None
@@ -222,8 +222,8 @@ class GrowingDownloads:
                 if published:
                     growing.publish(final)
                 elif not alive:
-                    growing.fail(UpstreamError("the download this request followed ended without a verified "
-                                               "archive in another proxy process; retry"))
+                    growing.fail(FollowedDownloadLostError("the download this request followed ended without a "
+                                                           "verified archive in another proxy process; retry"))
                 elif size > growing.written:
                     growing.advance(size - growing.written)
                 else:

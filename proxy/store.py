@@ -267,6 +267,11 @@ class ArchiveStore:
         return PendingArchive(self.temp_path())
 
     @property
+    def temp_root(self) -> Path:
+        """Where every process's temp directory is (`ROOT/tmp`)."""
+        return self._tmp_root
+
+    @property
     def temp_dir(self) -> Path:
         """This process's scratch directory (removed at close, or at the next start after a crash)."""
         return self._tmp

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from proxy.errors import StoreCorruptionError
+from proxy.errors import FollowedDownloadLostError, StoreCorruptionError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.passthrough import PassThrough
@@ -55,11 +55,12 @@ def may_follow(request: web.Request) -> bool:
 
 async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
     """Serve what `find()` returns; a copy found corrupt before the first byte went out (it is
-    quarantined by then) is looked up once more, which fetches and verifies it again."""
+    quarantined by then), or a download followed in a process that died before it, is looked up
+    once more, which fetches and verifies it again."""
     stored, filename, content_type = await find()
     try:
         return await serve_archive(request, stored, filename, content_type)
-    except StoreCorruptionError:
+    except (StoreCorruptionError, FollowedDownloadLostError):
         if request.transport is None or request.transport.is_closing():
             raise
     stored, filename, content_type = await find()

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from proxy.download_notices import DownloadNotices
-from proxy.errors import ShuttingDownError, UpstreamError, VerificationError
+from proxy.download_notices import DownloadNotices, Notice
+from proxy.errors import FollowedDownloadLostError, ShuttingDownError, UpstreamError, VerificationError
 from proxy.growing import HOLD_BACK, GrowingDownloads, GrowingFile
 
 WAIT = 10
@@ -119,8 +119,8 @@ def two_processes(tmp_path) -> tuple[GrowingDownloads, GrowingDownloads]:
     def published(sha256: str):
         return tmp_path / "sha256" / sha256
 
-    return (GrowingDownloads(DownloadNotices(tmp_path / "growing"), published, poll=0.005),
-            GrowingDownloads(DownloadNotices(tmp_path / "growing"), published, poll=0.005))
+    return (GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
+            GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005))
 
 
 async def test_another_process_follows_until_the_archive_is_published(tmp_path, temp):
@@ -161,7 +161,20 @@ async def test_another_process_aborts_when_the_download_ends_unpublished(tmp_pat
     await client.has(len(BODY) - HOLD_BACK)
     growing.fail(UpstreamError("tampered"))
     owner.withdraw("key", growing)
-    with pytest.raises(UpstreamError, match="another proxy process"):
+    with pytest.raises(FollowedDownloadLostError):
         await asyncio.wait_for(follower, WAIT)
     assert client.received == BODY[:-HOLD_BACK]
     await other.close()
+
+
+def test_a_notice_names_only_a_temp_file_of_the_store(tmp_path):
+    notices = DownloadNotices(tmp_path / "growing", tmp_path / "tmp")
+    inside = tmp_path / "tmp" / "host-1-abc" / "x.part"
+    for path, seen in ((inside, True), (tmp_path / "etc" / "passwd", False), (inside.with_suffix(".zip"), False)):
+        descriptor = notices.post("key", Notice(path, 10, SHA))
+        found = DownloadNotices(tmp_path / "growing", tmp_path / "tmp").read("key")
+        assert (found is not None) == seen
+        if found is not None:
+            os.close(found[1])
+        notices.take_down("key", descriptor)
+    assert notices.read("key") is None
