@@ -202,6 +202,14 @@ class Mirror:
     async def archive(self, addr: ProviderAddr, version: Version,
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
+        found = await self._archive(addr, version, platform, follow=False)
+        assert not isinstance(found, GrowingFile)  # only given when following
+        return found
+
+    async def _archive(self, addr: ProviderAddr, version: Version, platform: Platform, *,
+                       follow: bool) -> tuple[StoredArchive, ArchiveRecord] | GrowingFile:
+        """`archive`; with `follow`, a cold archive's download (here or in another process) as soon as it
+        is under way, instead of the archive once stored."""
         self._documents.check_allowed(addr.hostname)
         found = await self._stored_archive(addr, version, platform)
         if found is not None:
@@ -209,12 +217,16 @@ class Mirror:
             return found
         await self.offered(addr, version, [platform])
         d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
+        key = keys.archive(addr, version, platform)
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
-            found = await self._flights.once_for_the_fleet(
-                keys.archive(addr, version, platform), lambda: self._stored_archive(addr, version, platform),
+            flight = self._flights.once_for_the_fleet(
+                key, lambda: self._stored_archive(addr, version, platform),
                 lambda: self._fetch_archive(addr, version, platform, d, sums))
+            expected = _listed_digest(sums, d) if follow else None
+            found_or_growing = await (flight if expected is None
+                                      else self._downloader.growing.result_or_growing(key, expected, flight))
         note_cache("miss")
-        return found
+        return found_or_growing
 
     async def archive_for_client(self, addr: ProviderAddr, version: Version, platform: Platform, *,
                                  follow: bool = False) -> tuple[StoredArchive | PassThrough, str]:
@@ -224,8 +236,7 @@ class Mirror:
         last chunk held back until it is verified (`proxy.growing`), instead of waited for whole.
         """
         try:
-            found = await (self._archive_or_growing(addr, version, platform) if follow
-                           else self.archive(addr, version, platform))
+            found = await self._archive(addr, version, platform, follow=follow)
             if isinstance(found, GrowingFile):
                 d, _ = await self._release_facts(addr, version, platform)  # cached: the download needed them
                 return found.relay(), d.filename
@@ -245,22 +256,6 @@ class Mirror:
                      reason=exc.message)
             return self._downloader.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
                                             algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
-
-    async def _archive_or_growing(self, addr: ProviderAddr, version: Version,
-                                  platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | GrowingFile:
-        """The stored archive, or its download in this process as soon as it is under way."""
-        self._documents.check_allowed(addr.hostname)
-        found = await self._stored_archive(addr, version, platform)
-        if found is not None:
-            note_cache("hit")
-            return found
-        await self.offered(addr, version, [platform])
-        _, expected = await self._expected_digest(addr, version, platform)
-        found_or_growing = await self._downloader.growing.result_or_growing(
-            keys.archive(addr, version, platform), expected, self.archive(addr, version, platform))
-        if isinstance(found_or_growing, GrowingFile):
-            note_cache("miss")
-        return found_or_growing
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of the metadata store, the data directory and its free space."""
@@ -451,6 +446,14 @@ def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -
         return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
 
     return parse
+
+
+def _listed_digest(sums: dict[str, str], d: DownloadInfo) -> str | None:
+    """The SHA-256 the signed sums list for the download; None if they disagree (the download says why)."""
+    try:
+        return verify.expected_digest(sums, d.filename, d.shasum)
+    except VerificationError:
+        return None
 
 
 def _h1_of_zip_file(path: Path) -> tuple[str, str]:

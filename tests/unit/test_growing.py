@@ -52,14 +52,21 @@ def write(handle, growing: GrowingFile, data: bytes) -> None:
     growing.advance(len(data))
 
 
-async def test_the_end_waits_for_verification(temp):
-    path, handle = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+async def written_and_followed(temp, growing: GrowingFile) -> tuple[Client, asyncio.Task]:
+    """A client following `growing` once all of BODY is written: it has all but the held-back end."""
+    _, handle = temp
     client = Client()
     follower = asyncio.create_task(growing.relay().stream(client.begin, client.send))
     write(handle, growing, BODY)
     await client.has(len(BODY) - HOLD_BACK)
     await asyncio.sleep(0.05)
+    return client, follower
+
+
+async def test_the_end_waits_for_verification(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    client, follower = await written_and_followed(temp, growing)
     assert client.length == len(BODY) and client.received == BODY[:-HOLD_BACK] and not follower.done()
     growing.publish(path)
     await asyncio.wait_for(follower, WAIT)
@@ -67,12 +74,9 @@ async def test_the_end_waits_for_verification(temp):
 
 
 async def test_a_failure_withholds_the_end(temp):
-    path, handle = temp
+    path, _ = temp
     growing = GrowingFile(path, len(BODY), SHA)
-    client = Client()
-    follower = asyncio.create_task(growing.relay().stream(client.begin, client.send))
-    write(handle, growing, BODY)
-    await client.has(len(BODY) - HOLD_BACK)
+    client, follower = await written_and_followed(temp, growing)
     growing.fail(UpstreamError("tampered"))
     with pytest.raises(UpstreamError):
         await asyncio.wait_for(follower, WAIT)
