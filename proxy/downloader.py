@@ -81,11 +81,14 @@ class Downloader:
         return await self._guard.adopt(sha256)
 
     async def download(self, url: URL, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
-                       *, follow: tuple[str, str] | None = None) -> tuple[StoredArchive, T]:
-        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish.
+                       *, follow: tuple[str, str] | None = None,
+                       then: Callable[[StoredArchive, T], Awaitable[None]] | None = None) -> tuple[StoredArchive, T]:
+        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), publish, then
+        run `then(stored, result)` (e.g. record it).
 
         With `follow=(key, expected sha256)` and a Content-Length from the upstream, the temp file is
-        announced under `key` in `growing` once there is room for it, for requests to follow.
+        announced under `key` in `growing` once there is room for it, for requests to follow; they get
+        the end of the archive once `then` is done.
 
         Raises DiskFullError, leaving no temp file behind, when the disk is below the free-space
         floor (before or, by the upstream's Content-Length, during the download) or a write fails
@@ -94,7 +97,7 @@ class Downloader:
         require_online(self._settings, what)
         await self._space.require_room(what)
         try:
-            return await self._download(url, what, max_bytes, check, follow)
+            return await self._download(url, what, max_bytes, check, follow, then)
         except OSError as exc:
             error = self._disk_full_or(exc, what)
             if error is exc:
@@ -102,7 +105,8 @@ class Downloader:
             raise error from None
 
     async def _download(self, url: URL, what: str, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
-                        follow: tuple[str, str] | None) -> tuple[StoredArchive, T]:
+                        follow: tuple[str, str] | None,
+                        then: Callable[[StoredArchive, T], Awaitable[None]] | None) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self._store.begin)
         growing: GrowingFile | None = None
         try:
@@ -127,6 +131,8 @@ class Downloader:
             self._metrics.upstream_bytes.inc(pending.size)
             result = await check(pending, actual)
             stored = await asyncio.to_thread(self._store.publish, pending, actual)
+            if then is not None:
+                await then(stored, result)
             if growing is not None:
                 growing.publish(stored.path)
             return stored, result

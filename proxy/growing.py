@@ -7,7 +7,7 @@ it reads the bytes written so far from the temp file (through its own descriptor
 the rename at publication) and passes them on, always `HOLD_BACK` bytes behind the end of the
 archive, so the last chunk stays with the proxy until both
 
-- the download's SHA-256 matched the signed sum and the file was published, and
+- the download's SHA-256 matched the signed sum, the file was published and recorded, and
 - the follower's own SHA-256 of every byte it read matches the same sum.
 
 On a failure (tampered bytes, an upstream error, shutdown) the follower raises with the last
@@ -34,7 +34,7 @@ from proxy.download_notices import DownloadNotices, Notice, owner_alive
 from proxy.errors import FollowedDownloadLostError, ShuttingDownError, VerificationError
 from proxy.passthrough import Begin, PassThrough, Send
 
-HOLD_BACK = 1 << 18  # the bytes at the end of an archive sent only once it is verified
+HOLD_BACK = 1 << 20  # the end of an archive, sent only once it is verified: the upstream client's largest read
 READ_CHUNK = 1 << 18
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -126,8 +126,8 @@ class GrowingDownloads:
 
     With `notices`, the downloads of this process are posted for the other processes sharing the
     archive store, and a waiting request also looks for theirs (every `poll` seconds): it follows
-    the other process's temp file as its size grows, until the archive appears at its content
-    address (`published`), or fails when the other process's notice lock goes away without it.
+    the other process's temp file as its size grows, until the other process's notice lock goes
+    away: with the archive at its content address (`published`), or failed.
     Notices are tiny files, posted and taken down inline, so a cancelled task cannot leave one behind.
     """
 
@@ -219,7 +219,7 @@ class GrowingDownloads:
         try:
             while not growing.done:
                 alive, published, size = await asyncio.to_thread(_probe, descriptor, growing.path, final, growing.size)
-                if published:
+                if not alive and published:  # the owner recorded it before it let its notice go
                     growing.publish(final)
                 elif not alive:
                     growing.fail(FollowedDownloadLostError("the download this request followed ended without a "
@@ -256,7 +256,7 @@ class GrowingDownloads:
 def _probe(descriptor: int, path: Path, final: Path, size: int) -> tuple[bool, bool, int]:
     """Another process's download: whether it is alive, whether it was published, and its size so far.
 
-    Published is checked after alive: the owner publishes before it lets its notice go."""
+    Published is checked after alive: the owner publishes (and records) before it lets its notice go."""
     alive = owner_alive(descriptor)
     try:
         published = final.stat().st_size == size

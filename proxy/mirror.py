@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import zipfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,21 +414,29 @@ class Mirror:
     async def _fetch_archive(self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo,
                              sums: dict[str, str]) -> tuple[StoredArchive, ArchiveRecord]:
         expected = self._expected(addr, version, d, sums)
+        key = keys.archive(addr, version, platform)
+
+        def record_of(stored: StoredArchive, hashes: tuple[str, str]) -> ArchiveRecord:
+            return ArchiveRecord(expected, stored.size, d.filename, *hashes)
+
+        async def record(stored: StoredArchive, hashes: tuple[str, str]) -> None:
+            await self._documents.put_record(key, record_of(stored, hashes))
+            log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
+                     sha256=expected, bytes=stored.size)
+
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address.
         stored = await self._downloader.adopt(expected)
         if stored is None:
-            stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)
+            stored, hashes = await self._download_verified(addr, version, d, expected, record)
         else:
-            h1_zip, h1_dir = await asyncio.to_thread(_h1_of_zip_file, stored.path)
-        record = ArchiveRecord(expected, stored.size, d.filename, h1_zip, h1_dir)
-        await self._documents.put_record(keys.archive(addr, version, platform), record)
-        log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
-                 sha256=expected, bytes=stored.size)
-        return stored, record
+            hashes = await asyncio.to_thread(_h1_of_zip_file, stored.path)
+            await record(stored, hashes)
+        return stored, record_of(stored, hashes)
 
-    async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo,
-                                 expected: str) -> tuple[StoredArchive, tuple[str, str]]:
+    async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo, expected: str,
+                                 record: Callable[[StoredArchive, tuple[str, str]], Awaitable[None]]
+                                 ) -> tuple[StoredArchive, tuple[str, str]]:
         async def check(pending: PendingArchive, actual: str) -> tuple[str, str]:
             try:
                 verify.check_archive_digest(actual, expected, d.filename)
@@ -438,7 +446,8 @@ class Mirror:
                 raise
 
         return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check,
-                                               follow=(keys.archive(addr, version, d.platform), expected))
+                                               follow=(keys.archive(addr, version, d.platform), expected),
+                                               then=record)
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:

@@ -23,8 +23,8 @@ BIG = f"/mirror/v1/{REGISTRY_HOST}/acme/big/2.0.0/linux_amd64/terraform-provider
 
 @pytest.fixture
 def big(registry, signing_key) -> Release:
-    """A provider whose archive (2 MiB of stored random data) is many chunks long."""
-    return registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=2 * MiB))
+    """A provider whose archive (3 MiB of stored random data) is many chunks long."""
+    return registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=3 * MiB))
 
 
 def stored(proxy) -> list:
@@ -40,7 +40,7 @@ def published(proxy) -> list[str]:
 async def test_first_bytes_reach_the_client_before_the_upstream_finished(proxy, registry, big):
     body = big.zips["linux_amd64"]
     path = registry.archive_path(big, "linux_amd64")
-    registry.trickle[path] = MiB  # bytes per second: the upstream takes about two seconds
+    registry.trickle[path] = MiB  # bytes per second: the upstream takes about three seconds
     async with proxy.session.get(proxy.url + BIG) as response:
         assert response.status == 200
         assert int(response.headers["Content-Length"]) == len(body)
@@ -109,7 +109,7 @@ async def test_ranges_and_heads_wait_for_the_stored_archive(proxy, registry, big
 async def test_workers_follow_one_download_in_any_process(proxy_process, registry, big):
     body = big.zips["linux_amd64"]
     path = registry.archive_path(big, "linux_amd64")
-    registry.trickle[path] = MiB  # bytes per second: the upstream takes about two seconds
+    registry.trickle[path] = MiB  # bytes per second: the upstream takes about three seconds
     proc = await proxy_process("--workers", "2")
     async with asyncio.timeout(4 * WAIT):
         while len(proc.events("worker.started")) < 2:  # noqa: ASYNC110 - the other processes' log
