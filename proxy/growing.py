@@ -87,10 +87,7 @@ class GrowingFile:
                 moved = self._moved
                 end = self.size if self.verified else max(min(self.written, self.size - HOLD_BACK), 0)
                 if sent < end:
-                    chunk = await asyncio.to_thread(os.pread, descriptor, min(end - sent, READ_CHUNK), sent)
-                    if not chunk:
-                        raise VerificationError("the archive being downloaded is shorter than announced")
-                    digest.update(chunk)
+                    chunk = await asyncio.to_thread(_read_hashed, descriptor, min(end - sent, READ_CHUNK), sent, digest)
                     if sent + len(chunk) == self.size and digest.hexdigest() != self.sha256:
                         raise VerificationError(f"the downloaded archive does not hash to {self.sha256}")
                     await send(chunk)
@@ -251,6 +248,15 @@ class GrowingDownloads:
         if growing.done() and not growing.cancelled():
             return growing.result()
         return await result  # re-raises the cancellation
+
+
+def _read_hashed(descriptor: int, length: int, offset: int, digest: hashlib._Hash) -> bytes:
+    """Up to `length` bytes at `offset`, added to `digest` (in a worker thread, like the read)."""
+    chunk = os.pread(descriptor, length, offset)
+    if not chunk:
+        raise VerificationError("the archive being downloaded is shorter than announced")
+    digest.update(chunk)
+    return chunk
 
 
 def _probe(descriptor: int, path: Path, final: Path, size: int) -> tuple[bool, bool, int]:
