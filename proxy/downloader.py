@@ -5,6 +5,8 @@ lets the caller check it, and only then publishes it; when the disk is full (bel
 `--min-free-space` floor, or a write fails for lack of space) it raises DiskFullError instead,
 and `Downloader.pass_through` relays the archive to the client unstored, verified on the way.
 `Downloader.stored` is the one "already stored and intact" check of providers and modules.
+A download given `follow=(key, sha256)` whose length the upstream announced is readable while it
+grows (`proxy.growing`): `Downloader.growing` finds it by `key` for the requests waiting for it.
 Downloads have upstream slots of their own, shared fairly between hosts.
 """
 
@@ -21,6 +23,8 @@ from yarl import URL
 from proxy.config import Settings
 from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.documents import require_online
+from proxy.download_notices import DownloadNotices
+from proxy.growing import GrowingDownloads, GrowingFile
 from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.passthrough import Begin, PassThrough, Send
@@ -57,6 +61,12 @@ class Downloader:
         self._space = space
         self._metrics = metrics
         self._slots = HostSlots.for_upstream(settings.limits)
+        self.growing = GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root),
+                                        store.path_for)
+
+    async def close(self) -> None:
+        """Stop following other processes' downloads."""
+        await self.growing.close()
 
     async def stored(self, record: F | None) -> tuple[StoredArchive, F] | None:
         """The archive a verified record names, if its file, of the recorded size, is in the store."""
@@ -70,9 +80,15 @@ class Downloader:
         metadata was lost), taken only if it hashes to the address."""
         return await self._guard.adopt(sha256)
 
-    async def download(self, url: URL, max_bytes: int,
-                       check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
-        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), then publish.
+    async def download(self, url: URL, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
+                       *, follow: tuple[str, str] | None = None,
+                       then: Callable[[StoredArchive, T], Awaitable[None]] | None = None) -> tuple[StoredArchive, T]:
+        """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), publish, then
+        run `then(stored, result)` (e.g. record it).
+
+        With `follow=(key, expected sha256)` and a Content-Length from the upstream, the temp file is
+        announced under `key` in `growing` once there is room for it, for requests to follow; they get
+        the end of the archive once `then` is done.
 
         Raises DiskFullError, leaving no temp file behind, when the disk is below the free-space
         floor (before or, by the upstream's Content-Length, during the download) or a write fails
@@ -81,22 +97,31 @@ class Downloader:
         require_online(self._settings, what)
         await self._space.require_room(what)
         try:
-            return await self._download(url, what, max_bytes, check)
+            return await self._download(url, what, max_bytes, check, follow, then)
         except OSError as exc:
-            if not is_disk_full(exc):
+            error = self._disk_full_or(exc, what)
+            if error is exc:
                 raise
-            raise self._space.full(exc, f"store {what}") from None
+            raise error from None
 
-    async def _download(self, url: URL, what: str, max_bytes: int,
-                        check: Callable[[PendingArchive, str], Awaitable[T]]) -> tuple[StoredArchive, T]:
+    async def _download(self, url: URL, what: str, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
+                        follow: tuple[str, str] | None,
+                        then: Callable[[StoredArchive, T], Awaitable[None]] | None) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self._store.begin)
+        growing: GrowingFile | None = None
         try:
             async def sink(chunk: bytes) -> None:
                 await asyncio.to_thread(pending.write, chunk)
+                if growing is not None:
+                    growing.advance(len(chunk))
 
             async def room(length: int | None) -> None:
+                nonlocal growing
                 if length:
                     await self._space.require_room(what, length)
+                if length and follow is not None:
+                    growing = GrowingFile(pending.path, length, follow[1])
+                    self.growing.announce(follow[0], growing)
 
             async with self._slots.hold(url, self._settings.limits.download_slot_wait,
                                                  str(url.with_query(None))):
@@ -105,10 +130,29 @@ class Downloader:
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(pending.size)
             result = await check(pending, actual)
-            return await asyncio.to_thread(self._store.publish, pending, actual), result
-        except BaseException:
-            await asyncio.to_thread(pending.discard)
+            stored = await asyncio.to_thread(self._store.publish, pending, actual)
+            if then is not None:
+                await then(stored, result)
+            if growing is not None:
+                growing.publish(stored.path)
+            return stored, result
+        except BaseException as exc:
+            error = self._disk_full_or(exc, what)
+            try:
+                await asyncio.to_thread(pending.discard)
+            finally:  # followers learn of the failure once nothing of the download is left
+                if growing is not None:
+                    growing.fail(error)
+            if error is not exc:
+                raise error from None
             raise
+        finally:
+            if growing is not None and follow is not None:
+                self.growing.withdraw(follow[0], growing)
+
+    def _disk_full_or(self, exc: BaseException, what: str) -> BaseException:
+        """A write that failed for lack of space as the DiskFullError it means; any other error as it is."""
+        return self._space.full(exc, f"store {what}") if isinstance(exc, OSError) and is_disk_full(exc) else exc
 
     def pass_through(self, url: URL, *, max_bytes: int, algorithm: str, kind: str,
                      check: Callable[[str], None], etag: str | None) -> PassThrough:

@@ -74,6 +74,12 @@ class VerificationError(UpstreamError):
     code = "verification_failed"
 
 
+class FollowedDownloadLostError(UpstreamError):
+    """The download a request followed in another proxy process ended without a verified archive."""
+
+    code = "followed_download_lost"
+
+
 class StoreCorruptionError(ProxyError):
     """A stored archive failed its integrity check while being served; it was quarantined."""
 

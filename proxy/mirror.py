@@ -4,7 +4,9 @@ Handlers call one method here. Metadata comes through the document cache (`proxy
 freshness, stale-if-error, remembered 404s). For archives: download metadata → SHA256SUMS
 and signature (verified with the registry's keys) → download to a temp file while hashing
 (`proxy.downloader`) → compare → compute `h1:` → publish to the content-addressed store →
-record the hashes (`proxy.records`). Nothing unverified is stored or served. While the disk
+record the hashes (`proxy.records`). Nothing unverified is stored or served whole: clients
+waiting for a cold archive get it as it downloads, its last chunk held back until verified
+(`proxy.growing`). While the disk
 is full, an archive a client asks for is relayed from the upstream without being stored, its
 last chunk held back until the SHA-256 matched the signed SHA256SUMS (`archive_for_client`).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import zipfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
 from proxy.flights import Flights, gather_bounded
 from proxy.gpg import Keyring, SignatureError
+from proxy.growing import GrowingFile
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
 from proxy.metrics import Metrics
@@ -199,6 +202,14 @@ class Mirror:
     async def archive(self, addr: ProviderAddr, version: Version,
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
+        found = await self._archive(addr, version, platform, follow=False)
+        assert not isinstance(found, GrowingFile)  # only given when following
+        return found
+
+    async def _archive(self, addr: ProviderAddr, version: Version, platform: Platform, *,
+                       follow: bool) -> tuple[StoredArchive, ArchiveRecord] | GrowingFile:
+        """`archive`; with `follow`, a cold archive's download (here or in another process) as soon as it
+        is under way, instead of the archive once stored."""
         self._documents.check_allowed(addr.hostname)
         found = await self._stored_archive(addr, version, platform)
         if found is not None:
@@ -206,18 +217,30 @@ class Mirror:
             return found
         await self.offered(addr, version, [platform])
         d, sums = await self._release_facts(addr, version, platform)  # waited for within the request deadline
+        key = keys.archive(addr, version, platform)
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
-            found = await self._flights.once_for_the_fleet(
-                keys.archive(addr, version, platform), lambda: self._stored_archive(addr, version, platform),
+            flight = self._flights.once_for_the_fleet(
+                key, lambda: self._stored_archive(addr, version, platform),
                 lambda: self._fetch_archive(addr, version, platform, d, sums))
+            expected = _listed_digest(sums, d) if follow else None
+            found_or_growing = await (flight if expected is None
+                                      else self._downloader.growing.result_or_growing(key, expected, flight))
         note_cache("miss")
-        return found
+        return found_or_growing
 
-    async def archive_for_client(self, addr: ProviderAddr, version: Version,
-                                 platform: Platform) -> tuple[StoredArchive | PassThrough, str]:
-        """The verified archive and its file name; while the disk is full, a verified relay of the upstream's."""
+    async def archive_for_client(self, addr: ProviderAddr, version: Version, platform: Platform, *,
+                                 follow: bool = False) -> tuple[StoredArchive | PassThrough, str]:
+        """The verified archive and its file name; while the disk is full, a verified relay of the upstream's.
+
+        With `follow`, a cold archive whose download is under way is relayed as it is written, its
+        last chunk held back until it is verified (`proxy.growing`), instead of waited for whole.
+        """
         try:
-            stored, record = await self.archive(addr, version, platform)
+            found = await self._archive(addr, version, platform, follow=follow)
+            if isinstance(found, GrowingFile):
+                d, _ = await self._release_facts(addr, version, platform)  # cached: the download needed them
+                return found.relay(), d.filename
+            stored, record = found
             return stored, record.filename
         except DiskFullError as exc:
             d, expected = await self._expected_digest(addr, version, platform)
@@ -391,21 +414,29 @@ class Mirror:
     async def _fetch_archive(self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo,
                              sums: dict[str, str]) -> tuple[StoredArchive, ArchiveRecord]:
         expected = self._expected(addr, version, d, sums)
+        key = keys.archive(addr, version, platform)
+
+        def record_of(stored: StoredArchive, hashes: tuple[str, str]) -> ArchiveRecord:
+            return ArchiveRecord(expected, stored.size, d.filename, *hashes)
+
+        async def record(stored: StoredArchive, hashes: tuple[str, str]) -> None:
+            await self._documents.put_record(key, record_of(stored, hashes))
+            log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
+                     sha256=expected, bytes=stored.size)
+
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address.
         stored = await self._downloader.adopt(expected)
         if stored is None:
-            stored, (h1_zip, h1_dir) = await self._download_verified(addr, version, d, expected)
+            stored, hashes = await self._download_verified(addr, version, d, expected, record)
         else:
-            h1_zip, h1_dir = await asyncio.to_thread(_h1_of_zip_file, stored.path)
-        record = ArchiveRecord(expected, stored.size, d.filename, h1_zip, h1_dir)
-        await self._documents.put_record(keys.archive(addr, version, platform), record)
-        log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
-                 sha256=expected, bytes=stored.size)
-        return stored, record
+            hashes = await asyncio.to_thread(_h1_of_zip_file, stored.path)
+            await record(stored, hashes)
+        return stored, record_of(stored, hashes)
 
-    async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo,
-                                 expected: str) -> tuple[StoredArchive, tuple[str, str]]:
+    async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo, expected: str,
+                                 record: Callable[[StoredArchive, tuple[str, str]], Awaitable[None]]
+                                 ) -> tuple[StoredArchive, tuple[str, str]]:
         async def check(pending: PendingArchive, actual: str) -> tuple[str, str]:
             try:
                 verify.check_archive_digest(actual, expected, d.filename)
@@ -414,7 +445,9 @@ class Mirror:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
 
-        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check)
+        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check,
+                                               follow=(keys.archive(addr, version, d.platform), expected),
+                                               then=record)
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:
@@ -422,6 +455,14 @@ def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -
         return providers.parse_download(entry.body, URL(entry.url), addr, version, platform)
 
     return parse
+
+
+def _listed_digest(sums: dict[str, str], d: DownloadInfo) -> str | None:
+    """The SHA-256 the signed sums list for the download; None if they disagree (the download says why)."""
+    try:
+        return verify.expected_digest(sums, d.filename, d.shasum)
+    except VerificationError:
+        return None
 
 
 def _h1_of_zip_file(path: Path) -> tuple[str, str]:

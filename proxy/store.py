@@ -66,7 +66,8 @@ class ObjectCheck:
 
 
 class PendingArchive:
-    """A temp file being written; knows its SHA-256 and size so far."""
+    """A temp file being written; knows its SHA-256 and size so far. Each write is flushed, so the
+    file can be read as it grows (`proxy.growing`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -76,6 +77,7 @@ class PendingArchive:
 
     def write(self, chunk: bytes) -> None:
         self._file.write(chunk)
+        self._file.flush()
         self._digest.update(chunk)
         self.size += len(chunk)
 
@@ -267,6 +269,11 @@ class ArchiveStore:
 
     def begin(self) -> PendingArchive:
         return PendingArchive(self.temp_path())
+
+    @property
+    def temp_root(self) -> Path:
+        """Where every process's temp directory is (`ROOT/tmp`)."""
+        return self._tmp_root
 
     @property
     def temp_dir(self) -> Path:

@@ -84,6 +84,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await downloader.close()
         await flights.close()
         await upstream.close()
         await cache.close()

@@ -21,8 +21,9 @@ loop, which makes the file trusted for the next request. A range is served only 
 verified file (hashed whole first when needed). A copy found corrupt before the status line
 was sent is quarantined and fetched again within the same request (`serve_found`).
 
-A `PassThrough` (disk full) is relayed as it arrives, whole (no Range), with the upstream's
-Content-Length when it has one, else chunked. Headers go out with the first relayed chunk,
+A `PassThrough` (disk full, or a cold archive followed as it downloads, `proxy.growing`) is
+relayed as it arrives, whole (no Range), with the upstream's Content-Length when it has one,
+else chunked. Headers go out with the first relayed chunk,
 so a refusal before that is a plain JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 """
@@ -36,7 +37,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from proxy.errors import StoreCorruptionError
+from proxy.errors import FollowedDownloadLostError, StoreCorruptionError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.passthrough import PassThrough
@@ -50,13 +51,19 @@ Found = tuple[StoredArchive | PassThrough, str, str]  # the file (or a relay), i
 log = structlog.get_logger(__name__)
 
 
+def may_follow(request: web.Request) -> bool:
+    """Whether a cold archive may be sent as it downloads: a whole GET (ranges and If-Match need the stored file)."""
+    return request.method == "GET" and "Range" not in request.headers and "If-Match" not in request.headers
+
+
 async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
     """Serve what `find()` returns; a copy found corrupt before the first byte went out (it is
-    quarantined by then) is looked up once more, which fetches and verifies it again."""
+    quarantined by then), or a download followed in a process that died before it, is looked up
+    once more, which fetches and verifies it again."""
     stored, filename, content_type = await find()
     try:
         return await serve_archive(request, stored, filename, content_type)
-    except StoreCorruptionError:
+    except (StoreCorruptionError, FollowedDownloadLostError):
         if request.transport is None or request.transport.is_closing():
             raise
     stored, filename, content_type = await find()

@@ -13,7 +13,7 @@ from aiohttp import web
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError, NotFoundError
 from proxy.rewrite import archive_filename
-from proxy.web.archives import Found, serve_found
+from proxy.web.archives import Found, may_follow, serve_found
 from proxy.web.keys import MIRROR
 from proxy.web.responses import json_response
 
@@ -53,7 +53,8 @@ async def archive(request: web.Request) -> web.StreamResponse:
         raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
 
     async def find() -> Found:
-        archive_or_relay, filename = await request.app[MIRROR].archive_for_client(addr, version, platform)
+        archive_or_relay, filename = await request.app[MIRROR].archive_for_client(addr, version, platform,
+                                                                                   follow=may_follow(request))
         return archive_or_relay, filename, "application/zip"
 
     return await serve_found(request, find)

@@ -1,0 +1,133 @@
+"""Cold archives go out as they download, their last chunk held back until they are verified."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from proxy.growing import HOLD_BACK
+from proxy.store import LOCK_NAME
+from proxy.web.keys import SETTINGS
+from tests.conftest import REGISTRY_HOST
+from tests.fakes.packages import Release
+
+WAIT = 10  # seconds for an awaited event: only a broken proxy takes that long
+MiB = 2**20
+BIG = f"/mirror/v1/{REGISTRY_HOST}/acme/big/2.0.0/linux_amd64/terraform-provider-big_2.0.0_linux_amd64.zip"
+
+
+@pytest.fixture
+def big(registry, signing_key) -> Release:
+    """A provider whose archive (3 MiB of stored random data) is many chunks long."""
+    return registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=3 * MiB))
+
+
+def stored(proxy) -> list:
+    """Every file of the archive store: published, or a download's temp file."""
+    root = proxy.app[SETTINGS].archive_dir
+    return [p for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME]
+
+
+def published(proxy) -> list[str]:
+    return [p.name for p in stored(proxy) if p.parent.parent.parent.name == "sha256"]
+
+
+async def test_first_bytes_reach_the_client_before_the_upstream_finished(proxy, registry, big):
+    body = big.zips["linux_amd64"]
+    path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[path] = MiB  # bytes per second: the upstream takes about three seconds
+    async with proxy.session.get(proxy.url + BIG) as response:
+        assert response.status == 200
+        assert int(response.headers["Content-Length"]) == len(body)
+        assert response.headers["ETag"] == f'"{big.sha256("linux_amd64")}"'
+        first = await asyncio.wait_for(response.content.readexactly(HOLD_BACK), WAIT)
+        assert first == body[:HOLD_BACK]
+        assert registry.completed_count(path) == 0  # the upstream is still sending
+        assert published(proxy) == []
+        rest = await asyncio.wait_for(response.read(), WAIT)
+    assert first + rest == body
+    assert published(proxy) == [big.sha256("linux_amd64")]
+
+
+async def test_a_tampered_archive_is_cut_short_and_not_stored(proxy, registry, big):
+    body = big.zips["linux_amd64"]
+    registry.tampered.add(big.filename("linux_amd64"))
+    received = b""
+    with capture_logs() as logs:
+        async with proxy.session.get(proxy.url + BIG) as response:
+            assert response.status == 200  # the headers went out with the first bytes
+            assert int(response.headers["Content-Length"]) == len(body)
+            with pytest.raises(aiohttp.ClientPayloadError):
+                while chunk := await response.content.read(1 << 16):
+                    received += chunk
+    assert 0 < len(received) <= len(body) - HOLD_BACK  # never the whole body, never the tampered end
+    assert received == body[:len(received)]
+    assert stored(proxy) == []
+    assert [e["check"] for e in logs if e["event"] == "security.verification_failed"] == ["archive"]
+
+    registry.tampered.clear()  # nothing bad was remembered
+    status, _, data = await proxy.get(BIG)
+    assert status == 200 and data == body
+
+
+async def test_concurrent_cold_clients_follow_one_download(proxy, registry, big):
+    body = big.zips["linux_amd64"]
+    path = registry.archive_path(big, "linux_amd64")
+    hold = registry.hold(path)
+
+    async def fetch() -> bytes:
+        async with proxy.session.get(proxy.url + BIG) as response:
+            assert response.status == 200 and int(response.headers["Content-Length"]) == len(body)
+            return await response.read()
+
+    clients = [asyncio.create_task(fetch()) for _ in range(10)]
+    await asyncio.wait_for(hold.started.wait(), WAIT)
+    registry.archive_chunk_delay = 0.01
+    hold.release.set()
+    results = await asyncio.wait_for(asyncio.gather(*clients), WAIT)
+    assert all(hashlib.sha256(r).hexdigest() == big.sha256("linux_amd64") for r in results)
+    assert registry.count(path) == 1
+    status, headers, again = await proxy.get(BIG)  # warm now: served from the store
+    assert (status, again) == (200, body) and headers["Accept-Ranges"] == "bytes"
+    assert registry.count(path) == 1
+
+
+async def test_ranges_and_heads_wait_for_the_stored_archive(proxy, registry, big):
+    body = big.zips["linux_amd64"]
+    path = registry.archive_path(big, "linux_amd64")
+    registry.archive_chunk_delay = 0.01
+    async with proxy.session.get(proxy.url + BIG, headers={"Range": "bytes=10-19"}) as response:
+        assert response.status == 206 and await response.read() == body[10:20]
+    assert registry.count(path) == 1
+
+
+async def test_workers_follow_one_download_in_any_process(proxy_process, registry, big):
+    body = big.zips["linux_amd64"]
+    path = registry.archive_path(big, "linux_amd64")
+    registry.trickle[path] = MiB  # bytes per second: the upstream takes about three seconds
+    proc = await proxy_process("--workers", "2")
+    async with asyncio.timeout(4 * WAIT):
+        while len(proc.events("worker.started")) < 2:  # noqa: ASYNC110 - the other processes' log
+            await asyncio.sleep(0.05)
+    context = ssl.create_default_context(cafile=str(proc.ca_file))
+    early: list[bool] = []
+
+    async def fetch() -> bytes:
+        async with (aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+                    session.get(proc.url + BIG, ssl=context) as response):
+            assert response.status == 200 and int(response.headers["Content-Length"]) == len(body)
+            first = await response.content.readexactly(1)
+            early.append(registry.completed_count(path) == 0)
+            return first + await response.read()
+
+    results = await asyncio.wait_for(asyncio.gather(*(fetch() for _ in range(20))), 4 * WAIT)
+    assert all(r == body for r in results)
+    assert early == [True] * 20  # every client had bytes before the upstream finished, in either worker
+    assert registry.count(path) == 1
+    assert proc.events("archive.following_another_process")
+    assert list((proc.data_dir / "archives" / "growing").iterdir()) == []

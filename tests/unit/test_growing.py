@@ -1,0 +1,184 @@
+"""Following a growing download: the end is held back until verified; a failure withholds it for good."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from proxy.download_notices import DownloadNotices, Notice
+from proxy.errors import FollowedDownloadLostError, ShuttingDownError, UpstreamError, VerificationError
+from proxy.growing import HOLD_BACK, GrowingDownloads, GrowingFile
+
+WAIT = 10
+BODY = os.urandom(3 * HOLD_BACK + 1000)
+SHA = hashlib.sha256(BODY).hexdigest()
+
+
+class Client:
+    """What a follower sends to one client."""
+
+    def __init__(self) -> None:
+        self.length: int | None = None
+        self.received = b""
+        self.moved = asyncio.Event()
+
+    async def begin(self, length: int | None) -> None:
+        self.length = length
+
+    async def send(self, chunk: bytes) -> None:
+        self.received += chunk
+        self.moved.set()
+
+    async def has(self, size: int) -> None:
+        while len(self.received) < size:
+            self.moved.clear()
+            await asyncio.wait_for(self.moved.wait(), WAIT)
+
+
+@pytest.fixture
+def temp(tmp_path):
+    path = tmp_path / "download.part"
+    handle = open(path, "wb")  # noqa: SIM115 - closed below
+    yield path, handle
+    handle.close()
+
+
+def write(handle, growing: GrowingFile, data: bytes) -> None:
+    handle.write(data)
+    handle.flush()
+    growing.advance(len(data))
+
+
+async def written_and_followed(temp, growing: GrowingFile) -> tuple[Client, asyncio.Task]:
+    """A client following `growing` once all of BODY is written: it has all but the held-back end."""
+    _, handle = temp
+    client = Client()
+    follower = asyncio.create_task(growing.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    await asyncio.sleep(0.05)
+    return client, follower
+
+
+async def test_the_end_waits_for_verification(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    client, follower = await written_and_followed(temp, growing)
+    assert client.length == len(BODY) and client.received == BODY[:-HOLD_BACK] and not follower.done()
+    growing.publish(path)
+    await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY
+
+
+async def test_a_failure_withholds_the_end(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    client, follower = await written_and_followed(temp, growing)
+    growing.fail(UpstreamError("tampered"))
+    with pytest.raises(UpstreamError):
+        await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY[:-HOLD_BACK]
+
+
+async def test_cancelled_downloads_tell_followers_the_proxy_is_shutting_down(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    growing.fail(asyncio.CancelledError())
+    with pytest.raises(ShuttingDownError):
+        await growing.relay().stream(Client().begin, Client().send)
+
+
+async def test_bytes_changed_on_disk_are_never_completed(temp):
+    path, handle = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    write(handle, growing, BODY[:-1] + bytes([BODY[-1] ^ 1]))  # the file no longer holds what was verified
+    growing.publish(path)
+    client = Client()
+    with pytest.raises(VerificationError):
+        await growing.relay().stream(client.begin, client.send)
+    assert len(client.received) < len(BODY)
+
+
+async def test_waiters_get_the_download_once_it_is_announced_or_the_result_first(temp):
+    path, _ = temp
+    downloads = GrowingDownloads()
+    growing = GrowingFile(path, len(BODY), SHA)
+    never = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(downloads.result_or_growing("key", SHA, never))
+    await asyncio.sleep(0)
+    downloads.announce("key", growing)
+    assert await asyncio.wait_for(waiting, WAIT) is growing
+    assert never.cancelled()  # only this wait: a real flight is shielded
+    assert await downloads.result_or_growing("key", SHA, asyncio.sleep(0, "stored")) in ("stored", growing)
+    downloads.withdraw("key", growing)
+    assert await downloads.result_or_growing("key", SHA, asyncio.sleep(0, "stored")) == "stored"
+    growing.fail(UpstreamError("done"))
+
+
+def two_processes(tmp_path) -> tuple[GrowingDownloads, GrowingDownloads]:
+    """Two processes' views of one archive store (flocks of separate descriptors conflict in one process too)."""
+    def published(sha256: str):
+        return tmp_path / "sha256" / sha256
+
+    return (GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
+            GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005))
+
+
+async def test_another_process_follows_until_the_archive_is_published(tmp_path, temp):
+    path, handle = temp
+    owner, other = two_processes(tmp_path)
+    growing = GrowingFile(path, len(BODY), SHA)
+    owner.announce("key", growing)
+    followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
+    assert followed is not growing and (followed.path, followed.size) == (path, len(BODY))
+    client = Client()
+    follower = asyncio.create_task(followed.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    await asyncio.sleep(0.05)
+    assert client.received == BODY[:-HOLD_BACK] and not follower.done()
+    final = tmp_path / "sha256" / SHA
+    final.parent.mkdir()
+    os.replace(path, final)
+    growing.publish(final)
+    owner.withdraw("key", growing)
+    await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY
+    assert list((tmp_path / "growing").iterdir()) == []
+    await other.close()
+
+
+async def test_another_process_aborts_when_the_download_ends_unpublished(tmp_path, temp):
+    path, handle = temp
+    owner, other = two_processes(tmp_path)
+    growing = GrowingFile(path, len(BODY), SHA)
+    owner.announce("key", growing)
+    with pytest.raises(TimeoutError):  # a notice for other bytes is not followed
+        await asyncio.wait_for(other.started("key", "0" * 64), 0.05)
+    followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
+    client = Client()
+    follower = asyncio.create_task(followed.relay().stream(client.begin, client.send))
+    write(handle, growing, BODY)
+    await client.has(len(BODY) - HOLD_BACK)
+    growing.fail(UpstreamError("tampered"))
+    owner.withdraw("key", growing)
+    with pytest.raises(FollowedDownloadLostError):
+        await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY[:-HOLD_BACK]
+    await other.close()
+
+
+def test_a_notice_names_only_a_temp_file_of_the_store(tmp_path):
+    notices = DownloadNotices(tmp_path / "growing", tmp_path / "tmp")
+    inside = tmp_path / "tmp" / "host-1-abc" / "x.part"
+    for path, seen in ((inside, True), (tmp_path / "etc" / "passwd", False), (inside.with_suffix(".zip"), False)):
+        descriptor = notices.post("key", Notice(path, 10, SHA))
+        found = DownloadNotices(tmp_path / "growing", tmp_path / "tmp").read("key")
+        assert (found is not None) == seen
+        if found is not None:
+            os.close(found[1])
+        notices.take_down("key", descriptor)
+    assert notices.read("key") is None
