@@ -27,6 +27,7 @@ from proxy.config import Settings
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
 from proxy.flights import Flights
 from proxy.log import note_cache
+from proxy.memo import memoised
 from proxy.metrics import Metrics
 from proxy.slots import HostSlots
 from proxy.upstream import discovery
@@ -35,7 +36,6 @@ from proxy.upstream.client import UpstreamClient
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 R = TypeVar("R", bound=records.Record)
-MEMO_ENTRIES = 10_000
 
 
 def require_online(settings: Settings, what: str) -> None:
@@ -89,14 +89,11 @@ class DocumentCache:
     @staticmethod
     def _memoised(memo: dict, key: str, source: Any, compute: Callable[[Any], T]) -> T:
         """`compute(source)`, reused while the same source object is asked for under `key` (bounded)."""
-        hit = memo.get(key)
-        if hit is not None and hit[0] is source:
-            return hit[1]
-        value = compute(source)
-        if len(memo) >= MEMO_ENTRIES:
-            memo.pop(next(iter(memo)))
-        memo[key] = (source, value)
-        return value
+        return memoised(memo, key, source, compute)
+
+    async def stored(self, wanted: list[str]) -> list[bytes | None]:
+        """The stored values under `wanted` as they are, in one round trip (to tell later whether any changed)."""
+        return await self._cache.get_many(wanted)
 
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""

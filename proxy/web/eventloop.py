@@ -1,0 +1,26 @@
+"""The event loop the server runs on: uvloop when installed (its TLS and sockets are much cheaper
+than asyncio's pure-Python SSL protocol), else asyncio's own; `--event-loop` picks one explicitly."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.config import ConfigError
+
+
+def new_event_loop(choice: str = "auto") -> asyncio.AbstractEventLoop:
+    """A new loop: `uvloop` (an error if it is not installed), `asyncio`, or `auto` (uvloop if importable)."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise ConfigError("--event-loop uvloop: uvloop is not installed") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    """`uvloop` or `asyncio`, for the log."""
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
