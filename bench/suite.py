@@ -151,7 +151,9 @@ class Suite:
                     await replica.stop()
                 redis_proxy = await self._start_proxy(stack, "proxy-redis", *self.redis_args,
                                                       data_dir=self.root / "fleet" / "data")
-            await self.warm_json(proxy, probe, redis_proxy)
+            asyncio_proxy = await self._start_proxy(stack, "proxy-asyncio", "--event-loop", "asyncio")
+            await self.warm_json(proxy, probe, redis_proxy, asyncio_proxy)
+            await asyncio_proxy.stop()
             await self.init_big_warm(proxy)
             self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
             await proxy.stop()
@@ -418,9 +420,11 @@ class Suite:
         return await load.aiohttp_load(url, context, connections=self.args.connections,
                                        seconds=self.args.json_seconds)
 
-    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, redis_proxy: ProxyProcess | None) -> None:
-        """The embedded-store proxy, the Redis proxy (one worker, like it, on the fleet's Redis and data dir)
-        and nginx, interleaved per document."""
+    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, redis_proxy: ProxyProcess | None,
+                        asyncio_proxy: ProxyProcess) -> None:
+        """The embedded-store proxy, the Redis proxy (one worker, like it, on the fleet's Redis and data dir),
+        the embedded-store proxy on asyncio's own event loop instead of uvloop, and nginx, interleaved per
+        document."""
         world = self.world
         tool = "wrk" if self._use_wrk else \
             f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
@@ -429,6 +433,7 @@ class Suite:
         proxies = {"proxy": (proxy, probe)}
         if redis_proxy is not None:
             proxies["proxy_redis"] = (redis_proxy, ProcessProbe(redis_proxy.process.pid))
+        proxies["proxy_asyncio"] = (asyncio_proxy, ProcessProbe(asyncio_proxy.process.pid))
         redis_probe = ProcessProbe(self.redis.process.pid) if redis_proxy is not None and self.redis else None
         self.progress(f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each; "
                       f"{', '.join(proxies)}{', nginx' if self.nginx else ''}")
@@ -495,7 +500,13 @@ class Suite:
         self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms", latency(mine), latency(base),
                              _ratio(mine["p50_ms"], base and base["p50_ms"]),
                              "1 connection, sequential (aiohttp client); ratio is of p50"))
-        redis, embedded = entry.get("proxy_redis"), entry["proxy"]
+        embedded, other = entry["proxy"], entry["proxy_asyncio"]
+        self.rows.append(Row(f"warm {label} req/s, asyncio loop", f"{other['requests_per_s']:.0f}",
+                             f"{embedded['requests_per_s']:.0f} (uvloop)",
+                             _ratio(other["requests_per_s"], embedded["requests_per_s"]),
+                             f"--event-loop asyncio; p99 {other['p99_ms']:.2f} ms "
+                             f"(uvloop {embedded['p99_ms']:.2f} ms)"))
+        redis = entry.get("proxy_redis")
         if redis is None:
             return
         self.rows.append(Row(f"warm {label} req/s, Redis store", f"{redis['requests_per_s']:.0f}",

@@ -61,6 +61,7 @@ class DocumentCache:
         self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
         self._parsed: dict[str, tuple[object, object]] = {}
         self._records: dict[str, tuple[bytes, Any]] = {}
+        self._discovery_urls: dict[Hostname, tuple[None, tuple[str, URL]]] = {}  # key and URL per host
 
     def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
@@ -104,16 +105,16 @@ class DocumentCache:
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
-        url = discovery.discovery_url(hostname, self._settings.upstream_map)
+        key, url = memoised(self._discovery_urls, hostname, None, lambda _: (
+            keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)))
         entry = await self.document(
-            keys.discovery(hostname), url, ttl=self._settings.freshness.discovery,
+            key, url, ttl=self._settings.freshness.discovery,
             max_bytes=self._settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
             validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         if entry.negative:
             raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
-        services = self.parsed(keys.discovery(hostname), entry,
-                               lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
-        return discovery.service_url(services, service, URL(entry.url), hostname)
+        return self.parsed(f"{key} {service}", entry, lambda e: discovery.service_url(
+            discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname))
 
     async def document(self, key: str, url: URL, *, ttl: float | None,
                         validate: Callable[[CacheEntry], object],

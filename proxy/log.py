@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
-import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -74,7 +74,7 @@ def new_request_id(given: str | None) -> str:
     """The client's request id if it is sane, else a fresh one."""
     if given and len(given) <= 128 and given.isprintable() and " " not in given:
         return given
-    return uuid.uuid4().hex[:16]
+    return os.urandom(8).hex()
 
 
 def begin_request() -> None:
