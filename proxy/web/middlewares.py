@@ -64,7 +64,8 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     metrics = request.app[METRICS]
     metrics.requests.labels(route, str(status)).inc()
     metrics.request_seconds.labels(route).observe(duration)
-    mode = request.app[SETTINGS].access_log
+    settings = request.app.get(SETTINGS)
+    mode = settings.access_log if settings is not None else "all"
     if mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
         access(event, {"method": request.method, "path": request.path, "status": status, "bytes": sent,
                        "duration_ms": round(duration * 1000, 2), "cache": request_cache_status(),
