@@ -192,7 +192,7 @@ class DocumentCache:
 
     def _count_cache(self, outcome: str) -> None:
         note_cache(outcome)
-        self._metrics.cache.labels(outcome).inc()
+        self._metrics.count_cache(outcome)
 
     def require_online(self, what: str) -> None:
         """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""

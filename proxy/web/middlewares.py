@@ -61,9 +61,7 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     """The request metrics, and its access-log line if `--access-log` wants it."""
     duration = time.perf_counter() - started
     route = request.match_info.route.name or "unmatched"
-    metrics = request.app[METRICS]
-    metrics.requests.labels(route, str(status)).inc()
-    metrics.request_seconds.labels(route).observe(duration)
+    request.app[METRICS].count_request(route, status, duration)
     settings = request.app.get(SETTINGS)
     mode = settings.access_log if settings is not None else "all"
     if mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
