@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
             "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
+    _option(serve, "--access-log", "one log line per request: all, errors (status 400 and above, and requests "
+            "slower than 1 s) or off", default="all")
+    _option(serve, "--event-loop", "auto (uvloop when installed), uvloop or asyncio", default="auto")
     _add_client_commands(commands, default_data)
     return parser
 
@@ -293,6 +296,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
         log_level=args.log_level,
+        access_log=args.access_log,
+        event_loop=args.event_loop,
         max_module_unpacked_bytes=parse_size(args.max_module_unpacked_size),
         max_module_entries=_count(args.max_module_entries, "--max-module-entries"),
         max_connections=_count(args.max_connections, "--max-connections"),

@@ -200,6 +200,8 @@ class Settings:
     metadata_secret_file: Path | None = None
     min_free_space: SpaceFloor = SpaceFloor()
     workers: int = 1
+    event_loop: str = "auto"
+    access_log: str = "all"
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -218,6 +220,10 @@ class Settings:
             raise ConfigError("--max-module-entries must be a positive integer")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+        if self.event_loop not in ("auto", "uvloop", "asyncio"):
+            raise ConfigError(f"invalid --event-loop {self.event_loop!r}: auto, uvloop or asyncio")
+        if self.access_log not in ("all", "errors", "off"):
+            raise ConfigError(f"invalid --access-log {self.access_log!r}: all, errors or off")
         if self.max_connections < 1:
             raise ConfigError("--max-connections must be a positive integer")
         for flag, seconds in (("--client-header-timeout", self.client_header_timeout),

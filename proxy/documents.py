@@ -27,6 +27,7 @@ from proxy.config import Settings
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
 from proxy.flights import Flights
 from proxy.log import note_cache
+from proxy.memo import memoised
 from proxy.metrics import Metrics
 from proxy.slots import HostSlots
 from proxy.upstream import discovery
@@ -35,7 +36,6 @@ from proxy.upstream.client import UpstreamClient
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 R = TypeVar("R", bound=records.Record)
-MEMO_ENTRIES = 10_000
 
 
 def require_online(settings: Settings, what: str) -> None:
@@ -61,6 +61,7 @@ class DocumentCache:
         self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
         self._parsed: dict[str, tuple[object, object]] = {}
         self._records: dict[str, tuple[bytes, Any]] = {}
+        self._discovery_urls: dict[Hostname, tuple[None, tuple[str, URL]]] = {}  # key and URL per host
 
     def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
@@ -89,14 +90,11 @@ class DocumentCache:
     @staticmethod
     def _memoised(memo: dict, key: str, source: Any, compute: Callable[[Any], T]) -> T:
         """`compute(source)`, reused while the same source object is asked for under `key` (bounded)."""
-        hit = memo.get(key)
-        if hit is not None and hit[0] is source:
-            return hit[1]
-        value = compute(source)
-        if len(memo) >= MEMO_ENTRIES:
-            memo.pop(next(iter(memo)))
-        memo[key] = (source, value)
-        return value
+        return memoised(memo, key, source, compute)
+
+    async def stored(self, wanted: list[str]) -> list[bytes | None]:
+        """The stored values under `wanted` as they are, in one round trip (to tell later whether any changed)."""
+        return await self._cache.get_many(wanted)
 
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""
@@ -107,16 +105,16 @@ class DocumentCache:
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
-        url = discovery.discovery_url(hostname, self._settings.upstream_map)
+        key, url = memoised(self._discovery_urls, hostname, None, lambda _: (
+            keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)))
         entry = await self.document(
-            keys.discovery(hostname), url, ttl=self._settings.freshness.discovery,
+            key, url, ttl=self._settings.freshness.discovery,
             max_bytes=self._settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
             validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         if entry.negative:
             raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
-        services = self.parsed(keys.discovery(hostname), entry,
-                               lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
-        return discovery.service_url(services, service, URL(entry.url), hostname)
+        return self.parsed(f"{key} {service}", entry, lambda e: discovery.service_url(
+            discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname))
 
     async def document(self, key: str, url: URL, *, ttl: float | None,
                         validate: Callable[[CacheEntry], object],
@@ -194,7 +192,7 @@ class DocumentCache:
 
     def _count_cache(self, outcome: str) -> None:
         note_cache(outcome)
-        self._metrics.cache.labels(outcome).inc()
+        self._metrics.count_cache(outcome)
 
     def require_online(self, what: str) -> None:
         """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""

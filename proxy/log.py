@@ -3,19 +3,29 @@
 A request id (from `X-Request-Id` or a new one) lives in a context variable and is bound
 to every log line of the request. The cache outcome of a request (hit, miss, stale) is
 collected in another context variable for the access log.
+
+Access-log lines (`access`) are the one thing logged per request: with JSON logging they are
+written as one JSON line directly, the same fields a structlog line has, without its processor
+chain (a third of the cost); otherwise they go through structlog like every other line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
-import uuid
+from collections.abc import Callable
 from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 import structlog
 
 _cache_status: ContextVar[list[str] | None] = ContextVar("cache_status", default=None)
 _RANK = {"hit": 0, "miss": 1, "stale": 2}
+_access_log = structlog.get_logger("proxy.access")
+_access_writer: Callable[[str, dict[str, Any]], None] | None = None  # set up by setup_logging for JSON
 
 
 def setup_logging(fmt: str = "auto", level: str = "info") -> None:
@@ -37,13 +47,34 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+    global _access_writer
+    _access_writer = _json_lines(sys.stderr) if as_json and numeric <= logging.INFO else None
+
+
+def _json_lines(stream: TextIO) -> Callable[[str, dict[str, Any]], None]:
+    def write(event: str, fields: dict[str, Any]) -> None:
+        fields["event"] = event
+        fields["level"] = "info"
+        fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        stream.write(json.dumps(fields, default=repr) + "\n")
+
+    return write
+
+
+def access(event: str, fields: dict[str, Any]) -> None:
+    """One access-log line at level info (`fields` should hold the request id; it is consumed)."""
+    writer = _access_writer
+    if writer is None:
+        _access_log.info(event, **fields)
+    else:
+        writer(event, fields)
 
 
 def new_request_id(given: str | None) -> str:
     """The client's request id if it is sane, else a fresh one."""
     if given and len(given) <= 128 and given.isprintable() and " " not in given:
         return given
-    return uuid.uuid4().hex[:16]
+    return os.urandom(8).hex()
 
 
 def begin_request() -> None:

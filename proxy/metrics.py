@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
 
@@ -48,6 +49,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._request_series: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._cache_series: dict[str, Any] = {}
         self.requests = Counter("registry_proxy_requests_total", "HTTP requests served",
                                 ["route", "status"], registry=self.registry)
         self.request_seconds = Histogram("registry_proxy_request_seconds", "Request duration",
@@ -86,6 +89,23 @@ class Metrics:
         self.negative_bytes = Gauge("registry_proxy_negative_cache_bytes",
                                     "Size of the remembered upstream 404s held", registry=self.registry,
                                     multiprocess_mode="livemax")
+
+    def count_request(self, route: str, status: int, seconds: float) -> None:
+        """One request served: its count by route and status, its duration by route (runs per request, so the
+        labelled series are looked up once)."""
+        series = self._request_series.get((route, status))
+        if series is None:
+            series = self._request_series[route, status] = (self.requests.labels(route, str(status)),
+                                                            self.request_seconds.labels(route))
+        series[0].inc()
+        series[1].observe(seconds)
+
+    def count_cache(self, outcome: str) -> None:
+        """One metadata cache outcome (hit, miss, stale)."""
+        series = self._cache_series.get(outcome)
+        if series is None:
+            series = self._cache_series[outcome] = self.cache.labels(outcome)
+        series.inc()
 
     def exposition(self) -> bytes:
         """The text format for /metrics: this instance's values, or every worker's when they are shared."""

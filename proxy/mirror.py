@@ -36,6 +36,7 @@ from proxy.gpg import Keyring, SignatureError
 from proxy.growing import GrowingFile
 from proxy.hashes import h1_of_zip, zh_hash
 from proxy.log import note_cache
+from proxy.memo import MEMO_ENTRIES
 from proxy.metrics import Metrics
 from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
 from proxy.passthrough import PassThrough
@@ -70,6 +71,17 @@ class LockHashes:
         return sorted(set(self.h1.values()) | set(self.zh.values()) | set(self.signed))
 
 
+@dataclass(frozen=True)
+class _ArchiveList:
+    """A version's archive list and what it was made from: the version list's entry, and the stored
+    values under `keys` as they were before it was made."""
+
+    info: VersionInfo
+    keys: list[str]
+    values: list[bytes | None]
+    archives: list[PlatformArchive]
+
+
 class Mirror:
     """The provider service behind the registry, network mirror and lock file handlers."""
 
@@ -86,6 +98,7 @@ class Mirror:
         self._space = space
         self._metrics = metrics
         self._rechecks = RecheckGate(settings.freshness.negative)
+        self._archive_lists: dict[tuple[ProviderAddr, Version], _ArchiveList] = {}
 
     # ---- public API -------------------------------------------------------------------
 
@@ -175,8 +188,29 @@ class Mirror:
         return entry
 
     async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
-        """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes."""
+        """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes.
+
+        The same list object as last time while nothing it was made from changed: the version's entry
+        in the version list (the same object while the list is unchanged) and the stored download
+        documents, SHA256SUMS records and archive records (compared in one store round trip).
+        """
         info = await self.offered(addr, version, [])
+        memo_key = (addr, version)
+        known = self._archive_lists.get(memo_key)
+        if known is not None and known.info is info and await self._documents.stored(known.keys) == known.values:
+            return known.archives
+        platform_keys = [k for p in info.platforms
+                         for k in (keys.download(addr, version, p), keys.archive(addr, version, p))]
+        before = await self._documents.stored(platform_keys)  # read first: a later change makes the memo miss
+        downloads, archives = await self._platform_archives(addr, version, info)
+        if len(downloads) == len(info.platforms):  # every platform known for good (no failure, no 404)
+            sums_keys = sorted({keys.sums(d) for d in downloads})  # written once, present now
+            self._remember_archive_list(memo_key, _ArchiveList(
+                info, platform_keys + sums_keys, before + await self._documents.stored(sums_keys), archives))
+        return archives
+
+    async def _platform_archives(self, addr: ProviderAddr, version: Version,
+                                 info: VersionInfo) -> tuple[list[DownloadInfo], list[PlatformArchive]]:
         found = await gather_bounded(
             (self._cached_download_info(addr, version, platform) for platform in info.platforms),
             self._settings.limits.upstream_concurrency)
@@ -197,7 +231,12 @@ class Mirror:
             if record is not None and record.sha256 == digest:
                 hashes.update((record.h1_dir, record.h1_zip))
             result.append(PlatformArchive(d.platform, d.filename, tuple(sorted(hashes))))
-        return result
+        return downloads, result
+
+    def _remember_archive_list(self, key: tuple[ProviderAddr, Version], made: _ArchiveList) -> None:
+        if len(self._archive_lists) >= MEMO_ENTRIES:
+            self._archive_lists.pop(next(iter(self._archive_lists)))
+        self._archive_lists[key] = made
 
     async def archive(self, addr: ProviderAddr, version: Version,
                       platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:

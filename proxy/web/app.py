@@ -23,13 +23,15 @@ from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
+from proxy.rendered import RenderedDocuments
 from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, registry
 from proxy.web.deadlines import request_deadline
-from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, SETTINGS
+from proxy.web.eventloop import loop_name
+from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
 from proxy.web.middlewares import request_context
 
 log = structlog.get_logger(__name__)
@@ -40,6 +42,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[request_context, request_deadline], client_max_size=64 * 1024)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
+    app[RENDERED] = RenderedDocuments()
     app.cleanup_ctx.append(_mirror_ctx)
     health.add_routes(app)
     discovery.add_routes(app)
@@ -80,7 +83,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
 
     app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
-             metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline)
+             metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline,
+             event_loop=loop_name(asyncio.get_running_loop()), access_log=settings.access_log)
     try:
         yield
     finally:

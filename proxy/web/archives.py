@@ -180,7 +180,9 @@ async def _copy(reader: ArchiveReader, response: web.StreamResponse) -> None:
 
 
 def _plain(request: web.Request) -> bool:
-    return request.transport is not None and request.transport.get_extra_info("ssl_object") is None
+    """Plain HTTP on a loop that has `sendfile` (uvloop has none: the bytes are then copied as for TLS)."""
+    return (request.transport is not None and request.transport.get_extra_info("ssl_object") is None
+            and type(asyncio.get_running_loop()).sendfile is not asyncio.AbstractEventLoop.sendfile)
 
 
 async def _sendfile_allowed(guard: StoreGuard, stored: StoredArchive, *, ranged: bool) -> bool:

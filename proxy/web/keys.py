@@ -9,9 +9,11 @@ from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
+from proxy.rendered import RenderedDocuments
 
 SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
 METRICS = web.AppKey("metrics", Metrics)
 MODULES = web.AppKey("modules", ModuleMirror)
 GUARD = web.AppKey("guard", StoreGuard)
+RENDERED = web.AppKey("rendered", RenderedDocuments)

@@ -1,5 +1,9 @@
 """Request id, access log, metrics, and rendering of every error as `{"errors": [...]}`.
 
+The access log (`--access-log`) has a line per request (`all`), only for errors and slow requests
+(`errors`: status 400 and above, or slower than `SLOW_REQUEST` seconds), or none (`off`); the
+request metrics are kept in every mode.
+
 Errors of the proxy's hierarchy (`proxy.errors`) carry their own status; the pure modules
 raise neutral errors, and those that mean the request named something malformed
 (`INVALID_REQUEST_ERRORS`) are answered here as 400, like `InvalidRequestError`.
@@ -19,13 +23,14 @@ from aiohttp import web
 
 from proxy.addrs import AddressError
 from proxy.errors import InvalidRequestError, ProxyError
-from proxy.log import begin_request, new_request_id, request_cache_status
-from proxy.web.keys import METRICS
+from proxy.log import access, begin_request, new_request_id, request_cache_status
+from proxy.web.keys import METRICS, SETTINGS
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.access")
 
 CLIENT_CLOSED_REQUEST = 499
+SLOW_REQUEST = 1.0  # seconds: `--access-log errors` logs requests slower than this too
 SUPPORTED_VERSIONS = ((1, 0), (1, 1))
 # Neutral errors of pure modules that mean the client asked for something malformed: 400.
 INVALID_REQUEST_ERRORS: tuple[type[Exception], ...] = (AddressError,)
@@ -42,25 +47,28 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     try:
         response = await _render_errors(request, handler)
     except (ConnectionError, asyncio.CancelledError) as exc:
-        _record(request, "request.aborted", CLIENT_CLOSED_REQUEST, request.writer.output_size, started,
-                error=type(exc).__name__)
+        _record(request, request_id, "request.aborted", CLIENT_CLOSED_REQUEST, request.writer.output_size,
+                started, error=type(exc).__name__)
         raise
     response.headers["X-Request-Id"] = request_id
     sent = response.body_length if response.prepared else (response.content_length or 0)
-    _record(request, "request", response.status, sent, started)
+    _record(request, request_id, "request", response.status, sent, started)
     return response
 
 
-def _record(request: web.Request, event: str, status: int, sent: int, started: float, **extra) -> None:
-    """One access-log line and the request metrics."""
+def _record(request: web.Request, request_id: str, event: str, status: int, sent: int, started: float,
+            **extra) -> None:
+    """The request metrics, and its access-log line if `--access-log` wants it."""
     duration = time.perf_counter() - started
     route = request.match_info.route.name or "unmatched"
-    metrics = request.app[METRICS]
-    metrics.requests.labels(route, str(status)).inc()
-    metrics.request_seconds.labels(route).observe(duration)
-    log.info(event, method=request.method, path=request.path, status=status,
-             bytes=sent, duration_ms=round(duration * 1000, 2), cache=request_cache_status(),
-             remote=request.remote, user_agent=request.headers.get("User-Agent", ""), **extra)
+    request.app[METRICS].count_request(route, status, duration)
+    settings = request.app.get(SETTINGS)
+    mode = settings.access_log if settings is not None else "all"
+    if mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
+        access(event, {"method": request.method, "path": request.path, "status": status, "bytes": sent,
+                       "duration_ms": round(duration * 1000, 2), "cache": request_cache_status(),
+                       "remote": request.remote, "user_agent": request.headers.get("User-Agent", ""),
+                       "request_id": request_id, **extra})
 
 
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:

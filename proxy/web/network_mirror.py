@@ -8,14 +8,17 @@ See docs/protocol.md#network-mirror-protocol.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from aiohttp import web
 
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError, NotFoundError
+from proxy.mirror import PlatformArchive
 from proxy.rewrite import archive_filename
 from proxy.web.archives import Found, may_follow, serve_found
-from proxy.web.keys import MIRROR
-from proxy.web.responses import json_response
+from proxy.web.keys import MIRROR, RENDERED
+from proxy.web.responses import rendered_response
 
 PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
 
@@ -26,22 +29,31 @@ def _addr(request: web.Request) -> ProviderAddr:
 
 
 async def json_document(request: web.Request) -> web.Response:
-    """`index.json` (version list) or `:version.json` (archives of one version)."""
+    """`index.json` (version list) or `:version.json` (archives of one version), from rendered bytes when warm."""
     addr = _addr(request)
     name = request.match_info["document"]
     if not name.endswith(".json"):
         raise NotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
-    mirror = request.app[MIRROR]
+    mirror, rendered = request.app[MIRROR], request.app[RENDERED]
     if name == "index.json":
         versions = await mirror.provider_versions(addr)
-        return json_response({"versions": {str(v): {} for v in sorted(versions)}})
+        return rendered_response(request, rendered.json(("index.json", addr), versions, _index_document))
     version = Version.parse(name.removesuffix(".json"))
     archives = await mirror.version_archives(addr, version)
-    return json_response({"archives": {
+    return rendered_response(request, rendered.json(("version.json", addr, version), archives,
+                                                    lambda a: _version_document(addr, version, a)))
+
+
+def _index_document(versions: Iterable[Version]) -> dict:
+    return {"versions": {str(v): {} for v in sorted(versions)}}
+
+
+def _version_document(addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive]) -> dict:
+    return {"archives": {
         str(a.platform): {"url": f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}",
                           "hashes": list(a.hashes)}
         for a in archives
-    }})
+    }}
 
 
 async def archive(request: web.Request) -> web.StreamResponse:

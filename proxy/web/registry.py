@@ -15,8 +15,8 @@ from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import NotFoundError
 from proxy.rewrite import rewrite_download_document
 from proxy.web.archives import Found, serve_found
-from proxy.web.keys import MIRROR, MODULES
-from proxy.web.responses import json_response
+from proxy.web.keys import MIRROR, MODULES, RENDERED
+from proxy.web.responses import rendered_response
 
 PROVIDERS = "/registry/{hostname}/providers/v1/{namespace}/{type}"
 MODULES_PREFIX = "/registry/{hostname}/modules/v1/{namespace}/{name}/{system}"
@@ -36,18 +36,22 @@ def _platform(request: web.Request) -> Platform:
     return Platform.of(request.match_info["os"], request.match_info["arch"])
 
 
-def _raw_json(body: bytes) -> web.Response:
-    return web.Response(body=body, headers={"Content-Type": "application/json"})
+def _raw_json(request: web.Request, key: tuple, body: bytes) -> web.Response:
+    """An upstream's JSON answer as it sent it, with its ETag (hashed once per cached body)."""
+    return rendered_response(request, request.app[RENDERED].body(key, body))
 
 
 async def provider_versions(request: web.Request) -> web.Response:
-    return _raw_json(await request.app[MIRROR].versions_document(_provider(request)))
+    addr = _provider(request)
+    return _raw_json(request, ("provider versions", addr), await request.app[MIRROR].versions_document(addr))
 
 
 async def provider_download(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
     document = await request.app[MIRROR].download_document(addr, version, platform)
-    return json_response(rewrite_download_document(document, addr, version, platform))
+    rendered = request.app[RENDERED].json(("provider download", addr, version, platform), document,
+                                          lambda d: rewrite_download_document(d, addr, version, platform))
+    return rendered_response(request, rendered)
 
 
 async def provider_shasums(request: web.Request) -> web.Response:
@@ -61,12 +65,15 @@ async def provider_shasums(request: web.Request) -> web.Response:
 
 
 async def module_versions(request: web.Request) -> web.Response:
-    return _raw_json(await request.app[MODULES].versions_document(_module(request)))
+    addr = _module(request)
+    return _raw_json(request, ("module versions", addr), await request.app[MODULES].versions_document(addr))
 
 
 async def module_download(request: web.Request) -> web.Response:
     location = await request.app[MODULES].location(_module(request), Version.parse(request.match_info["version"]))
-    return json_response({"location": location}, headers={"X-Terraform-Get": location})
+    # The answer depends on the location alone: it is the key, and the source is always the same (None).
+    rendered = request.app[RENDERED].json(("module download", location), None, lambda _: {"location": location})
+    return rendered_response(request, rendered, headers={"X-Terraform-Get": location})
 
 
 async def module_archive(request: web.Request) -> web.StreamResponse:

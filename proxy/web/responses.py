@@ -1,21 +1,37 @@
 """JSON answers with the exact media type the clients require (`application/json`).
 
+Metadata answers (`proxy.rendered`) carry a strong ETag and are answered `304 Not Modified`
+when `If-None-Match` names it (weak comparison, RFC 9110 §13.1.2).
 See docs/protocol.md#content-types-and-status-codes.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
 
+from proxy.httprange import evaluate
+from proxy.rendered import Rendered, encode_json
+
+JSON = "application/json"
+
 
 def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
-    response = web.Response(body=body, status=status, headers=headers)
-    response.headers["Content-Type"] = "application/json"
+    response = web.Response(body=encode_json(document), status=status, headers=headers)
+    response.headers["Content-Type"] = JSON
     return response
+
+
+def rendered_response(request: web.Request, rendered: Rendered, headers: dict[str, str] | None = None,
+                      content_type: str = JSON) -> web.Response:
+    """The rendered answer with its ETag, or 304 when the client's `If-None-Match` names it."""
+    fields = {"ETag": rendered.etag, **(headers or {})}
+    if_none_match = ", ".join(request.headers.getall("If-None-Match", ()))
+    if if_none_match and evaluate(rendered.etag, 0, if_none_match=if_none_match).status == 304:
+        return web.Response(status=304, headers=fields)
+    fields["Content-Type"] = content_type
+    return web.Response(body=rendered.body, headers=fields)
 
 
 def error_response(status: int, *messages: str) -> web.Response:

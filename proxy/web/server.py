@@ -40,6 +40,7 @@ from aiohttp.web_response import StreamResponse
 
 from proxy.config import Settings
 from proxy.metrics import Metrics
+from proxy.web.eventloop import new_event_loop
 from proxy.web.keys import METRICS
 from proxy.web.responses import error_response
 
@@ -287,7 +288,7 @@ def run_server(app: web.Application, settings: Settings, ssl_context: ssl.SSLCon
         return [await start_listener(runner, ssl_context, limits, host=settings.listen_host,
                                      port=settings.listen_port)]
 
-    loop = asyncio.new_event_loop()
+    loop = new_event_loop(settings.event_loop, plain_http=settings.plain_http)
     asyncio.set_event_loop(loop)
     run_until_complete(loop, serve_app(app, listen, lambda: asyncio.Event().wait(),  # until a signal
                                        shutdown_timeout=shutdown_timeout, handle_signals=True))

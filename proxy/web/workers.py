@@ -34,6 +34,7 @@ from proxy import metrics
 from proxy.cache.factory import open_metadata_store
 from proxy.config import Settings
 from proxy.web.app import create_app
+from proxy.web.eventloop import new_event_loop
 from proxy.web.server import BACKLOG, ConnectionLimits, run_until_complete, serve_app, start_listener
 
 log = structlog.get_logger("proxy.workers")
@@ -96,7 +97,8 @@ class ProxyWorker(Worker):
     """One worker process: our application and listener on the supervisor's listening sockets."""
 
     def init_process(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        supervisor: Supervisor = self.app  # type: ignore[assignment]
+        self.loop = new_event_loop(supervisor.settings.event_loop, plain_http=supervisor.settings.plain_http)
         asyncio.set_event_loop(self.loop)
         self._stopping = asyncio.Event()
         super().init_process()  # signals, the application, then run()

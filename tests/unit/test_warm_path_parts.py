@@ -1,0 +1,103 @@
+"""Parts of the warm path: the event loop choice, rendered answers, the JSON access-log writer, the flags."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy import log
+from proxy.cli import build_parser, settings_from_args
+from proxy.config import ConfigError, Settings
+from proxy.rendered import RenderedDocuments, strong_etag
+from proxy.web.eventloop import loop_name, new_event_loop
+
+
+def test_asyncio_loop_on_request():
+    loop = new_event_loop("asyncio")
+    try:
+        assert loop_name(loop) == "asyncio"
+    finally:
+        loop.close()
+
+
+def test_uvloop_when_installed():
+    pytest.importorskip("uvloop")
+    for choice in ("auto", "uvloop"):
+        loop = new_event_loop(choice)
+        try:
+            assert loop_name(loop) == "uvloop"
+        finally:
+            loop.close()
+
+
+def test_plain_http_keeps_asyncio_for_sendfile_unless_uvloop_is_asked_for():
+    pytest.importorskip("uvloop")
+    for choice, expected in (("auto", "asyncio"), ("uvloop", "uvloop"), ("asyncio", "asyncio")):
+        loop = new_event_loop(choice, plain_http=True)
+        try:
+            assert loop_name(loop) == expected, choice
+        finally:
+            loop.close()
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails
+    loop = new_event_loop("auto")
+    try:
+        assert isinstance(loop, asyncio.AbstractEventLoop) and loop_name(loop) == "asyncio"
+    finally:
+        loop.close()
+    with pytest.raises(ConfigError, match="not installed"):
+        new_event_loop("uvloop")
+
+
+def test_rendered_once_per_source_object():
+    rendered = RenderedDocuments()
+    source = {"b": 1}
+    first = rendered.json("k", source, lambda s: {"versions": s})
+    assert first.body == b'{"versions":{"b":1}}'
+    assert first.etag == f'"{hashlib.sha256(first.body).hexdigest()[:32]}"' == strong_etag(first.body)
+    assert rendered.json("k", source, lambda s: pytest.fail("rendered again")) is first
+    again = rendered.json("k", {"b": 1}, lambda s: {"versions": s})  # an equal but new source: rendered
+    assert again == first and rendered.renders == 2
+    body = b'{"x": 1}'
+    assert rendered.body("raw", body).etag == strong_etag(body)
+    assert rendered.body("raw", body) is rendered.body("raw", body) and rendered.renders == 3
+
+
+def test_json_access_lines_have_the_structlog_fields():
+    stream = io.StringIO()
+    write = log._json_lines(stream)
+    write("request", {"status": 200, "path": "/x", "request_id": "abc"})
+    line = json.loads(stream.getvalue())
+    assert line["event"] == "request" and line["level"] == "info" and line["timestamp"].endswith("Z")
+    assert (line["status"], line["path"], line["request_id"]) == (200, "/x", "abc")
+    assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--access-log", "errors"), ("--access-log", "off"),
+                                          ("--event-loop", "asyncio"), ("--event-loop", "uvloop")])
+def test_flags(monkeypatch, tmp_path: Path, flag, value):
+    for name in ("ACCESS_LOG", "EVENT_LOOP"):
+        monkeypatch.delenv("REGISTRY_PROXY_" + name, raising=False)
+    default = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
+    assert (default.access_log, default.event_loop) == ("all", "auto")
+    given = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path), flag, value]))
+    assert getattr(given, flag.removeprefix("--").replace("-", "_")) == value
+
+
+def test_access_log_from_the_environment(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("REGISTRY_PROXY_ACCESS_LOG", "off")
+    assert settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])).access_log == "off"
+
+
+@pytest.mark.parametrize("field, value", [("access_log", "some"), ("event_loop", "trio")])
+def test_invalid_choices(tmp_path: Path, field, value):
+    with pytest.raises(ConfigError):
+        Settings(data_dir=tmp_path, **{field: value})
