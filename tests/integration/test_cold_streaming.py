@@ -106,28 +106,38 @@ async def test_ranges_and_heads_wait_for_the_stored_archive(proxy, registry, big
     assert registry.count(path) == 1
 
 
-async def test_workers_follow_one_download_in_any_process(proxy_process, registry, big):
+async def test_workers_and_replicas_follow_one_download_in_any_process(proxy_process, registry, big, tmp_path):
+    """Two replicas of two workers each on one data dir: the first request starts the download in one
+    process; the others, in whichever worker of either replica takes them, get bytes before it ends.
+    Requests to the second replica cannot be in the downloading process, so it must follow another's."""
     body = big.zips["linux_amd64"]
     path = registry.archive_path(big, "linux_amd64")
     registry.trickle[path] = MiB  # bytes per second: the upstream takes about three seconds
-    proc = await proxy_process("--workers", "2")
+    shared = tmp_path / "shared-data"
+    first = await proxy_process("--workers", "2", data_dir=shared)
+    second = await proxy_process("--workers", "2", data_dir=shared)
     async with asyncio.timeout(4 * WAIT):
-        while len(proc.events("worker.started")) < 2:  # noqa: ASYNC110 - the other processes' log
+        while len(first.events("worker.started")) < 2 or len(second.events("worker.started")) < 2:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-    context = ssl.create_default_context(cafile=str(proc.ca_file))
+    context = ssl.create_default_context(cafile=str(first.ca_file))
     early: list[bool] = []
+    started = asyncio.Event()
 
-    async def fetch() -> bytes:
+    async def fetch(proc) -> bytes:
         async with (aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
                     session.get(proc.url + BIG, ssl=context) as response):
             assert response.status == 200 and int(response.headers["Content-Length"]) == len(body)
-            first = await response.content.readexactly(1)
+            first_byte = await response.content.readexactly(1)
             early.append(registry.completed_count(path) == 0)
-            return first + await response.read()
+            started.set()
+            return first_byte + await response.read()
 
-    results = await asyncio.wait_for(asyncio.gather(*(fetch() for _ in range(20))), 4 * WAIT)
+    lead = asyncio.create_task(fetch(first))
+    await asyncio.wait_for(started.wait(), 4 * WAIT)
+    others = [fetch(first) for _ in range(9)] + [fetch(second) for _ in range(10)]
+    results = await asyncio.wait_for(asyncio.gather(lead, *others), 4 * WAIT)
     assert all(r == body for r in results)
-    assert early == [True] * 20  # every client had bytes before the upstream finished, in either worker
+    assert early == [True] * 20  # every client had bytes before the upstream finished, in any process
     assert registry.count(path) == 1
-    assert proc.events("archive.following_another_process")
-    assert list((proc.data_dir / "archives" / "growing").iterdir()) == []
+    assert second.events("archive.following_another_process")
+    assert list((shared / "archives" / "growing").iterdir()) == []
