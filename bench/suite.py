@@ -76,6 +76,13 @@ def _cli_config(base_url: str, plugin_cache: Path) -> str:
             f'provider_installation {{\n  network_mirror {{\n    url = "{base_url}/mirror/v1/"\n  }}\n}}\n')
 
 
+def _direct_cli_config(registry_url: str, plugin_cache: Path) -> str:
+    """Terraform straight to the fake upstream, no proxy: a `host` block stands in for its discovery."""
+    return (f'plugin_cache_dir = "{plugin_cache}"\n'
+            f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
+            f'    "providers.v1" = "{registry_url}/v1/providers/"\n  }}\n}}\n')
+
+
 async def _get(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as session, session.get(url, ssl=context) as response:
         return response.status, await response.read()
@@ -618,14 +625,18 @@ class Suite:
 
     # ---- 4. terraform init ---------------------------------------------------------------------
 
-    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str) -> float:
+    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str, *,
+                    direct: bool = False) -> float:
+        """One `terraform init` in a fresh directory with an empty plugin cache, through the mirror at
+        `base_url`, or (`direct`) straight from the registry at `base_url`."""
         self._workdirs += 1
         name = f"{self._workdirs:02d}-{label}"
         workdir = self.terraform.workdir(name, _main_tf(release))
         cache = self.root / "tf-plugin-cache" / name
         cache.mkdir(parents=True)
+        config = (_direct_cli_config if direct else _cli_config)(base_url, cache)
         started = time.perf_counter()
-        code, output = await self.terraform.init(workdir, _cli_config(base_url, cache), ca_file)
+        code, output = await self.terraform.init(workdir, config, ca_file)
         elapsed = time.perf_counter() - started
         self.check(f"terraform init {label}: exit 0", code == 0, output[-1500:])
         return elapsed
@@ -696,8 +707,14 @@ class Suite:
         gets = world.registry.count(world.registry.archive_path(release, PLATFORM))
         self.check("terraform init small: upstream saw one GET of the archive", gets == 1, f"{gets} GETs")
         self.results.setdefault("terraform_init", {})["small"] = result
+        direct = [await self._init(release, world.registry.url, world.ca_file, "small-direct", direct=True)
+                  for _ in range(self.args.init_repeats)]
+        result["direct_upstream_s"] = round(statistics.median(direct), 3)
+        result["direct_upstream_runs"] = [round(t, 3) for t in direct]
         self.rows.append(Row("terraform init small provider, cold", f"{cold:.2f} s",
-                             note="empty proxy: discovery, versions, SHA256SUMS+sig, archive"))
+                             f"{result['direct_upstream_s']:.2f} s (direct)", _ratio(cold, result["direct_upstream_s"]),
+                             "empty proxy: discovery, versions, SHA256SUMS+sig, archive; baseline: no proxy, "
+                             f"straight from the upstream (median of {len(direct)}); one cold run"))
         self._init_rows("small provider", result)
 
     # ---- report ------------------------------------------------------------------------------
