@@ -165,13 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     _metadata_secret_options(serve)
     # --- disk space ---
     _option(serve, "--min-free-space", "free space to keep in DATA_DIR (a size, or a percentage of the disk "
-            "such as 5%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
+            "such as 5%%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
             "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _option(serve, "--access-log", "one log line per request: all, errors (status 400 and above, and requests "
             "slower than 1 s) or off", default="all")
-    _option(serve, "--event-loop", "auto (uvloop when installed), uvloop or asyncio", default="auto")
+    _option(serve, "--event-loop", "auto (uvloop when installed, asyncio with --plain-http for sendfile), "
+            "uvloop or asyncio", default="auto")
     _add_client_commands(commands, default_data)
     return parser
 
