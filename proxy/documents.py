@@ -65,7 +65,7 @@ class DocumentCache:
 
     def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
-        return None if raw is None else self._memoised(self._decoded, key, raw, CacheEntry.decode)
+        return None if raw is None else memoised(self._decoded, key, raw, CacheEntry.decode)
 
     async def cached(self, key: str) -> CacheEntry | None:
         """The cached upstream document under `key`, never fetching it."""
@@ -81,16 +81,11 @@ class DocumentCache:
         return [self._decode_record(key, raw, kind) for key, raw in zip(wanted, found, strict=True)]
 
     def _decode_record(self, key: str, raw: bytes | None, kind: type[R]) -> R | None:
-        return None if raw is None else self._memoised(self._records, key, raw, lambda r: _read_record(key, r, kind))
+        return None if raw is None else memoised(self._records, key, raw, lambda r: _read_record(key, r, kind))
 
     def parsed(self, key: str, entry: Any, parse: Callable[[Any], T]) -> T:
         """`parse(entry)`, memoised per key for as long as the entry object is the same."""
-        return self._memoised(self._parsed, key, entry, parse)
-
-    @staticmethod
-    def _memoised(memo: dict, key: str, source: Any, compute: Callable[[Any], T]) -> T:
-        """`compute(source)`, reused while the same source object is asked for under `key` (bounded)."""
-        return memoised(memo, key, source, compute)
+        return memoised(self._parsed, key, entry, parse)
 
     async def stored(self, wanted: list[str]) -> list[bytes | None]:
         """The stored values under `wanted` as they are, in one round trip (to tell later whether any changed)."""
