@@ -104,6 +104,9 @@ async def _export(args: argparse.Namespace) -> int:
           f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}")
     for fingerprint in sorted(report.signing_keys):
         print(f"signing key: {fingerprint}  (import with --trust-key {fingerprint})")
+    for subject in report.unsigned_left_out:
+        print(f"left out {subject}: unsigned (its registry lists no signing keys), so nothing in a bundle can "
+              "vouch for it; the proxy behind the air gap cannot serve it")
     return 0
 
 

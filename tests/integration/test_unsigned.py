@@ -6,7 +6,10 @@ usual host; its download answers list no keys (empty list, or no `signing_keys` 
 
 from __future__ import annotations
 
+import base64
 import io
+import json
+import tarfile
 
 import pytest
 from structlog.testing import capture_logs
@@ -15,8 +18,9 @@ from yarl import URL
 from proxy import records
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.cache import keys
+from proxy.commands import CommandError
 from proxy.hashes import h1_of_zip
-from proxy.records import ArchiveRecord
+from proxy.records import ArchiveRecord, SumsRecord
 from proxy.unsigned import parse_unsigned_policy
 from proxy.web.keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
@@ -218,3 +222,52 @@ async def test_verify_lists_unsigned_archives(make_local_settings, client_ssl, r
     assert lines == [f"UNSIGNED {TOFU_PROVIDER} 1.0.0 linux_amd64 {FILE} sha256={release.sha256('linux_amd64')}: "
                      "its registry lists no signing keys; checked against SHA256SUMS and the registry's shasum only"]
     assert "1 unsigned" in output
+
+
+async def test_export_leaves_unsigned_archives_out_and_import_refuses_them(
+        make_local_settings, client_ssl, registry, tmp_path):
+    """A bundle carries signatures across an air gap, not TLS: an unsigned archive cannot be vouched for."""
+    from tests.integration.test_lock_warm_bundle import _export, _import, _stores
+
+    settings = make_local_settings(upstream_map={TOFU: URL(registry.url), REGISTRY_HOST: URL(registry.url)})
+    registry.signing_keys_override = []
+    async with serve_proxy(settings, client_ssl) as proxy:
+        assert (await proxy.get(archive()))[0] == 200
+    registry.signing_keys_override = None
+    async with serve_proxy(settings, client_ssl) as proxy:
+        assert (await proxy.get(archive(PROVIDER)))[0] == 200
+    bundle = tmp_path / "bundle.tar"
+    report = await _export(settings.data_dir, bundle)
+    assert report.providers == [f"{PROVIDER} 1.0.0 linux_amd64"]
+    assert report.unsigned_left_out == [f"{TOFU_PROVIDER}/1.0.0/linux_amd64"]
+
+    # A bundle that carries the unsigned archive anyway (made by hand) is rejected as a whole.
+    cache, store = await _stores(settings.data_dir)
+    try:
+        archive_key = keys.archive(*ADDRESS)
+        download_key = keys.download(*ADDRESS)
+        unsigned_sums = [key async for key in cache.keys()  # noqa: SIM118 - an async iterator, not a dict
+                         if keys.SUMS.parse(key) and records.decode(await cache.get(key), SumsRecord).unsigned]
+        assert len(unsigned_sums) == 1
+        sums_key = unsigned_sums[0]
+        extra = {k: await cache.get(k) for k in (archive_key, download_key, sums_key)}
+    finally:
+        await cache.close()
+        store.close()
+    with tarfile.open(bundle) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    manifest = json.loads(members["manifest.json"])
+    manifest["providers"].append({"archive_key": archive_key, "download_key": download_key, "sums_key": sums_key,
+                                  "sha256": release_of(registry).sha256("linux_amd64"), "filename": FILE,
+                                  "other_platforms": []})
+    members["manifest.json"] = json.dumps(manifest).encode()
+    members["metadata.jsonl"] += "".join(json.dumps({"key": k, "value": base64.b64encode(v).decode()}) + "\n"
+                                         for k, v in extra.items()).encode()
+    forged = tmp_path / "forged.tar"
+    with tarfile.open(forged, "w") as tar:
+        for name, data in members.items():
+            entry = tarfile.TarInfo(name)
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
+    with pytest.raises(CommandError, match="a bundle cannot vouch for an unsigned provider"):
+        await _import(tmp_path / "other", forged, None)
