@@ -35,6 +35,7 @@ from proxy.config import (
     parse_listen,
     parse_size,
     parse_space_floor,
+    parse_unsigned_providers,
     parse_upstream_map,
 )
 
@@ -173,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
             "slower than 1 s) or off", default="all")
     _option(serve, "--event-loop", "auto (uvloop when installed, asyncio with --plain-http for sendfile), "
             "uvloop or asyncio", default="auto")
+    # --- unsigned providers ---
+    _option(serve, "--unsigned-providers", "providers whose registry lists no signing keys: 'opentofu-default' "
+            "accepts them from registry.opentofu.org only (as tofu does), 'allow-hosts=H,…' from the hosts named, "
+            "'refuse' from none (also when cached); they are still checked against SHA256SUMS fetched over "
+            "verified TLS and the registry's shasum", default="opentofu-default",
+            metavar="refuse|opentofu-default|allow-hosts=H,…")
     _add_client_commands(commands, default_data)
     return parser
 
@@ -219,8 +226,9 @@ def _add_client_commands(commands, default_data: str) -> None:
     verify = commands.add_parser(
         "verify", help="re-hash every archive in a data dir's store",
         description="Hash every stored archive and compare it with its content address; report corrupt files "
-                    "and temp dirs left by dead processes. Exits 1 while corruption is found and not repaired.")
-    _option(verify, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
+                    "and temp dirs left by dead processes; list the provider archives stored unsigned "
+                    "(--unsigned-providers). Exits 1 while corruption is found and not repaired.")
+    _store_options(verify, default_data)  # the metadata store: to list the archives stored unsigned
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
@@ -313,6 +321,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         min_free_space=parse_space_floor(args.min_free_space),
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
+        unsigned_providers=parse_unsigned_providers(args.unsigned_providers),
     )
 
 

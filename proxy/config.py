@@ -14,6 +14,7 @@ from pathlib import Path
 from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
+from proxy.unsigned import UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
 
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
@@ -202,6 +203,7 @@ class Settings:
     workers: int = 1
     event_loop: str = "auto"
     access_log: str = "all"
+    unsigned_providers: UnsignedPolicy = field(default_factory=UnsignedPolicy)
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -317,6 +319,14 @@ def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
         if entry:
             result.add(entry)
     return frozenset(result)
+
+
+def parse_unsigned_providers(text: str) -> UnsignedPolicy:
+    """`--unsigned-providers`: refuse, opentofu-default or allow-hosts=H,… (see proxy.unsigned)."""
+    try:
+        return parse_unsigned_policy(text)
+    except UnsignedPolicyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:

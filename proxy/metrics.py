@@ -74,6 +74,10 @@ class Metrics:
         self.passthrough = Counter("registry_proxy_archive_passthrough_total",
                                    "Archives relayed from the upstream without being stored (disk full), "
                                    "by kind and outcome", ["kind", "outcome"], registry=self.registry)
+        self.unsigned_archives = Counter("registry_proxy_unsigned_archives_total",
+                                         "Provider archives stored although their registry lists no signing keys "
+                                         "(--unsigned-providers; checked against SHA256SUMS and shasum only), by "
+                                         "registry host", ["host"], registry=self.registry)
         self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
                                     "Archive bytes sent to clients", registry=self.registry)
         self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",

@@ -118,6 +118,7 @@ class Mirror:
         d = await self._download_info(addr, version, platform)
         if d is None:
             raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
+        self._admit(addr, version, d)  # passed on as sent: without keys when the registry lists none
         return d.raw
 
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
@@ -346,6 +347,7 @@ class Mirror:
 
     async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
+        self._admit(addr, version, d)
         key = keys.sums(d)
 
         async def recorded() -> SumsRecord | None:
@@ -364,6 +366,13 @@ class Mirror:
         sums, signature = await asyncio.gather(self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
                                                self._documents.blob(d.shasums_signature_url, limit,
                                                                 "SHA256SUMS signature"))
+        if d.unsigned:  # admitted by --unsigned-providers; the signature is kept as sent, for the clients
+            verify.parse_signed_sums(sums, str(d.shasums_url))
+            record = SumsRecord(sums, signature, "", "", unsigned=True)
+            await self._documents.put_record(key, record)
+            log.info("verify.signature_skipped", provider=str(addr), version=str(version),
+                     reason="the registry lists no signing keys", policy=str(self._settings.unsigned_providers))
+            return record
         try:
             result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature,
                                              list(d.signing_keys))
@@ -380,6 +389,36 @@ class Mirror:
         log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=result.key_id)
         return record
 
+    def _admit(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> None:
+        """Refuse a release whose registry lists no signing keys, unless `--unsigned-providers` admits its
+        host and both its download answer and its SHA256SUMS came over TLS (verified, as every upstream
+        connection is). A registry that lists keys always needs a valid signature (`_fetch_verified_sums`)."""
+        if not d.unsigned:
+            return
+        policy = self._settings.unsigned_providers
+        reason = None
+        if not policy.allows(addr.hostname):
+            reason = (f"the registry lists no signing keys for {addr} {version}: unsigned providers from "
+                      f"{addr.hostname} are refused (--unsigned-providers {policy})")
+        elif not all(url is not None and url.scheme == "https" for url in (d.document_url, d.shasums_url)):
+            reason = (f"the registry lists no signing keys for {addr} {version}, and its download answer or "
+                      "SHA256SUMS did not come over https: without a signature, TLS is all that vouches for them")
+        if reason is not None:
+            self._security_event("unsigned", addr, version, d, reason)
+            raise VerificationError(reason)
+
+    def _refuse_cached_unsigned(self, addr: ProviderAddr, version: Version, platform: Platform,
+                                record: ArchiveRecord) -> None:
+        """A stored unsigned archive whose host `--unsigned-providers` no longer admits is refused, not served."""
+        policy = self._settings.unsigned_providers
+        if record.unsigned and not policy.allows(addr.hostname):
+            reason = (f"the stored archive {record.filename} of {addr} {version} is unsigned (its registry lists no "
+                      f"signing keys), and unsigned providers from {addr.hostname} are refused "
+                      f"(--unsigned-providers {policy})")
+            security_event(self._metrics, "unsigned", addr, version=str(version), platform=str(platform),
+                           filename=record.filename, reason=reason)
+            raise VerificationError(reason)
+
     def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo,
                         reason: str) -> None:
         security_event(self._metrics, check, addr, version=str(version), platform=str(d.platform),
@@ -392,6 +431,8 @@ class Mirror:
         """The archive if its verified record exists, agrees with the signed sums, and its file, of the
         recorded size, is in the store."""
         record = await self._archive_record(addr, version, platform)
+        if record is not None:
+            self._refuse_cached_unsigned(addr, version, platform, record)
         if record is not None and not await self._agrees_with_signed_sums(addr, version, platform, record):
             record = None
         return await self._downloader.stored(record)
@@ -413,7 +454,7 @@ class Mirror:
             expected = verify.expected_digest(self._parsed_sums(d, sums_record), d.filename, d.shasum)
         except VerificationError:
             expected = None
-        if (expected, d.filename) == (record.sha256, record.filename):
+        if (expected, d.filename, d.unsigned) == (record.sha256, record.filename, record.unsigned):
             return True
         log.error("security.metadata_poisoned", key=keys.archive(addr, version, platform), store="consistency",
                   reason="the archive record disagrees with the signed SHA256SUMS of its download",
@@ -456,12 +497,19 @@ class Mirror:
         key = keys.archive(addr, version, platform)
 
         def record_of(stored: StoredArchive, hashes: tuple[str, str]) -> ArchiveRecord:
-            return ArchiveRecord(expected, stored.size, d.filename, *hashes)
+            return ArchiveRecord(expected, stored.size, d.filename, *hashes, unsigned=d.unsigned)
 
         async def record(stored: StoredArchive, hashes: tuple[str, str]) -> None:
             await self._documents.put_record(key, record_of(stored, hashes))
             log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
                      sha256=expected, bytes=stored.size)
+            if d.unsigned:
+                self._metrics.unsigned_archives.labels(str(addr.hostname)).inc()
+                log.warning("archive.unsigned_stored", provider=str(addr), version=str(version),
+                            platform=str(platform), sha256=expected, host=str(addr.hostname),
+                            policy=str(self._settings.unsigned_providers),
+                            checked="SHA256SUMS (over verified TLS) and the registry's shasum; no signature: "
+                                    "the registry lists no signing keys")
 
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address.

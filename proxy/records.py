@@ -3,6 +3,9 @@
 `ArchiveRecord` (under `archive:` keys): the verified facts of a stored provider archive.
 `ModuleRecord` (`module:`): a stored module archive and where it came from.
 `SumsRecord` (`sums:`): a release's SHA256SUMS and signature as fetched, kept only once verified.
+A provider whose registry lists no signing keys (admitted by `--unsigned-providers`) has its
+`ArchiveRecord` and `SumsRecord` marked `"unsigned": true`; a record without the field is signed
+(every record written before the field existed), and signed records are written without it.
 Each record's dict carries `"v"` (`RECORD_VERSION`); a dict without it is version 1 (what stores
 written before the field hold). A record of another version, or of a shape that does not parse, reads
 as None, a cache miss: it is fetched again, never a crash. Pure: no I/O.
@@ -53,6 +56,19 @@ def _read(data: dict[str, Any] | None, build: Callable[[dict[str, Any]], R | Non
         return None
 
 
+def _mark_unsigned(data: dict[str, Any], unsigned: bool) -> dict[str, Any]:
+    """`data` with `"unsigned": true` added for an unsigned record (signed ones stay as they always were)."""
+    return {**data, "unsigned": True} if unsigned else data
+
+
+def _unsigned(data: dict[str, Any]) -> bool:
+    """Whether a record dict is marked unsigned; no field (older records) is signed, anything but a bool fails."""
+    value = data.get("unsigned", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"'unsigned' must be a boolean, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class ArchiveRecord:
     """The verified facts about a stored provider archive."""
@@ -62,15 +78,17 @@ class ArchiveRecord:
     filename: str
     h1_zip: str
     h1_dir: str
+    unsigned: bool = False  # its registry listed no signing keys: checked against SHA256SUMS and shasum only
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": RECORD_VERSION, "sha256": self.sha256, "size": self.size, "filename": self.filename,
-                "h1_zip": self.h1_zip, "h1_dir": self.h1_dir}
+        return _mark_unsigned({"v": RECORD_VERSION, "sha256": self.sha256, "size": self.size,
+                               "filename": self.filename, "h1_zip": self.h1_zip, "h1_dir": self.h1_dir},
+                              self.unsigned)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ArchiveRecord | None:
         return _read(data, lambda d: cls(str(d["sha256"]), int(d["size"]), str(d["filename"]), str(d["h1_zip"]),
-                                         str(d["h1_dir"])))
+                                         str(d["h1_dir"]), _unsigned(d)))
 
 
 @dataclass(frozen=True)
@@ -106,15 +124,16 @@ class SumsRecord:
     signature: bytes
     key_id: str
     fingerprint: str
+    unsigned: bool = False  # no signing keys: the signature (kept as sent, for the clients) was not checked
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": RECORD_VERSION, "sums": self.sums.hex(), "signature": self.signature.hex(),
-                "key_id": self.key_id, "fingerprint": self.fingerprint}
+        return _mark_unsigned({"v": RECORD_VERSION, "sums": self.sums.hex(), "signature": self.signature.hex(),
+                               "key_id": self.key_id, "fingerprint": self.fingerprint}, self.unsigned)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SumsRecord | None:
         return _read(data, lambda d: cls(bytes.fromhex(d["sums"]), bytes.fromhex(d["signature"]),
-                                         str(d.get("key_id", "")), str(d.get("fingerprint", ""))))
+                                         str(d.get("key_id", "")), str(d.get("fingerprint", "")), _unsigned(d)))
 
 
 def encode(record: Record) -> bytes:

@@ -64,6 +64,7 @@ class BundleReport:
     bytes: int = 0
     already_present: int = 0
     replaced_corrupt: int = 0  # files at a content address that did not hash to it: quarantined, replaced
+    unsigned_left_out: list[str] = field(default_factory=list)  # export: no signature to carry them across
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -86,6 +87,9 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             download_key = keys.DOWNLOAD.key_for(parts)
             entry = CacheEntry.decode(values.get(download_key))
             if record is None or stored is None or entry is None or entry.negative:
+                continue
+            if record.unsigned:  # only TLS vouched for it, and a bundle does not carry TLS across
+                report.unsigned_left_out.append(keys.ARCHIVE.subject(key))
                 continue
             addr, version, platform = _provider_of(parts)
             info = parse_download(entry.body, URL(entry.url), addr, version, platform)
@@ -332,6 +336,9 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
             raise ValueError("the manifest pairs the archive with another provider's download metadata")
         download = CacheEntry.decode(metadata[entry["download_key"]])
         info = parse_download(download.body, URL(download.url), addr, version, platform)
+        if info.unsigned:
+            raise ValueError("its registry lists no signing keys: a bundle cannot vouch for an unsigned provider "
+                             "(a proxy fetches it over TLS under --unsigned-providers)")
         if entry["sums_key"] != keys.sums(info):
             raise ValueError("the manifest pairs the archive with another release's SHA256SUMS")
         sums, signature = _sums_record(metadata, entry["sums_key"])

@@ -13,7 +13,7 @@ from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
-from proxy.commands.verify import summary_lines, verify_store
+from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
 from proxy.commands.warm import run_warm
 from proxy.config import Settings, metadata_secret_settings, parse_duration
 from proxy.gpg import Keyring
@@ -31,7 +31,7 @@ async def dispatch(args: argparse.Namespace) -> int:
     if args.command == "import":
         return await _import(args)
     if args.command == "verify":
-        return await asyncio.to_thread(_verify, args)
+        return await _verify(args)
     raise CommandError(f"unknown command {args.command}")
 
 
@@ -104,6 +104,9 @@ async def _export(args: argparse.Namespace) -> int:
           f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}")
     for fingerprint in sorted(report.signing_keys):
         print(f"signing key: {fingerprint}  (import with --trust-key {fingerprint})")
+    for subject in report.unsigned_left_out:
+        print(f"left out {subject}: unsigned (its registry lists no signing keys), so nothing in a bundle can "
+              "vouch for it; the proxy behind the air gap cannot serve it")
     return 0
 
 
@@ -128,11 +131,18 @@ async def _import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verify(args: argparse.Namespace) -> int:
+async def _verify(args: argparse.Namespace) -> int:
     root = Path(args.data_dir).expanduser() / "archives"
     if not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
-    report = verify_store(ArchiveStore(root), repair=args.repair)
+    report = await asyncio.to_thread(verify_store, ArchiveStore(root), repair=args.repair)
+    if args.redis_url or (Path(args.data_dir).expanduser() / "metadata" / "metadata.sqlite").exists():
+        cache, store = await _stores(args)
+        try:
+            report.unsigned = await unsigned_archives(cache)
+        finally:
+            await cache.close()
+            store.close()
     for line in summary_lines(report):
         print(line)
     return 1 if report.unrepaired else 0

@@ -4,7 +4,9 @@ An object is intact when its content hashes to its name (`sha256/ab/cd/<sha256>`
 `--repair` corrupt objects are moved to the quarantine (a running proxy fetches and
 verifies them again on the next request) and abandoned temp dirs are removed. Safe to run
 next to a running proxy: nothing is written without `--repair`, and a live process's temp
-dir is recognised by its lock.
+dir is recognised by its lock. With the data dir's metadata store (or the fleet's Redis), it also
+lists the provider archives stored unsigned (`--unsigned-providers`: their registry lists no signing
+keys), so an operator sees what was admitted on TLS and checksums alone.
 """
 
 from __future__ import annotations
@@ -16,9 +18,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from proxy import records
+from proxy.cache import MetadataStore, keys
+from proxy.records import ArchiveRecord
 from proxy.store import ArchiveStore
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+
+
+@dataclass(frozen=True, order=True)
+class UnsignedArchive:
+    """A stored provider archive whose registry listed no signing keys."""
+
+    provider: str  # HOST/NAMESPACE/TYPE
+    version: str
+    platform: str
+    filename: str
+    sha256: str
 
 
 @dataclass
@@ -32,6 +48,7 @@ class VerifyReport:
     removed_temp_dirs: list[Path] = field(default_factory=list)
     live_temp_dirs: int = 0
     quarantine_files: int = 0
+    unsigned: list[UnsignedArchive] = field(default_factory=list)
 
     @property
     def unrepaired(self) -> int:
@@ -73,6 +90,20 @@ def verify_store(store: ArchiveStore, *, repair: bool = False, progress: bool | 
     return report
 
 
+async def unsigned_archives(cache: MetadataStore) -> list[UnsignedArchive]:
+    """Every provider archive record of the metadata store marked unsigned, sorted."""
+    found = []
+    async for key in cache.keys():
+        parts = keys.ARCHIVE.parse(key)
+        if parts is None:
+            continue
+        record = records.decode(await cache.get(key), ArchiveRecord)
+        if record is not None and record.unsigned:
+            found.append(UnsignedArchive(f"{parts['host']}/{parts['namespace']}/{parts['type']}", parts["version"],
+                                         parts["platform"], record.filename, record.sha256))
+    return sorted(found)
+
+
 def summary_lines(report: VerifyReport) -> list[str]:
     lines = []
     for sha, reason in report.corrupt.items():
@@ -82,11 +113,13 @@ def summary_lines(report: VerifyReport) -> list[str]:
     for folder in report.abandoned_temp_dirs:
         removed = "removed" if folder in report.removed_temp_dirs else "remove with --repair"
         lines.append(f"abandoned temp dir: {folder} ({removed})")
+    lines.extend(f"UNSIGNED {a.provider} {a.version} {a.platform} {a.filename} sha256={a.sha256}: its registry lists "
+                 "no signing keys; checked against SHA256SUMS and the registry's shasum only" for a in report.unsigned)
     lines.append(
         f"verify: {report.objects} objects ({report.bytes} bytes), {len(report.corrupt)} corrupt, "
         f"{len(report.quarantined)} quarantined, {len(report.strays)} stray, "
         f"{len(report.abandoned_temp_dirs)} abandoned temp dir(s), {report.live_temp_dirs} in use, "
-        f"{report.quarantine_files} file(s) in quarantine")
+        f"{report.quarantine_files} file(s) in quarantine, {len(report.unsigned)} unsigned")
     return lines
 
 

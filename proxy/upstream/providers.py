@@ -40,6 +40,12 @@ class DownloadInfo:
     signing_keys: tuple[str, ...]
     protocols: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    document_url: URL | None = field(default=None, compare=False, hash=False)  # where this answer came from
+
+    @property
+    def unsigned(self) -> bool:
+        """The registry lists no signing keys (empty or missing `signing_keys.gpg_public_keys`)."""
+        return not self.signing_keys
 
 
 def versions_url(base: URL, addr: ProviderAddr) -> URL:
@@ -89,9 +95,27 @@ def parse_versions(body: bytes, addr: ProviderAddr) -> dict[Version, VersionInfo
     return result
 
 
+def _signing_keys(keys_doc: Any, what: str) -> tuple[str, ...]:
+    """The ASCII-armoured keys of `signing_keys`; () when it lists none (no field, null, no or an empty
+    `gpg_public_keys`: what OpenTofu treats as a registry without keys). Keys that are there but unusable
+    (not an object with a string `ascii_armor`) are no unsigned provider: refused."""
+    keys_list = keys_doc.get("gpg_public_keys") if isinstance(keys_doc, dict) else keys_doc
+    if keys_doc is None or (isinstance(keys_doc, dict) and keys_list in (None, [])):
+        return ()
+    keys = tuple(k["ascii_armor"] for k in keys_list if isinstance(k, dict) and isinstance(k.get("ascii_armor"), str)
+                 ) if isinstance(keys_doc, dict) and isinstance(keys_list, list) else ()
+    if not keys:
+        raise UpstreamError(f"upstream {what} lists no usable signing keys: the archive cannot be verified")
+    return keys
+
+
 def parse_download(body: bytes, final_url: URL, addr: ProviderAddr, version: Version,
                    platform: Platform) -> DownloadInfo:
-    """Validate download metadata; URLs are resolved against `final_url` and must be http(s)."""
+    """Validate download metadata; URLs are resolved against `final_url` and must be http(s).
+
+    An answer without signing keys parses (`DownloadInfo.unsigned`): whether it may be used is the
+    `--unsigned-providers` policy's decision (`proxy.unsigned`), made by the provider service.
+    """
     what = f"download metadata of {addr} {version} {platform}"
     document = _json_object(body, what)
     if document.get("os") != platform.os or document.get("arch") != platform.arch:
@@ -113,12 +137,7 @@ def parse_download(body: bytes, final_url: URL, addr: ProviderAddr, version: Ver
         if url.scheme not in ("http", "https") or not url.host:
             raise UpstreamError(f"upstream {what}: {name} must be an http(s) URL")
         urls[name] = url
-    keys_doc = document.get("signing_keys")
-    keys_list = keys_doc.get("gpg_public_keys") if isinstance(keys_doc, dict) else None
-    keys = tuple(k["ascii_armor"] for k in keys_list or []
-                 if isinstance(k, dict) and isinstance(k.get("ascii_armor"), str))
-    if not keys:
-        raise UpstreamError(f"upstream {what} lists no signing keys: the archive cannot be verified")
+    keys = _signing_keys(document.get("signing_keys"), what)
     protocols = tuple(p for p in document.get("protocols") or [] if isinstance(p, str))
     return DownloadInfo(platform, filename, shasum.lower(), urls["download_url"], urls["shasums_url"],
-                        urls["shasums_signature_url"], keys, protocols, document)
+                        urls["shasums_signature_url"], keys, protocols, document, final_url)

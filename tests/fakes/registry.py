@@ -65,7 +65,8 @@ class FakeRegistry:
         self.requests: list[tuple[str, str]] = []
         self.faults: dict[str, Fault] = {}
         self.tampered: set[str] = set()
-        self.signing_keys_override: list[str] | None = None
+        self.signing_keys_override: list[str] | None = None  # [] lists no keys (an unsigned provider)
+        self.omit_signing_keys = False  # the download answer has no `signing_keys` at all
         self.files_base: str | None = None
         self.extra_download_fields: dict = {}
         self.archive_chunk_delay = 0.0
@@ -172,8 +173,8 @@ class FakeRegistry:
             raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
         files = self.files_base or self.url
         prefix = f"{files}/files/{release.namespace}/{release.type}/{release.version}"
-        keys = self.signing_keys_override or [release.key.armored_public_key]
-        return web.json_response({
+        keys = [release.key.armored_public_key] if self.signing_keys_override is None else self.signing_keys_override
+        document = {
             "protocols": ["5.0"], "os": request.match_info["os"], "arch": request.match_info["arch"],
             "filename": release.filename(platform),
             "download_url": f"{prefix}/{release.filename(platform)}",
@@ -182,7 +183,10 @@ class FakeRegistry:
             "shasum": release.sha256(platform),
             "signing_keys": {"gpg_public_keys": [{"key_id": "X", "ascii_armor": k} for k in keys]},
             **self.extra_download_fields,
-        })
+        }
+        if self.omit_signing_keys:
+            del document["signing_keys"]
+        return web.json_response(document)
 
     def _module_set(self, request: web.Request) -> dict[str, ModuleRelease]:
         info = request.match_info

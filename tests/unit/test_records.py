@@ -90,3 +90,14 @@ async def test_the_document_cache_logs_a_newer_record_and_reads_it_as_a_miss(tmp
         assert await documents.records([key, key + "x"], ArchiveRecord) == [ARCHIVE, None]
     finally:
         await store.close()
+
+
+def test_unsigned_is_written_only_when_set_and_a_record_without_it_is_signed() -> None:
+    assert "unsigned" not in ARCHIVE.to_dict() and "unsigned" not in SUMS.to_dict()
+    assert not ArchiveRecord.from_dict(ARCHIVE.to_dict()).unsigned
+    for record in (ArchiveRecord("ab" * 32, 1, "f.zip", "h1:z", "h1:d", unsigned=True),
+                   SumsRecord(b"sums\n", b"sig", "", "", unsigned=True)):
+        data = decode_record(records.encode(record))
+        assert data["unsigned"] is True and data["v"] == RECORD_VERSION
+        assert records.decode(records.encode(record), type(record)) == record
+        assert type(record).from_dict({**data, "unsigned": "false"}) is None  # not a bool: unreadable, a miss

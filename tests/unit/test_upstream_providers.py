@@ -189,13 +189,26 @@ def test_download_with_a_hostile_url_is_refused(name: str, value: str, message: 
     assert name in info.value.message
 
 
+@pytest.mark.parametrize("document", [
+    download_doc(signing_keys=None), {**download_doc(), "signing_keys": None}, download_doc(signing_keys={}),
+    download_doc(signing_keys={"gpg_public_keys": []}), download_doc(signing_keys={"gpg_public_keys": None}),
+])
+def test_download_listing_no_keys_is_unsigned(document: dict[str, Any]) -> None:
+    """No keys at all (as OpenTofu decodes the answer: no field, null or an empty list): an unsigned
+    provider, whose admission is `--unsigned-providers`'s decision."""
+    info = parse(document)
+    assert info.unsigned and info.signing_keys == ()
+    assert info.document_url == FINAL_URL
+
+
 @pytest.mark.parametrize("signing_keys", [
-    None, {}, [], "KEY", {"gpg_public_keys": []}, {"gpg_public_keys": None}, {"gpg_public_keys": "KEY"},
+    [], "KEY", {"gpg_public_keys": "KEY"}, {"gpg_public_keys": {}},
     {"gpg_public_keys": [KEY]}, {"gpg_public_keys": [{"key_id": "ABCD"}]},
     {"gpg_public_keys": [{"ascii_armor": None}, {"ascii_armor": 1}, {"ascii_armor": [KEY]}]},
 ])
-def test_download_without_usable_signing_keys_is_refused(signing_keys: Any) -> None:
-    with pytest.raises(UpstreamError, match="no signing keys"):
+def test_download_with_malformed_signing_keys_is_refused(signing_keys: Any) -> None:
+    """Keys that are there but unusable are no unsigned provider: OpenTofu fails on them too."""
+    with pytest.raises(UpstreamError, match="no usable signing keys"):
         parse(download_doc(signing_keys=signing_keys))
 
 
