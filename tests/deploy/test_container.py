@@ -134,7 +134,7 @@ def test_compose_runs_one_proxy_on_a_fixed_port_with_redis_and_the_shared_secret
     proxy, redis = compose["services"]["registry-proxy"], compose["services"]["redis"]
     assert "scale" not in proxy and "replicas" not in proxy.get("deploy", {})
     assert "--scale registry-proxy=" not in (DEPLOY / "compose.yaml").read_text()
-    assert proxy["ports"] == ["${REGISTRY_PROXY_PORT:-8443}:8443"]
+    assert proxy["ports"] == ["${PROXY_HOST_PORT:-8443}:8443"]
     assert proxy["environment"]["REGISTRY_PROXY_REDIS_URL"].startswith("redis://redis:")
     assert proxy["environment"]["REGISTRY_PROXY_METADATA_SECRET"].startswith("${REGISTRY_PROXY_METADATA_SECRET:?")
     assert proxy["depends_on"]["redis"]["condition"] == "service_healthy" and "healthcheck" in redis
