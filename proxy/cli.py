@@ -228,12 +228,15 @@ def _add_client_commands(commands, default_data: str) -> None:
                              "request) and remove abandoned temp dirs")
 
 
+_HEALTHCHECK_ABOUT = (
+    "Ask the proxy started with the same settings (the same flags or REGISTRY_PROXY_* variables: listen address, "
+    "--plain-http or TLS, data dir) for /readyz and print one line. Over TLS it trusts --ca-file, else the "
+    "generated CA in DATA_DIR/tls, else the --tls-cert itself.")
+
+
 def _add_healthcheck(commands, default_data: str) -> None:
-    health = commands.add_parser(
-        "healthcheck", help="exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)",
-        description="Ask the proxy started with the same settings (the same flags or REGISTRY_PROXY_* variables: "
-                    "listen address, --plain-http or TLS, data dir) for /readyz and print one line. Over TLS it "
-                    "trusts --ca-file, else the generated CA in DATA_DIR/tls, else the --tls-cert itself.")
+    summary = "exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)"
+    health = commands.add_parser("healthcheck", help=summary, description=_HEALTHCHECK_ABOUT)
     _option(health, "--listen", "the server's listen address (a wildcard address is probed on loopback)",
             default="127.0.0.1:8443", metavar="HOST:PORT")
     _option(health, "--plain-http", "the server serves plain HTTP", switch=True)
