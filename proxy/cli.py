@@ -1,4 +1,4 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify` (also `python -m proxy`).
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|healthcheck` (also `python -m proxy`).
 
 Every `serve` flag, and the connection and data-dir options of the other commands, has an
 environment variable `REGISTRY_PROXY_<NAME>`; flags win over the environment, which wins over
@@ -223,6 +223,8 @@ def _add_client_commands(commands, default_data: str) -> None:
     import_.add_argument("--trust-bundle-keys", action="store_true",
                          help="accept the signing keys the bundle itself carries (only for bundles you made)")
 
+    _add_healthcheck(commands, default_data)
+
     verify = commands.add_parser(
         "verify", help="re-hash every archive in a data dir's store",
         description="Hash every stored archive and compare it with its content address; report corrupt files "
@@ -232,6 +234,25 @@ def _add_client_commands(commands, default_data: str) -> None:
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
+
+
+_HEALTHCHECK_ABOUT = (
+    "Ask the proxy started with the same settings (the same flags or REGISTRY_PROXY_* variables: listen address, "
+    "--plain-http or TLS, data dir) for /readyz and print one line. Over TLS it trusts --ca-file, else the "
+    "generated CA in DATA_DIR/tls, else the --tls-cert itself.")
+
+
+def _add_healthcheck(commands, default_data: str) -> None:
+    summary = "exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)"
+    health = commands.add_parser("healthcheck", help=summary, description=_HEALTHCHECK_ABOUT)
+    _option(health, "--listen", "the server's listen address (a wildcard address is probed on loopback)",
+            default="127.0.0.1:8443", metavar="HOST:PORT")
+    _option(health, "--plain-http", "the server serves plain HTTP", switch=True)
+    _option(health, "--tls-cert", "the server's configured certificate (trusted as it is)", metavar="FILE")
+    _option(health, "--data-dir", "the server's data directory (its generated CA is in DATA_DIR/tls)",
+            default=default_data, metavar="DIR")
+    _option(health, "--ca-file", "CA certificate to trust for the server instead", metavar="FILE")
+    health.add_argument("--timeout", default="5s", help="give up after this long (default: 5s)")
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -391,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(args)
+        if args.command == "healthcheck":
+            from proxy.commands import healthcheck
+
+            return healthcheck.run(args)
         from proxy.commands import run
 
         return asyncio.run(run.dispatch(args))

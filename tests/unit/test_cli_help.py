@@ -6,7 +6,7 @@ import pytest
 
 from proxy.cli import build_parser
 
-SUBCOMMANDS = ["serve", "lock", "warm", "export", "import", "verify"]
+SUBCOMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "healthcheck"]
 
 
 @pytest.mark.parametrize("argv", [[], *([name] for name in SUBCOMMANDS)])

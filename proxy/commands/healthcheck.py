@@ -1,0 +1,120 @@
+"""`registry-proxy healthcheck`: ask the local proxy's `/readyz`, for container and service health checks.
+
+It reads the same settings as `serve` (`--listen`, `--plain-http`, `--tls-cert`, `--data-dir`, or their
+REGISTRY_PROXY_* variables), so the image's HEALTHCHECK follows whatever the container was started with.
+Over TLS it trusts `--ca-file` if given, else the generated CA in DATA_DIR/tls, else the configured
+`--tls-cert` itself (pinned: the probe connects by address, which that certificate need not name).
+Exit 0 when `/readyz` answers 200 (ready, or degraded but serving), 1 otherwise; one line either way
+(Docker reserves exit code 2, so even a bad setting exits 1).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.config import ConfigError, Settings, parse_duration, parse_listen
+
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Where and how to reach the local proxy's `/readyz`."""
+
+    host: str
+    port: int
+    context: ssl.SSLContext | None
+    timeout: float
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.context else "http"
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{shown}:{self.port}/readyz"
+
+
+def probe_from_args(args) -> Probe:
+    """The probe for the parsed healthcheck flags (raises ConfigError)."""
+    listen_host, port = parse_listen(args.listen)
+    host = _WILDCARDS.get(listen_host, listen_host)
+    timeout = parse_duration(args.timeout)
+    if args.plain_http:
+        return Probe(host, port, None, timeout)
+    tls_dir = Settings(data_dir=Path(args.data_dir).expanduser()).tls_dir
+    context = _client_context(tls_dir, Path(args.tls_cert) if args.tls_cert else None,
+                              Path(args.ca_file) if args.ca_file else None)
+    return Probe(host, port, context, timeout)
+
+
+def _client_context(tls_dir: Path, tls_cert: Path | None, ca_file: Path | None) -> ssl.SSLContext:
+    if ca_file is not None:
+        context = _trusting(ca_file, "--ca-file")
+        context.check_hostname = False  # an operator's CA: its certificate may not name the loopback address
+        return context
+    if tls_cert is None:
+        # the generated server certificate names localhost, 127.0.0.1 and ::1: verified in full
+        return _trusting(tls_dir / "ca.pem", "the generated CA (is --data-dir the server's?)")
+    context = _trusting(tls_cert, "--tls-cert")
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the configured certificate itself is the anchor
+    context.check_hostname = False
+    return context
+
+
+def _trusting(path: Path, what: str) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=str(path))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def check(probe: Probe) -> tuple[bool, str]:
+    """GET /readyz once: (healthy, the one line to print)."""
+    if probe.context is None:
+        connection = http.client.HTTPConnection(probe.host, probe.port, timeout=probe.timeout)
+    else:
+        connection = http.client.HTTPSConnection(probe.host, probe.port, timeout=probe.timeout,
+                                                 context=probe.context)
+    try:
+        connection.request("GET", "/readyz", headers={"User-Agent": "registry-proxy-healthcheck"})
+        response = connection.getresponse()
+        body = response.read(65536)
+    except ssl.SSLError as exc:
+        return False, f"unhealthy: TLS to {probe.url} failed: {exc.reason or exc}"
+    except TimeoutError:
+        return False, f"unhealthy: {probe.url} did not answer within {probe.timeout:g}s"
+    except (OSError, http.client.HTTPException) as exc:
+        return False, f"unhealthy: cannot reach {probe.url}: {getattr(exc, 'strerror', None) or exc}"
+    finally:
+        connection.close()
+    return _verdict(probe.url, response.status, body)
+
+
+def _verdict(url: str, status: int, body: bytes) -> tuple[bool, str]:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        return False, f"unhealthy: {url} answered {status} without a readiness document"
+    state = str(document.get("status", "unknown"))
+    reasons = document.get("reasons") or {}
+    failed = [name for name, ok in (document.get("checks") or {}).items() if not ok]
+    detail = "; ".join(f"{name}: {why}" for name, why in reasons.items()) if isinstance(reasons, dict) else ""
+    if not detail and failed:
+        detail = "failed checks: " + ", ".join(sorted(failed))
+    line = f"{state}: {url} answered {status}" + (f" ({detail})" if detail else "")
+    return status == 200, line if status == 200 else f"unhealthy: {line}"
+
+
+def run(args) -> int:
+    """The `healthcheck` command: print one line, return 0 when ready, else 1."""
+    try:
+        healthy, line = check(probe_from_args(args))
+    except ConfigError as exc:
+        healthy, line = False, f"unhealthy: {exc}"
+    print(f"registry-proxy healthcheck: {line}")
+    return 0 if healthy else 1
