@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-DEBIAN_PACKAGES := gnupg git redis-server ca-certificates
+DEBIAN_PACKAGES := gnupg git redis-server ca-certificates chromium chromium-driver
 BENCH_PACKAGES  := wrk nginx-light curl
 ARGS   ?=
 
@@ -21,7 +21,8 @@ $(STAMP): setup.cfg setup.py | $(BIN)/python
 
 install: $(STAMP)
 
-# Debian packages the tests use for real (gpg, git, redis-server); installed only when missing.
+# Debian packages the tests use for real (gpg, git, redis-server, chromium and its driver for the page test);
+# installed only when missing.
 system-deps:
 	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES)"
 	@command -v terraform >/dev/null || echo "WARNING: terraform is not on PATH: the end-to-end tests will be SKIPPED" >&2

@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
             "slower than 1 s) or off", default="all")
     _option(serve, "--event-loop", "auto (uvloop when installed, asyncio with --plain-http for sendfile), "
             "uvloop or asyncio", default="auto")
+    # --- the page at / ---
+    _option(serve, "--public-url", "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a "
+            "load balancer), used in the configuration the page at / shows; default: the request's scheme and "
+            "Host", metavar="URL")
     _add_client_commands(commands, default_data)
     return parser
 
@@ -313,6 +317,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         min_free_space=parse_space_floor(args.min_free_space),
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
+        public_url=args.public_url or None,
     )
 
 
