@@ -14,14 +14,14 @@ import re
 from dataclasses import dataclass, field
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
 
 from proxy.inventory import CachedModule, CachedProvider, HostHealth, Inventory
 from proxy.metrics import Totals
 from proxy.rewrite import registry_base
 
 _HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(?::[0-9]{1,5})?")
-CLIENTS = (("Terraform", "~/.terraformrc", r"%APPDATA%\terraform.rc"),
-           ("OpenTofu", "~/.tofurc", r"%APPDATA%\tofu.rc"))
+CLIENTS = (("Terraform", "~/.terraformrc"), ("OpenTofu", "~/.tofurc"))
 
 
 def base_url(public_url: str | None, scheme: str, host: str | None, fallback: str) -> str:
@@ -47,7 +47,6 @@ class Snippet:
     id: str
     client: str
     file: str
-    windows_file: str
     text: str
 
 
@@ -77,14 +76,12 @@ def host_config(base: str, hosts: list[str]) -> str:
 def snippets(base: str, hosts: list[str]) -> dict[str, list[Snippet]]:
     """The network mirror and host-block configurations, for each client and its config file."""
     made: dict[str, list[Snippet]] = {"mirror": [], "hosts": []}
-    for client, path, windows in CLIENTS:
-        header = f"# {path} ({client}; on Windows {windows}, or the file named by TF_CLI_CONFIG_FILE)\n"
-        made["mirror"].append(Snippet(f"mirror-{client.lower()}", client, path, windows,
-                                      header + mirror_config(base)))
+    for client, path in CLIENTS:
+        header = f"# {path}\n"
+        made["mirror"].append(Snippet(f"mirror-{client.lower()}", client, path, header + mirror_config(base)))
         first = "registry.opentofu.org" if client == "OpenTofu" else "registry.terraform.io"
         ordered = sorted(hosts, key=lambda h, first=first: (h != first, h))
-        made["hosts"].append(Snippet(f"hosts-{client.lower()}", client, path, windows,
-                                     header + host_config(base, ordered)))
+        made["hosts"].append(Snippet(f"hosts-{client.lower()}", client, path, header + host_config(base, ordered)))
     return made
 
 
@@ -177,13 +174,18 @@ def ago(timestamp: float | None, now: float) -> str:
     return f"{seconds} s ago"
 
 
+def breakable(text: str) -> Markup:
+    """`text` escaped, with a line-break opportunity after each slash (for long addresses and URLs)."""
+    return Markup(str(escape(text)).replace("/", "/<wbr>"))
+
+
 def number(value: int) -> str:
     return f"{value:,}".replace(",", "\u202f")
 
 
 _environment = Environment(loader=PackageLoader("proxy", "templates"), autoescape=True, undefined=StrictUndefined,
                            trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-_environment.filters.update(size=human_size, when=when, number=number)
+_environment.filters.update(size=human_size, when=when, number=number, breakable=breakable)
 
 
 def render(data: PageData) -> str:

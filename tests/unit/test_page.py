@@ -104,7 +104,7 @@ def test_snippets_name_this_proxy_for_terraform_and_opentofu(base):
     made = page.snippets(base, ["registry.opentofu.org", "registry.terraform.io"])
     assert [(s.client, s.file) for s in made["mirror"]] == [("Terraform", "~/.terraformrc"), ("OpenTofu", "~/.tofurc")]
     for snippet in made["mirror"]:
-        assert snippet.text.startswith(f"# {snippet.file} ({snippet.client}")
+        assert snippet.text.startswith(f"# {snippet.file}\n")
         assert f'    url = "{base}mirror/v1/"\n' in snippet.text
         assert "provider_installation {\n  network_mirror {\n" in snippet.text
     for snippet in made["hosts"]:
