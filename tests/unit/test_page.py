@@ -215,3 +215,17 @@ def test_search_matches_every_word(query, subject, found):
                                             (5 * 2**30, "5.0 GiB")])
 def test_human_size(size, text):
     assert page.human_size(size) == text
+
+
+def test_totals_are_the_metrics_counters():
+    from proxy.metrics import Metrics
+
+    metrics = Metrics()
+    for outcome in ("hit", "hit", "miss", "stale"):
+        metrics.count_cache(outcome)
+    metrics.served_bytes.inc(1000)
+    metrics.upstream_fetches.labels("archive", "ok").inc()
+    metrics.upstream_fetches.labels("versions", "error").inc(2)
+    metrics.upstream_bytes.inc(300)
+    assert metrics.totals() == Totals(cache_hits=2, cache_misses=1, cache_stale=1, bytes_served=1000,
+                                      upstream_fetches=3, upstream_bytes=300, all_workers=False)
