@@ -194,4 +194,11 @@ def render(data: PageData) -> str:
     template = _environment.get_template("index.html")
     return template.render(page=data, snippets=snippets(data.base, hosts), releases=releases(data.inventory.providers),
                            module_search_text=module_search_text, ago=lambda t: ago(t, data.now),
-                           module_host=data.base.split("://", 1)[1].rstrip("/"))
+                           module_host=module_host(data.base))
+
+
+def module_host(base: str) -> str | None:
+    """The host[:port] to write into module sources for the proxy as module host (None: the proxy is not at
+    the root of its URL, where clients look for its discovery document)."""
+    authority, _, path = base.split("://", 1)[1].partition("/")
+    return authority if not path else None

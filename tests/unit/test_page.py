@@ -229,3 +229,40 @@ def test_totals_are_the_metrics_counters():
     metrics.upstream_bytes.inc(300)
     assert metrics.totals() == Totals(cache_hits=2, cache_misses=1, cache_stale=1, bytes_served=1000,
                                       upstream_fetches=3, upstream_bytes=300, all_workers=False)
+
+
+@pytest.mark.parametrize(("base", "host"), [("https://proxy.example.com:8443/", "proxy.example.com:8443"),
+                                            ("https://[::1]:8443/", "[::1]:8443"),
+                                            ("https://mirror.example.org/tf/", None)])
+def test_module_host_only_when_the_proxy_is_at_the_root(base, host):
+    assert page.module_host(base) == host
+    assert ("NAMESPACE/NAME/SYSTEM" in page.render(data(base=base))) is (host is not None)
+
+
+class BrokenStore:
+    """A metadata store that fails every call, as an unreachable Redis does."""
+
+    problem = "Redis: connection refused"
+
+    async def keys(self, prefix=""):
+        raise ConnectionError("connection refused")
+        yield  # pragma: no cover - makes this an async generator
+
+    async def get_many(self, keys):
+        raise ConnectionError("connection refused")
+
+
+async def test_a_store_that_cannot_be_read_gives_an_empty_inventory_with_its_problem():
+    from pathlib import Path
+
+    from proxy.config import Settings
+    from proxy.inventory import InventoryReader, NoAccessTimes
+
+    reader = InventoryReader(Settings(data_dir=Path("unused")), BrokenStore(), NoAccessTimes())
+    inventory = await reader.scan()
+    assert inventory.providers == [] and inventory.problem == "Redis: connection refused"
+    assert [(h.host, h.state) for h in await reader.hosts()] == [("registry.opentofu.org", "unknown"),
+                                                                 ("registry.terraform.io", "unknown")]
+    html = page.render(data(inventory=inventory, metadata_problem=BrokenStore.problem))
+    assert "The metadata store cannot be read now: Redis: connection refused" in html
+    assert "degraded: metadata store" in html
