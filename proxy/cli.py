@@ -180,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
             "'refuse' from none (also when cached); they are still checked against SHA256SUMS fetched over "
             "verified TLS and the registry's shasum", default="opentofu-default",
             metavar="refuse|opentofu-default|allow-hosts=H,…")
+    # --- the page at / ---
+    _option(serve, "--public-url", "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a "
+            "load balancer), used in the configuration the page at / shows; default: the request's scheme and "
+            "Host", metavar="URL")
     _add_client_commands(commands, default_data)
     return parser
 
@@ -343,6 +347,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
         unsigned_providers=parse_unsigned_providers(args.unsigned_providers),
+        public_url=args.public_url or None,
     )
 
 

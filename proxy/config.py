@@ -204,6 +204,7 @@ class Settings:
     event_loop: str = "auto"
     access_log: str = "all"
     unsigned_providers: UnsignedPolicy = field(default_factory=UnsignedPolicy)
+    public_url: str | None = None  # the URL clients reach the proxy at (the page at / shows it)
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -246,6 +247,7 @@ class Settings:
         if self.negative_cache_bytes < 1024:
             raise ConfigError("--negative-cache-bytes must be at least 1KiB")
         self._check_metadata_secret()
+        self._check_public_url()
 
     def _check_metadata_secret(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:
@@ -258,6 +260,18 @@ class Settings:
                 "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
                 "make the proxy serve other archives or hashes; give every replica the same secret "
                 "(e.g. `openssl rand -hex 32`)")
+
+    def _check_public_url(self) -> None:
+        if self.public_url is None:
+            return
+        try:
+            url = URL(self.public_url)
+        except ValueError:
+            url = URL()
+        if url.scheme not in ("http", "https") or not url.host or url.user or url.password or url.query_string \
+                or url.fragment:
+            raise ConfigError(f"invalid --public-url {self.public_url!r}: give an http(s) URL such as "
+                              "https://proxy.example.com/, without credentials, query or fragment")
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:

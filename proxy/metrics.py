@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,41 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The text format for /metrics: this instance's values, or every worker's when they are shared."""
+        return generate_latest(self._reported())
+
+    def _reported(self) -> CollectorRegistry:
+        """The registry /metrics reports: this instance's, or one merging every worker's values."""
         if _shared_dir is None:
-            return generate_latest(self.registry)
+            return self.registry
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, str(_shared_dir))
-        return generate_latest(merged)
+        return merged
+
+    def totals(self) -> Totals:
+        """The headline numbers, from the same values as /metrics (every worker's when they are shared)."""
+        sums: dict[tuple[str, str], float] = {}
+        for family in self._reported().collect():
+            for sample in family.samples:
+                label = sample.labels.get("outcome", "")
+                sums[sample.name, label] = sums.get((sample.name, label), 0.0) + sample.value
+        fetches = sum(v for (name, _), v in sums.items() if name == "registry_proxy_upstream_fetches_total")
+        return Totals(cache_hits=int(sums.get(("registry_proxy_cache_total", "hit"), 0)),
+                      cache_misses=int(sums.get(("registry_proxy_cache_total", "miss"), 0)),
+                      cache_stale=int(sums.get(("registry_proxy_cache_total", "stale"), 0)),
+                      bytes_served=int(sums.get(("registry_proxy_archive_bytes_served_total", ""), 0)),
+                      upstream_fetches=int(fetches),
+                      upstream_bytes=int(sums.get(("registry_proxy_upstream_bytes_total", ""), 0)),
+                      all_workers=_shared_dir is not None)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counters since start: of this process, or of all the worker processes of this server (`all_workers`)."""
+
+    cache_hits: int
+    cache_misses: int
+    cache_stale: int
+    bytes_served: int
+    upstream_fetches: int
+    upstream_bytes: int
+    all_workers: bool

@@ -39,6 +39,7 @@ T = TypeVar("T")
 
 TABLE = "metadata"
 BUSY_TIMEOUT = 5.0
+MANY_AT_ONCE = 500  # keys per statement of get_many (SQLite allows 32766 parameters; old builds 999)
 BUSY_PAUSE = 0.01  # first pause before trying a statement SQLite refused as busy again (doubling)
 FAILURES = (sqlite3.Error, ValueError, OSError)  # ValueError: aiosqlite's "no active connection"
 _CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # and their extended codes
@@ -83,7 +84,12 @@ class EmbeddedStore:
         return bytes(value) if value is not None else None
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return [await self.get(key) for key in keys]
+        """Several values, `MANY_AT_ONCE` keys per statement (one thread hop each, not one per key)."""
+        found: dict[str, bytes] = {}
+        for start in range(0, len(keys), MANY_AT_ONCE):
+            chunk = keys[start:start + MANY_AT_ONCE]
+            found.update(await self._call(lambda cache, chunk=chunk: _select_values(cache, chunk), {}))
+        return [bytes(found[key]) if key in found else None for key in keys]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         await self._call(lambda cache: cache.write(key, value), None, retry_fresh=True)
@@ -92,11 +98,21 @@ class EmbeddedStore:
         await self._call(lambda cache: cache.delete(key), None, retry_fresh=True)
 
     async def keys(self, prefix: str = "") -> AsyncIterator[str]:
-        """Every key (for export); raises if the file cannot be read: a partial export must not look whole."""
+        """Every key starting with `prefix` (for export and the page at /); raises if the file cannot be read:
+        a partial export must not look whole."""
         cache = await self._open()
-        async for key in cache.keys():
-            if key.startswith(prefix):
+        if not prefix:
+            async for key in cache.keys():
                 yield key
+            return
+        # A range of the key index: only keys of this kind are read (all of them first, see `_select_value`).
+        after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        async with cache.get_connection() as db, \
+                db.execute(f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)) \
+                as cursor:
+            found = await cursor.fetchall()
+        for (key,) in found:
+            yield key
 
     async def ping(self) -> bool:
         """True when the file answers a query now; False while the breaker is open."""
@@ -223,6 +239,16 @@ async def _select_value(cache: SQLiteCache, key: str) -> bytes | None:
     async with cache.get_connection() as db, db.execute(f"SELECT value FROM `{TABLE}` WHERE key=?", (key,)) as cursor:
         row = await cursor.fetchone()
     return row[0] if row else None
+
+
+async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes]:
+    """The values stored under `keys` (those present), in one statement closed at once (see `_select_value`)."""
+    if not keys:
+        return {}
+    marks = ", ".join("?" * len(keys))
+    async with cache.get_connection() as db, \
+            db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor:
+        return {key: value for key, value in await cursor.fetchall()}
 
 
 def _rename_database(path: Path, target: Path) -> None:

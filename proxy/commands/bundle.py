@@ -37,16 +37,16 @@ import zstandard
 from yarl import URL
 
 from proxy import __version__, records, verify
-from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.addrs import AddressError, ModuleAddr
 from proxy.cache import CacheEntry, MetadataStore, keys
 from proxy.commands import CommandError
 from proxy.errors import ProxyError
 from proxy.gpg import Keyring, SignatureError
 from proxy.hashes import h1_of_zip
+from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
 from proxy.store import ArchiveStore
-from proxy.upstream.providers import parse_download
 
 FORMAT = "registry-proxy-bundle"
 FORMAT_VERSION = 1
@@ -91,9 +91,8 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             if record.unsigned:  # only TLS vouched for it, and a bundle does not carry TLS across
                 report.unsigned_left_out.append(keys.ARCHIVE.subject(key))
                 continue
-            addr, version, platform = _provider_of(parts)
-            info = parse_download(entry.body, URL(entry.url), addr, version, platform)
-            sums_key = keys.sums(info)
+            addr, version, platform = provider_of(parts)
+            sums_key = release_sums_key(parts, entry)
             related = [key, download_key, sums_key, keys.versions(addr), keys.discovery(addr.hostname)]
             wanted.update(k for k in related if k in values)
             siblings = [k for k in names if _same_release(keys.DOWNLOAD.parse(k), parts) and k != download_key]
@@ -135,11 +134,6 @@ def _selected(subject: str, only: list[str]) -> bool:
     """Whether a key's subject (`HOST/NAMESPACE/...`) is one `export --only` asked for (or all, without it)."""
     return not only or any(subject == o or subject.startswith(o.rstrip("/") + "/") for o in
                            (pattern.replace("@", "/") for pattern in only))
-
-
-def _provider_of(parts: dict[str, str]) -> tuple[ProviderAddr, Version, Platform]:
-    return (ProviderAddr.parse(parts["host"], parts["namespace"], parts["type"]), Version.parse(parts["version"]),
-            Platform.parse(parts["platform"]))
 
 
 def _same_release(download: dict[str, str] | None, archive: dict[str, str]) -> bool:
@@ -331,11 +325,9 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
         parts = keys.ARCHIVE.parse(entry["archive_key"])
         if parts is None:
             raise ValueError("the manifest names no provider archive")
-        addr, version, platform = _provider_of(parts)
         if entry["download_key"] != keys.DOWNLOAD.key_for(parts):
             raise ValueError("the manifest pairs the archive with another provider's download metadata")
-        download = CacheEntry.decode(metadata[entry["download_key"]])
-        info = parse_download(download.body, URL(download.url), addr, version, platform)
+        info = download_info(parts, CacheEntry.decode(metadata[entry["download_key"]]))
         if info.unsigned:
             raise ValueError("its registry lists no signing keys: a bundle cannot vouch for an unsigned provider "
                              "(a proxy fetches it over TLS under --unsigned-providers)")
@@ -376,9 +368,7 @@ def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes])
     try:
         if not _same_release(parts, keys.ARCHIVE.parse(entry["archive_key"])):
             raise ValueError("it is not a platform of the same provider version")
-        addr, version, platform = _provider_of(parts)
-        download = CacheEntry.decode(metadata[key])
-        info = parse_download(download.body, URL(download.url), addr, version, platform)
+        info = download_info(parts, CacheEntry.decode(metadata[key]))
         if keys.sums(info) != entry["sums_key"]:
             raise ValueError("it does not belong to the release's signed SHA256SUMS")
         sums = verify.parse_signed_sums(_sums_record(metadata, entry["sums_key"])[0], "bundle")

@@ -20,6 +20,7 @@ from proxy.downloader import Downloader
 from proxy.flights import Flights
 from proxy.gpg import Keyring
 from proxy.integrity import StoreGuard
+from proxy.inventory import InventoryReader, NoAccessTimes
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
@@ -28,10 +29,10 @@ from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
-from proxy.web import discovery, health, lockfile, network_mirror, registry
+from proxy.web import discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
-from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
+from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
 from proxy.web.middlewares import request_context
 
 log = structlog.get_logger(__name__)
@@ -49,6 +50,7 @@ def create_app(settings: Settings) -> web.Application:
     network_mirror.add_routes(app)
     registry.add_routes(app)
     lockfile.add_routes(app)
+    page.add_routes(app)
     return app
 
 
@@ -72,6 +74,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app[MIRROR] = Mirror(settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space,
                          metrics=metrics)
     app[GUARD] = guard
+    # Last-served times: NoAccessTimes until the metadata store records when archives are served.
+    app[INVENTORY] = InventoryReader(settings, cache, NoAccessTimes())
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
                      max_entries=settings.max_module_entries)

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.integrity import StoreGuard
+from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
@@ -17,3 +18,4 @@ METRICS = web.AppKey("metrics", Metrics)
 MODULES = web.AppKey("modules", ModuleMirror)
 GUARD = web.AppKey("guard", StoreGuard)
 RENDERED = web.AppKey("rendered", RenderedDocuments)
+INVENTORY = web.AppKey("inventory", InventoryReader)

@@ -98,3 +98,23 @@ async def test_get_many_returns_values_in_order_with_none_for_missing(open_store
     assert await store.get_many(["c", "b", "a", "c"]) == [b"3", None, b"1", b"3"]
     assert await store.get_many([]) == []
     await store.close()
+
+
+async def test_get_many_of_more_keys_than_one_statement_takes(open_store):
+    store = open_store()
+    for n in range(0, 1300, 3):
+        await store.set(f"k{n}", str(n).encode())
+    wanted = [f"k{n}" for n in range(1300)]
+    assert await store.get_many(wanted) == [str(n).encode() if n % 3 == 0 else None for n in range(1300)]
+    await store.close()
+
+
+async def test_keys_with_a_prefix_are_exactly_those_starting_with_it(open_store):
+    store = open_store()
+    for key in ("archive:a/b", "archive:z", "archive", "archivf:x", "archive;x", "archiv:x", "module:a", "a"):
+        await store.set(key, b"v")
+    assert sorted([key async for key in store.keys("archive:")]) == ["archive:a/b", "archive:z"]
+    assert sorted([key async for key in store.keys("archive")]) == ["archive", "archive:a/b", "archive:z",
+                                                                    "archive;x"]
+    assert len([key async for key in store.keys("")]) == 8
+    await store.close()

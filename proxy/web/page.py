@@ -1,0 +1,75 @@
+"""`GET /`: the page for humans (`proxy.page`), and `GET /ca.pem`: the CA the proxy generated.
+
+The page carries a strict Content-Security-Policy: nothing loads from anywhere, and the one
+inline style sheet and script run only with this response's nonce.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from aiohttp import web
+
+from proxy import __version__, page
+from proxy.errors import NotFoundError
+from proxy.web.keys import INVENTORY, METRICS, MIRROR, SETTINGS
+
+MAX_QUERY = 200  # characters of a search kept
+CA_FILE_NAME = "registry-proxy-ca.pem"
+
+
+def content_security_policy(nonce: str) -> str:
+    return (f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; img-src data:; "
+            "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+
+
+async def index(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    inventory = request.app[INVENTORY]
+    query = request.query.get("q", "")[:MAX_QUERY].strip()
+    fallback = page.listen_address(settings.listen_host, settings.listen_port)
+    nonce = secrets.token_urlsafe(18)
+    data = page.PageData(
+        version=__version__,
+        base=page.base_url(settings.public_url, request.scheme, request.headers.get("Host"), fallback),
+        ca_url="ca.pem" if _generated_ca(request) else None,
+        hosts=await inventory.hosts(),
+        inventory=await inventory.scan(query),
+        query=query,
+        totals=request.app[METRICS].totals(),
+        offline=settings.offline,
+        metadata_problem=request.app[MIRROR].metadata_problem(),
+        nonce=nonce,
+        now=time.time(),
+    )
+    return web.Response(text=page.render(data), content_type="text/html", charset="utf-8", headers={
+        "Content-Security-Policy": content_security_policy(nonce),
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+    })
+
+
+def _generated_ca(request: web.Request) -> bool:
+    settings = request.app[SETTINGS]
+    return settings.tls_cert is None and not settings.plain_http and (settings.tls_dir / "ca.pem").is_file()
+
+
+async def ca_pem(request: web.Request) -> web.FileResponse:
+    """The local CA certificate (never its key), only when the proxy serves TLS with the certificate it made."""
+    if not _generated_ca(request):
+        raise NotFoundError("this proxy did not generate its certificate: there is no CA to download "
+                            "(ask its operator which CA signed it)")
+    return web.FileResponse(request.app[SETTINGS].tls_dir / "ca.pem", headers={
+        "Content-Type": "application/x-pem-file",
+        "Content-Disposition": f'attachment; filename="{CA_FILE_NAME}"',
+        "Cache-Control": "no-cache",
+        "X-Content-Type-Options": "nosniff",
+    })
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", index, name="page")
+    app.router.add_get("/ca.pem", ca_pem, name="ca_pem")
