@@ -109,11 +109,11 @@ def _metrics_refusal(access: Access, client: Token | None, presented: str | None
 
 def _refusal(request: web.Request, access: Access, route: str, host: str, namespace: str | None,
              client: Token | None, presented: str | None) -> web.Response | None:
-    grant = request.query.get(GRANT_PARAM)
-    if client is None and grant is not None and route in GRANTABLE_ROUTES and namespace is not None \
-            and access.grants.valid(host, namespace, grant, time.time()):
-        return None
     if access.book.enabled:
+        grant = request.query.get(GRANT_PARAM)
+        if client is None and grant is not None and route in GRANTABLE_ROUTES and namespace is not None \
+                and access.grants.valid(host, namespace, grant, time.time()):
+            return None
         if client is None:
             return _unauthorized(host, presented)
         if not client.may_read(host, namespace):
