@@ -18,6 +18,7 @@ Tokens are never logged: only a token's name appears in `auth.refused`.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -54,9 +55,10 @@ class Access:
         try:
             self.book = load_tokens(self.path)
         except (OSError, AuthConfigError) as exc:
-            log.error("auth.reload_failed", file=str(self.path), error=str(exc), effect="the previous tokens stay")
+            log.error("auth.reload_failed", file=str(self.path), error=str(exc), effect="the previous tokens stay",
+                      pid=os.getpid())
             return
-        log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens))
+        log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
 
 
 def load_tokens(path: Path) -> TokenBook:
