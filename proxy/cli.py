@@ -258,6 +258,8 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
             "store)", metavar="FILE")
     _option(parser, "--default-registry", "registry host of provider and module sources without one",
             default="registry.terraform.io", metavar="HOST")
+    _option(parser, "--token", "client token for a proxy with --auth-tokens (needs lock = true for `lock`); "
+            "prefer the environment variable, a flag shows in the process list", metavar="TOKEN")
 
 
 def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:

@@ -234,3 +234,26 @@ async def test_a_private_git_module_is_cloned_with_the_hosts_token(access_settin
     git_requests = [header for path, header in private.authorizations if path.startswith("/git/")]
     assert git_requests and any(header and header.startswith("Basic ") for header in git_requests)
     assert UPSTREAM_TOKEN not in location
+
+
+async def test_the_lock_and_warm_commands_send_their_token(access_settings, client_ssl, ca_file, tmp_path):
+    from proxy.addrs import Platform
+    from proxy.commands import CommandError
+    from proxy.commands.lock import run_lock
+    from proxy.commands.warm import run_warm
+    from proxy.proxyclient import ProxyClient
+
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "main.tf").write_text(f'terraform {{\n  required_providers {{\n    foo = {{\n'
+                                    f'      source = "{PRIVATE}/acme/foo"\n      version = "1.0.0"\n    }}\n  }}\n}}\n')
+    linux = [Platform.parse("linux_amd64")]
+    async with serve_proxy(access_settings(), client_ssl) as proxy:
+        async with ProxyClient(proxy.url, ca_file, token=ALL) as client:
+            await run_lock(config, client, linux)
+            report = await run_warm(client, linux, directory=config, progress=False, say=lambda _: None)
+        assert f'provider "{PRIVATE}/acme/foo"' in (config / ".terraform.lock.hcl").read_text()
+        assert report.failed == {} and len(report.done) == 1
+        async with ProxyClient(proxy.url, ca_file, token=PUBLIC) as client:
+            with pytest.raises(CommandError, match="may not read"):
+                await run_lock(config, client, linux)
