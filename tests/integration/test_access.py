@@ -257,3 +257,38 @@ async def test_the_lock_and_warm_commands_send_their_token(access_settings, clie
         async with ProxyClient(proxy.url, ca_file, token=PUBLIC) as client:
             with pytest.raises(CommandError, match="may not read"):
                 await run_lock(config, client, linux)
+
+
+async def test_a_public_release_listing_a_private_archives_digest_does_not_get_its_bytes(
+        access_settings, client_ssl, private, registry):
+    """An attacker's public release whose signed SHA256SUMS names the digest of a private archive (digests
+    are in lock files) but who cannot serve its bytes: the proxy must not hand out the stored private copy."""
+    release = private.releases[("acme", "foo")]["1.0.0"]
+    secret_bytes = release.zips["linux_amd64"]
+    assert registry.releases[("acme", "foo")]["1.0.0"].sha256("linux_amd64") == release.sha256("linux_amd64")
+    registry.tampered.add(release.filename("linux_amd64"))  # the attacker does not have the bytes
+    public_archive = ARCHIVE.replace(PRIVATE, REGISTRY_HOST)
+    async with serve_proxy(access_settings(), client_ssl) as proxy:
+        assert (await proxy.get(ARCHIVE, **bearer(ALL)))[2] == secret_bytes  # stored by its content address
+        status, _, body = await proxy.get(public_archive, **bearer(PUBLIC))
+        assert status == 502 and secret_bytes not in body
+        status, _, body = await proxy.get(f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/"
+                                          "amd64/SHA256SUMS", **bearer(PUBLIC))
+        assert status == 200  # the public release's own (verified) SHA256SUMS, fetched from the public registry
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
+
+async def test_a_public_document_naming_private_urls_gets_neither_the_token_nor_the_cached_sums(
+        access_settings, client_ssl, private, registry, cdn):
+    release = private.releases[("acme", "foo")]["1.0.0"]
+    sums_path = f"/files/acme/foo/1.0.0/{release.shasums_name}"
+    private.files_base = private.url
+    registry.extra_download_fields = {"shasums_url": private.url + sums_path,
+                                      "shasums_signature_url": private.url + sums_path + ".sig"}
+    public_sums = f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/amd64/SHA256SUMS"
+    async with serve_proxy(access_settings(), client_ssl) as proxy:
+        assert (await proxy.get(f"{PRIVATE_REGISTRY}/1.0.0/download/linux/amd64/SHA256SUMS", **bearer(ALL)))[0] == 200
+        status, _, body = await proxy.get(public_sums, **bearer(PUBLIC))
+        assert status == 502 and json.loads(body)["errors"]
+    tokenless = [path for path, header in private.authorizations if header is None]
+    assert tokenless and set(tokenless) <= {sums_path, sums_path + ".sig"}  # asked for the public host: no token
