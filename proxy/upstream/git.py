@@ -1,6 +1,7 @@
 """Fetching git module sources with the `git` CLI, locked down, and packing them reproducibly.
 
-git runs with no hooks, no credential helpers or prompts, only the https protocol (plus
+git runs with no hooks, no prompts, no credential helpers but the proxy's own for a host with an
+upstream token (answering from the environment, for that origin only), only the https protocol (plus
 http for operator-named hosts), no redirects, no system or user configuration, a time
 limit and a size limit. The host is checked by the SSRF guard before git connects. A
 shallow clone of the ref is tried first; servers that cannot do shallow clones (git's

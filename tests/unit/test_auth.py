@@ -30,17 +30,8 @@ from proxy.credentials import (
 )
 
 CI, READER = "rpt_ci-token", "rpt_reader-token"
-TOKENS = f"""
-[tokens.ci]
-hash = "{hash_token(CI)}"
-hosts = ["*"]
-lock = true
-
-[tokens.reader]
-hash = "{hash_token(READER)}"
-hosts = ["registry.terraform.io", "*.corp.example"]
-namespaces = ["acme", "team-*"]
-"""
+TOKENS = (token_entry("ci", CI, ["*"], lock=True) + "\n"
+          + token_entry("reader", READER, ["registry.terraform.io", "*.corp.example"], ["acme", "team-*"]))
 
 
 def test_tokens_are_found_by_their_hash_and_carry_their_scope():
