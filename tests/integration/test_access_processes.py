@@ -43,30 +43,32 @@ async def status_of(proxy, path: str, token: str | None = None) -> tuple[int, by
         return response.status, await response.read()
 
 
-async def test_sighup_reloads_the_tokens_in_every_worker_without_restarting_them(proxy_process, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sighup_reloads_the_tokens_in_every_worker_without_restarting_them(proxy_process, tmp_path, workers):
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(entry("first", FIRST))
-    proxy = await proxy_process("--auth-tokens", str(tokens), "--workers", "2")
-    await wait_for(lambda: len(proxy.events("worker.started")) == 2, 20, "two workers")
-    workers = {record["pid"] for record in proxy.events("worker.started")}
+    proxy = await proxy_process("--auth-tokens", str(tokens), "--workers", str(workers))
+    if workers > 1:
+        await wait_for(lambda: len(proxy.events("worker.started")) == workers, 20, "the workers")
+    serving = {record["pid"] for record in proxy.events("worker.started")} or {proxy.process.pid}
     assert (await status_of(proxy, INDEX, FIRST))[0] == 200
     assert (await status_of(proxy, INDEX, SECOND))[0] == 401
 
     tokens.write_text(entry("second", SECOND))
     os.kill(proxy.process.pid, signal.SIGHUP)
-    await wait_for(lambda: {r["pid"] for r in proxy.events("auth.reloaded")} == workers, 20, "both workers reloaded")
+    await wait_for(lambda: {r["pid"] for r in proxy.events("auth.reloaded")} == serving, 20, "every worker reloaded")
     for _ in range(8):
         assert (await status_of(proxy, INDEX, SECOND))[0] == 200
         assert (await status_of(proxy, INDEX, FIRST))[0] == 401
 
     tokens.write_text("[tokens.broken\n")
     os.kill(proxy.process.pid, signal.SIGHUP)
-    await wait_for(lambda: {r["pid"] for r in proxy.events("auth.reload_failed")} == workers, 20, "both refused it")
+    await wait_for(lambda: {r["pid"] for r in proxy.events("auth.reload_failed")} == serving, 20, "all refused it")
     assert (await status_of(proxy, INDEX, SECOND))[0] == 200  # the tokens in force stay
 
     assert proxy.process.returncode is None
-    assert {record["pid"] for record in proxy.events("worker.started")} == workers  # nothing was restarted
-    assert not proxy.events("worker.stopped")
+    assert ({record["pid"] for record in proxy.events("worker.started")} or {proxy.process.pid}) == serving
+    assert not proxy.events("worker.stopped")  # nothing was restarted
     log = proxy.log_path.read_text()
     assert FIRST not in log and SECOND not in log
 
