@@ -154,6 +154,9 @@ async def test_nothing_private_leaks_to_anonymous_or_other_scoped_clients_even_w
                 assert status == expected, (path, who)
                 assert headers["Content-Type"] == "application/json"
                 assert list(json.loads(body)) == ["errors"] and secret_bytes not in body
+        for who in (None, PUBLIC):
+            async with proxy.session.head(proxy.url + ARCHIVE, **(bearer(who) if who else {})) as response:
+                assert response.status in (401, 403) and "ETag" not in response.headers
         # a grant for another host (or a made-up one) opens nothing here
         for query in (public_grant, "grant=9999999999.0000", f"grant={grant_url.partition('grant=')[2]}x"):
             status, _, body = await proxy.get(f"{ARCHIVE}?{query}")
