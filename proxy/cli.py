@@ -184,8 +184,32 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--public-url", "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a "
             "load balancer), used in the configuration the page at / shows; default: the request's scheme and "
             "Host", metavar="URL")
+    # --- access control and upstream credentials ---
+    _option(serve, "--auth-tokens", "client tokens file (TOML, hashed tokens with scopes; see `registry-proxy token "
+            "new`): clients then need `Authorization: Bearer TOKEN`; reloaded on SIGHUP", metavar="FILE")
+    _option(serve, "--metrics-token-required", "/metrics needs a token with metrics = true", switch=True)
+    _option(serve, "--upstream-credentials", "CLI configuration file whose `credentials \"HOST\" { token = ... }` "
+            "blocks are sent to those upstream hosts (TF_TOKEN_<host> variables too); such hosts are private",
+            metavar="FILE")
     _add_client_commands(commands, default_data)
+    _add_token_command(commands)
     return parser
+
+
+def _add_token_command(commands) -> None:
+    token = commands.add_parser("token", help="make client tokens for --auth-tokens")
+    actions = token.add_subparsers(dest="token_command", required=True)
+    new = actions.add_parser(
+        "new", help="print a fresh random token and its --auth-tokens entry",
+        description="Print a fresh random token (shown once: give it to the client) and the entry to add to the "
+                    "--auth-tokens file, which stores only its SHA-256.")
+    new.add_argument("name", help="the token's name (appears in the proxy's log, never the token)")
+    new.add_argument("--hosts", action="append", default=[], metavar="HOST",
+                     help="upstream host it may read, globs allowed (repeatable or comma-separated; default: *)")
+    new.add_argument("--namespaces", action="append", default=None, metavar="NAMESPACE",
+                     help="only these namespaces (repeatable or comma-separated; default: all)")
+    new.add_argument("--lock", action="store_true", help="may call /lock/v1 (`registry-proxy lock`)")
+    new.add_argument("--metrics", action="store_true", help="may read /metrics")
 
 
 def _add_client_commands(commands, default_data: str) -> None:
@@ -267,6 +291,8 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
             "store)", metavar="FILE")
     _option(parser, "--default-registry", "registry host of provider and module sources without one",
             default="registry.terraform.io", metavar="HOST")
+    _option(parser, "--token", "client token for a proxy with --auth-tokens (needs lock = true for `lock`); "
+            "prefer the environment variable, a flag shows in the process list", metavar="TOKEN")
 
 
 def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
@@ -296,6 +322,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if concurrency < 1:
         raise ConfigError("--upstream-concurrency must be a positive integer")
     host_concurrency = int(args.upstream_host_concurrency) if str(args.upstream_host_concurrency).isdigit() else 0
+    upstream_map = parse_upstream_map(_repeated(args, "--upstream-map"))
     return Settings(
         data_dir=Path(args.data_dir).expanduser(),
         listen_host=host,
@@ -304,7 +331,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         tls_key=Path(args.tls_key) if args.tls_key else None,
         plain_http=bool(args.plain_http),
         allowed_hosts=normalise_hosts(_repeated(args, "--allow-host")),
-        upstream_map=parse_upstream_map(_repeated(args, "--upstream-map")),
+        upstream_map=upstream_map,
         upstream_ca_file=Path(args.upstream_ca_file) if args.upstream_ca_file else None,
         allowed_private_hosts=normalise_private_hosts(_repeated(args, "--allow-private-host")),
         freshness=FreshnessTtls(discovery=parse_duration(args.ttl_discovery),
@@ -348,7 +375,27 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
         unsigned_providers=parse_unsigned_providers(args.unsigned_providers),
         public_url=args.public_url or None,
+        **access_settings(args, upstream_map),
     )
+
+
+def access_settings(args: argparse.Namespace, upstream_map: dict) -> dict:
+    """`auth_tokens`, `metrics_token_required` and `upstream_credentials` (the file's blocks and TF_TOKEN_*)."""
+    from proxy.auth import AuthConfigError, parse_tokens
+    from proxy.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
+
+    tokens_file = Path(args.auth_tokens).expanduser() if args.auth_tokens else None
+    try:
+        if tokens_file is not None:
+            parse_tokens(tokens_file.read_text(encoding="utf-8"))  # a broken file stops start-up
+        file_tokens = {}
+        if args.upstream_credentials:
+            file_tokens = parse_cli_config(Path(args.upstream_credentials).expanduser().read_text(encoding="utf-8"))
+        upstream = merged(file_tokens, from_environment(os.environ))
+    except (AuthConfigError, CredentialsError) as exc:
+        raise ConfigError(str(exc)) from None
+    return {"auth_tokens": tokens_file, "metrics_token_required": bool(args.metrics_token_required),
+            "upstream_credentials": UpstreamCredentials(upstream, upstream_map)}
 
 
 def _count(text: str, flag: str) -> int:
@@ -402,10 +449,54 @@ def serve(args: argparse.Namespace) -> int:
     display_host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
     log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/",
              workers=settings.workers)
+    warn_about_access(settings)
     if settings.workers > 1:
         run_workers(settings, context)
     else:
         run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace)
+    return 0
+
+
+def warn_about_access(settings: Settings) -> None:
+    """One warning for each way the access settings may surprise: anonymous beyond loopback, private hosts
+    nobody can read."""
+    private = sorted(settings.upstream_credentials.private_hosts)
+    if settings.auth_tokens is None and not _loopback(settings.listen_host):
+        log.warning("auth.anonymous", listen=settings.listen_host,
+                    effect="no --auth-tokens: anyone who reaches this address may use the proxy")
+    if private and settings.auth_tokens is None:
+        log.warning("auth.private_hosts_refused", hosts=private,
+                    effect="these hosts have upstream credentials, and without --auth-tokens every client is "
+                           "refused them")
+    elif private:
+        log.info("auth.private_hosts", hosts=private, effect="served only to tokens granting them")
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _token_new(args: argparse.Namespace) -> int:
+    from proxy.auth import AuthConfigError, new_token, token_entry
+
+    hosts = [h.strip() for given in args.hosts for h in given.split(",") if h.strip()] or ["*"]
+    namespaces = None if args.namespaces is None else [
+        n.strip() for given in args.namespaces for n in given.split(",") if n.strip()]
+    token = new_token()
+    try:
+        entry = token_entry(args.name, token, hosts, namespaces, lock=args.lock, metrics=args.metrics)
+    except AuthConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"token (shown once; give it to the client): {token}\n")
+    print("add to the --auth-tokens file, then send the proxy SIGHUP:\n")
+    print(entry, end="")
     return 0
 
 
@@ -421,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             from proxy.commands import healthcheck
 
             return healthcheck.run(args)
+        if args.command == "token":
+            return _token_new(args)
         from proxy.commands import run
 
         return asyncio.run(run.dispatch(args))

@@ -14,6 +14,7 @@ from pathlib import Path
 from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
+from proxy.credentials import UpstreamCredentials
 from proxy.unsigned import UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
 
 ENV_PREFIX = "REGISTRY_PROXY_"
@@ -205,6 +206,10 @@ class Settings:
     access_log: str = "all"
     unsigned_providers: UnsignedPolicy = field(default_factory=UnsignedPolicy)
     public_url: str | None = None  # the URL clients reach the proxy at (the page at / shows it)
+    # --- access control (client tokens) and upstream credentials ---
+    auth_tokens: Path | None = None
+    metrics_token_required: bool = False
+    upstream_credentials: UpstreamCredentials = field(default_factory=UpstreamCredentials)
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -246,6 +251,8 @@ class Settings:
             raise ConfigError("--negative-cache-entries must be a positive integer")
         if self.negative_cache_bytes < 1024:
             raise ConfigError("--negative-cache-bytes must be at least 1KiB")
+        if self.metrics_token_required and self.auth_tokens is None:
+            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
         self._check_metadata_secret()
         self._check_public_url()
 

@@ -10,7 +10,7 @@ archive's download answer and find its release's signed SHA256SUMS record.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
@@ -29,6 +29,7 @@ log = structlog.get_logger(__name__)
 
 LIST_LIMIT = 500  # archives listed at most on one page; the others are counted
 COUNT_LIMIT = 100_000  # keys looked at at most in one scan (a bound on the work one request can cause)
+UNSIGNED = "unsigned: its registry lists no keys (checked against SHA256SUMS over TLS)"
 A = TypeVar("A", "CachedProvider", "CachedModule")
 
 
@@ -141,11 +142,13 @@ class InventoryReader:
         self._store = store
         self._access = access
 
-    async def scan(self, query: str = "", limit: int = LIST_LIMIT) -> Inventory:
-        """Cached archives matching `query`, at most `limit` of them (never raises: a store that cannot be
-        read gives an empty inventory with its problem)."""
+    async def scan(self, query: str = "", limit: int = LIST_LIMIT,
+                   visible: Callable[[str, str], bool] = lambda host, namespace: True) -> Inventory:
+        """Cached archives matching `query` whose host and namespace are `visible` (the client's scope), at
+        most `limit` of them (never raises: a store that cannot be read gives an empty inventory with its
+        problem)."""
         try:
-            wanted, more, complete = await self._matching_keys(query, limit)
+            wanted, more, complete = await self._matching_keys(query, limit, visible)
             providers = await self._providers([k for k in wanted if k.startswith(keys.ARCHIVE.prefix)])
             modules = await self._modules([k for k in wanted if k.startswith(keys.MODULE.prefix)])
             served = await self._access.last_served([a.sha256 for a in [*providers, *modules]])
@@ -155,7 +158,8 @@ class InventoryReader:
         return Inventory([_with_time(p, served) for p in providers], [_with_time(m, served) for m in modules],
                          more, complete)
 
-    async def _matching_keys(self, query: str, limit: int) -> tuple[list[str], int, bool]:
+    async def _matching_keys(self, query: str, limit: int,
+                             visible: Callable[[str, str], bool]) -> tuple[list[str], int, bool]:
         wanted: list[str] = []
         more = seen = 0
         for pattern in (keys.ARCHIVE, keys.MODULE):
@@ -163,7 +167,9 @@ class InventoryReader:
                 seen += 1
                 if seen > COUNT_LIMIT:
                     return sorted(wanted), more, False
-                if pattern.parse(key) is None or not matches(pattern.subject(key), query):
+                parts = pattern.parse(key)
+                if parts is None or not visible(parts["host"], parts["namespace"]) \
+                        or not matches(pattern.subject(key), query):
                     continue
                 if len(wanted) < limit:
                     wanted.append(key)
@@ -191,9 +197,9 @@ class InventoryReader:
             record = records.decode(raw, ArchiveRecord)
             if record is None:
                 continue
+            signer = UNSIGNED if record.unsigned else signers.get(sums_key, "") if sums_key else ""
             listed.append(CachedProvider(part["host"], part["namespace"], part["type"], part["version"],
-                                         part["platform"], record.sha256, record.size, record.filename,
-                                         signers.get(sums_key, "") if sums_key else ""))
+                                         part["platform"], record.sha256, record.size, record.filename, signer))
         return listed
 
     async def _modules(self, module_keys: list[str]) -> list[CachedModule]:

@@ -98,6 +98,7 @@ class Mirror:
         self._space = space
         self._metrics = metrics
         self._rechecks = RecheckGate(settings.freshness.negative)
+        self._private_hosts = settings.upstream_credentials.private_hosts
         self._archive_lists: dict[tuple[ProviderAddr, Version], _ArchiveList] = {}
 
     # ---- public API -------------------------------------------------------------------
@@ -205,7 +206,7 @@ class Mirror:
         before = await self._documents.stored(platform_keys)  # read first: a later change makes the memo miss
         downloads, archives = await self._platform_archives(addr, version, info)
         if len(downloads) == len(info.platforms):  # every platform known for good (no failure, no 404)
-            sums_keys = sorted({keys.sums(d) for d in downloads})  # written once, present now
+            sums_keys = sorted({self._sums_key(addr, d) for d in downloads})  # written once, present now
             self._remember_archive_list(memo_key, _ArchiveList(
                 info, platform_keys + sums_keys, before + await self._documents.stored(sums_keys), archives))
         return archives
@@ -339,16 +340,20 @@ class Mirror:
 
     async def _verified_sums(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> dict[str, str]:
         """The parsed SHA256SUMS of a release after its signature verified."""
-        return self._parsed_sums(d, await self._verified_sums_record(addr, version, d))
+        return self._parsed_sums(addr, d, await self._verified_sums_record(addr, version, d))
 
-    def _parsed_sums(self, d: DownloadInfo, record: SumsRecord) -> dict[str, str]:
-        return self._documents.parsed(keys.sums(d), record,
+    def _sums_key(self, addr: ProviderAddr, d: DownloadInfo) -> str:
+        host = str(addr.hostname)
+        return keys.sums(d, scope=host if host in self._private_hosts else "")
+
+    def _parsed_sums(self, addr: ProviderAddr, d: DownloadInfo, record: SumsRecord) -> dict[str, str]:
+        return self._documents.parsed(self._sums_key(addr, d), record,
                                       lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url)))
 
     async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
         self._admit(addr, version, d)
-        key = keys.sums(d)
+        key = self._sums_key(addr, d)
 
         async def recorded() -> SumsRecord | None:
             return await self._documents.record(key, SumsRecord)
@@ -447,11 +452,11 @@ class Mirror:
         if entry is None or entry.negative:
             return True
         d = self._documents.parsed(key, entry, _download_parser(addr, version, platform))
-        sums_record = await self._documents.record(keys.sums(d), SumsRecord)
+        sums_record = await self._documents.record(self._sums_key(addr, d), SumsRecord)
         if sums_record is None:
             return True
         try:
-            expected = verify.expected_digest(self._parsed_sums(d, sums_record), d.filename, d.shasum)
+            expected = verify.expected_digest(self._parsed_sums(addr, d, sums_record), d.filename, d.shasum)
         except VerificationError:
             expected = None
         if (expected, d.filename, d.unsigned) == (record.sha256, record.filename, record.unsigned):
@@ -512,8 +517,10 @@ class Mirror:
                                     "the registry lists no signing keys")
 
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
-        # same bytes already: adopted only if they hash to the address.
-        stored = await self._downloader.adopt(expected)
+        # same bytes already: adopted only if they hash to the address. Not with private hosts: a public
+        # release whose signed SHA256SUMS lists a private archive's digest (lock files show digests) would
+        # otherwise be served the private bytes without ever fetching them.
+        stored = None if self._private_hosts else await self._downloader.adopt(expected)
         if stored is None:
             stored, hashes = await self._download_verified(addr, version, d, expected, record)
         else:

@@ -1,7 +1,8 @@
 """A small client for a running registry-proxy, used by the `lock` and `warm` commands.
 
 TLS trust comes from `--ca-file`, else `SSL_CERT_FILE`, else the system store, so the
-same set-up that makes `terraform` trust the proxy makes these commands trust it.
+same set-up that makes `terraform` trust the proxy makes these commands trust it. A client
+token (`--token`, for a proxy with `--auth-tokens`) is sent with every request, all to the proxy.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ class ProxyRequestError(Exception):
 
 
 class ProxyClient:
-    def __init__(self, base_url: str, ca_file: Path | None = None, timeout: float = 3600) -> None:
+    def __init__(self, base_url: str, ca_file: Path | None = None, timeout: float = 3600,
+                 token: str | None = None) -> None:
         self.base = URL(base_url.rstrip("/") + "/")
         cafile = str(ca_file) if ca_file else os.environ.get("SSL_CERT_FILE")
         context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=32),
             timeout=aiohttp.ClientTimeout(total=timeout, connect=30),
-            headers={"User-Agent": f"registry-proxy-cli/{__version__}"})
+            headers={"User-Agent": f"registry-proxy-cli/{__version__}",
+                     **({"Authorization": f"Bearer {token}"} if token else {})})
 
     async def __aenter__(self) -> ProxyClient:
         return self

@@ -149,6 +149,8 @@ def sums_source(download: SignedSumsSource) -> tuple[str, ...]:
     return (str(download.shasums_url), str(download.shasums_signature_url), *sorted(download.signing_keys))
 
 
-def sums(download: SignedSumsSource) -> str:
-    """The key of the verified SHA256SUMS record of a download."""
-    return SUMS.key(digest=hashlib.sha256("\n".join(sums_source(download)).encode()).hexdigest())
+def sums(download: SignedSumsSource, scope: str = "") -> str:
+    """The key of the verified SHA256SUMS record of a download. A private registry host's records are
+    scoped by its `scope` (the host), so a public document naming the same URLs never finds them."""
+    source = sums_source(download) if not scope else (f"private:{scope}", *sums_source(download))
+    return SUMS.key(digest=hashlib.sha256("\n".join(source).encode()).hexdigest())

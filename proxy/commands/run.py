@@ -38,7 +38,7 @@ async def dispatch(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> ProxyClient:
     if not args.proxy:
         raise CommandError("--proxy URL is required (or REGISTRY_PROXY_PROXY)")
-    return ProxyClient(args.proxy, Path(args.ca_file) if args.ca_file else None)
+    return ProxyClient(args.proxy, Path(args.ca_file) if args.ca_file else None, token=args.token or None)
 
 
 def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:

@@ -20,6 +20,7 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.config import Limits
+from proxy.credentials import UpstreamCredentials
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, UpstreamTooSlowError
 from proxy.upstream.netguard import (
     AddressPolicy,
@@ -66,15 +67,18 @@ class UpstreamClient:
     """Fetches from upstream registries within the configured limits."""
 
     def __init__(self, session: aiohttp.ClientSession, policy: AddressPolicy, limits: Limits,
-                 *, retries: int = 1, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 *, retries: int = 1, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 credentials: UpstreamCredentials | None = None) -> None:
         self._session = session
+        self._credentials = credentials or UpstreamCredentials()
         self._policy = policy
         self._limits = limits
         self._retries = retries
         self._sleep = sleep
 
     @classmethod
-    def create(cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None) -> UpstreamClient:
+    def create(cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None,
+               credentials: UpstreamCredentials | None = None) -> UpstreamClient:
         """Build the session (must run inside the event loop)."""
         connector = aiohttp.TCPConnector(
             resolver=GuardedResolver(policy), ssl=create_ssl_context(ca_file),
@@ -84,7 +88,7 @@ class UpstreamClient:
             connector=connector, trust_env=True, auto_decompress=True,
             headers={"User-Agent": USER_AGENT},
         )
-        return cls(session, policy, limits)
+        return cls(session, policy, limits, credentials=credentials)
 
     async def close(self) -> None:
         await self._session.close()
@@ -171,8 +175,10 @@ class UpstreamClient:
         current = url
         for _ in range(hops + 1):
             await self._check_url(current)
+            token = self._credentials.token_for(current)  # per hop: a redirect elsewhere goes without it
+            hop_headers = {**headers, "Authorization": f"Bearer {token}"} if token else headers
             try:
-                async with self._session.get(current, headers=headers, timeout=timeout,
+                async with self._session.get(current, headers=hop_headers, timeout=timeout,
                                              allow_redirects=False) as response:
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
                         try:

@@ -1,6 +1,7 @@
 """Fetching git module sources with the `git` CLI, locked down, and packing them reproducibly.
 
-git runs with no hooks, no credential helpers or prompts, only the https protocol (plus
+git runs with no hooks, no prompts, no credential helpers but the proxy's own for a host with an
+upstream token (answering from the environment, for that origin only), only the https protocol (plus
 http for operator-named hosts), no redirects, no system or user configuration, a time
 limit and a size limit. The host is checked by the SSRF guard before git connects. A
 shallow clone of the ref is tried first; servers that cannot do shallow clones (git's
@@ -20,12 +21,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import structlog
+from yarl import URL
 
+from proxy.credentials import UpstreamCredentials
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, VerificationError
 from proxy.packing import DEFAULT_MAX_ENTRIES, ArchiveError, deterministic_tar_gz
 from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
 
 log = structlog.get_logger(__name__)
+
+TOKEN_ENV = "REGISTRY_PROXY_GIT_TOKEN"  # the token for the one host git talks to, read by the credential helper
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,9 @@ class GitFetcher:
 
     def __init__(self, policy: AddressPolicy, scratch: Path, *, ca_bundle: Path | None = None,
                  timeout: float = 120.0, max_bytes: int = 512 * 2**20, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 concurrency: int = 4) -> None:
+                 concurrency: int = 4, credentials: UpstreamCredentials | None = None) -> None:
         self._policy = policy
+        self._credentials = credentials or UpstreamCredentials()
         self._scratch = scratch
         self._ca_bundle = ca_bundle
         self._timeout = timeout
@@ -74,16 +80,18 @@ class GitFetcher:
             await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def _clone(self, url: str, ref: str, checkout: Path, work: Path, pin: list[str]) -> None:
+        pin = [*pin, *self._credential_helper(url)]
         shallow = [*pin, "clone", "--quiet", "--no-checkout", "--depth", "1", "--no-tags", "--single-branch"]
         if ref:
             shallow += ["--branch", ref]
         target = "HEAD"
         try:
-            await self._git([*shallow, "--", url, str(checkout)], work)
+            await self._git([*shallow, "--", url, str(checkout)], work, token=self._token(url))
         except UpstreamError as exc:
             log.info("git.shallow_clone_failed", url=url, ref=ref, error=exc.message)
             await asyncio.to_thread(shutil.rmtree, checkout, True)
-            await self._git([*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work)
+            await self._git([*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work,
+                            token=self._token(url))
             target = ref or "HEAD"
         await self._check_tree(url, target, checkout, work)
         await self._git(["checkout", "--quiet", "--detach", target, "--"], work, cwd=checkout)
@@ -101,7 +109,24 @@ class GitFetcher:
         if size > self._max_bytes:
             raise UpstreamTooLargeError(f"git source {url}: its tree holds more than {self._max_bytes} bytes")
 
-    async def _git(self, args: list[str], work: Path, cwd: Path | None = None) -> str:
+    def _token(self, url: str) -> str | None:
+        try:
+            return self._credentials.token_for(URL(url))
+        except ValueError:
+            return None
+
+    def _credential_helper(self, url: str) -> list[str]:
+        """For a host with a token: a credential helper for exactly that origin, answering with the token
+        from the environment (never in the URL or the command line). Username `x-access-token` works with
+        GitHub, GitLab (any username with a token) and Gitea."""
+        if self._token(url) is None:
+            return []
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        helper = f'!f() {{ test "$1" = get && echo username=x-access-token && echo "password=${{{TOKEN_ENV}}}"; }}; f'
+        return ["-c", f"credential.{origin}.helper={helper}"]
+
+    async def _git(self, args: list[str], work: Path, cwd: Path | None = None, token: str | None = None) -> str:
         config = ["-c", "core.hooksPath=/dev/null", "-c", "credential.helper=", "-c", "protocol.file.allow=never",
                   "-c", "protocol.ext.allow=never", "-c", "http.followRedirects=false", "-c", "core.askPass=true",
                   "-c", "submodule.recurse=false", "-c", "core.fsmonitor=false", "-c", "advice.detachedHead=false"]
@@ -112,6 +137,8 @@ class GitFetcher:
             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ALLOW_PROTOCOL": "https:http",
             "GIT_LFS_SKIP_SMUDGE": "1", "LC_ALL": "C",
         }
+        if token is not None:
+            env[TOKEN_ENV] = token
         for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy"):
             if name in os.environ:
                 env[name] = os.environ[name]

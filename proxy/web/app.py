@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,9 +11,11 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from proxy.auth import Grants, grant_key
 from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
+from proxy.cache.sealed import metadata_secret
 from proxy.config import Settings
 from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
@@ -30,6 +33,7 @@ from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, page, registry
+from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
@@ -40,7 +44,7 @@ log = structlog.get_logger(__name__)
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown."""
-    app = web.Application(middlewares=[request_context, request_deadline], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[request_context, access_control, request_deadline], client_max_size=64 * 1024)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
@@ -64,7 +68,12 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
     policy = AddressPolicy(settings.private_host_exceptions)
-    upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
+    upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file,
+                                     credentials=settings.upstream_credentials)
+    app[ACCESS] = Access(settings, Grants(grant_key(await asyncio.to_thread(metadata_secret, settings))))
+    reload_on_sighup = settings.auth_tokens is not None
+    if reload_on_sighup:  # in every worker: the supervisor passes its SIGHUP on (proxy.web.workers)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app[ACCESS].reload)
     flights = Flights(locks)
     space = DiskSpace(store.root, settings.min_free_space)
     guard = StoreGuard(store, metrics)
@@ -78,7 +87,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app[INVENTORY] = InventoryReader(settings, cache, NoAccessTimes())
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
-                     max_entries=settings.max_module_entries)
+                     max_entries=settings.max_module_entries, credentials=settings.upstream_credentials)
     app[MODULES] = ModuleMirror(settings, documents, downloader, flights, git, store=store, space=space,
                                 metrics=metrics)
 
@@ -92,6 +101,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        if reload_on_sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await downloader.close()
         await flights.close()
         await upstream.close()

@@ -16,6 +16,7 @@ from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError, NotFoundError
 from proxy.mirror import PlatformArchive
 from proxy.rewrite import archive_filename
+from proxy.web.access import current_grant, granted
 from proxy.web.archives import Found, may_follow, serve_found
 from proxy.web.keys import MIRROR, RENDERED
 from proxy.web.responses import rendered_response
@@ -40,17 +41,20 @@ async def json_document(request: web.Request) -> web.Response:
         return rendered_response(request, rendered.json(("index.json", addr), versions, _index_document))
     version = Version.parse(name.removesuffix(".json"))
     archives = await mirror.version_archives(addr, version)
-    return rendered_response(request, rendered.json(("version.json", addr, version), archives,
-                                                    lambda a: _version_document(addr, version, a)))
+    grant = current_grant(request, str(addr.hostname), addr.namespace)
+    return rendered_response(request, rendered.json(("version.json", addr, version, grant), archives,
+                                                    lambda a: _version_document(addr, version, a, grant)))
 
 
 def _index_document(versions: Iterable[Version]) -> dict:
     return {"versions": {str(v): {} for v in sorted(versions)}}
 
 
-def _version_document(addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive]) -> dict:
+def _version_document(addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive],
+                      grant: str | None) -> dict:
     return {"archives": {
-        str(a.platform): {"url": f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}",
+        str(a.platform): {"url": granted(f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}",
+                                         grant),
                           "hashes": list(a.hashes)}
         for a in archives
     }}

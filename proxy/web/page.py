@@ -13,6 +13,7 @@ from aiohttp import web
 
 from proxy import __version__, page
 from proxy.errors import NotFoundError
+from proxy.web.access import readable
 from proxy.web.keys import INVENTORY, METRICS, MIRROR, SETTINGS
 
 MAX_QUERY = 200  # characters of a search kept
@@ -35,7 +36,7 @@ async def index(request: web.Request) -> web.Response:
         base=page.base_url(settings.public_url, request.scheme, request.headers.get("Host"), fallback),
         ca_url="ca.pem" if _generated_ca(request) else None,
         hosts=await inventory.hosts(),
-        inventory=await inventory.scan(query),
+        inventory=await inventory.scan(query, visible=readable(request)),
         query=query,
         totals=request.app[METRICS].totals(),
         offline=settings.offline,

@@ -28,6 +28,7 @@ import structlog
 from aiohttp import web
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
 from proxy import metrics
@@ -87,10 +88,26 @@ class Supervisor(BaseApplication):
         for name, value in options.items():
             self.cfg.set(name, value)
 
+    def run(self) -> None:
+        ForwardingArbiter(self).run()
+
     def load(self) -> web.Application:
         """In each worker, after the fork: its own application (its stores open when it starts)."""
         metrics.share_between_processes(self.metrics_dir)
         return create_app(self.settings)
+
+
+class ForwardingArbiter(Arbiter):
+    """gunicorn's arbiter, except that SIGHUP is passed on to the workers, each of which reloads its
+    tokens file (`proxy.web.access`), instead of gunicorn's reload that replaces every worker (and
+    with them the downloads they run)."""
+
+    def handle_hup(self) -> None:
+        workers = list(self.WORKERS)
+        log.info("supervisor.reload", effect="SIGHUP passed on to the workers", workers=len(workers))
+        for pid in workers:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
 
 
 class ProxyWorker(Worker):
@@ -105,6 +122,7 @@ class ProxyWorker(Worker):
 
     def init_signals(self) -> None:
         super().init_signals()  # gunicorn's own (SIGABRT on a timeout, SIGUSR1 reopens logs, ...)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the application installs its reload (with tokens)
         for number in STOP_SIGNALS:  # through the loop, so a stop wakes it at once
             self.loop.add_signal_handler(number, self._stop)
 

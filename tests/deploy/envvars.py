@@ -11,7 +11,6 @@ from proxy.config import env_name
 # once its flag is in the CLI: from then on the drift check covers it like any other.
 PENDING = {
     "REGISTRY_PROXY_ARCHIVE_STORE": "feat/s3: --archive-store s3://BUCKET/PREFIX",
-    "REGISTRY_PROXY_AUTH_TOKENS": "feat/auth: --auth-tokens FILE",
 }
 
 

@@ -5,12 +5,15 @@ Serves discovery, `providers.v1` (versions, download metadata) and the release f
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
 archives held after their headers until the test releases them, archives without a
-Content-Length (chunked).
+Content-Length (chunked). A private registry (`require_token`) answers 401 unless a request
+carries its token (as a bearer token, or as git's basic-auth password); every request's
+`Authorization` header is recorded (`authorizations`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections import Counter
 from dataclasses import dataclass, field
@@ -79,6 +82,8 @@ class FakeRegistry:
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
         self.static: dict[str, bytes] = {}
         self.git_root: Path | None = None
+        self.require_token: str | None = None
+        self.authorizations: list[tuple[str, str | None]] = []  # (path, Authorization header) per request
         self._runner: web.AppRunner | None = None
 
     @property
@@ -137,6 +142,10 @@ class FakeRegistry:
     @web.middleware
     async def _record_and_fault(self, request: web.Request, handler):
         self.requests.append((request.method, request.path))
+        self.authorizations.append((request.path, request.headers.get("Authorization")))
+        if self.require_token is not None and not self._authorized(request.headers.get("Authorization", "")):
+            return web.json_response({"errors": ["Unauthorized"]}, status=401,
+                                     headers={"WWW-Authenticate": 'Basic realm="fake"'})
         fault = self.faults.get(request.path)
         if fault is not None:
             if fault.delay:
@@ -148,6 +157,18 @@ class FakeRegistry:
         response = await handler(request)
         self.completed.append((request.method, request.path))
         return response
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer":
+            return value == self.require_token
+        if scheme.lower() == "basic":
+            return base64.b64decode(value).decode(errors="replace").partition(":")[2] == self.require_token
+        return False
+
+    def with_authorization(self) -> list[str]:
+        """The paths of the requests that carried an Authorization header."""
+        return [path for path, header in self.authorizations if header is not None]
 
     async def _discovery(self, request: web.Request) -> web.Response:
         return web.json_response(self.discovery)

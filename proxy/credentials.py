@@ -1,0 +1,125 @@
+"""Upstream credentials, read as Terraform and OpenTofu read them, and where they may be sent. Pure.
+
+Sources: `credentials "HOST" { token = "…" }` blocks of a CLI configuration file
+(`--upstream-credentials`), and `TF_TOKEN_<host>` environment variables, decoded like the CLIs
+(`collectCredentialsFromEnv`): `__` is a hyphen, then `_` a dot; the host is normalised to its
+IDNA comparison form. As in the CLIs (`CredentialsSource.ForHost`), a `TF_TOKEN_` variable wins over
+the file's block for the same host.
+
+A token is sent only while the proxy fetches on behalf of its own registry host (`acting_for`,
+set per request from the host the client named) and only to that host's own origin (its name and
+port, or the base URL `--upstream-map` gives it): never on a redirect to another origin, never to
+another registry's discovery, and never for a public registry whose documents point at the
+private host (the proxy would otherwise be a confused deputy).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import hcl2
+from hcl2.utils import SerializationOptions
+from yarl import URL
+
+from proxy.addrs import AddressError, Hostname
+
+ENV_PREFIX = "TF_TOKEN_"
+_HCL_OPTIONS = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
+
+# The registry host the current request reads (set by the web layer; inherited by the tasks it starts).
+acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("acting_for", default=None)
+
+
+class CredentialsError(ValueError):
+    """The credentials file or a TF_TOKEN_ variable is malformed."""
+
+
+@contextmanager
+def on_behalf_of(host: str | None) -> Iterator[None]:
+    """Fetches made inside (and tasks started inside) may use `host`'s credentials."""
+    reset = acting_for.set(host)
+    try:
+        yield
+    finally:
+        acting_for.reset(reset)
+
+
+def env_host(name: str) -> str:
+    """`TF_TOKEN_xn____caf__dma_fr` → `xn--caf-dma.fr` (the host in comparison form)."""
+    raw = name[len(ENV_PREFIX):].replace("__", "-").replace("_", ".")
+    return _host(raw, f"environment variable {name}")
+
+
+def _host(text: str, where: str) -> str:
+    try:
+        return str(Hostname.parse(text))
+    except AddressError as exc:
+        raise CredentialsError(f"{where}: {exc}") from None
+
+
+def parse_cli_config(text: str) -> dict[str, str]:
+    """The `credentials "HOST" { token = "…" }` blocks of a CLI configuration → {host: token}."""
+    try:
+        data = hcl2.loads(text, serialization_options=_HCL_OPTIONS)
+    except Exception as exc:  # python-hcl2 raises lark errors of several kinds
+        raise CredentialsError(f"credentials file is not valid HCL: {type(exc).__name__}") from None
+    tokens: dict[str, str] = {}
+    for block in data.get("credentials", []):
+        for host, body in block.items():
+            host = host.strip('"')
+            token = body.get("token") if isinstance(body, dict) else None
+            if not isinstance(token, str) or not token:
+                raise CredentialsError(f'credentials "{host}": needs token = "…"')
+            tokens[_host(host, f'credentials "{host}"')] = token
+    return tokens
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`TF_TOKEN_*` variables → {host: token}."""
+    return {env_host(name): value for name, value in environ.items()
+            if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and value}
+
+
+@dataclass(frozen=True)
+class UpstreamCredentials:
+    """Bearer tokens per registry host, and the origins each may be sent to."""
+
+    tokens: Mapping[str, str] = field(default_factory=dict, repr=False)  # never logged
+    mapped: Mapping[str, URL] = field(default_factory=dict)  # --upstream-map
+
+    @property
+    def private_hosts(self) -> frozenset[str]:
+        """Hosts fetched with credentials: their content is only for clients granted them."""
+        return frozenset(self.tokens)
+
+    def token_for(self, url: URL) -> str | None:
+        """The token to send with a request to `url` now: the acting host's, if `url` is its own origin."""
+        host = acting_for.get()
+        token = self.tokens.get(host) if host else None
+        if token is None or url.scheme not in ("https", "http") or not url.host:
+            return None
+        return token if _origin(url) in self._origins(host) else None
+
+    def _origins(self, host: str) -> set[tuple[str, int]]:
+        parsed = Hostname.parse(host)
+        origins = {(parsed.ascii, parsed.port or 443)}
+        base = self.mapped.get(host)
+        if base is not None and base.host:
+            origins.add(_origin(base))
+        return origins
+
+
+def _origin(url: URL) -> tuple[str, int]:
+    try:
+        name = Hostname.parse(url.host or "").ascii
+    except AddressError:
+        name = (url.host or "").lower()
+    return name, url.port or (443 if url.scheme == "https" else 80)
+
+
+def merged(file_tokens: Mapping[str, str], env_tokens: Mapping[str, str]) -> dict[str, str]:
+    """`TF_TOKEN_*` wins over the file's block for the same host, as in the CLIs."""
+    return {**file_tokens, **env_tokens}

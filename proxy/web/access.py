@@ -1,0 +1,177 @@
+"""Access control: client tokens (`--auth-tokens`), their scopes, private upstream hosts, signed archive URLs.
+
+Every route that names an upstream host (`/mirror/v1/H/…`, `/registry/H/…`, `/lock/v1/H/…`) is
+checked before its handler runs, also when the answer would come from the cache, so what a
+client may read depends only on its token, never on what another client fetched:
+
+- with a tokens file: no or an unknown token is `401` with `WWW-Authenticate: Bearer`; a token
+  whose scope lacks the host (or namespace, or `/lock/v1`) is `403`;
+- a host the proxy has upstream credentials for is private: anonymous access to it is always `403`;
+- archives, SHA256SUMS and module archives are also served to a request carrying a valid grant
+  (`proxy.auth.Grants`), which the proxy puts into the URLs of the documents it serves to an
+  authorised client, because the clients send no token when they download those.
+
+`/healthz`, `/readyz`, `/ca.pem` and the discovery document stay open; `/metrics` needs a token with
+`metrics = true` under `--metrics-token-required`; the page at `/` needs any valid token and lists only
+what that token may read (anonymous: no private host). The tokens file is read again on SIGHUP.
+Tokens are never logged: only a token's name appears in `auth.refused`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from proxy.addrs import AddressError, Hostname
+from proxy.auth import GRANT_PARAM, AuthConfigError, Grants, Token, TokenBook, bearer_token, parse_tokens, with_grant
+from proxy.config import Settings
+from proxy.credentials import on_behalf_of
+from proxy.web.responses import error_response
+
+log = structlog.get_logger("proxy.auth")
+
+OPEN_ROUTES = frozenset({"healthz", "readyz", "discovery", "ca_pem"})  # the CA certificate is public
+GRANTABLE_ROUTES = frozenset({"mirror_archive", "registry_provider_shasums", "registry_module_archive"})
+REALM = "registry-proxy"
+
+
+class Access:
+    """The tokens in force (replaced whole on reload), the private hosts, and the grant signer."""
+
+    def __init__(self, settings: Settings, grants: Grants) -> None:
+        self.path: Path | None = settings.auth_tokens
+        self.private = settings.upstream_credentials.private_hosts
+        self.metrics_token_required = settings.metrics_token_required
+        self.grants = grants
+        self.book = load_tokens(self.path) if self.path is not None else TokenBook()
+
+    def reload(self) -> None:
+        """Read the tokens file again; a broken file keeps the tokens in force (and says why)."""
+        if self.path is None:
+            return
+        try:
+            self.book = load_tokens(self.path)
+        except (OSError, AuthConfigError) as exc:
+            log.error("auth.reload_failed", file=str(self.path), error=str(exc), effect="the previous tokens stay",
+                      pid=os.getpid())
+            return
+        log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
+
+
+def load_tokens(path: Path) -> TokenBook:
+    """The tokens file, parsed (raises OSError or AuthConfigError)."""
+    return parse_tokens(path.read_text(encoding="utf-8"))
+
+
+ACCESS = web.AppKey("access", Access)
+CLIENT = web.RequestKey("client_token", Token)
+
+
+@web.middleware
+async def access_control(request: web.Request, handler) -> web.StreamResponse:
+    """Authenticate and authorise the request; fetches it causes act for the host it names."""
+    route = request.match_info.route.name
+    access = request.app.get(ACCESS)
+    if access is None or route is None or route in OPEN_ROUTES:
+        return await handler(request)
+    presented = bearer_token(request.headers.get("Authorization"))
+    client = access.book.authenticate(presented) if presented is not None else None
+    if route == "metrics":
+        refused = _metrics_refusal(access, client, presented)
+        return refused if refused is not None else await handler(request)
+    if route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
+        if access.book.enabled and client is None:
+            return _unauthorized("/", presented)
+        if client is not None:
+            request[CLIENT] = client
+        return await handler(request)
+    info = request.match_info
+    try:
+        host = str(Hostname.parse(info["hostname"])) if "hostname" in info else None
+    except AddressError:
+        return await handler(request)  # the handler answers 400 for the malformed address
+    if host is None:
+        return await handler(request)
+    namespace = info.get("namespace")
+    refused = _refusal(request, access, route, host, namespace, client, presented)
+    if refused is not None:
+        return refused
+    if client is not None:
+        request[CLIENT] = client
+    with on_behalf_of(host):
+        return await handler(request)
+
+
+def readable(request: web.Request) -> Callable[[str, str], bool]:
+    """Which upstream host and namespace this request may see listed (the page's inventory)."""
+    access = request.app.get(ACCESS)
+    client = request.get(CLIENT)
+    if client is not None:
+        return client.may_read
+    private = access.private if access is not None else frozenset()
+    return lambda host, namespace: host not in private
+
+
+def _metrics_refusal(access: Access, client: Token | None, presented: str | None) -> web.Response | None:
+    if not access.metrics_token_required:
+        return None
+    if client is None:
+        return _unauthorized("/metrics", presented)
+    if not client.metrics:
+        return _forbidden(client, "/metrics", "this token may not read /metrics")
+    return None
+
+
+def _refusal(request: web.Request, access: Access, route: str, host: str, namespace: str | None,
+             client: Token | None, presented: str | None) -> web.Response | None:
+    if access.book.enabled:
+        grant = request.query.get(GRANT_PARAM)
+        if client is None and grant is not None and route in GRANTABLE_ROUTES and namespace is not None \
+                and access.grants.valid(host, namespace, grant, time.time()):
+            return None
+        if client is None:
+            return _unauthorized(host, presented)
+        if not client.may_read(host, namespace):
+            return _forbidden(client, host, f"this token may not read {host}" +
+                              (f"/{namespace}" if namespace and client.may_read(host) else ""))
+        if route == "lock" and not client.lock:
+            return _forbidden(client, host, "this token may not call /lock/v1")
+        return None
+    if host in access.private:
+        log.info("auth.refused", host=host, reason="private host, no client tokens configured")
+        return error_response(403, f"registry host {host} is private: it is served only to clients with a token "
+                                   "granting it, and this proxy has no --auth-tokens")
+    return None
+
+
+def _unauthorized(what: str, presented: str | None) -> web.Response:
+    reason = "unknown token" if presented is not None else "no token"
+    log.info("auth.refused", what=what, reason=reason)
+    response = error_response(401, f"{what}: a client token is required ({reason}); send "
+                                   "`Authorization: Bearer TOKEN` (a credentials block or TF_TOKEN_<host> in the CLI)")
+    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
+    response.headers["WWW-Authenticate"] = challenge
+    return response
+
+
+def _forbidden(client: Token, what: str, message: str) -> web.Response:
+    log.info("auth.refused", token=client.name, what=what, reason=message)
+    return error_response(403, message)
+
+
+def granted(url: str, grant: str | None) -> str:
+    """`url` with the request's grant, if it has one."""
+    return url if grant is None else with_grant(url, grant)
+
+
+def current_grant(request: web.Request, host: str, namespace: str) -> str | None:
+    """The grant for the archive URLs in this request's documents (None for anonymous requests, whose
+    documents stay as they were); part of the rendered document's key."""
+    if CLIENT not in request:
+        return None
+    return request.app[ACCESS].grants.sign(host, namespace, time.time())

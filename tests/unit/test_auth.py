@@ -1,0 +1,168 @@
+"""Client tokens (parsing, hashing, constant-time matching, scopes), archive grants, upstream credentials."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from yarl import URL
+
+from proxy.auth import (
+    GRANT_BUCKET,
+    AuthConfigError,
+    Grants,
+    bearer_token,
+    hash_token,
+    new_token,
+    parse_tokens,
+    token_entry,
+    with_grant,
+)
+from proxy.credentials import (
+    CredentialsError,
+    UpstreamCredentials,
+    acting_for,
+    env_host,
+    from_environment,
+    merged,
+    on_behalf_of,
+    parse_cli_config,
+)
+
+CI, READER = "rpt_ci-token", "rpt_reader-token"
+TOKENS = (token_entry("ci", CI, ["*"], lock=True) + "\n"
+          + token_entry("reader", READER, ["registry.terraform.io", "*.corp.example"], ["acme", "team-*"]))
+
+
+def test_tokens_are_found_by_their_hash_and_carry_their_scope():
+    book = parse_tokens(TOKENS)
+    assert book.enabled
+    ci, reader = book.authenticate(CI), book.authenticate(READER)
+    assert (ci.name, ci.lock, ci.metrics) == ("ci", True, False)
+    assert ci.may_read("anything.example", "whatever")
+    assert reader.name == "reader" and not reader.lock
+    assert reader.may_read("registry.terraform.io", "acme")
+    assert reader.may_read("git.corp.example", "team-blue")
+    assert not reader.may_read("registry.terraform.io", "hashicorp")
+    assert not reader.may_read("registry.opentofu.org", "acme")
+    assert not reader.may_read("corp.example.evil", "acme")
+    assert book.authenticate("rpt_unknown") is None
+    assert book.authenticate(CI + " ") is None
+    assert book.authenticate(hash_token(CI)) is None  # the stored hash is not a token
+
+
+def test_the_file_holds_no_token_and_an_empty_file_refuses_everyone():
+    assert CI not in TOKENS
+    book = parse_tokens("")
+    assert book.enabled and book.authenticate(CI) is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[tokens.a]\nhash = 'sha256:abc'\nhosts = ['*']", "hash"),
+    ("[tokens.a]\nhash = 'md5:" + "0" * 64 + "'", "hash"),
+    (f"[tokens.a]\nhash = '{hash_token('x')}'\nhosts = 'x'", "hosts"),
+    (f"[tokens.a]\nhash = '{hash_token('x')}'\nlock = 'yes'", "lock"),
+    (f"[tokens.a]\nhash = '{hash_token('x')}'\nscopes = []", "unknown keys"),
+    (f"[tokens.a]\nhash = '{hash_token('x')}'\n[tokens.b]\nhash = '{hash_token('x')}'", "twice"),
+    ("tokens = 3", "table"),
+    ("[other]\n", "top-level"),
+    ("[tokens.a\n", "TOML"),
+    (f"[tokens.'a b']\nhash = '{hash_token('x')}'", "token name"),
+])
+def test_malformed_files_are_refused_naming_the_problem(text, message):
+    with pytest.raises(AuthConfigError, match=message):
+        parse_tokens(text)
+
+
+def test_token_new_makes_an_entry_that_parses_back():
+    token = new_token()
+    assert token.startswith("rpt_") and len(token) > 40 and token != new_token()
+    entry = token_entry("deploy@ci", token, ["registry.terraform.io"], ["acme"], lock=True)
+    assert token not in entry
+    found = parse_tokens(entry).authenticate(token)
+    assert found.name == "deploy@ci" and found.lock and found.namespaces == ("acme",)
+
+
+@pytest.mark.parametrize("header, token", [
+    ("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), (None, None), ("", None),
+])
+def test_bearer_header(header, token):
+    assert bearer_token(header) == token
+
+
+def test_grants_are_bound_to_host_namespace_and_time():
+    grants, now = Grants(b"k" * 32), 1_000_000.0
+    grant = grants.sign("private.example", "acme", now)
+    assert grants.valid("private.example", "acme", grant, now + GRANT_BUCKET)
+    assert grants.valid("PRIVATE.example", "Acme", grant, now)
+    assert not grants.valid("public.example", "acme", grant, now)
+    assert not grants.valid("private.example", "other", grant, now)
+    assert not grants.valid("private.example", "acme", grant, now + 2 * GRANT_BUCKET + 1)
+    assert not Grants(b"x" * 32).valid("private.example", "acme", grant, now)
+    expires, _, mac = grant.partition(".")
+    assert not grants.valid("private.example", "acme", f"{int(expires) + GRANT_BUCKET}.{mac}", now)
+    assert not grants.valid("private.example", "acme", "garbage", now)
+    assert grants.sign("private.example", "acme", now + 1) == grant  # stable within the hour
+
+
+def test_a_grant_goes_after_a_module_subdirectory():
+    assert with_grant("/a/archive.tar.gz//modules/x", "G") == "/a/archive.tar.gz//modules/x?grant=G"
+    assert with_grant("1.0.0/linux_amd64/p.zip", "G") == "1.0.0/linux_amd64/p.zip?grant=G"
+    assert with_grant("/a?ref=v1", "G") == "/a?grant=G&ref=v1"
+
+
+# ---- upstream credentials ----------------------------------------------------------------------
+
+
+def test_tf_token_variables_decode_like_the_clients():
+    assert env_host("TF_TOKEN_app_terraform_io") == "app.terraform.io"
+    assert env_host("TF_TOKEN_my__registry_example_com") == "my-registry.example.com"
+    assert env_host("TF_TOKEN_xn____caf__dma_fr") == "xn--caf-dma.fr"
+    assert env_host("TF_TOKEN_café_fr") == "xn--caf-dma.fr"
+    assert from_environment({"TF_TOKEN_a_example": "t", "PATH": "/bin", "TF_TOKEN_": "x", "TF_TOKEN_b_example": ""}) \
+        == {"a.example": "t"}
+
+
+def test_credentials_blocks_of_a_cli_config():
+    text = """
+    credentials "app.terraform.io" {
+      token = "abc.def"
+    }
+    credentials "Café.fr:8443" { token = "x" }
+    provider_installation {
+      direct {}
+    }
+    """
+    assert parse_cli_config(text) == {"app.terraform.io": "abc.def", "xn--caf-dma.fr:8443": "x"}
+    with pytest.raises(CredentialsError, match="token"):
+        parse_cli_config('credentials "a.example" { user = "x" }')
+    with pytest.raises(CredentialsError, match="HCL"):
+        parse_cli_config('credentials "a.example" {')
+    assert merged({"a.example": "file"}, {"a.example": "env"}) == {"a.example": "env"}
+
+
+def test_a_token_goes_only_to_its_own_origin_and_only_for_its_own_host():
+    creds = UpstreamCredentials({"private.example": "T", "mapped.example": "M"},
+                                {"mapped.example": URL("https://127.0.0.1:9000")})
+    assert creds.private_hosts == {"private.example", "mapped.example"}
+    assert creds.token_for(URL("https://private.example/v1/")) is None  # no request acts for it
+    with on_behalf_of("private.example"):
+        assert creds.token_for(URL("https://private.example/v1/providers/")) == "T"
+        assert creds.token_for(URL("https://PRIVATE.example:443/x")) == "T"
+        assert creds.token_for(URL("https://private.example:8443/x")) is None
+        assert creds.token_for(URL("https://cdn.example/file.zip")) is None
+        assert creds.token_for(URL("https://127.0.0.1:9000/x")) is None
+    with on_behalf_of("mapped.example"):
+        assert creds.token_for(URL("https://127.0.0.1:9000/.well-known/terraform.json")) == "M"
+        assert creds.token_for(URL("https://127.0.0.1:9001/x")) is None
+        assert creds.token_for(URL("https://private.example/x")) is None
+    with on_behalf_of("public.example"):  # a public registry's documents pointing at the private host
+        assert creds.token_for(URL("https://private.example/file.zip")) is None
+    assert acting_for.get() is None
+
+
+async def test_tasks_started_for_a_request_act_for_its_host():
+    creds = UpstreamCredentials({"private.example": "T"})
+    with on_behalf_of("private.example"):
+        task = asyncio.create_task(asyncio.sleep(0, creds.token_for(URL("https://private.example/x"))))
+    assert await task == "T"
