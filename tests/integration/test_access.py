@@ -295,3 +295,35 @@ async def test_a_public_document_naming_private_urls_gets_neither_the_token_nor_
         assert status == 502 and json.loads(body)["errors"]
     tokenless = [path for path, header in private.authorizations if header is None]
     assert tokenless and set(tokenless) <= {sums_path, sums_path + ".sig"}  # asked for the public host: no token
+
+
+async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(access_settings, client_ssl, registry,
+                                                                             signing_key):
+    registry.add(Release("hashicorp", "null", "3.2.1", signing_key))
+    public_archive = (f"/mirror/v1/{REGISTRY_HOST}/hashicorp/null/3.2.1/linux_amd64/"
+                      "terraform-provider-null_3.2.1_linux_amd64.zip")
+    async with serve_proxy(access_settings(), client_ssl) as proxy:
+        assert (await proxy.get(ARCHIVE, **bearer(ALL)))[0] == 200
+        assert (await proxy.get(public_archive, **bearer(ALL)))[0] == 200
+        status, headers, body = await proxy.get("/")
+        assert status == 401 and "Bearer" in headers["WWW-Authenticate"] and "errors" in json.loads(body)
+        _, _, everything = await proxy.get("/", **bearer(ALL))
+        _, _, public_only = await proxy.get("/", **bearer(PUBLIC))
+        assert PRIVATE.encode() in everything and b"hashicorp" in everything
+        assert b"hashicorp" in public_only
+        assert f"{PRIVATE}/acme".encode() not in public_only  # the private host's providers are not listed
+        assert (await proxy.get("/ca.pem"))[0] != 401  # the CA certificate is public
+
+
+async def test_without_client_tokens_the_page_hides_private_hosts(access_settings, client_ssl, registry,
+                                                                  signing_key):
+    registry.add(Release("hashicorp", "null", "3.2.1", signing_key))
+    public_archive = (f"/mirror/v1/{REGISTRY_HOST}/hashicorp/null/3.2.1/linux_amd64/"
+                      "terraform-provider-null_3.2.1_linux_amd64.zip")
+    async with serve_proxy(access_settings(), client_ssl) as proxy:
+        assert (await proxy.get(ARCHIVE, **bearer(ALL)))[0] == 200
+    async with serve_proxy(access_settings(auth_tokens=None), client_ssl) as proxy:
+        assert (await proxy.get(public_archive))[0] == 200
+        status, _, page = await proxy.get("/")
+        assert status == 200 and b"hashicorp" in page  # the same store: the page lists what it holds
+        assert f"{PRIVATE}/acme".encode() not in page
