@@ -202,6 +202,14 @@ class Settings:
     workers: int = 1
     event_loop: str = "auto"
     access_log: str = "all"
+    # --- archive store (local directory, or S3-compatible object storage) ---
+    archive_store: str = ""  # "": ARCHIVE_DIR; "s3://bucket/prefix"
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_path_style: bool = False
+    s3_ca_file: Path | None = None
+    archive_redirect: bool = False
+    archive_redirect_expiry: float = 300.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -244,6 +252,22 @@ class Settings:
         if self.negative_cache_bytes < 1024:
             raise ConfigError("--negative-cache-bytes must be at least 1KiB")
         self._check_metadata_secret()
+        self._check_archive_store()
+
+    def _check_archive_store(self) -> None:
+        location = self.s3_location  # raises ConfigError when malformed
+        if location is None and (self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file
+                                 or self.s3_path_style or self.s3_region):
+            raise ConfigError("--archive-redirect and the --s3-* options need --archive-store s3://BUCKET/PREFIX")
+        if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(("https://", "http://")):
+            raise ConfigError(f"invalid --s3-endpoint-url {self.s3_endpoint_url!r}: an http(s):// URL")
+        if not 1 <= self.archive_redirect_expiry <= 7 * 86400:
+            raise ConfigError("--archive-redirect-expiry must be between 1s and 7d")
+
+    @property
+    def s3_location(self) -> S3Location | None:
+        """The bucket and key prefix of `--archive-store s3://…`; None for the local directory."""
+        return parse_s3_location(self.archive_store) if self.archive_store else None
 
     def _check_metadata_secret(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:
@@ -299,6 +323,34 @@ class Settings:
     def lock_dir(self) -> Path:
         """Lock files by which the worker processes sharing this data dir fetch each artifact once."""
         return self.data_dir / "locks"
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """`s3://BUCKET/PREFIX`: objects are stored at `PREFIX + sha256` (PREFIX is empty or ends in "/")."""
+
+    bucket: str
+    prefix: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z")
+_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/\-]*\Z")
+
+
+def parse_s3_location(text: str) -> S3Location:
+    """Parse `s3://bucket[/prefix]` (bucket rules of S3; prefix of safe key characters, no `..`)."""
+    if not text.startswith("s3://"):
+        raise ConfigError(f"invalid --archive-store {text!r}: s3://BUCKET/PREFIX (or leave it out for the data dir)")
+    bucket, _, prefix = text[len("s3://"):].partition("/")
+    if not _BUCKET.match(bucket):
+        raise ConfigError(f"invalid bucket name {bucket!r} in --archive-store")
+    prefix = prefix.strip("/")
+    if not _PREFIX.match(prefix) or ".." in prefix or "//" in prefix:
+        raise ConfigError(f"invalid key prefix {prefix!r} in --archive-store")
+    return S3Location(bucket, prefix + "/" if prefix else "")
 
 
 def normalise_hosts(hosts: list[str]) -> frozenset[str]:
