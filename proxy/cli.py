@@ -27,6 +27,7 @@ from proxy.config import (
     FreshnessTtls,
     Limits,
     Settings,
+    archive_store_settings,
     env_name,
     metadata_secret_settings,
     normalise_hosts,
@@ -173,8 +174,27 @@ def build_parser() -> argparse.ArgumentParser:
             "slower than 1 s) or off", default="all")
     _option(serve, "--event-loop", "auto (uvloop when installed, asyncio with --plain-http for sendfile), "
             "uvloop or asyncio", default="auto")
+    _archive_store_options(serve)
+    _archive_redirect_options(serve)
     _add_client_commands(commands, default_data)
     return parser
+
+
+def _archive_store_options(parser: argparse.ArgumentParser) -> None:
+    """Where verified archives are kept: the data dir, or S3-compatible object storage (serve and the commands)."""
+    _option(parser, "--archive-store", "s3://BUCKET/PREFIX to keep archives in S3-compatible object storage "
+            "(credentials from the AWS environment/profile chain); default: DATA_DIR/archives", metavar="URL")
+    _option(parser, "--s3-endpoint-url", "S3 API endpoint (MinIO, Ceph RGW, GCS); default: AWS", metavar="URL")
+    _option(parser, "--s3-region", "S3 region (default: from the AWS configuration)", metavar="REGION")
+    _option(parser, "--s3-path-style", "path-style addressing (https://ENDPOINT/BUCKET/KEY), for MinIO and most "
+            "non-AWS endpoints", switch=True)
+    _option(parser, "--s3-ca-file", "extra CA bundle trusted for the S3 endpoint's TLS", metavar="FILE")
+
+
+def _archive_redirect_options(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "--archive-redirect", "answer archive requests with a short-lived presigned URL of the S3 "
+            "object (307) instead of streaming it; clients must reach the object store", switch=True)
+    _option(parser, "--archive-redirect-expiry", "how long a presigned archive URL is valid", default="5m")
 
 
 def _add_client_commands(commands, default_data: str) -> None:
@@ -221,6 +241,7 @@ def _add_client_commands(commands, default_data: str) -> None:
         description="Hash every stored archive and compare it with its content address; report corrupt files "
                     "and temp dirs left by dead processes. Exits 1 while corruption is found and not repaired.")
     _option(verify, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
+    _archive_store_options(verify)
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
@@ -238,6 +259,7 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
 
 def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
     _option(parser, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
+    _archive_store_options(parser)
     _option(parser, "--redis-url", "the metadata store is Redis at this URL (else the data dir's embedded one)",
             metavar="URL")
     _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
@@ -313,7 +335,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         min_free_space=parse_space_floor(args.min_free_space),
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
+        **archive_store_settings(args),
+        archive_redirect=bool(args.archive_redirect),
+        archive_redirect_expiry=parse_duration(args.archive_redirect_expiry),
     )
+
 
 
 def _count(text: str, flag: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from yarl import URL
 
@@ -369,6 +370,13 @@ def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
         if entry:
             result.add(entry)
     return frozenset(result)
+
+
+def archive_store_settings(args: Any) -> dict[str, Any]:
+    """The Settings fields of the archive store flags (`--archive-store`, `--s3-*`) of parsed CLI arguments."""
+    return {"archive_store": args.archive_store or "", "s3_endpoint_url": args.s3_endpoint_url or None,
+            "s3_region": args.s3_region or None, "s3_path_style": bool(args.s3_path_style),
+            "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None}
 
 
 def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:

@@ -205,7 +205,7 @@ class S3ArchiveStore:
         return stored
 
     async def _upload(self, path: Path, sha256: str) -> RemoteArchive:
-        size = path.stat().st_size
+        size = (await asyncio.to_thread(path.stat)).st_size
         present = await self._head(sha256)
         if present is not None and present.size == size:
             return present

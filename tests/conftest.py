@@ -20,8 +20,8 @@ from proxy.web.app import create_app
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, RedisServer
-from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
 from tests.fakes.registry import FakeRegistry
+from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
 from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"

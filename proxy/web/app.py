@@ -10,6 +10,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from proxy.backends import archive_store, store_guard
 from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
@@ -19,12 +20,10 @@ from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.flights import Flights
 from proxy.gpg import Keyring
-from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
-from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -55,7 +54,7 @@ def create_app(settings: Settings) -> web.Application:
 async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = ArchiveStore(settings.archive_dir)
+    store = archive_store(settings)
     store.open()
     metrics = app[METRICS]
     backend, locks = await open_metadata_store(settings, metrics)
@@ -65,7 +64,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
     flights = Flights(locks)
     space = DiskSpace(store.root, settings.min_free_space)
-    guard = StoreGuard(store, metrics)
+    guard = store_guard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = Downloader(settings, upstream, store, guard, space, metrics)
     keyring = Keyring(settings.gnupg_home)

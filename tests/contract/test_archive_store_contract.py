@@ -184,7 +184,8 @@ def test_concurrent_publishes_of_the_same_content_are_fine(store_factory):
     pendings = [write_pending(store) for store in stores]
     assert {pending.finish() for pending in pendings} == {SHA}
     first = stores[0].publish(pendings[0], SHA)
-    with store_factory.backend.open_reader(store_factory, first) as earlier_reader:  # a client already reading the first copy
+    # a client already reading the first copy:
+    with store_factory.backend.open_reader(store_factory, first) as earlier_reader:
         start = threading.Barrier(len(stores) - 1)
         results: list[object] = []
 

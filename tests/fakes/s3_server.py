@@ -43,10 +43,12 @@ class S3Server:
             try:
                 self.client.list_buckets()
                 return
-            except Exception:
+            except Exception as exc:
                 if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.process.kill()
+                    error = self.process.stderr.read().decode()[-2000:]
                     self.stop()
-                    raise RuntimeError(f"moto server did not start: {self.process.stderr.read().decode()[-2000:]}")
+                    raise RuntimeError(f"moto server did not start: {error}") from exc
                 time.sleep(0.1)
 
     def _client(self) -> Any:
