@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 
 import structlog
 
-from proxy.errors import StoreCorruptionError
+from proxy.errors import ProxyError, StoreCorruptionError, StoreUnavailableError
 from proxy.metrics import Metrics
 from proxy.s3store import RemoteArchive, S3ArchiveStore
 from proxy.singleflight import SingleFlight
@@ -108,7 +108,7 @@ class RemoteReader:
         sent = 0
         stream = guard.store.stream(stored, self._start, self._length, size)
         try:
-            async for chunk in stream:
+            async for chunk in _unavailable_on_failure(stream):
                 chunk = chunk[:self._length - sent]
                 sent += len(chunk)
                 if digest is not None:
@@ -130,6 +130,18 @@ class RemoteReader:
 
     def close(self) -> None:
         """Nothing to release: the stream closes when its iteration ends."""
+
+
+async def _unavailable_on_failure(chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """The chunks; a connection to the object store lost mid-body as StoreUnavailableError (the web layer
+    then aborts the response: the body is never complete)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ProxyError:
+        raise
+    except Exception as exc:
+        raise StoreUnavailableError(f"reading from the archive store failed: {exc!r}") from exc
 
 
 def _corrupt(stored: RemoteArchive) -> StoreCorruptionError:

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from proxy.errors import FollowedDownloadLostError, StoreCorruptionError
+from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.passthrough import PassThrough
@@ -113,7 +113,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
         elif reader is not None:
             try:
                 await _copy(reader, response)
-            except StoreCorruptionError:
+            except (StoreCorruptionError, StoreUnavailableError):
                 _abort(request)  # the status line is out: never let this response end normally
                 raise
         if send:

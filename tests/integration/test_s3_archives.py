@@ -72,6 +72,15 @@ def corrupt_object(s3_server, bucket: str, sha: str) -> None:
     s3_server.client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
 
 
+async def stored_then_corrupted(settings, client_ssl, release, s3_server, bucket: str) -> tuple[bytes, str]:
+    """The release's archive fetched into the bucket by one proxy, then a bit of its object flipped."""
+    data, sha = release.zips["linux_amd64"], release.sha256("linux_amd64")
+    async with serve_proxy(settings, client_ssl) as proxy:
+        assert (await proxy.get(BIG))[0] == 200
+    corrupt_object(s3_server, bucket, sha)
+    return data, sha
+
+
 # ---- serving ----------------------------------------------------------------------------------
 
 
@@ -119,10 +128,7 @@ async def test_plain_http_streams_from_the_bucket(s3_settings, client_ssl, regis
 
 async def test_a_corrupt_object_is_never_served_whole_and_is_fetched_again(s3_settings, client_ssl, registry, big,
                                                                            s3_server, s3_bucket):
-    data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
-    async with serve_proxy(s3_settings(), client_ssl) as proxy:
-        assert (await proxy.get(BIG))[0] == 200
-    corrupt_object(s3_server, s3_bucket, sha)
+    data, sha = await stored_then_corrupted(s3_settings(), client_ssl, big, s3_server, s3_bucket)
     async with serve_proxy(s3_settings(), client_ssl) as proxy:  # a new process: nothing is trusted yet
         with capture_logs() as logs:
             status, body = await get_or_abort(proxy, BIG)
@@ -140,10 +146,7 @@ async def test_a_corrupt_object_is_never_served_whole_and_is_fetched_again(s3_se
 
 async def test_a_range_of_a_corrupt_object_is_refused_before_any_byte(s3_settings, client_ssl, registry, big,
                                                                       s3_server, s3_bucket):
-    data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
-    async with serve_proxy(s3_settings(), client_ssl) as proxy:
-        assert (await proxy.get(BIG))[0] == 200
-    corrupt_object(s3_server, s3_bucket, sha)
+    data, _ = await stored_then_corrupted(s3_settings(), client_ssl, big, s3_server, s3_bucket)
     async with serve_proxy(s3_settings(), client_ssl) as proxy:
         status, _, body = await proxy.get(BIG, headers={"Range": "bytes=0-9"})
         # found corrupt before the status line: quarantined, fetched again within the same request
