@@ -364,7 +364,7 @@ class S3ArchiveStore:
         answer = await self._call(self._get_range(stored, start, length))
         body = answer["Body"]
         try:
-            while data := await self._call(body.read(chunk)):
+            while data := await self._call(_read_up_to(body, chunk)):
                 yield data
         finally:
             assert self._loop is not None
@@ -399,6 +399,16 @@ class S3ArchiveStore:
                 while chunk := await body.read(HASH_CHUNK):
                     await asyncio.to_thread(handle.write, chunk)
         return present
+
+
+async def _read_up_to(body: Any, size: int) -> bytes:
+    """`size` bytes of a streamed body (fewer only at its end): one hop between the loops per chunk,
+    however small the network's reads are."""
+    parts, have = [], 0
+    while have < size and (part := await body.read(size - have)):
+        parts.append(part)
+        have += len(part)
+    return b"".join(parts)
 
 
 async def _translated(coro: Coroutine[Any, Any, T]) -> T:
