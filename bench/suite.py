@@ -8,7 +8,9 @@
    the proxy with 1 and N workers, peak RSS per worker;
 4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx);
 5. cold fleet fan-out: 100 clients split across two replicas (each with `--fleet-workers`
-   worker processes) sharing Redis and a data dir, upstream GETs per artifact.
+   worker processes) sharing Redis and a data dir, upstream GETs per artifact;
+6. warm archive throughput from S3 (`--archive-store s3://…` on moto's S3 server over HTTPS)
+   against the same proxy serving from its local disk, interleaved in one run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from bench.world import PLATFORM, World, archive_document, build_world, mirror_p
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer
+from tests.fakes.s3_server import CREDENTIALS, S3Server
 from tests.fakes.signing import stop_gpg_agent
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -160,6 +163,7 @@ class Suite:
             await self._fetch_big(workers)
             await self.warm_archive({"proxy": (proxy, probe),
                                      "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))})
+            await self.s3_archive(stack, proxy, probe)
             fleet = await self._start_fleet(stack)
             redis_proxy = None
             if fleet is not None:
@@ -481,6 +485,43 @@ class Suite:
                                   f"CPU {one['cpu_s']:.1f} s / {many['cpu_s']:.1f} s",
                              proxy_workers=f"{max(workers):.0f} MiB"))
 
+    # ---- 6. archives from S3 ---------------------------------------------------------------------
+
+    async def s3_archive(self, stack: contextlib.AsyncExitStack, proxy: ProxyProcess, probe: ProcessProbe) -> None:
+        """The big archive served through a proxy whose archive store is S3 (moto's server mode over HTTPS,
+        in its own process), against the disk proxy (1 worker each), rounds interleaved."""
+        if self.args.no_s3:
+            self.note("S3 benchmark disabled (--no-s3)")
+            return
+        world = self.world
+        self.progress("6. warm archive throughput from S3 (moto server) vs local disk")
+        os.environ.update(CREDENTIALS)  # botocore's default chain, in the proxy process started below
+        s3 = await asyncio.to_thread(S3Server, world.cert_file, world.key_file, world.ca_file)
+        stack.callback(s3.stop)
+        bucket = await asyncio.to_thread(s3.bucket)
+        s3_proxy = await self._start_proxy(stack, "proxy-s3", *s3.flags(bucket))
+        await self._fetch_big(s3_proxy)  # cold: fetched, verified, uploaded
+        self.check("big archive uploaded to the bucket", len(await asyncio.to_thread(s3.keys, bucket)) == 1)
+        path = mirror_path(world.big, archive_document(world.big))
+        s3_probe, store_probe = ProcessProbe(s3_proxy.process.pid), ProcessProbe(s3.process.pid)
+        store_cpu = store_probe.cpu_seconds()
+        result = await self._throughput({"proxy_disk": (proxy.url + path, proxy.ca_file, probe),
+                                         "proxy_s3": (s3_proxy.url + path, s3_proxy.ca_file, s3_probe)})
+        result["s3_server_cpu_s"] = round(store_probe.cpu_seconds() - store_cpu, 2)
+        self.results["s3_archive"] = result
+        for name in ("proxy_disk", "proxy_s3"):
+            gets = result[name]["upstream_archive_gets"]
+            self.check(f"S3 benchmark: {name} made no upstream request", gets == 0, f"{gets} archive GETs upstream")
+        disk, remote = result["proxy_disk"], result["proxy_s3"]
+        keys = [("single_mib_s", "1 client"), ("concurrent4_mib_s", "4 clients")]
+        if "wrk8_mib_s" in remote:
+            keys.insert(0, ("wrk8_mib_s", "wrk -c8"))
+        for key, label in keys:
+            self.rows.append(Row(f"archive from S3 MiB/s, {label}", f"{remote[key]:.0f}",
+                                 f"{disk[key]:.0f} (local disk)", _ratio(remote[key], disk[key]),
+                                 "through the proxy; the S3 server is moto (Python) on the same 2 cores"))
+        await s3_proxy.stop()
+
     # ---- 2. warm JSON ----------------------------------------------------------------------------
 
     async def _load(self, url: str, ca_file: Path) -> load.LoadResult:
@@ -758,6 +799,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="worker processes of each fleet replica (`serve --workers`, default 2)")
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 archive benchmark")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")
     parser.add_argument("--time-limit", type=float, default=720, help="abort the whole run after this many s")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")

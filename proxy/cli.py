@@ -27,6 +27,7 @@ from proxy.config import (
     FreshnessTtls,
     Limits,
     Settings,
+    archive_store_settings,
     env_name,
     metadata_secret_settings,
     normalise_hosts,
@@ -191,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--upstream-credentials", "CLI configuration file whose `credentials \"HOST\" { token = ... }` "
             "blocks are sent to those upstream hosts (TF_TOKEN_<host> variables too); such hosts are private",
             metavar="FILE")
+    _archive_store_options(serve)
+    _archive_redirect_options(serve)
     _add_client_commands(commands, default_data)
     _add_token_command(commands)
     return parser
@@ -210,6 +213,23 @@ def _add_token_command(commands) -> None:
                      help="only these namespaces (repeatable or comma-separated; default: all)")
     new.add_argument("--lock", action="store_true", help="may call /lock/v1 (`registry-proxy lock`)")
     new.add_argument("--metrics", action="store_true", help="may read /metrics")
+
+
+def _archive_store_options(parser: argparse.ArgumentParser) -> None:
+    """Where verified archives are kept: the data dir, or S3-compatible object storage (serve and the commands)."""
+    _option(parser, "--archive-store", "s3://BUCKET/PREFIX to keep archives in S3-compatible object storage "
+            "(credentials from the AWS environment/profile chain); default: DATA_DIR/archives", metavar="URL")
+    _option(parser, "--s3-endpoint-url", "S3 API endpoint (MinIO, Ceph RGW, GCS); default: AWS", metavar="URL")
+    _option(parser, "--s3-region", "S3 region (default: from the AWS configuration)", metavar="REGION")
+    _option(parser, "--s3-path-style", "path-style addressing (https://ENDPOINT/BUCKET/KEY), for MinIO and most "
+            "non-AWS endpoints", switch=True)
+    _option(parser, "--s3-ca-file", "extra CA bundle trusted for the S3 endpoint's TLS", metavar="FILE")
+
+
+def _archive_redirect_options(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "--archive-redirect", "answer archive requests with a short-lived presigned URL of the S3 "
+            "object (307) instead of streaming it; clients must reach the object store", switch=True)
+    _option(parser, "--archive-redirect-expiry", "how long a presigned archive URL is valid", default="5m")
 
 
 def _add_client_commands(commands, default_data: str) -> None:
@@ -258,7 +278,7 @@ def _add_client_commands(commands, default_data: str) -> None:
         description="Hash every stored archive and compare it with its content address; report corrupt files "
                     "and temp dirs left by dead processes; list the provider archives stored unsigned "
                     "(--unsigned-providers). Exits 1 while corruption is found and not repaired.")
-    _store_options(verify, default_data)  # the metadata store: to list the archives stored unsigned
+    _store_options(verify, default_data)  # the archive store, and the metadata store (to list unsigned archives)
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
@@ -297,6 +317,7 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
 
 def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
     _option(parser, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
+    _archive_store_options(parser)
     _option(parser, "--redis-url", "the metadata store is Redis at this URL (else the data dir's embedded one)",
             metavar="URL")
     _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
@@ -376,6 +397,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         unsigned_providers=parse_unsigned_providers(args.unsigned_providers),
         public_url=args.public_url or None,
         **access_settings(args, upstream_map),
+        **archive_store_settings(args),
+        archive_redirect=bool(args.archive_redirect),
+        archive_redirect_expiry=parse_duration(args.archive_redirect_expiry),
     )
 
 

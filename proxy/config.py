@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from yarl import URL
 
@@ -210,6 +211,14 @@ class Settings:
     auth_tokens: Path | None = None
     metrics_token_required: bool = False
     upstream_credentials: UpstreamCredentials = field(default_factory=UpstreamCredentials)
+    # --- archive store (local directory, or S3-compatible object storage) ---
+    archive_store: str = ""  # "": ARCHIVE_DIR; "s3://bucket/prefix"
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_path_style: bool = False
+    s3_ca_file: Path | None = None
+    archive_redirect: bool = False
+    archive_redirect_expiry: float = 300.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -255,6 +264,22 @@ class Settings:
             raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
         self._check_metadata_secret()
         self._check_public_url()
+        self._check_archive_store()
+
+    def _check_archive_store(self) -> None:
+        location = self.s3_location  # raises ConfigError when malformed
+        if location is None and (self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file
+                                 or self.s3_path_style or self.s3_region):
+            raise ConfigError("--archive-redirect and the --s3-* options need --archive-store s3://BUCKET/PREFIX")
+        if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(("https://", "http://")):
+            raise ConfigError(f"invalid --s3-endpoint-url {self.s3_endpoint_url!r}: an http(s):// URL")
+        if not 1 <= self.archive_redirect_expiry <= 7 * 86400:
+            raise ConfigError("--archive-redirect-expiry must be between 1s and 7d")
+
+    @property
+    def s3_location(self) -> S3Location | None:
+        """The bucket and key prefix of `--archive-store s3://…`; None for the local directory."""
+        return parse_s3_location(self.archive_store) if self.archive_store else None
 
     def _check_metadata_secret(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:
@@ -324,6 +349,34 @@ class Settings:
         return self.data_dir / "locks"
 
 
+@dataclass(frozen=True)
+class S3Location:
+    """`s3://BUCKET/PREFIX`: objects are stored at `PREFIX + sha256` (PREFIX is empty or ends in "/")."""
+
+    bucket: str
+    prefix: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z")
+_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/\-]*\Z")
+
+
+def parse_s3_location(text: str) -> S3Location:
+    """Parse `s3://bucket[/prefix]` (bucket rules of S3; prefix of safe key characters, no `..`)."""
+    if not text.startswith("s3://"):
+        raise ConfigError(f"invalid --archive-store {text!r}: s3://BUCKET/PREFIX (or leave it out for the data dir)")
+    bucket, _, prefix = text[len("s3://"):].partition("/")
+    if not _BUCKET.match(bucket):
+        raise ConfigError(f"invalid bucket name {bucket!r} in --archive-store")
+    prefix = prefix.strip("/")
+    if not _PREFIX.match(prefix) or ".." in prefix or "//" in prefix:
+        raise ConfigError(f"invalid key prefix {prefix!r} in --archive-store")
+    return S3Location(bucket, prefix + "/" if prefix else "")
+
+
 def normalise_hosts(hosts: list[str]) -> frozenset[str]:
     """Normalise a list of registry hostnames as the clients would."""
     return frozenset(str(_hostname(host)) for host in hosts if host.strip())
@@ -348,6 +401,11 @@ def parse_unsigned_providers(text: str) -> UnsignedPolicy:
         return parse_unsigned_policy(text)
     except UnsignedPolicyError as exc:
         raise ConfigError(str(exc)) from None
+def archive_store_settings(args: Any) -> dict[str, Any]:
+    """The Settings fields of the archive store flags (`--archive-store`, `--s3-*`) of parsed CLI arguments."""
+    return {"archive_store": args.archive_store or "", "s3_endpoint_url": args.s3_endpoint_url or None,
+            "s3_region": args.s3_region or None, "s3_path_style": bool(args.s3_path_style),
+            "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None}
 
 
 def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:

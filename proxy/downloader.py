@@ -28,8 +28,10 @@ from proxy.growing import GrowingDownloads, GrowingFile
 from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.passthrough import Begin, PassThrough, Send
+from proxy.s3integrity import S3Guard
 from proxy.slots import HostSlots
-from proxy.store import ArchiveStore, PendingArchive, StoredArchive
+from proxy.storage import ArchiveStorage
+from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream.client import UpstreamClient
 
 log = structlog.get_logger(__name__)
@@ -52,7 +54,7 @@ F = TypeVar("F", bound=ArchiveFacts)
 class Downloader:
     """Verified downloads into the archive store, and relays of what cannot be stored."""
 
-    def __init__(self, settings: Settings, upstream: UpstreamClient, store: ArchiveStore, guard: StoreGuard,
+    def __init__(self, settings: Settings, upstream: UpstreamClient, store: ArchiveStorage, guard: StoreGuard | S3Guard,
                  space: DiskSpace, metrics: Metrics) -> None:
         self._settings = settings
         self._upstream = upstream
@@ -61,8 +63,10 @@ class Downloader:
         self._space = space
         self._metrics = metrics
         self._slots = HostSlots.for_upstream(settings.limits)
-        self.growing = GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root),
-                                        store.path_for)
+        # Other processes follow a download through its temp file only where they would find the archive
+        # published as a local file too (a shared directory); with object storage they wait for the upload.
+        self.growing = (GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root), store.path_for)
+                        if store.local else GrowingDownloads())
 
     async def close(self) -> None:
         """Stop following other processes' downloads."""
@@ -134,7 +138,7 @@ class Downloader:
             if then is not None:
                 await then(stored, result)
             if growing is not None:
-                growing.publish(stored.path)
+                growing.publish(stored.path or pending.path)  # in object storage: no local file
             return stored, result
         except BaseException as exc:
             error = self._disk_full_or(exc, what)

@@ -121,3 +121,10 @@ class DiskFullError(ProxyError):
     status = 503
     code = "disk_full"
     expected = True
+
+
+class StoreUnavailableError(ProxyError):
+    """The archive store (object storage) could not be reached or refused a request."""
+
+    status = 503
+    code = "store_unavailable"

@@ -108,8 +108,9 @@ class GrowingFile:
             except FileNotFoundError:
                 if self.error is not None:
                     raise self.error from None
-                if self.verified and path == self.path:
-                    raise VerificationError("the downloaded archive vanished from the store") from None
+                if self.verified and path == self.path:  # published elsewhere (object storage): look it up
+                    raise FollowedDownloadLostError("the downloaded archive was published before this request "
+                                                    "opened it; retry") from None
             if path == self.path:
                 await moved.wait()  # renamed, and `publish` has not told us where to yet
 

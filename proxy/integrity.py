@@ -38,6 +38,8 @@ log = structlog.get_logger(__name__)
 class StoreGuard:
     """Size checks, streaming hashes, whole-file verification and quarantine for one archive store."""
 
+    local = True  # local files: sendfile may serve them
+
     def __init__(self, store: ArchiveStore, metrics: Metrics) -> None:
         self.store = store
         self._metrics = metrics

@@ -66,6 +66,9 @@ class Metrics:
         self.verification_failures = Counter("registry_proxy_verification_failures_total",
                                              "Archives or checksums that failed verification",
                                              ["check"], registry=self.registry)
+        self.archive_redirects = Counter("registry_proxy_archive_redirects_total",
+                                         "Archive requests answered with a presigned URL of the object store",
+                                         registry=self.registry)
         self.store_corruptions = Counter("registry_proxy_store_corruptions_total",
                                          "Stored archives found corrupt (and quarantined), by check",
                                          ["check"], registry=self.registry)

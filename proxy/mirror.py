@@ -42,7 +42,8 @@ from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_p
 from proxy.passthrough import PassThrough
 from proxy.records import ArchiveRecord, SumsRecord
 from proxy.security import security_event
-from proxy.store import ArchiveStore, PendingArchive, StoredArchive
+from proxy.storage import ArchiveStorage
+from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 
@@ -86,7 +87,7 @@ class Mirror:
     """The provider service behind the registry, network mirror and lock file handlers."""
 
     def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
-                 keyring: Keyring, *, cache: MetadataStore, store: ArchiveStore, space: DiskSpace,
+                 keyring: Keyring, *, cache: MetadataStore, store: ArchiveStorage, space: DiskSpace,
                  metrics: Metrics) -> None:
         self._settings = settings
         self._documents = documents

@@ -35,7 +35,8 @@ from proxy.passthrough import PassThrough
 from proxy.records import ModuleRecord
 from proxy.rewrite import module_archive_path
 from proxy.security import security_event
-from proxy.store import ArchiveStore, StoredArchive, file_digest, sha256_file
+from proxy.storage import ArchiveStorage
+from proxy.store import StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
 from proxy.upstream.git import GitFetcher
 
@@ -52,7 +53,7 @@ class ModuleMirror:
     """Module registry pass-through with cached module sources."""
 
     def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
-                 git: GitFetcher, *, store: ArchiveStore, space: DiskSpace, metrics: Metrics) -> None:
+                 git: GitFetcher, *, store: ArchiveStorage, space: DiskSpace, metrics: Metrics) -> None:
         self._settings = settings
         self._documents = documents
         self._downloader = downloader

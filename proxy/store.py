@@ -102,6 +102,8 @@ class PendingArchive:
 class ArchiveStore:
     """Verified archives by SHA-256. Blocking file I/O: call from a worker thread where it matters."""
 
+    local = True  # published archives are local files (served with sendfile, followed across processes)
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self._host = socket.gethostname()

@@ -21,6 +21,7 @@ from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, RedisServer
 from tests.fakes.registry import FakeRegistry
+from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
 from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
@@ -95,6 +96,31 @@ def redis_server(tmp_path_factory) -> RedisServer:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(server_cert_files, ca_file) -> S3Server:
+    """One real S3 API server (moto's server mode, over HTTPS) for the session; tests use a fresh bucket each.
+
+    The dummy AWS credentials go into the environment, where botocore's default chain (of this
+    process and of every proxy process a test starts) finds them."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CREDENTIALS.items():
+            patch.setenv(name, value)
+        patch.delenv("AWS_PROFILE", raising=False)
+        server = S3Server(*server_cert_files, ca_file)
+        patch.setenv(ENV_ENDPOINT, server.url)
+        patch.setenv(ENV_CA, str(ca_file))
+        yield server
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch) -> str:
+    """A fresh bucket (also named in the environment, for child processes that open the store)."""
+    bucket = s3_server.bucket()
+    monkeypatch.setenv(ENV_BUCKET, bucket)
+    return bucket
 
 
 @pytest.fixture(params=["embedded", "redis"])

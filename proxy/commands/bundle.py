@@ -46,7 +46,8 @@ from proxy.hashes import h1_of_zip
 from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
-from proxy.store import ArchiveStore
+from proxy.s3store import S3ArchiveStore
+from proxy.storage import ArchiveStorage
 
 FORMAT = "registry-proxy-bundle"
 FORMAT_VERSION = 1
@@ -70,7 +71,7 @@ class BundleReport:
 # ---- export ----------------------------------------------------------------------------------
 
 
-async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str]) -> BundleReport:
+async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, only: list[str]) -> BundleReport:
     """Write every cached provider archive and module (or those matching `only`) with their metadata."""
     names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
     values = {key: value for key in names if (value := await cache.get(key)) is not None}
@@ -79,7 +80,7 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
     manifest: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "proxy_version": __version__,
                                 "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                                 "providers": [], "modules": []}
-    files: dict[str, Path] = {}
+    files: set[str] = set()
     for key in names:
         if (parts := keys.ARCHIVE.parse(key)) and _selected(keys.ARCHIVE.subject(key), only):
             record = records.decode(values.get(key), ArchiveRecord)
@@ -97,7 +98,7 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             wanted.update(k for k in related if k in values)
             siblings = [k for k in names if _same_release(keys.DOWNLOAD.parse(k), parts) and k != download_key]
             wanted.update(siblings)
-            files[record.sha256] = stored.path
+            files.add(record.sha256)
             sums_record = records.decode(values.get(sums_key), SumsRecord)
             if sums_record and sums_record.fingerprint:
                 report.signing_keys.add(sums_record.fingerprint)
@@ -113,7 +114,7 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             versions_key = keys.MODULE_VERSIONS.key_for(parts)
             related = [key, keys.MODULE_DOWNLOAD.key_for(parts), versions_key, keys.DISCOVERY.key_for(parts)]
             wanted.update(k for k in related if k in values)
-            files[record.sha256] = stored.path
+            files.add(record.sha256)
             manifest["modules"].append({"module_key": key, "sha256": record.sha256, "archive": record.archive})
             report.modules.append(f"{keys.MODULE_VERSIONS.subject(versions_key)} {parts['version']}")
     if not files:
@@ -123,11 +124,30 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
         _add_bytes(tar, "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
         lines = [json.dumps({"key": k, "value": base64.b64encode(values[k]).decode()}) for k in sorted(wanted)]
         _add_bytes(tar, "metadata.jsonl", ("\n".join(lines) + "\n").encode())
-        for sha, path in sorted(files.items()):
-            tar.add(str(path), arcname=f"archives/{sha}", recursive=False)
-            report.bytes += path.stat().st_size
+        for sha in sorted(files):
+            with _local_copy(store, sha) as path:
+                tar.add(str(path), arcname=f"archives/{sha}", recursive=False)
+                report.bytes += path.stat().st_size
     report.entries, report.archives = len(wanted), len(files)
     return report
+
+
+@contextmanager
+def _local_copy(store: ArchiveStorage, sha256: str) -> Iterator[Path]:
+    """A local file holding the stored archive: the store's own file, or a temp copy of the S3 object."""
+    if isinstance(store, S3ArchiveStore):
+        copy = store.temp_path()
+        try:
+            if store.download_to(sha256, copy) is None:
+                raise CommandError(f"archive {sha256} vanished from the store during the export")
+            yield copy
+        finally:
+            copy.unlink(missing_ok=True)
+        return
+    stored = store.get(sha256)
+    if stored is None:
+        raise CommandError(f"archive {sha256} vanished from the store during the export")
+    yield stored.path
 
 
 def _selected(subject: str, only: list[str]) -> bool:
@@ -166,7 +186,7 @@ def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
 # ---- import ----------------------------------------------------------------------------------
 
 
-async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStore, keyring: Keyring,
+async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStorage, keyring: Keyring,
                         trusted_keys: set[str] | None = None) -> BundleReport:
     """Verify everything in `bundle`, then add it to the cache and the store (idempotent).
 

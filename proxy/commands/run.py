@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from proxy.addrs import AddressError, Platform
+from proxy.backends import archive_store
 from proxy.cache import MetadataStore
 from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.commands import CommandError
@@ -15,10 +16,10 @@ from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import Settings, metadata_secret_settings, parse_duration
+from proxy.config import Settings, archive_store_settings, metadata_secret_settings, parse_duration
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
-from proxy.store import ArchiveStore
+from proxy.storage import ArchiveStorage
 
 
 async def dispatch(args: argparse.Namespace) -> int:
@@ -80,16 +81,27 @@ async def _warm(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore]:
-    """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
-    settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
-                        redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
-                        redis_retention=parse_duration(args.redis_retention),
-                        **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file))
+def _store_settings(args: argparse.Namespace) -> Settings:
+    """The settings of the data dir's stores, as `serve` reads them from the same options."""
+    return Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
+                    redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
+                    redis_retention=parse_duration(args.redis_retention),
+                    **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
+                    **archive_store_settings(args))
+
+
+async def _metadata(settings: Settings) -> MetadataStore:
+    """The metadata store opened (and sealed) exactly as `serve` opens it."""
     backend, _ = await open_metadata_store(settings)
-    cache = negative_bound(settings, backend)
-    store = ArchiveStore(settings.archive_dir)
-    store.open()
+    return negative_bound(settings, backend)
+
+
+async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStorage]:
+    """The data dir's stores: the metadata store and the archive store, opened."""
+    settings = _store_settings(args)
+    cache = await _metadata(settings)
+    store = archive_store(settings)
+    await asyncio.to_thread(store.open)
     return cache, store
 
 
@@ -132,16 +144,23 @@ async def _import(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> int:
-    root = Path(args.data_dir).expanduser() / "archives"
-    if not (root / "sha256").is_dir():
+    settings = _store_settings(args)
+    root = settings.archive_dir
+    if settings.s3_location is None and not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
-    report = await asyncio.to_thread(verify_store, ArchiveStore(root), repair=args.repair)
-    if args.redis_url or (Path(args.data_dir).expanduser() / "metadata" / "metadata.sqlite").exists():
-        cache, store = await _stores(args)
-        try:
-            report.unsigned = await unsigned_archives(cache)
-        finally:
-            await cache.close()
+    store = archive_store(settings)
+    if settings.s3_location is not None:
+        store.open()
+    try:
+        report = await asyncio.to_thread(verify_store, store, repair=args.repair)
+        if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
+            cache = await _metadata(settings)
+            try:
+                report.unsigned = await unsigned_archives(cache)
+            finally:
+                await cache.close()
+    finally:
+        if settings.s3_location is not None:
             store.close()
     for line in summary_lines(report):
         print(line)

@@ -1,6 +1,7 @@
-"""`registry-proxy verify`: re-hash every object of a data dir's archive store.
+"""`registry-proxy verify`: re-hash every object of a data dir's archive store (directory or S3).
 
-An object is intact when its content hashes to its name (`sha256/ab/cd/<sha256>`). With
+An object is intact when its content hashes to its name (`sha256/ab/cd/<sha256>`, or the key
+`PREFIX<sha256>` in object storage). With
 `--repair` corrupt objects are moved to the quarantine (a running proxy fetches and
 verifies them again on the next request) and abandoned temp dirs are removed. Safe to run
 next to a running proxy: nothing is written without `--repair`, and a live process's temp
@@ -21,6 +22,8 @@ from tqdm import tqdm
 from proxy import records
 from proxy.cache import MetadataStore, keys
 from proxy.records import ArchiveRecord
+from proxy.s3store import S3ArchiveStore
+from proxy.storage import ArchiveStorage
 from proxy.store import ArchiveStore
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -42,8 +45,8 @@ class VerifyReport:
     objects: int = 0
     bytes: int = 0
     corrupt: dict[str, str] = field(default_factory=dict)  # sha256 → what is wrong
-    quarantined: dict[str, Path] = field(default_factory=dict)  # sha256 → where it went
-    strays: list[Path] = field(default_factory=list)  # files not named by a digest at their place
+    quarantined: dict[str, Path | str] = field(default_factory=dict)  # sha256 → where it went
+    strays: list[Path | str] = field(default_factory=list)  # files (keys) not named by a digest at their place
     abandoned_temp_dirs: list[Path] = field(default_factory=list)
     removed_temp_dirs: list[Path] = field(default_factory=list)
     live_temp_dirs: int = 0
@@ -55,19 +58,14 @@ class VerifyReport:
         return len(set(self.corrupt) - set(self.quarantined))
 
 
-def verify_store(store: ArchiveStore, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
-    """Hash every object under `ROOT/sha256/`; with `repair`, quarantine corrupt ones and reap temp dirs."""
+def verify_store(store: ArchiveStorage, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
+    """Hash every stored object; with `repair`, quarantine corrupt ones and reap temp dirs."""
     report = VerifyReport()
-    paths = list(store.objects())
-    total = sum(_size(p) for p in paths)
+    objects, report.strays = _inventory(store)
+    total = sum(size for _, size in objects)
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify", disable=not show) as bar:
-        for path in paths:
-            sha = path.name
-            if not _HEX64.match(sha) or store.path_for(sha) != path:
-                report.strays.append(path)
-                bar.update(_size(path))
-                continue
+        for sha, _ in objects:
             result = store.check(sha, bar.update)
             if result is None:  # removed meanwhile (a running proxy quarantined it)
                 continue
@@ -102,6 +100,21 @@ async def unsigned_archives(cache: MetadataStore) -> list[UnsignedArchive]:
             found.append(UnsignedArchive(f"{parts['host']}/{parts['namespace']}/{parts['type']}", parts["version"],
                                          parts["platform"], record.filename, record.sha256))
     return sorted(found)
+
+
+def _inventory(store: ArchiveStorage) -> tuple[list[tuple[str, int]], list[Path | str]]:
+    """The objects at content addresses (SHA-256, size), and what else lies where they are kept."""
+    if isinstance(store, S3ArchiveStore):
+        return [(o.sha256, o.size) for o in store.list_objects()], list(store.strays())
+    assert isinstance(store, ArchiveStore)
+    objects: list[tuple[str, int]] = []
+    strays: list[Path | str] = []
+    for path in store.objects():
+        if _HEX64.match(path.name) and store.path_for(path.name) == path:
+            objects.append((path.name, _size(path)))
+        else:
+            strays.append(path)
+    return objects, strays
 
 
 def summary_lines(report: VerifyReport) -> list[str]:

@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 
 from proxy.auth import Grants, grant_key
+from proxy.backends import archive_store, store_guard
 from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
@@ -22,13 +23,11 @@ from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.flights import Flights
 from proxy.gpg import Keyring
-from proxy.integrity import StoreGuard
 from proxy.inventory import InventoryReader, NoAccessTimes
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
-from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -61,7 +60,7 @@ def create_app(settings: Settings) -> web.Application:
 async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = ArchiveStore(settings.archive_dir)
+    store = archive_store(settings)
     store.open()
     metrics = app[METRICS]
     backend, locks = await open_metadata_store(settings, metrics)
@@ -76,7 +75,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app[ACCESS].reload)
     flights = Flights(locks)
     space = DiskSpace(store.root, settings.min_free_space)
-    guard = StoreGuard(store, metrics)
+    guard = store_guard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = Downloader(settings, upstream, store, guard, space, metrics)
     keyring = Keyring(settings.gnupg_home)

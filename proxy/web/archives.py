@@ -37,12 +37,14 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from proxy.errors import FollowedDownloadLostError, StoreCorruptionError
+from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.passthrough import PassThrough
+from proxy.s3integrity import S3Guard
+from proxy.s3store import RemoteArchive
 from proxy.store import StoredArchive
-from proxy.web.keys import GUARD, METRICS
+from proxy.web.keys import GUARD, METRICS, SETTINGS
 from proxy.web.responses import error_response
 from proxy.web.server import write_paced
 
@@ -83,6 +85,9 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
         return web.Response(status=304, headers=headers)
     if answer.status == 412:
         return error_response(412, f"precondition failed: the archive's ETag is {etag}")
+    guard, settings = request.app[GUARD], request.app[SETTINGS]
+    if settings.archive_redirect and not guard.local:
+        return await _redirect(request, guard, stored)
     if answer.status == 416:
         response = error_response(416, f"range not satisfiable: the archive has {stored.size} bytes")
         response.headers["Content-Range"] = f"bytes */{stored.size}"
@@ -90,8 +95,9 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     span = answer.span
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
-    guard, send = request.app[GUARD], request.method != "HEAD" and length > 0
-    sendfile = send and _plain(request) and await _sendfile_allowed(guard, stored, ranged=span is not None)
+    send = request.method != "HEAD" and length > 0
+    sendfile = send and guard.local and _plain(request) and await _sendfile_allowed(guard, stored,
+                                                                                    ranged=span is not None)
     if send and not sendfile and span is not None:
         await guard.verify(stored)  # a range cannot be hashed on its own
     reader = await guard.open(stored, start, length) if send and not sendfile else None
@@ -107,7 +113,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
         elif reader is not None:
             try:
                 await _copy(reader, response)
-            except StoreCorruptionError:
+            except (StoreCorruptionError, StoreUnavailableError):
                 _abort(request)  # the status line is out: never let this response end normally
                 raise
         if send:
@@ -161,6 +167,16 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
         await response.prepare(request)
     await response.write_eof()
     return response
+
+
+async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive) -> web.StreamResponse:
+    """`--archive-redirect`: a stored archive answered with a short-lived presigned URL of its object; the
+    client's own hash check (the mirror's `hashes`, the registry's `shasum`) guards what it downloads."""
+    expiry = request.app[SETTINGS].archive_redirect_expiry
+    location = await guard.presign(stored, expiry)
+    request.app[METRICS].archive_redirects.inc()
+    return web.Response(status=307, headers={"Location": location, "Cache-Control": "private, no-store",
+                                             "ETag": f'"{stored.sha256}"'})
 
 
 def _common_headers(filename: str) -> dict[str, str]:

@@ -1,7 +1,9 @@
-"""One contract for every archive store (`proxy.store.ArchiveStore` on disk; more to come).
+"""One contract for every archive store: `proxy.store.ArchiveStore` on disk and `proxy.s3store.S3ArchiveStore`
+in a bucket of a real S3 API server (moto's server mode over HTTPS, `tests/fakes/s3_server.py`).
 
 A backend is one entry in `BACKENDS`: how to open its stores over one shared location (what
-several processes sharing a volume or a bucket see), and how to list the temp leftovers there.
+several processes sharing a volume or a bucket see), how to list the temp leftovers there, and how
+to read what is stored.
 The contract: content appears at its address only whole (atomic publish), publishing the same
 content twice is harmless, a crash before publish leaves nothing at the address, temp leftovers
 of dead processes are reaped at the next start while those of live processes are not, and no
@@ -10,6 +12,7 @@ address outside SHA-256 hex is ever looked up or written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from collections.abc import Callable, Iterator
@@ -28,13 +31,30 @@ SHA = hashlib.sha256(DATA).hexdigest()
 
 
 @dataclass
+class Backend:
+    """How a test sees one backend: its opener ("module:callable", called with the local root, in this
+    process or in a child), where its temp leftovers are, and how to read what is stored."""
+
+    opener: str
+    leftovers: Callable[[Stores], list[Any]]  # temp artefacts: unpublished downloads, unfinished uploads
+    snapshot: Callable[[Stores], list[Any]]  # everything the backend holds, local and remote
+    read: Callable[[Stores, Any, str], bytes | None]  # the whole content at an address, or None
+    open_reader: Callable[[Stores, Any], Any]  # a reader of a stored archive, opened now, read later
+
+
+@dataclass
 class Stores:
     """Stores of one backend over one shared location; each `open()` is another process's view."""
 
     root: Path
-    opener: str  # "module:Class", built as Class(root) (in this process or in a child)
-    leftovers: Callable[[Path], list[Path]]  # temp artefacts under root: unpublished downloads
+    backend: Backend
+    s3: Any = None  # the S3 server and the test's bucket
+    bucket: str = ""
     opened: list[Any] = field(default_factory=list)
+
+    @property
+    def opener(self) -> str:
+        return self.backend.opener
 
     def open(self) -> Any:
         store = open_store(self.opener, self.root)
@@ -45,23 +65,60 @@ class Stores:
         """Another process that opened the store and left an unpublished download in it."""
         return StoreHolder(self.opener, self.root, size)
 
-    def temp_leftovers(self) -> list[Path]:
-        return self.leftovers(self.root)
+    def temp_leftovers(self) -> list[Any]:
+        return self.backend.leftovers(self)
 
 
-def disk_leftovers(root: Path) -> list[Path]:
+def disk_leftovers(stores: Stores) -> list[Path]:
+    root = stores.root
     return sorted(p for p in (root / "tmp").rglob("*") if p.is_file() and p.name != LOCK_NAME)
 
 
+def s3_leftovers(stores: Stores) -> list[Any]:
+    uploads = stores.s3.client.list_multipart_uploads(Bucket=stores.bucket).get("Uploads", [])
+    return disk_leftovers(stores) + [f"upload:{u['Key']}" for u in uploads]
+
+
+def disk_snapshot(stores: Stores) -> list[Any]:
+    return sorted(stores.root.rglob("*"))
+
+
+def s3_snapshot(stores: Stores) -> list[Any]:
+    return [*disk_snapshot(stores), *stores.s3.keys(stores.bucket), *s3_leftovers(stores)]
+
+
+def disk_read(stores: Stores, store: Any, sha256: str) -> bytes | None:
+    stored = store.get(sha256)
+    return None if stored is None else stored.path.read_bytes()
+
+
+def s3_read(stores: Stores, store: Any, sha256: str) -> bytes | None:
+    copy = stores.root.parent / f"read-{threading.get_ident()}"
+    try:
+        return None if store.download_to(sha256, copy) is None else copy.read_bytes()
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def disk_reader(stores: Stores, stored: Any) -> Any:
+    return stored.path.open("rb")
+
+
+def s3_reader(stores: Stores, stored: Any) -> Any:
+    return contextlib.closing(stores.s3.client.get_object(Bucket=stores.bucket, Key=stored.key)["Body"])
+
+
 BACKENDS = {
-    "disk": ("proxy.store:ArchiveStore", disk_leftovers),
+    "disk": Backend("proxy.store:ArchiveStore", disk_leftovers, disk_snapshot, disk_read, disk_reader),
+    "s3": Backend("tests.fakes.s3_server:test_store", s3_leftovers, s3_snapshot, s3_read, s3_reader),
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def store_factory(request, tmp_path) -> Iterator[Stores]:
-    opener, leftovers = BACKENDS[request.param]
-    stores = Stores(tmp_path / "store", opener, leftovers)
+    stores = Stores(tmp_path / "store", BACKENDS[request.param])
+    if request.param == "s3":
+        stores.s3, stores.bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
     yield stores
     for store in stores.opened:
         store.close()
@@ -73,11 +130,6 @@ def write_pending(store: ArchiveStore, data: bytes = DATA, after_chunk: Callable
         pending.write(data[offset:offset + CHUNK])
         after_chunk()
     return pending
-
-
-def read_whole(store: ArchiveStore, sha256: str) -> bytes | None:
-    stored = store.get(sha256)
-    return None if stored is None else stored.path.read_bytes()
 
 
 # ---- publish ----------------------------------------------------------------------------------
@@ -96,7 +148,7 @@ def test_content_is_at_its_address_only_once_published(store_factory):
     stored = store.publish(pending, SHA)
     assert seen == [None] * len(seen) and len(seen) == len(DATA) // CHUNK
     assert (stored.sha256, stored.size) == (SHA, len(DATA))
-    assert store.get(SHA) == stored and read_whole(store, SHA) == DATA
+    assert store.get(SHA) == stored and store_factory.backend.read(store_factory, store, SHA) == DATA
     assert store_factory.temp_leftovers() == []
 
 
@@ -107,7 +159,7 @@ def test_a_reader_never_sees_a_partial_file(store_factory):
 
     def poll() -> None:
         while not stop.is_set():
-            seen = read_whole(reader_view, SHA)
+            seen = store_factory.backend.read(store_factory, reader_view, SHA)
             observed.append(seen if seen is None else hashlib.sha256(seen).hexdigest())
             if published.is_set() and seen is not None:
                 return
@@ -132,7 +184,8 @@ def test_concurrent_publishes_of_the_same_content_are_fine(store_factory):
     pendings = [write_pending(store) for store in stores]
     assert {pending.finish() for pending in pendings} == {SHA}
     first = stores[0].publish(pendings[0], SHA)
-    with first.path.open("rb") as earlier_reader:  # a client already reading the first copy
+    # a client already reading the first copy:
+    with store_factory.backend.open_reader(store_factory, first) as earlier_reader:
         start = threading.Barrier(len(stores) - 1)
         results: list[object] = []
 
@@ -147,7 +200,7 @@ def test_concurrent_publishes_of_the_same_content_are_fine(store_factory):
             thread.join(30)
         assert earlier_reader.read() == DATA
     assert [(r.sha256, r.size) for r in results] == [(SHA, len(DATA))] * (len(stores) - 1)
-    assert all(read_whole(store, SHA) == DATA for store in stores)
+    assert all(store_factory.backend.read(store_factory, store, SHA) == DATA for store in stores)
     assert store_factory.temp_leftovers() == []
 
 
@@ -165,7 +218,7 @@ def test_published_content_outlives_its_store(store_factory):
     store.publish(pending, SHA)
     store.close()
     store_factory.opened.remove(store)
-    assert read_whole(store_factory.open(), SHA) == DATA
+    assert store_factory.backend.read(store_factory, store_factory.open(), SHA) == DATA
 
 
 # ---- crashes and temp reaping ------------------------------------------------------------------
@@ -222,7 +275,7 @@ def test_only_sha256_hex_addresses_are_published_to(store_factory, address):
     store = store_factory.open()
     pending = write_pending(store, b"evil")
     pending.finish()
-    before = sorted(store_factory.root.rglob("*"))
+    before = store_factory.backend.snapshot(store_factory)
     with pytest.raises(ValueError):
         store.publish(pending, address)
-    assert sorted(store_factory.root.rglob("*")) == before
+    assert store_factory.backend.snapshot(store_factory) == before

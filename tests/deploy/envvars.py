@@ -10,7 +10,6 @@ from proxy.config import env_name
 # Variables of flags that other branches add (named in the manifests ahead of their merge). Remove an entry
 # once its flag is in the CLI: from then on the drift check covers it like any other.
 PENDING = {
-    "REGISTRY_PROXY_ARCHIVE_STORE": "feat/s3: --archive-store s3://BUCKET/PREFIX",
 }
 
 

@@ -1,0 +1,110 @@
+"""A real S3 API server for tests: moto's server mode over HTTPS (a trustme certificate), in a child process.
+
+Run as `python -m tests.fakes.s3_server PORT CERT KEY`; it serves until killed. `S3Server` starts it,
+and hands out a fresh bucket per test (`bucket()`), the serve flags pointing at it (`flags()`), and a
+boto3 client for the test's own inspection. AWS credentials are dummies in the environment (botocore's
+default chain picks them up, in the tests and in every proxy process they start).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.process import REPO_ROOT
+from tests.fakes.redis_server import free_port
+
+REGION = "us-east-1"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+               "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": REGION}
+ENV_BUCKET = "TEST_S3_BUCKET"
+ENV_ENDPOINT = "TEST_S3_ENDPOINT"
+ENV_CA = "TEST_S3_CA_FILE"
+
+
+class S3Server:
+    """moto_server behind TLS on a free port of 127.0.0.1."""
+
+    def __init__(self, cert: Path, key: Path, ca_file: Path) -> None:
+        self.port = free_port()
+        self.ca_file = ca_file
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert),
+                                         str(key)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, env={**os.environ, **CREDENTIALS})
+        self.client = self._client()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.client.list_buckets()
+                return
+            except Exception as exc:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.process.kill()
+                    error = self.process.stderr.read().decode()[-2000:]
+                    self.stop()
+                    raise RuntimeError(f"moto server did not start: {error}") from exc
+                time.sleep(0.1)
+
+    def _client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.url, region_name=REGION, verify=str(self.ca_file),
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def bucket(self) -> str:
+        """A fresh, empty bucket."""
+        name = f"t-{uuid.uuid4().hex[:20]}"
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def flags(self, bucket: str, prefix: str = "archives") -> list[str]:
+        """`serve` flags for an archive store in `bucket` under `prefix`."""
+        return ["--archive-store", f"s3://{bucket}/{prefix}", "--s3-endpoint-url", self.url,
+                "--s3-region", REGION, "--s3-path-style", "--s3-ca-file", str(self.ca_file)]
+
+    def settings(self, bucket: str, prefix: str = "archives") -> dict[str, Any]:
+        """`Settings` fields for an archive store in `bucket` under `prefix`."""
+        return {"archive_store": f"s3://{bucket}/{prefix}", "s3_endpoint_url": self.url, "s3_region": REGION,
+                "s3_path_style": True, "s3_ca_file": self.ca_file}
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+        self.process.stderr.close()
+
+
+def test_store(root: Path) -> Any:
+    """An S3 archive store on the bucket named by the environment (for `tests.fakes.store_holder`)."""
+    from proxy.config import parse_s3_location
+    from proxy.s3store import S3ArchiveStore, S3Options
+
+    return S3ArchiveStore(root, parse_s3_location(f"s3://{os.environ[ENV_BUCKET]}/archives"),
+                          S3Options(endpoint_url=os.environ[ENV_ENDPOINT], region=REGION, path_style=True,
+                                    ca_file=Path(os.environ[ENV_CA])))
+
+
+test_store.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+def main(port: str, cert: str, key: str) -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = DomainDispatcherApplication(create_backend_app)
+    server = make_server("127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler,
+                         ssl_context=(cert, key))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
