@@ -38,6 +38,15 @@ VERIFIED_FACTS = 100_000
 
 
 @dataclass(frozen=True)
+class ObjectInfo:
+    """One object of the store as listed: its SHA-256, size and last modification (epoch seconds)."""
+
+    sha256: str
+    size: int
+    modified: float
+
+
+@dataclass(frozen=True)
 class StoredArchive:
     sha256: str
     path: Path
@@ -311,6 +320,34 @@ class ArchiveStore:
         except OSError:
             return False
         return True
+
+    def list_objects(self) -> Iterator[ObjectInfo]:
+        """Every object at its content address (files named otherwise are `objects()`' strays, not listed)."""
+        for path in self.objects():
+            sha = path.name
+            if not _HEX64.match(sha) or self.path_for(sha) != path:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            yield ObjectInfo(sha, st.st_size, st.st_mtime)
+
+    def remove(self, sha256: str) -> int:
+        """Delete the object at `sha256`'s address; the bytes freed (0 if there was none).
+
+        A reader that opened the file before keeps reading it (POSIX); a later lookup finds nothing,
+        so the archive is fetched and verified again."""
+        path = self.path_for(sha256)
+        with self._lock:
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                return 0
+            self._verified.pop(sha256, None)
+        _fsync_dir(path.parent)
+        return size
 
 
 def hash_stream(handle: IO[bytes], progress: Callable[[int], None] | None = None) -> str:
