@@ -167,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--min-free-space", "free space to keep in DATA_DIR (a size, or a percentage of the disk "
             "such as 5%%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
             "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
+    # --- archive store size cap and eviction ---
+    _option(serve, "--max-store-size", "largest total size of the archive store (e.g. 200GiB); beyond it (and "
+            "below --min-free-space) the least recently served archives are removed, fetched again when asked "
+            "for (default: no cap)", metavar="SIZE")
+    _option(serve, "--eviction-grace", "never evict an archive served or stored within this long, by any replica "
+            "(keep it above 1m: replicas write served times once a minute)", default="10m")
+    _option(serve, "--eviction-interval", "check the store's size this often (also after every store that "
+            "passes the cap)", default="5m")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _option(serve, "--access-log", "one log line per request: all, errors (status 400 and above, and requests "
@@ -313,6 +321,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         min_free_space=parse_space_floor(args.min_free_space),
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
+        max_store_size=parse_size(args.max_store_size) if args.max_store_size else None,
+        eviction_grace=parse_duration(args.eviction_grace),
+        eviction_interval=parse_duration(args.eviction_interval),
     )
 
 

@@ -202,6 +202,10 @@ class Settings:
     workers: int = 1
     event_loop: str = "auto"
     access_log: str = "all"
+    # --- archive store size cap and eviction ---
+    max_store_size: int | None = None
+    eviction_grace: float = 600.0
+    eviction_interval: float = 300.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -243,7 +247,16 @@ class Settings:
             raise ConfigError("--negative-cache-entries must be a positive integer")
         if self.negative_cache_bytes < 1024:
             raise ConfigError("--negative-cache-bytes must be at least 1KiB")
+        self._check_eviction()
         self._check_metadata_secret()
+
+    def _check_eviction(self) -> None:
+        if self.max_store_size is not None and self.max_store_size < 1:
+            raise ConfigError("--max-store-size must be at least 1 byte")
+        if self.eviction_grace < 0:
+            raise ConfigError("--eviction-grace must not be negative")
+        if self.eviction_interval <= 0:
+            raise ConfigError("--eviction-interval must be positive")
 
     def _check_metadata_secret(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:

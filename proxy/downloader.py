@@ -61,6 +61,7 @@ class Downloader:
         self._space = space
         self._metrics = metrics
         self._slots = HostSlots.for_upstream(settings.limits)
+        self.on_stored: Callable[[StoredArchive], None] | None = None  # e.g. the store's size cap
         self.growing = GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root),
                                         store.path_for)
 
@@ -131,6 +132,8 @@ class Downloader:
             self._metrics.upstream_bytes.inc(pending.size)
             result = await check(pending, actual)
             stored = await asyncio.to_thread(self._store.publish, pending, actual)
+            if self.on_stored is not None:
+                self.on_stored(stored)
             if then is not None:
                 await then(stored, result)
             if growing is not None:

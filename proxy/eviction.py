@@ -30,7 +30,7 @@ class StoredObject(Protocol):
     def modified(self) -> float: ...
 
 
-O = TypeVar("O", bound=StoredObject)
+Obj = TypeVar("Obj", bound=StoredObject)
 
 
 def last_use(obj: StoredObject, served: Mapping[str, float], now: float, grace: float) -> float:
@@ -55,15 +55,15 @@ def excess_bytes(total: int, cap: int | None, free: int | None = None, min_free:
     return max(over_cap, below_floor, 0)
 
 
-def victims(objects: Iterable[O], served: Mapping[str, float], *, excess: int, now: float, grace: float,
-            pinned: Collection[str] = ()) -> list[O]:
+def victims(objects: Iterable[Obj], served: Mapping[str, float], *, excess: int, now: float, grace: float,
+            pinned: Collection[str] = ()) -> list[Obj]:
     """The least recently used objects, oldest first, until at least `excess` bytes are freed (fewer if
     the objects not in use do not hold that much); ties go by SHA-256 so the choice is stable."""
     if excess <= 0:
         return []
     candidates = sorted((obj for obj in objects if not in_use(obj, served, pinned, now, grace)),
                         key=lambda obj: (last_use(obj, served, now, grace), obj.sha256))
-    chosen: list[O] = []
+    chosen: list[Obj] = []
     freed = 0
     for obj in candidates:
         if freed >= excess:
@@ -73,8 +73,8 @@ def victims(objects: Iterable[O], served: Mapping[str, float], *, excess: int, n
     return chosen
 
 
-def orphans(objects: Iterable[O], referenced: Collection[str], served: Mapping[str, float], *, now: float,
-            grace: float, pinned: Collection[str] = ()) -> list[O]:
+def orphans(objects: Iterable[Obj], referenced: Collection[str], served: Mapping[str, float], *, now: float,
+            grace: float, pinned: Collection[str] = ()) -> list[Obj]:
     """Objects no metadata record refers to and not in use (gc), in SHA-256 order."""
     return sorted((obj for obj in objects
                    if obj.sha256 not in referenced and not in_use(obj, served, pinned, now, grace)),

@@ -17,6 +17,7 @@ from proxy.config import Settings
 from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
+from proxy.evictor import Evictor
 from proxy.flights import Flights
 from proxy.gpg import Keyring
 from proxy.integrity import StoreGuard
@@ -24,6 +25,7 @@ from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
+from proxy.served import ServedArchives
 from proxy.store import ArchiveStore
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
@@ -31,7 +33,7 @@ from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, registry
 from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
-from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
+from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
 from proxy.web.middlewares import request_context
 
 log = structlog.get_logger(__name__)
@@ -72,6 +74,10 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app[MIRROR] = Mirror(settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space,
                          metrics=metrics)
     app[GUARD] = guard
+    served = app[SERVED] = ServedArchives(backend)
+    evictor = Evictor(store, served, backend, locks, space, metrics, cap=settings.max_store_size,
+                      grace=settings.eviction_grace, interval=settings.eviction_interval)
+    downloader.on_stored = evictor.stored
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
                      max_entries=settings.max_module_entries)
@@ -84,10 +90,13 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline,
-             event_loop=loop_name(asyncio.get_running_loop()), access_log=settings.access_log)
+             event_loop=loop_name(asyncio.get_running_loop()), access_log=settings.access_log,
+             max_store_size=settings.max_store_size)
+    evictor.start()
     try:
         yield
     finally:
+        await evictor.close()
         await downloader.close()
         await flights.close()
         await upstream.close()

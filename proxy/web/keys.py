@@ -10,6 +10,7 @@ from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
+from proxy.served import ServedArchives
 
 SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
@@ -17,3 +18,4 @@ METRICS = web.AppKey("metrics", Metrics)
 MODULES = web.AppKey("modules", ModuleMirror)
 GUARD = web.AppKey("guard", StoreGuard)
 RENDERED = web.AppKey("rendered", RenderedDocuments)
+SERVED = web.AppKey("served", ServedArchives)

@@ -125,5 +125,5 @@ async def test_served_times_are_not_metadata_keys(open_store):
     store = open_store()
     await store.set("versions:registry.example.test/acme/foo", b"x")
     await store.note_served({SHA_A: 1000.0})
-    assert [key async for key in store.keys()] == ["versions:registry.example.test/acme/foo"]
+    assert [key async for key in store.keys()] == ["versions:registry.example.test/acme/foo"]  # noqa: SIM118 - async
     await store.close()
