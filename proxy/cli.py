@@ -1,4 +1,4 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify` (also `python -m proxy`).
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc` (also `python -m proxy`).
 
 Every `serve` flag, and the connection and data-dir options of the other commands, has an
 environment variable `REGISTRY_PROXY_<NAME>`; flags win over the environment, which wins over
@@ -232,6 +232,17 @@ def _add_client_commands(commands, default_data: str) -> None:
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
+
+
+    gc = commands.add_parser(
+        "gc", help="remove archives no metadata refers to, temp leftovers, old quarantined files and expired 404s",
+        description="Remove what nothing needs: archives no record refers to (unless served or stored within "
+                    "--grace), temp dirs of dead processes, quarantined files older than --grace, expired "
+                    "remembered 404s. Safe while replicas serve. Use the same store options as `serve`.")
+    _store_options(gc, default_data)
+    gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
+    gc.add_argument("--grace", default="30m", help="keep unreferenced archives served or stored, and quarantined "
+                    "files moved, within this long (default: 30m)")
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:

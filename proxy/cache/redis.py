@@ -281,6 +281,16 @@ class RedisNegatives:
     async def discard(self, key: str) -> None:
         await self._run("discard", key, b"")
 
+    async def expired(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Remembered 404s past the retention that the bookkeeping still counts (their entries expired by
+        TTL; the next write drops up to 512 of them), with their sizes; raises if Redis is unavailable."""
+        cutoff = (self._clock() if now is None else now) - self._retention
+        zset, sizes = self._keys[0], self._keys[1]
+        members = await self._store.client.zrangebyscore(zset, "-inf", f"({cutoff}")
+        names = [m.decode() if isinstance(m, bytes) else m for m in members]
+        found = await self._store.client.hmget(sizes, names) if names else []
+        return [(name, int(size or 0)) for name, size in zip(names, found, strict=True)]
+
     async def _run(self, op: str, key: str, value: bytes) -> None:
         args = [self._store.key(NEGATIVE.prefix), op, key, value, self._retention, self._clock(),
                 self._max_entries, self._max_bytes]

@@ -10,12 +10,14 @@ from pathlib import Path
 from proxy.addrs import AddressError, Platform
 from proxy.cache import MetadataStore
 from proxy.cache.factory import negative_bound, open_metadata_store
+from proxy.cache.negative import negative_retention
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
+from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import Settings, metadata_secret_settings, parse_duration
+from proxy.config import FreshnessTtls, Settings, metadata_secret_settings, parse_duration
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
 from proxy.store import ArchiveStore
@@ -32,6 +34,8 @@ async def dispatch(args: argparse.Namespace) -> int:
         return await _import(args)
     if args.command == "verify":
         return await asyncio.to_thread(_verify, args)
+    if args.command == "gc":
+        return await _gc(args)
     raise CommandError(f"unknown command {args.command}")
 
 
@@ -80,8 +84,10 @@ async def _warm(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore]:
-    """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it."""
+async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[MetadataStore, ArchiveStore]:
+    """The data dir's stores, the metadata store opened (and sealed) exactly as `serve` opens it; the
+    archive store opened for writing (`claim`: a temp dir of this process, dead processes' reaped) or
+    only looked at."""
     settings = Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
                         redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
                         redis_retention=parse_duration(args.redis_retention),
@@ -89,7 +95,8 @@ async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStore
     backend, _ = await open_metadata_store(settings)
     cache = negative_bound(settings, backend)
     store = ArchiveStore(settings.archive_dir)
-    store.open()
+    if claim:
+        store.open()
     return cache, store
 
 
@@ -125,6 +132,22 @@ async def _import(args: argparse.Namespace) -> int:
           f"{report.entries} metadata entries")
     if report.replaced_corrupt:
         print(f"replaced {report.replaced_corrupt} corrupt stored archives (moved to the quarantine)")
+    return 0
+
+
+async def _gc(args: argparse.Namespace) -> int:
+    grace = parse_duration(args.grace)
+    cache, store = await _stores(args, claim=False)  # gc removes dead processes' temp dirs itself, or not
+    try:
+        if not (store.root / "sha256").is_dir():
+            raise CommandError(f"{store.root} holds no archive store (is --data-dir the proxy's data directory?)")
+        report = await collect(cache, store, grace=grace, dry_run=args.dry_run,
+                               negative_retention=negative_retention(FreshnessTtls().negative))
+    finally:
+        await cache.close()
+        store.close()
+    for line in report_lines(report, dry_run=args.dry_run):
+        print(line)
     return 0
 
 
