@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import ssl
 import time
 
 import pytest
@@ -21,6 +19,7 @@ import pytest
 from proxy.web.keys import METRICS, SERVED, SETTINGS
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import Release
+from tests.fakes.rawclients import open_tls, request
 
 WAIT = 15  # seconds for an awaited condition: only a broken proxy takes that long
 MiB = 2**20
@@ -57,58 +56,6 @@ def releases(registry, signing_key) -> tuple[Release, Release, Release]:
     return huge, old, new
 
 
-class SlowClient(asyncio.Protocol):
-    """A TLS client that sends one request (Connection: close), reads 256 KiB of the answer, then stops
-    reading until the test resumes it; keeps everything it received."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.paused = asyncio.Event()
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @classmethod
-    async def connect(cls, base: str, context: ssl.SSLContext, path: str) -> SlowClient:
-        loop = asyncio.get_running_loop()
-        port = int(base.rsplit(":", 1)[1])
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)  # before connecting
-        sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", port))
-        client = cls()
-        await loop.create_connection(lambda: client, sock=sock, ssl=context, server_hostname="127.0.0.1")
-        assert client.transport is not None
-        client.transport.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-        return client
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.data += data
-        if len(self.data) >= 256 * 1024 and not self.paused.is_set():
-            self.paused.set()
-            assert self.transport is not None
-            self.transport.pause_reading()
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def status(self) -> int:
-        return int(bytes(self.data).split(b"\r\n", 1)[0].split()[1])
-
-    def body(self) -> bytes:
-        return bytes(self.data).partition(b"\r\n\r\n")[2]
-
-
 async def age(proxy, shas: list[str]) -> None:
     """Make the archives look stored and last served long ago, the first the longest."""
     metadata = proxy.app[SERVED]._metadata
@@ -136,8 +83,10 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
 
         # A client starts receiving A, then stops reading (a small receive buffer): A's response is in
         # progress, A is pinned.
-        slow = await SlowClient.connect(proxy.url, client_ssl, url(huge, a))
-        await asyncio.wait_for(slow.paused.wait(), WAIT)
+        slow = await open_tls("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), client_ssl, receive_buffer=32 * 1024,
+                              stop_reading_after=256 * 1024, keep=64 * MiB)
+        slow.send(request(url(huge, a), headers={"Connection": "close"}))
+        await until(lambda: slow.received >= 256 * 1024, "the first 256 KiB of A")
         await until(lambda: proxy.app[SERVED].is_pinned(sha[a]), "A pinned while it is sent")
         await age(proxy, [sha[a], sha[b], sha[c]])  # and A's serving just now is forgotten: only its pin protects it
 
@@ -157,6 +106,7 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
 
             # A's client gets every byte, unharmed by the eviction.
             assert len(slow.body()) < sizes[a]
+            slow.stop_reading_after = None
             slow.transport.resume_reading()
             await asyncio.wait_for(asyncio.shield(slow.closed), WAIT)
             assert slow.status() == 200 and slow.body() == huge.zips[a]
