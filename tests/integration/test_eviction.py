@@ -19,6 +19,7 @@ import pytest
 from proxy.web.keys import METRICS, SERVED, SETTINGS
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import Release
+from tests.fakes.process import wait_for
 from tests.fakes.rawclients import open_tls, request
 
 WAIT = 15  # seconds for an awaited condition: only a broken proxy takes that long
@@ -29,15 +30,6 @@ LONG_AGO = 3 * 86400
 def url(release: Release, platform: str) -> str:
     return (f"/mirror/v1/{REGISTRY_HOST}/{release.namespace}/{release.type}/{release.version}/{platform}/"
             f"{release.filename(platform)}")
-
-
-async def until(condition, what: str) -> None:
-    """Wait for `condition()` to hold (checked every 20 ms), at most WAIT seconds."""
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def stored_shas(proxy) -> set[str]:
@@ -86,8 +78,8 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
         slow = await open_tls("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), client_ssl, receive_buffer=32 * 1024,
                               stop_reading_after=256 * 1024, keep=64 * MiB)
         slow.send(request(url(huge, a), headers={"Connection": "close"}))
-        await until(lambda: slow.received >= 256 * 1024, "the first 256 KiB of A")
-        await until(lambda: proxy.app[SERVED].is_pinned(sha[a]), "A pinned while it is sent")
+        await wait_for(lambda: slow.received >= 256 * 1024, WAIT, "the first 256 KiB of A")
+        await wait_for(lambda: proxy.app[SERVED].is_pinned(sha[a]), WAIT, "A pinned while it is sent")
         await age(proxy, [sha[a], sha[b], sha[c]])  # and A's serving just now is forgotten: only its pin protects it
 
         try:
@@ -101,7 +93,7 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
             hold.release.set()  # D is stored: four archives, over the cap, an eviction run starts
             status, _, d_body = await asyncio.wait_for(d_request, WAIT)
             assert status == 200 and d_body == new.zips["linux_amd64"]
-            await until(lambda: stored_shas(proxy) == {sha[a], sha["d"]}, "B and C evicted, A and D kept")
+            await wait_for(lambda: stored_shas(proxy) == {sha[a], sha["d"]}, WAIT, "B and C evicted, A and D kept")
             assert proxy.app[SERVED].is_pinned(sha[a])  # A was still being sent during the run
 
             # A's client gets every byte, unharmed by the eviction.

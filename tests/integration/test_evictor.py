@@ -3,7 +3,6 @@ periodic run, an unreadable fleet view, pins and the throttle of served-time wri
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 
@@ -18,6 +17,7 @@ from proxy.metrics import Metrics
 from proxy.served import ServedArchives
 from proxy.singleflight import LocalLocks
 from proxy.store import ArchiveStore
+from tests.fakes.process import wait_for
 from tests.fakes.redis_server import free_port
 
 LONG_AGO = 3 * 86400
@@ -83,11 +83,8 @@ async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path
     job = evictor(store, metadata, cap=2000, interval=0.05)
     job.start()
     try:
-        deadline = time.monotonic() + WAIT
-        while second in present(store):  # no publish wakes it: only the interval does
-            if time.monotonic() > deadline:
-                raise AssertionError("the periodic run did not evict")
-            await asyncio.sleep(0.02)
+        # no publish wakes it: only the interval does
+        await wait_for(lambda: second not in present(store), WAIT, "the periodic run to evict")
     finally:
         await job.close()
     assert present(store) == {first, third}
