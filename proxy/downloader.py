@@ -132,8 +132,7 @@ class Downloader:
             self._metrics.upstream_bytes.inc(pending.size)
             result = await check(pending, actual)
             stored = await asyncio.to_thread(self._store.publish, pending, actual)
-            if self.on_stored is not None:
-                self.on_stored(stored)
+            self.note_stored(stored)
             if then is not None:
                 await then(stored, result)
             if growing is not None:
@@ -152,6 +151,12 @@ class Downloader:
         finally:
             if growing is not None and follow is not None:
                 self.growing.withdraw(follow[0], growing)
+
+    def note_stored(self, stored: StoredArchive) -> None:
+        """An archive was published (here, or by a producer writing its own file, e.g. a packed git module):
+        tell `on_stored`, the store's size cap."""
+        if self.on_stored is not None:
+            self.on_stored(stored)
 
     def _disk_full_or(self, exc: BaseException, what: str) -> BaseException:
         """A write that failed for lack of space as the DiskFullError it means; any other error as it is."""
