@@ -9,8 +9,10 @@ from pathlib import Path
 
 from proxy.addrs import AddressError, Platform
 from proxy.cache import MetadataStore
+from proxy.cache.embedded import FAILURES as EMBEDDED_FAILURES
 from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.negative import negative_retention
+from proxy.cache.redis import FAILURES as REDIS_FAILURES
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.gc import collect, report_lines
@@ -141,8 +143,12 @@ async def _gc(args: argparse.Namespace) -> int:
     try:
         if not (store.root / "sha256").is_dir():
             raise CommandError(f"{store.root} holds no archive store (is --data-dir the proxy's data directory?)")
-        report = await collect(cache, store, grace=grace, dry_run=args.dry_run,
-                               negative_retention=negative_retention(FreshnessTtls().negative))
+        try:
+            report = await collect(cache, store, grace=grace, dry_run=args.dry_run,
+                                   negative_retention=negative_retention(FreshnessTtls().negative))
+        except (*REDIS_FAILURES, *EMBEDDED_FAILURES) as exc:
+            raise CommandError(f"gc stopped: the metadata store could not be read ({exc}); nothing more "
+                               "is removed until it can") from None
     finally:
         await cache.close()
         store.close()

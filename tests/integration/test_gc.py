@@ -21,6 +21,7 @@ from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.store import ArchiveStore
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.process import REPO_ROOT
+from tests.fakes.redis_server import free_port
 from tests.fakes.store_holder import StoreHolder
 
 LONG_AGO = 3 * 86400
@@ -153,3 +154,15 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
     assert lines_of(out, "archive") == []
     assert "unreadable record" in out
     assert store.path_for(live).exists()
+
+
+async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path):
+    """Redis down: nothing is known to be unreferenced, so nothing is removed."""
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret="s" * 32)
+    store = ArchiveStore(settings.archive_dir)
+    store.open()
+    orphan = publish(store, b"an orphan", time.time() - LONG_AGO)
+    store.close()
+    code, out = await gc(settings)
+    assert code == 1 and "the metadata store could not be read" in out, out
+    assert store.path_for(orphan).exists()
