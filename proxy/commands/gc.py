@@ -183,7 +183,7 @@ def report_lines(report: GcReport, *, dry_run: bool) -> list[str]:
     """One line per object (what, bytes, name), then the total."""
     verb = "would remove" if dry_run else "removed"
     items = report.garbage if dry_run else report.removed
-    lines = [f"{verb:<12}  {item.kind:<10}  {item.bytes:>14}  {item.name}" for item in items]
+    lines = [f"{verb:<12}  {item.kind:<12}  {item.bytes:>14}  {item.name}" for item in items]
     for key in report.unreadable:
         lines.append(f"unreadable record (no archive is removed while one is): {key}")
     freed = sum(item.bytes for item in items)
