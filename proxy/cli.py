@@ -1,4 +1,5 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|healthcheck` (also `python -m proxy`).
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|healthcheck|token`
+(also `python -m proxy`).
 
 Every `serve` flag, and the connection and data-dir options of the other commands, has an
 environment variable `REGISTRY_PROXY_<NAME>`; flags win over the environment, which wins over
@@ -169,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--min-free-space", "free space to keep in DATA_DIR (a size, or a percentage of the disk "
             "such as 5%%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
             "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
+    # --- archive store size cap and eviction ---
+    _option(serve, "--max-store-size", "largest total size of the archive store (e.g. 200GiB); beyond it (and "
+            "below --min-free-space) the least recently served archives are removed, fetched again when asked "
+            "for (default: no cap)", metavar="SIZE")
+    _option(serve, "--eviction-grace", "never evict an archive served or stored within this long, by any replica "
+            "(keep it above 1m: replicas write served times once a minute)", default="10m")
+    _option(serve, "--eviction-interval", "check the store's size this often (also after every store that "
+            "passes the cap)", default="5m")
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
     _option(serve, "--access-log", "one log line per request: all, errors (status 400 and above, and requests "
@@ -282,6 +291,16 @@ def _add_client_commands(commands, default_data: str) -> None:
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
+
+    gc = commands.add_parser(
+        "gc", help="remove archives no metadata refers to, temp leftovers, old quarantined files and expired 404s",
+        description="Remove what nothing needs: archives no record refers to (unless served or stored within "
+                    "--grace), temp dirs of dead processes, quarantined files older than --grace, expired "
+                    "remembered 404s. Safe while replicas serve. Use the same store options as `serve`.")
+    _store_options(gc, default_data)
+    gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
+    gc.add_argument("--grace", default="30m", help="keep unreferenced archives served or stored, and quarantined "
+                    "files moved, within this long (default: 30m)")
 
 
 _HEALTHCHECK_ABOUT = (
@@ -400,6 +419,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         **archive_store_settings(args),
         archive_redirect=bool(args.archive_redirect),
         archive_redirect_expiry=parse_duration(args.archive_redirect_expiry),
+        max_store_size=parse_size(args.max_store_size) if args.max_store_size else None,
+        eviction_grace=parse_duration(args.eviction_grace),
+        eviction_interval=parse_duration(args.eviction_interval),
     )
 
 

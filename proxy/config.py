@@ -219,6 +219,10 @@ class Settings:
     s3_ca_file: Path | None = None
     archive_redirect: bool = False
     archive_redirect_expiry: float = 300.0
+    # --- archive store size cap and eviction ---
+    max_store_size: int | None = None
+    eviction_grace: float = 600.0
+    eviction_interval: float = 300.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -262,6 +266,7 @@ class Settings:
             raise ConfigError("--negative-cache-bytes must be at least 1KiB")
         if self.metrics_token_required and self.auth_tokens is None:
             raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
+        self._check_eviction()
         self._check_metadata_secret()
         self._check_public_url()
         self._check_archive_store()
@@ -280,6 +285,14 @@ class Settings:
     def s3_location(self) -> S3Location | None:
         """The bucket and key prefix of `--archive-store s3://…`; None for the local directory."""
         return parse_s3_location(self.archive_store) if self.archive_store else None
+
+    def _check_eviction(self) -> None:
+        if self.max_store_size is not None and self.max_store_size < 1:
+            raise ConfigError("--max-store-size must be at least 1 byte")
+        if self.eviction_grace < 0:
+            raise ConfigError("--eviction-grace must not be negative")
+        if self.eviction_interval <= 0:
+            raise ConfigError("--eviction-interval must be positive")
 
     def _check_metadata_secret(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:

@@ -63,6 +63,7 @@ class Downloader:
         self._space = space
         self._metrics = metrics
         self._slots = HostSlots.for_upstream(settings.limits)
+        self.on_stored: Callable[[StoredArchive], None] | None = None  # e.g. the store's size cap
         # Other processes follow a download through its temp file only where they would find the archive
         # published as a local file too (a shared directory); with object storage they wait for the upload.
         self.growing = (GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root), store.path_for)
@@ -135,6 +136,7 @@ class Downloader:
             self._metrics.upstream_bytes.inc(pending.size)
             result = await check(pending, actual)
             stored = await asyncio.to_thread(self._store.publish, pending, actual)
+            self.note_stored(stored)
             if then is not None:
                 await then(stored, result)
             if growing is not None:
@@ -153,6 +155,12 @@ class Downloader:
         finally:
             if growing is not None and follow is not None:
                 self.growing.withdraw(follow[0], growing)
+
+    def note_stored(self, stored: StoredArchive) -> None:
+        """An archive was published (here, or by a producer writing its own file, e.g. a packed git module):
+        tell `on_stored`, the store's size cap."""
+        if self.on_stored is not None:
+            self.on_stored(stored)
 
     def _disk_full_or(self, exc: BaseException, what: str) -> BaseException:
         """A write that failed for lack of space as the DiskFullError it means; any other error as it is."""

@@ -97,6 +97,15 @@ class Metrics:
         self.negative_bytes = Gauge("registry_proxy_negative_cache_bytes",
                                     "Size of the remembered upstream 404s held", registry=self.registry,
                                     multiprocess_mode="livemax")
+        self.store_bytes = Gauge("registry_proxy_store_bytes", "Bytes of the archives in the store (as last "
+                                 "listed, plus what was stored since)", registry=self.registry,
+                                 multiprocess_mode="livemax")
+        self.store_objects = Gauge("registry_proxy_store_objects", "Archives in the store (as last listed, plus "
+                                   "what was stored since)", registry=self.registry, multiprocess_mode="livemax")
+        self.evictions = Counter("registry_proxy_store_evictions_total", "Archives evicted from the store "
+                                 "(least recently served first)", registry=self.registry)
+        self.evicted_bytes = Counter("registry_proxy_store_evicted_bytes_total", "Bytes freed by evicting archives",
+                                     registry=self.registry)
 
     def count_request(self, route: str, status: int, seconds: float) -> None:
         """One request served: its count by route and status, its duration by route (runs per request, so the

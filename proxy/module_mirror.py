@@ -196,7 +196,9 @@ class ModuleMirror:
                 raise UpstreamTooLargeError(
                     f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit")
             sha = await asyncio.to_thread(sha256_file, path)
-            return await asyncio.to_thread(store.publish_path, path, sha), packed.commit
+            stored = await asyncio.to_thread(store.publish_path, path, sha)
+            self._downloader.note_stored(stored)
+            return stored, packed.commit
         except BaseException:
             await asyncio.to_thread(path.unlink, True)
             raise

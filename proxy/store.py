@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from proxy.objects import ObjectInfo
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 ABANDONED_AFTER = 24 * 3600.0
 LOCK_NAME = ".lock"
@@ -313,6 +315,34 @@ class ArchiveStore:
         except OSError:
             return False
         return True
+
+    def list_objects(self) -> Iterator[ObjectInfo]:
+        """Every object at its content address (files named otherwise are `objects()`' strays, not listed)."""
+        for path in self.objects():
+            sha = path.name
+            if not _HEX64.match(sha) or self.path_for(sha) != path:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            yield ObjectInfo(sha, st.st_size, st.st_mtime)
+
+    def remove(self, sha256: str) -> int:
+        """Delete the object at `sha256`'s address; the bytes freed (0 if there was none).
+
+        A reader that opened the file before keeps reading it (POSIX); a later lookup finds nothing,
+        so the archive is fetched and verified again."""
+        path = self.path_for(sha256)
+        with self._lock:
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                return 0
+            self._verified.pop(sha256, None)
+        _fsync_dir(path.parent)
+        return size
 
 
 def hash_stream(handle: IO[bytes], progress: Callable[[int], None] | None = None) -> str:

@@ -24,7 +24,7 @@ import contextlib
 import datetime as dt
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,6 +38,8 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 TABLE = "metadata"
+SERVED_TABLE = "served"  # archive SHA-256 -> when it was last served (epoch seconds)
+_SERVED_SCHEMA = f"CREATE TABLE IF NOT EXISTS `{SERVED_TABLE}` (sha256 TEXT PRIMARY KEY, at REAL NOT NULL)"
 BUSY_TIMEOUT = 5.0
 MANY_AT_ONCE = 500  # keys per statement of get_many (SQLite allows 32766 parameters; old builds 999)
 BUSY_PAUSE = 0.01  # first pause before trying a statement SQLite refused as busy again (doubling)
@@ -113,6 +115,28 @@ class EmbeddedStore:
             found = await cursor.fetchall()
         for (key,) in found:
             yield key
+
+    async def note_served(self, times: Mapping[str, float]) -> None:
+        """Upsert into the `served` table, keeping the later time."""
+        if times:
+            rows = list(times.items())
+            await self._call(lambda cache: _served_write(
+                cache, f"INSERT INTO `{SERVED_TABLE}` (sha256, at) VALUES (?, ?) "
+                       "ON CONFLICT(sha256) DO UPDATE SET at = max(at, excluded.at)", rows), None, retry_fresh=True)
+
+    async def served_times(self) -> dict[str, float]:
+        """The whole `served` table; raises if the file cannot be read."""
+        cache = await self._open()
+        async with cache.get_connection() as db:
+            await db.execute(_SERVED_SCHEMA)
+            async with db.execute(f"SELECT sha256, at FROM `{SERVED_TABLE}`") as cursor:
+                return {str(sha): float(at) for sha, at in await cursor.fetchall()}
+
+    async def forget_served(self, sha256s: Iterable[str]) -> None:
+        rows = [(sha,) for sha in sha256s]
+        if rows:
+            await self._call(lambda cache: _served_write(
+                cache, f"DELETE FROM `{SERVED_TABLE}` WHERE sha256 = ?", rows), None, retry_fresh=True)
 
     async def ping(self) -> bool:
         """True when the file answers a query now; False while the breaker is open."""
@@ -249,6 +273,13 @@ async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes
     async with cache.get_connection() as db, \
             db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor:
         return {key: value for key, value in await cursor.fetchall()}
+
+
+async def _served_write(cache: SQLiteCache, statement: str, rows: list[tuple]) -> None:
+    """One statement over many rows of the `served` table, made first if this file lacks it."""
+    async with cache.get_connection() as db:
+        await db.execute(_SERVED_SCHEMA)
+        await db.executemany(statement, rows)
 
 
 def _rename_database(path: Path, target: Path) -> None:

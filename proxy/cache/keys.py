@@ -89,6 +89,7 @@ DOCUMENT_FLIGHT = WrappedKey("doc")  # the in-process single flight of a documen
 FLEET_LOCK = WrappedKey("lock")  # a Redis fleet lock
 NEGATIVE = WrappedKey("negative")  # a remembered 404 in Redis
 NEGATIVE_BOOKKEEPING = ("negatives", "negatives:sizes", "negatives:bytes")  # Redis: write order, sizes, total
+SERVED = "served"  # Redis: sorted set of archive SHA-256s by the time they were last served
 
 
 def kind_of(key: str) -> KeyPattern | None:

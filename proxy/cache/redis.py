@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
 import redis.asyncio as aioredis
@@ -30,14 +30,14 @@ import structlog
 from redis.exceptions import LockError, RedisError
 
 from proxy.cache.breaker import Breaker
-from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING
+from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 DEFAULT_RETENTION = 90 * 86400.0
 # fleet locks and remembered 404s are never exported
-_NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING)
+_NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 
 
@@ -99,6 +99,28 @@ class RedisStore:
             name = key.decode() if isinstance(key, bytes) else key
             if not name[skip:].startswith(_NOT_LISTED):
                 yield name[skip:]
+
+    async def note_served(self, times: Mapping[str, float]) -> None:
+        """ZADD GT into `PREFIX:served` (a later time wins, whichever replica wrote first); the set
+        expires after the retention like every key, renewed by each write."""
+        if not times:
+            return
+        pipeline = self.client.pipeline(transaction=False)
+        pipeline.zadd(self.key(SERVED), dict(times), gt=True)
+        pipeline.expire(self.key(SERVED), self._ttl())
+        await self._call(pipeline.execute(), None)
+
+    async def served_times(self) -> dict[str, float]:
+        """The whole `PREFIX:served` set (ZSCAN, never one huge reply); raises if Redis is unavailable."""
+        found: dict[str, float] = {}
+        async for member, score in self.client.zscan_iter(self.key(SERVED), count=1000):
+            found[member.decode() if isinstance(member, bytes) else member] = float(score)
+        return found
+
+    async def forget_served(self, sha256s: Iterable[str]) -> None:
+        members = list(sha256s)
+        if members:
+            await self._call(self.client.zrem(self.key(SERVED), *members), None)
 
     async def ping(self) -> bool:
         # The readiness probe always asks Redis, so it also closes the breaker early.
@@ -258,6 +280,16 @@ class RedisNegatives:
 
     async def discard(self, key: str) -> None:
         await self._run("discard", key, b"")
+
+    async def expired(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Remembered 404s past the retention that the bookkeeping still counts (their entries expired by
+        TTL; the next write drops up to 512 of them), with their sizes; raises if Redis is unavailable."""
+        cutoff = (self._clock() if now is None else now) - self._retention
+        zset, sizes = self._keys[0], self._keys[1]
+        members = await self._store.client.zrangebyscore(zset, "-inf", f"({cutoff}")
+        names = [m.decode() if isinstance(m, bytes) else m for m in members]
+        found = await self._store.client.hmget(sizes, names) if names else []
+        return [(name, int(size or 0)) for name, size in zip(names, found, strict=True)]
 
     async def _run(self, op: str, key: str, value: bytes) -> None:
         args = [self._store.key(NEGATIVE.prefix), op, key, value, self._retention, self._clock(),

@@ -10,13 +10,17 @@ from pathlib import Path
 from proxy.addrs import AddressError, Platform
 from proxy.backends import archive_store
 from proxy.cache import MetadataStore
+from proxy.cache.embedded import FAILURES as EMBEDDED_FAILURES
 from proxy.cache.factory import negative_bound, open_metadata_store
+from proxy.cache.negative import negative_retention
+from proxy.cache.redis import FAILURES as REDIS_FAILURES
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
+from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import Settings, archive_store_settings, metadata_secret_settings, parse_duration
+from proxy.config import FreshnessTtls, Settings, archive_store_settings, metadata_secret_settings, parse_duration
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient
 from proxy.storage import ArchiveStorage
@@ -33,6 +37,8 @@ async def dispatch(args: argparse.Namespace) -> int:
         return await _import(args)
     if args.command == "verify":
         return await _verify(args)
+    if args.command == "gc":
+        return await _gc(args)
     raise CommandError(f"unknown command {args.command}")
 
 
@@ -96,12 +102,15 @@ async def _metadata(settings: Settings) -> MetadataStore:
     return negative_bound(settings, backend)
 
 
-async def _stores(args: argparse.Namespace) -> tuple[MetadataStore, ArchiveStorage]:
-    """The data dir's stores: the metadata store and the archive store, opened."""
+async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[MetadataStore, ArchiveStorage]:
+    """The data dir's stores: the metadata store (opened and sealed as `serve` opens it) and the archive
+    store, opened for writing (`claim`: a temp dir of this process, dead processes' reaped) or, for a
+    local store, only looked at."""
     settings = _store_settings(args)
     cache = await _metadata(settings)
     store = archive_store(settings)
-    await asyncio.to_thread(store.open)
+    if claim or not store.local:  # object storage must be opened to be read at all
+        await asyncio.to_thread(store.open)
     return cache, store
 
 
@@ -140,6 +149,26 @@ async def _import(args: argparse.Namespace) -> int:
           f"{report.entries} metadata entries")
     if report.replaced_corrupt:
         print(f"replaced {report.replaced_corrupt} corrupt stored archives (moved to the quarantine)")
+    return 0
+
+
+async def _gc(args: argparse.Namespace) -> int:
+    grace = parse_duration(args.grace)
+    cache, store = await _stores(args, claim=False)  # gc removes dead processes' temp dirs itself, or not
+    try:
+        if store.local and not (store.root / "sha256").is_dir():
+            raise CommandError(f"{store.root} holds no archive store (is --data-dir the proxy's data directory?)")
+        try:
+            report = await collect(cache, store, grace=grace, dry_run=args.dry_run,
+                                   negative_retention=negative_retention(FreshnessTtls().negative))
+        except (*REDIS_FAILURES, *EMBEDDED_FAILURES) as exc:
+            raise CommandError(f"gc stopped: the metadata store could not be read ({exc}); nothing more "
+                               "is removed until it can") from None
+    finally:
+        await cache.close()
+        store.close()
+    for line in report_lines(report, dry_run=args.dry_run):
+        print(line)
     return 0
 
 

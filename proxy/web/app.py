@@ -21,13 +21,15 @@ from proxy.config import Settings
 from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
+from proxy.evictor import Evictor
 from proxy.flights import Flights
 from proxy.gpg import Keyring
-from proxy.inventory import InventoryReader, NoAccessTimes
+from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
+from proxy.served import ServedArchives
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -35,7 +37,7 @@ from proxy.web import discovery, health, lockfile, network_mirror, page, registr
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
-from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
+from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
 from proxy.web.middlewares import request_context
 
 log = structlog.get_logger(__name__)
@@ -82,8 +84,11 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app[MIRROR] = Mirror(settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space,
                          metrics=metrics)
     app[GUARD] = guard
-    # Last-served times: NoAccessTimes until the metadata store records when archives are served.
-    app[INVENTORY] = InventoryReader(settings, cache, NoAccessTimes())
+    served = app[SERVED] = ServedArchives(backend)
+    evictor = Evictor(store, served, backend, locks, space, metrics, cap=settings.max_store_size,
+                      grace=settings.eviction_grace, interval=settings.eviction_interval)
+    downloader.on_stored = evictor.stored
+    app[INVENTORY] = InventoryReader(settings, cache, served)
     git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
                      timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
                      max_entries=settings.max_module_entries, credentials=settings.upstream_credentials)
@@ -96,12 +101,15 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     app.on_shutdown.append(begin_shutdown)
     log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
              metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline,
-             event_loop=loop_name(asyncio.get_running_loop()), access_log=settings.access_log)
+             event_loop=loop_name(asyncio.get_running_loop()), access_log=settings.access_log,
+             max_store_size=settings.max_store_size)
+    evictor.start()
     try:
         yield
     finally:
         if reload_on_sighup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        await evictor.close()
         await downloader.close()
         await flights.close()
         await upstream.close()

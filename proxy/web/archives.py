@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import IO
 
 import structlog
 from aiohttp import web
@@ -44,7 +45,7 @@ from proxy.passthrough import PassThrough
 from proxy.s3integrity import S3Guard
 from proxy.s3store import RemoteArchive
 from proxy.store import StoredArchive
-from proxy.web.keys import GUARD, METRICS, SETTINGS
+from proxy.web.keys import GUARD, METRICS, SERVED, SETTINGS
 from proxy.web.responses import error_response
 from proxy.web.server import write_paced
 
@@ -64,12 +65,24 @@ async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]
     once more, which fetches and verifies it again."""
     stored, filename, content_type = await find()
     try:
-        return await serve_archive(request, stored, filename, content_type)
+        return await _serve_pinned(request, stored, filename, content_type)
     except (StoreCorruptionError, FollowedDownloadLostError):
         if request.transport is None or request.transport.is_closing():
             raise
     stored, filename, content_type = await find()
-    return await serve_archive(request, stored, filename, content_type)
+    return await _serve_pinned(request, stored, filename, content_type)
+
+
+async def _serve_pinned(request: web.Request, stored: StoredArchive | PassThrough, filename: str,
+                        content_type: str) -> web.StreamResponse:
+    """`serve_archive`, the stored archive pinned against eviction while it is sent (and noted as served).
+
+    An archive evicted between its lookup and the pin is gone when it is opened: StoreCorruptionError,
+    so `serve_found` looks it up once more, which fetches it again."""
+    if isinstance(stored, PassThrough):
+        return await serve_archive(request, stored, filename, content_type)
+    async with request.app[SERVED].serving(stored.sha256):
+        return await serve_archive(request, stored, filename, content_type)
 
 
 async def serve_archive(request: web.Request, stored: StoredArchive | PassThrough, filename: str,
@@ -101,6 +114,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     if send and not sendfile and span is not None:
         await guard.verify(stored)  # a range cannot be hashed on its own
     reader = await guard.open(stored, start, length) if send and not sendfile else None
+    handle = await _open_stored(stored) if sendfile else None  # before the status line: it may be gone
     try:
         response = web.StreamResponse(status=answer.status, headers=headers)
         response.content_type = content_type
@@ -108,8 +122,8 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
         if span is not None:
             response.headers["Content-Range"] = f"bytes {start}-{end}/{stored.size}"
         await response.prepare(request)
-        if sendfile:
-            await _sendfile(request, stored, start, length)
+        if handle is not None:
+            await _sendfile(request, handle, start, length)
         elif reader is not None:
             try:
                 await _copy(reader, response)
@@ -121,6 +135,8 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     finally:
         if reader is not None:
             reader.close()
+        if handle is not None:
+            handle.close()
     await response.write_eof()
     return response
 
@@ -211,16 +227,21 @@ async def _sendfile_allowed(guard: StoreGuard, stored: StoredArchive, *, ranged:
     return False  # streamed through the hashing loop instead
 
 
-async def _sendfile(request: web.Request, stored: StoredArchive, start: int, length: int) -> None:
+async def _open_stored(stored: StoredArchive) -> IO[bytes]:
+    """The stored file, open; one removed since its lookup (evicted) is looked up again by `serve_found`."""
+    try:
+        return await asyncio.to_thread(open, stored.path, "rb")
+    except FileNotFoundError:
+        raise StoreCorruptionError(f"archive {stored.sha256} left the store before it was sent; "
+                                   "it is fetched and verified again") from None
+
+
+async def _sendfile(request: web.Request, handle: IO[bytes], start: int, length: int) -> None:
     """Plain HTTP: the kernel copies the bytes (`sendfile`), as aiohttp's FileResponse would."""
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("client went away")
-    handle = await asyncio.to_thread(open, stored.path, "rb")
-    try:
-        sent = await asyncio.get_running_loop().sendfile(transport, handle, start, length)
-    finally:
-        handle.close()
+    sent = await asyncio.get_running_loop().sendfile(transport, handle, start, length)
     if sent != length:
         raise ConnectionError("archive shrank while being served")
 

@@ -11,6 +11,7 @@ from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
+from proxy.served import ServedArchives
 
 SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
@@ -19,3 +20,4 @@ MODULES = web.AppKey("modules", ModuleMirror)
 GUARD = web.AppKey("guard", StoreGuard)
 RENDERED = web.AppKey("rendered", RenderedDocuments)
 INVENTORY = web.AppKey("inventory", InventoryReader)
+SERVED = web.AppKey("served", ServedArchives)

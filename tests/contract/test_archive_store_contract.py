@@ -279,3 +279,30 @@ def test_only_sha256_hex_addresses_are_published_to(store_factory, address):
     with pytest.raises(ValueError):
         store.publish(pending, address)
     assert store_factory.backend.snapshot(store_factory) == before
+
+
+def test_list_objects_names_every_published_object_with_its_size(store_factory):
+    store = store_factory.open()
+    small = b"small archive"
+    for data in (DATA, small):
+        pending = write_pending(store, data)
+        store.publish(pending, pending.finish())
+    pending = write_pending(store, b"never published")  # a download under way is not an object
+    listed = {info.sha256: info for info in store.list_objects()}
+    assert {sha: info.size for sha, info in listed.items()} == {SHA: len(DATA),
+                                                                 hashlib.sha256(small).hexdigest(): len(small)}
+    assert all(info.modified > 0 for info in listed.values())
+    pending.discard()
+
+
+def test_remove_frees_the_object_and_says_how_many_bytes(store_factory):
+    store = store_factory.open()
+    pending = write_pending(store)
+    store.publish(pending, pending.finish())
+    other = store_factory.open()  # another process's view sees the removal too
+    assert other.remove(SHA) == len(DATA)
+    assert store_factory.backend.read(store_factory, store, SHA) is None
+    assert [info.sha256 for info in store.list_objects()] == []
+    assert store.remove(SHA) == 0  # absent: nothing freed, no error
+    with pytest.raises(ValueError):
+        store.remove("../../etc/passwd")

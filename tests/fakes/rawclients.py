@@ -18,9 +18,10 @@ HEAD_KEEP = 64 * 1024
 
 
 class RawClient(asyncio.Protocol):
-    """One client connection: keeps the first 64 KiB received, counts the rest, can stop reading."""
+    """One client connection: keeps the first `keep` bytes received (64 KiB), counts the rest, can stop reading."""
 
-    def __init__(self, stop_reading_after: int | None = None) -> None:
+    def __init__(self, stop_reading_after: int | None = None, keep: int = HEAD_KEEP) -> None:
+        self.keep = keep
         self.head = bytearray()
         self.received = 0
         self.stop_reading_after = stop_reading_after
@@ -32,8 +33,8 @@ class RawClient(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if len(self.head) < HEAD_KEEP:
-            self.head += data[:HEAD_KEEP - len(self.head)]
+        if len(self.head) < self.keep:
+            self.head += data[:self.keep - len(self.head)]
         self.received += len(data)
         self.got_data.set()
         if self.stop_reading_after is not None and self.received >= self.stop_reading_after:
@@ -102,7 +103,7 @@ class RawClient(asyncio.Protocol):
 
 
 async def open_tls(host: str, port: int, context: ssl.SSLContext, *, receive_buffer: int | None = None,
-                   stop_reading_after: int | None = None, timeout: float = 10.0) -> RawClient:
+                   stop_reading_after: int | None = None, keep: int = HEAD_KEEP, timeout: float = 10.0) -> RawClient:
     """A TLS connection (handshake done) whose protocol is a RawClient.
 
     `receive_buffer` shrinks the kernel's receive buffer so a client that stops reading
@@ -115,7 +116,7 @@ async def open_tls(host: str, port: int, context: ssl.SSLContext, *, receive_buf
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         sock.setblocking(False)
         await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
-        client = RawClient(stop_reading_after)
+        client = RawClient(stop_reading_after, keep)
         await loop.create_connection(lambda: client, sock=sock, ssl=context, server_hostname=host,
                                      ssl_handshake_timeout=timeout)
     except BaseException:

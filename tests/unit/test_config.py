@@ -469,3 +469,19 @@ def test_cli_negative_cache_bounds_are_validated(clean_env: pytest.MonkeyPatch, 
                                                  flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         _settings(tmp_path, *flags)
+
+
+def test_cli_store_size_cap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("MAX_STORE_SIZE", "EVICTION_GRACE", "EVICTION_INTERVAL"):
+        monkeypatch.delenv("REGISTRY_PROXY_" + name, raising=False)
+    default = _settings(tmp_path)
+    assert (default.max_store_size, default.eviction_grace, default.eviction_interval) == (None, 600.0, 300.0)
+    settings = _settings(tmp_path, "--max-store-size", "200GiB", "--eviction-grace", "15m")
+    assert (settings.max_store_size, settings.eviction_grace) == (200 * 2**30, 900.0)
+    monkeypatch.setenv("REGISTRY_PROXY_MAX_STORE_SIZE", "1GiB")
+    monkeypatch.setenv("REGISTRY_PROXY_EVICTION_INTERVAL", "1m")
+    settings = _settings(tmp_path)
+    assert (settings.max_store_size, settings.eviction_interval) == (2**30, 60.0)
+    for flags in (("--max-store-size", "lots"), ("--max-store-size", "0"), ("--eviction-interval", "0s")):
+        with pytest.raises(ConfigError):
+            _settings(tmp_path, *flags)

@@ -1,0 +1,193 @@
+"""`registry-proxy gc`: remove what nothing needs from a data dir's archive store and metadata.
+
+Goes: archives no metadata record refers to (and served and stored longer ago than the grace),
+temp dirs of dead processes, quarantined files older than the grace, and expired remembered 404s
+(Redis's bookkeeping of them, and any left in the persistent store by older versions). Safe next to
+running replicas: a referenced archive is never removed; an unreferenced one served or stored within
+the grace (a record being written, a response under way elsewhere) stays; a temp dir whose process
+lives (it holds its lock) is never touched, so no download is. When any archive record cannot be
+read (a wrong --metadata-secret, a forged value), no archive is removed: it might be that record's.
+With `dry_run` nothing is removed; the report says what would go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proxy import eviction
+from proxy.cache import CacheEntry, MetadataStore
+from proxy.cache import keys as key_scheme
+from proxy.cache.negative import NegativeBound, is_negative
+from proxy.cache.redis import RedisNegatives
+from proxy.records import ArchiveRecord, ModuleRecord, decode
+from proxy.store import ArchiveStore
+
+_RECORD_KINDS = ((key_scheme.ARCHIVE, ArchiveRecord), (key_scheme.MODULE, ModuleRecord))
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """One thing gc removes: its kind, what names it, and the bytes it frees."""
+
+    kind: str  # "archive", "temp", "quarantine", "negative" (Redis), "old-negative" (in the persistent store)
+    name: str
+    bytes: int
+
+
+@dataclass
+class GcReport:
+    garbage: list[Garbage] = field(default_factory=list)
+    removed: list[Garbage] = field(default_factory=list)
+    referenced: int = 0
+    kept_recent: int = 0  # unreferenced archives used within the grace
+    unreadable: list[str] = field(default_factory=list)  # archive/module record keys that could not be read
+
+    @property
+    def bytes(self) -> int:
+        return sum(item.bytes for item in self.garbage)
+
+
+async def collect(metadata: MetadataStore, store: ArchiveStore, *, grace: float, negative_retention: float,
+                  dry_run: bool, now: float | None = None) -> GcReport:
+    """Find (and unless `dry_run`, remove) the garbage of `store` and `metadata`; raises if the metadata
+    cannot be listed (a partial listing must never make referenced archives look orphaned)."""
+    now = time.time() if now is None else now
+    report = GcReport()
+    referenced = await _referenced(metadata, report)
+    served = await metadata.served_times()
+    objects = await asyncio.to_thread(lambda: list(store.list_objects()))
+    report.referenced = sum(1 for obj in objects if obj.sha256 in referenced)
+    unreferenced = [obj for obj in objects if obj.sha256 not in referenced]
+    orphans = [] if report.unreadable else eviction.orphans(unreferenced, referenced, served, now=now, grace=grace)
+    report.kept_recent = 0 if report.unreadable else len(unreferenced) - len(orphans)
+    report.garbage += [Garbage("archive", obj.sha256, obj.size) for obj in orphans]
+    temp = await asyncio.to_thread(store.abandoned_temp_dirs)
+    report.garbage += [Garbage("temp", str(path), await asyncio.to_thread(_tree_size, path)) for path in temp]
+    quarantined = await asyncio.to_thread(_old_quarantine, store, now - grace)
+    report.garbage += [Garbage("quarantine", str(path), size) for path, size in quarantined]
+    report.garbage += await _expired_negatives(metadata, now, negative_retention)
+    if not dry_run:
+        await _remove(metadata, store, report)
+    return report
+
+
+async def _referenced(metadata: MetadataStore, report: GcReport) -> set[str]:
+    """The SHA-256 of every archive an archive or module record names."""
+    found: set[str] = set()
+    for pattern, kind in _RECORD_KINDS:
+        names = [key async for key in metadata.keys(pattern.prefix)]
+        values = await metadata.get_many(names) if names else []
+        for name, raw in zip(names, values, strict=True):
+            record = decode(raw, kind) if raw is not None else None
+            if record is None:
+                if raw is not None or await _exists_unsealed(metadata, name):
+                    report.unreadable.append(name)
+                continue
+            if record.sha256:
+                found.add(record.sha256)
+    return found
+
+
+async def _exists_unsealed(metadata: MetadataStore, key: str) -> bool:
+    """Whether `key` holds a value under the seal (a None from a sealed store may be a rejected value)."""
+    inner = getattr(metadata, "inner", None)
+    while inner is not None:
+        if await inner.get(key) is not None:
+            return True
+        inner = getattr(inner, "inner", None)
+    return False
+
+
+async def _expired_negatives(metadata: MetadataStore, now: float, retention: float) -> list[Garbage]:
+    garbage: list[Garbage] = []
+    negatives = metadata.negatives if isinstance(metadata, NegativeBound) else None
+    if isinstance(negatives, RedisNegatives):
+        garbage += [Garbage("negative", name, size) for name, size in await negatives.expired(now)]
+    # remembered 404s that older versions wrote into the persistent store itself
+    names = [key async for key in metadata.keys()]  # noqa: SIM118 - an async iterator, not a dict
+    for offset in range(0, len(names), 500):
+        batch = names[offset:offset + 500]
+        for name, raw in zip(batch, await metadata.get_many(batch), strict=True):
+            if raw is None or not is_negative(raw):
+                continue
+            entry = CacheEntry.decode(raw)
+            if entry is not None and not 0 <= now - entry.fetched_at < retention:
+                garbage.append(Garbage("old-negative", name, len(name) + len(raw)))
+    return garbage
+
+
+async def _remove(metadata: MetadataStore, store: ArchiveStore, report: GcReport) -> None:
+    negatives = metadata.negatives if isinstance(metadata, NegativeBound) else None
+    archives: list[str] = []
+    for item in report.garbage:
+        if item.kind == "archive":
+            if await asyncio.to_thread(store.remove, item.name):
+                archives.append(item.name)
+                report.removed.append(item)
+        elif item.kind == "temp":
+            await asyncio.to_thread(store.remove_temp_dir, Path(item.name))  # only if still abandoned
+            if not await asyncio.to_thread(Path(item.name).exists):
+                report.removed.append(item)
+        elif item.kind == "quarantine":
+            await asyncio.to_thread(Path(item.name).unlink, missing_ok=True)
+            report.removed.append(item)
+        elif item.kind == "negative" and isinstance(negatives, RedisNegatives):
+            await negatives.discard(item.name)
+            report.removed.append(item)
+        elif item.kind == "old-negative":
+            await metadata.delete(item.name)
+            report.removed.append(item)
+    await metadata.forget_served(archives)
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def _old_quarantine(store: ArchiveStore, before: float) -> list[tuple[Path, int]]:
+    """Quarantined files moved there before `before` (by the time in their name, `<sha256>-<UTC time>-<id>`,
+    else their modification time), with their sizes."""
+    found = []
+    for path in store.quarantined():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if _quarantined_at(path.name, st.st_mtime) < before:
+            found.append((path, st.st_size))
+    return found
+
+
+def _quarantined_at(name: str, fallback: float) -> float:
+    parts = name.split("-")
+    if len(parts) >= 2:
+        try:
+            return calendar.timegm(time.strptime(parts[1], "%Y%m%dT%H%M%SZ"))
+        except ValueError:
+            pass
+    return fallback
+
+
+def report_lines(report: GcReport, *, dry_run: bool) -> list[str]:
+    """One line per object (what, bytes, name), then the total."""
+    verb = "would remove" if dry_run else "removed"
+    items = report.garbage if dry_run else report.removed
+    lines = [f"{verb:<12}  {item.kind:<12}  {item.bytes:>14}  {item.name}" for item in items]
+    for key in report.unreadable:
+        lines.append(f"unreadable record (no archive is removed while one is): {key}")
+    freed = sum(item.bytes for item in items)
+    lines.append(f"gc: {len(items)} item(s), {freed} bytes {'would be freed' if dry_run else 'freed'}; "
+                 f"{report.referenced} referenced archive(s) kept, {report.kept_recent} unreferenced archive(s) "
+                 "kept as used within the grace")
+    return lines

@@ -1,0 +1,168 @@
+"""`registry-proxy gc` (a real process) against a data dir a real proxy filled, with the embedded store and Redis.
+
+The store holds: a live archive (its record written by the proxy), an old orphan, an orphan served a
+minute ago (within the grace), an orphan stored a moment ago (its record may be on its way), the temp
+leftover of a killed process, the download of a live process, an old and a fresh quarantined file,
+and an expired remembered 404 (in the persistent store, as older versions wrote them; and with
+Redis, in the fleet's negative bookkeeping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import time
+
+from proxy.cache import CacheEntry
+from proxy.cache.factory import open_metadata_store
+from proxy.cache.redis import RedisNegatives, RedisStore
+from proxy.store import ArchiveStore
+from tests.conftest import REGISTRY_HOST, serve_proxy
+from tests.fakes.process import REPO_ROOT
+from tests.fakes.redis_server import free_port
+from tests.fakes.store_holder import StoreHolder
+
+LONG_AGO = 3 * 86400
+PROVIDER = f"{REGISTRY_HOST}/acme/foo"
+ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+GONE_KEY = f"versions:{REGISTRY_HOST}/acme/gone"
+
+
+def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
+    pending = store.begin()
+    pending.write(data)
+    sha = pending.finish()
+    store.publish(pending, sha)
+    os.utime(store.path_for(sha), (modified, modified))
+    return sha
+
+
+async def gc(settings, *extra: str) -> tuple[int, str]:
+    args = [sys.executable, "-m", "proxy", "gc", "--data-dir", str(settings.data_dir), *extra]
+    if settings.redis_url:
+        args += ["--redis-url", settings.redis_url, "--redis-prefix", settings.redis_prefix,
+                 "--metadata-secret", settings.metadata_secret]
+    process = await asyncio.create_subprocess_exec(*args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode, out.decode()
+
+
+def lines_of(output: str, kind: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines() if len(line.split()) >= 4 and line.split()[-3] == kind]
+
+
+async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp_path):
+    settings = make_settings()
+    async with serve_proxy(settings, client_ssl) as proxy:
+        status, _, body = await proxy.get(ARCHIVE)
+        assert status == 200
+    live = hashlib.sha256(body).hexdigest()
+
+    now = time.time()
+    store = ArchiveStore(settings.archive_dir)
+    store.open()
+    os.utime(store.path_for(live), (now - LONG_AGO, now - LONG_AGO))  # referenced: kept however old
+    orphan = publish(store, b"an orphan" * 1000, now - LONG_AGO)
+    served_orphan = publish(store, b"an orphan served a minute ago", now - LONG_AGO)
+    fresh_orphan = publish(store, b"an orphan stored a moment ago", now - 5)
+    store.close()
+    quarantine = settings.archive_dir / "quarantine"
+    quarantine.mkdir()
+    old_quarantined = quarantine / f"{'1' * 64}-20200101T000000Z-abcdef"
+    old_quarantined.write_bytes(b"x" * 777)
+    new_quarantined = quarantine / f"{'2' * 64}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-abcdef"
+    new_quarantined.write_bytes(b"y" * 10)
+
+    metadata, _ = await open_metadata_store(settings)
+    await metadata.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
+    expired = CacheEntry(404, b"", f"{registry.url}/v1/providers/acme/gone/versions", now - 7200)
+    await metadata.set(GONE_KEY, expired.encode())  # as versions before the negative bound wrote them
+    if settings.redis_url:
+        redis = RedisStore(settings.redis_url, prefix=settings.redis_prefix)
+        old_clock = RedisNegatives(redis, 100, 1 << 20, 3600.0, clock=lambda: now - 7200)
+        await old_clock.put("versions:registry.example.test/acme/forgotten", expired.encode())
+        await redis.close()
+    await metadata.close()
+
+    with StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 4096) as dead, \
+            StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 2048) as alive:
+        dead.kill()
+        dead_dir = dead.part.parent
+
+        code, dry = await gc(settings, "--dry-run")
+        assert code == 0, dry
+        assert [line[-1] for line in lines_of(dry, "archive")] == [orphan]
+        assert [line[-1] for line in lines_of(dry, "temp")] == [str(dead_dir)]
+        assert [int(line[-2]) for line in lines_of(dry, "temp")] == [4096]
+        assert [line[-1] for line in lines_of(dry, "quarantine")] == [str(old_quarantined)]
+        assert GONE_KEY in [line[-1] for line in lines_of(dry, "old-negative")]
+        if settings.redis_url:
+            assert [line[-1] for line in lines_of(dry, "negative")] == ["versions:registry.example.test/acme/forgotten"]
+        total = sum(int(line.split()[-2]) for line in dry.splitlines()[:-1] if line.startswith("would remove"))
+        assert total >= 9000 + 4096 + 777
+        assert f"{total} bytes would be freed" in dry.splitlines()[-1]
+        assert "1 referenced archive(s) kept, 2 unreferenced archive(s) kept as used within the grace" in dry
+        # a dry run removes nothing
+        assert all(store.path_for(sha).exists() for sha in (live, orphan, served_orphan, fresh_orphan))
+        assert dead_dir.exists() and old_quarantined.exists()
+
+        code, real = await gc(settings)
+        assert code == 0, real
+        assert [line[-1] for line in lines_of(real, "archive")] == [orphan]
+        assert real.splitlines()[-1].startswith("gc: ")
+        assert not store.path_for(orphan).exists()
+        assert all(store.path_for(sha).exists() for sha in (live, served_orphan, fresh_orphan))
+        assert not dead_dir.exists()
+        assert alive.part.exists()  # a live process's download is never touched
+        assert not old_quarantined.exists() and new_quarantined.exists()
+
+    metadata, _ = await open_metadata_store(settings)
+    try:
+        assert await metadata.get(GONE_KEY) is None
+        assert orphan not in await metadata.served_times()
+    finally:
+        await metadata.close()
+
+    # the live archive is still served from the store: no second upstream fetch
+    path = "/files/acme/foo/1.0.0/terraform-provider-foo_1.0.0_linux_amd64.zip"
+    async with serve_proxy(settings, client_ssl) as proxy:
+        status, _, again = await proxy.get(ARCHIVE)
+    assert status == 200 and again == body
+    assert registry.count(path) == 1
+
+    code, second = await gc(settings, "--dry-run")
+    assert code == 0 and lines_of(second, "archive") == [] and "0 item(s), 0 bytes" in second
+
+
+async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_settings, client_ssl, registry):
+    """A wrong secret (or a forged record) must not make every archive look orphaned."""
+    settings = make_local_settings()
+    async with serve_proxy(settings, client_ssl) as proxy:
+        status, _, body = await proxy.get(ARCHIVE)
+        assert status == 200
+    live = hashlib.sha256(body).hexdigest()
+    store = ArchiveStore(settings.archive_dir)
+    os.utime(store.path_for(live), (time.time() - LONG_AGO,) * 2)
+    secret = settings.data_dir / "metadata" / "metadata.secret"
+    secret.write_text("another-secret-0123456789abcdef\n")  # as if gc ran with the wrong --metadata-secret
+
+    code, out = await gc(settings)
+    assert code == 0, out
+    assert lines_of(out, "archive") == []
+    assert "unreadable record" in out
+    assert store.path_for(live).exists()
+
+
+async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path):
+    """Redis down: nothing is known to be unreferenced, so nothing is removed."""
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret="s" * 32)
+    store = ArchiveStore(settings.archive_dir)
+    store.open()
+    orphan = publish(store, b"an orphan", time.time() - LONG_AGO)
+    store.close()
+    code, out = await gc(settings)
+    assert code == 1 and "the metadata store could not be read" in out, out
+    assert store.path_for(orphan).exists()
