@@ -19,6 +19,7 @@ ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
 DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*\Z", re.IGNORECASE)
@@ -72,15 +73,23 @@ def parse_upstream_map(entries: list[str]) -> dict[str, URL]:
         url = URL(base.strip())
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigError(f"invalid --upstream-map {entry!r}: BASEURL must be an http(s) URL")
-        mapping[str(_hostname(host.strip()))] = url
+        mapping[str(_hostname(host.strip(), "--upstream-map"))] = url
     return mapping
 
 
-def _hostname(text: str) -> Hostname:
+def _hostname(text: str, flag: str = "") -> Hostname:
+    not_a_url(text, flag)
     try:
         return Hostname.parse(text)
     except AddressError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"invalid {flag}: {exc}" if flag else str(exc)) from None
+
+
+def not_a_url(text: str, flag: str) -> None:
+    """Refuse a URL (`https://host/...`) where a hostname is expected, saying so."""
+    if "://" in text or "/" in text:
+        where = f"{flag} " if flag else ""
+        raise ConfigError(f"invalid {where}{text.strip()!r}: give a hostname, not a URL (e.g. registry.example.com)")
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,8 @@ class Settings:
             raise ConfigError("--max-module-entries must be a positive integer")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"invalid --log-level {self.log_level!r}: {', '.join(LOG_LEVELS)}")
         if self.event_loop not in ("auto", "uvloop", "asyncio"):
             raise ConfigError(f"invalid --event-loop {self.event_loop!r}: auto, uvloop or asyncio")
         if self.access_log not in ("all", "errors", "off"):
@@ -301,15 +312,16 @@ class Settings:
         return self.data_dir / "locks"
 
 
-def normalise_hosts(hosts: list[str]) -> frozenset[str]:
+def normalise_hosts(hosts: list[str], flag: str = "--allow-host") -> frozenset[str]:
     """Normalise a list of registry hostnames as the clients would."""
-    return frozenset(str(_hostname(host)) for host in hosts if host.strip())
+    return frozenset(str(_hostname(host, flag)) for host in hosts if host.strip())
 
 
 def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
     """`--allow-private-host` entries: a hostname or IP, optionally with `:port`, lower-cased."""
     result = set()
     for entry in hosts:
+        not_a_url(entry, "--allow-private-host")
         entry = entry.strip().lower()
         if entry.startswith("["):  # [v6]:port or [v6]
             address, _, rest = entry[1:].partition("]")
