@@ -150,7 +150,8 @@ def _base_url(text: str) -> URL:
     try:
         url = URL(text.strip().rstrip("/") + "/")
     except ValueError as exc:
-        raise ProxyUnreachable(f"invalid --proxy {text!r}: {exc}") from None
+        raise ProxyUnreachable(f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, "
+                               "e.g. https://proxy.example:8443/") from None
     if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
         raise ProxyUnreachable(f"invalid --proxy {text!r}: give the proxy's base URL, "
                                "e.g. https://proxy.example:8443/")
