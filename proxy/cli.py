@@ -33,6 +33,7 @@ from proxy.config import (
     not_a_url,
     parse_duration,
     parse_listen,
+    parse_networks,
     parse_size,
     parse_space_floor,
     parse_upstream_map,
@@ -151,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
             "slower than 1 s) or off", default="all")
     _option(serve, "--event-loop", "auto (uvloop when installed, asyncio with --plain-http for sendfile), "
             "uvloop or asyncio", default="auto")
+    # --- operations: client addresses behind reverse proxies ---
+    _option(serve, "--trusted-proxies", "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client "
+            "is the right-most address not in this list; from any other peer the header is ignored",
+            repeat=True, metavar="CIDR")
     _add_client_commands(commands, default_data, serve)
     return parser
 
@@ -293,6 +298,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         negative_cache_bytes=parse_size(args.negative_cache_bytes),
         min_free_space=parse_space_floor(args.min_free_space),
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
+        trusted_proxies=parse_networks(_repeated(args, "--trusted-proxies"), "--trusted-proxies"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
     )
 

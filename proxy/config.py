@@ -7,6 +7,7 @@ environment. Values are validated here, once; invalid values stop start-up.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
+from proxy.forwarded import Network
 
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
@@ -211,6 +213,8 @@ class Settings:
     workers: int = 1
     event_loop: str = "auto"
     access_log: str = "all"
+    # --- operations ---
+    trusted_proxies: frozenset[Network] = frozenset()
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -329,6 +333,18 @@ def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
         if entry:
             result.add(entry)
     return frozenset(result)
+
+
+def parse_networks(entries: list[str], flag: str) -> frozenset[Network]:
+    """`10.0.0.0/8`, `192.0.2.7`, `fd00::/8` entries → networks (a bare address is a /32 or /128)."""
+    networks = set()
+    for entry in entries:
+        try:
+            networks.add(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ConfigError(f"invalid {flag} {entry.strip()!r}: give an IP address or CIDR, "
+                              "e.g. 10.0.0.0/8") from None
+    return frozenset(networks)
 
 
 def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:

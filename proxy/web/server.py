@@ -42,6 +42,7 @@ from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.web.eventloop import new_event_loop
 from proxy.web.keys import METRICS
+from proxy.web.middlewares import SERVER
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.server")
@@ -189,6 +190,7 @@ class LimitedRequestHandler(RequestHandler):
         self._gate.metrics.requests.labels("unmatched", str(status)).inc()
         log.info("request.rejected", status=status, error=text, remote=request.remote)
         response = error_response(status, text)
+        response.headers["Server"] = SERVER
         response.force_close()
         return response
 
