@@ -14,6 +14,7 @@ last chunk held back until the SHA-256 matched the signed SHA256SUMS (`archive_f
 from __future__ import annotations
 
 import asyncio
+import time
 import zipfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from proxy.store import ArchiveStore, PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 
+STORE_USAGE_INTERVAL = 60.0  # seconds between walks of the archive store for /metrics
 log = structlog.get_logger(__name__)
 
 
@@ -95,6 +97,7 @@ class Mirror:
         self._keyring = keyring
         self._cache = cache
         self._store = store
+        self._usage: tuple[float, tuple[int, int]] | None = None  # (when, (archives, bytes))
         self._space = space
         self._metrics = metrics
         self._rechecks = RecheckGate(settings.freshness.negative)
@@ -301,6 +304,17 @@ class Mirror:
         return {"metadata_store": await self._cache.ping(),
                 "archive_store": await asyncio.to_thread(self._store.is_writable),
                 "disk_space": (await self.disk_space()).ok}
+
+    async def metadata_store_up(self) -> bool:
+        """Whether the metadata store answers now."""
+        return await self._cache.ping()
+
+    async def store_usage(self) -> tuple[int, int]:
+        """(archives, bytes) in the archive store, walked at most once a minute."""
+        now = time.monotonic()
+        if self._usage is None or now - self._usage[0] >= STORE_USAGE_INTERVAL:
+            self._usage = (now, await asyncio.to_thread(self._store.usage))
+        return self._usage[1]
 
     async def disk_space(self) -> SpaceReport:
         """Free space of the data directory against `--min-free-space` (measured at most once a second)."""

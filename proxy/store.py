@@ -16,12 +16,14 @@ intact, so a file changed since is never trusted without being hashed again.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import re
 import shutil
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -200,6 +202,16 @@ class ArchiveStore:
         for path in sorted(self._objects.rglob("*")):
             if path.is_file():
                 yield path
+
+    def usage(self) -> tuple[int, int]:
+        """(archives, bytes) in the store, by a walk of `ROOT/sha256/` (seconds for a large store)."""
+        count = size = 0
+        for entry in self._objects.rglob("*"):
+            with contextlib.suppress(OSError):  # removed meanwhile
+                st = entry.stat()
+                if stat.S_ISREG(st.st_mode):
+                    count, size = count + 1, size + st.st_size
+        return count, size
 
     def check(self, sha256: str, progress: Callable[[int], None] | None = None) -> ObjectCheck | None:
         """Hash the object stored at `sha256`'s address (None if there is none); remembered if intact."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class UpstreamClient:
         self._limits = limits
         self._retries = retries
         self._sleep = sleep
+        self.observe: Callable[[str, float], None] | None = None  # (host, seconds to the answer's headers)
 
     @classmethod
     def create(cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None) -> UpstreamClient:
@@ -172,8 +174,11 @@ class UpstreamClient:
         for _ in range(hops + 1):
             await self._check_url(current)
             try:
+                started = time.monotonic()
                 async with self._session.get(current, headers=headers, timeout=timeout,
                                              allow_redirects=False) as response:
+                    if self.observe is not None:
+                        self.observe(current.host or "", time.monotonic() - started)
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
                         try:
                             current = current.join(URL(response.headers["Location"]))

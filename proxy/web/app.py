@@ -64,6 +64,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     cache = negative_bound(settings, backend, metrics, front=front)
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file)
+    upstream.observe = metrics.observe_upstream
     flights = Flights(locks)
     space = DiskSpace(store.root, settings.min_free_space)
     guard = StoreGuard(store, metrics)

@@ -55,3 +55,37 @@ async def test_no_server_version(proxy, kind):
         status, headers, _ = await proxy.get(path)
         assert status == {"ok": 200, "not found": 404, "bad request": 400, "metrics": 200}[kind]
     assert headers.getall("Server") == ["registry-proxy"]
+
+
+ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+
+
+def _samples(exposition: bytes) -> dict[str, float]:
+    lines = exposition.decode().splitlines()
+    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in lines if not line.startswith("#")}
+
+
+async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
+    from proxy import __version__
+
+    status, _, archive = await proxy.get(ARCHIVE)
+    assert status == 200
+    samples = _samples((await proxy.get("/metrics"))[2])
+    assert [k for k in samples if k.startswith("registry_proxy_build_info{")] == [
+        next(k for k in samples if f'version="{__version__}"' in k and k.startswith("registry_proxy_build_info"))]
+    assert samples['registry_proxy_request_duration_seconds_bucket{le="900.0",route="mirror_archive"}'] == 1
+    assert 'registry_proxy_request_duration_seconds_bucket{le="600.0",route="mirror_archive"}' in samples
+    assert not [k for k in samples if k.startswith("registry_proxy_request_seconds")]  # the old name is gone
+    upstream = [k for k in samples if k.startswith("registry_proxy_upstream_request_duration_seconds_count{")]
+    assert upstream == ['registry_proxy_upstream_request_duration_seconds_count{host="127.0.0.1"}']
+    assert samples[upstream[0]] >= 4  # discovery, versions, download document, SHA256SUMS (+ signature, archive)
+    assert samples["registry_proxy_archive_served_bytes_total"] == len(archive)
+    assert samples["registry_proxy_store_objects"] == 1
+    assert samples["registry_proxy_store_bytes"] == len(archive)
+    if metadata_backend == "redis":
+        assert samples["registry_proxy_redis_up"] == 1
+    else:
+        assert "registry_proxy_redis_up" not in samples
+    counters = [line.split()[2] for line in (await proxy.get("/metrics"))[2].decode().splitlines()
+                if line.startswith("# TYPE") and line.split()[3] == "counter"]
+    assert counters and all(name.endswith("_total") for name in counters)
