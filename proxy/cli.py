@@ -1,9 +1,9 @@
 """Command-line interface: `registry-proxy serve|lock|warm|export|import|verify` (also `python -m proxy`).
 
 Every `serve` flag, and the connection and data-dir options of the other commands, has an
-environment variable `REGISTRY_PROXY_<NAME>`; flags win over the environment, which wins over
-the defaults. Repeatable flags take a comma-separated list
-in the environment.
+environment variable `REGISTRY_PROXY_<NAME>` and a key in the optional `--config` TOML file
+(`proxy.options`); flags win over the environment, which wins over the file, which wins over
+the defaults. Repeatable flags take a comma-separated list in the environment.
 """
 
 from __future__ import annotations

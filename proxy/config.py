@@ -1,4 +1,4 @@
-"""Settings: one frozen object built at start-up from defaults < environment < flags.
+"""Settings: one frozen object built at start-up from defaults < config file < environment < flags.
 
 Every setting has a flag `--name` and an environment variable `REGISTRY_PROXY_NAME`
 (dashes become underscores); repeatable flags take a comma-separated list in the
