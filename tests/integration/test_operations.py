@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from proxy import __version__
 from proxy.config import parse_networks
-from tests.conftest import PROVIDER, serve_proxy
+from tests.conftest import METADATA_SECRET, PROVIDER, serve_proxy
+from tests.fakes.redis_server import free_port
 
 INDEX = f"/mirror/v1/{PROVIDER}/index.json"
 
@@ -66,8 +68,6 @@ def _samples(exposition: bytes) -> dict[str, float]:
 
 
 async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
-    from proxy import __version__
-
     status, _, archive = await proxy.get(ARCHIVE)
     assert status == 200
     samples = _samples((await proxy.get("/metrics"))[2])
@@ -89,3 +89,10 @@ async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
     counters = [line.split()[2] for line in (await proxy.get("/metrics"))[2].decode().splitlines()
                 if line.startswith("# TYPE") and line.split()[3] == "counter"]
     assert counters and all(name.endswith("_total") for name in counters)
+
+
+async def test_redis_up_is_0_while_redis_does_not_answer(make_local_settings, client_ssl):
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret=METADATA_SECRET)
+    async with serve_proxy(settings, client_ssl) as running:
+        samples = _samples((await running.get("/metrics"))[2])
+    assert samples["registry_proxy_redis_up"] == 0
