@@ -2,9 +2,9 @@
 (also `python -m proxy`).
 
 Every `serve` flag, and the connection and data-dir options of the other commands, has an
-environment variable `REGISTRY_PROXY_<NAME>`; flags win over the environment, which wins over
-the defaults. Repeatable flags take a comma-separated list
-in the environment.
+environment variable `REGISTRY_PROXY_<NAME>` and a key in the optional `--config` TOML file
+(`proxy.options`); flags win over the environment, which wins over the file, which wins over
+the defaults. Repeatable flags take a comma-separated list in the environment.
 """
 
 from __future__ import annotations
@@ -29,56 +29,34 @@ from proxy.config import (
     Limits,
     Settings,
     archive_store_settings,
-    env_name,
     metadata_secret_settings,
     normalise_hosts,
     normalise_private_hosts,
+    not_a_url,
     parse_duration,
     parse_listen,
+    parse_networks,
     parse_size,
     parse_space_floor,
     parse_unsigned_providers,
     parse_upstream_map,
 )
+from proxy.options import OptionParser, config_option, dest, option
 
 log = structlog.get_logger("proxy.cli")
 
 
 def _option(parser: argparse.ArgumentParser, flag: str, help_text: str, *, default=None,
             repeat: bool = False, switch: bool = False, metavar: str | None = None) -> None:
-    env = env_name(flag)
-    raw = os.environ.get(env)
-    if switch:
-        value = raw.lower() in ("1", "true", "yes", "on") if raw is not None else bool(default)
-        parser.add_argument(flag, action="store_true", default=value, help=f"{help_text} [env: {env}]")
-        return
-    if repeat:
-        value = [item.strip() for item in raw.split(",") if item.strip()] if raw is not None else None
-        shown = ", ".join(default) if default else "none"
-        parser.add_argument(flag, action="append", default=None, metavar=metavar,
-                            help=f"{help_text} (repeatable; default: {shown}) [env: {env}, comma-separated]")
-        parser.set_defaults(**{_dest(flag) + "_env": value, _dest(flag) + "_default": list(default or [])})
-        return
-    value = raw if raw is not None else default
-    shown = f"; default: {default}" if default is not None else ""
-    parser.add_argument(flag, default=value, metavar=metavar, help=f"{help_text}{shown} [env: {env}]")
-
-
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
+    option(parser, flag, help_text, default=default, repeat=repeat, switch=switch, metavar=metavar)
 
 
 def _repeated(args: argparse.Namespace, flag: str) -> list[str]:
-    dest = _dest(flag)
-    given = getattr(args, dest)
-    if given is not None:
-        return given
-    env_value = getattr(args, dest + "_env")
-    return env_value if env_value is not None else getattr(args, dest + "_default")
+    return list(getattr(args, dest(flag)))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="registry-proxy",
         description="Caching, verifying pull-through proxy for OpenTofu and Terraform providers.")
     parser.add_argument("--version", action="version", version=f"registry-proxy {__version__}")
@@ -88,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the provider network mirror protocol at https://HOST:PORT/mirror/v1/.",
     )
     default_data = platformdirs.user_cache_dir("registry-proxy")
+    config_option(serve)
     _option(serve, "--listen", "address to listen on, HOST:PORT", default="127.0.0.1:8443", metavar="HOST:PORT")
     _option(serve, "--data-dir", "archives, metadata, keyring and generated TLS files", default=default_data,
             metavar="DIR")
@@ -203,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="FILE")
     _archive_store_options(serve)
     _archive_redirect_options(serve)
-    _add_client_commands(commands, default_data)
+    # --- operations: client addresses behind reverse proxies ---
+    _option(serve, "--trusted-proxies", "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client "
+            "is the right-most address not in this list; from any other peer the header is ignored",
+            repeat=True, metavar="CIDR")
+    _add_client_commands(commands, default_data, serve)
     _add_token_command(commands)
     return parser
 
@@ -241,7 +224,7 @@ def _archive_redirect_options(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--archive-redirect-expiry", "how long a presigned archive URL is valid", default="5m")
 
 
-def _add_client_commands(commands, default_data: str) -> None:
+def _add_client_commands(commands, default_data: str, serve: OptionParser) -> None:
     lock = commands.add_parser(
         "lock", help="write .terraform.lock.hcl with hashes for every platform",
         description="Write or update DIR/.terraform.lock.hcl with each provider's h1: for every --platform and "
@@ -264,7 +247,7 @@ def _add_client_commands(commands, default_data: str) -> None:
         "export", help="write the verified cache into an air-gap bundle",
         description="Write verified archives and the metadata needed to serve them into one file "
                     "(.tar, .tar.gz or .tar.zst by the name of --out).")
-    _store_options(export, default_data)
+    _store_options(export, default_data, serve)
     export.add_argument("--out", required=True, help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst")
     export.add_argument("--only", action="append", default=[], metavar="ADDRESS[@VERSION]",
                         help="only this provider (HOST/NS/TYPE) or module (HOST/NS/NAME/SYSTEM), repeatable")
@@ -274,20 +257,20 @@ def _add_client_commands(commands, default_data: str) -> None:
         description="Verify every archive of BUNDLE against its signed SHA256SUMS (providers) or recorded digest "
                     "(modules), then add it to the data dir. A tampered bundle is rejected as a whole.")
     import_.add_argument("bundle", help="bundle file written by `registry-proxy export`")
-    _store_options(import_, default_data)
+    _store_options(import_, default_data, serve)
     import_.add_argument("--trust-key", action="append", default=[], metavar="FINGERPRINT",
                          help="accept provider signatures by this OpenPGP key (repeatable; `export` prints them)")
     import_.add_argument("--trust-bundle-keys", action="store_true",
                          help="accept the signing keys the bundle itself carries (only for bundles you made)")
 
-    _add_healthcheck(commands, default_data)
+    _add_healthcheck(commands, default_data, serve)
 
     verify = commands.add_parser(
         "verify", help="re-hash every archive in a data dir's store",
         description="Hash every stored archive and compare it with its content address; report corrupt files "
                     "and temp dirs left by dead processes; list the provider archives stored unsigned "
                     "(--unsigned-providers). Exits 1 while corruption is found and not repaired.")
-    _store_options(verify, default_data)  # the archive store, and the metadata store (to list unsigned archives)
+    _store_options(verify, default_data, serve)  # the archive store, and the metadata store (to list unsigned archives)
     verify.add_argument("--repair", action="store_true",
                         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
                              "request) and remove abandoned temp dirs")
@@ -297,7 +280,7 @@ def _add_client_commands(commands, default_data: str) -> None:
         description="Remove what nothing needs: archives no record refers to (unless served or stored within "
                     "--grace), temp dirs of dead processes, quarantined files older than --grace, expired "
                     "remembered 404s. Safe while replicas serve. Use the same store options as `serve`.")
-    _store_options(gc, default_data)
+    _store_options(gc, default_data, serve)
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
     gc.add_argument("--grace", default="30m", help="keep unreferenced archives served or stored, and quarantined "
                     "files moved, within this long (default: 30m)")
@@ -309,9 +292,10 @@ _HEALTHCHECK_ABOUT = (
     "generated CA in DATA_DIR/tls, else the --tls-cert itself.")
 
 
-def _add_healthcheck(commands, default_data: str) -> None:
+def _add_healthcheck(commands, default_data: str, serve: OptionParser) -> None:
     summary = "exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)"
     health = commands.add_parser("healthcheck", help=summary, description=_HEALTHCHECK_ABOUT)
+    config_option(health, serve.option_specs)  # follows a listen address set only in serve's --config file
     _option(health, "--listen", "the server's listen address (a wildcard address is probed on loopback)",
             default="127.0.0.1:8443", metavar="HOST:PORT")
     _option(health, "--plain-http", "the server serves plain HTTP", switch=True)
@@ -334,7 +318,9 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
             "prefer the environment variable, a flag shows in the process list", metavar="TOKEN")
 
 
-def _store_options(parser: argparse.ArgumentParser, default_data: str) -> None:
+def _store_options(parser: OptionParser, default_data: str, serve: OptionParser) -> None:
+    """The data dir and metadata store options, and a --config file that takes `serve`'s keys."""
+    config_option(parser, serve.option_specs)
     _option(parser, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
     _archive_store_options(parser)
     _option(parser, "--redis-url", "the metadata store is Redis at this URL (else the data dir's embedded one)",
@@ -396,7 +382,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         redis_retention=parse_duration(args.redis_retention),
         fleet_lock_ttl=parse_duration(args.fleet_lock_ttl),
         log_format=args.log_format,
-        log_level=args.log_level,
+        log_level=str(args.log_level).strip().lower(),
         access_log=args.access_log,
         event_loop=args.event_loop,
         max_module_unpacked_bytes=parse_size(args.max_module_unpacked_size),
@@ -412,6 +398,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         negative_cache_bytes=parse_size(args.negative_cache_bytes),
         min_free_space=parse_space_floor(args.min_free_space),
         workers=available_cpus() if args.workers == "auto" else _count(args.workers, "--workers"),
+        trusted_proxies=parse_networks(_repeated(args, "--trusted-proxies"), "--trusted-proxies"),
         **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
         unsigned_providers=parse_unsigned_providers(args.unsigned_providers),
         public_url=args.public_url or None,
@@ -456,6 +443,7 @@ def available_cpus() -> int:
 
 
 def _hostname_setting(text: str, flag: str) -> Hostname:
+    not_a_url(text, flag)
     try:
         return Hostname.parse(text)
     except AddressError as exc:
@@ -475,11 +463,47 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
             names.insert(0, settings.listen_host)
         local = ensure_local_tls(settings.tls_dir, names)
         cert, key = local.server_cert, local.server_key
-        log.info("tls.local_ca", ca_file=str(local.ca_cert), created=local.created,
-                 hint=f"clients must trust the CA: export SSL_CERT_FILE={local.ca_cert}")
+        ca_file = local.ca_cert.resolve()
+        log.info("tls.local_ca", ca_file=str(ca_file), created=local.created,
+                 hint=f"clients must trust the CA: export SSL_CERT_FILE={ca_file}",
+                 cli_config=cli_snippet(mirror_url(settings, "https")))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(cert), str(key))
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:
+        raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: not a matching PEM certificate and key "
+                          f"({exc.reason or exc})") from None
     return context
+
+
+def mirror_url(settings: Settings, scheme: str) -> str:
+    """The network mirror URL of this proxy as clients on this machine reach it."""
+    host = settings.listen_host
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    display_host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/"
+
+
+def cli_snippet(url: str) -> str:
+    """The CLI configuration block (`~/.terraformrc`, `~/.tofurc`) that makes clients use this proxy."""
+    return f'provider_installation {{\n  network_mirror {{\n    url = "{url}"\n  }}\n}}\n'
+
+
+def check_files(settings: Settings) -> None:
+    """Every file a flag names must exist and be readable before start-up goes on."""
+    for flag, path in (("--tls-cert", settings.tls_cert), ("--tls-key", settings.tls_key),
+                       ("--upstream-ca-file", settings.upstream_ca_file),
+                       ("--metadata-secret-file", settings.metadata_secret_file)):
+        if path is None:
+            continue
+        if not path.is_file():
+            reason = "is a directory" if path.is_dir() else "no such file"
+            raise ConfigError(f"{flag} {path}: {reason}")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"{flag} {path}: not readable by this user")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -489,17 +513,20 @@ def serve(args: argparse.Namespace) -> int:
     from proxy.web.workers import run_workers
 
     settings = settings_from_args(args)
+    check_files(settings)
     setup_logging(settings.log_format, settings.log_level)
     context = server_ssl_context(settings, _repeated(args, "--tls-hostname"))
-    scheme = "http" if context is None else "https"
-    display_host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
-    log.info("proxy.listening", mirror_url=f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/",
-             workers=settings.workers)
+    url = mirror_url(settings, "http" if context is None else "https")
+
+    def listening() -> None:  # called once the socket is bound
+        log.info("proxy.listening", mirror_url=url, workers=settings.workers)
+
     warn_about_access(settings)
     if settings.workers > 1:
-        run_workers(settings, context)
+        run_workers(settings, context, on_listening=listening)
     else:
-        run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace)
+        run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace,
+                   on_listening=listening)
     return 0
 
 
@@ -547,11 +574,10 @@ def _token_new(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     from proxy.commands import CommandError
 
     try:
+        args = build_parser().parse_args(argv)
         if args.command == "serve":
             return serve(args)
         if args.command == "healthcheck":
@@ -570,5 +596,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"registry-proxy: error: {exc}", file=sys.stderr)
         return 1
     except (OSError, ssl.SSLError) as exc:
-        print(f"registry-proxy: error: {exc}", file=sys.stderr)
+        print(f"registry-proxy: error: {_os_error(exc)}", file=sys.stderr)
         return 1
+
+
+def _os_error(exc: OSError | ssl.SSLError) -> str:
+    """One line for an OS error, naming the file when it has one (`[Errno 2] ...` alone names none)."""
+    filename = getattr(exc, "filename", None)
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return f"{filename}: {reason}" if filename else reason

@@ -1,4 +1,4 @@
-"""Settings: one frozen object built at start-up from defaults < environment < flags.
+"""Settings: one frozen object built at start-up from defaults < config file < environment < flags.
 
 Every setting has a flag `--name` and an environment variable `REGISTRY_PROXY_NAME`
 (dashes become underscores); repeatable flags take a comma-separated list in the
@@ -7,6 +7,7 @@ environment. Values are validated here, once; invalid values stop start-up.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +17,14 @@ from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
 from proxy.credentials import UpstreamCredentials
+from proxy.forwarded import Network
 from proxy.unsigned import UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
 
 ENV_PREFIX = "REGISTRY_PROXY_"
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
 DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*\Z", re.IGNORECASE)
@@ -75,15 +78,23 @@ def parse_upstream_map(entries: list[str]) -> dict[str, URL]:
         url = URL(base.strip())
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigError(f"invalid --upstream-map {entry!r}: BASEURL must be an http(s) URL")
-        mapping[str(_hostname(host.strip()))] = url
+        mapping[str(_hostname(host.strip(), "--upstream-map"))] = url
     return mapping
 
 
-def _hostname(text: str) -> Hostname:
+def _hostname(text: str, flag: str = "") -> Hostname:
+    not_a_url(text, flag)
     try:
         return Hostname.parse(text)
     except AddressError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"invalid {flag}: {exc}" if flag else str(exc)) from None
+
+
+def not_a_url(text: str, flag: str) -> None:
+    """Refuse a URL (`https://host/...`) where a hostname is expected, saying so."""
+    if "://" in text or "/" in text:
+        where = f"{flag} " if flag else ""
+        raise ConfigError(f"invalid {where}{text.strip()!r}: give a hostname, not a URL (e.g. registry.example.com)")
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,8 @@ class Settings:
     max_store_size: int | None = None
     eviction_grace: float = 600.0
     eviction_interval: float = 300.0
+    # --- operations ---
+    trusted_proxies: frozenset[Network] = frozenset()
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -241,6 +254,8 @@ class Settings:
             raise ConfigError("--max-module-entries must be a positive integer")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"invalid --log-level {self.log_level!r}: {', '.join(LOG_LEVELS)}")
         if self.event_loop not in ("auto", "uvloop", "asyncio"):
             raise ConfigError(f"invalid --event-loop {self.event_loop!r}: auto, uvloop or asyncio")
         if self.access_log not in ("all", "errors", "off"):
@@ -390,15 +405,16 @@ def parse_s3_location(text: str) -> S3Location:
     return S3Location(bucket, prefix + "/" if prefix else "")
 
 
-def normalise_hosts(hosts: list[str]) -> frozenset[str]:
+def normalise_hosts(hosts: list[str], flag: str = "--allow-host") -> frozenset[str]:
     """Normalise a list of registry hostnames as the clients would."""
-    return frozenset(str(_hostname(host)) for host in hosts if host.strip())
+    return frozenset(str(_hostname(host, flag)) for host in hosts if host.strip())
 
 
 def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
     """`--allow-private-host` entries: a hostname or IP, optionally with `:port`, lower-cased."""
     result = set()
     for entry in hosts:
+        not_a_url(entry, "--allow-private-host")
         entry = entry.strip().lower()
         if entry.startswith("["):  # [v6]:port or [v6]
             address, _, rest = entry[1:].partition("]")
@@ -414,11 +430,25 @@ def parse_unsigned_providers(text: str) -> UnsignedPolicy:
         return parse_unsigned_policy(text)
     except UnsignedPolicyError as exc:
         raise ConfigError(str(exc)) from None
+
+
 def archive_store_settings(args: Any) -> dict[str, Any]:
     """The Settings fields of the archive store flags (`--archive-store`, `--s3-*`) of parsed CLI arguments."""
     return {"archive_store": args.archive_store or "", "s3_endpoint_url": args.s3_endpoint_url or None,
             "s3_region": args.s3_region or None, "s3_path_style": bool(args.s3_path_style),
             "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None}
+
+
+def parse_networks(entries: list[str], flag: str) -> frozenset[Network]:
+    """`10.0.0.0/8`, `192.0.2.7`, `fd00::/8` entries → networks (a bare address is a /32 or /128)."""
+    networks = set()
+    for entry in entries:
+        try:
+            networks.add(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ConfigError(f"invalid {flag} {entry.strip()!r}: give an IP address or CIDR, "
+                              "e.g. 10.0.0.0/8") from None
+    return frozenset(networks)
 
 
 def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:

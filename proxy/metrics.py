@@ -8,6 +8,7 @@ the same totals whichever worker takes the request.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+
+from proxy import __version__
 
 _shared_dir: Path | None = None
 
@@ -45,17 +48,32 @@ def forget_process(directory: Path, pid: int) -> None:
     multiprocess.mark_process_dead(pid, str(directory))
 
 
+# Request durations: metadata in milliseconds, a cold archive of several GiB in up to 15 minutes.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    600.0, 900.0)
+
+
 class Metrics:
-    """The counters and histograms the proxy exports on /metrics."""
+    """The counters, gauges and histograms the proxy exports on /metrics (Prometheus naming: base units
+    in the name, `_total` on counters, `_seconds` and `_bytes`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._request_series: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._cache_series: dict[str, Any] = {}
+        self._upstream_series: dict[str, Any] = {}
+        self._redis_up: Gauge | None = None
+        self.build_info = Gauge("registry_proxy_build_info", "Always 1; the labels name the running version",
+                                ["version", "python"], registry=self.registry, multiprocess_mode="max")
+        self.build_info.labels(__version__, platform.python_version()).set(1)
         self.requests = Counter("registry_proxy_requests_total", "HTTP requests served",
                                 ["route", "status"], registry=self.registry)
-        self.request_seconds = Histogram("registry_proxy_request_seconds", "Request duration",
-                                         ["route"], registry=self.registry)
+        self.request_seconds = Histogram("registry_proxy_request_duration_seconds",
+                                         "Time from a request's arrival to its answer's end",
+                                         ["route"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.upstream_seconds = Histogram("registry_proxy_upstream_request_duration_seconds",
+                                          "Time from an upstream request to its answer's headers, by host",
+                                          ["host"], buckets=DURATION_BUCKETS, registry=self.registry)
         self.cache = Counter("registry_proxy_cache_total", "Metadata cache outcomes",
                              ["outcome"], registry=self.registry)
         self.upstream_fetches = Counter("registry_proxy_upstream_fetches_total",
@@ -82,13 +100,13 @@ class Metrics:
                                          "Provider archives stored although their registry lists no signing keys "
                                          "(--unsigned-providers; checked against SHA256SUMS and shasum only), by "
                                          "registry host", ["host"], registry=self.registry)
-        self.served_bytes = Counter("registry_proxy_archive_bytes_served_total",
+        self.served_bytes = Counter("registry_proxy_archive_served_bytes_total",
                                     "Archive bytes sent to clients", registry=self.registry)
         self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",
                                       registry=self.registry, multiprocess_mode="livesum")
-        self.connections_refused = Counter("registry_proxy_connections_refused",
+        self.connections_refused = Counter("registry_proxy_connections_refused_total",
                                            "Client connections refused at --max-connections", registry=self.registry)
-        self.connections_dropped = Counter("registry_proxy_connections_dropped",
+        self.connections_dropped = Counter("registry_proxy_connections_dropped_total",
                                            "Client connections closed by a timeout", ["reason"],
                                            registry=self.registry)
         self.negative_entries = Gauge("registry_proxy_negative_cache_entries",
@@ -124,6 +142,20 @@ class Metrics:
             series = self._cache_series[outcome] = self.cache.labels(outcome)
         series.inc()
 
+    def observe_upstream(self, host: str, seconds: float) -> None:
+        """One upstream request answered (its headers arrived) after `seconds`."""
+        series = self._upstream_series.get(host)
+        if series is None:
+            series = self._upstream_series[host] = self.upstream_seconds.labels(host)
+        series.observe(seconds)
+
+    def redis_up(self, up: bool) -> None:
+        """Whether Redis answered (exported only by a proxy that uses Redis)."""
+        if self._redis_up is None:
+            self._redis_up = Gauge("registry_proxy_redis_up", "1 when the Redis metadata store answered at the "
+                                   "last scrape, else 0", registry=self.registry, multiprocess_mode="livemin")
+        self._redis_up.set(1 if up else 0)
+
     def exposition(self) -> bytes:
         """The text format for /metrics: this instance's values, or every worker's when they are shared."""
         return generate_latest(self._reported())
@@ -147,7 +179,7 @@ class Metrics:
         return Totals(cache_hits=int(sums.get(("registry_proxy_cache_total", "hit"), 0)),
                       cache_misses=int(sums.get(("registry_proxy_cache_total", "miss"), 0)),
                       cache_stale=int(sums.get(("registry_proxy_cache_total", "stale"), 0)),
-                      bytes_served=int(sums.get(("registry_proxy_archive_bytes_served_total", ""), 0)),
+                      bytes_served=int(sums.get(("registry_proxy_archive_served_bytes_total", ""), 0)),
                       upstream_fetches=int(fetches),
                       upstream_bytes=int(sums.get(("registry_proxy_upstream_bytes_total", ""), 0)),
                       all_workers=_shared_dir is not None)

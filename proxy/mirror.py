@@ -305,6 +305,10 @@ class Mirror:
                 "archive_store": await asyncio.to_thread(self._store.is_writable),
                 "disk_space": (await self.disk_space()).ok}
 
+    async def metadata_store_up(self) -> bool:
+        """Whether the metadata store answers now."""
+        return await self._cache.ping()
+
     async def disk_space(self) -> SpaceReport:
         """Free space of the data directory against `--min-free-space` (measured at most once a second)."""
         return await self._space.report()

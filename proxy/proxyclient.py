@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,12 +32,22 @@ class ProxyRequestError(Exception):
         self.message = message
 
 
+class ProxyUnreachable(Exception):
+    """The proxy cannot be used at all: a bad URL, a CA file that cannot be read, no connection, an
+    untrusted certificate. The message is one line for the user."""
+
+
 class ProxyClient:
     def __init__(self, base_url: str, ca_file: Path | None = None, timeout: float = 3600,
                  token: str | None = None) -> None:
-        self.base = URL(base_url.rstrip("/") + "/")
+        self.base = _base_url(base_url)
         cafile = str(ca_file) if ca_file else os.environ.get("SSL_CERT_FILE")
-        context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+        try:
+            context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+        except (OSError, ssl.SSLError) as exc:
+            source = "--ca-file" if ca_file else "SSL_CERT_FILE"
+            raise ProxyUnreachable(f"cannot read the CA file {cafile} ({source}): "
+                                   f"{getattr(exc, 'strerror', None) or exc}") from None
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=32),
             timeout=aiohttp.ClientTimeout(total=timeout, connect=30),
@@ -44,7 +55,37 @@ class ProxyClient:
                      **({"Authorization": f"Bearer {token}"} if token else {})})
 
     async def __aenter__(self) -> ProxyClient:
+        try:
+            await self.probe()
+        except BaseException:
+            await self._session.close()
+            raise
         return self
+
+    async def probe(self) -> None:
+        """Check that the proxy answers at its URL over trusted TLS (before any work starts)."""
+        async with self._request(self.url("healthz")) as response:
+            await response.read()
+            if response.status != 200:
+                raise ProxyUnreachable(f"{self.base} does not look like a registry-proxy: GET /healthz answered "
+                                       f"HTTP {response.status}")
+
+    @asynccontextmanager
+    async def _request(self, url: URL, params: list[tuple[str, str]] | None = None
+                       ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET whose connection failures become ProxyUnreachable with one clear line."""
+        try:
+            async with self._session.get(url, params=params) as response:
+                yield response
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise ProxyUnreachable(f"the TLS certificate of {self.base} is not trusted ({exc.certificate_error}); "
+                                   "give its CA with --ca-file or SSL_CERT_FILE") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ProxyUnreachable(f"cannot connect to the proxy at {self.base}: {exc.os_error.strerror or exc}"
+                                   ) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise ProxyUnreachable(f"the connection to the proxy at {self.base} failed: "
+                                   f"{str(exc) or type(exc).__name__}") from None
 
     async def __aexit__(self, *exc: object) -> None:
         await self._session.close()
@@ -53,7 +94,7 @@ class ProxyClient:
         return self.base.join(URL(path.lstrip("/"), encoded=True))
 
     async def json(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
-        async with self._session.get(self.url(path), params=params) as response:
+        async with self._request(self.url(path), params) as response:
             body = await response.read()
             if response.status != 200:
                 raise ProxyRequestError(response.status, _error_message(response.status, body))
@@ -96,7 +137,7 @@ class ProxyClient:
                        base: URL | None = None) -> int:
         """GET a file and discard it, reporting bytes as they arrive; returns the size."""
         url = (base or self.base).join(URL(path, encoded=True)) if not path.startswith("/") else self.url(path)
-        async with self._session.get(url) as response:
+        async with self._request(url) as response:
             if response.status != 200:
                 raise ProxyRequestError(response.status, _error_message(response.status, await response.read()))
             total = 0
@@ -105,6 +146,19 @@ class ProxyClient:
                 if progress:
                     progress(len(chunk))
             return total
+
+
+def _base_url(text: str) -> URL:
+    """The proxy's base URL, which must be an absolute http(s) URL."""
+    try:
+        url = URL(text.strip().rstrip("/") + "/")
+    except ValueError as exc:
+        raise ProxyUnreachable(f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, "
+                               "e.g. https://proxy.example:8443/") from None
+    if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
+        raise ProxyUnreachable(f"invalid --proxy {text!r}: give the proxy's base URL, "
+                               "e.g. https://proxy.example:8443/")
+    return url
 
 
 def _path(addr: ProviderAddr) -> str:

@@ -73,6 +73,7 @@ class BundleReport:
 
 async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, only: list[str]) -> BundleReport:
     """Write every cached provider archive and module (or those matching `only`) with their metadata."""
+    check_bundle_name(out)
     names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
     values = {key: value for key in names if (value := await cache.get(key)) is not None}
     report = BundleReport()
@@ -166,6 +167,16 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info.size, info.mode = len(data), 0o644
     info.mtime = int(dt.datetime.now(dt.UTC).timestamp())
     tar.addfile(info, io.BytesIO(data))
+
+
+BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
+
+
+def check_bundle_name(out: Path) -> None:
+    """Refuse an `export --out` name whose suffix says no format the bundle can be written in."""
+    if not out.name.endswith(BUNDLE_SUFFIXES) or out.name in BUNDLE_SUFFIXES:
+        raise CommandError(f"--out {out.name!r}: unknown bundle format; name it NAME.tar, NAME.tar.gz "
+                           "(or .tgz) or NAME.tar.zst")
 
 
 @contextmanager

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from proxy.addrs import AddressError, Platform
 from proxy.backends import archive_store
@@ -15,15 +17,24 @@ from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.negative import negative_retention
 from proxy.cache.redis import FAILURES as REDIS_FAILURES
 from proxy.commands import CommandError
-from proxy.commands.bundle import export_bundle, import_bundle
+from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
 from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import FreshnessTtls, Settings, archive_store_settings, metadata_secret_settings, parse_duration
+from proxy.config import (
+    FreshnessTtls,
+    Settings,
+    archive_store_settings,
+    metadata_secret_settings,
+    not_a_url,
+    parse_duration,
+)
 from proxy.gpg import Keyring
-from proxy.proxyclient import ProxyClient
+from proxy.proxyclient import ProxyClient, ProxyUnreachable
 from proxy.storage import ArchiveStorage
+
+T = TypeVar("T")
 
 
 async def dispatch(args: argparse.Namespace) -> int:
@@ -45,7 +56,17 @@ async def dispatch(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> ProxyClient:
     if not args.proxy:
         raise CommandError("--proxy URL is required (or REGISTRY_PROXY_PROXY)")
+    not_a_url(args.default_registry, "--default-registry")
     return ProxyClient(args.proxy, Path(args.ca_file) if args.ca_file else None, token=args.token or None)
+
+
+async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], Awaitable[T]]) -> T:
+    """Run `work` with a client of the proxy; a proxy that cannot be used is one clear CommandError."""
+    try:
+        async with _client(args) as client:
+            return await work(client)
+    except ProxyUnreachable as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
@@ -60,9 +81,8 @@ def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
 
 async def _lock(args: argparse.Namespace) -> int:
     platforms = _platforms(args, required=True)
-    async with _client(args) as client:
-        entries = await run_lock(Path(args.directory), client, platforms, upgrade=args.upgrade,
-                                 default_host=args.default_registry)
+    entries = await _with_client(args, lambda client: run_lock(
+        Path(args.directory), client, platforms, upgrade=args.upgrade, default_host=args.default_registry))
     for entry in entries.values():
         print(f"locked {entry.address} {entry.version} ({len(entry.hashes)} hashes)")
     print(f"wrote {Path(args.directory) / '.terraform.lock.hcl'} for {', '.join(map(str, platforms))}")
@@ -74,10 +94,9 @@ async def _warm(args: argparse.Namespace) -> int:
     jobs = int(args.jobs) if str(args.jobs).isdigit() and int(args.jobs) > 0 else 0
     if not jobs:
         raise CommandError("--jobs must be a positive integer")
-    async with _client(args) as client:
-        report = await run_warm(client, platforms, directory=Path(args.directory) if args.directory else None,
-                                lock_file=Path(args.lock_file) if args.lock_file else None, jobs=jobs,
-                                default_host=args.default_registry)
+    report = await _with_client(args, lambda client: run_warm(
+        client, platforms, directory=Path(args.directory) if args.directory else None,
+        lock_file=Path(args.lock_file) if args.lock_file else None, jobs=jobs, default_host=args.default_registry))
     print(f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
           f"{len(report.failed)} failed")
     for name, reason in report.skipped.items():
@@ -115,6 +134,7 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
 
 
 async def _export(args: argparse.Namespace) -> int:
+    check_bundle_name(Path(args.out))
     cache, store = await _stores(args)
     try:
         report = await export_bundle(cache, store, Path(args.out), args.only)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ class UpstreamClient:
         self._limits = limits
         self._retries = retries
         self._sleep = sleep
+        self.observe: Callable[[str, float], None] | None = None  # (host, seconds to the answer's headers)
 
     @classmethod
     def create(cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None,
@@ -178,8 +180,11 @@ class UpstreamClient:
             token = self._credentials.token_for(current)  # per hop: a redirect elsewhere goes without it
             hop_headers = {**headers, "Authorization": f"Bearer {token}"} if token else headers
             try:
+                started = time.monotonic()
                 async with self._session.get(current, headers=hop_headers, timeout=timeout,
                                              allow_redirects=False) as response:
+                    if self.observe is not None:
+                        self.observe(current.host or "", time.monotonic() - started)
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
                         try:
                             current = current.join(URL(response.headers["Location"]))

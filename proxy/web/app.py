@@ -38,14 +38,16 @@ from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
-from proxy.web.middlewares import request_context
+from proxy.web.middlewares import client_address, request_context, server_header
 
 log = structlog.get_logger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown."""
-    app = web.Application(middlewares=[request_context, access_control, request_deadline], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[client_address, request_context, access_control, request_deadline],
+                          client_max_size=64 * 1024)
+    app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
@@ -71,6 +73,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     policy = AddressPolicy(settings.private_host_exceptions)
     upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file,
                                      credentials=settings.upstream_credentials)
+    upstream.observe = metrics.observe_upstream
     app[ACCESS] = Access(settings, Grants(grant_key(await asyncio.to_thread(metadata_secret, settings))))
     reload_on_sighup = settings.auth_tokens is not None
     if reload_on_sighup:  # in every worker: the supervisor passes its SIGHUP on (proxy.web.workers)

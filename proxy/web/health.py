@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from proxy.web.keys import METRICS, MIRROR
+from proxy.web.keys import METRICS, MIRROR, SETTINGS
 from proxy.web.responses import json_response
 
 
@@ -33,7 +33,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].exposition()
+    """The exposition (the store's size as the evictor last listed it) and, with Redis, whether it answers."""
+    registry, mirror = request.app[METRICS], request.app[MIRROR]
+    if request.app[SETTINGS].redis_url:
+        registry.redis_up(await mirror.metadata_store_up())
+    body = registry.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

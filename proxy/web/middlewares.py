@@ -8,6 +8,11 @@ Errors of the proxy's hierarchy (`proxy.errors`) carry their own status; the pur
 raise neutral errors, and those that mean the request named something malformed
 (`INVALID_REQUEST_ERRORS`) are answered here as 400, like `InvalidRequestError`.
 
+Behind trusted reverse proxies (`--trusted-proxies`), `client_address` puts the client's address
+from `X-Forwarded-For` in `request.remote` first, so the log and everything else that uses the peer
+sees the client. Health probes (`/healthz`, `/readyz`) are logged at debug, not in the access log.
+Every answer says `Server: registry-proxy`, without versions (`server_header`).
+
 A client that goes away mid-request is not a server error: it is logged as `request.aborted`
 and counted with status 499 (nginx's "client closed request"), and the exception goes on to
 aiohttp, which drops the connection.
@@ -23,17 +28,37 @@ from aiohttp import web
 
 from proxy.addrs import AddressError
 from proxy.errors import InvalidRequestError, ProxyError
+from proxy.forwarded import client_address as forwarded_client
 from proxy.log import access, begin_request, new_request_id, request_cache_status
 from proxy.web.keys import METRICS, SETTINGS
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.access")
 
+SERVER = "registry-proxy"  # the Server header: no versions
+HEALTH_ROUTES = frozenset({"healthz", "readyz"})
+
 CLIENT_CLOSED_REQUEST = 499
 SLOW_REQUEST = 1.0  # seconds: `--access-log errors` logs requests slower than this too
 SUPPORTED_VERSIONS = ((1, 0), (1, 1))
 # Neutral errors of pure modules that mean the client asked for something malformed: 400.
 INVALID_REQUEST_ERRORS: tuple[type[Exception], ...] = (AddressError,)
+
+
+@web.middleware
+async def client_address(request: web.Request, handler) -> web.StreamResponse:
+    """With --trusted-proxies, the request as seen from the client's address (`request.remote`)."""
+    settings = request.app.get(SETTINGS)
+    if settings is None or not settings.trusted_proxies:
+        return await handler(request)
+    remote = forwarded_client(request.remote, request.headers.getall("X-Forwarded-For", ()),
+                              settings.trusted_proxies)
+    return await handler(request if remote == request.remote else request.clone(remote=remote))
+
+
+async def server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: replace aiohttp's `Server: Python/3.x aiohttp/3.x`."""
+    response.headers["Server"] = SERVER
 
 
 @web.middleware
@@ -64,7 +89,9 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     request.app[METRICS].count_request(route, status, duration)
     settings = request.app.get(SETTINGS)
     mode = settings.access_log if settings is not None else "all"
-    if mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
+    if route in HEALTH_ROUTES:
+        log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
+    elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
         access(event, {"method": request.method, "path": request.path, "status": status, "bytes": sent,
                        "duration_ms": round(duration * 1000, 2), "cache": request_cache_status(),
                        "remote": request.remote, "user_agent": request.headers.get("User-Agent", ""),

@@ -42,6 +42,7 @@ from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.web.eventloop import new_event_loop
 from proxy.web.keys import METRICS
+from proxy.web.middlewares import SERVER
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.server")
@@ -189,6 +190,7 @@ class LimitedRequestHandler(RequestHandler):
         self._gate.metrics.requests.labels("unmatched", str(status)).inc()
         log.info("request.rejected", status=status, error=text, remote=request.remote)
         response = error_response(status, text)
+        response.headers["Server"] = SERVER
         response.force_close()
         return response
 
@@ -277,16 +279,20 @@ async def serve_app(app: web.Application, listen: Listen, stopped: Callable[[], 
 
 
 def run_server(app: web.Application, settings: Settings, ssl_context: ssl.SSLContext | None, *,
-               shutdown_timeout: float) -> None:
+               shutdown_timeout: float, on_listening: Callable[[], None] | None = None) -> None:
     """Serve `app` in this process until SIGTERM or SIGINT, then shut down gracefully (like `web.run_app`).
 
-    `shutdown_timeout`: how long requests in flight may take to finish after the signal.
+    `shutdown_timeout`: how long requests in flight may take to finish after the signal;
+    `on_listening`: called once the listening socket is bound.
     """
     limits = ConnectionLimits.from_settings(settings)
 
     async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
-        return [await start_listener(runner, ssl_context, limits, host=settings.listen_host,
-                                     port=settings.listen_port)]
+        listeners = [await start_listener(runner, ssl_context, limits, host=settings.listen_host,
+                                          port=settings.listen_port)]
+        if on_listening is not None:
+            on_listening()
+        return listeners
 
     loop = new_event_loop(settings.event_loop, plain_http=settings.plain_http)
     asyncio.set_event_loop(loop)

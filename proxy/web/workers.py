@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import ssl
+from collections.abc import Callable
 from contextlib import suppress
 
 import structlog
@@ -46,11 +47,13 @@ UNWIND = 10.0  # beyond --shutdown-grace: cancelled fetches clean up, stores clo
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-def run_workers(settings: Settings, ssl_context: ssl.SSLContext | None) -> None:
+def run_workers(settings: Settings, ssl_context: ssl.SSLContext | None, *,
+                on_listening: Callable[[], None] | None = None) -> None:
     """Prepare the data dir once, then serve with `settings.workers` workers until SIGTERM or SIGINT.
-    Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start."""
+    Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start.
+    `on_listening` is called in the supervisor once it has bound the listening socket."""
     asyncio.run(_prepare_metadata_store(settings))
-    Supervisor(settings, ssl_context).run()
+    Supervisor(settings, ssl_context, on_listening).run()
 
 
 async def _prepare_metadata_store(settings: Settings) -> None:
@@ -63,9 +66,11 @@ async def _prepare_metadata_store(settings: Settings) -> None:
 class Supervisor(BaseApplication):
     """gunicorn's arbiter configured from our Settings (no gunicorn command line or config file)."""
 
-    def __init__(self, settings: Settings, ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(self, settings: Settings, ssl_context: ssl.SSLContext | None,
+                 on_listening: Callable[[], None] | None = None) -> None:
         self.settings = settings
         self.ssl_context = ssl_context
+        self.on_listening = on_listening
         self.metrics_dir = metrics.new_shared_dir(settings.data_dir / "metrics")
         super().__init__()
 
@@ -84,6 +89,7 @@ class Supervisor(BaseApplication):
             "control_socket_disable": True,
             "child_exit": lambda _arbiter, worker: metrics.forget_process(self.metrics_dir, worker.pid),
             "on_exit": lambda _arbiter: metrics.remove_shared_dir(self.metrics_dir),
+            "when_ready": lambda _arbiter: self.on_listening and self.on_listening(),  # after the bind
         }
         for name, value in options.items():
             self.cfg.set(name, value)
