@@ -297,11 +297,15 @@ async def test_a_public_document_naming_private_urls_gets_neither_the_token_nor_
     assert tokenless and set(tokenless) <= {sums_path, sums_path + ".sig"}  # asked for the public host: no token
 
 
-async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(access_settings, client_ssl, registry,
-                                                                             signing_key):
+@pytest.fixture
+def public_archive(registry, signing_key) -> str:
+    """A public provider's archive path (the private host's is ARCHIVE)."""
     registry.add(Release("hashicorp", "null", "3.2.1", signing_key))
-    public_archive = (f"/mirror/v1/{REGISTRY_HOST}/hashicorp/null/3.2.1/linux_amd64/"
-                      "terraform-provider-null_3.2.1_linux_amd64.zip")
+    return f"/mirror/v1/{REGISTRY_HOST}/hashicorp/null/3.2.1/linux_amd64/terraform-provider-null_3.2.1_linux_amd64.zip"
+
+
+async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(access_settings, client_ssl,
+                                                                             public_archive):
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         assert (await proxy.get(ARCHIVE, **bearer(ALL)))[0] == 200
         assert (await proxy.get(public_archive, **bearer(ALL)))[0] == 200
@@ -315,11 +319,7 @@ async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(acc
         assert (await proxy.get("/ca.pem"))[0] != 401  # the CA certificate is public
 
 
-async def test_without_client_tokens_the_page_hides_private_hosts(access_settings, client_ssl, registry,
-                                                                  signing_key):
-    registry.add(Release("hashicorp", "null", "3.2.1", signing_key))
-    public_archive = (f"/mirror/v1/{REGISTRY_HOST}/hashicorp/null/3.2.1/linux_amd64/"
-                      "terraform-provider-null_3.2.1_linux_amd64.zip")
+async def test_without_client_tokens_the_page_hides_private_hosts(access_settings, client_ssl, public_archive):
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         assert (await proxy.get(ARCHIVE, **bearer(ALL)))[0] == 200
     async with serve_proxy(access_settings(auth_tokens=None), client_ssl) as proxy:
