@@ -211,18 +211,19 @@ class Mirror:
 
     async def _platform_archives(self, addr: ProviderAddr, version: Version,
                                  info: VersionInfo) -> tuple[list[DownloadInfo], list[PlatformArchive]]:
-        found = await gather_bounded(
-            (self._cached_download_info(addr, version, platform) for platform in info.platforms),
-            self._settings.limits.upstream_concurrency)
-        downloads = [d for d in found if isinstance(d, DownloadInfo)]
-        failures = [f for f in found if isinstance(f, UpstreamError)]
+        async def facts(platform: Platform) -> tuple[DownloadInfo | UpstreamError | None, dict[str, str] | None]:
+            # The release's SHA256SUMS is fetched and verified as soon as one platform's download document
+            # names it, while the other platforms' documents are still on their way (one fetch: a flight).
+            d = await self._cached_download_info(addr, version, platform)
+            return d, (await self._verified_sums(addr, version, d) if isinstance(d, DownloadInfo) else None)
+
+        found = await gather_bounded((facts(platform) for platform in info.platforms),
+                                     self._settings.limits.upstream_concurrency)
+        downloads = [d for d, _ in found if isinstance(d, DownloadInfo)]
+        failures = [d for d, _ in found if isinstance(d, UpstreamError)]
         if failures and not downloads:
             raise failures[0]
-        sums_by_source: dict[tuple, dict[str, str]] = {}
-        for d in downloads:
-            source = keys.sums_source(d)
-            if source not in sums_by_source:
-                sums_by_source[source] = await self._verified_sums(addr, version, d)
+        sums_by_source = {keys.sums_source(d): sums for d, sums in found if isinstance(d, DownloadInfo)}
         records = await self._archive_records(addr, version, [d.platform for d in downloads])
         result = []
         for d, record in zip(downloads, records, strict=True):
@@ -361,9 +362,11 @@ class Mirror:
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
                                    d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
-        sums, signature = await asyncio.gather(self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
-                                               self._documents.blob(d.shasums_signature_url, limit,
-                                                                "SHA256SUMS signature"))
+        # The keys are imported while the documents they verify arrive (a gpg process less to wait for).
+        sums, signature, _ = await asyncio.gather(
+            self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
+            self._documents.blob(d.shasums_signature_url, limit, "SHA256SUMS signature"),
+            asyncio.to_thread(self._keyring.import_quietly, list(d.signing_keys)))
         try:
             result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature,
                                              list(d.signing_keys))
