@@ -72,6 +72,15 @@ class LockHashes:
 
 
 @dataclass(frozen=True)
+class _FreshVersions:
+    """A provider's parsed version list, fresh from `since` until `until` (`DocumentCache.clock` times)."""
+
+    since: float
+    until: float
+    versions: dict[Version, VersionInfo]
+
+
+@dataclass(frozen=True)
 class _ArchiveList:
     """A version's archive list and what it was made from: the version list's entry, and the stored
     values under `keys` as they were before it was made."""
@@ -99,17 +108,37 @@ class Mirror:
         self._metrics = metrics
         self._rechecks = RecheckGate(settings.freshness.negative)
         self._archive_lists: dict[tuple[ProviderAddr, Version], _ArchiveList] = {}
+        self._fresh_versions: dict[ProviderAddr, _FreshVersions] = {}
 
     # ---- public API -------------------------------------------------------------------
 
     async def provider_versions(self, addr: ProviderAddr, max_age: float | None = None) -> dict[Version, VersionInfo]:
-        """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter)."""
-        entry = await self._versions_entry(addr, max_age)
-        return self._documents.parsed(keys.versions(addr), entry, lambda e: providers.parse_versions(e.body, addr))
+        """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter).
+
+        While the list and the discovery document it was found through are fresh, the list is answered
+        from this process's memory without reading the store (the fresh-until shortcut); once either is
+        stale, the document cache is asked again, which revalidates them with the upstream.
+        """
+        known = self._fresh_versions.get(addr)
+        if known is not None and max_age is None and known.since <= self._documents.clock() < known.until:
+            self._documents.count_hit()
+            return known.versions
+        self._documents.check_allowed(addr.hostname)
+        base, discovery_until = await self._documents.service(addr.hostname, "providers.v1")
+        key = keys.versions(addr)
+        entry = await self._versions_entry(addr, base, key, max_age)
+        versions = self._documents.parsed(key, entry, lambda e: providers.parse_versions(e.body, addr))
+        until = min(discovery_until, self._documents.fresh_until(entry, self._settings.freshness.versions))
+        if len(self._fresh_versions) >= MEMO_ENTRIES and addr not in self._fresh_versions:
+            self._fresh_versions.pop(next(iter(self._fresh_versions)))
+        self._fresh_versions[addr] = _FreshVersions(entry.fetched_at, until, versions)
+        return versions
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
-        return (await self._versions_entry(addr)).body
+        self._documents.check_allowed(addr.hostname)
+        base = await self._documents.service_url(addr.hostname, "providers.v1")
+        return (await self._versions_entry(addr, base, keys.versions(addr))).body
 
     async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
         """The upstream's download metadata as it sent it, unknown fields included."""
@@ -166,8 +195,7 @@ class Mirror:
             info = versions.get(version)
             return info is None or bool(missing_platforms(info.platforms, platforms))
 
-        versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks,
-                                self._rechecks, keys.versions(addr))
+        versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks, self._rechecks, addr)
         info = versions.get(version)
         if info is None:
             raise NotFoundError(f"provider {addr} has no version {version}")
@@ -176,13 +204,11 @@ class Mirror:
             raise NotFoundError(no_package_message(f"provider {addr} {version}", missing, info.platforms))
         return info
 
-    async def _versions_entry(self, addr: ProviderAddr, max_age: float | None = None) -> CacheEntry:
-        self._documents.check_allowed(addr.hostname)
-        base = await self._documents.service_url(addr.hostname, "providers.v1")
+    async def _versions_entry(self, addr: ProviderAddr, base: URL, key: str,
+                              max_age: float | None = None) -> CacheEntry:
         url = providers.versions_url(base, addr)
-        entry = await self._documents.document(keys.versions(addr), url,
-                                           ttl=list_ttl(self._settings.freshness.versions, max_age),
-                                           validate=lambda e: providers.parse_versions(e.body, addr))
+        entry = await self._documents.document(key, url, ttl=list_ttl(self._settings.freshness.versions, max_age),
+                                               validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
         return entry

@@ -29,7 +29,6 @@ from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, registry
-from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import GUARD, METRICS, MIRROR, MODULES, RENDERED, SETTINGS
 from proxy.web.middlewares import request_context
@@ -39,7 +38,7 @@ log = structlog.get_logger(__name__)
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown."""
-    app = web.Application(middlewares=[request_context, request_deadline], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[request_context], client_max_size=64 * 1024)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
