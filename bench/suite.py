@@ -49,6 +49,7 @@ from tests.fakes.signing import stop_gpg_agent
 REDIS_SERVER = shutil.which("redis-server")
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"
+PHASES = ("cold", "archive", "fleet", "json", "init-big", "init-small")  # a default run
 
 
 @dataclass
@@ -155,33 +156,51 @@ class Suite:
             stack.push_async_callback(world.registry.stop)
             await self._start_nginx(stack)
 
-            proxy = await self._start_proxy(stack, "proxy-a")
-            probe = ProcessProbe(proxy.process.pid)
+            only = set(args.only or PHASES)
+            if only & {"cold", "archive", "fleet", "json", "init-big"}:
+                await self._proxies_phases(stack, only)
+            if "init-small" in only:
+                await self.init_small(stack)
+            if "init-cold" in only:
+                await self.init_cold(stack)
+
+    async def _proxies_phases(self, stack: contextlib.AsyncExitStack, only: set[str]) -> None:
+        """Benchmarks 1, 3, 5, 2 and 4b (those of `only`) on the proxy with 1 and with N workers."""
+        args = self.args
+        proxy = await self._start_proxy(stack, "proxy-a")
+        probe = ProcessProbe(proxy.process.pid)
+        if "cold" in only:
             await self.cold_fanout(proxy, probe)
+        elif only & {"archive", "init-big"}:
+            await self._fetch_big(proxy)
+        workers = None
+        if only & {"archive", "json"}:
             self.progress(f"starting the proxy with --workers {args.workers} (and caching the big archive in it)")
             workers = await self._start_proxy(stack, "proxy-workers", "--workers", str(args.workers))
+        if "archive" in only:
             await self._fetch_big(workers)
             await self.warm_archive({"proxy": (proxy, probe),
                                      "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))})
             await self.s3_archive(stack, proxy, probe)
-            fleet = await self._start_fleet(stack)
-            redis_proxy = None
-            if fleet is not None:
+        fleet = await self._start_fleet(stack) if only & {"fleet", "json"} else None
+        redis_proxy = None
+        if fleet is not None:
+            if "fleet" in only:
                 await self.fleet_cold(*fleet)
-                for replica in fleet:
-                    await replica.stop()
-                redis_proxy = await self._start_proxy(stack, "proxy-redis", *self.redis_args,
-                                                      data_dir=self.root / "fleet" / "data")
+            for replica in fleet:
+                await replica.stop()
+            redis_proxy = await self._start_proxy(stack, "proxy-redis", *self.redis_args,
+                                                  data_dir=self.root / "fleet" / "data")
+        if "json" in only:
             await self.warm_json(proxy, probe, workers, redis_proxy)
+        if workers is not None:
             await workers.stop()
+        if "init-big" in only:
             await self.init_big_warm(proxy)
-            self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
-            await proxy.stop()
-            if redis_proxy is not None:
-                await redis_proxy.stop()
-
-            proxy_b = await self._start_proxy(stack, "proxy-b")
-            await self.init_small(proxy_b)
+        self.results["proxy_a_final_peak_rss_mib"] = round(probe.peak_mib(), 1)
+        await proxy.stop()
+        if redis_proxy is not None:
+            await redis_proxy.stop()
 
     async def _meta(self) -> dict:
         import aiohttp as aiohttp_module
@@ -737,26 +756,62 @@ class Suite:
         self.results.setdefault("terraform_init", {})["big"] = result
         self._init_rows(f"{self.args.size_mib} MiB provider", result)
 
-    async def init_small(self, proxy: ProxyProcess) -> None:
+    async def _cold_vs_direct(self, stack: contextlib.AsyncExitStack, release: Release, label: str) -> dict:
+        """`--init-repeats` cold inits, each through a new, empty proxy (started and idle before the clock
+        starts), interleaved with inits straight from the upstream (no proxy)."""
+        world, cold, direct, proxies = self.world, [], [], []
+        archive_path = world.registry.archive_path(release, PLATFORM)
+        before = world.registry.count(archive_path)
+        for round_ in range(self.args.init_repeats):
+            proxy = await self._start_proxy(stack, f"proxy-{label}-cold{round_}")
+            proxies.append(proxy)
+            cold.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-cold"))
+            direct.append(await self._init(release, world.registry.url, world.ca_file, f"{label}-direct",
+                                           direct=True))
+            if round_ < self.args.init_repeats - 1:
+                await proxy.stop()
+        gets = world.registry.count(archive_path) - before
+        self.check(f"terraform init {label}: each cold proxy made one GET of the archive",
+                   gets == 2 * len(cold), f"{gets} GETs for {len(cold)} cold and {len(direct)} direct inits")
+        result = {"cold_s": round(statistics.median(cold), 3), "cold_runs": [round(t, 3) for t in cold],
+                  "direct_upstream_s": round(statistics.median(direct), 3),
+                  "direct_upstream_runs": [round(t, 3) for t in direct],
+                  "ratio_of_medians": round(statistics.median(cold) / statistics.median(direct), 3),
+                  "median_of_pair_ratios": round(statistics.median(c / d for c, d in zip(cold, direct, strict=True)),
+                                                 3)}
+        result["proxy"] = proxies[-1]  # the last one stays up, warm, for what follows (not in the JSON)
+        return result
+
+    def _cold_row(self, title: str, result: dict) -> None:
+        self.rows.append(Row(f"terraform init {title}, cold", f"{result['cold_s']:.2f} s",
+                             f"{result['direct_upstream_s']:.2f} s (direct)",
+                             _ratio(result["cold_s"], result["direct_upstream_s"]),
+                             "each run a new empty proxy: discovery, versions, SHA256SUMS+sig, archive; baseline: "
+                             f"no proxy, straight from the upstream; medians of {len(result['cold_runs'])} "
+                             f"interleaved; median of pair ratios {result['median_of_pair_ratios']:.2f}x"))
+
+    async def init_small(self, stack: contextlib.AsyncExitStack) -> None:
         if self._no_terraform():
             return
-        self.progress("4. terraform init of a small provider: cold (empty proxy), warm (and static nginx)")
-        world, release = self.world, self.world.small
-        cold = await self._init(release, proxy.url, proxy.ca_file, "small-cold")
+        self.progress("4. terraform init of a small provider: cold (empty proxy) vs direct, warm (and static nginx)")
+        release = self.world.small
+        cold = await self._cold_vs_direct(stack, release, "small")
+        proxy = cold.pop("proxy")
         await self._publish_static(proxy, release)
-        result = {"cold_s": round(cold, 3), **await self._warm_vs_static(proxy, release, "small")}
-        gets = world.registry.count(world.registry.archive_path(release, PLATFORM))
-        self.check("terraform init small: upstream saw one GET of the archive", gets == 1, f"{gets} GETs")
+        result = {**cold, **await self._warm_vs_static(proxy, release, "small")}
         self.results.setdefault("terraform_init", {})["small"] = result
-        direct = [await self._init(release, world.registry.url, world.ca_file, "small-direct", direct=True)
-                  for _ in range(self.args.init_repeats)]
-        result["direct_upstream_s"] = round(statistics.median(direct), 3)
-        result["direct_upstream_runs"] = [round(t, 3) for t in direct]
-        self.rows.append(Row("terraform init small provider, cold", f"{cold:.2f} s",
-                             f"{result['direct_upstream_s']:.2f} s (direct)", _ratio(cold, result["direct_upstream_s"]),
-                             "empty proxy: discovery, versions, SHA256SUMS+sig, archive; baseline: no proxy, "
-                             f"straight from the upstream (median of {len(direct)}); one cold run"))
+        self._cold_row("small provider", result)
         self._init_rows("small provider", result)
+
+    async def init_cold(self, stack: contextlib.AsyncExitStack) -> None:
+        """The big provider through an empty proxy against straight from the upstream (not in a default run)."""
+        if self._no_terraform():
+            return
+        self.progress(f"4c. terraform init of the {self.args.size_mib} MiB provider: cold (empty proxy) vs direct")
+        result = await self._cold_vs_direct(stack, self.world.big, "big")
+        await result.pop("proxy").stop()
+        self.results.setdefault("terraform_init", {})["big_cold"] = result
+        self._cold_row(f"{self.args.size_mib} MiB provider", result)
 
     # ---- report ------------------------------------------------------------------------------
 
@@ -797,6 +852,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fleet-lock-ttl", default="15s", help="the replicas' --fleet-lock-ttl (default 15s)")
     parser.add_argument("--fleet-workers", type=int, default=2,
                         help="worker processes of each fleet replica (`serve --workers`, default 2)")
+    parser.add_argument("--only", action="append", choices=(*PHASES, "init-cold"),
+                        help="run only these benchmarks (repeatable): cold (1), archive (3), fleet (5), json (2), "
+                             "init-big (4, warm), init-small (4, cold vs direct and warm); init-cold (the big "
+                             "provider's init through an empty proxy vs direct) runs only when asked for")
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 archive benchmark")

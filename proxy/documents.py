@@ -22,7 +22,7 @@ from yarl import URL
 
 from proxy import deadline, records
 from proxy.addrs import Hostname
-from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, freshness_of, keys
+from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, fresh_until, freshness_of, keys
 from proxy.config import Settings
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
 from proxy.flights import Flights
@@ -54,7 +54,7 @@ class DocumentCache:
         self._metrics = metrics
         self._flights = flights
         self._upstream = upstream
-        self._clock = clock
+        self.clock = clock  # wall-clock seconds; the freshness of every document is judged by it
         # Metadata has slots of its own (archives have theirs, in proxy.downloader), so slow downloads
         # never starve index.json; each upstream host gets a share, so one slow host never takes them all.
         self._slots = HostSlots.for_upstream(settings.limits)
@@ -100,16 +100,26 @@ class DocumentCache:
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
+        return (await self.service(hostname, service))[0]
+
+    async def service(self, hostname: Hostname, service: str) -> tuple[URL, float]:
+        """`service_url`, and until when (`clock` time) the discovery document it came from is fresh."""
         key, url = memoised(self._discovery_urls, hostname, None, lambda _: (
             keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)))
+        ttl = self._settings.freshness.discovery
         entry = await self.document(
-            key, url, ttl=self._settings.freshness.discovery,
-            max_bytes=self._settings.limits.max_discovery_bytes, max_redirects=discovery.MAX_REDIRECTS,
+            key, url, ttl=ttl, max_bytes=self._settings.limits.max_discovery_bytes,
+            max_redirects=discovery.MAX_REDIRECTS,
             validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
         if entry.negative:
             raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
         return self.parsed(f"{key} {service}", entry, lambda e: discovery.service_url(
-            discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname))
+            discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname)
+        ), self.fresh_until(entry, ttl)
+
+    def fresh_until(self, entry: CacheEntry, ttl: float | None) -> float:
+        """The `clock` time at which `entry` stops being fresh under `ttl` (as `document` judges it)."""
+        return fresh_until(entry, ttl, self._settings.freshness.negative)
 
     async def document(self, key: str, url: URL, *, ttl: float | None,
                         validate: Callable[[CacheEntry], object],
@@ -117,7 +127,7 @@ class DocumentCache:
         """A cached upstream document, refreshed through one shared fetch when not fresh."""
         cached = self._decode(key, await self._cache.get(key))
         if cached is not None and (self._settings.offline or freshness_of(
-                cached, self._clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH):
+                cached, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH):
             self._count_cache("hit")
             return cached
         self.require_online(key.replace(":", " ", 1))
@@ -127,7 +137,7 @@ class DocumentCache:
             # A flight for this key may have stored a fresh entry since the read above: no second fetch.
             latest = self._decode(key, await self._cache.get(key))
             if latest is not None and freshness_of(
-                    latest, self._clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH:
+                    latest, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH:
                 return latest, "hit"
             return await self._refresh(key, url, latest or cached, limit, max_redirects, validate)
 
@@ -149,7 +159,7 @@ class DocumentCache:
             if not scope.expired():
                 raise
         log.info("cache.serve_stale", key=key, reason="refresh still running at the stale deadline",
-                 age_seconds=round(self._clock() - cached.fetched_at))
+                 age_seconds=round(self.clock() - cached.fetched_at))
         return cached, "stale"
 
     async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
@@ -160,7 +170,7 @@ class DocumentCache:
             async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
                 response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
                                                     etag=usable.etag if usable else None)
-            now = self._clock()  # the answer's age counts from its arrival, however slow the upstream was
+            now = self.clock()  # the answer's age counts from its arrival, however slow the upstream was
             if response.status == 304 and usable is not None:
                 entry = replace(usable, fetched_at=now)
             elif response.status in (404, 410):
@@ -178,12 +188,16 @@ class DocumentCache:
             self._metrics.upstream_fetches.labels("metadata", "error").inc()
             if cached is not None:  # stale-if-error, for remembered 404s too
                 log.warning("cache.serve_stale", key=key, error=exc.message,
-                            age_seconds=round(self._clock() - cached.fetched_at))
+                            age_seconds=round(self.clock() - cached.fetched_at))
                 return cached, "stale"
             raise
         self._metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
         await self._cache.set(key, entry.encode())
         return entry, "miss"
+
+    def count_hit(self) -> None:
+        """Count a hit answered without asking `document` (in the access log and the metrics)."""
+        self._count_cache("hit")
 
     def _count_cache(self, outcome: str) -> None:
         note_cache(outcome)

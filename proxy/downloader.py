@@ -131,10 +131,17 @@ class Downloader:
             async with self._slots.hold(url, self._settings.limits.download_slot_wait,
                                                  str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
-            actual = await asyncio.to_thread(pending.finish)
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(pending.size)
-            result = await check(pending, actual)
+            # The file is fsynced while it is checked (its h1: hashes read it from the page cache), and
+            # published only once both are done.
+            synced = asyncio.ensure_future(asyncio.to_thread(pending.finish))
+            try:
+                result = await check(pending, pending.sha256())
+            except BaseException:
+                await asyncio.gather(synced, return_exceptions=True)
+                raise
+            actual = await synced
             stored = await asyncio.to_thread(self._store.publish, pending, actual)
             self.note_stored(stored)
             if then is not None:

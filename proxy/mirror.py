@@ -73,6 +73,15 @@ class LockHashes:
 
 
 @dataclass(frozen=True)
+class _FreshVersions:
+    """A provider's parsed version list, fresh from `since` until `until` (`DocumentCache.clock` times)."""
+
+    since: float
+    until: float
+    versions: dict[Version, VersionInfo]
+
+
+@dataclass(frozen=True)
 class _ArchiveList:
     """A version's archive list and what it was made from: the version list's entry, and the stored
     values under `keys` as they were before it was made."""
@@ -101,17 +110,37 @@ class Mirror:
         self._rechecks = RecheckGate(settings.freshness.negative)
         self._private_hosts = settings.upstream_credentials.private_hosts
         self._archive_lists: dict[tuple[ProviderAddr, Version], _ArchiveList] = {}
+        self._fresh_versions: dict[ProviderAddr, _FreshVersions] = {}
 
     # ---- public API -------------------------------------------------------------------
 
     async def provider_versions(self, addr: ProviderAddr, max_age: float | None = None) -> dict[Version, VersionInfo]:
-        """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter)."""
-        entry = await self._versions_entry(addr, max_age)
-        return self._documents.parsed(keys.versions(addr), entry, lambda e: providers.parse_versions(e.body, addr))
+        """The upstream's version list for a provider (cached for the versions TTL, or `max_age` if shorter).
+
+        While the list and the discovery document it was found through are fresh, the list is answered
+        from this process's memory without reading the store (the fresh-until shortcut); once either is
+        stale, the document cache is asked again, which revalidates them with the upstream.
+        """
+        known = self._fresh_versions.get(addr)
+        if known is not None and max_age is None and known.since <= self._documents.clock() < known.until:
+            self._documents.count_hit()
+            return known.versions
+        self._documents.check_allowed(addr.hostname)
+        base, discovery_until = await self._documents.service(addr.hostname, "providers.v1")
+        key = keys.versions(addr)
+        entry = await self._versions_entry(addr, base, key, max_age)
+        versions = self._documents.parsed(key, entry, lambda e: providers.parse_versions(e.body, addr))
+        until = min(discovery_until, self._documents.fresh_until(entry, self._settings.freshness.versions))
+        if len(self._fresh_versions) >= MEMO_ENTRIES and addr not in self._fresh_versions:
+            self._fresh_versions.pop(next(iter(self._fresh_versions)))
+        self._fresh_versions[addr] = _FreshVersions(entry.fetched_at, until, versions)
+        return versions
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
-        return (await self._versions_entry(addr)).body
+        self._documents.check_allowed(addr.hostname)
+        base = await self._documents.service_url(addr.hostname, "providers.v1")
+        return (await self._versions_entry(addr, base, keys.versions(addr))).body
 
     async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
         """The upstream's download metadata as it sent it, unknown fields included."""
@@ -169,8 +198,7 @@ class Mirror:
             info = versions.get(version)
             return info is None or bool(missing_platforms(info.platforms, platforms))
 
-        versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks,
-                                self._rechecks, keys.versions(addr))
+        versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks, self._rechecks, addr)
         info = versions.get(version)
         if info is None:
             raise NotFoundError(f"provider {addr} has no version {version}")
@@ -179,13 +207,11 @@ class Mirror:
             raise NotFoundError(no_package_message(f"provider {addr} {version}", missing, info.platforms))
         return info
 
-    async def _versions_entry(self, addr: ProviderAddr, max_age: float | None = None) -> CacheEntry:
-        self._documents.check_allowed(addr.hostname)
-        base = await self._documents.service_url(addr.hostname, "providers.v1")
+    async def _versions_entry(self, addr: ProviderAddr, base: URL, key: str,
+                              max_age: float | None = None) -> CacheEntry:
         url = providers.versions_url(base, addr)
-        entry = await self._documents.document(keys.versions(addr), url,
-                                           ttl=list_ttl(self._settings.freshness.versions, max_age),
-                                           validate=lambda e: providers.parse_versions(e.body, addr))
+        entry = await self._documents.document(key, url, ttl=list_ttl(self._settings.freshness.versions, max_age),
+                                               validate=lambda e: providers.parse_versions(e.body, addr))
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
         return entry
@@ -214,18 +240,19 @@ class Mirror:
 
     async def _platform_archives(self, addr: ProviderAddr, version: Version,
                                  info: VersionInfo) -> tuple[list[DownloadInfo], list[PlatformArchive]]:
-        found = await gather_bounded(
-            (self._cached_download_info(addr, version, platform) for platform in info.platforms),
-            self._settings.limits.upstream_concurrency)
-        downloads = [d for d in found if isinstance(d, DownloadInfo)]
-        failures = [f for f in found if isinstance(f, UpstreamError)]
+        async def facts(platform: Platform) -> tuple[DownloadInfo | UpstreamError | None, dict[str, str] | None]:
+            # The release's SHA256SUMS is fetched and verified as soon as one platform's download document
+            # names it, while the other platforms' documents are still on their way (one fetch: a flight).
+            d = await self._cached_download_info(addr, version, platform)
+            return d, (await self._verified_sums(addr, version, d) if isinstance(d, DownloadInfo) else None)
+
+        found = await gather_bounded((facts(platform) for platform in info.platforms),
+                                     self._settings.limits.upstream_concurrency)
+        downloads = [d for d, _ in found if isinstance(d, DownloadInfo)]
+        failures = [d for d, _ in found if isinstance(d, UpstreamError)]
         if failures and not downloads:
             raise failures[0]
-        sums_by_source: dict[tuple, dict[str, str]] = {}
-        for d in downloads:
-            source = keys.sums_source(d)
-            if source not in sums_by_source:
-                sums_by_source[source] = await self._verified_sums(addr, version, d)
+        sums_by_source = {keys.sums_source(d): sums for d, sums in found if isinstance(d, DownloadInfo)}
         records = await self._archive_records(addr, version, [d.platform for d in downloads])
         result = []
         for d, record in zip(downloads, records, strict=True):
@@ -373,9 +400,11 @@ class Mirror:
     async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
                                    d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
-        sums, signature = await asyncio.gather(self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
-                                               self._documents.blob(d.shasums_signature_url, limit,
-                                                                "SHA256SUMS signature"))
+        # The keys are imported while the documents they verify arrive (a gpg process less to wait for).
+        sums, signature, _ = await asyncio.gather(
+            self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
+            self._documents.blob(d.shasums_signature_url, limit, "SHA256SUMS signature"),
+            asyncio.to_thread(self._keyring.import_quietly, list(d.signing_keys)))
         if d.unsigned:  # admitted by --unsigned-providers; the signature is kept as sent, for the clients
             verify.parse_signed_sums(sums, str(d.shasums_url))
             record = SumsRecord(sums, signature, "", "", unsigned=True)

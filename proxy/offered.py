@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TypeVar
 
 from proxy.addrs import Platform
@@ -28,9 +28,9 @@ class RecheckGate:
         self.interval = interval
         self._max_keys = max_keys
         self._clock = clock
-        self._last: OrderedDict[str, float] = OrderedDict()
+        self._last: OrderedDict[Hashable, float] = OrderedDict()
 
-    def allow(self, key: str) -> bool:
+    def allow(self, key: Hashable) -> bool:
         """True (and remembered) if `key` was not rechecked within the interval."""
         now = self._clock()
         last = self._last.get(key)
@@ -44,7 +44,7 @@ class RecheckGate:
 
 
 async def listed(load: Callable[[float | None], Awaitable[T]], lacks: Callable[[T], bool],
-                 gate: RecheckGate, key: str) -> T:
+                 gate: RecheckGate, key: Hashable) -> T:
     """`load(None)` (the cached list); if `lacks` it and the gate allows, `load(max_age)` once more.
 
     `load(max_age)` must refresh the list if its cached copy is older than `max_age`.

@@ -83,12 +83,16 @@ class PendingArchive:
         self._digest.update(chunk)
         self.size += len(chunk)
 
+    def sha256(self) -> str:
+        """The SHA-256 hex of everything written so far."""
+        return self._digest.hexdigest()
+
     def finish(self) -> str:
         """Flush and fsync; returns the SHA-256 hex of everything written."""
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        return self._digest.hexdigest()
+        return self.sha256()
 
     def discard(self) -> None:
         """Close and remove the temp file; buffered bytes that cannot be flushed (disk full) are dropped."""

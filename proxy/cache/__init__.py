@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -151,6 +152,12 @@ def _decode(raw: bytes | None, kind: str) -> dict[str, Any] | None:
 class Freshness(Enum):
     FRESH = "fresh"
     STALE = "stale"
+
+
+def fresh_until(entry: CacheEntry, ttl: float | None, negative_ttl: float) -> float:
+    """When `entry` turns stale (`freshness_of` says STALE from then on); infinite if immutable."""
+    limit = negative_ttl if entry.negative else ttl
+    return math.inf if limit is None else entry.fetched_at + limit
 
 
 def freshness_of(entry: CacheEntry, now: float, ttl: float | None, negative_ttl: float) -> Freshness:

@@ -35,7 +35,6 @@ from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.access import ACCESS, Access, access_control
-from proxy.web.deadlines import request_deadline
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
 from proxy.web.middlewares import client_address, request_context, server_header
@@ -45,8 +44,7 @@ log = structlog.get_logger(__name__)
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown."""
-    app = web.Application(middlewares=[client_address, request_context, access_control, request_deadline],
-                          client_max_size=64 * 1024)
+    app = web.Application(middlewares=[client_address, request_context, access_control], client_max_size=64 * 1024)
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()

@@ -1,4 +1,7 @@
-"""Request id, access log, metrics, and rendering of every error as `{"errors": [...]}`.
+"""Request id, time budget, access log, metrics, and rendering of every error as `{"errors": [...]}`.
+
+Every request gets its budget for waiting on upstreams (`proxy.deadline`: --request-deadline and
+--stale-deadline) here, in the one middleware every request passes through.
 
 The access log (`--access-log`) has a line per request (`all`), only for errors and slow requests
 (`errors`: status 400 and above, or slower than `SLOW_REQUEST` seconds), or none (`off`); the
@@ -21,12 +24,14 @@ aiohttp, which drops the connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import structlog
 from aiohttp import web
 
 from proxy.addrs import AddressError
+from proxy.deadline import request_budget
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.forwarded import client_address as forwarded_client
 from proxy.log import access, begin_request, new_request_id, request_cache_status
@@ -63,14 +68,17 @@ async def server_header(request: web.Request, response: web.StreamResponse) -> N
 
 @web.middleware
 async def request_context(request: web.Request, handler) -> web.StreamResponse:
-    """Bind a request id, time the request, log it, and turn errors into JSON bodies."""
+    """Bind a request id, give the request its time budget, time it, log it, and turn errors into JSON bodies."""
     request_id = new_request_id(request.headers.get("X-Request-Id"))
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     begin_request()
     started = time.perf_counter()
+    settings = request.app.get(SETTINGS)
     try:
-        response = await _render_errors(request, handler)
+        with (request_budget(settings.request_deadline, settings.stale_deadline) if settings is not None
+              else contextlib.nullcontext()):
+            response = await _render_errors(request, handler)
     except (ConnectionError, asyncio.CancelledError) as exc:
         _record(request, request_id, "request.aborted", CLIENT_CLOSED_REQUEST, request.writer.output_size,
                 started, error=type(exc).__name__)

@@ -77,3 +77,20 @@ async def test_unusable_file_opens_the_breaker_and_closes_it_when_usable_again(t
     assert await store.get("k") == b"v" and store.problem is None
     assert corrupt_files(path) == []
     await store.close()
+
+
+async def test_commits_are_not_fsynced_one_by_one_in_wal_mode(tmp_path):
+    """`synchronous=NORMAL` with WAL: a power cut may lose the last writes of the cache, never its file."""
+    store = EmbeddedStore(tmp_path / "metadata.sqlite")
+    await store.set("k", b"v")
+
+    async def pragmas(cache) -> tuple:
+        async with cache.get_connection() as db:
+            modes = []
+            for pragma in ("journal_mode", "synchronous"):
+                async with db.execute(f"PRAGMA {pragma}") as cursor:
+                    modes.append((await cursor.fetchone())[0])
+            return tuple(modes)
+
+    assert await store._patiently(pragmas) == ("wal", 1)  # 1 = NORMAL (2 = FULL, the default)
+    await store.close()

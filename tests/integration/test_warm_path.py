@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import pytest
 from structlog.testing import capture_logs
 
 from proxy.config import FreshnessTtls
-from proxy.web.keys import RENDERED
+from proxy.web.keys import MIRROR, RENDERED
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
+from tests.fakes.process import wait_for
 from tests.fakes.registry import ModuleRelease
 
 INDEX = f"/mirror/v1/{PROVIDER}/index.json"
@@ -95,3 +97,32 @@ async def test_access_log_modes(make_local_settings, client_ssl, mode, logged):
             assert (await running.get(INDEX))[0] == 200
             assert (await running.get(f"/mirror/v1/{PROVIDER}/9.9.9.json"))[0] == 404
     assert {e["status"] for e in logs if e["event"] == "request"} == logged
+
+
+async def test_a_fresh_version_list_is_answered_from_memory_and_revalidated_once_stale(proxy, registry, monkeypatch):
+    """The fresh-until shortcut: no store read for the version list while it is fresh, a revalidation
+    with the upstream (and nothing served from memory) once it is stale."""
+    versions_path = "/v1/providers/acme/foo/versions"
+    mirror = proxy.app[MIRROR]
+    now = [time.time()]
+    monkeypatch.setattr(mirror._documents, "clock", lambda: now[0])
+    assert (await proxy.get(VERSION_DOC))[0] == 200
+    assert registry.count(versions_path) == 1
+    asked: list[str] = []
+    versions_entry = mirror._versions_entry
+    monkeypatch.setattr(mirror, "_versions_entry", lambda addr, *a, **k: (asked.append(str(addr)),
+                                                                            versions_entry(addr, *a, **k))[1])
+    for path in (VERSION_DOC, INDEX) * 3:
+        assert (await proxy.get(path))[0] == 200
+    assert asked == []  # fresh: answered from memory
+
+    now[0] += FreshnessTtls().versions + 1  # the version list is stale now
+    status, _, body = await proxy.get(INDEX)
+    assert status == 200 and "1.0.0" in json.loads(body)["versions"]
+    assert asked == [PROVIDER]
+    await wait_for(lambda: registry.completed_count(versions_path) == 2, 10, "the revalidation of the version list")
+    status, _, _ = await proxy.get(VERSION_DOC)  # refreshed at the (fake) now: fresh again
+    assert status == 200 and asked in ([PROVIDER], [PROVIDER] * 2)  # at most once more, to see the refresh
+    for path in (VERSION_DOC, INDEX) * 3:
+        assert (await proxy.get(path))[0] == 200
+    assert len(asked) <= 2

@@ -96,3 +96,27 @@ def test_signature_by_a_revoked_key_is_refused(keyring, revoked_key):
     key, signature = revoked_key
     with pytest.raises(SignatureError, match="revoked"):
         keyring.verify_detached(DATA, signature, [key.armored_public_key])
+
+
+def test_a_key_block_is_imported_once_then_verifies_with_one_gpg_run(keyring, signing_key, monkeypatch):
+    keys = [signing_key.armored_public_key]
+    keyring.import_quietly(keys)  # as the mirror does while it fetches SHA256SUMS and its signature
+    imports = []
+    real_import = keyring._gpg.import_keys
+    monkeypatch.setattr(keyring._gpg, "import_keys", lambda armor: imports.append(armor) or real_import(armor))
+    result = keyring.verify_detached(DATA, signing_key.sign(DATA), keys)
+    assert result.fingerprint == signing_key.fingerprint
+    assert imports == []
+
+
+def test_keys_the_keyring_lost_are_imported_again(keyring, signing_key):
+    keys = [signing_key.armored_public_key]
+    keyring.verify_detached(DATA, signing_key.sign(DATA), keys)
+    keyring._gpg.delete_keys(signing_key.fingerprint)  # e.g. the keyring was replaced under the proxy
+    assert keyring.verify_detached(DATA, signing_key.sign(DATA), keys).fingerprint == signing_key.fingerprint
+
+
+def test_an_early_import_failure_is_left_to_the_verification(keyring, signing_key):
+    keyring.import_quietly(["not a key"])
+    with pytest.raises(SignatureError, match="none of the upstream's signing keys could be read"):
+        keyring.verify_detached(DATA, signing_key.sign(DATA), ["not a key"])
