@@ -75,6 +75,9 @@ class ZipStreamHasher:
         self._buf += chunk
         try:
             used = self._consume()
+        except StreamedZipMismatch as exc:
+            self._fail(str(exc))
+            return
         except Exception as exc:  # any failure means: hash the file afterwards instead
             self._fail(f"{type(exc).__name__}: {exc}")
             return
