@@ -9,6 +9,7 @@ Those must raise StreamedZipMismatch, so the caller hashes from the central dire
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import struct
@@ -202,10 +203,8 @@ def test_disagreements_are_refused_for_the_central_directory_answer(case):
     data = build(members, **options)
     with pytest.raises(StreamedZipMismatch):
         streamed_h1(data, 7)
-    try:  # what the fallback answers: the central directory's view, or a refusal
+    with contextlib.suppress(zipfile.BadZipFile, RuntimeError):  # the fallback's answer, or its refusal
         reference(data)
-    except (zipfile.BadZipFile, NotImplementedError, RuntimeError, ValueError):
-        pass
 
 
 def test_the_fallback_answers_from_the_central_directory_where_the_stream_would_differ():
