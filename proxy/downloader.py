@@ -141,12 +141,12 @@ class Downloader:
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(pending.size)
-            if tapped is not None:
-                await tapped.drain()
-            # The file is fsynced while it is checked (its h1: hashes read it from the page cache), and
-            # published only once both are done.
+            # The file is fsynced while the tap catches up and it is checked (e.g. its zip's central directory
+            # read from the page cache), and published only once both are done.
             synced = asyncio.ensure_future(asyncio.to_thread(pending.finish))
             try:
+                if tapped is not None:
+                    await tapped.drain()
                 result = await check(pending, pending.sha256())
             except BaseException:
                 await asyncio.gather(synced, return_exceptions=True)

@@ -81,6 +81,9 @@ class ZipStreamHasher:
         except Exception as exc:  # any failure means: hash the file afterwards instead
             self._fail(f"{type(exc).__name__}: {exc}")
             return
+        if self.end is not None:  # the rest is the central directory: read from the file at the end
+            self._buf = bytearray()
+            return
         del self._buf[:used]
         self._base += used
 
