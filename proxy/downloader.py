@@ -87,9 +87,13 @@ class Downloader:
 
     async def download(self, url: URL, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
                        *, follow: tuple[str, str] | None = None,
-                       then: Callable[[StoredArchive, T], Awaitable[None]] | None = None) -> tuple[StoredArchive, T]:
+                       then: Callable[[StoredArchive, T], Awaitable[None]] | None = None,
+                       tap: Callable[[bytes], None] | None = None) -> tuple[StoredArchive, T]:
         """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), publish, then
         run `then(stored, result)` (e.g. record it).
+
+        `tap(chunk)` (blocking, e.g. a hash; it should not raise) sees every chunk in order, in a worker
+        thread of its own pipelined with the writes, and has seen them all when `check` runs.
 
         With `follow=(key, expected sha256)` and a Content-Length from the upstream, the temp file is
         announced under `key` in `growing` once there is room for it, for requests to follow; they get
@@ -102,7 +106,7 @@ class Downloader:
         require_online(self._settings, what)
         await self._space.require_room(what)
         try:
-            return await self._download(url, what, max_bytes, check, follow, then)
+            return await self._download(url, what, max_bytes, check, follow, then, tap)
         except OSError as exc:
             error = self._disk_full_or(exc, what)
             if error is exc:
@@ -111,14 +115,18 @@ class Downloader:
 
     async def _download(self, url: URL, what: str, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
                         follow: tuple[str, str] | None,
-                        then: Callable[[StoredArchive, T], Awaitable[None]] | None) -> tuple[StoredArchive, T]:
+                        then: Callable[[StoredArchive, T], Awaitable[None]] | None,
+                        tap: Callable[[bytes], None] | None) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self._store.begin)
         growing: GrowingFile | None = None
+        tapped = _Tap(tap) if tap is not None else None
         try:
             async def sink(chunk: bytes) -> None:
                 await asyncio.to_thread(pending.write, chunk)
                 if growing is not None:
                     growing.advance(len(chunk))
+                if tapped is not None:
+                    await tapped.put(chunk)
 
             async def room(length: int | None) -> None:
                 nonlocal growing
@@ -133,10 +141,12 @@ class Downloader:
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(pending.size)
-            # The file is fsynced while it is checked (its h1: hashes read it from the page cache), and
-            # published only once both are done.
+            # The file is fsynced while the tap catches up and it is checked (e.g. its zip's central directory
+            # read from the page cache), and published only once both are done.
             synced = asyncio.ensure_future(asyncio.to_thread(pending.finish))
             try:
+                if tapped is not None:
+                    await tapped.drain()
                 result = await check(pending, pending.sha256())
             except BaseException:
                 await asyncio.gather(synced, return_exceptions=True)
@@ -160,6 +170,8 @@ class Downloader:
                 raise error from None
             raise
         finally:
+            if tapped is not None:
+                tapped.cancel()
             if growing is not None and follow is not None:
                 self.growing.withdraw(follow[0], growing)
 
@@ -213,3 +225,35 @@ class Downloader:
         finally:
             self._metrics.passthrough.labels(kind, outcome).inc()
             log.info("archive.passthrough_done", url=str(url.with_query(None)), kind=kind, outcome=outcome)
+
+
+class _Tap:
+    """Chunks handed to a blocking function in a worker thread, in order, a few chunks behind the writes."""
+
+    def __init__(self, tap: Callable[[bytes], None], depth: int = 4) -> None:
+        self._tap = tap
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(depth)
+        self._worker = asyncio.ensure_future(self._run())
+
+    async def put(self, chunk: bytes) -> None:
+        """Queue a chunk; waits while `depth` chunks are queued (memory stays bounded)."""
+        await self._chunks.put(chunk)
+
+    async def drain(self) -> None:
+        """Wait until the function has seen every chunk."""
+        await self._chunks.put(None)
+        await self._worker
+
+    def cancel(self) -> None:
+        self._worker.cancel()
+
+    async def _run(self) -> None:
+        failed = False
+        while (chunk := await self._chunks.get()) is not None:
+            if failed:
+                continue  # still taken off the queue, so the download never waits for a dead tap
+            try:
+                await asyncio.to_thread(self._tap, chunk)
+            except Exception as exc:  # the tap's user sees it incomplete (e.g. no streamed hash: hashed later)
+                failed = True
+                log.warning("archive.tap_failed", error=str(exc))

@@ -46,6 +46,7 @@ from proxy.storage import ArchiveStorage
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
+from proxy.ziphash import StreamedZipMismatch, ZipStreamHasher, h1_of_streamed_zip
 
 log = structlog.get_logger(__name__)
 
@@ -565,17 +566,20 @@ class Mirror:
     async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo, expected: str,
                                  record: Callable[[StoredArchive, tuple[str, str]], Awaitable[None]]
                                  ) -> tuple[StoredArchive, tuple[str, str]]:
+        # The members are hashed while the archive streams in; at the end only its central directory is read.
+        streamed = ZipStreamHasher()
+
         async def check(pending: PendingArchive, actual: str) -> tuple[str, str]:
             try:
                 verify.check_archive_digest(actual, expected, d.filename)
-                return await asyncio.to_thread(_h1_of_zip_file, pending.path)
+                return await asyncio.to_thread(_h1_of_downloaded_zip, streamed, pending.path)
             except VerificationError as exc:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
 
         return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check,
                                                follow=(keys.archive(addr, version, d.platform), expected),
-                                               then=record)
+                                               then=record, tap=streamed.feed)
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:
@@ -591,6 +595,20 @@ def _listed_digest(sums: dict[str, str], d: DownloadInfo) -> str | None:
         return verify.expected_digest(sums, d.filename, d.shasum)
     except VerificationError:
         return None
+
+
+def _h1_of_downloaded_zip(streamed: ZipStreamHasher, path: Path) -> tuple[str, str]:
+    """Both `h1:` forms of a downloaded zip: from its streamed digests once its central directory confirms
+    them, else (any disagreement, anything not streamed) by reading the whole file again."""
+    streamed.finish()
+    try:
+        with open(path, "rb") as handle:
+            hashes = h1_of_streamed_zip(streamed, handle)
+    except (StreamedZipMismatch, OSError) as exc:
+        log.debug("archive.h1_not_streamed", file=path.name, reason=str(exc))
+        return _h1_of_zip_file(path)
+    log.debug("archive.h1_streamed", file=path.name, members=len(streamed.entries))
+    return hashes
 
 
 def _h1_of_zip_file(path: Path) -> tuple[str, str]:

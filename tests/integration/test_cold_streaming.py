@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
+import json
 import ssl
 
 import aiohttp
@@ -11,6 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.growing import HOLD_BACK
+from proxy.hashes import h1_of_zip
 from proxy.store import LOCK_NAME
 from proxy.web.keys import SETTINGS
 from tests.conftest import REGISTRY_HOST
@@ -18,6 +21,7 @@ from tests.fakes.packages import Release
 
 WAIT = 10  # seconds for an awaited event: only a broken proxy takes that long
 MiB = 2**20
+BIG_VERSION = f"/mirror/v1/{REGISTRY_HOST}/acme/big/2.0.0.json"
 BIG = f"/mirror/v1/{REGISTRY_HOST}/acme/big/2.0.0/linux_amd64/terraform-provider-big_2.0.0_linux_amd64.zip"
 
 
@@ -141,3 +145,34 @@ async def test_workers_and_replicas_follow_one_download_in_any_process(proxy_pro
     assert registry.count(path) == 1
     assert second.events("archive.following_another_process")
     assert list((shared / "archives" / "growing").iterdir()) == []
+
+
+def version_hashes(body: bytes) -> set[str]:
+    return {h for h in json.loads(body)["archives"]["linux_amd64"]["hashes"] if h.startswith("h1:")}
+
+
+async def test_the_h1_of_a_cold_archive_is_hashed_as_it_streams(proxy, registry, big):
+    """Its members are hashed from the stream: after the download only the central directory is read."""
+    body = big.zips["linux_amd64"]
+    with capture_logs() as logs:
+        status, _, data = await proxy.get(BIG)
+    assert status == 200 and data == body
+    assert [e["members"] for e in logs if e["event"] == "archive.h1_streamed"] == [2]
+    assert not [e for e in logs if e["event"] == "archive.h1_not_streamed"]
+    status, _, doc = await proxy.get(BIG_VERSION)
+    assert status == 200 and version_hashes(doc) == set(h1_of_zip(io.BytesIO(body)))
+
+
+async def test_an_archive_the_stream_cannot_vouch_for_is_hashed_from_its_central_directory(proxy, registry, big):
+    """Junk before the first member (zipfile reads past it, the clients too): the streamed digests are refused
+    and the h1 is the central directory's, as before."""
+    zipped = big.zips["linux_amd64"]
+    big.zips["linux_amd64"] = body = b"\x00" * 4096 + zipped
+    big.resign()
+    with capture_logs() as logs:
+        status, _, data = await proxy.get(BIG)
+    assert status == 200 and data == body
+    assert [e["reason"] for e in logs if e["event"] == "archive.h1_not_streamed"] == [
+        "no local file header at offset 0"]
+    status, _, doc = await proxy.get(BIG_VERSION)
+    assert status == 200 and version_hashes(doc) == set(h1_of_zip(io.BytesIO(zipped)))
