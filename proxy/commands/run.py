@@ -198,8 +198,7 @@ async def _verify(args: argparse.Namespace) -> int:
     if settings.s3_location is None and not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
     store = archive_store(settings)
-    if settings.s3_location is not None:
-        store.open()
+    store.open(claim=False)  # nothing is written without --repair, not even by opening the store
     try:
         report = await asyncio.to_thread(verify_store, store, repair=args.repair)
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
@@ -209,8 +208,7 @@ async def _verify(args: argparse.Namespace) -> int:
             finally:
                 await cache.close()
     finally:
-        if settings.s3_location is not None:
-            store.close()
+        store.close()
     for line in summary_lines(report):
         print(line)
     return 1 if report.unrepaired else 0
