@@ -123,13 +123,12 @@ async def _metadata(settings: Settings) -> MetadataStore:
 
 async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[MetadataStore, ArchiveStorage]:
     """The data dir's stores: the metadata store (opened and sealed as `serve` opens it) and the archive
-    store, opened for writing (`claim`: a temp dir of this process, dead processes' reaped) or, for a
-    local store, only looked at."""
+    store, opened for writing (`claim`: a temp dir of this process, dead processes' reaped, uploads abandoned
+    a day ago aborted) or only to be looked at (nothing changes by opening it)."""
     settings = _store_settings(args)
     cache = await _metadata(settings)
     store = archive_store(settings)
-    if claim or not store.local:  # object storage must be opened to be read at all
-        await asyncio.to_thread(store.open)
+    await asyncio.to_thread(lambda: store.open(claim=claim))
     return cache, store
 
 
