@@ -15,6 +15,7 @@ import time
 from proxy.cache import CacheEntry
 from proxy.cache.factory import open_metadata_store
 from tests.conftest import serve_proxy
+from tests.fakes.process import registry_proxy
 from tests.fakes.store_holder import StoreHolder
 from tests.integration.test_gc import ARCHIVE, GONE_KEY, LONG_AGO, gc, lines_of
 
@@ -116,3 +117,15 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
 
     code, second = await gc(settings, *flags, "--dry-run")
     assert code == 0 and lines_of(second, "archive") == [] and "0 item(s), 0 bytes" in second, second
+
+
+async def test_verify_without_repair_changes_nothing_on_s3(make_local_settings, s3_server, s3_bucket):
+    """Opening the store to look at it aborts no upload and reaps no temp dir: that is --repair's (and gc's)."""
+    settings = make_local_settings(**s3_server.settings(s3_bucket))
+    with StoreHolder(HOLDER, settings.archive_dir, 1024) as dead:
+        dead.kill()
+        upload = s3_server.client.create_multipart_upload(Bucket=s3_bucket, Key=PREFIX + "e" * 64)["UploadId"]
+        code, out = await registry_proxy("verify", "--data-dir", str(settings.data_dir), *s3_server.flags(s3_bucket))
+        assert code == 0, out
+        assert f"abandoned temp dir: {dead.part.parent} (remove with --repair)" in out
+        assert dead.part.parent.exists() and uploads(s3_server, s3_bucket) == [upload]
