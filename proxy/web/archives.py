@@ -38,6 +38,7 @@ from typing import IO
 import structlog
 from aiohttp import web
 
+from proxy.auth import GRANT_PARAM
 from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
@@ -90,7 +91,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     if isinstance(stored, PassThrough):
         return await _relay(request, stored, filename, content_type)
     etag = f'"{stored.sha256}"'
-    headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(filename)}
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(request, filename)}
     answer = evaluate(etag, stored.size, if_match=_field(request, "If-Match"),
                       if_none_match=_field(request, "If-None-Match"), if_range=_field(request, "If-Range"),
                       range_header=_field(request, "Range"))
@@ -143,7 +144,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
 
 async def _relay(request: web.Request, relay: PassThrough, filename: str, content_type: str) -> web.StreamResponse:
     """Send a verified-on-the-way relay; abort the connection if it fails once the headers went out."""
-    headers = _common_headers(filename)
+    headers = _common_headers(request, filename)
     if relay.etag is not None:
         headers["ETag"] = f'"{relay.etag}"'
         if evaluate(headers["ETag"], 0, if_none_match=_field(request, "If-None-Match")).status == 304:
@@ -200,8 +201,11 @@ async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive)
                                              "ETag": f'"{stored.sha256}"'})
 
 
-def _common_headers(filename: str) -> dict[str, str]:
-    return {"Cache-Control": "public, max-age=31536000, immutable",
+def _common_headers(request: web.Request, filename: str) -> dict[str, str]:
+    """Archives never change (immutable); one a client had to show a token or a grant for is `private`, so no
+    shared cache in front of the proxy keeps it for clients without one."""
+    scope = "private" if "Authorization" in request.headers or GRANT_PARAM in request.query else "public"
+    return {"Cache-Control": f"{scope}, max-age=31536000, immutable",
             "Content-Disposition": f'attachment; filename="{filename}"'}
 
 
