@@ -17,7 +17,7 @@ from proxy.cache.factory import open_metadata_store
 from tests.conftest import serve_proxy
 from tests.fakes.process import registry_proxy
 from tests.fakes.store_holder import StoreHolder
-from tests.integration.test_gc import ARCHIVE, GONE_KEY, LONG_AGO, gc, lines_of
+from tests.integration.test_gc import ARCHIVE, GONE_KEY, LONG_AGO, check_after_gc, gc, lines_of
 
 PREFIX = "archives/"
 HOLDER = "tests.fakes.s3_server:test_store"
@@ -101,22 +101,7 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
         assert not dead_dir.exists()
         assert alive.part.exists()  # a live process's download is never touched
 
-    metadata, _ = await open_metadata_store(settings)
-    try:
-        assert await metadata.get(GONE_KEY) is None
-        assert orphan not in await metadata.served_times()
-    finally:
-        await metadata.close()
-
-    # the live archive is still served from the bucket: no second upstream fetch
-    path = "/files/acme/foo/1.0.0/terraform-provider-foo_1.0.0_linux_amd64.zip"
-    async with serve_proxy(settings, client_ssl) as proxy:
-        status, _, again = await proxy.get(ARCHIVE)
-    assert status == 200 and again == body
-    assert registry.count(path) == 1
-
-    code, second = await gc(settings, *flags, "--dry-run")
-    assert code == 0 and lines_of(second, "archive") == [] and "0 item(s), 0 bytes" in second, second
+    await check_after_gc(settings, client_ssl, registry, orphan, body, *flags)
 
 
 async def test_verify_without_repair_changes_nothing_on_s3(make_local_settings, s3_server, s3_bucket):
