@@ -15,6 +15,7 @@ import os
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -39,9 +40,11 @@ class S3Server:
         self.port = free_port()
         self.ca_file = ca_file
         self.url = f"https://127.0.0.1:{self.port}"
+        # its log (a line per request) goes to a file: a pipe nobody reads fills up and blocks every request
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
         self.process = subprocess.Popen([sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert),
                                          str(key)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, env={**os.environ, **CREDENTIALS})
+                                        stderr=self._log, env={**os.environ, **CREDENTIALS})
         self.client = self._client()
         deadline = time.monotonic() + 30
         while True:
@@ -51,7 +54,9 @@ class S3Server:
             except Exception as exc:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.process.kill()
-                    error = self.process.stderr.read().decode()[-2000:]
+                    self.process.wait(10)
+                    self._log.seek(0)
+                    error = self._log.read().decode()[-2000:]
                     self.stop()
                     raise RuntimeError(f"moto server did not start: {error}") from exc
                 time.sleep(0.1)
@@ -95,7 +100,7 @@ class S3Server:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(10)
-        self.process.stderr.close()
+        self._log.close()
 
 
 def test_store(root: Path) -> Any:
