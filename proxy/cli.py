@@ -278,12 +278,13 @@ def _add_client_commands(commands, default_data: str, serve: OptionParser) -> No
     gc = commands.add_parser(
         "gc", help="remove archives no metadata refers to, temp leftovers, old quarantined files and expired 404s",
         description="Remove what nothing needs: archives no record refers to (unless served or stored within "
-                    "--grace), temp dirs of dead processes, quarantined files older than --grace, expired "
-                    "remembered 404s. Safe while replicas serve. Use the same store options as `serve`.")
+                    "--grace), temp dirs of dead processes, unfinished S3 multipart uploads and quarantined files "
+                    "older than --grace, expired remembered 404s; strays (not at a content address) are reported, "
+                    "never removed. Safe while replicas serve. Use the same store options as `serve`.")
     _store_options(gc, default_data, serve)
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
-    gc.add_argument("--grace", default="30m", help="keep unreferenced archives served or stored, and quarantined "
-                    "files moved, within this long (default: 30m)")
+    gc.add_argument("--grace", default="30m", help="keep unreferenced archives served or stored, uploads started "
+                    "and quarantined files moved, within this long (default: 30m)")
 
 
 _HEALTHCHECK_ABOUT = (

@@ -73,6 +73,11 @@ class S3Guard:
     async def presign(self, stored: RemoteArchive, expires: float) -> str:
         return await self.store.presign(stored, expires)
 
+    async def present(self, stored: RemoteArchive) -> bool:
+        """Whether the very object `stored` names (its ETag) is still at its address."""
+        current = await self.store.head(stored.sha256)
+        return current is not None and current.etag == stored.etag
+
     async def corrupted(self, stored: RemoteArchive, check: str, *, actual: str | None = None,
                         expected_size: int | None = None) -> None:
         """Quarantine a corrupt object (only the very object seen: its ETag), log `security.store_corruption`

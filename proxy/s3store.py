@@ -34,7 +34,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from proxy.config import S3Location
 from proxy.errors import StoreCorruptionError, StoreUnavailableError
-from proxy.objects import ObjectInfo
+from proxy.objects import QUARANTINE as QUARANTINED
+from proxy.objects import STRAY, TEMP, UPLOAD, Leftover, ObjectInfo, quarantined_at
 from proxy.store import HASH_CHUNK, VERIFIED_FACTS, ArchiveStore, ObjectCheck, PendingArchive, StoredArchive
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -85,15 +86,19 @@ class S3ArchiveStore:
 
     # ---- life cycle ---------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Open the staging area, start the client and check the bucket is reachable; abort abandoned uploads."""
-        self.staging.open()
+    def open(self, *, claim: bool = True) -> None:
+        """Start the client and check the bucket is reachable; with `claim` (a store written to), also open
+        the staging area (this process's temp dir, dead processes' reaped) and abort uploads abandoned a day
+        ago. Without it (gc, verify: a store only looked at) nothing is changed by opening."""
+        if claim:
+            self.staging.open()
         loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=loop.run_forever, name="s3-client", daemon=True)
         self._thread.start()
         self._loop = loop
         self._run(self._start())
-        self._run(self._abort_abandoned_uploads())
+        if claim:
+            self._run(self._abort_abandoned_uploads())
 
     def close(self) -> None:
         if self._loop is not None:
@@ -244,8 +249,40 @@ class S3ArchiveStore:
         return [upload["Key"] for upload in self._run(self._uploads())]
 
     async def _uploads(self) -> list[dict[str, Any]]:
-        answer = await self._client.list_multipart_uploads(Bucket=self.location.bucket, Prefix=self.location.prefix)
-        return list(answer.get("Uploads", []))
+        found: list[dict[str, Any]] = []
+        paginator = self._client.get_paginator("list_multipart_uploads")
+        async for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self.location.prefix):
+            found.extend(page.get("Uploads", []))
+        return found
+
+    async def _uploads_before(self, before: float) -> list[Leftover]:
+        """Unfinished multipart uploads under the prefix started before `before`, with the bytes of their parts."""
+        found = []
+        for upload in await self._uploads():
+            since = upload["Initiated"].timestamp()
+            if since >= before:
+                continue
+            size = 0
+            paginator = self._client.get_paginator("list_parts")
+            try:
+                async for page in paginator.paginate(Bucket=self.location.bucket, Key=upload["Key"],
+                                                     UploadId=upload["UploadId"]):
+                    size += sum(part["Size"] for part in page.get("Parts", []))
+            except ClientError as exc:
+                if _status(exc) == 404:  # completed or aborted meanwhile
+                    continue
+                raise
+            found.append(Leftover(UPLOAD, f"{self._url(upload['Key'])}?uploadId={upload['UploadId']}", size, since))
+        return found
+
+    def _url(self, key: str) -> str:
+        return f"s3://{self.location.bucket}/{key}"
+
+    def _key_of(self, name: str, under: str) -> str | None:
+        """The key an s3:// URL of this bucket names, if it is under `under` (None otherwise)."""
+        base = self._url("")
+        key = name[len(base):] if name.startswith(base) else ""
+        return key if key.startswith(under) and len(key) > len(under) else None
 
     def list_objects(self) -> Iterator[ObjectInfo]:
         """Every object at a content address under the prefix (not the quarantine, not other keys)."""
@@ -258,6 +295,45 @@ class S3ArchiveStore:
         """Keys directly under the prefix that are not content addresses."""
         prefix = self.location.prefix
         return [key for key, _, _ in self._run(self._list(prefix)) if not _HEX64.match(key[len(prefix):])]
+
+    def leftovers(self, before: float) -> list[Leftover]:
+        """What gc may remove besides archives: the staging area's temp dirs of dead processes, multipart
+        uploads started before `before` and objects quarantined before it; and the strays (keys under the
+        prefix that are not content addresses), which it only reports: the proxy never writes such keys, so
+        they are not clearly its own (with an empty or shared prefix they are someone else's)."""
+        found = [item for item in self.staging.leftovers(before) if item.kind == TEMP]
+        found += self._run(self._uploads_before(before))
+        found += [item for item in self.quarantined() if item.since < before]
+        prefix = self.location.prefix
+        listed = self._run(self._list(prefix))
+        found += [Leftover(STRAY, self._url(key), size, modified) for key, size, modified in listed
+                  if not _HEX64.match(key[len(prefix):])]
+        return found
+
+    def remove_leftover(self, item: Leftover) -> bool:
+        """Remove a dead process's temp dir, abort an unfinished upload or delete a quarantined object;
+        whether it is gone. Strays and anything not under this store's prefix stay."""
+        if item.kind == TEMP:
+            return self.staging.remove_leftover(item)
+        if item.kind == UPLOAD:
+            name, _, upload_id = item.name.rpartition("?uploadId=")
+            key = self._key_of(name, self.location.prefix)
+            return bool(key and upload_id) and self._run(self._abort(key, upload_id))
+        if item.kind == QUARANTINED:
+            key = self._key_of(item.name, self.location.prefix + QUARANTINE)
+            if key is None:
+                return False
+            self._run(self._client.delete_object(Bucket=self.location.bucket, Key=key))
+            return True
+        return False
+
+    async def _abort(self, key: str, upload_id: str) -> bool:
+        try:
+            await self._client.abort_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:
+            if _status(exc) != 404:  # NoSuchUpload: completed or aborted meanwhile
+                raise
+        return True
 
     async def _list(self, prefix: str) -> list[tuple[str, int, float]]:
         found: list[tuple[str, int, float]] = []
@@ -351,8 +427,10 @@ class S3ArchiveStore:
             await self._client.delete_object(Bucket=bucket, Key=key)
         return f"s3://{bucket}/{target}"
 
-    def quarantined(self) -> list[str]:
-        return [key for key, _, _ in self._run(self._list(self.location.prefix + QUARANTINE))]
+    def quarantined(self) -> list[Leftover]:
+        """Every object under `PREFIX + quarantine/`, with its size and when it was moved there."""
+        return [Leftover(QUARANTINED, self._url(key), size, quarantined_at(key, modified))
+                for key, size, modified in self._run(self._list(self.location.prefix + QUARANTINE))]
 
     # ---- serving -------------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ Two backends implement it: `proxy.store.ArchiveStore` (a content-addressed direc
 and `proxy.s3store.S3ArchiveStore` (S3-compatible object storage). Both stage downloads in a local
 per-process temp directory and make content visible at its address (its SHA-256) only whole and
 only once verified (`publish`, `publish_path`).
+
+What gc needs is said once for both: `list_objects` (archives), `leftovers` (temp dirs of dead
+processes, unfinished uploads, old quarantined objects to remove; strays to report) and
+`remove_leftover`; `open(claim=False)` opens a store for looking at it without changing anything.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from proxy.objects import ObjectInfo
+from proxy.objects import Leftover, ObjectInfo
 from proxy.store import ObjectCheck, PendingArchive
 
 
@@ -22,7 +26,7 @@ class ArchiveStorage(Protocol):
     local: bool  # published archives are local files (sendfile, cross-process following of downloads)
     root: Path  # the local directory: staging, temp files, download notices
 
-    def open(self) -> None: ...
+    def open(self, *, claim: bool = True) -> None: ...
 
     def close(self) -> None: ...
 
@@ -57,6 +61,15 @@ class ArchiveStorage(Protocol):
     def check(self, sha256: str, progress: Callable[[int], None] | None = None) -> ObjectCheck | None: ...
 
     def quarantine(self, sha256: str, ident: Any = None) -> Any | None: ...
+
+    def quarantined(self) -> list[Leftover]: ...
+
+    def strays(self) -> list[Any]: ...
+
+    # what gc removes besides archives (and the strays it reports)
+    def leftovers(self, before: float) -> list[Leftover]: ...
+
+    def remove_leftover(self, item: Leftover) -> bool: ...
 
     def list_objects(self) -> Iterator[ObjectInfo]: ...
 

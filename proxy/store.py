@@ -16,6 +16,7 @@ intact, so a file changed since is never trusted without being hashed again.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from proxy.objects import ObjectInfo
+from proxy.objects import QUARANTINE, STRAY, TEMP, Leftover, ObjectInfo, quarantined_at
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 ABANDONED_AFTER = 24 * 3600.0
@@ -121,8 +122,11 @@ class ArchiveStore:
         self._verified: dict[str, Identity] = {}
         self._lock = threading.Lock()
 
-    def open(self) -> None:
-        """Create the layout, claim this process's temp dir and remove those of dead processes."""
+    def open(self, *, claim: bool = True) -> None:
+        """Create the layout, claim this process's temp dir and remove those of dead processes; without
+        `claim` (a store only looked at: gc, verify), nothing: a directory needs no opening to be read."""
+        if not claim:
+            return
         self._objects.mkdir(parents=True, exist_ok=True)
         self._tmp_root.mkdir(parents=True, exist_ok=True)
         for leftover in self.abandoned_temp_dirs():
@@ -269,11 +273,46 @@ class ArchiveStore:
             _fsync_dir(path.parent)
             return target
 
-    def quarantined(self) -> list[Path]:
+    def quarantined(self) -> list[Leftover]:
+        """Every file in `ROOT/quarantine/`, with its size and when it was moved there."""
         try:
-            return sorted(p for p in self._quarantine.iterdir() if p.is_file())
+            paths = sorted(p for p in self._quarantine.iterdir() if p.is_file())
         except FileNotFoundError:
             return []
+        found = []
+        for path in paths:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            found.append(Leftover(QUARANTINE, str(path), st.st_size, quarantined_at(path.name, st.st_mtime)))
+        return found
+
+    def strays(self) -> list[Path]:
+        """Files under `ROOT/sha256/` that are not at their content address (never served)."""
+        return [path for path in self.objects() if not _HEX64.match(path.name) or self.path_for(path.name) != path]
+
+    def leftovers(self, before: float) -> list[Leftover]:
+        """What gc may remove besides archives: temp dirs of dead processes (by their lock, whatever their
+        age) and files quarantined before `before`; and the strays, which it only reports."""
+        found = [Leftover(TEMP, str(path), tree_size(path), _mtime(path)) for path in self.abandoned_temp_dirs()]
+        found += [item for item in self.quarantined() if item.since < before]
+        for path in self.strays():
+            with contextlib.suppress(FileNotFoundError):
+                st = path.stat()
+                found.append(Leftover(STRAY, str(path), st.st_size, st.st_mtime))
+        return found
+
+    def remove_leftover(self, item: Leftover) -> bool:
+        """Remove a temp dir (only if still abandoned) or a quarantined file; whether it is gone. Strays stay."""
+        path = Path(item.name)
+        if item.kind == TEMP and path.parent == self._tmp_root:
+            self.remove_temp_dir(path)
+            return not path.exists()
+        if item.kind == QUARANTINE and path.parent == self._quarantine:
+            path.unlink(missing_ok=True)
+            return True
+        return False
 
     def begin(self) -> PendingArchive:
         return PendingArchive(self.temp_path())
@@ -367,6 +406,23 @@ def file_digest(path: Path, algorithm: str = "sha256") -> str:
 
 def sha256_file(path: Path) -> str:
     return file_digest(path, "sha256")
+
+
+def tree_size(path: Path) -> int:
+    """The bytes of the files under `path` (0 if it is gone)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,32 +1,33 @@
 """`registry-proxy gc`: remove what nothing needs from a data dir's archive store and metadata.
 
 Goes: archives no metadata record refers to (and served and stored longer ago than the grace),
-temp dirs of dead processes, quarantined files older than the grace, and expired remembered 404s
+temp dirs of dead processes, unfinished multipart uploads (object storage) and quarantined objects
+older than the grace, and expired remembered 404s
 (Redis's bookkeeping of them, and any left in the persistent store by older versions). Safe next to
 running replicas: a referenced archive is never removed; an unreferenced one served or stored within
 the grace (a record being written, a response under way elsewhere) stays; a temp dir whose process
 lives (it holds its lock) is never touched, so no download is. When any archive record cannot be
 read (a wrong --metadata-secret, a forged value), no archive is removed: it might be that record's.
-With `dry_run` nothing is removed; the report says what would go.
+Strays (files or keys where archives are kept that are not at a content address) are reported, never
+removed: the proxy writes none, so they are nobody's it knows of. With `dry_run` nothing is removed;
+the report says what would go. The store says what it holds (`ArchiveStorage.leftovers`), so gc is the
+same for a directory and a bucket.
 """
 
 from __future__ import annotations
 
 import asyncio
-import calendar
-import contextlib
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from proxy import eviction
 from proxy.cache import CacheEntry, MetadataStore
 from proxy.cache import keys as key_scheme
 from proxy.cache.negative import NegativeBound, is_negative
 from proxy.cache.redis import RedisNegatives
+from proxy.objects import REMOVABLE, STRAY, Leftover
 from proxy.records import ArchiveRecord, ModuleRecord, decode
-from proxy.store import ArchiveStore
+from proxy.storage import ArchiveStorage
 
 _RECORD_KINDS = ((key_scheme.ARCHIVE, ArchiveRecord), (key_scheme.MODULE, ModuleRecord))
 
@@ -35,9 +36,10 @@ _RECORD_KINDS = ((key_scheme.ARCHIVE, ArchiveRecord), (key_scheme.MODULE, Module
 class Garbage:
     """One thing gc removes: its kind, what names it, and the bytes it frees."""
 
-    kind: str  # "archive", "temp", "quarantine", "negative" (Redis), "old-negative" (in the persistent store)
+    kind: str  # "archive", "temp", "upload", "quarantine", "negative" (Redis), "old-negative" (persistent store)
     name: str
     bytes: int
+    leftover: Leftover | None = None  # what the store names it by, for all but archives and 404s
 
 
 @dataclass
@@ -47,13 +49,14 @@ class GcReport:
     referenced: int = 0
     kept_recent: int = 0  # unreferenced archives used within the grace
     unreadable: list[str] = field(default_factory=list)  # archive/module record keys that could not be read
+    strays: list[Leftover] = field(default_factory=list)  # reported, never removed
 
     @property
     def bytes(self) -> int:
         return sum(item.bytes for item in self.garbage)
 
 
-async def collect(metadata: MetadataStore, store: ArchiveStore, *, grace: float, negative_retention: float,
+async def collect(metadata: MetadataStore, store: ArchiveStorage, *, grace: float, negative_retention: float,
                   dry_run: bool, now: float | None = None) -> GcReport:
     """Find (and unless `dry_run`, remove) the garbage of `store` and `metadata`; raises if the metadata
     cannot be listed (a partial listing must never make referenced archives look orphaned)."""
@@ -67,10 +70,9 @@ async def collect(metadata: MetadataStore, store: ArchiveStore, *, grace: float,
     orphans = [] if report.unreadable else eviction.orphans(unreferenced, referenced, served, now=now, grace=grace)
     report.kept_recent = 0 if report.unreadable else len(unreferenced) - len(orphans)
     report.garbage += [Garbage("archive", obj.sha256, obj.size) for obj in orphans]
-    temp = await asyncio.to_thread(store.abandoned_temp_dirs)
-    report.garbage += [Garbage("temp", str(path), await asyncio.to_thread(_tree_size, path)) for path in temp]
-    quarantined = await asyncio.to_thread(_old_quarantine, store, now - grace)
-    report.garbage += [Garbage("quarantine", str(path), size) for path, size in quarantined]
+    leftovers = await asyncio.to_thread(store.leftovers, now - grace)
+    report.garbage += [Garbage(item.kind, item.name, item.size, item) for item in leftovers if item.kind in REMOVABLE]
+    report.strays = [item for item in leftovers if item.kind == STRAY]
     report.garbage += await _expired_negatives(metadata, now, negative_retention)
     if not dry_run:
         await _remove(metadata, store, report)
@@ -122,7 +124,7 @@ async def _expired_negatives(metadata: MetadataStore, now: float, retention: flo
     return garbage
 
 
-async def _remove(metadata: MetadataStore, store: ArchiveStore, report: GcReport) -> None:
+async def _remove(metadata: MetadataStore, store: ArchiveStorage, report: GcReport) -> None:
     negatives = metadata.negatives if isinstance(metadata, NegativeBound) else None
     archives: list[str] = []
     for item in report.garbage:
@@ -130,13 +132,9 @@ async def _remove(metadata: MetadataStore, store: ArchiveStore, report: GcReport
             if await asyncio.to_thread(store.remove, item.name):
                 archives.append(item.name)
                 report.removed.append(item)
-        elif item.kind == "temp":
-            await asyncio.to_thread(store.remove_temp_dir, Path(item.name))  # only if still abandoned
-            if not await asyncio.to_thread(Path(item.name).exists):
+        elif item.leftover is not None:  # a temp dir only if still abandoned
+            if await asyncio.to_thread(store.remove_leftover, item.leftover):
                 report.removed.append(item)
-        elif item.kind == "quarantine":
-            await asyncio.to_thread(Path(item.name).unlink, missing_ok=True)
-            report.removed.append(item)
         elif item.kind == "negative" and isinstance(negatives, RedisNegatives):
             await negatives.discard(item.name)
             report.removed.append(item)
@@ -146,44 +144,12 @@ async def _remove(metadata: MetadataStore, store: ArchiveStore, report: GcReport
     await metadata.forget_served(archives)
 
 
-def _tree_size(path: Path) -> int:
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(folder, name)).st_size
-    return total
-
-
-def _old_quarantine(store: ArchiveStore, before: float) -> list[tuple[Path, int]]:
-    """Quarantined files moved there before `before` (by the time in their name, `<sha256>-<UTC time>-<id>`,
-    else their modification time), with their sizes."""
-    found = []
-    for path in store.quarantined():
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            continue
-        if _quarantined_at(path.name, st.st_mtime) < before:
-            found.append((path, st.st_size))
-    return found
-
-
-def _quarantined_at(name: str, fallback: float) -> float:
-    parts = name.split("-")
-    if len(parts) >= 2:
-        try:
-            return calendar.timegm(time.strptime(parts[1], "%Y%m%dT%H%M%SZ"))
-        except ValueError:
-            pass
-    return fallback
-
-
 def report_lines(report: GcReport, *, dry_run: bool) -> list[str]:
     """One line per object (what, bytes, name), then the total."""
     verb = "would remove" if dry_run else "removed"
     items = report.garbage if dry_run else report.removed
     lines = [f"{verb:<12}  {item.kind:<12}  {item.bytes:>14}  {item.name}" for item in items]
+    lines += [f"{'kept':<12}  {'stray':<12}  {item.size:>14}  {item.name}" for item in report.strays]
     for key in report.unreadable:
         lines.append(f"unreadable record (no archive is removed while one is): {key}")
     freed = sum(item.bytes for item in items)

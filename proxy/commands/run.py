@@ -123,13 +123,12 @@ async def _metadata(settings: Settings) -> MetadataStore:
 
 async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[MetadataStore, ArchiveStorage]:
     """The data dir's stores: the metadata store (opened and sealed as `serve` opens it) and the archive
-    store, opened for writing (`claim`: a temp dir of this process, dead processes' reaped) or, for a
-    local store, only looked at."""
+    store, opened for writing (`claim`: a temp dir of this process, dead processes' reaped, uploads abandoned
+    a day ago aborted) or only to be looked at (nothing changes by opening it)."""
     settings = _store_settings(args)
     cache = await _metadata(settings)
     store = archive_store(settings)
-    if claim or not store.local:  # object storage must be opened to be read at all
-        await asyncio.to_thread(store.open)
+    await asyncio.to_thread(lambda: store.open(claim=claim))
     return cache, store
 
 
@@ -198,8 +197,7 @@ async def _verify(args: argparse.Namespace) -> int:
     if settings.s3_location is None and not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
     store = archive_store(settings)
-    if settings.s3_location is not None:
-        store.open()
+    store.open(claim=False)  # nothing is written without --repair, not even by opening the store
     try:
         report = await asyncio.to_thread(verify_store, store, repair=args.repair)
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
@@ -209,8 +207,7 @@ async def _verify(args: argparse.Namespace) -> int:
             finally:
                 await cache.close()
     finally:
-        if settings.s3_location is not None:
-            store.close()
+        store.close()
     for line in summary_lines(report):
         print(line)
     return 1 if report.unrepaired else 0

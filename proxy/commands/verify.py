@@ -12,7 +12,6 @@ keys), so an operator sees what was admitted on TLS and checksums alone.
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +21,7 @@ from tqdm import tqdm
 from proxy import records
 from proxy.cache import MetadataStore, keys
 from proxy.records import ArchiveRecord
-from proxy.s3store import S3ArchiveStore
 from proxy.storage import ArchiveStorage
-from proxy.store import ArchiveStore
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -104,17 +99,7 @@ async def unsigned_archives(cache: MetadataStore) -> list[UnsignedArchive]:
 
 def _inventory(store: ArchiveStorage) -> tuple[list[tuple[str, int]], list[Path | str]]:
     """The objects at content addresses (SHA-256, size), and what else lies where they are kept."""
-    if isinstance(store, S3ArchiveStore):
-        return [(o.sha256, o.size) for o in store.list_objects()], list(store.strays())
-    assert isinstance(store, ArchiveStore)
-    objects: list[tuple[str, int]] = []
-    strays: list[Path | str] = []
-    for path in store.objects():
-        if _HEX64.match(path.name) and store.path_for(path.name) == path:
-            objects.append((path.name, _size(path)))
-        else:
-            strays.append(path)
-    return objects, strays
+    return [(o.sha256, o.size) for o in store.list_objects()], list(store.strays())
 
 
 def summary_lines(report: VerifyReport) -> list[str]:
@@ -134,10 +119,3 @@ def summary_lines(report: VerifyReport) -> list[str]:
         f"{len(report.abandoned_temp_dirs)} abandoned temp dir(s), {report.live_temp_dirs} in use, "
         f"{report.quarantine_files} file(s) in quarantine, {len(report.unsigned)} unsigned")
     return lines
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -38,6 +38,7 @@ from typing import IO
 import structlog
 from aiohttp import web
 
+from proxy.auth import GRANT_PARAM
 from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
@@ -90,7 +91,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     if isinstance(stored, PassThrough):
         return await _relay(request, stored, filename, content_type)
     etag = f'"{stored.sha256}"'
-    headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(filename)}
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(request, filename)}
     answer = evaluate(etag, stored.size, if_match=_field(request, "If-Match"),
                       if_none_match=_field(request, "If-None-Match"), if_range=_field(request, "If-Range"),
                       range_header=_field(request, "Range"))
@@ -99,7 +100,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     if answer.status == 412:
         return error_response(412, f"precondition failed: the archive's ETag is {etag}")
     guard, settings = request.app[GUARD], request.app[SETTINGS]
-    if settings.archive_redirect and not guard.local:
+    if settings.archive_redirect and not guard.local and request.method != "HEAD":  # a URL signed for GET only
         return await _redirect(request, guard, stored)
     if answer.status == 416:
         response = error_response(416, f"range not satisfiable: the archive has {stored.size} bytes")
@@ -143,7 +144,7 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
 
 async def _relay(request: web.Request, relay: PassThrough, filename: str, content_type: str) -> web.StreamResponse:
     """Send a verified-on-the-way relay; abort the connection if it fails once the headers went out."""
-    headers = _common_headers(filename)
+    headers = _common_headers(request, filename)
     if relay.etag is not None:
         headers["ETag"] = f'"{relay.etag}"'
         if evaluate(headers["ETag"], 0, if_none_match=_field(request, "If-None-Match")).status == 304:
@@ -187,16 +188,24 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
 
 async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive) -> web.StreamResponse:
     """`--archive-redirect`: a stored archive answered with a short-lived presigned URL of its object; the
-    client's own hash check (the mirror's `hashes`, the registry's `shasum`) guards what it downloads."""
+    client's own hash check (the mirror's `hashes`, the registry's `shasum`) guards what it downloads.
+    The object is looked at once more while the archive is pinned (and noted as served), so one evicted
+    since its lookup is fetched again (`serve_found`) instead of being redirected to."""
     expiry = request.app[SETTINGS].archive_redirect_expiry
     location = await guard.presign(stored, expiry)
+    if not await guard.present(stored):  # evicted (or replaced) since its lookup: never a URL of nothing
+        raise StoreCorruptionError(f"archive {stored.sha256} left the store before it was redirected to; "
+                                   "it is looked up again")
     request.app[METRICS].archive_redirects.inc()
     return web.Response(status=307, headers={"Location": location, "Cache-Control": "private, no-store",
                                              "ETag": f'"{stored.sha256}"'})
 
 
-def _common_headers(filename: str) -> dict[str, str]:
-    return {"Cache-Control": "public, max-age=31536000, immutable",
+def _common_headers(request: web.Request, filename: str) -> dict[str, str]:
+    """Archives never change (immutable); one a client had to show a token or a grant for is `private`, so no
+    shared cache in front of the proxy keeps it for clients without one."""
+    scope = "private" if "Authorization" in request.headers or GRANT_PARAM in request.query else "public"
+    return {"Cache-Control": f"{scope}, max-age=31536000, immutable",
             "Content-Disposition": f'attachment; filename="{filename}"'}
 
 

@@ -2,15 +2,20 @@
 
 Run as `python -m tests.fakes.s3_server PORT CERT KEY`; it serves until killed. `S3Server` starts it,
 and hands out a fresh bucket per test (`bucket()`), the serve flags pointing at it (`flags()`), and a
-boto3 client for the test's own inspection. AWS credentials are dummies in the environment (botocore's
+boto3 client for the test's own inspection. One test-only endpoint besides the S3 API: `age()` moves an
+object's LastModified into the past (S3 sets it on every write, so nothing in the API can make an old
+object). moto reports every multipart upload as initiated in 2010 (`ListMultipartUploads`), so on this
+server every unfinished upload is an old one. AWS credentials are dummies in the environment (botocore's
 default chain picks them up, in the tests and in every proxy process they start).
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +30,7 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 ENV_BUCKET = "TEST_S3_BUCKET"
 ENV_ENDPOINT = "TEST_S3_ENDPOINT"
 ENV_CA = "TEST_S3_CA_FILE"
+AGE_PATH = "/_test/age"
 
 
 class S3Server:
@@ -34,9 +40,11 @@ class S3Server:
         self.port = free_port()
         self.ca_file = ca_file
         self.url = f"https://127.0.0.1:{self.port}"
+        # its log (a line per request) goes to a file: a pipe nobody reads fills up and blocks every request
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
         self.process = subprocess.Popen([sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert),
                                          str(key)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, env={**os.environ, **CREDENTIALS})
+                                        stderr=self._log, env={**os.environ, **CREDENTIALS})
         self.client = self._client()
         deadline = time.monotonic() + 30
         while True:
@@ -46,7 +54,9 @@ class S3Server:
             except Exception as exc:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.process.kill()
-                    error = self.process.stderr.read().decode()[-2000:]
+                    self.process.wait(10)
+                    self._log.seek(0)
+                    error = self._log.read().decode()[-2000:]
                     self.stop()
                     raise RuntimeError(f"moto server did not start: {error}") from exc
                 time.sleep(0.1)
@@ -77,10 +87,20 @@ class S3Server:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
 
+    def age(self, bucket: str, key: str, seconds: float) -> None:
+        """Make the object at `key` look `seconds` older (its LastModified) than it is."""
+        import urllib.parse
+        import urllib.request
+
+        query = urllib.parse.urlencode({"bucket": bucket, "key": key, "seconds": seconds})
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        with urllib.request.urlopen(f"{self.url}{AGE_PATH}?{query}", data=b"", context=context, timeout=10) as answer:
+            assert answer.status == 204, answer.status
+
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(10)
-        self.process.stderr.close()
+        self._log.close()
 
 
 def test_store(root: Path) -> Any:
@@ -96,11 +116,31 @@ def test_store(root: Path) -> Any:
 test_store.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
+def _with_age_endpoint(app: Any) -> Any:
+    """The WSGI app, plus `POST AGE_PATH?bucket=&key=&seconds=` (moves the object's LastModified back)."""
+    import datetime
+    import urllib.parse
+
+    from moto.s3.models import s3_backends
+
+    def wsgi(environ: dict, start_response: Any) -> Any:
+        if environ.get("PATH_INFO") != AGE_PATH:
+            return app(environ, start_response)
+        query = dict(urllib.parse.parse_qsl(environ.get("QUERY_STRING", "")))
+        partition, account = s3_backends.bucket_accounts[query["bucket"]]
+        stored = s3_backends[account][partition].get_bucket(query["bucket"]).keys[query["key"]]
+        stored.last_modified -= datetime.timedelta(seconds=float(query["seconds"]))
+        start_response("204 No Content", [])
+        return [b""]
+
+    return wsgi
+
+
 def main(port: str, cert: str, key: str) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
-    app = DomainDispatcherApplication(create_backend_app)
+    app = _with_age_endpoint(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler,
                          ssl_context=(cert, key))
     server.serve_forever()

@@ -327,3 +327,18 @@ async def test_without_client_tokens_the_page_hides_private_hosts(access_setting
         status, _, page = await proxy.get("/")
         assert status == 200 and b"hashicorp" in page  # the same store: the page lists what it holds
         assert f"{PRIVATE}/acme".encode() not in page
+
+
+async def test_archives_a_client_needed_a_token_or_grant_for_are_not_for_shared_caches(access_settings, client_ssl):
+    """`Cache-Control: public` would let a shared cache in front of the proxy hand them to anyone."""
+    async with serve_proxy(access_settings(), client_ssl) as proxy:
+        _, _, body = await proxy.get(f"{PRIVATE_MIRROR}/1.0.0.json", **bearer(ALL))
+        grant_url = json.loads(body)["archives"]["linux_amd64"]["url"]
+        for path, auth in ((f"{PRIVATE_MIRROR}/{grant_url}", {}), (f"{PRIVATE_MIRROR}/{grant_url}", {}),
+                           (ARCHIVE, bearer(ALL))):  # cold (relayed), stored, with a token
+            status, headers, _ = await proxy.get(path, **auth)
+            assert status == 200 and headers["Cache-Control"] == "private, max-age=31536000, immutable"
+    public_archive = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.0.0/linux_amd64/{ARCHIVE.rpartition('/')[2]}"
+    async with serve_proxy(access_settings(auth_tokens=None), client_ssl) as proxy:  # anonymous, public host
+        status, headers, _ = await proxy.get(public_archive)
+        assert status == 200 and headers["Cache-Control"] == "public, max-age=31536000, immutable"

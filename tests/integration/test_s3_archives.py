@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 
 import aiohttp
 import pytest
@@ -19,6 +20,7 @@ from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
 from proxy.objects import ObjectInfo
 from proxy.s3store import S3ArchiveStore, S3Options
+from proxy.web.keys import GUARD, SERVED
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION
@@ -183,6 +185,57 @@ async def test_archive_redirect_answers_a_presigned_url_of_the_object(s3_setting
         status, _, body = await proxy.get(BIG, headers={"If-None-Match": f'"{sha}"'})
         assert (status, body) == (304, b"")
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 1
+
+
+async def test_an_archive_evicted_between_its_lookup_and_the_redirect_is_fetched_again(s3_settings, client_ssl,
+                                                                                      registry, big, s3_server,
+                                                                                      s3_bucket):
+    data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
+    async with serve_proxy(s3_settings(archive_redirect=True), client_ssl) as proxy:
+        assert (await proxy.get(BIG))[:1] == (200,)  # cold: fetched, verified, uploaded
+        guard = proxy.app[GUARD]
+        presign = guard.presign
+
+        async def evicted_meanwhile(stored, expires):  # another replica's eviction lands in this very moment
+            guard.presign = presign
+            s3_server.client.delete_object(Bucket=s3_bucket, Key=PREFIX + sha)
+            return await presign(stored, expires)
+
+        guard.presign = evicted_meanwhile
+        async with proxy.session.get(proxy.url + BIG, allow_redirects=False) as response:
+            status, location, body = response.status, response.headers.get("Location"), await response.read()
+        if status == 307:  # only to an object that is there
+            trust = ssl.create_default_context(cafile=str(s3_server.ca_file))
+            async with aiohttp.ClientSession() as plain, plain.get(location, ssl=trust) as followed:
+                status, body = followed.status, await followed.read()
+        assert (status, body) == (200, data)
+        assert guard.presign is presign  # the eviction did happen between the lookup and the redirect
+    assert registry.count(registry.archive_path(big, "linux_amd64")) == 2
+
+
+async def test_a_redirect_is_a_serve_and_head_is_answered_by_the_proxy(s3_settings, client_ssl, registry, big):
+    data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
+    async with serve_proxy(s3_settings(archive_redirect=True), client_ssl) as proxy:
+        assert (await proxy.get(BIG))[:1] == (200,)  # cold: relayed as it downloads
+        served = proxy.app[SERVED]
+        assert await served.last_served([sha]) == {}
+        pinned_while_redirected = []
+        presign = proxy.app[GUARD].presign
+
+        async def watched(stored, expires):
+            pinned_while_redirected.append(served.is_pinned(stored.sha256))
+            return await presign(stored, expires)
+
+        proxy.app[GUARD].presign = watched
+        async with proxy.session.get(proxy.url + BIG, allow_redirects=False) as response:
+            assert response.status == 307
+        assert pinned_while_redirected == [True]
+        assert list(await served.last_served([sha])) == [sha]  # noted when redirected: eviction spares it
+        async with proxy.session.head(proxy.url + BIG, allow_redirects=False) as response:
+            assert response.status == 200, response.headers
+            assert "Location" not in response.headers
+            assert response.headers["Content-Length"] == str(len(data))
+            assert response.headers["ETag"] == f'"{sha}"'
 
 
 # ---- the store ----------------------------------------------------------------------------------
