@@ -4,13 +4,20 @@ Run as `python -m tests.fakes.s3_server PORT CERT KEY`; it serves until killed. 
 and hands out a fresh bucket per test (`bucket()`), the serve flags pointing at it (`flags()`), and a
 boto3 client for the test's own inspection. AWS credentials are dummies in the environment (botocore's
 default chain picks them up, in the tests and in every proxy process they start).
+
+The server's stderr goes to a temporary file, never to a pipe nobody reads: werkzeug logs every
+request there, and once a pipe's 64 KiB buffer was full the logging thread blocked in `write`
+holding the logging lock, so every later request hung before its response (the whole session's
+S3 tests then failed with read timeouts). Requests are not logged at all any more (errors are).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -34,9 +41,10 @@ class S3Server:
         self.port = free_port()
         self.ca_file = ca_file
         self.url = f"https://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs, closed by stop()
         self.process = subprocess.Popen([sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert),
                                          str(key)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, env={**os.environ, **CREDENTIALS})
+                                        stderr=self.log, env={**os.environ, **CREDENTIALS})
         self.client = self._client()
         deadline = time.monotonic() + 30
         while True:
@@ -46,16 +54,21 @@ class S3Server:
             except Exception as exc:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.process.kill()
-                    error = self.process.stderr.read().decode()[-2000:]
+                    self.process.wait(10)
+                    error = self.errors()[-2000:]
                     self.stop()
                     raise RuntimeError(f"moto server did not start: {error}") from exc
                 time.sleep(0.1)
 
     def _client(self) -> Any:
+        return self.client_with(None)
+
+    def client_with(self, config: Any) -> Any:
+        """A boto3 client of the server with this botocore `Config` (None: the defaults)."""
         import boto3
 
         return boto3.client("s3", endpoint_url=self.url, region_name=REGION, verify=str(self.ca_file),
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+                            aws_access_key_id="testing", aws_secret_access_key="testing", config=config)
 
     def bucket(self) -> str:
         """A fresh, empty bucket."""
@@ -77,10 +90,15 @@ class S3Server:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
 
+    def errors(self) -> str:
+        """What the server wrote to stderr (its errors; requests are not logged)."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(10)
-        self.process.stderr.close()
+        self.log.close()
 
 
 def test_store(root: Path) -> Any:
@@ -100,6 +118,7 @@ def main(port: str, cert: str, key: str) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     app = DomainDispatcherApplication(create_backend_app)
     server = make_server("127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler,
                          ssl_context=(cert, key))
