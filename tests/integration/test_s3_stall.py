@@ -4,7 +4,7 @@
 
 Before the first byte, a request fails after two attempts of at most `--s3-timeout` each (a JSON 503
 from the proxy); a body that stops mid-way is cut off (the client never sees it end normally). The
-tests set a 5 s timeout and wait on the relay's events; with botocore's defaults (60 s per read, three
+tests set a 5 s timeout and wait on the relay's events; with the old settings (60 s per read, four
 attempts) every one of them would run into its own 60 s limit instead.
 """
 
