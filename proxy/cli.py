@@ -216,6 +216,9 @@ def _archive_store_options(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--s3-path-style", "path-style addressing (https://ENDPOINT/BUCKET/KEY), for MinIO and most "
             "non-AWS endpoints", switch=True)
     _option(parser, "--s3-ca-file", "extra CA bundle trusted for the S3 endpoint's TLS", metavar="FILE")
+    _option(parser, "--s3-timeout", "longest wait for the object store to answer a request or send more of a "
+            "body (connecting gets half of it); a request is tried twice at most, then fails with 503, and a "
+            "body that stalls is cut off", default="20s")
 
 
 def _archive_redirect_options(parser: argparse.ArgumentParser) -> None:

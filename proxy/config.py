@@ -228,6 +228,7 @@ class Settings:
     s3_region: str | None = None
     s3_path_style: bool = False
     s3_ca_file: Path | None = None
+    s3_timeout: float = 20.0  # connect within half of it, each read within it; two attempts per request
     archive_redirect: bool = False
     archive_redirect_expiry: float = 300.0
     # --- archive store size cap and eviction ---
@@ -293,6 +294,8 @@ class Settings:
             raise ConfigError("--archive-redirect and the --s3-* options need --archive-store s3://BUCKET/PREFIX")
         if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(("https://", "http://")):
             raise ConfigError(f"invalid --s3-endpoint-url {self.s3_endpoint_url!r}: an http(s):// URL")
+        if not 0 < self.s3_timeout <= 3600:
+            raise ConfigError("--s3-timeout must be more than 0s and at most 1h")
         if not 1 <= self.archive_redirect_expiry <= 7 * 86400:
             raise ConfigError("--archive-redirect-expiry must be between 1s and 7d")
 
@@ -436,7 +439,8 @@ def archive_store_settings(args: Any) -> dict[str, Any]:
     """The Settings fields of the archive store flags (`--archive-store`, `--s3-*`) of parsed CLI arguments."""
     return {"archive_store": args.archive_store or "", "s3_endpoint_url": args.s3_endpoint_url or None,
             "s3_region": args.s3_region or None, "s3_path_style": bool(args.s3_path_style),
-            "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None}
+            "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None,
+            "s3_timeout": parse_duration(args.s3_timeout)}
 
 
 def parse_networks(entries: list[str], flag: str) -> frozenset[Network]:

@@ -42,6 +42,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 PART_SIZE = 16 * 2**20  # above this, a multipart upload in parts of this size (S3's minimum is 5 MiB)
 ABANDONED_UPLOAD_AFTER = 24 * 3600.0
 QUARANTINE = "quarantine/"
+ATTEMPTS = 2  # per request: the first try and one retry (timeouts, connection errors, throttling, 5xx)
 T = TypeVar("T")
 
 
@@ -53,6 +54,7 @@ class S3Options:
     region: str | None = None
     path_style: bool = False
     ca_file: Path | None = None
+    timeout: float = 20.0  # seconds: each read (response head or more body) within it, connecting within half
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,11 @@ class S3ArchiveStore:
 
     async def _start(self) -> None:
         o = self._options
+        # Explicit timeouts and one retry (botocore's defaults are 60 s each, and "max_attempts": 3 meant
+        # 4 attempts: 4 minutes): a stalled store fails a request within about 2 x timeout, a stalled body is cut off.
         config = AioConfig(s3={"addressing_style": "path" if o.path_style else "auto"}, signature_version="s3v4",
-                           max_pool_connections=64, retries={"max_attempts": 3, "mode": "standard"})
+                           max_pool_connections=64, connect_timeout=o.timeout / 2, read_timeout=o.timeout,
+                           retries={"total_max_attempts": ATTEMPTS, "mode": "standard"})
         self._client_context = get_session().create_client(
             "s3", endpoint_url=o.endpoint_url, region_name=o.region, config=config,
             verify=str(o.ca_file) if o.ca_file else None)

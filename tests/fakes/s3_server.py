@@ -7,10 +7,16 @@ object's LastModified into the past (S3 sets it on every write, so nothing in th
 object). moto reports every multipart upload as initiated in 2010 (`ListMultipartUploads`), so on this
 server every unfinished upload is an old one. AWS credentials are dummies in the environment (botocore's
 default chain picks them up, in the tests and in every proxy process they start).
+
+The server's stderr goes to a temporary file, never to a pipe nobody reads: werkzeug logs every
+request there, and once a pipe's 64 KiB buffer was full the logging thread blocked in `write`
+holding the logging lock, so every later request hung before its response (the whole session's
+S3 tests then failed with read timeouts). Requests are not logged at all any more (errors are).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 import subprocess
@@ -40,11 +46,10 @@ class S3Server:
         self.port = free_port()
         self.ca_file = ca_file
         self.url = f"https://127.0.0.1:{self.port}"
-        # its log (a line per request) goes to a file: a pipe nobody reads fills up and blocks every request
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs, closed by stop()
         self.process = subprocess.Popen([sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert),
                                          str(key)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                                        stderr=self._log, env={**os.environ, **CREDENTIALS})
+                                        stderr=self.log, env={**os.environ, **CREDENTIALS})
         self.client = self._client()
         deadline = time.monotonic() + 30
         while True:
@@ -55,17 +60,20 @@ class S3Server:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.process.kill()
                     self.process.wait(10)
-                    self._log.seek(0)
-                    error = self._log.read().decode()[-2000:]
+                    error = self.errors()[-2000:]
                     self.stop()
                     raise RuntimeError(f"moto server did not start: {error}") from exc
                 time.sleep(0.1)
 
     def _client(self) -> Any:
+        return self.client_with(None)
+
+    def client_with(self, config: Any) -> Any:
+        """A boto3 client of the server with this botocore `Config` (None: the defaults)."""
         import boto3
 
         return boto3.client("s3", endpoint_url=self.url, region_name=REGION, verify=str(self.ca_file),
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+                            aws_access_key_id="testing", aws_secret_access_key="testing", config=config)
 
     def bucket(self) -> str:
         """A fresh, empty bucket."""
@@ -97,10 +105,15 @@ class S3Server:
         with urllib.request.urlopen(f"{self.url}{AGE_PATH}?{query}", data=b"", context=context, timeout=10) as answer:
             assert answer.status == 204, answer.status
 
+    def errors(self) -> str:
+        """What the server wrote to stderr (its errors; requests are not logged)."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(10)
-        self._log.close()
+        self.log.close()
 
 
 def test_store(root: Path) -> Any:
@@ -140,6 +153,7 @@ def main(port: str, cert: str, key: str) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     app = _with_age_endpoint(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler,
                          ssl_context=(cert, key))

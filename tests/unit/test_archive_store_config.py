@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.backends import s3_options
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, S3Location, Settings, parse_s3_location
+from proxy.config import ConfigError, S3Location, Settings, archive_store_settings, parse_s3_location
 
 
 @pytest.mark.parametrize(("text", "bucket", "prefix"), [
@@ -69,3 +70,20 @@ def test_the_commands_take_the_archive_store_flags(command: str) -> None:
     extra = ["bundle.tar"] if command == "import" else ["--out", "b.tar"] if command == "export" else []
     args = build_parser().parse_args([command, *extra, "--archive-store", "s3://bucket/x", "--s3-path-style"])
     assert (args.archive_store, args.s3_path_style) == ("s3://bucket/x", True)
+
+
+def test_s3_timeout_flag_environment_and_default(monkeypatch) -> None:
+    assert Settings(data_dir=Path("/d")).s3_timeout == 20.0
+    args = build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x", "--s3-timeout", "5s"])
+    settings = settings_from_args(args)
+    assert settings.s3_timeout == 5.0 and s3_options(settings).timeout == 5.0
+    monkeypatch.setenv("REGISTRY_PROXY_S3_TIMEOUT", "1m")
+    assert settings_from_args(build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x"])).s3_timeout == 60
+    args = build_parser().parse_args(["verify", "--archive-store", "s3://bucket/x", "--s3-timeout", "7s"])
+    assert archive_store_settings(args)["s3_timeout"] == 7.0
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 3601])
+def test_s3_timeout_is_checked(seconds: float) -> None:
+    with pytest.raises(ConfigError, match="--s3-timeout"):
+        Settings(data_dir=Path("/d"), archive_store="s3://bucket", s3_timeout=seconds)
