@@ -67,6 +67,7 @@ class Evictor:
         self._running = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop: asyncio.Task | None = None
+        self._closing = False
 
     def start(self) -> None:
         """Run in the background: a run now, then every interval and whenever `stored` passes the cap."""
@@ -74,6 +75,8 @@ class Evictor:
         self._loop = asyncio.create_task(self._periodically(), name="store-eviction")
 
     async def close(self) -> None:
+        self._closing = True  # a cancel that Python 3.11's wait_for swallows still ends the loop
+        self._wake.set()
         if self._loop is not None:
             self._loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -89,10 +92,12 @@ class Evictor:
             self._wake.set()
 
     async def _periodically(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval)
             self._wake.clear()
+            if self._closing:
+                return
             try:
                 await self.run()
             except asyncio.CancelledError:

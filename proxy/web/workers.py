@@ -108,6 +108,16 @@ class ForwardingArbiter(Arbiter):
     tokens file (`proxy.web.access`), instead of gunicorn's reload that replaces every worker (and
     with them the downloads they run)."""
 
+    def spawn_worker(self) -> int:
+        """Fork a worker with the stop signals blocked: one that arrives before the worker has its own
+        handlers stays pending until it has them (else it reaches the arbiter's handler in the child and is
+        lost, and the worker serves on until it is killed)."""
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super().spawn_worker()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
     def handle_hup(self) -> None:
         workers = list(self.WORKERS)
         log.info("supervisor.reload", effect="SIGHUP passed on to the workers", workers=len(workers))
@@ -131,6 +141,7 @@ class ProxyWorker(Worker):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the application installs its reload (with tokens)
         for number in STOP_SIGNALS:  # through the loop, so a stop wakes it at once
             self.loop.add_signal_handler(number, self._stop)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the arbiter for the fork
 
     def _stop(self) -> None:
         self.alive = False

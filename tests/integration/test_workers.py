@@ -20,7 +20,7 @@ import pytest
 
 from proxy.cache.embedded import EmbeddedStore
 from tests.fakes.packages import Release
-from tests.fakes.process import REPO_ROOT
+from tests.fakes.process import REPO_ROOT, ProxyProcess, terminate
 
 PATH = "/mirror/v1/registry.example.test/acme/foo/{v}/linux_amd64/terraform-provider-foo_{v}_linux_amd64.zip"
 COLD_REQUESTS = 100
@@ -170,3 +170,46 @@ async def test_the_embedded_store_takes_writers_from_two_processes_at_once(tmp_p
         assert all(value is not None for value in await store.get_many(keys))
     finally:
         await store.close()
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, exited but not yet reaped, does not count)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" not in status.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("attempt", range(3))  # the stop must land while a worker boots: a few tries
+async def test_a_stop_signal_while_the_workers_boot_ends_every_process_promptly(tmp_path, registry, ca_file,
+                                                                               attempt):
+    """Found in the suite: a SIGTERM that reached a worker before its own handlers were installed was lost
+    (the arbiter's handler, inherited by the fork, took it), and a worker stopped right after its start hung
+    in its clean-up (Python 3.11's wait_for swallowed the evictor's cancel). The supervisor then waited its
+    whole graceful timeout (25 s), and a worker whose supervisor was killed meanwhile served on forever."""
+    proxy = ProxyProcess(tmp_path / "data", registry.url, ca_file, "--workers", "2")
+    process = await asyncio.create_subprocess_exec(*proxy.args, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT)
+    pids: list[int] = []
+    try:
+        async with asyncio.timeout(30):
+            while len(pids) < 2:
+                line = await process.stdout.readline()
+                assert line, "the proxy exited before booting its workers"
+                if found := re.search(rb"Booting worker with pid: (\d+)", line):
+                    pids.append(int(found.group(1)))
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(12):  # the shutdown grace is 15 s: a prompt stop is well within it
+            while process.returncode is None:
+                await process.stdout.read(65536)  # keep the pipe drained while the processes stop
+                if process.stdout.at_eof():
+                    await process.wait()
+        assert process.returncode == 0
+        assert not [pid for pid in pids if alive(pid)]
+    finally:
+        for pid in pids:  # first: a worker left running holds the pipe, and the wait for the master with it
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        await terminate(process, 5)
+
