@@ -141,7 +141,9 @@ class ProxyWorker(Worker):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the application installs its reload (with tokens)
         for number in STOP_SIGNALS:  # through the loop, so a stop wakes it at once
             self.loop.add_signal_handler(number, self._stop)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the arbiter for the fork
+        # Blocked by the arbiter for the fork; unblocked once the loop runs (uvloop drops a signal that
+        # arrives before it runs), so a stop signal pending since the fork reaches `_stop`.
+        self.loop.call_soon(signal.pthread_sigmask, signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def _stop(self) -> None:
         self.alive = False
