@@ -117,16 +117,19 @@ class Evictor:
             async with self._locks.hold(LOCK_KEY, nobody):
                 return await self._evict()
 
-    async def _measure(self) -> EvictionRun:
+    async def _list(self) -> list[ObjectInfo]:
+        """The store's objects, listed once; the counts and the size metrics follow the listing."""
         objects = await asyncio.to_thread(lambda: list(self._store.list_objects()))
         self._objects, self._bytes = len(objects), sum(obj.size for obj in objects)
         self._report()
+        return objects
+
+    async def _measure(self) -> EvictionRun:
+        await self._list()
         return EvictionRun(self._objects, self._bytes, 0)
 
     async def _evict(self) -> EvictionRun:
-        objects = await asyncio.to_thread(lambda: list(self._store.list_objects()))
-        self._objects, self._bytes = len(objects), sum(obj.size for obj in objects)
-        self._report()
+        objects = await self._list()
         if self._store.local:  # the archives are on this disk: evicting frees it
             space = await self._space.report()
             excess = eviction.excess_bytes(self._bytes, self._cap, space.free_bytes, space.min_free_bytes)
