@@ -64,9 +64,10 @@ test-unit: install
 test-e2e: system-deps install
 	$(BIN)/python -m pytest -m e2e $(ARGS)
 
-# ruff, then the import contracts of setup.cfg (the layers; pure modules do no I/O).
+# ruff (lint and format), then the import contracts of setup.cfg (the layers; pure modules do no I/O).
 lint: install
-	$(BIN)/ruff check proxy tests bench
+	$(BIN)/ruff check proxy tests bench scripts
+	$(BIN)/ruff format --check proxy tests bench scripts setup.py
 	$(BIN)/lint-imports --no-cache --no-logo
 
 bench: system-deps install

@@ -40,11 +40,26 @@ class BareAiohttp(StaticServer):
         log_path = self.root / "stderr.log"
         log = open(log_path, "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--port", str(self.port), "--cert", str(self._cert), "--key", str(self._key),
-            "--www", str(self.www), "--loop", self.loop, stdout=log, stderr=log)
+            sys.executable,
+            __file__,
+            "--port",
+            str(self.port),
+            "--cert",
+            str(self._cert),
+            "--key",
+            str(self._key),
+            "--www",
+            str(self.www),
+            "--loop",
+            self.loop,
+            stdout=log,
+            stderr=log,
+        )
         log.close()
-        await wait_healthy(self.url + "/healthz", ca_file, self.process, lambda: log_path.read_text()[-2000:],
-                           timeout=10)
+        await wait_healthy(
+            self.url + "/healthz", ca_file, self.process, lambda: log_path.read_text()[-2000:], timeout=10
+        )
+
 
 def _app(www: Path) -> web.Application:
     bodies = {"/" + path.relative_to(www).as_posix(): path.read_bytes() for path in www.rglob("*") if path.is_file()}
@@ -76,8 +91,9 @@ def _serve(argv: list[str]) -> None:
         loop = uvloop.new_event_loop()
     else:
         loop = asyncio.new_event_loop()
-    web.run_app(_app(args.www), host="127.0.0.1", port=args.port, ssl_context=context, access_log=None,
-                print=None, loop=loop)
+    web.run_app(
+        _app(args.www), host="127.0.0.1", port=args.port, ssl_context=context, access_log=None, print=None, loop=loop
+    )
 
 
 if __name__ == "__main__":

@@ -61,9 +61,14 @@ async def _worker(args: argparse.Namespace) -> None:
     async def one() -> RawClient | BaseException:
         async with gate:
             try:
-                client = await open_tls("127.0.0.1", args.port, context, timeout=15,
-                                        receive_buffer=32 * 1024 if slow else None,
-                                        stop_reading_after=64 * 1024 if slow else None)
+                client = await open_tls(
+                    "127.0.0.1",
+                    args.port,
+                    context,
+                    timeout=15,
+                    receive_buffer=32 * 1024 if slow else None,
+                    stop_reading_after=64 * 1024 if slow else None,
+                )
             except (OSError, ssl.SSLError, TimeoutError) as exc:
                 return exc
             if slow:
@@ -90,21 +95,45 @@ def _report(results: list, clients: list[RawClient], phase: str) -> None:
     failed = len(results) - len(clients)
     dropped = sum(1 for c in clients if c.dropped_by_server())
     refused_503 = sum(1 for c in clients if c.status() == 503)
-    print(json.dumps({"phase": phase, "attempted": len(results), "connect_failed": failed,
-                      "open": len(clients) - dropped, "closed_by_proxy": dropped, "answered_503": refused_503,
-                      "bytes_received": sum(c.received for c in clients)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "phase": phase,
+                "attempted": len(results),
+                "connect_failed": failed,
+                "open": len(clients) - dropped,
+                "closed_by_proxy": dropped,
+                "answered_503": refused_503,
+                "bytes_received": sum(c.received for c in clients),
+            }
+        ),
+        flush=True,
+    )
 
 
 # ---- the measuring process -------------------------------------------------------------------
 
 
-async def _phase(proxy: ProxyProcess, probe: ProcessProbe, mode: str, count: int, path: str,
-                 hold: float) -> dict:
+async def _phase(proxy: ProxyProcess, probe: ProcessProbe, mode: str, count: int, path: str, hold: float) -> dict:
     before = probe.rss_mib()
     child = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--worker", mode, "--port", str(proxy.port), "--ca", str(proxy.ca_file),
-        "--count", str(count), "--path", path, "--hold", str(hold + 120),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--port",
+        str(proxy.port),
+        "--ca",
+        str(proxy.ca_file),
+        "--count",
+        str(count),
+        "--path",
+        path,
+        "--hold",
+        str(hold + 120),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     peak = before
     started = time.monotonic()
     try:
@@ -126,10 +155,17 @@ async def _phase(proxy: ProxyProcess, probe: ProcessProbe, mode: str, count: int
                 child.kill()
         await child.wait()
     await asyncio.sleep(2.0)
-    return {"clients": count, "rss_before_mib": round(before, 1), "rss_held_mib": round(rss_held, 1),
-            "rss_peak_mib": round(peak, 1), f"rss_after_{hold:g}s_mib": round(rss_end, 1),
-            "rss_after_release_mib": round(probe.rss_mib(), 1), "seconds": round(time.monotonic() - started, 1),
-            "client_view_held": held, f"client_view_after_{hold:g}s": end}
+    return {
+        "clients": count,
+        "rss_before_mib": round(before, 1),
+        "rss_held_mib": round(rss_held, 1),
+        "rss_peak_mib": round(peak, 1),
+        f"rss_after_{hold:g}s_mib": round(rss_end, 1),
+        "rss_after_release_mib": round(probe.rss_mib(), 1),
+        "seconds": round(time.monotonic() - started, 1),
+        "client_view_held": held,
+        f"client_view_after_{hold:g}s": end,
+    }
 
 
 async def _warm(proxy: ProxyProcess, path: str) -> int:
@@ -159,15 +195,17 @@ async def _measure(args: argparse.Namespace) -> dict:
         registry = FakeRegistry(upstream_ssl)
         registry.add(release)
         await registry.start()
-        proxy = ProxyProcess(root / "proxy" / "data", registry.url, ca_file, "--log-level", "warning",
-                             *args.proxy_args)
+        proxy = ProxyProcess(root / "proxy" / "data", registry.url, ca_file, "--log-level", "warning", *args.proxy_args)
         try:
             await proxy.start()
             path = mirror_path(release, archive_document(release))
             size = await _warm(proxy, path)
             probe = ProcessProbe(proxy.process.pid)
-            result = {"proxy_args": args.proxy_args, "archive_mib": round(size / MIB, 1),
-                      "rss_idle_mib": round(probe.rss_mib(), 1)}
+            result = {
+                "proxy_args": args.proxy_args,
+                "archive_mib": round(size / MIB, 1),
+                "rss_idle_mib": round(probe.rss_mib(), 1),
+            }
             if args.idle:
                 result["idle"] = await _phase(proxy, probe, "idle", args.idle, "/healthz", args.hold)
             if args.slow:

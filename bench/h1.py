@@ -45,7 +45,7 @@ def make_zip(path: Path, size: int, method: int) -> None:
             block = os.urandom(CHUNK) if method == zipfile.ZIP_STORED else None
             for written in range(0, size, CHUNK):
                 data = block if block is not None else _compressible(written)
-                member.write(data[:min(CHUNK, size - written)])
+                member.write(data[: min(CHUNK, size - written)])
         archive.writestr("LICENSE", b"MPL-2.0\n")
 
 
@@ -79,7 +79,7 @@ def read_back(path: Path) -> tuple[str, str]:
 
 def measure(path: Path, repeats: int) -> dict[str, tuple[float, float]]:
     data = path.read_bytes()
-    chunks = [data[start:start + CHUNK] for start in range(0, len(data), CHUNK)]  # as the download hands them on
+    chunks = [data[start : start + CHUNK] for start in range(0, len(data), CHUNK)]  # as the download hands them on
     results: dict[str, list[tuple[float, float]]] = {"stream": [], "confirm": [], "h1_of_zip": []}
     for _ in range(repeats):
         hasher = ZipStreamHasher()
@@ -89,8 +89,10 @@ def measure(path: Path, repeats: int) -> dict[str, tuple[float, float]]:
         assert streamed == full, "the streamed h1 differs from h1_of_zip"
         for name, (cpu_s, wall_s) in (("stream", streaming), ("confirm", confirming), ("h1_of_zip", reading)):
             results[name].append((cpu_s, wall_s))
-    return {name: (statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs))
-            for name, runs in results.items()}
+    return {
+        name: (statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs))
+        for name, runs in results.items()
+    }
 
 
 def main() -> None:
@@ -104,11 +106,15 @@ def main() -> None:
             path = Path(tmp) / "provider.zip"
             make_zip(path, size, method)
             archive_gib, unpacked_gib = path.stat().st_size / 2**30, size / 2**30
-            print(f"{args.size_mib} MiB unpacked, {label}: archive {path.stat().st_size / 2**20:.0f} MiB "
-                  f"(load {os.getloadavg()[0]:.1f})")
+            print(
+                f"{args.size_mib} MiB unpacked, {label}: archive {path.stat().st_size / 2**20:.0f} MiB "
+                f"(load {os.getloadavg()[0]:.1f})"
+            )
             for name, (cpu_s, wall_s) in measure(path, args.repeats).items():
-                print(f"  {name:10} CPU {cpu_s * 1000:7.1f} ms  wall {wall_s * 1000:7.1f} ms  CPU per GiB of archive "
-                      f"{cpu_s / archive_gib:5.2f} s, of unpacked {cpu_s / unpacked_gib:5.2f} s")
+                print(
+                    f"  {name:10} CPU {cpu_s * 1000:7.1f} ms  wall {wall_s * 1000:7.1f} ms  CPU per GiB of archive "
+                    f"{cpu_s / archive_gib:5.2f} s, of unpacked {cpu_s / unpacked_gib:5.2f} s"
+                )
 
 
 if __name__ == "__main__":

@@ -145,15 +145,31 @@ def parse_wrk(output: str) -> LoadResult:
         errors += int(non2xx.group(1))
     if sockets := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output):
         errors += sum(int(n) for n in sockets.groups())
-    return LoadResult("wrk", int(total.group(1)), _to_ms(total.group(2) + total.group(3)) / 1000,
-                      float(rps.group(1)), _to_ms(percentiles["50"]), _to_ms(percentiles["99"]), errors)
+    return LoadResult(
+        "wrk",
+        int(total.group(1)),
+        _to_ms(total.group(2) + total.group(3)) / 1000,
+        float(rps.group(1)),
+        _to_ms(percentiles["50"]),
+        _to_ms(percentiles["99"]),
+        errors,
+    )
 
 
 async def wrk(url: str, *, connections: int, threads: int, seconds: float) -> LoadResult:
     """wrk does not verify certificates; TLS is still negotiated as with any client."""
     process = await asyncio.create_subprocess_exec(
-        WRK, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "5s",
-        url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        WRK,
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--latency",
+        "--timeout",
+        "5s",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output, _ = await asyncio.wait_for(process.communicate(), seconds + 30)
     if process.returncode != 0:
         raise RuntimeError(f"wrk failed ({process.returncode}):\n{output.decode()}")
@@ -171,7 +187,7 @@ class Throughput:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
-_SIZE_MIB = {"B": 1 / MIB, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1024.0 ** 2}
+_SIZE_MIB = {"B": 1 / MIB, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1024.0**2}
 
 
 def parse_wrk_transfer(output: str) -> Throughput:
@@ -181,8 +197,11 @@ def parse_wrk_transfer(output: str) -> Throughput:
         raise ValueError(f"cannot parse wrk output:\n{output}")
     seconds = _to_ms(total.group(1) + total.group(2)) / 1000
     mib = float(total.group(3)) * _SIZE_MIB[total.group(4)]
-    errors = sum(int(n) for n in sockets.groups()) if (
-        sockets := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)) else 0
+    errors = (
+        sum(int(n) for n in sockets.groups())
+        if (sockets := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output))
+        else 0
+    )
     if non2xx := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output):
         errors += int(non2xx.group(1))
     return Throughput("wrk", mib / seconds, seconds, errors)
@@ -191,8 +210,16 @@ def parse_wrk_transfer(output: str) -> Throughput:
 async def wrk_throughput(url: str, *, connections: int, seconds: float) -> Throughput:
     """`connections` connections downloading `url` over and over (a large body: MiB/s, not requests/s)."""
     process = await asyncio.create_subprocess_exec(
-        WRK, "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "60s", url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        WRK,
+        "-t2",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "60s",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output, _ = await asyncio.wait_for(process.communicate(), seconds + 90)
     if process.returncode != 0:
         raise RuntimeError(f"wrk failed ({process.returncode}):\n{output.decode()}")
@@ -233,8 +260,15 @@ async def aiohttp_load(url: str, context: ssl.SSLContext, *, connections: int, s
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(connections)))
         elapsed = time.perf_counter() - started
-    return LoadResult("aiohttp", len(latencies), elapsed, len(latencies) / elapsed,
-                      percentile(latencies, 0.50), percentile(latencies, 0.99), errors)
+    return LoadResult(
+        "aiohttp",
+        len(latencies),
+        elapsed,
+        len(latencies) / elapsed,
+        percentile(latencies, 0.50),
+        percentile(latencies, 0.99),
+        errors,
+    )
 
 
 async def sequential_latency(url: str, context: ssl.SSLContext, *, requests: int) -> dict:
@@ -250,8 +284,12 @@ async def sequential_latency(url: str, context: ssl.SSLContext, *, requests: int
                 statuses.add(response.status)
             if index >= 5:  # the first few include the TLS handshake and warm-up
                 latencies.append((time.perf_counter() - started) * 1000)
-    return {"requests": requests, "p50_ms": round(percentile(latencies, 0.50), 3),
-            "p99_ms": round(percentile(latencies, 0.99), 3), "statuses": sorted(statuses)}
+    return {
+        "requests": requests,
+        "p50_ms": round(percentile(latencies, 0.50), 3),
+        "p99_ms": round(percentile(latencies, 0.99), 3),
+        "statuses": sorted(statuses),
+    }
 
 
 # ---- redis-server ----------------------------------------------------------------------------
@@ -284,8 +322,9 @@ class Download:
     sha256: str | None = None
 
 
-async def download_aiohttp(url: str, context: ssl.SSLContext, *, hash_body: bool,
-                           start: asyncio.Barrier | None = None, timeout: float = 300) -> Download:
+async def download_aiohttp(
+    url: str, context: ssl.SSLContext, *, hash_body: bool, start: asyncio.Barrier | None = None, timeout: float = 300
+) -> Download:
     """One client on its own connection; waits on `start` (after its TLS handshake) when given."""
     connector = aiohttp.TCPConnector(ssl=context, limit=1)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
@@ -306,15 +345,30 @@ async def download_aiohttp(url: str, context: ssl.SSLContext, *, hash_body: bool
                     digest.update(chunk)
             status = response.status
         elapsed = time.perf_counter() - started
-    return Download(status, size, elapsed, first_byte if first_byte is not None else elapsed,
-                    digest.hexdigest() if digest is not None else None)
+    return Download(
+        status,
+        size,
+        elapsed,
+        first_byte if first_byte is not None else elapsed,
+        digest.hexdigest() if digest is not None else None,
+    )
 
 
 async def download_curl(url: str, ca_file: Path, timeout: float = 300) -> Download:
     process = await asyncio.create_subprocess_exec(
-        CURL, "-sS", "--http1.1", "--cacert", str(ca_file), "-o", "/dev/null",
-        "-w", "%{http_code} %{size_download} %{time_starttransfer} %{time_total}", url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        CURL,
+        "-sS",
+        "--http1.1",
+        "--cacert",
+        str(ca_file),
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download} %{time_starttransfer} %{time_total}",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     output, error = await asyncio.wait_for(process.communicate(), timeout)
     if process.returncode != 0:
         raise RuntimeError(f"curl failed ({process.returncode}): {error.decode().strip()}")
@@ -322,8 +376,9 @@ async def download_curl(url: str, ca_file: Path, timeout: float = 300) -> Downlo
     return Download(int(status), int(size), float(total), float(first_byte))
 
 
-async def parallel_downloads(url: str, ca_file: Path, context: ssl.SSLContext,
-                             clients: int) -> tuple[float, list[Download]]:
+async def parallel_downloads(
+    url: str, ca_file: Path, context: ssl.SSLContext, clients: int
+) -> tuple[float, list[Download]]:
     """`clients` simultaneous downloads; returns (wall seconds until the last finished, results)."""
     started = time.perf_counter()
     if CURL is not None:

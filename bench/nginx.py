@@ -50,20 +50,26 @@ class Nginx(StaticServer):
         self.www.mkdir(parents=True, exist_ok=True)
         (self.www / "healthz").write_text("ok\n")
         config = self.root / "nginx.conf"
-        config.write_text(CONFIG.format(root=self.root, port=self.port, cert=self._cert, key=self._key,
-                                        www=self.www))
+        config.write_text(CONFIG.format(root=self.root, port=self.port, cert=self._cert, key=self._key, www=self.www))
         log = open(self.root / "stderr.log", "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
-            NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"),
-            stdout=log, stderr=log)
+            NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"), stdout=log, stderr=log
+        )
         log.close()
-        await wait_healthy(self.url + "/healthz", ca_file, self.process,
-                           lambda: (self.root / "error.log").read_text()[-2000:], timeout=10)
+        await wait_healthy(
+            self.url + "/healthz",
+            ca_file,
+            self.process,
+            lambda: (self.root / "error.log").read_text()[-2000:],
+            timeout=10,
+        )
+
 
 async def nginx_version() -> str | None:
     if NGINX is None:
         return None
-    process = await asyncio.create_subprocess_exec(NGINX, "-v", stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+    process = await asyncio.create_subprocess_exec(
+        NGINX, "-v", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     output, _ = await process.communicate()
     return output.decode().strip().removeprefix("nginx version: ")

@@ -71,20 +71,26 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 def _main_tf(release: Release) -> str:
     source = f"{REGISTRY_HOST}/{release.namespace}/{release.type}"
-    return (f'terraform {{\n  required_providers {{\n    {release.type} = {{\n      source  = "{source}"\n'
-            f'      version = "{release.version}"\n    }}\n  }}\n}}\n')
+    return (
+        f'terraform {{\n  required_providers {{\n    {release.type} = {{\n      source  = "{source}"\n'
+        f'      version = "{release.version}"\n    }}\n  }}\n}}\n'
+    )
 
 
 def _cli_config(base_url: str, plugin_cache: Path) -> str:
-    return (f'plugin_cache_dir = "{plugin_cache}"\n'
-            f'provider_installation {{\n  network_mirror {{\n    url = "{base_url}/mirror/v1/"\n  }}\n}}\n')
+    return (
+        f'plugin_cache_dir = "{plugin_cache}"\n'
+        f'provider_installation {{\n  network_mirror {{\n    url = "{base_url}/mirror/v1/"\n  }}\n}}\n'
+    )
 
 
 def _direct_cli_config(registry_url: str, plugin_cache: Path) -> str:
     """Terraform straight to the fake upstream, no proxy: a `host` block stands in for its discovery."""
-    return (f'plugin_cache_dir = "{plugin_cache}"\n'
-            f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
-            f'    "providers.v1" = "{registry_url}/v1/providers/"\n  }}\n}}\n')
+    return (
+        f'plugin_cache_dir = "{plugin_cache}"\n'
+        f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
+        f'    "providers.v1" = "{registry_url}/v1/providers/"\n  }}\n}}\n'
+    )
 
 
 async def _get(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
@@ -95,8 +101,9 @@ async def _get(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
 async def _version_of(*command: str) -> str | None:
     if shutil.which(command[0]) is None:
         return None
-    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.DEVNULL)
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     output, _ = await process.communicate()
     lines = output.decode().strip().splitlines()
     return " ".join(lines[0].split()[:2]) if lines else None
@@ -106,8 +113,9 @@ async def _redis_version() -> str | None:
     """`redis-server --version` prints "Redis server v=7.0.15 sha=... bits=64 build=..."."""
     if REDIS_SERVER is None:
         return None
-    process = await asyncio.create_subprocess_exec(REDIS_SERVER, "--version", stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.DEVNULL)
+    process = await asyncio.create_subprocess_exec(
+        REDIS_SERVER, "--version", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     output, _ = await process.communicate()
     version = next((word[2:] for word in output.decode().split() if word.startswith("v=")), "?")
     return f"redis-server {version}"
@@ -179,8 +187,9 @@ class Suite:
             workers = await self._start_proxy(stack, "proxy-workers", "--workers", str(args.workers))
         if "archive" in only:
             await self._fetch_big(workers)
-            await self.warm_archive({"proxy": (proxy, probe),
-                                     "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))})
+            await self.warm_archive(
+                {"proxy": (proxy, probe), "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))}
+            )
             await self.s3_archive(stack, proxy, probe)
         fleet = await self._start_fleet(stack) if only & {"fleet", "json"} else None
         redis_proxy = None
@@ -189,8 +198,9 @@ class Suite:
                 await self.fleet_cold(*fleet)
             for replica in fleet:
                 await replica.stop()
-            redis_proxy = await self._start_proxy(stack, "proxy-redis", *self.redis_args,
-                                                  data_dir=self.root / "fleet" / "data")
+            redis_proxy = await self._start_proxy(
+                stack, "proxy-redis", *self.redis_args, data_dir=self.root / "fleet" / "data"
+            )
         if "json" in only:
             await self.warm_json(proxy, probe, workers, redis_proxy)
         if workers is not None:
@@ -207,21 +217,31 @@ class Suite:
 
         return {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "cpus": os.cpu_count(), "kernel": platform.release(), "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": sys.version.split()[0],
             "aiohttp": aiohttp_module.__version__,
             "wrk": await _version_of("wrk", "-v") if load.WRK else None,
             "curl": await _version_of("curl", "--version") if load.CURL else None,
             "nginx": await nginx_version(),
             "redis": await _redis_version(),
             "terraform": await _version_of(TERRAFORM, "version") if TERRAFORM else None,
-            "archive_mib": self.args.size_mib, "workers": self.args.workers,
+            "archive_mib": self.args.size_mib,
+            "workers": self.args.workers,
             "bare_aiohttp_loops": list(LOOPS),
-            "json_load": {"connections": self.args.connections, "seconds": self.args.json_seconds,
-                          "tool": "wrk" if self._use_wrk else "aiohttp"},
+            "json_load": {
+                "connections": self.args.connections,
+                "seconds": self.args.json_seconds,
+                "tool": "wrk" if self._use_wrk else "aiohttp",
+            },
             "download_client": "curl" if load.CURL else "aiohttp",
-            "fleet": {"clients": self.args.fleet_clients, "archive_mib": self.args.fleet_mib,
-                      "upstream_chunk_delay_s": self.args.fleet_chunk_delay,
-                      "fleet_lock_ttl": self.args.fleet_lock_ttl, "workers_per_replica": self.args.fleet_workers},
+            "fleet": {
+                "clients": self.args.fleet_clients,
+                "archive_mib": self.args.fleet_mib,
+                "upstream_chunk_delay_s": self.args.fleet_chunk_delay,
+                "fleet_lock_ttl": self.args.fleet_lock_ttl,
+                "workers_per_replica": self.args.fleet_workers,
+            },
         }
 
     @property
@@ -245,10 +265,17 @@ class Suite:
             nginx.put(mirror_path(world.small, archive_document(world.small, name)), world.small.zips[name])
         self.nginx = nginx
 
-    async def _start_proxy(self, stack: contextlib.AsyncExitStack, name: str, *extra: str,
-                           data_dir: Path | None = None) -> ProxyProcess:
-        proxy = ProxyProcess(data_dir or self.root / name / "data", self.world.registry.url, self.world.ca_file,
-                             "--log-level", "warning", *extra)
+    async def _start_proxy(
+        self, stack: contextlib.AsyncExitStack, name: str, *extra: str, data_dir: Path | None = None
+    ) -> ProxyProcess:
+        proxy = ProxyProcess(
+            data_dir or self.root / name / "data",
+            self.world.registry.url,
+            self.world.ca_file,
+            "--log-level",
+            "warning",
+            *extra,
+        )
         stack.callback(stop_gpg_agent, proxy.data_dir / "gnupg")  # the proxy's keyring, after it stopped
         await proxy.start()
         stack.push_async_callback(proxy.stop)
@@ -260,15 +287,25 @@ class Suite:
             self.note("Redis benchmarks disabled (--no-redis): no fleet fan-out, no Redis JSON numbers")
             return None
         if REDIS_SERVER is None:
-            self.note("redis-server is not installed: the fleet fan-out and Redis JSON benchmarks are SKIPPED "
-                      "(apt-get install redis-server)")
+            self.note(
+                "redis-server is not installed: the fleet fan-out and Redis JSON benchmarks are SKIPPED "
+                "(apt-get install redis-server)"
+            )
             return None
         redis = RedisServer(self.root / "redis")
         await asyncio.to_thread(redis.start)
         stack.callback(redis.stop)  # after the replicas stopped (the stack unwinds in reverse)
         self.redis = redis
-        self.redis_args = ("--redis-url", redis.url, "--redis-prefix", "bench-fleet",
-                           "--metadata-secret", secrets.token_hex(32), "--fleet-lock-ttl", self.args.fleet_lock_ttl)
+        self.redis_args = (
+            "--redis-url",
+            redis.url,
+            "--redis-prefix",
+            "bench-fleet",
+            "--metadata-secret",
+            secrets.token_hex(32),
+            "--fleet-lock-ttl",
+            self.args.fleet_lock_ttl,
+        )
         extra = (*self.redis_args, "--workers", str(self.args.fleet_workers))
         data_dir = self.root / "fleet" / "data"
         first = await self._start_proxy(stack, "fleet-a", *extra, data_dir=data_dir)
@@ -288,41 +325,66 @@ class Suite:
         cpu = probe.cpu_seconds()
         start = asyncio.Barrier(clients)
         with RssSampler(probe) as sampler:
-            downloads = await asyncio.wait_for(asyncio.gather(*(
-                load.download_aiohttp(url, context, hash_body=True, start=start) for _ in range(clients))), 240)
+            downloads = await asyncio.wait_for(
+                asyncio.gather(
+                    *(load.download_aiohttp(url, context, hash_body=True, start=start) for _ in range(clients))
+                ),
+                240,
+            )
         peak = probe.peak_mib()
         cpu = probe.cpu_seconds() - cpu
         expected_sha, expected_size = release.sha256(PLATFORM), len(release.zips[PLATFORM])
         upstream_gets = world.registry.count(world.registry.archive_path(release, PLATFORM))
-        self.check("cold: every client got 200", all(d.status == 200 for d in downloads),
-                   str([d.status for d in downloads]))
-        self.check("cold: every body has the right size and sha256",
-                   all(d.size == expected_size and d.sha256 == expected_sha for d in downloads))
+        self.check(
+            "cold: every client got 200", all(d.status == 200 for d in downloads), str([d.status for d in downloads])
+        )
+        self.check(
+            "cold: every body has the right size and sha256",
+            all(d.size == expected_size and d.sha256 == expected_sha for d in downloads),
+        )
         self.check("cold: upstream saw exactly one GET of the archive", upstream_gets == 1, f"{upstream_gets} GETs")
         wall = max(d.seconds for d in downloads)
         first_bytes = [d.first_byte_s for d in downloads]
         self.results["cold_fanout"] = {
-            "clients": clients, "archive_bytes": expected_size, "upstream_archive_gets": upstream_gets,
-            "idle_rss_mib": round(idle, 1), "peak_rss_mib": round(peak, 1),
+            "clients": clients,
+            "archive_bytes": expected_size,
+            "upstream_archive_gets": upstream_gets,
+            "idle_rss_mib": round(idle, 1),
+            "peak_rss_mib": round(peak, 1),
             "peak_rss_source": "VmHWM (reset before the phase)" if resettable else "VmHWM (since process start)",
-            "sampled_max_rss_mib": round(sampler.max_mib, 1), "rss_samples": sampler.samples,
-            "wall_s": round(wall, 3), "first_byte_s": [round(t, 3) for t in first_bytes],
-            "per_client_s": [round(d.seconds, 3) for d in downloads], "proxy_cpu_s": round(cpu, 2),
+            "sampled_max_rss_mib": round(sampler.max_mib, 1),
+            "rss_samples": sampler.samples,
+            "wall_s": round(wall, 3),
+            "first_byte_s": [round(t, 3) for t in first_bytes],
+            "per_client_s": [round(d.seconds, 3) for d in downloads],
+            "proxy_cpu_s": round(cpu, 2),
         }
-        self.rows.append(Row(f"cold {clients}x{self.args.size_mib} MiB: proxy peak RSS", f"{peak:.0f} MiB",
-                             note=f"idle {idle:.0f} MiB (+{peak - idle:.0f}); sampled max {sampler.max_mib:.0f} MiB"))
-        self.rows.append(Row(f"cold {clients}x{self.args.size_mib} MiB: wall time", f"{wall:.1f} s",
-                             note=f"first byte {min(first_bytes):.1f}-{max(first_bytes):.1f} s; "
-                                  f"upstream GETs {upstream_gets}; proxy CPU {cpu:.1f} s"))
+        self.rows.append(
+            Row(
+                f"cold {clients}x{self.args.size_mib} MiB: proxy peak RSS",
+                f"{peak:.0f} MiB",
+                note=f"idle {idle:.0f} MiB (+{peak - idle:.0f}); sampled max {sampler.max_mib:.0f} MiB",
+            )
+        )
+        self.rows.append(
+            Row(
+                f"cold {clients}x{self.args.size_mib} MiB: wall time",
+                f"{wall:.1f} s",
+                note=f"first byte {min(first_bytes):.1f}-{max(first_bytes):.1f} s; "
+                f"upstream GETs {upstream_gets}; proxy CPU {cpu:.1f} s",
+            )
+        )
 
     # ---- 5. cold fleet fan-out ----------------------------------------------------------------
 
     async def fleet_cold(self, first: ProxyProcess, second: ProxyProcess) -> None:
         world, registry, args = self.world, self.world.registry, self.args
         clients, release = args.fleet_clients, world.mid
-        self.progress(f"5. cold fleet fan-out: {clients} clients x {args.fleet_mib} MiB split across replicas A and B "
-                      f"({args.fleet_workers} workers each, one Redis, one data dir), upstream delay "
-                      f"{args.fleet_chunk_delay} s per 256 KiB")
+        self.progress(
+            f"5. cold fleet fan-out: {clients} clients x {args.fleet_mib} MiB split across replicas A and B "
+            f"({args.fleet_workers} workers each, one Redis, one data dir), upstream delay "
+            f"{args.fleet_chunk_delay} s per 256 KiB"
+        )
         url_path = mirror_path(release, archive_document(release))
         context = ssl.create_default_context(cafile=str(first.ca_file))  # the same CA for both
         files = f"/files/{release.namespace}/{release.type}/{release.version}"
@@ -349,56 +411,93 @@ class Suite:
         start = asyncio.Barrier(clients)
         registry.archive_chunk_delay = args.fleet_chunk_delay
         try:
-            downloads = await asyncio.wait_for(asyncio.gather(*(
-                load.download_aiohttp(replicas[name].url + url_path, context, hash_body=True, start=start)
-                for name in assignment)), 180)
+            downloads = await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        load.download_aiohttp(replicas[name].url + url_path, context, hash_body=True, start=start)
+                        for name in assignment
+                    )
+                ),
+                180,
+            )
         finally:
             registry.archive_chunk_delay = 0.0
         gets = {name: registry.count(path) - before[name] for name, path in upstream_paths.items()}
         redis_calls = await load.redis_command_calls(self.redis.port) - redis_calls
         expected_sha, expected_size = release.sha256(PLATFORM), len(release.zips[PLATFORM])
-        ok = self.check(f"fleet: all {clients} clients got 200", all(d.status == 200 for d in downloads),
-                        str(sorted({d.status for d in downloads})))
-        ok &= self.check(f"fleet: all {clients} bodies have the right size and sha256",
-                         all(d.size == expected_size and d.sha256 == expected_sha for d in downloads),
-                         f"{sum(d.sha256 != expected_sha for d in downloads)} wrong")
-        self.check("fleet: upstream saw exactly one GET of the archive", gets["archive"] == 1,
-                   f"{gets['archive']} GETs")
+        ok = self.check(
+            f"fleet: all {clients} clients got 200",
+            all(d.status == 200 for d in downloads),
+            str(sorted({d.status for d in downloads})),
+        )
+        ok &= self.check(
+            f"fleet: all {clients} bodies have the right size and sha256",
+            all(d.size == expected_size and d.sha256 == expected_sha for d in downloads),
+            f"{sum(d.sha256 != expected_sha for d in downloads)} wrong",
+        )
+        self.check(
+            "fleet: upstream saw exactly one GET of the archive", gets["archive"] == 1, f"{gets['archive']} GETs"
+        )
         wall = max(d.seconds for d in downloads)
-        first_bytes = {name: [d.first_byte_s for d, n in zip(downloads, assignment, strict=True) if n == name]
-                       for name in replicas}
+        first_bytes = {
+            name: [d.first_byte_s for d, n in zip(downloads, assignment, strict=True) if n == name] for name in replicas
+        }
         chunks = -(-expected_size // (256 * 1024))
-        per_replica = {name: {"clients": assignment.count(name), "idle_rss_mib": round(idle[name], 1),
-                              "peak_rss_mib": round(probes[name].peak_mib(), 1),
-                              "peak_rss_mib_each": [round(v, 1) for v in probes[name].peak_mib_each().values()],
-                              "cpu_s": round(probes[name].cpu_seconds() - cpu[name], 2),
-                              "first_byte_s": [round(min(first_bytes[name]), 3), round(max(first_bytes[name]), 3)]}
-                       for name in replicas}
+        per_replica = {
+            name: {
+                "clients": assignment.count(name),
+                "idle_rss_mib": round(idle[name], 1),
+                "peak_rss_mib": round(probes[name].peak_mib(), 1),
+                "peak_rss_mib_each": [round(v, 1) for v in probes[name].peak_mib_each().values()],
+                "cpu_s": round(probes[name].cpu_seconds() - cpu[name], 2),
+                "first_byte_s": [round(min(first_bytes[name]), 3), round(max(first_bytes[name]), 3)],
+            }
+            for name in replicas
+        }
         self.results["fleet_cold"] = {
-            "clients": clients, "replicas": 2, "workers_per_replica": args.fleet_workers,
+            "clients": clients,
+            "replicas": 2,
+            "workers_per_replica": args.fleet_workers,
             "archive_bytes": expected_size,
             "upstream_chunk_delay_s": args.fleet_chunk_delay,
             "upstream_min_transfer_s": round(chunks * args.fleet_chunk_delay, 2),
-            "upstream_gets": gets, "redis_commands": redis_calls, "wall_s": round(wall, 3),
-            "per_client_s": [round(d.seconds, 3) for d in downloads], "per_replica": per_replica,
+            "upstream_gets": gets,
+            "redis_commands": redis_calls,
+            "wall_s": round(wall, 3),
+            "per_client_s": [round(d.seconds, 3) for d in downloads],
+            "per_replica": per_replica,
         }
-        fb = "; ".join(f"{name} {v['first_byte_s'][0]:.1f}-{v['first_byte_s'][1]:.1f} s"
-                       for name, v in per_replica.items())
-        self.rows.append(Row(f"cold fleet {clients}x{args.fleet_mib} MiB, 2 replicas x {args.fleet_workers} workers + "
-                             "Redis: wall", f"{wall:.1f} s",
-                             note=f"first byte {fb}; upstream sends it in >= {chunks * args.fleet_chunk_delay:.1f} s; "
-                                  f"CPU A {per_replica['A']['cpu_s']:.1f} s, B {per_replica['B']['cpu_s']:.1f} s"))
-        self.rows.append(Row("cold fleet: peak RSS per replica (its processes summed)",
-                             " / ".join(f"{v['peak_rss_mib']:.0f}" for v in per_replica.values()) + " MiB",
-                             note="A / B; idle " + " / ".join(f"{v['idle_rss_mib']:.0f}" for v in per_replica.values())
-                                  + f" MiB; {clients // 2} clients each; max per worker (goal < 150 MiB) "
-                                  + " / ".join(f"{max(v['peak_rss_mib_each'][1:]):.0f}" for v in per_replica.values())
-                                  + " MiB"))
-        self.rows.append(Row("cold fleet: upstream GETs archive / SUMS / versions",
-                             f"{gets['archive']} / {gets['sha256sums']} / {gets['versions']}",
-                             note=f"SUMS.sig {gets['signature']}, download doc {gets['download']}, "
-                                  f"discovery {gets['discovery']} (an archive request needs no version list); "
-                                  f"all {clients} got 200 + right sha256: {'yes' if ok else 'NO'}"))
+        fb = "; ".join(
+            f"{name} {v['first_byte_s'][0]:.1f}-{v['first_byte_s'][1]:.1f} s" for name, v in per_replica.items()
+        )
+        self.rows.append(
+            Row(
+                f"cold fleet {clients}x{args.fleet_mib} MiB, 2 replicas x {args.fleet_workers} workers + Redis: wall",
+                f"{wall:.1f} s",
+                note=f"first byte {fb}; upstream sends it in >= {chunks * args.fleet_chunk_delay:.1f} s; "
+                f"CPU A {per_replica['A']['cpu_s']:.1f} s, B {per_replica['B']['cpu_s']:.1f} s",
+            )
+        )
+        self.rows.append(
+            Row(
+                "cold fleet: peak RSS per replica (its processes summed)",
+                " / ".join(f"{v['peak_rss_mib']:.0f}" for v in per_replica.values()) + " MiB",
+                note="A / B; idle "
+                + " / ".join(f"{v['idle_rss_mib']:.0f}" for v in per_replica.values())
+                + f" MiB; {clients // 2} clients each; max per worker (goal < 150 MiB) "
+                + " / ".join(f"{max(v['peak_rss_mib_each'][1:]):.0f}" for v in per_replica.values())
+                + " MiB",
+            )
+        )
+        self.rows.append(
+            Row(
+                "cold fleet: upstream GETs archive / SUMS / versions",
+                f"{gets['archive']} / {gets['sha256sums']} / {gets['versions']}",
+                note=f"SUMS.sig {gets['signature']}, download doc {gets['download']}, "
+                f"discovery {gets['discovery']} (an archive request needs no version list); "
+                f"all {clients} got 200 + right sha256: {'yes' if ok else 'NO'}",
+            )
+        )
 
     # ---- 3. warm archive throughput ------------------------------------------------------------
 
@@ -406,10 +505,14 @@ class Suite:
         """One download of the big archive through `proxy`, so that it has it cached."""
         release = self.world.big
         context = ssl.create_default_context(cafile=str(proxy.ca_file))
-        download = await load.download_aiohttp(proxy.url + mirror_path(release, archive_document(release)), context,
-                                               hash_body=True)
-        self.check("big archive cached in the N-worker proxy: 200 and the right sha256",
-                   download.status == 200 and download.sha256 == release.sha256(PLATFORM), str(download.status))
+        download = await load.download_aiohttp(
+            proxy.url + mirror_path(release, archive_document(release)), context, hash_body=True
+        )
+        self.check(
+            "big archive cached in the N-worker proxy: 200 and the right sha256",
+            download.status == 200 and download.sha256 == release.sha256(PLATFORM),
+            str(download.status),
+        )
 
     async def _throughput(self, targets: dict[str, tuple[str, Path, ProcessProbe | None]]) -> dict[str, dict]:
         """Download the big archive from each target: wrk with 8 connections for `--archive-seconds` (and the
@@ -425,8 +528,11 @@ class Suite:
                 if self._use_wrk:
                     cpu = probe.cpu_seconds() if probe is not None else 0.0
                     measured = await load.wrk_throughput(url, connections=8, seconds=self.args.archive_seconds)
-                    self.check(f"warm archive from {name}, wrk -c8: no errors", measured.errors == 0,
-                               f"{measured.errors} errors")
+                    self.check(
+                        f"warm archive from {name}, wrk -c8: no errors",
+                        measured.errors == 0,
+                        f"{measured.errors} errors",
+                    )
                     runs[name]["wrk8"].append(measured.mib_per_s)
                     if probe is not None:
                         gib = measured.mib_per_s * measured.seconds / 1024
@@ -434,19 +540,25 @@ class Suite:
                 context = ssl.create_default_context(cafile=str(ca_file))
                 for clients in (1, 4):
                     wall, downloads = await asyncio.wait_for(
-                        load.parallel_downloads(url, ca_file, context, clients), 240)
+                        load.parallel_downloads(url, ca_file, context, clients), 240
+                    )
                     ok = all(d.status == 200 and d.size == size for d in downloads)
-                    self.check(f"warm archive from {name} x{clients}: 200 and full size", ok,
-                               str([(d.status, d.size) for d in downloads]))
+                    self.check(
+                        f"warm archive from {name} x{clients}: 200 and full size",
+                        ok,
+                        str([(d.status, d.size) for d in downloads]),
+                    )
                     runs[name][clients].append(clients * size / wall / MIB)
                 upstream_gets[name] += registry.count(archive_path) - before
         results = {}
         for name, r in runs.items():
-            results[name] = {"upstream_archive_gets": upstream_gets[name],
-                             "single_mib_s": round(statistics.median(r[1]), 1),
-                             "concurrent4_mib_s": round(statistics.median(r[4]), 1),
-                             "single_runs": [round(v, 1) for v in r[1]],
-                             "concurrent4_runs": [round(v, 1) for v in r[4]]}
+            results[name] = {
+                "upstream_archive_gets": upstream_gets[name],
+                "single_mib_s": round(statistics.median(r[1]), 1),
+                "concurrent4_mib_s": round(statistics.median(r[4]), 1),
+                "single_runs": [round(v, 1) for v in r[1]],
+                "concurrent4_runs": [round(v, 1) for v in r[4]],
+            }
             if r["wrk8"]:
                 results[name]["wrk8_mib_s"] = round(statistics.median(r["wrk8"]), 1)
                 results[name]["wrk8_runs"] = [round(v, 1) for v in r["wrk8"]]
@@ -458,14 +570,19 @@ class Suite:
         """The proxy with 1 and with N workers, nginx, and the fake registry (aiohttp from memory)."""
         world = self.world
         client = "curl" if load.CURL else "aiohttp"
-        self.progress(f"3. warm archive throughput ({'wrk -c8, ' if self._use_wrk else ''}{client} 1 and 4 clients; "
-                      f"{self.args.repeats} rounds)")
+        self.progress(
+            f"3. warm archive throughput ({'wrk -c8, ' if self._use_wrk else ''}{client} 1 and 4 clients; "
+            f"{self.args.repeats} rounds)"
+        )
         path = mirror_path(world.big, archive_document(world.big))
         targets = {name: (proxy.url + path, proxy.ca_file, probe) for name, (proxy, probe) in proxies.items()}
         if self.nginx is not None:
             targets["nginx"] = (self.nginx.url + path, world.ca_file, ProcessProbe(self.nginx.process.pid, tree=True))
-        targets["fake_registry_aiohttp"] = (world.registry.url + world.registry.archive_path(world.big, PLATFORM),
-                                            world.ca_file, None)  # it runs in this process, with the clients
+        targets["fake_registry_aiohttp"] = (
+            world.registry.url + world.registry.archive_path(world.big, PLATFORM),
+            world.ca_file,
+            None,
+        )  # it runs in this process, with the clients
         cpu = {}
         for name, (_, probe) in proxies.items():
             probe.reset_peak()
@@ -483,26 +600,47 @@ class Suite:
     def _archive_rows(self, result: dict, client: str) -> None:
         nginx, reference = result.get("nginx", {}), result["fake_registry_aiohttp"]
         one, many = result["proxy"], result["proxy_workers"]
-        labels = [("single_mib_s", "1 client (curl)" if client == "curl" else "1 client"),
-                  ("concurrent4_mib_s", "4 clients (curl)" if client == "curl" else "4 clients")]
+        labels = [
+            ("single_mib_s", "1 client (curl)" if client == "curl" else "1 client"),
+            ("concurrent4_mib_s", "4 clients (curl)" if client == "curl" else "4 clients"),
+        ]
         if "wrk8_mib_s" in one:
             labels.insert(0, ("wrk8_mib_s", "8 connections (wrk -c8)"))
         for key, label in labels:
-            self.rows.append(Row(f"warm archive MiB/s, {label}", f"{one[key]:.0f}",
-                                 f"{nginx[key]:.0f} (nginx)" if nginx else "-", _ratio(one[key], nginx.get(key)),
-                                 f"bare aiohttp (fake registry, from memory) {reference[key]:.0f}",
-                                 f"{many[key]:.0f}", _ratio(many[key], nginx.get(key))))
+            self.rows.append(
+                Row(
+                    f"warm archive MiB/s, {label}",
+                    f"{one[key]:.0f}",
+                    f"{nginx[key]:.0f} (nginx)" if nginx else "-",
+                    _ratio(one[key], nginx.get(key)),
+                    f"bare aiohttp (fake registry, from memory) {reference[key]:.0f}",
+                    f"{many[key]:.0f}",
+                    _ratio(many[key], nginx.get(key)),
+                )
+            )
         if "wrk8_cpu_s_per_gib" in one:
             base = nginx.get("wrk8_cpu_s_per_gib")
-            self.rows.append(Row("warm archive: server CPU s per GiB (wrk -c8)", f"{one['wrk8_cpu_s_per_gib']:.2f}",
-                                 f"{base:.2f} (nginx)" if base else "-", _ratio(one["wrk8_cpu_s_per_gib"], base),
-                                 "user + system CPU of the server's processes; less depends less on the load",
-                                 f"{many['wrk8_cpu_s_per_gib']:.2f}", _ratio(many["wrk8_cpu_s_per_gib"], base)))
+            self.rows.append(
+                Row(
+                    "warm archive: server CPU s per GiB (wrk -c8)",
+                    f"{one['wrk8_cpu_s_per_gib']:.2f}",
+                    f"{base:.2f} (nginx)" if base else "-",
+                    _ratio(one["wrk8_cpu_s_per_gib"], base),
+                    "user + system CPU of the server's processes; less depends less on the load",
+                    f"{many['wrk8_cpu_s_per_gib']:.2f}",
+                    _ratio(many["wrk8_cpu_s_per_gib"], base),
+                )
+            )
         supervisor, *workers = many["peak_rss_mib_each"]
-        self.rows.append(Row("warm archive: peak RSS per worker", f"{one['peak_rss_mib']:.0f} MiB",
-                             note=f"goal < 150 MiB; N workers: max of {len(workers)}, supervisor {supervisor:.0f} MiB; "
-                                  f"CPU {one['cpu_s']:.1f} s / {many['cpu_s']:.1f} s",
-                             proxy_workers=f"{max(workers):.0f} MiB"))
+        self.rows.append(
+            Row(
+                "warm archive: peak RSS per worker",
+                f"{one['peak_rss_mib']:.0f} MiB",
+                note=f"goal < 150 MiB; N workers: max of {len(workers)}, supervisor {supervisor:.0f} MiB; "
+                f"CPU {one['cpu_s']:.1f} s / {many['cpu_s']:.1f} s",
+                proxy_workers=f"{max(workers):.0f} MiB",
+            )
+        )
 
     # ---- 6. archives from S3 ---------------------------------------------------------------------
 
@@ -524,8 +662,12 @@ class Suite:
         path = mirror_path(world.big, archive_document(world.big))
         s3_probe, store_probe = ProcessProbe(s3_proxy.process.pid), ProcessProbe(s3.process.pid)
         store_cpu = store_probe.cpu_seconds()
-        result = await self._throughput({"proxy_disk": (proxy.url + path, proxy.ca_file, probe),
-                                         "proxy_s3": (s3_proxy.url + path, s3_proxy.ca_file, s3_probe)})
+        result = await self._throughput(
+            {
+                "proxy_disk": (proxy.url + path, proxy.ca_file, probe),
+                "proxy_s3": (s3_proxy.url + path, s3_proxy.ca_file, s3_probe),
+            }
+        )
         result["s3_server_cpu_s"] = round(store_probe.cpu_seconds() - store_cpu, 2)
         self.results["s3_archive"] = result
         for name in ("proxy_disk", "proxy_s3"):
@@ -536,23 +678,33 @@ class Suite:
         if "wrk8_mib_s" in remote:
             keys.insert(0, ("wrk8_mib_s", "wrk -c8"))
         for key, label in keys:
-            self.rows.append(Row(f"archive from S3 MiB/s, {label}", f"{remote[key]:.0f}",
-                                 f"{disk[key]:.0f} (local disk)", _ratio(remote[key], disk[key]),
-                                 "through the proxy; the S3 server is moto (Python) on the same 2 cores"))
+            self.rows.append(
+                Row(
+                    f"archive from S3 MiB/s, {label}",
+                    f"{remote[key]:.0f}",
+                    f"{disk[key]:.0f} (local disk)",
+                    _ratio(remote[key], disk[key]),
+                    "through the proxy; the S3 server is moto (Python) on the same 2 cores",
+                )
+            )
         await s3_proxy.stop()
 
     # ---- 2. warm JSON ----------------------------------------------------------------------------
 
     async def _load(self, url: str, ca_file: Path) -> load.LoadResult:
         if self._use_wrk:
-            return await load.wrk(url, connections=self.args.connections, threads=min(2, os.cpu_count() or 1),
-                                  seconds=self.args.json_seconds)
+            return await load.wrk(
+                url,
+                connections=self.args.connections,
+                threads=min(2, os.cpu_count() or 1),
+                seconds=self.args.json_seconds,
+            )
         context = ssl.create_default_context(cafile=str(ca_file))
-        return await load.aiohttp_load(url, context, connections=self.args.connections,
-                                       seconds=self.args.json_seconds)
+        return await load.aiohttp_load(url, context, connections=self.args.connections, seconds=self.args.json_seconds)
 
-    async def warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, workers: ProxyProcess,
-                        redis_proxy: ProxyProcess | None) -> None:
+    async def warm_json(
+        self, proxy: ProxyProcess, probe: ProcessProbe, workers: ProxyProcess, redis_proxy: ProxyProcess | None
+    ) -> None:
         """The embedded-store proxy with 1 and N workers, the Redis proxy (one worker, on the fleet's Redis and
         data dir), nginx and the bare aiohttp ceiling, interleaved per document."""
         async with contextlib.AsyncExitStack() as stack:
@@ -572,11 +724,20 @@ class Suite:
             self.note("uvloop is not installed: the bare aiohttp ceiling is measured with asyncio only")
         return servers
 
-    async def _warm_json(self, proxy: ProxyProcess, probe: ProcessProbe, workers: ProxyProcess,
-                         redis_proxy: ProxyProcess | None, stack: contextlib.AsyncExitStack) -> None:
+    async def _warm_json(
+        self,
+        proxy: ProxyProcess,
+        probe: ProcessProbe,
+        workers: ProxyProcess,
+        redis_proxy: ProxyProcess | None,
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
         world = self.world
-        tool = "wrk" if self._use_wrk else \
-            f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
+        tool = (
+            "wrk"
+            if self._use_wrk
+            else f"aiohttp load loop ({'--no-wrk' if load.WRK else 'wrk not found'}: the client may be the bottleneck)"
+        )
         if not self._use_wrk:
             self.note("wrk not used for the JSON benchmark: " + tool)
         proxies = {"proxy": (proxy, probe), "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))}
@@ -584,8 +745,10 @@ class Suite:
         if redis_proxy is not None:
             proxies["proxy_redis"] = (redis_proxy, ProcessProbe(redis_proxy.process.pid))
         redis_probe = ProcessProbe(self.redis.process.pid) if redis_proxy is not None and self.redis else None
-        self.progress(f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each; "
-                      f"{', '.join(proxies)}{', nginx' if self.nginx else ''}")
+        self.progress(
+            f"2. warm JSON: {tool}, {self.args.connections} connections, {self.args.json_seconds} s each; "
+            f"{', '.join(proxies)}{', nginx' if self.nginx else ''}"
+        )
         documents = {"index.json": "index.json", ":version.json": f"{world.small.version}.json"}
         bodies: dict[tuple[str, str], bytes] = {}
         for label, name in documents.items():
@@ -598,8 +761,9 @@ class Suite:
                 bodies[key, label] = body
             if self.nginx is not None:
                 self.nginx.put(path, bodies["proxy", label])
-        bare = await self._start_bare(stack, {mirror_path(world.small, name): bodies["proxy", label]
-                                              for label, name in documents.items()})
+        bare = await self._start_bare(
+            stack, {mirror_path(world.small, name): bodies["proxy", label] for label, name in documents.items()}
+        )
         before = len(world.registry.requests)
         result: dict = {"tool": "wrk" if self._use_wrk else "aiohttp", "connections": self.args.connections}
         for label, name in documents.items():
@@ -622,19 +786,26 @@ class Suite:
                     measured["redis_commands_per_request"] = round(redis_calls / max(1, measured["requests"]), 2)
                 if key != "proxy":
                     measured["same_body_as_embedded"] = bodies[key, label] == bodies["proxy", label]
-                self.check(f"warm json {label}: no errors under load ({where[key]})", measured["errors"] == 0,
-                           f"{measured['errors']} errors")
+                self.check(
+                    f"warm json {label}: no errors under load ({where[key]})",
+                    measured["errors"] == 0,
+                    f"{measured['errors']} errors",
+                )
                 entry[f"{key}_unloaded"] = await load.sequential_latency(server.url + path, context, requests=200)
             if self.nginx is not None:
                 entry["nginx"] = (await self._load(self.nginx.url + path, world.ca_file)).as_dict()
-                entry["nginx_unloaded"] = await load.sequential_latency(self.nginx.url + path, world.client_ssl(),
-                                                                        requests=200)
+                entry["nginx_unloaded"] = await load.sequential_latency(
+                    self.nginx.url + path, world.client_ssl(), requests=200
+                )
             for key, server in bare.items():
                 entry[key] = (await self._load(server.url + path, world.ca_file)).as_dict()
             result[label] = entry
             self._json_rows(label, entry)
-        self.check("warm json: no upstream request during the load", len(world.registry.requests) == before,
-                   f"{len(world.registry.requests) - before} upstream requests")
+        self.check(
+            "warm json: no upstream request during the load",
+            len(world.registry.requests) == before,
+            f"{len(world.registry.requests) - before} upstream requests",
+        )
         self.results["warm_json"] = result
 
     def _json_rows(self, label: str, entry: dict) -> None:
@@ -643,50 +814,98 @@ class Suite:
 
         conns = f"{entry['proxy']['tool']}, {self.args.connections} conns, TLS"
         mine, many, base = entry["proxy"], entry["proxy_workers"], entry.get("nginx")
-        self.rows.append(Row(f"warm {label} req/s", f"{mine['requests_per_s']:.0f}",
-                             f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
-                             _ratio(mine["requests_per_s"], base and base["requests_per_s"]),
-                             f"embedded store; {conns}", f"{many['requests_per_s']:.0f}",
-                             _ratio(many["requests_per_s"], base and base["requests_per_s"])))
-        self.rows.append(Row(f"warm {label} p50 / p99 ms", latency(mine), latency(base),
-                             _ratio(mine["p99_ms"], base and base["p99_ms"]), "ratio is of p99", latency(many),
-                             _ratio(many["p99_ms"], base and base["p99_ms"])))
+        self.rows.append(
+            Row(
+                f"warm {label} req/s",
+                f"{mine['requests_per_s']:.0f}",
+                f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
+                _ratio(mine["requests_per_s"], base and base["requests_per_s"]),
+                f"embedded store; {conns}",
+                f"{many['requests_per_s']:.0f}",
+                _ratio(many["requests_per_s"], base and base["requests_per_s"]),
+            )
+        )
+        self.rows.append(
+            Row(
+                f"warm {label} p50 / p99 ms",
+                latency(mine),
+                latency(base),
+                _ratio(mine["p99_ms"], base and base["p99_ms"]),
+                "ratio is of p99",
+                latency(many),
+                _ratio(many["p99_ms"], base and base["p99_ms"]),
+            )
+        )
         supervisor, *workers = many["peak_rss_mib_each"]
-        self.rows.append(Row(f"warm {label}: peak RSS per worker", f"{mine['peak_rss_mib']:.0f} MiB",
-                             note=f"goal < 150 MiB; N workers: max of {len(workers)}, supervisor {supervisor:.0f} MiB",
-                             proxy_workers=f"{max(workers):.0f} MiB"))
+        self.rows.append(
+            Row(
+                f"warm {label}: peak RSS per worker",
+                f"{mine['peak_rss_mib']:.0f} MiB",
+                note=f"goal < 150 MiB; N workers: max of {len(workers)}, supervisor {supervisor:.0f} MiB",
+                proxy_workers=f"{max(workers):.0f} MiB",
+            )
+        )
         for key in (key for key in entry if key.startswith("bare_")):
             bare = entry[key]
-            self.rows.append(Row(f"warm {label} req/s: bare aiohttp ceiling, {key.removeprefix('bare_')}",
-                                 f"{bare['requests_per_s']:.0f}",
-                                 f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
-                                 _ratio(bare["requests_per_s"], base and base["requests_per_s"]),
-                                 f"one process, fixed bytes from memory; p50 / p99 {latency(bare)} ms"))
+            self.rows.append(
+                Row(
+                    f"warm {label} req/s: bare aiohttp ceiling, {key.removeprefix('bare_')}",
+                    f"{bare['requests_per_s']:.0f}",
+                    f"{base['requests_per_s']:.0f} (nginx)" if base else "-",
+                    _ratio(bare["requests_per_s"], base and base["requests_per_s"]),
+                    f"one process, fixed bytes from memory; p50 / p99 {latency(bare)} ms",
+                )
+            )
         mine, base = entry["proxy_unloaded"], entry.get("nginx_unloaded")
         many = entry["proxy_workers_unloaded"]
-        self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms", latency(mine), latency(base),
-                             _ratio(mine["p50_ms"], base and base["p50_ms"]),
-                             "1 connection, sequential (aiohttp client); ratio is of p50", latency(many),
-                             _ratio(many["p50_ms"], base and base["p50_ms"])))
+        self.rows.append(
+            Row(
+                f"warm {label} unloaded p50 / p99 ms",
+                latency(mine),
+                latency(base),
+                _ratio(mine["p50_ms"], base and base["p50_ms"]),
+                "1 connection, sequential (aiohttp client); ratio is of p50",
+                latency(many),
+                _ratio(many["p50_ms"], base and base["p50_ms"]),
+            )
+        )
         redis, embedded = entry.get("proxy_redis"), entry["proxy"]
         if redis is None:
             return
-        self.rows.append(Row(f"warm {label} req/s, Redis store", f"{redis['requests_per_s']:.0f}",
-                             f"{embedded['requests_per_s']:.0f} (embedded)",
-                             _ratio(redis["requests_per_s"], embedded["requests_per_s"]),
-                             f"{conns}; Redis commands/request {redis.get('redis_commands_per_request', 0):.2f}, "
-                             f"redis-server CPU {redis.get('redis_server_cpu_s', 0):.1f} s, "
-                             f"proxy CPU {redis['cpu_s']:.1f} s (embedded {embedded['cpu_s']:.1f} s)"))
-        self.rows.append(Row(f"warm {label} p50 / p99 ms, Redis store", latency(redis), latency(embedded),
-                             _ratio(redis["p99_ms"], embedded["p99_ms"]), "ratio is of p99"))
+        self.rows.append(
+            Row(
+                f"warm {label} req/s, Redis store",
+                f"{redis['requests_per_s']:.0f}",
+                f"{embedded['requests_per_s']:.0f} (embedded)",
+                _ratio(redis["requests_per_s"], embedded["requests_per_s"]),
+                f"{conns}; Redis commands/request {redis.get('redis_commands_per_request', 0):.2f}, "
+                f"redis-server CPU {redis.get('redis_server_cpu_s', 0):.1f} s, "
+                f"proxy CPU {redis['cpu_s']:.1f} s (embedded {embedded['cpu_s']:.1f} s)",
+            )
+        )
+        self.rows.append(
+            Row(
+                f"warm {label} p50 / p99 ms, Redis store",
+                latency(redis),
+                latency(embedded),
+                _ratio(redis["p99_ms"], embedded["p99_ms"]),
+                "ratio is of p99",
+            )
+        )
         redis, embedded = entry["proxy_redis_unloaded"], entry["proxy_unloaded"]
-        self.rows.append(Row(f"warm {label} unloaded p50 / p99 ms, Redis", latency(redis), latency(embedded),
-                             _ratio(redis["p50_ms"], embedded["p50_ms"]), "ratio is of p50"))
+        self.rows.append(
+            Row(
+                f"warm {label} unloaded p50 / p99 ms, Redis",
+                latency(redis),
+                latency(embedded),
+                _ratio(redis["p50_ms"], embedded["p50_ms"]),
+                "ratio is of p50",
+            )
+        )
 
     # ---- 4. terraform init ---------------------------------------------------------------------
 
-    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str, *,
-                    direct: bool = False) -> float:
+    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str, *, direct: bool = False) -> float:
         """One `terraform init` in a fresh directory with an empty plugin cache, through the mirror at
         `base_url`, or (`direct`) straight from the registry at `base_url`."""
         self._workdirs += 1
@@ -723,13 +942,18 @@ class Suite:
         first = {"first_warm_s": round(await self._init(release, proxy.url, proxy.ca_file, f"{label}-warm1"), 3)}
         if self.nginx is not None:
             first["first_static_s"] = round(
-                await self._init(release, self.nginx.url, self.world.ca_file, f"{label}-static1"), 3)
+                await self._init(release, self.nginx.url, self.world.ca_file, f"{label}-static1"), 3
+            )
         for _ in range(self.args.init_repeats):  # interleaved, so drift hits both alike
             warm.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-warm"))
             if self.nginx is not None:
                 static.append(await self._init(release, self.nginx.url, self.world.ca_file, f"{label}-static"))
-        result = {**first, "warm_s": round(statistics.median(warm), 3), "warm_min_s": round(min(warm), 3),
-                  "warm_runs": [round(t, 3) for t in warm]}
+        result = {
+            **first,
+            "warm_s": round(statistics.median(warm), 3),
+            "warm_min_s": round(min(warm), 3),
+            "warm_runs": [round(t, 3) for t in warm],
+        }
         if static:
             result["static_nginx_s"] = round(statistics.median(static), 3)
             result["static_nginx_min_s"] = round(min(static), 3)
@@ -740,11 +964,20 @@ class Suite:
 
     def _init_rows(self, title: str, result: dict) -> None:
         static = result.get("static_nginx_s")
-        overhead = (f"overhead {result['proxy_overhead_ms']:+d} ms (min vs min {result['proxy_overhead_min_ms']:+d}); "
-                    if static else "")
-        self.rows.append(Row(f"terraform init {title}, warm", f"{result['warm_s']:.2f} s",
-                             f"{static:.2f} s (nginx static)" if static else "-", _ratio(result["warm_s"], static),
-                             f"{overhead}median of {self.args.init_repeats}"))
+        overhead = (
+            f"overhead {result['proxy_overhead_ms']:+d} ms (min vs min {result['proxy_overhead_min_ms']:+d}); "
+            if static
+            else ""
+        )
+        self.rows.append(
+            Row(
+                f"terraform init {title}, warm",
+                f"{result['warm_s']:.2f} s",
+                f"{static:.2f} s (nginx static)" if static else "-",
+                _ratio(result["warm_s"], static),
+                f"{overhead}median of {self.args.init_repeats}",
+            )
+        )
 
     async def init_big_warm(self, proxy: ProxyProcess) -> None:
         if self._no_terraform():
@@ -766,29 +999,38 @@ class Suite:
             proxy = await self._start_proxy(stack, f"proxy-{label}-cold{round_}")
             proxies.append(proxy)
             cold.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-cold"))
-            direct.append(await self._init(release, world.registry.url, world.ca_file, f"{label}-direct",
-                                           direct=True))
+            direct.append(await self._init(release, world.registry.url, world.ca_file, f"{label}-direct", direct=True))
             if round_ < self.args.init_repeats - 1:
                 await proxy.stop()
         gets = world.registry.count(archive_path) - before
-        self.check(f"terraform init {label}: each cold proxy made one GET of the archive",
-                   gets == 2 * len(cold), f"{gets} GETs for {len(cold)} cold and {len(direct)} direct inits")
-        result = {"cold_s": round(statistics.median(cold), 3), "cold_runs": [round(t, 3) for t in cold],
-                  "direct_upstream_s": round(statistics.median(direct), 3),
-                  "direct_upstream_runs": [round(t, 3) for t in direct],
-                  "ratio_of_medians": round(statistics.median(cold) / statistics.median(direct), 3),
-                  "median_of_pair_ratios": round(statistics.median(c / d for c, d in zip(cold, direct, strict=True)),
-                                                 3)}
+        self.check(
+            f"terraform init {label}: each cold proxy made one GET of the archive",
+            gets == 2 * len(cold),
+            f"{gets} GETs for {len(cold)} cold and {len(direct)} direct inits",
+        )
+        result = {
+            "cold_s": round(statistics.median(cold), 3),
+            "cold_runs": [round(t, 3) for t in cold],
+            "direct_upstream_s": round(statistics.median(direct), 3),
+            "direct_upstream_runs": [round(t, 3) for t in direct],
+            "ratio_of_medians": round(statistics.median(cold) / statistics.median(direct), 3),
+            "median_of_pair_ratios": round(statistics.median(c / d for c, d in zip(cold, direct, strict=True)), 3),
+        }
         result["proxy"] = proxies[-1]  # the last one stays up, warm, for what follows (not in the JSON)
         return result
 
     def _cold_row(self, title: str, result: dict) -> None:
-        self.rows.append(Row(f"terraform init {title}, cold", f"{result['cold_s']:.2f} s",
-                             f"{result['direct_upstream_s']:.2f} s (direct)",
-                             _ratio(result["cold_s"], result["direct_upstream_s"]),
-                             "each run a new empty proxy: discovery, versions, SHA256SUMS+sig, archive; baseline: "
-                             f"no proxy, straight from the upstream; medians of {len(result['cold_runs'])} "
-                             f"interleaved; median of pair ratios {result['median_of_pair_ratios']:.2f}x"))
+        self.rows.append(
+            Row(
+                f"terraform init {title}, cold",
+                f"{result['cold_s']:.2f} s",
+                f"{result['direct_upstream_s']:.2f} s (direct)",
+                _ratio(result["cold_s"], result["direct_upstream_s"]),
+                "each run a new empty proxy: discovery, versions, SHA256SUMS+sig, archive; baseline: "
+                f"no proxy, straight from the upstream; medians of {len(result['cold_runs'])} "
+                f"interleaved; median of pair ratios {result['median_of_pair_ratios']:.2f}x",
+            )
+        )
 
     async def init_small(self, stack: contextlib.AsyncExitStack) -> None:
         if self._no_terraform():
@@ -823,8 +1065,11 @@ class Suite:
         widths = [max(len(getattr(r, f)) for r in rows) for f in fields]
         lines = []
         for index, r in enumerate(rows):
-            cells = [r.metric.ljust(widths[0]),
-                     *(getattr(r, f).rjust(width) for f, width in zip(fields[1:], widths[1:], strict=True)), r.note]
+            cells = [
+                r.metric.ljust(widths[0]),
+                *(getattr(r, f).rjust(width) for f, width in zip(fields[1:], widths[1:], strict=True)),
+                r.note,
+            ]
             lines.append("  ".join(cells).rstrip())
             if index == 0:
                 lines.append("-" * max(len(line) for line in lines))
@@ -835,27 +1080,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Benchmark the registry proxy (see bench/README.md).")
     parser.add_argument("--size-mib", type=int, default=200, help="size of the big archive (default 200)")
     parser.add_argument("--clients", type=int, default=10, help="concurrent clients of the cold fan-out")
-    parser.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 1),
-                        help="worker processes of the proxy in the `proxy xN` column (default: the CPUs, at least 2)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=max(2, os.cpu_count() or 1),
+        help="worker processes of the proxy in the `proxy xN` column (default: the CPUs, at least 2)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="warm archive downloads per configuration")
-    parser.add_argument("--archive-seconds", type=float, default=6,
-                        help="duration of each wrk run on the big archive (8 connections)")
+    parser.add_argument(
+        "--archive-seconds", type=float, default=6, help="duration of each wrk run on the big archive (8 connections)"
+    )
     parser.add_argument("--json-seconds", type=float, default=8, help="duration of each JSON load run")
     parser.add_argument("--connections", type=int, default=64, help="connections of the JSON load")
-    parser.add_argument("--init-repeats", type=int, default=5,
-                        help="measured warm (and static) terraform inits each, after one warm-up each")
-    parser.add_argument("--fleet-clients", type=int, default=100,
-                        help="concurrent cold clients of the fleet fan-out, split across replicas A and B")
+    parser.add_argument(
+        "--init-repeats",
+        type=int,
+        default=5,
+        help="measured warm (and static) terraform inits each, after one warm-up each",
+    )
+    parser.add_argument(
+        "--fleet-clients",
+        type=int,
+        default=100,
+        help="concurrent cold clients of the fleet fan-out, split across replicas A and B",
+    )
     parser.add_argument("--fleet-mib", type=int, default=20, help="size of the fleet fan-out archive (default 20)")
-    parser.add_argument("--fleet-chunk-delay", type=float, default=0.02,
-                        help="fake upstream's pause per 256 KiB of archive in the fleet fan-out (default 0.02 s)")
+    parser.add_argument(
+        "--fleet-chunk-delay",
+        type=float,
+        default=0.02,
+        help="fake upstream's pause per 256 KiB of archive in the fleet fan-out (default 0.02 s)",
+    )
     parser.add_argument("--fleet-lock-ttl", default="15s", help="the replicas' --fleet-lock-ttl (default 15s)")
-    parser.add_argument("--fleet-workers", type=int, default=2,
-                        help="worker processes of each fleet replica (`serve --workers`, default 2)")
-    parser.add_argument("--only", action="append", choices=(*PHASES, "init-cold"),
-                        help="run only these benchmarks (repeatable): cold (1), archive (3), fleet (5), json (2), "
-                             "init-big (4, warm), init-small (4, cold vs direct and warm); init-cold (the big "
-                             "provider's init through an empty proxy vs direct) runs only when asked for")
+    parser.add_argument(
+        "--fleet-workers",
+        type=int,
+        default=2,
+        help="worker processes of each fleet replica (`serve --workers`, default 2)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=(*PHASES, "init-cold"),
+        help="run only these benchmarks (repeatable): cold (1), archive (3), fleet (5), json (2), "
+        "init-big (4, warm), init-small (4, cold vs direct and warm); init-cold (the big "
+        "provider's init through an empty proxy vs direct) runs only when asked for",
+    )
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 archive benchmark")
@@ -891,15 +1161,18 @@ async def main(argv: list[str] | None = None) -> int:
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    suite.results.update(duration_s=round(time.perf_counter() - started, 1), checks=suite.checks,
-                         notes=suite.notes, error=error)
+    suite.results.update(
+        duration_s=round(time.perf_counter() - started, 1), checks=suite.checks, notes=suite.notes, error=error
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(suite.results, indent=2) + "\n")
     print()
     print(suite.table())
     failed = [c["check"] for c in suite.checks if not c["ok"]]
-    print(f"\nchecks: {len(suite.checks) - len(failed)} passed, {len(failed)} failed"
-          + (f" ({'; '.join(failed)})" if failed else ""))
+    print(
+        f"\nchecks: {len(suite.checks) - len(failed)} passed, {len(failed)} failed"
+        + (f" ({'; '.join(failed)})" if failed else "")
+    )
     for text in suite.notes:
         print(f"note: {text}")
     print(f"results: {args.output} ({suite.results['duration_s']} s)")

@@ -94,8 +94,7 @@ def parse_provider_part(given: str, what: str) -> str:
                 " and it may not start or end with a dash"
             )
         return part
-    if (not all(ch.isalnum() or ch == "-" for ch in part) or part[0] == "-" or part[-1] == "-"
-            or "--" in part):
+    if not all(ch.isalnum() or ch == "-" for ch in part) or part[0] == "-" or part[-1] == "-" or "--" in part:
         raise AddressError(f"invalid provider {what} {given!r}: only letters, digits and dashes are allowed")
     return part
 
@@ -116,8 +115,9 @@ class ProviderAddr:
 
     @classmethod
     def parse(cls, hostname: str, namespace: str, type_: str) -> ProviderAddr:
-        return cls(Hostname.parse(hostname), parse_provider_part(namespace, "namespace"),
-                   parse_provider_part(type_, "type"))
+        return cls(
+            Hostname.parse(hostname), parse_provider_part(namespace, "namespace"), parse_provider_part(type_, "type")
+        )
 
     def __str__(self) -> str:
         return f"{self.hostname}/{self.namespace}/{self.type}"
@@ -202,8 +202,11 @@ class ModuleAddr:
 
     @classmethod
     def parse(cls, hostname: str, namespace: str, name: str, system: str) -> ModuleAddr:
-        for what, value, pattern in (("namespace", namespace, _MODULE_PART_RE), ("name", name, _MODULE_PART_RE),
-                                     ("target system", system, _MODULE_SYSTEM_RE)):
+        for what, value, pattern in (
+            ("namespace", namespace, _MODULE_PART_RE),
+            ("name", name, _MODULE_PART_RE),
+            ("target system", system, _MODULE_SYSTEM_RE),
+        ):
             if not pattern.match(value):
                 raise AddressError(f"invalid module {what} {value[:70]!r}")
         return cls(Hostname.parse(hostname), namespace, name, system)

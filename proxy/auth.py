@@ -118,17 +118,21 @@ def _token(name: str, entry: object) -> Token:
     if unknown:
         raise AuthConfigError(f"token {name!r}: unknown keys {sorted(unknown)} (known: {sorted(_KEYS)})")
     stored = entry.get("hash")
-    if not isinstance(stored, str) or not stored.startswith(HASH_PREFIX) \
-            or not _HEX_SHA256.match(stored[len(HASH_PREFIX):].lower()):
-        raise AuthConfigError(f"token {name!r}: `hash` must be \"sha256:<64 hex digits>\" "
-                              "(see `registry-proxy token new`)")
+    if (
+        not isinstance(stored, str)
+        or not stored.startswith(HASH_PREFIX)
+        or not _HEX_SHA256.match(stored[len(HASH_PREFIX) :].lower())
+    ):
+        raise AuthConfigError(
+            f'token {name!r}: `hash` must be "sha256:<64 hex digits>" (see `registry-proxy token new`)'
+        )
     hosts = _patterns(name, "hosts", entry.get("hosts"))
     namespaces = None if "namespaces" not in entry else _patterns(name, "namespaces", entry["namespaces"])
     flags = {key: entry.get(key, False) for key in ("lock", "metrics")}
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise AuthConfigError(f"token {name!r}: `{key}` must be true or false")
-    return Token(name, bytes.fromhex(stored[len(HASH_PREFIX):]), hosts, namespaces, **flags)
+    return Token(name, bytes.fromhex(stored[len(HASH_PREFIX) :]), hosts, namespaces, **flags)
 
 
 def _patterns(name: str, key: str, value: object) -> tuple[str, ...]:
@@ -139,13 +143,22 @@ def _patterns(name: str, key: str, value: object) -> tuple[str, ...]:
     return tuple(item.strip().lower() for item in value)
 
 
-def token_entry(name: str, token: str, hosts: list[str], namespaces: list[str] | None = None,
-                lock: bool = False, metrics: bool = False) -> str:
+def token_entry(
+    name: str,
+    token: str,
+    hosts: list[str],
+    namespaces: list[str] | None = None,
+    lock: bool = False,
+    metrics: bool = False,
+) -> str:
     """The TOML entry for `token` to add to the tokens file."""
     if not _NAME.match(name):
         raise AuthConfigError(f"token name {name[:70]!r}: use 1-64 letters, digits, '_', '-', '.', '@'")
-    lines = [f"[tokens.{_toml_key(name)}]", f'hash = "{hash_token(token)}"',
-             f"hosts = [{', '.join(_toml_string(h) for h in hosts)}]"]
+    lines = [
+        f"[tokens.{_toml_key(name)}]",
+        f'hash = "{hash_token(token)}"',
+        f"hosts = [{', '.join(_toml_string(h) for h in hosts)}]",
+    ]
     if namespaces is not None:
         lines.append(f"namespaces = [{', '.join(_toml_string(n) for n in namespaces)}]")
     lines += [f"lock = {str(lock).lower()}", f"metrics = {str(metrics).lower()}"]

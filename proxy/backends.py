@@ -23,8 +23,13 @@ def archive_store(settings: Settings) -> ArchiveStorage:
 
 def s3_options(settings: Settings) -> S3Options:
     ca_file = Path(settings.s3_ca_file) if settings.s3_ca_file else None
-    return S3Options(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
-                     path_style=settings.s3_path_style, ca_file=ca_file, timeout=settings.s3_timeout)
+    return S3Options(
+        endpoint_url=settings.s3_endpoint_url,
+        region=settings.s3_region,
+        path_style=settings.s3_path_style,
+        ca_file=ca_file,
+        timeout=settings.s3_timeout,
+    )
 
 
 def store_guard(store: ArchiveStorage, metrics: Metrics) -> StoreGuard | S3Guard:

@@ -60,8 +60,9 @@ def _ensure_locked(directory: Path, names: list[str]) -> LocalTLS:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _build_server(key, ca_cert, ca_key, names)
         _write_private(key_path, key)
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM)
-                              + ca_cert.public_bytes(serialization.Encoding.PEM))
+        cert_path.write_bytes(
+            cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM)
+        )
         created = True
     return LocalTLS(ca_cert_path, cert_path, key_path, created)
 
@@ -71,26 +72,47 @@ def _now() -> dt.datetime:
 
 
 def _write_private(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    data = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 
 
 def _build_ca(key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "registry-proxy"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, "registry-proxy local CA")])
-    return (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(_now() - dt.timedelta(minutes=5)).not_valid_after(_now() + CA_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "registry-proxy"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "registry-proxy local CA"),
+        ]
+    )
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - dt.timedelta(minutes=5))
+        .not_valid_after(_now() + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
 
 
 def _san(names: list[str]) -> list[x509.GeneralName]:
@@ -105,15 +127,20 @@ def _san(names: list[str]) -> list[x509.GeneralName]:
 
 def _build_server(key, ca_cert: x509.Certificate, ca_key, names: list[str]) -> x509.Certificate:
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(_now() - dt.timedelta(minutes=5)).not_valid_after(_now() + SERVER_VALIDITY)
-            .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - dt.timedelta(minutes=5))
+        .not_valid_after(_now() + SERVER_VALIDITY)
+        .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
 
 def _needs_new_server_cert(cert_path: Path, key_path: Path, names: list[str]) -> bool:

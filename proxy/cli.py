@@ -46,8 +46,16 @@ from proxy.options import OptionParser, config_option, dest, option
 log = structlog.get_logger("proxy.cli")
 
 
-def _option(parser: argparse.ArgumentParser, flag: str, help_text: str, *, default=None,
-            repeat: bool = False, switch: bool = False, metavar: str | None = None) -> None:
+def _option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    help_text: str,
+    *,
+    default=None,
+    repeat: bool = False,
+    switch: bool = False,
+    metavar: str | None = None,
+) -> None:
     option(parser, flag, help_text, default=default, repeat=repeat, switch=switch, metavar=metavar)
 
 
@@ -57,44 +65,86 @@ def _repeated(args: argparse.Namespace, flag: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OptionParser(
-        prog="registry-proxy",
-        description="Caching, verifying pull-through proxy for OpenTofu and Terraform providers.")
+        prog="registry-proxy", description="Caching, verifying pull-through proxy for OpenTofu and Terraform providers."
+    )
     parser.add_argument("--version", action="version", version=f"registry-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
-        "serve", help="run the proxy",
+        "serve",
+        help="run the proxy",
         description="Serve the provider network mirror protocol at https://HOST:PORT/mirror/v1/.",
     )
     default_data = platformdirs.user_cache_dir("registry-proxy")
     config_option(serve)
     _option(serve, "--listen", "address to listen on, HOST:PORT", default="127.0.0.1:8443", metavar="HOST:PORT")
-    _option(serve, "--data-dir", "archives, metadata, keyring and generated TLS files", default=default_data,
-            metavar="DIR")
-    _option(serve, "--tls-cert", "server certificate (PEM, may include the chain); with neither this nor "
-            "--plain-http a local CA and certificate are generated in DATA_DIR/tls", metavar="FILE")
+    _option(
+        serve, "--data-dir", "archives, metadata, keyring and generated TLS files", default=default_data, metavar="DIR"
+    )
+    _option(
+        serve,
+        "--tls-cert",
+        "server certificate (PEM, may include the chain); with neither this nor "
+        "--plain-http a local CA and certificate are generated in DATA_DIR/tls",
+        metavar="FILE",
+    )
     _option(serve, "--tls-key", "private key for --tls-cert (PEM)", metavar="FILE")
-    _option(serve, "--tls-hostname", "extra name for the generated server certificate", repeat=True,
-            metavar="NAME")
+    _option(serve, "--tls-hostname", "extra name for the generated server certificate", repeat=True, metavar="NAME")
     _option(serve, "--plain-http", "serve plain HTTP (behind a TLS-terminating load balancer)", switch=True)
-    _option(serve, "--allow-host", "registry hostname clients may ask for", repeat=True,
-            default=list(DEFAULT_ALLOWED_HOSTS), metavar="HOST")
-    _option(serve, "--upstream-map", "discover HOST at BASEURL/.well-known/terraform.json instead of "
-            "https://HOST/ (internal registries, tests); a mapped host is allowed", repeat=True,
-            metavar="HOST=BASEURL")
+    _option(
+        serve,
+        "--allow-host",
+        "registry hostname clients may ask for",
+        repeat=True,
+        default=list(DEFAULT_ALLOWED_HOSTS),
+        metavar="HOST",
+    )
+    _option(
+        serve,
+        "--upstream-map",
+        "discover HOST at BASEURL/.well-known/terraform.json instead of "
+        "https://HOST/ (internal registries, tests); a mapped host is allowed",
+        repeat=True,
+        metavar="HOST=BASEURL",
+    )
     _option(serve, "--upstream-ca-file", "extra CA bundle trusted for upstream TLS", metavar="FILE")
-    _option(serve, "--allow-private-host", "upstream host (or host:port) that may resolve to a private "
-            "or loopback address", repeat=True, metavar="HOST")
-    _option(serve, "--redis-url", "shared metadata store for several replicas: redis://[:PASSWORD@]HOST:PORT/DB "
-            "or rediss:// (TLS); without it an embedded SQLite store in DATA_DIR is used", metavar="URL")
+    _option(
+        serve,
+        "--allow-private-host",
+        "upstream host (or host:port) that may resolve to a private or loopback address",
+        repeat=True,
+        metavar="HOST",
+    )
+    _option(
+        serve,
+        "--redis-url",
+        "shared metadata store for several replicas: redis://[:PASSWORD@]HOST:PORT/DB "
+        "or rediss:// (TLS); without it an embedded SQLite store in DATA_DIR is used",
+        metavar="URL",
+    )
     _option(serve, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
     _option(serve, "--redis-prefix", "namespace for every Redis key", default="registry-proxy")
     _option(serve, "--redis-retention", "TTL of Redis entries, renewed on every read and write", default="90d")
-    _option(serve, "--fleet-lock-ttl", "expiry of the fleet-wide fetch lock (renewed while a download runs; "
-            "a crashed replica's lock frees after this)", default="15s")
-    _option(serve, "--default-upstream", "registry whose providers.v1 and modules.v1 the proxy's own "
-            "/.well-known/terraform.json advertises", default="registry.opentofu.org", metavar="HOST")
-    _option(serve, "--module-passthrough", "module sources the proxy does not cache (s3::, gcs::, hg::, git over "
-            "ssh): 'allow' hands them to the client unchanged, 'deny' answers an error", default="allow")
+    _option(
+        serve,
+        "--fleet-lock-ttl",
+        "expiry of the fleet-wide fetch lock (renewed while a download runs; "
+        "a crashed replica's lock frees after this)",
+        default="15s",
+    )
+    _option(
+        serve,
+        "--default-upstream",
+        "registry whose providers.v1 and modules.v1 the proxy's own /.well-known/terraform.json advertises",
+        default="registry.opentofu.org",
+        metavar="HOST",
+    )
+    _option(
+        serve,
+        "--module-passthrough",
+        "module sources the proxy does not cache (s3::, gcs::, hg::, git over "
+        "ssh): 'allow' hands them to the client unchanged, 'deny' answers an error",
+        default="allow",
+    )
     _option(serve, "--max-module-size", "largest module archive or git checkout accepted", default="512MiB")
     _option(serve, "--git-timeout", "time limit for cloning a git module source", default="120s")
     _option(serve, "--ttl-discovery", "how long a discovery document is fresh", default="1h")
@@ -102,90 +152,205 @@ def build_parser() -> argparse.ArgumentParser:
     _option(serve, "--ttl-negative", "how long an upstream 404 is remembered", default="1m")
     _option(serve, "--max-archive-size", "largest provider archive accepted", default="4GiB")
     _option(serve, "--max-metadata-size", "largest JSON/SHA256SUMS document accepted", default="8MiB")
-    _option(serve, "--upstream-timeout", "timeout for metadata requests (and connect/read of downloads)",
-            default="30s")
+    _option(serve, "--upstream-timeout", "timeout for metadata requests (and connect/read of downloads)", default="30s")
     _option(serve, "--upstream-concurrency", "upstream requests in flight at most, per worker", default="16")
-    _option(serve, "--offline", "never contact an upstream: serve what is cached; a miss answers 404 "
-            "(air-gapped networks; fill the cache with `import`)", switch=True)
+    _option(
+        serve,
+        "--offline",
+        "never contact an upstream: serve what is cached; a miss answers 404 "
+        "(air-gapped networks; fill the cache with `import`)",
+        switch=True,
+    )
     # --- module archive bombs ---
-    _option(serve, "--max-module-unpacked-size", "largest total a module archive may unpack to (counted while it "
-            "is checked, before it is stored)", default="1GiB")
-    _option(serve, "--max-module-entries", "most entries (files, directories, links) a module archive may hold",
-            default="100000")
+    _option(
+        serve,
+        "--max-module-unpacked-size",
+        "largest total a module archive may unpack to (counted while it is checked, before it is stored)",
+        default="1GiB",
+    )
+    _option(
+        serve,
+        "--max-module-entries",
+        "most entries (files, directories, links) a module archive may hold",
+        default="100000",
+    )
     # --- server limits ---
-    _option(serve, "--workers", "worker processes serving the one listening socket, under a supervisor that "
-            "restarts a crashed worker; 'auto': one per available CPU; 1 serves in this process",
-            default="auto", metavar="N|auto")
-    _option(serve, "--max-connections", "client connections open at once, per worker; beyond it a new connection "
-            "gets a 503 and is closed (nginx: worker_connections)", default="1024")
-    _option(serve, "--client-header-timeout", "time from accepting a connection to a complete request head, "
-            "TLS handshake included (nginx: client_header_timeout)", default="10s")
-    _option(serve, "--keepalive-timeout", "how long an idle connection is kept open between requests "
-            "(nginx: keepalive_timeout)", default="15s")
-    _option(serve, "--send-timeout", "longest wait for a client to take more of a response; a client that "
-            "stops reading is dropped after it (nginx: send_timeout)", default="60s")
+    _option(
+        serve,
+        "--workers",
+        "worker processes serving the one listening socket, under a supervisor that "
+        "restarts a crashed worker; 'auto': one per available CPU; 1 serves in this process",
+        default="auto",
+        metavar="N|auto",
+    )
+    _option(
+        serve,
+        "--max-connections",
+        "client connections open at once, per worker; beyond it a new connection "
+        "gets a 503 and is closed (nginx: worker_connections)",
+        default="1024",
+    )
+    _option(
+        serve,
+        "--client-header-timeout",
+        "time from accepting a connection to a complete request head, "
+        "TLS handshake included (nginx: client_header_timeout)",
+        default="10s",
+    )
+    _option(
+        serve,
+        "--keepalive-timeout",
+        "how long an idle connection is kept open between requests (nginx: keepalive_timeout)",
+        default="15s",
+    )
+    _option(
+        serve,
+        "--send-timeout",
+        "longest wait for a client to take more of a response; a client that "
+        "stops reading is dropped after it (nginx: send_timeout)",
+        default="60s",
+    )
     # --- upstream deadlines ---
-    _option(serve, "--stale-deadline", "with a stale cached copy, wait at most this long (from the request's start) "
-            "for the refresh, then answer the stale copy while the refresh goes on", default="2s")
-    _option(serve, "--request-deadline", "wait at most this long for upstream metadata the cache lacks, then "
-            "answer 504 (the fetch goes on; downloads themselves are bounded by the rate rules)", default="8s")
+    _option(
+        serve,
+        "--stale-deadline",
+        "with a stale cached copy, wait at most this long (from the request's start) "
+        "for the refresh, then answer the stale copy while the refresh goes on",
+        default="2s",
+    )
+    _option(
+        serve,
+        "--request-deadline",
+        "wait at most this long for upstream metadata the cache lacks, then "
+        "answer 504 (the fetch goes on; downloads themselves are bounded by the rate rules)",
+        default="8s",
+    )
     _option(serve, "--download-idle-timeout", "abort a download that sends nothing for this long", default="30s")
-    _option(serve, "--min-download-rate", "abort a download slower than this per second over "
-            "--download-rate-window (checked after one window); 0 turns it off", default="32KiB")
+    _option(
+        serve,
+        "--min-download-rate",
+        "abort a download slower than this per second over "
+        "--download-rate-window (checked after one window); 0 turns it off",
+        default="32KiB",
+    )
     _option(serve, "--download-rate-window", "window of the minimum download rate", default="30s")
-    _option(serve, "--download-slot-wait", "wait at most this long for a download slot, then answer 503",
-            default="30s")
-    _option(serve, "--upstream-host-concurrency", "upstream requests in flight to one host at most (within "
-            "--upstream-concurrency)", default="8")
-    _option(serve, "--shutdown-grace", "on SIGTERM, let requests finish for at most this long, then cancel "
-            "upstream fetches and exit", default="15s")
+    _option(serve, "--download-slot-wait", "wait at most this long for a download slot, then answer 503", default="30s")
+    _option(
+        serve,
+        "--upstream-host-concurrency",
+        "upstream requests in flight to one host at most (within --upstream-concurrency)",
+        default="8",
+    )
+    _option(
+        serve,
+        "--shutdown-grace",
+        "on SIGTERM, let requests finish for at most this long, then cancel upstream fetches and exit",
+        default="15s",
+    )
     # --- negative cache ---
-    _option(serve, "--negative-cache-entries", "remembered upstream 404s (made-up names) kept at most, fleet-wide "
-            "with Redis; the least recently written are dropped first", default="10000")
+    _option(
+        serve,
+        "--negative-cache-entries",
+        "remembered upstream 404s (made-up names) kept at most, fleet-wide "
+        "with Redis; the least recently written are dropped first",
+        default="10000",
+    )
     _option(serve, "--negative-cache-bytes", "total size of remembered upstream 404s at most", default="16MiB")
     # --- metadata trust ---
     _metadata_secret_options(serve)
     # --- disk space ---
-    _option(serve, "--min-free-space", "free space to keep in DATA_DIR (a size, or a percentage of the disk "
-            "such as 5%%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
-            "verified, without being stored", default="1GiB", metavar="SIZE|PERCENT")
+    _option(
+        serve,
+        "--min-free-space",
+        "free space to keep in DATA_DIR (a size, or a percentage of the disk "
+        "such as 5%%; 0: none): below it /readyz is 503 and uncached archives are relayed from the upstream, "
+        "verified, without being stored",
+        default="1GiB",
+        metavar="SIZE|PERCENT",
+    )
     # --- archive store size cap and eviction ---
-    _option(serve, "--max-store-size", "largest total size of the archive store (e.g. 200GiB); beyond it (and "
-            "below --min-free-space) the least recently served archives are removed, fetched again when asked "
-            "for (default: no cap)", metavar="SIZE")
-    _option(serve, "--eviction-grace", "never evict an archive served or stored within this long, by any replica "
-            "(keep it above 1m: replicas write served times once a minute)", default="10m")
-    _option(serve, "--eviction-interval", "check the store's size this often (also after every store that "
-            "passes the cap)", default="5m")
+    _option(
+        serve,
+        "--max-store-size",
+        "largest total size of the archive store (e.g. 200GiB); beyond it (and "
+        "below --min-free-space) the least recently served archives are removed, fetched again when asked "
+        "for (default: no cap)",
+        metavar="SIZE",
+    )
+    _option(
+        serve,
+        "--eviction-grace",
+        "never evict an archive served or stored within this long, by any replica "
+        "(keep it above 1m: replicas write served times once a minute)",
+        default="10m",
+    )
+    _option(
+        serve,
+        "--eviction-interval",
+        "check the store's size this often (also after every store that passes the cap)",
+        default="5m",
+    )
     _option(serve, "--log-format", "auto (JSON unless on a terminal), json or console", default="auto")
     _option(serve, "--log-level", "debug, info, warning or error", default="info")
-    _option(serve, "--access-log", "one log line per request: all, errors (status 400 and above, and requests "
-            "slower than 1 s) or off", default="all")
-    _option(serve, "--event-loop", "auto (uvloop when installed, asyncio with --plain-http for sendfile), "
-            "uvloop or asyncio", default="auto")
+    _option(
+        serve,
+        "--access-log",
+        "one log line per request: all, errors (status 400 and above, and requests slower than 1 s) or off",
+        default="all",
+    )
+    _option(
+        serve,
+        "--event-loop",
+        "auto (uvloop when installed, asyncio with --plain-http for sendfile), uvloop or asyncio",
+        default="auto",
+    )
     # --- unsigned providers ---
-    _option(serve, "--unsigned-providers", "providers whose registry lists no signing keys: 'opentofu-default' "
-            "accepts them from registry.opentofu.org only (as tofu does), 'allow-hosts=H,…' from the hosts named, "
-            "'refuse' from none (also when cached); they are still checked against SHA256SUMS fetched over "
-            "verified TLS and the registry's shasum", default="opentofu-default",
-            metavar="refuse|opentofu-default|allow-hosts=H,…")
+    _option(
+        serve,
+        "--unsigned-providers",
+        "providers whose registry lists no signing keys: 'opentofu-default' "
+        "accepts them from registry.opentofu.org only (as tofu does), 'allow-hosts=H,…' from the hosts named, "
+        "'refuse' from none (also when cached); they are still checked against SHA256SUMS fetched over "
+        "verified TLS and the registry's shasum",
+        default="opentofu-default",
+        metavar="refuse|opentofu-default|allow-hosts=H,…",
+    )
     # --- the page at / ---
-    _option(serve, "--public-url", "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a "
-            "load balancer), used in the configuration the page at / shows; default: the request's scheme and "
-            "Host", metavar="URL")
+    _option(
+        serve,
+        "--public-url",
+        "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a "
+        "load balancer), used in the configuration the page at / shows; default: the request's scheme and "
+        "Host",
+        metavar="URL",
+    )
     # --- access control and upstream credentials ---
-    _option(serve, "--auth-tokens", "client tokens file (TOML, hashed tokens with scopes; see `registry-proxy token "
-            "new`): clients then need `Authorization: Bearer TOKEN`; reloaded on SIGHUP", metavar="FILE")
+    _option(
+        serve,
+        "--auth-tokens",
+        "client tokens file (TOML, hashed tokens with scopes; see `registry-proxy token "
+        "new`): clients then need `Authorization: Bearer TOKEN`; reloaded on SIGHUP",
+        metavar="FILE",
+    )
     _option(serve, "--metrics-token-required", "/metrics needs a token with metrics = true", switch=True)
-    _option(serve, "--upstream-credentials", "CLI configuration file whose `credentials \"HOST\" { token = ... }` "
-            "blocks are sent to those upstream hosts (TF_TOKEN_<host> variables too); such hosts are private",
-            metavar="FILE")
+    _option(
+        serve,
+        "--upstream-credentials",
+        'CLI configuration file whose `credentials "HOST" { token = ... }` '
+        "blocks are sent to those upstream hosts (TF_TOKEN_<host> variables too); such hosts are private",
+        metavar="FILE",
+    )
     _archive_store_options(serve)
     _archive_redirect_options(serve)
     # --- operations: client addresses behind reverse proxies ---
-    _option(serve, "--trusted-proxies", "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client "
-            "is the right-most address not in this list; from any other peer the header is ignored",
-            repeat=True, metavar="CIDR")
+    _option(
+        serve,
+        "--trusted-proxies",
+        "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client "
+        "is the right-most address not in this list; from any other peer the header is ignored",
+        repeat=True,
+        metavar="CIDR",
+    )
     _add_client_commands(commands, default_data, serve)
     _add_token_command(commands)
     return parser
@@ -195,131 +360,224 @@ def _add_token_command(commands) -> None:
     token = commands.add_parser("token", help="make client tokens for --auth-tokens")
     actions = token.add_subparsers(dest="token_command", required=True)
     new = actions.add_parser(
-        "new", help="print a fresh random token and its --auth-tokens entry",
+        "new",
+        help="print a fresh random token and its --auth-tokens entry",
         description="Print a fresh random token (shown once: give it to the client) and the entry to add to the "
-                    "--auth-tokens file, which stores only its SHA-256.")
+        "--auth-tokens file, which stores only its SHA-256.",
+    )
     new.add_argument("name", help="the token's name (appears in the proxy's log, never the token)")
-    new.add_argument("--hosts", action="append", default=[], metavar="HOST",
-                     help="upstream host it may read, globs allowed (repeatable or comma-separated; default: *)")
-    new.add_argument("--namespaces", action="append", default=None, metavar="NAMESPACE",
-                     help="only these namespaces (repeatable or comma-separated; default: all)")
+    new.add_argument(
+        "--hosts",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="upstream host it may read, globs allowed (repeatable or comma-separated; default: *)",
+    )
+    new.add_argument(
+        "--namespaces",
+        action="append",
+        default=None,
+        metavar="NAMESPACE",
+        help="only these namespaces (repeatable or comma-separated; default: all)",
+    )
     new.add_argument("--lock", action="store_true", help="may call /lock/v1 (`registry-proxy lock`)")
     new.add_argument("--metrics", action="store_true", help="may read /metrics")
 
 
 def _archive_store_options(parser: argparse.ArgumentParser) -> None:
     """Where verified archives are kept: the data dir, or S3-compatible object storage (serve and the commands)."""
-    _option(parser, "--archive-store", "s3://BUCKET/PREFIX to keep archives in S3-compatible object storage "
-            "(credentials from the AWS environment/profile chain); default: DATA_DIR/archives", metavar="URL")
+    _option(
+        parser,
+        "--archive-store",
+        "s3://BUCKET/PREFIX to keep archives in S3-compatible object storage "
+        "(credentials from the AWS environment/profile chain); default: DATA_DIR/archives",
+        metavar="URL",
+    )
     _option(parser, "--s3-endpoint-url", "S3 API endpoint (MinIO, Ceph RGW, GCS); default: AWS", metavar="URL")
     _option(parser, "--s3-region", "S3 region (default: from the AWS configuration)", metavar="REGION")
-    _option(parser, "--s3-path-style", "path-style addressing (https://ENDPOINT/BUCKET/KEY), for MinIO and most "
-            "non-AWS endpoints", switch=True)
+    _option(
+        parser,
+        "--s3-path-style",
+        "path-style addressing (https://ENDPOINT/BUCKET/KEY), for MinIO and most non-AWS endpoints",
+        switch=True,
+    )
     _option(parser, "--s3-ca-file", "extra CA bundle trusted for the S3 endpoint's TLS", metavar="FILE")
-    _option(parser, "--s3-timeout", "longest wait for the object store to answer a request or send more of a "
-            "body (connecting gets half of it); a request is tried twice at most, then fails with 503, and a "
-            "body that stalls is cut off", default="20s")
+    _option(
+        parser,
+        "--s3-timeout",
+        "longest wait for the object store to answer a request or send more of a "
+        "body (connecting gets half of it); a request is tried twice at most, then fails with 503, and a "
+        "body that stalls is cut off",
+        default="20s",
+    )
 
 
 def _archive_redirect_options(parser: argparse.ArgumentParser) -> None:
-    _option(parser, "--archive-redirect", "answer archive requests with a short-lived presigned URL of the S3 "
-            "object (307) instead of streaming it; clients must reach the object store", switch=True)
+    _option(
+        parser,
+        "--archive-redirect",
+        "answer archive requests with a short-lived presigned URL of the S3 "
+        "object (307) instead of streaming it; clients must reach the object store",
+        switch=True,
+    )
     _option(parser, "--archive-redirect-expiry", "how long a presigned archive URL is valid", default="5m")
 
 
 def _add_client_commands(commands, default_data: str, serve: OptionParser) -> None:
     lock = commands.add_parser(
-        "lock", help="write .terraform.lock.hcl with hashes for every platform",
+        "lock",
+        help="write .terraform.lock.hcl with hashes for every platform",
         description="Write or update DIR/.terraform.lock.hcl with each provider's h1: for every --platform and "
-                    "a signed zh: for every platform, through a running proxy. Keeps locked versions "
-                    "(like init) unless --upgrade.")
+        "a signed zh: for every platform, through a running proxy. Keeps locked versions "
+        "(like init) unless --upgrade.",
+    )
     lock.add_argument("directory", nargs="?", default=".", help="the root module (default: current directory)")
     _client_options(lock)
     lock.add_argument("--upgrade", action="store_true", help="select the newest matching versions again")
 
     warm = commands.add_parser(
-        "warm", help="prefetch providers and modules into a proxy",
+        "warm",
+        help="prefetch providers and modules into a proxy",
         description="Download through the proxy every provider version (for each --platform) and registry module "
-                    "that a configuration or lock file needs, so later `init`s are served from cache.")
+        "that a configuration or lock file needs, so later `init`s are served from cache.",
+    )
     warm.add_argument("directory", nargs="?", help="configuration directory (its lock file is used if present)")
     warm.add_argument("--lock-file", help="take providers and versions from this lock file instead")
     _client_options(warm)
     _option(warm, "--jobs", "downloads in parallel", default="4")
 
     export = commands.add_parser(
-        "export", help="write the verified cache into an air-gap bundle",
+        "export",
+        help="write the verified cache into an air-gap bundle",
         description="Write verified archives and the metadata needed to serve them into one file "
-                    "(.tar, .tar.gz or .tar.zst by the name of --out).")
+        "(.tar, .tar.gz or .tar.zst by the name of --out).",
+    )
     _store_options(export, default_data, serve)
     export.add_argument("--out", required=True, help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst")
-    export.add_argument("--only", action="append", default=[], metavar="ADDRESS[@VERSION]",
-                        help="only this provider (HOST/NS/TYPE) or module (HOST/NS/NAME/SYSTEM), repeatable")
+    export.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="ADDRESS[@VERSION]",
+        help="only this provider (HOST/NS/TYPE) or module (HOST/NS/NAME/SYSTEM), repeatable",
+    )
 
     import_ = commands.add_parser(
-        "import", help="load an air-gap bundle into a data dir, verifying every archive",
+        "import",
+        help="load an air-gap bundle into a data dir, verifying every archive",
         description="Verify every archive of BUNDLE against its signed SHA256SUMS (providers) or recorded digest "
-                    "(modules), then add it to the data dir. A tampered bundle is rejected as a whole.")
+        "(modules), then add it to the data dir. A tampered bundle is rejected as a whole.",
+    )
     import_.add_argument("bundle", help="bundle file written by `registry-proxy export`")
     _store_options(import_, default_data, serve)
-    import_.add_argument("--trust-key", action="append", default=[], metavar="FINGERPRINT",
-                         help="accept provider signatures by this OpenPGP key (repeatable; `export` prints them)")
-    import_.add_argument("--trust-bundle-keys", action="store_true",
-                         help="accept the signing keys the bundle itself carries (only for bundles you made)")
+    import_.add_argument(
+        "--trust-key",
+        action="append",
+        default=[],
+        metavar="FINGERPRINT",
+        help="accept provider signatures by this OpenPGP key (repeatable; `export` prints them)",
+    )
+    import_.add_argument(
+        "--trust-bundle-keys",
+        action="store_true",
+        help="accept the signing keys the bundle itself carries (only for bundles you made)",
+    )
 
     _add_healthcheck(commands, default_data, serve)
 
     verify = commands.add_parser(
-        "verify", help="re-hash every archive in a data dir's store",
+        "verify",
+        help="re-hash every archive in a data dir's store",
         description="Hash every stored archive and compare it with its content address; report corrupt files "
-                    "and temp dirs left by dead processes; list the provider archives stored unsigned "
-                    "(--unsigned-providers). Exits 1 while corruption is found and not repaired.")
+        "and temp dirs left by dead processes; list the provider archives stored unsigned "
+        "(--unsigned-providers). Exits 1 while corruption is found and not repaired.",
+    )
     _store_options(verify, default_data, serve)  # the archive store, and the metadata store (to list unsigned archives)
-    verify.add_argument("--repair", action="store_true",
-                        help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
-                             "request) and remove abandoned temp dirs")
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
+        "request) and remove abandoned temp dirs",
+    )
 
     gc = commands.add_parser(
-        "gc", help="remove archives no metadata refers to, temp leftovers, old quarantined files and expired 404s",
+        "gc",
+        help="remove archives no metadata refers to, temp leftovers, old quarantined files and expired 404s",
         description="Remove what nothing needs: archives no record refers to (unless served or stored within "
-                    "--grace), temp dirs of dead processes, unfinished S3 multipart uploads and quarantined files "
-                    "older than --grace, expired remembered 404s; strays (not at a content address) are reported, "
-                    "never removed. Safe while replicas serve. Use the same store options as `serve`.")
+        "--grace), temp dirs of dead processes, unfinished S3 multipart uploads and quarantined files "
+        "older than --grace, expired remembered 404s; strays (not at a content address) are reported, "
+        "never removed. Safe while replicas serve. Use the same store options as `serve`.",
+    )
     _store_options(gc, default_data, serve)
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
-    gc.add_argument("--grace", default="30m", help="keep unreferenced archives served or stored, uploads started "
-                    "and quarantined files moved, within this long (default: 30m)")
+    gc.add_argument(
+        "--grace",
+        default="30m",
+        help="keep unreferenced archives served or stored, uploads started "
+        "and quarantined files moved, within this long (default: 30m)",
+    )
 
 
 _HEALTHCHECK_ABOUT = (
     "Ask the proxy started with the same settings (the same flags or REGISTRY_PROXY_* variables: listen address, "
     "--plain-http or TLS, data dir) for /readyz and print one line. Over TLS it trusts --ca-file, else the "
-    "generated CA in DATA_DIR/tls, else the --tls-cert itself.")
+    "generated CA in DATA_DIR/tls, else the --tls-cert itself."
+)
 
 
 def _add_healthcheck(commands, default_data: str, serve: OptionParser) -> None:
     summary = "exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)"
     health = commands.add_parser("healthcheck", help=summary, description=_HEALTHCHECK_ABOUT)
     config_option(health, serve.option_specs)  # follows a listen address set only in serve's --config file
-    _option(health, "--listen", "the server's listen address (a wildcard address is probed on loopback)",
-            default="127.0.0.1:8443", metavar="HOST:PORT")
+    _option(
+        health,
+        "--listen",
+        "the server's listen address (a wildcard address is probed on loopback)",
+        default="127.0.0.1:8443",
+        metavar="HOST:PORT",
+    )
     _option(health, "--plain-http", "the server serves plain HTTP", switch=True)
     _option(health, "--tls-cert", "the server's configured certificate (trusted as it is)", metavar="FILE")
-    _option(health, "--data-dir", "the server's data directory (its generated CA is in DATA_DIR/tls)",
-            default=default_data, metavar="DIR")
+    _option(
+        health,
+        "--data-dir",
+        "the server's data directory (its generated CA is in DATA_DIR/tls)",
+        default=default_data,
+        metavar="DIR",
+    )
     _option(health, "--ca-file", "CA certificate to trust for the server instead", metavar="FILE")
     health.add_argument("--timeout", default="5s", help="give up after this long (default: 5s)")
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--proxy", "base URL of the running proxy, e.g. https://127.0.0.1:8443/", metavar="URL")
-    parser.add_argument("--platform", action="append", default=[], metavar="OS_ARCH",
-                        help="target platform, repeatable (e.g. linux_amd64, darwin_arm64)")
-    _option(parser, "--ca-file", "CA certificate to trust for the proxy (default: SSL_CERT_FILE or the system "
-            "store)", metavar="FILE")
-    _option(parser, "--default-registry", "registry host of provider and module sources without one",
-            default="registry.terraform.io", metavar="HOST")
-    _option(parser, "--token", "client token for a proxy with --auth-tokens (needs lock = true for `lock`); "
-            "prefer the environment variable, a flag shows in the process list", metavar="TOKEN")
+    parser.add_argument(
+        "--platform",
+        action="append",
+        default=[],
+        metavar="OS_ARCH",
+        help="target platform, repeatable (e.g. linux_amd64, darwin_arm64)",
+    )
+    _option(
+        parser,
+        "--ca-file",
+        "CA certificate to trust for the proxy (default: SSL_CERT_FILE or the system store)",
+        metavar="FILE",
+    )
+    _option(
+        parser,
+        "--default-registry",
+        "registry host of provider and module sources without one",
+        default="registry.terraform.io",
+        metavar="HOST",
+    )
+    _option(
+        parser,
+        "--token",
+        "client token for a proxy with --auth-tokens (needs lock = true for `lock`); "
+        "prefer the environment variable, a flag shows in the process list",
+        metavar="TOKEN",
+    )
 
 
 def _store_options(parser: OptionParser, default_data: str, serve: OptionParser) -> None:
@@ -327,20 +585,33 @@ def _store_options(parser: OptionParser, default_data: str, serve: OptionParser)
     config_option(parser, serve.option_specs)
     _option(parser, "--data-dir", "the proxy's data directory", default=default_data, metavar="DIR")
     _archive_store_options(parser)
-    _option(parser, "--redis-url", "the metadata store is Redis at this URL (else the data dir's embedded one)",
-            metavar="URL")
+    _option(
+        parser,
+        "--redis-url",
+        "the metadata store is Redis at this URL (else the data dir's embedded one)",
+        metavar="URL",
+    )
     _option(parser, "--redis-password", "Redis password, if not in the URL", metavar="PASSWORD")
     _option(parser, "--redis-prefix", "namespace of the proxy's Redis keys", default="registry-proxy")
-    _option(parser, "--redis-retention", "TTL of Redis entries, renewed on every read and write (as `serve` has "
-            "it)", default="90d")
+    _option(
+        parser,
+        "--redis-retention",
+        "TTL of Redis entries, renewed on every read and write (as `serve` has it)",
+        default="90d",
+    )
     _metadata_secret_options(parser)
 
 
 def _metadata_secret_options(parser: argparse.ArgumentParser) -> None:
-    _option(parser, "--metadata-secret", "secret that seals every metadata record (HMAC), so a writer to the "
-            "store cannot make the proxy serve other archives or hashes; required with --redis-url, the same on "
-            "every replica (e.g. `openssl rand -hex 32`); without it the embedded store makes its own in "
-            "DATA_DIR/metadata", metavar="SECRET")
+    _option(
+        parser,
+        "--metadata-secret",
+        "secret that seals every metadata record (HMAC), so a writer to the "
+        "store cannot make the proxy serve other archives or hashes; required with --redis-url, the same on "
+        "every replica (e.g. `openssl rand -hex 32`); without it the embedded store makes its own in "
+        "DATA_DIR/metadata",
+        metavar="SECRET",
+    )
     _option(parser, "--metadata-secret-file", "read --metadata-secret from this file instead", metavar="FILE")
 
 
@@ -364,17 +635,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         upstream_map=upstream_map,
         upstream_ca_file=Path(args.upstream_ca_file) if args.upstream_ca_file else None,
         allowed_private_hosts=normalise_private_hosts(_repeated(args, "--allow-private-host")),
-        freshness=FreshnessTtls(discovery=parse_duration(args.ttl_discovery),
-                            versions=parse_duration(args.ttl_versions),
-                            negative=parse_duration(args.ttl_negative)),
-        limits=Limits(max_archive_bytes=parse_size(args.max_archive_size),
-                      max_metadata_bytes=parse_size(args.max_metadata_size),
-                      metadata_timeout=timeout, read_timeout=parse_duration(args.download_idle_timeout),
-                      connect_timeout=min(timeout, 10.0), upstream_concurrency=concurrency,
-                      min_download_rate=parse_size(args.min_download_rate),
-                      download_rate_window=parse_duration(args.download_rate_window),
-                      download_slot_wait=parse_duration(args.download_slot_wait),
-                      upstream_host_concurrency=host_concurrency),
+        freshness=FreshnessTtls(
+            discovery=parse_duration(args.ttl_discovery),
+            versions=parse_duration(args.ttl_versions),
+            negative=parse_duration(args.ttl_negative),
+        ),
+        limits=Limits(
+            max_archive_bytes=parse_size(args.max_archive_size),
+            max_metadata_bytes=parse_size(args.max_metadata_size),
+            metadata_timeout=timeout,
+            read_timeout=parse_duration(args.download_idle_timeout),
+            connect_timeout=min(timeout, 10.0),
+            upstream_concurrency=concurrency,
+            min_download_rate=parse_size(args.min_download_rate),
+            download_rate_window=parse_duration(args.download_rate_window),
+            download_slot_wait=parse_duration(args.download_slot_wait),
+            upstream_host_concurrency=host_concurrency,
+        ),
         default_upstream=_hostname_setting(args.default_upstream, "--default-upstream"),
         module_passthrough=args.module_passthrough,
         max_module_bytes=parse_size(args.max_module_size),
@@ -431,8 +708,11 @@ def access_settings(args: argparse.Namespace, upstream_map: dict) -> dict:
         upstream = merged(file_tokens, from_environment(os.environ))
     except (AuthConfigError, CredentialsError) as exc:
         raise ConfigError(str(exc)) from None
-    return {"auth_tokens": tokens_file, "metrics_token_required": bool(args.metrics_token_required),
-            "upstream_credentials": UpstreamCredentials(upstream, upstream_map)}
+    return {
+        "auth_tokens": tokens_file,
+        "metrics_token_required": bool(args.metrics_token_required),
+        "upstream_credentials": UpstreamCredentials(upstream, upstream_map),
+    }
 
 
 def _count(text: str, flag: str) -> int:
@@ -468,15 +748,20 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
         local = ensure_local_tls(settings.tls_dir, names)
         cert, key = local.server_cert, local.server_key
         ca_file = local.ca_cert.resolve()
-        log.info("tls.local_ca", ca_file=str(ca_file), created=local.created,
-                 hint=f"clients must trust the CA: export SSL_CERT_FILE={ca_file}",
-                 cli_config=cli_snippet(mirror_url(settings, "https")))
+        log.info(
+            "tls.local_ca",
+            ca_file=str(ca_file),
+            created=local.created,
+            hint=f"clients must trust the CA: export SSL_CERT_FILE={ca_file}",
+            cli_config=cli_snippet(mirror_url(settings, "https")),
+        )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(str(cert), str(key))
     except ssl.SSLError as exc:
-        raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: not a matching PEM certificate and key "
-                          f"({exc.reason or exc})") from None
+        raise ConfigError(
+            f"--tls-cert {cert} / --tls-key {key}: not a matching PEM certificate and key ({exc.reason or exc})"
+        ) from None
     return context
 
 
@@ -498,9 +783,12 @@ def cli_snippet(url: str) -> str:
 
 def check_files(settings: Settings) -> None:
     """Every file a flag names must exist and be readable before start-up goes on."""
-    for flag, path in (("--tls-cert", settings.tls_cert), ("--tls-key", settings.tls_key),
-                       ("--upstream-ca-file", settings.upstream_ca_file),
-                       ("--metadata-secret-file", settings.metadata_secret_file)):
+    for flag, path in (
+        ("--tls-cert", settings.tls_cert),
+        ("--tls-key", settings.tls_key),
+        ("--upstream-ca-file", settings.upstream_ca_file),
+        ("--metadata-secret-file", settings.metadata_secret_file),
+    ):
         if path is None:
             continue
         if not path.is_file():
@@ -529,8 +817,9 @@ def serve(args: argparse.Namespace) -> int:
     if settings.workers > 1:
         run_workers(settings, context, on_listening=listening)
     else:
-        run_server(create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace,
-                   on_listening=listening)
+        run_server(
+            create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace, on_listening=listening
+        )
     return 0
 
 
@@ -539,12 +828,17 @@ def warn_about_access(settings: Settings) -> None:
     nobody can read."""
     private = sorted(settings.upstream_credentials.private_hosts)
     if settings.auth_tokens is None and not _loopback(settings.listen_host):
-        log.warning("auth.anonymous", listen=settings.listen_host,
-                    effect="no --auth-tokens: anyone who reaches this address may use the proxy")
+        log.warning(
+            "auth.anonymous",
+            listen=settings.listen_host,
+            effect="no --auth-tokens: anyone who reaches this address may use the proxy",
+        )
     if private and settings.auth_tokens is None:
-        log.warning("auth.private_hosts_refused", hosts=private,
-                    effect="these hosts have upstream credentials, and without --auth-tokens every client is "
-                           "refused them")
+        log.warning(
+            "auth.private_hosts_refused",
+            hosts=private,
+            effect="these hosts have upstream credentials, and without --auth-tokens every client is refused them",
+        )
     elif private:
         log.info("auth.private_hosts", hosts=private, effect="served only to tokens granting them")
 
@@ -564,8 +858,11 @@ def _token_new(args: argparse.Namespace) -> int:
     from proxy.auth import AuthConfigError, new_token, token_entry
 
     hosts = [h.strip() for given in args.hosts for h in given.split(",") if h.strip()] or ["*"]
-    namespaces = None if args.namespaces is None else [
-        n.strip() for given in args.namespaces for n in given.split(",") if n.strip()]
+    namespaces = (
+        None
+        if args.namespaces is None
+        else [n.strip() for given in args.namespaces for n in given.split(",") if n.strip()]
+    )
     token = new_token()
     try:
         entry = token_entry(args.name, token, hosts, namespaces, lock=args.lock, metrics=args.metrics)

@@ -29,8 +29,16 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*\Z", re.IGNORECASE)
 _SIZE_UNITS = {
-    "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20,
-    "gb": 10**9, "gib": 2**30, "tb": 10**12, "tib": 2**40, None: 1,
+    "b": 1,
+    "kb": 10**3,
+    "kib": 2**10,
+    "mb": 10**6,
+    "mib": 2**20,
+    "gb": 10**9,
+    "gib": 2**30,
+    "tb": 10**12,
+    "tib": 2**40,
+    None: 1,
 }
 
 
@@ -127,8 +135,10 @@ def parse_space_floor(text: str) -> SpaceFloor:
             return SpaceFloor(0, percent)
         return SpaceFloor(parse_size(value))
     except (ConfigError, ValueError):
-        raise ConfigError(f"invalid --min-free-space {text!r}: use a size (e.g. 1GiB, 0 for none) "
-                          "or a percentage of the disk (e.g. 5%)") from None
+        raise ConfigError(
+            f"invalid --min-free-space {text!r}: use a size (e.g. 1GiB, 0 for none) "
+            "or a percentage of the disk (e.g. 5%)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -263,9 +273,11 @@ class Settings:
             raise ConfigError(f"invalid --access-log {self.access_log!r}: all, errors or off")
         if self.max_connections < 1:
             raise ConfigError("--max-connections must be a positive integer")
-        for flag, seconds in (("--client-header-timeout", self.client_header_timeout),
-                              ("--keepalive-timeout", self.keepalive_timeout),
-                              ("--send-timeout", self.send_timeout)):
+        for flag, seconds in (
+            ("--client-header-timeout", self.client_header_timeout),
+            ("--keepalive-timeout", self.keepalive_timeout),
+            ("--send-timeout", self.send_timeout),
+        ):
             if seconds <= 0:
                 raise ConfigError(f"{flag} must be more than 0s")
         if self.request_deadline <= 0:
@@ -289,8 +301,9 @@ class Settings:
 
     def _check_archive_store(self) -> None:
         location = self.s3_location  # raises ConfigError when malformed
-        if location is None and (self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file
-                                 or self.s3_path_style or self.s3_region):
+        if location is None and (
+            self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file or self.s3_path_style or self.s3_region
+        ):
             raise ConfigError("--archive-redirect and the --s3-* options need --archive-store s3://BUCKET/PREFIX")
         if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(("https://", "http://")):
             raise ConfigError(f"invalid --s3-endpoint-url {self.s3_endpoint_url!r}: an http(s):// URL")
@@ -322,7 +335,8 @@ class Settings:
                 "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
                 "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
                 "make the proxy serve other archives or hashes; give every replica the same secret "
-                "(e.g. `openssl rand -hex 32`)")
+                "(e.g. `openssl rand -hex 32`)"
+            )
 
     def _check_public_url(self) -> None:
         if self.public_url is None:
@@ -331,10 +345,18 @@ class Settings:
             url = URL(self.public_url)
         except ValueError:
             url = URL()
-        if url.scheme not in ("http", "https") or not url.host or url.user or url.password or url.query_string \
-                or url.fragment:
-            raise ConfigError(f"invalid --public-url {self.public_url!r}: give an http(s) URL such as "
-                              "https://proxy.example.com/, without credentials, query or fragment")
+        if (
+            url.scheme not in ("http", "https")
+            or not url.host
+            or url.user
+            or url.password
+            or url.query_string
+            or url.fragment
+        ):
+            raise ConfigError(
+                f"invalid --public-url {self.public_url!r}: give an http(s) URL such as "
+                "https://proxy.example.com/, without credentials, query or fragment"
+            )
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:
@@ -399,7 +421,7 @@ def parse_s3_location(text: str) -> S3Location:
     """Parse `s3://bucket[/prefix]` (bucket rules of S3; prefix of safe key characters, no `..`)."""
     if not text.startswith("s3://"):
         raise ConfigError(f"invalid --archive-store {text!r}: s3://BUCKET/PREFIX (or leave it out for the data dir)")
-    bucket, _, prefix = text[len("s3://"):].partition("/")
+    bucket, _, prefix = text[len("s3://") :].partition("/")
     if not _BUCKET.match(bucket):
         raise ConfigError(f"invalid bucket name {bucket!r} in --archive-store")
     prefix = prefix.strip("/")
@@ -437,10 +459,14 @@ def parse_unsigned_providers(text: str) -> UnsignedPolicy:
 
 def archive_store_settings(args: Any) -> dict[str, Any]:
     """The Settings fields of the archive store flags (`--archive-store`, `--s3-*`) of parsed CLI arguments."""
-    return {"archive_store": args.archive_store or "", "s3_endpoint_url": args.s3_endpoint_url or None,
-            "s3_region": args.s3_region or None, "s3_path_style": bool(args.s3_path_style),
-            "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None,
-            "s3_timeout": parse_duration(args.s3_timeout)}
+    return {
+        "archive_store": args.archive_store or "",
+        "s3_endpoint_url": args.s3_endpoint_url or None,
+        "s3_region": args.s3_region or None,
+        "s3_path_style": bool(args.s3_path_style),
+        "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None,
+        "s3_timeout": parse_duration(args.s3_timeout),
+    }
 
 
 def parse_networks(entries: list[str], flag: str) -> frozenset[Network]:
@@ -450,12 +476,12 @@ def parse_networks(entries: list[str], flag: str) -> frozenset[Network]:
         try:
             networks.add(ipaddress.ip_network(entry.strip(), strict=False))
         except ValueError:
-            raise ConfigError(f"invalid {flag} {entry.strip()!r}: give an IP address or CIDR, "
-                              "e.g. 10.0.0.0/8") from None
+            raise ConfigError(
+                f"invalid {flag} {entry.strip()!r}: give an IP address or CIDR, e.g. 10.0.0.0/8"
+            ) from None
     return frozenset(networks)
 
 
 def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:
     """The `metadata_secret`/`metadata_secret_file` keywords of Settings from the flags' text (empty is unset)."""
-    return {"metadata_secret": secret or None,
-            "metadata_secret_file": Path(secret_file) if secret_file else None}
+    return {"metadata_secret": secret or None, "metadata_secret_file": Path(secret_file) if secret_file else None}

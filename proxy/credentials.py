@@ -49,7 +49,7 @@ def on_behalf_of(host: str | None) -> Iterator[None]:
 
 def env_host(name: str) -> str:
     """`TF_TOKEN_xn____caf__dma_fr` → `xn--caf-dma.fr` (the host in comparison form)."""
-    raw = name[len(ENV_PREFIX):].replace("__", "-").replace("_", ".")
+    raw = name[len(ENV_PREFIX) :].replace("__", "-").replace("_", ".")
     return _host(raw, f"environment variable {name}")
 
 
@@ -79,8 +79,11 @@ def parse_cli_config(text: str) -> dict[str, str]:
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """`TF_TOKEN_*` variables → {host: token}."""
-    return {env_host(name): value for name, value in environ.items()
-            if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and value}
+    return {
+        env_host(name): value
+        for name, value in environ.items()
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and value
+    }
 
 
 @dataclass(frozen=True)

@@ -85,5 +85,6 @@ def timed_out(what: str) -> UpstreamTimeoutError:
     """The error for a request that stopped waiting for `what` (an upstream URL)."""
     budget = _budget.get()
     limit = f" within the {budget.total:g}s request deadline" if budget is not None else ""
-    return UpstreamTimeoutError(f"the upstream did not answer {what}{limit}; the fetch goes on in the "
-                                "background, so a retry may find it")
+    return UpstreamTimeoutError(
+        f"the upstream did not answer {what}{limit}; the fetch goes on in the background, so a retry may find it"
+    )

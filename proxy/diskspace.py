@@ -41,8 +41,9 @@ class SpaceReport:
 class DiskSpace:
     """The data directory's free space, measured at most once per `max_age` seconds."""
 
-    def __init__(self, path: Path, floor: SpaceFloor, *, max_age: float = MAX_AGE,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, path: Path, floor: SpaceFloor, *, max_age: float = MAX_AGE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._path = path
         self._floor = floor
         self._max_age = max_age
@@ -85,8 +86,9 @@ class DiskSpace:
     @staticmethod
     def _note_change(before: SpaceReport | None, after: SpaceReport) -> None:
         if not after.ok and (before is None or before.ok):
-            log.warning("storage.below_min_free_space", free_bytes=after.free_bytes,
-                        min_free_bytes=after.min_free_bytes)
+            log.warning(
+                "storage.below_min_free_space", free_bytes=after.free_bytes, min_free_bytes=after.min_free_bytes
+            )
         elif after.ok and before is not None and not before.ok:
             log.info("storage.space_recovered", free_bytes=after.free_bytes, min_free_bytes=after.min_free_bytes)
 

@@ -47,8 +47,16 @@ def require_online(settings: Settings, what: str) -> None:
 class DocumentCache:
     """Cached upstream documents and derived records, refreshed through shared fetches."""
 
-    def __init__(self, settings: Settings, upstream: UpstreamClient, cache: MetadataStore, metrics: Metrics,
-                 flights: Flights, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: UpstreamClient,
+        cache: MetadataStore,
+        metrics: Metrics,
+        flights: Flights,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._settings = settings
         self._cache = cache
         self._metrics = metrics
@@ -95,8 +103,8 @@ class DocumentCache:
         """Refuse registry hostnames outside the allowlist, before any network request."""
         if str(hostname) not in self._settings.all_allowed_hosts:
             raise HostNotAllowedError(
-                f"registry host {hostname} is not allowed by this proxy "
-                "(the operator can add it with --allow-host)")
+                f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)"
+            )
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
@@ -104,30 +112,51 @@ class DocumentCache:
 
     async def service(self, hostname: Hostname, service: str) -> tuple[URL, float]:
         """`service_url`, and until when (`clock` time) the discovery document it came from is fresh."""
-        key, url = memoised(self._discovery_urls, hostname, None, lambda _: (
-            keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)))
+        key, url = memoised(
+            self._discovery_urls,
+            hostname,
+            None,
+            lambda _: (keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)),
+        )
         ttl = self._settings.freshness.discovery
         entry = await self.document(
-            key, url, ttl=ttl, max_bytes=self._settings.limits.max_discovery_bytes,
+            key,
+            url,
+            ttl=ttl,
+            max_bytes=self._settings.limits.max_discovery_bytes,
             max_redirects=discovery.MAX_REDIRECTS,
-            validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname))
+            validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname),
+        )
         if entry.negative:
             raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
-        return self.parsed(f"{key} {service}", entry, lambda e: discovery.service_url(
-            discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname)
+        return self.parsed(
+            f"{key} {service}",
+            entry,
+            lambda e: discovery.service_url(
+                discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname
+            ),
         ), self.fresh_until(entry, ttl)
 
     def fresh_until(self, entry: CacheEntry, ttl: float | None) -> float:
         """The `clock` time at which `entry` stops being fresh under `ttl` (as `document` judges it)."""
         return fresh_until(entry, ttl, self._settings.freshness.negative)
 
-    async def document(self, key: str, url: URL, *, ttl: float | None,
-                        validate: Callable[[CacheEntry], object],
-                        max_bytes: int | None = None, max_redirects: int | None = None) -> CacheEntry:
+    async def document(
+        self,
+        key: str,
+        url: URL,
+        *,
+        ttl: float | None,
+        validate: Callable[[CacheEntry], object],
+        max_bytes: int | None = None,
+        max_redirects: int | None = None,
+    ) -> CacheEntry:
         """A cached upstream document, refreshed through one shared fetch when not fresh."""
         cached = self._decode(key, await self._cache.get(key))
-        if cached is not None and (self._settings.offline or freshness_of(
-                cached, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH):
+        if cached is not None and (
+            self._settings.offline
+            or freshness_of(cached, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH
+        ):
             self._count_cache("hit")
             return cached
         self.require_online(key.replace(":", " ", 1))
@@ -136,8 +165,10 @@ class DocumentCache:
         async def refresh() -> tuple[CacheEntry, str]:
             # A flight for this key may have stored a fresh entry since the read above: no second fetch.
             latest = self._decode(key, await self._cache.get(key))
-            if latest is not None and freshness_of(
-                    latest, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH:
+            if (
+                latest is not None
+                and freshness_of(latest, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH
+            ):
                 return latest, "hit"
             return await self._refresh(key, url, latest or cached, limit, max_redirects, validate)
 
@@ -148,8 +179,9 @@ class DocumentCache:
         self._count_cache(outcome)
         return entry
 
-    async def _stale_while_revalidate(self, key: str, refresh: Callable[[], Awaitable[tuple[CacheEntry, str]]],
-                                      cached: CacheEntry) -> tuple[CacheEntry, str]:
+    async def _stale_while_revalidate(
+        self, key: str, refresh: Callable[[], Awaitable[tuple[CacheEntry, str]]], cached: CacheEntry
+    ) -> tuple[CacheEntry, str]:
         """The refreshed entry if the shared refresh ends within the stale deadline, else the stale copy
         (the refresh goes on in the background and its result lands in the cache)."""
         try:
@@ -158,26 +190,44 @@ class DocumentCache:
         except TimeoutError:
             if not scope.expired():
                 raise
-        log.info("cache.serve_stale", key=key, reason="refresh still running at the stale deadline",
-                 age_seconds=round(self.clock() - cached.fetched_at))
+        log.info(
+            "cache.serve_stale",
+            key=key,
+            reason="refresh still running at the stale deadline",
+            age_seconds=round(self.clock() - cached.fetched_at),
+        )
         return cached, "stale"
 
-    async def _refresh(self, key: str, url: URL, cached: CacheEntry | None, max_bytes: int,
-                       max_redirects: int | None,
-                       validate: Callable[[CacheEntry], object]) -> tuple[CacheEntry, str]:
+    async def _refresh(
+        self,
+        key: str,
+        url: URL,
+        cached: CacheEntry | None,
+        max_bytes: int,
+        max_redirects: int | None,
+        validate: Callable[[CacheEntry], object],
+    ) -> tuple[CacheEntry, str]:
         usable = cached if cached is not None and not cached.negative else None
         try:
             async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
-                response = await self._upstream.get(url, max_bytes=max_bytes, max_redirects=max_redirects,
-                                                    etag=usable.etag if usable else None)
+                response = await self._upstream.get(
+                    url, max_bytes=max_bytes, max_redirects=max_redirects, etag=usable.etag if usable else None
+                )
             now = self.clock()  # the answer's age counts from its arrival, however slow the upstream was
             if response.status == 304 and usable is not None:
                 entry = replace(usable, fetched_at=now)
             elif response.status in (404, 410):
                 entry = CacheEntry(404, b"", str(response.final_url), now)
             elif response.status in (200, 204):
-                entry = CacheEntry(response.status, response.body, str(response.final_url), now,
-                                   response.etag, response.content_type, response.terraform_get)
+                entry = CacheEntry(
+                    response.status,
+                    response.body,
+                    str(response.final_url),
+                    now,
+                    response.etag,
+                    response.content_type,
+                    response.terraform_get,
+                )
                 try:
                     validate(entry)
                 except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a parser missed a shape
@@ -187,8 +237,9 @@ class DocumentCache:
         except UpstreamError as exc:
             self._metrics.upstream_fetches.labels("metadata", "error").inc()
             if cached is not None:  # stale-if-error, for remembered 404s too
-                log.warning("cache.serve_stale", key=key, error=exc.message,
-                            age_seconds=round(self.clock() - cached.fetched_at))
+                log.warning(
+                    "cache.serve_stale", key=key, error=exc.message, age_seconds=round(self.clock() - cached.fetched_at)
+                )
                 return cached, "stale"
             raise
         self._metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
@@ -227,6 +278,10 @@ def _read_record(key: str, raw: bytes, kind: type[R]) -> R | None:
     data = decode_record(raw)
     record = kind.from_dict(data)
     if record is None and records.is_newer(data):
-        log.warning("cache.record_unreadable", key=key, version=records.version_of(data),
-                    reason="written in a newer record format than this proxy reads: treated as a miss")
+        log.warning(
+            "cache.record_unreadable",
+            key=key,
+            version=records.version_of(data),
+            reason="written in a newer record format than this proxy reads: treated as a miss",
+        )
     return record

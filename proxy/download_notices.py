@@ -47,8 +47,10 @@ class DownloadNotices:
         descriptor = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
-            os.write(descriptor, json.dumps({"path": str(notice.path), "size": notice.size,
-                                             "sha256": notice.sha256}).encode())
+            os.write(
+                descriptor,
+                json.dumps({"path": str(notice.path), "size": notice.size, "sha256": notice.sha256}).encode(),
+            )
             os.replace(scratch, self._path(key))
         except BaseException:
             os.close(descriptor)

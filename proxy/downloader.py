@@ -54,8 +54,15 @@ F = TypeVar("F", bound=ArchiveFacts)
 class Downloader:
     """Verified downloads into the archive store, and relays of what cannot be stored."""
 
-    def __init__(self, settings: Settings, upstream: UpstreamClient, store: ArchiveStorage, guard: StoreGuard | S3Guard,
-                 space: DiskSpace, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: UpstreamClient,
+        store: ArchiveStorage,
+        guard: StoreGuard | S3Guard,
+        space: DiskSpace,
+        metrics: Metrics,
+    ) -> None:
         self._settings = settings
         self._upstream = upstream
         self._store = store
@@ -66,8 +73,11 @@ class Downloader:
         self.on_stored: Callable[[StoredArchive], None] | None = None  # e.g. the store's size cap
         # Other processes follow a download through its temp file only where they would find the archive
         # published as a local file too (a shared directory); with object storage they wait for the upload.
-        self.growing = (GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root), store.path_for)
-                        if store.local else GrowingDownloads())
+        self.growing = (
+            GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root), store.path_for)
+            if store.local
+            else GrowingDownloads()
+        )
 
     async def close(self) -> None:
         """Stop following other processes' downloads."""
@@ -85,10 +95,16 @@ class Downloader:
         metadata was lost), taken only if it hashes to the address."""
         return await self._guard.adopt(sha256)
 
-    async def download(self, url: URL, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
-                       *, follow: tuple[str, str] | None = None,
-                       then: Callable[[StoredArchive, T], Awaitable[None]] | None = None,
-                       tap: Callable[[bytes], None] | None = None) -> tuple[StoredArchive, T]:
+    async def download(
+        self,
+        url: URL,
+        max_bytes: int,
+        check: Callable[[PendingArchive, str], Awaitable[T]],
+        *,
+        follow: tuple[str, str] | None = None,
+        then: Callable[[StoredArchive, T], Awaitable[None]] | None = None,
+        tap: Callable[[bytes], None] | None = None,
+    ) -> tuple[StoredArchive, T]:
         """Stream `url` into a temp file, run `check(pending, sha256)` (raise to refuse), publish, then
         run `then(stored, result)` (e.g. record it).
 
@@ -113,14 +129,21 @@ class Downloader:
                 raise
             raise error from None
 
-    async def _download(self, url: URL, what: str, max_bytes: int, check: Callable[[PendingArchive, str], Awaitable[T]],
-                        follow: tuple[str, str] | None,
-                        then: Callable[[StoredArchive, T], Awaitable[None]] | None,
-                        tap: Callable[[bytes], None] | None) -> tuple[StoredArchive, T]:
+    async def _download(
+        self,
+        url: URL,
+        what: str,
+        max_bytes: int,
+        check: Callable[[PendingArchive, str], Awaitable[T]],
+        follow: tuple[str, str] | None,
+        then: Callable[[StoredArchive, T], Awaitable[None]] | None,
+        tap: Callable[[bytes], None] | None,
+    ) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self._store.begin)
         growing: GrowingFile | None = None
         tapped = _Tap(tap) if tap is not None else None
         try:
+
             async def sink(chunk: bytes) -> None:
                 await asyncio.to_thread(pending.write, chunk)
                 if growing is not None:
@@ -136,8 +159,7 @@ class Downloader:
                     growing = GrowingFile(pending.path, length, follow[1])
                     self.growing.announce(follow[0], growing)
 
-            async with self._slots.hold(url, self._settings.limits.download_slot_wait,
-                                                 str(url.with_query(None))):
+            async with self._slots.hold(url, self._settings.limits.download_slot_wait, str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(pending.size)
@@ -185,8 +207,9 @@ class Downloader:
         """A write that failed for lack of space as the DiskFullError it means; any other error as it is."""
         return self._space.full(exc, f"store {what}") if isinstance(exc, OSError) and is_disk_full(exc) else exc
 
-    def pass_through(self, url: URL, *, max_bytes: int, algorithm: str, kind: str,
-                     check: Callable[[str], None], etag: str | None) -> PassThrough:
+    def pass_through(
+        self, url: URL, *, max_bytes: int, algorithm: str, kind: str, check: Callable[[str], None], etag: str | None
+    ) -> PassThrough:
         """A relay of `url` that stores nothing; `check(hexdigest)` (raise to refuse) runs before the last chunk."""
 
         async def stream(begin: Begin, send: Send) -> None:
@@ -194,8 +217,16 @@ class Downloader:
 
         return PassThrough(etag, stream)
 
-    async def _relay(self, url: URL, max_bytes: int, algorithm: str, kind: str, check: Callable[[str], None],
-                     begin: Begin, send: Send) -> None:
+    async def _relay(
+        self,
+        url: URL,
+        max_bytes: int,
+        algorithm: str,
+        kind: str,
+        check: Callable[[str], None],
+        begin: Begin,
+        send: Send,
+    ) -> None:
         require_online(self._settings, str(url.with_query(None)))
         digest = hashlib.new(algorithm)
         held = b""
@@ -211,8 +242,7 @@ class Downloader:
             held = chunk  # the newest chunk waits until the digest is known
 
         try:
-            async with self._slots.hold(url, self._settings.limits.download_slot_wait,
-                                                 str(url.with_query(None))):
+            async with self._slots.hold(url, self._settings.limits.download_slot_wait, str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=begin)
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(size)

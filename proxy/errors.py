@@ -85,6 +85,8 @@ class StoreCorruptionError(ProxyError):
 
     status = 503
     code = "store_corruption"
+
+
 class UpstreamBusyError(UpstreamError):
     """Every upstream slot (or every slot for one upstream host) stayed taken for too long."""
 
@@ -115,6 +117,8 @@ class ShuttingDownError(ProxyError):
 
     status = 503
     code = "shutting_down"
+
+
 class DiskFullError(ProxyError):
     """The data directory is below its free-space floor or out of space: nothing can be stored now."""
 

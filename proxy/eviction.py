@@ -41,8 +41,7 @@ def last_use(obj: StoredObject, served: Mapping[str, float], now: float, grace: 
     return max(seen, obj.modified)
 
 
-def in_use(obj: StoredObject, served: Mapping[str, float], pinned: Collection[str], now: float,
-           grace: float) -> bool:
+def in_use(obj: StoredObject, served: Mapping[str, float], pinned: Collection[str], now: float, grace: float) -> bool:
     """Pinned here, or served or stored within the last `grace` seconds."""
     return obj.sha256 in pinned or now - last_use(obj, served, now, grace) < grace
 
@@ -55,14 +54,23 @@ def excess_bytes(total: int, cap: int | None, free: int | None = None, min_free:
     return max(over_cap, below_floor, 0)
 
 
-def victims(objects: Iterable[Obj], served: Mapping[str, float], *, excess: int, now: float, grace: float,
-            pinned: Collection[str] = ()) -> list[Obj]:
+def victims(
+    objects: Iterable[Obj],
+    served: Mapping[str, float],
+    *,
+    excess: int,
+    now: float,
+    grace: float,
+    pinned: Collection[str] = (),
+) -> list[Obj]:
     """The least recently used objects, oldest first, until at least `excess` bytes are freed (fewer if
     the objects not in use do not hold that much); ties go by SHA-256 so the choice is stable."""
     if excess <= 0:
         return []
-    candidates = sorted((obj for obj in objects if not in_use(obj, served, pinned, now, grace)),
-                        key=lambda obj: (last_use(obj, served, now, grace), obj.sha256))
+    candidates = sorted(
+        (obj for obj in objects if not in_use(obj, served, pinned, now, grace)),
+        key=lambda obj: (last_use(obj, served, now, grace), obj.sha256),
+    )
     chosen: list[Obj] = []
     freed = 0
     for obj in candidates:
@@ -73,10 +81,17 @@ def victims(objects: Iterable[Obj], served: Mapping[str, float], *, excess: int,
     return chosen
 
 
-def orphans(objects: Iterable[Obj], referenced: Collection[str], served: Mapping[str, float], *, now: float,
-            grace: float, pinned: Collection[str] = ()) -> list[Obj]:
+def orphans(
+    objects: Iterable[Obj],
+    referenced: Collection[str],
+    served: Mapping[str, float],
+    *,
+    now: float,
+    grace: float,
+    pinned: Collection[str] = (),
+) -> list[Obj]:
     """Objects no metadata record refers to and not in use (gc), in SHA-256 order."""
-    return sorted((obj for obj in objects
-                   if obj.sha256 not in referenced and not in_use(obj, served, pinned, now, grace)),
-                  key=lambda obj: obj.sha256)
-
+    return sorted(
+        (obj for obj in objects if obj.sha256 not in referenced and not in_use(obj, served, pinned, now, grace)),
+        key=lambda obj: obj.sha256,
+    )

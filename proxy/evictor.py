@@ -49,9 +49,20 @@ class EvictionRun:
 class Evictor:
     """Size metrics of the store and, with a cap, least-recently-served eviction."""
 
-    def __init__(self, store: ArchiveStorage, served: ServedArchives, metadata: MetadataStore, locks: FleetLocks,
-                 space: DiskSpace, metrics: Metrics, *, cap: int | None, grace: float, interval: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: ArchiveStorage,
+        served: ServedArchives,
+        metadata: MetadataStore,
+        locks: FleetLocks,
+        space: DiskSpace,
+        metrics: Metrics,
+        *,
+        cap: int | None,
+        grace: float,
+        interval: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
         self._served = served
         self._metadata = metadata
@@ -143,13 +154,17 @@ class Evictor:
             log.warning("store.eviction_skipped", reason=f"last-served times unreadable: {exc}", excess_bytes=excess)
             return EvictionRun(self._objects, self._bytes, excess)
         now = self._clock()
-        chosen = eviction.victims(objects, served, excess=excess, now=now, grace=self._grace,
-                                  pinned=self._served.pinned())
+        chosen = eviction.victims(
+            objects, served, excess=excess, now=now, grace=self._grace, pinned=self._served.pinned()
+        )
         last_used = {obj.sha256: eviction.last_use(obj, served, now, self._grace) for obj in chosen}
         evicted, freed = await self._remove(chosen, last_used)
         if len(evicted) < len(chosen) or freed < excess:
-            log.warning("store.over_cap", excess_bytes=excess - freed, reason="the rest is in use (served or stored "
-                        "within --eviction-grace, or being sent now)")
+            log.warning(
+                "store.over_cap",
+                excess_bytes=excess - freed,
+                reason="the rest is in use (served or stored within --eviction-grace, or being sent now)",
+            )
         return EvictionRun(self._objects, self._bytes, excess, tuple(evicted), freed)
 
     async def _remove(self, chosen: list[ObjectInfo], last_used: dict[str, float]) -> tuple[list[str], int]:
@@ -172,8 +187,9 @@ class Evictor:
         if evicted:
             await self._metadata.forget_served(evicted)
             self._report()
-            log.info("store.eviction_done", evicted=len(evicted), freed_bytes=freed, store_bytes=self._bytes,
-                     cap=self._cap)
+            log.info(
+                "store.eviction_done", evicted=len(evicted), freed_bytes=freed, store_bytes=self._bytes, cap=self._cap
+            )
         return evicted, freed
 
     def _report(self) -> None:

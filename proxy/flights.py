@@ -43,8 +43,13 @@ class Flights:
         log.warning("upstream.deadline_exceeded", key=key, upstream=what)
         raise deadline.timed_out(what)
 
-    async def once_for_the_fleet(self, key: str, recheck: Callable[[], Awaitable[T | None]],
-                                 work: Callable[[], Awaitable[T]], what: str | None = None) -> T:
+    async def once_for_the_fleet(
+        self,
+        key: str,
+        recheck: Callable[[], Awaitable[T | None]],
+        work: Callable[[], Awaitable[T]],
+        what: str | None = None,
+    ) -> T:
         """Run `work` once per key in this process and, with fleet locks, once in the fleet.
 
         A request waits for it at most its deadline (504 naming `what`, the upstream URL).

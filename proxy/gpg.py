@@ -58,8 +58,9 @@ class Keyring:
     def close(self) -> None:
         """Stop any gpg daemon (agent, keyboxd, dirmngr) running for this home; never starts one."""
         try:
-            subprocess.run(["gpgconf", "--homedir", str(self._home), "--kill", "all"],
-                           capture_output=True, timeout=10, check=False)
+            subprocess.run(
+                ["gpgconf", "--homedir", str(self._home), "--kill", "all"], capture_output=True, timeout=10, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("gpg.close_failed", home=str(self._home), error=str(exc))
 
@@ -107,8 +108,9 @@ class Keyring:
             raise SignatureError(f"signature verification failed: key {verified.key_id} is revoked")
         primary = (verified.pubkey_fingerprint or verified.fingerprint or "").upper()
         if primary not in allowed:
-            raise SignatureError(f"signed by key {verified.key_id or primary}, which is not among the "
-                                 "upstream's signing keys")
+            raise SignatureError(
+                f"signed by key {verified.key_id or primary}, which is not among the upstream's signing keys"
+            )
         return SignatureResult(key_id=verified.key_id or primary[-16:], fingerprint=primary)
 
     def _verify(self, data: bytes, signature: bytes) -> gnupg.Verify:

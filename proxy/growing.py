@@ -70,8 +70,11 @@ class GrowingFile:
     def fail(self, error: BaseException) -> None:
         """The download failed: followers abort with the end unsent."""
         if not self.done:
-            self.error = error if isinstance(error, Exception) else ShuttingDownError(
-                "the proxy is shutting down and stopped this download; retry")
+            self.error = (
+                error
+                if isinstance(error, Exception)
+                else ShuttingDownError("the proxy is shutting down and stopped this download; retry")
+            )
         self._wake()
 
     def relay(self) -> PassThrough:
@@ -109,8 +112,9 @@ class GrowingFile:
                 if self.error is not None:
                     raise self.error from None
                 if self.verified and path == self.path:  # published elsewhere (object storage): look it up
-                    raise FollowedDownloadLostError("the downloaded archive was published before this request "
-                                                    "opened it; retry") from None
+                    raise FollowedDownloadLostError(
+                        "the downloaded archive was published before this request opened it; retry"
+                    ) from None
             if path == self.path:
                 await moved.wait()  # renamed, and `publish` has not told us where to yet
 
@@ -129,8 +133,9 @@ class GrowingDownloads:
     Notices are tiny files, posted and taken down inline, so a cancelled task cannot leave one behind.
     """
 
-    def __init__(self, notices: DownloadNotices | None = None,
-                 published: Callable[[str], Path] | None = None, poll: float = 0.02) -> None:
+    def __init__(
+        self, notices: DownloadNotices | None = None, published: Callable[[str], Path] | None = None, poll: float = 0.02
+    ) -> None:
         self._growing: dict[str, GrowingFile] = {}
         self._waiting: dict[str, list[asyncio.Future[GrowingFile]]] = {}
         self._notices = notices
@@ -220,8 +225,12 @@ class GrowingDownloads:
                 if not alive and published:  # the owner recorded it before it let its notice go
                     growing.publish(final)
                 elif not alive:
-                    growing.fail(FollowedDownloadLostError("the download this request followed ended without a "
-                                                           "verified archive in another proxy process; retry"))
+                    growing.fail(
+                        FollowedDownloadLostError(
+                            "the download this request followed ended without a "
+                            "verified archive in another proxy process; retry"
+                        )
+                    )
                 elif size > growing.written:
                     growing.advance(size - growing.written)
                 else:

@@ -63,9 +63,7 @@ def h1_of_zip(fileobj: IO[bytes]) -> tuple[str, str]:
 def h1_forms(names: list[str], contents: dict[str, str]) -> tuple[str, str]:
     """`(zip_form, dir_form)` of a zip's entry names in order and each name's content SHA-256 hex."""
     zip_form = h1_from_digests((name, contents[name]) for name in names)
-    dir_form = h1_from_digests(
-        (name, digest) for name, digest in contents.items() if not name.endswith("/")
-    )
+    dir_form = h1_from_digests((name, digest) for name, digest in contents.items() if not name.endswith("/"))
     return zip_form, dir_form
 
 

@@ -39,8 +39,15 @@ class Answer:
     span: tuple[int, int] | None = None
 
 
-def evaluate(etag: str, size: int, *, if_match: str | None = None, if_none_match: str | None = None,
-             if_range: str | None = None, range_header: str | None = None) -> Answer:
+def evaluate(
+    etag: str,
+    size: int,
+    *,
+    if_match: str | None = None,
+    if_none_match: str | None = None,
+    if_range: str | None = None,
+    range_header: str | None = None,
+) -> Answer:
     """Decide a GET/HEAD of a representation with strong `etag` (quoted) and `size` bytes (§13.2.2)."""
     if if_match is not None and not _matches(if_match, etag, weak=False):
         return Answer(412)

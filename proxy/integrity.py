@@ -76,13 +76,13 @@ class StoreGuard:
         """Hash the whole file unless trusted (one hash per object at a time); raise if it is corrupt."""
         if await self.trusted(stored):
             return
-        result = await self._checks.run(stored.sha256,
-                                        lambda: asyncio.to_thread(self.store.check, stored.sha256))
+        result = await self._checks.run(stored.sha256, lambda: asyncio.to_thread(self.store.check, stored.sha256))
         if result is not None and result.intact:
             return
         if result is not None:
-            await self.corrupted(result.stored, "digest", ident=result.identity, actual=result.actual,
-                                 expected_size=stored.size)
+            await self.corrupted(
+                result.stored, "digest", ident=result.identity, actual=result.actual, expected_size=stored.size
+            )
         raise _corrupt(stored)
 
     async def open(self, stored: StoredArchive, start: int, length: int) -> ArchiveReader:
@@ -101,8 +101,15 @@ class StoreGuard:
         check = whole and not self.store.was_found_intact(stored.sha256, ident)
         return ArchiveReader(self, stored, handle, ident, start, length, check=check)
 
-    async def corrupted(self, stored: StoredArchive, check: str, *, ident: Identity | None = None,
-                        actual: str | None = None, expected_size: int | None = None) -> None:
+    async def corrupted(
+        self,
+        stored: StoredArchive,
+        check: str,
+        *,
+        ident: Identity | None = None,
+        actual: str | None = None,
+        expected_size: int | None = None,
+    ) -> None:
         """Quarantine a corrupt object, log `security.store_corruption` and count it.
 
         Nothing is logged when the file is gone already (another request quarantined it, or a
@@ -117,9 +124,17 @@ class StoreGuard:
             return
         self._metrics.store_corruptions.labels(check).inc()
         size = ident[2] if ident is not None else stored.size
-        log.error("security.store_corruption", check=check, sha256=stored.sha256, path=str(stored.path),
-                  size=size, expected_size=stored.size if expected_size is None else expected_size,
-                  actual_sha256=actual, quarantined_to=str(moved) if moved else None, quarantine_error=error)
+        log.error(
+            "security.store_corruption",
+            check=check,
+            sha256=stored.sha256,
+            path=str(stored.path),
+            size=size,
+            expected_size=stored.size if expected_size is None else expected_size,
+            actual_sha256=actual,
+            quarantined_to=str(moved) if moved else None,
+            quarantine_error=error,
+        )
 
 
 class ArchiveReader:
@@ -127,8 +142,17 @@ class ArchiveReader:
     every chunk in the same worker-thread hop as the read and hands out the last chunk only once
     the whole file matched."""
 
-    def __init__(self, guard: StoreGuard, stored: StoredArchive, handle: IO[bytes], ident: Identity,
-                 start: int, length: int, *, check: bool) -> None:
+    def __init__(
+        self,
+        guard: StoreGuard,
+        stored: StoredArchive,
+        handle: IO[bytes],
+        ident: Identity,
+        start: int,
+        length: int,
+        *,
+        check: bool,
+    ) -> None:
         self._guard = guard
         self._stored = stored
         self._handle = handle
@@ -199,7 +223,8 @@ class ArchiveReader:
 def _corrupt(stored: StoredArchive) -> StoreCorruptionError:
     return StoreCorruptionError(
         f"the stored copy of archive {stored.sha256} failed its integrity check and was quarantined; "
-        "it is fetched and verified again on the next request")
+        "it is fetched and verified again on the next request"
+    )
 
 
 def _stat(path: Path) -> os.stat_result | None:

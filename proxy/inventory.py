@@ -118,8 +118,11 @@ def matches(subject: str, query: str) -> bool:
 
 def provider_of(parts: dict[str, str]) -> tuple[ProviderAddr, Version, Platform]:
     """The provider, version and platform an `archive:` or `download:` key's parts name."""
-    return (ProviderAddr.parse(parts["host"], parts["namespace"], parts["type"]), Version.parse(parts["version"]),
-            Platform.parse(parts["platform"]))
+    return (
+        ProviderAddr.parse(parts["host"], parts["namespace"], parts["type"]),
+        Version.parse(parts["version"]),
+        Platform.parse(parts["platform"]),
+    )
 
 
 def download_info(parts: dict[str, str], download: CacheEntry) -> DownloadInfo:
@@ -142,8 +145,12 @@ class InventoryReader:
         self._store = store
         self._access = access
 
-    async def scan(self, query: str = "", limit: int = LIST_LIMIT,
-                   visible: Callable[[str, str], bool] = lambda host, namespace: True) -> Inventory:
+    async def scan(
+        self,
+        query: str = "",
+        limit: int = LIST_LIMIT,
+        visible: Callable[[str, str], bool] = lambda host, namespace: True,
+    ) -> Inventory:
         """Cached archives matching `query` whose host and namespace are `visible` (the client's scope), at
         most `limit` of them (never raises: a store that cannot be read gives an empty inventory with its
         problem)."""
@@ -155,11 +162,13 @@ class InventoryReader:
         except Exception as exc:  # the page shows the problem instead of failing
             log.warning("inventory.unavailable", error=str(exc) or type(exc).__name__)
             return Inventory(problem=self._store.problem or str(exc) or type(exc).__name__)
-        return Inventory([_with_time(p, served) for p in providers], [_with_time(m, served) for m in modules],
-                         more, complete)
+        return Inventory(
+            [_with_time(p, served) for p in providers], [_with_time(m, served) for m in modules], more, complete
+        )
 
-    async def _matching_keys(self, query: str, limit: int,
-                             visible: Callable[[str, str], bool]) -> tuple[list[str], int, bool]:
+    async def _matching_keys(
+        self, query: str, limit: int, visible: Callable[[str, str], bool]
+    ) -> tuple[list[str], int, bool]:
         wanted: list[str] = []
         more = seen = 0
         for pattern in (keys.ARCHIVE, keys.MODULE):
@@ -168,8 +177,11 @@ class InventoryReader:
                 if seen > COUNT_LIMIT:
                     return sorted(wanted), more, False
                 parts = pattern.parse(key)
-                if parts is None or not visible(parts["host"], parts["namespace"]) \
-                        or not matches(pattern.subject(key), query):
+                if (
+                    parts is None
+                    or not visible(parts["host"], parts["namespace"])
+                    or not matches(pattern.subject(key), query)
+                ):
                     continue
                 if len(wanted) < limit:
                     wanted.append(key)
@@ -181,7 +193,7 @@ class InventoryReader:
         parts = [keys.ARCHIVE.parse(k) or {} for k in archive_keys]
         download_keys = [keys.DOWNLOAD.key_for(p) for p in parts]
         found = await self._store.get_many([*archive_keys, *download_keys])
-        archives, downloads = found[:len(archive_keys)], found[len(archive_keys):]
+        archives, downloads = found[: len(archive_keys)], found[len(archive_keys) :]
         sums_keys: list[str | None] = []
         for part, raw in zip(parts, downloads, strict=True):
             entry = CacheEntry.decode(raw)
@@ -190,16 +202,29 @@ class InventoryReader:
             except (UpstreamError, ValueError):
                 sums_keys.append(None)
         unique = sorted({k for k in sums_keys if k})
-        signers = {k: _signer(records.decode(raw, SumsRecord))
-                   for k, raw in zip(unique, await self._store.get_many(unique), strict=True)}
+        signers = {
+            k: _signer(records.decode(raw, SumsRecord))
+            for k, raw in zip(unique, await self._store.get_many(unique), strict=True)
+        }
         listed = []
         for part, raw, sums_key in zip(parts, archives, sums_keys, strict=True):
             record = records.decode(raw, ArchiveRecord)
             if record is None:
                 continue
             signer = UNSIGNED if record.unsigned else signers.get(sums_key, "") if sums_key else ""
-            listed.append(CachedProvider(part["host"], part["namespace"], part["type"], part["version"],
-                                         part["platform"], record.sha256, record.size, record.filename, signer))
+            listed.append(
+                CachedProvider(
+                    part["host"],
+                    part["namespace"],
+                    part["type"],
+                    part["version"],
+                    part["platform"],
+                    record.sha256,
+                    record.size,
+                    record.filename,
+                    signer,
+                )
+            )
         return listed
 
     async def _modules(self, module_keys: list[str]) -> list[CachedModule]:
@@ -208,8 +233,19 @@ class InventoryReader:
             part, record = keys.MODULE.parse(key) or {}, records.decode(raw, ModuleRecord)
             if record is None or not part:
                 continue
-            listed.append(CachedModule(part["host"], part["namespace"], part["name"], part["system"],
-                                       part["version"], record.sha256, record.size, record.source, record.commit))
+            listed.append(
+                CachedModule(
+                    part["host"],
+                    part["namespace"],
+                    part["name"],
+                    part["system"],
+                    part["version"],
+                    record.sha256,
+                    record.size,
+                    record.source,
+                    record.commit,
+                )
+            )
         return listed
 
     async def hosts(self) -> list[HostHealth]:
@@ -246,8 +282,11 @@ def _health(settings: Settings, name: str, entry: CacheEntry | None) -> HostHeal
     mapped = settings.upstream_map.get(name)
     roles = tuple(_roles(settings, name))
     if entry is None:
-        detail = ("never contacted: the proxy is offline" if settings.offline
-                  else "not contacted yet (discovery runs on the first request for this host)")
+        detail = (
+            "never contacted: the proxy is offline"
+            if settings.offline
+            else "not contacted yet (discovery runs on the first request for this host)"
+        )
         return HostHealth(name, roles, str(mapped) if mapped else None, "unknown", detail, None)
     if entry.negative:
         state, detail = "not found", f"the last discovery answered {entry.status}"

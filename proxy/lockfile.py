@@ -18,8 +18,7 @@ from hcl2.utils import SerializationOptions
 
 from proxy.addrs import AddressError, Hostname
 
-HEADER = ('# This file is maintained automatically by "terraform init".\n'
-          "# Manual edits may be lost in future updates.\n")
+HEADER = '# This file is maintained automatically by "terraform init".\n# Manual edits may be lost in future updates.\n'
 _HCL_OPTIONS = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
 
 
@@ -54,8 +53,9 @@ def parse_lockfile(text: str, source: str = ".terraform.lock.hcl") -> dict[str, 
             hashes = body.get("hashes") or []
             if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
                 raise LockFileError(f"{source}: provider {address!r} has invalid hashes")
-            result[address] = LockedProvider(address, body["version"], str(body.get("constraints") or ""),
-                                             sorted(set(hashes)))
+            result[address] = LockedProvider(
+                address, body["version"], str(body.get("constraints") or ""), sorted(set(hashes))
+            )
     return result
 
 
@@ -71,7 +71,8 @@ def merge_hashes(locked: LockedProvider | None, version: str, new_hashes: list[s
     if not set(locked.hashes) & set(new_hashes):
         raise LockFileError(
             f"provider {locked.address} {version}: none of the hashes the proxy reports matches the hashes "
-            "already recorded in the lock file; refusing to change it (was the upstream package replaced?)")
+            "already recorded in the lock file; refusing to change it (was the upstream package replaced?)"
+        )
     return sorted(set(locked.hashes) | set(new_hashes))
 
 

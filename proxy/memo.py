@@ -14,8 +14,9 @@ T = TypeVar("T")
 MEMO_ENTRIES = 10_000
 
 
-def memoised(memo: dict[Any, tuple[Any, Any]], key: Any, source: Any, compute: Callable[[Any], T],
-             limit: int = MEMO_ENTRIES) -> T:
+def memoised(
+    memo: dict[Any, tuple[Any, Any]], key: Any, source: Any, compute: Callable[[Any], T], limit: int = MEMO_ENTRIES
+) -> T:
     """`compute(source)`, reused while the same source object is asked for under `key` (at most `limit`
     keys; the oldest is dropped first). The memo holds the source, so its identity is never reused."""
     hit = memo.get(key)

@@ -49,8 +49,25 @@ def forget_process(directory: Path, pid: int) -> None:
 
 
 # Request durations: metadata in milliseconds, a cold archive of several GiB in up to 15 minutes.
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-                    600.0, 900.0)
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    900.0,
+)
 
 
 class Metrics:
@@ -63,75 +80,142 @@ class Metrics:
         self._cache_series: dict[str, Any] = {}
         self._upstream_series: dict[str, Any] = {}
         self._redis_up: Gauge | None = None
-        self.build_info = Gauge("registry_proxy_build_info", "Always 1; the labels name the running version",
-                                ["version", "python"], registry=self.registry, multiprocess_mode="max")
+        self.build_info = Gauge(
+            "registry_proxy_build_info",
+            "Always 1; the labels name the running version",
+            ["version", "python"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
         self.build_info.labels(__version__, platform.python_version()).set(1)
-        self.requests = Counter("registry_proxy_requests_total", "HTTP requests served",
-                                ["route", "status"], registry=self.registry)
-        self.request_seconds = Histogram("registry_proxy_request_duration_seconds",
-                                         "Time from a request's arrival to its answer's end",
-                                         ["route"], buckets=DURATION_BUCKETS, registry=self.registry)
-        self.upstream_seconds = Histogram("registry_proxy_upstream_request_duration_seconds",
-                                          "Time from an upstream request to its answer's headers, by host",
-                                          ["host"], buckets=DURATION_BUCKETS, registry=self.registry)
-        self.cache = Counter("registry_proxy_cache_total", "Metadata cache outcomes",
-                             ["outcome"], registry=self.registry)
-        self.upstream_fetches = Counter("registry_proxy_upstream_fetches_total",
-                                        "Upstream requests by kind and outcome",
-                                        ["kind", "outcome"], registry=self.registry)
-        self.upstream_bytes = Counter("registry_proxy_upstream_bytes_total",
-                                      "Archive bytes downloaded from upstreams", registry=self.registry)
-        self.verification_failures = Counter("registry_proxy_verification_failures_total",
-                                             "Archives or checksums that failed verification",
-                                             ["check"], registry=self.registry)
-        self.archive_redirects = Counter("registry_proxy_archive_redirects_total",
-                                         "Archive requests answered with a presigned URL of the object store",
-                                         registry=self.registry)
-        self.store_corruptions = Counter("registry_proxy_store_corruptions_total",
-                                         "Stored archives found corrupt (and quarantined), by check",
-                                         ["check"], registry=self.registry)
-        self.metadata_rejected = Counter("registry_proxy_metadata_rejected_total",
-                                         "Metadata store values refused: no seal or a bad seal (poisoned records)",
-                                         ["store", "reason"], registry=self.registry)
-        self.passthrough = Counter("registry_proxy_archive_passthrough_total",
-                                   "Archives relayed from the upstream without being stored (disk full), "
-                                   "by kind and outcome", ["kind", "outcome"], registry=self.registry)
-        self.unsigned_archives = Counter("registry_proxy_unsigned_archives_total",
-                                         "Provider archives stored although their registry lists no signing keys "
-                                         "(--unsigned-providers; checked against SHA256SUMS and shasum only), by "
-                                         "registry host", ["host"], registry=self.registry)
-        self.served_bytes = Counter("registry_proxy_archive_served_bytes_total",
-                                    "Archive bytes sent to clients", registry=self.registry)
-        self.connections_open = Gauge("registry_proxy_connections_open", "Client connections open (admitted)",
-                                      registry=self.registry, multiprocess_mode="livesum")
-        self.connections_refused = Counter("registry_proxy_connections_refused_total",
-                                           "Client connections refused at --max-connections", registry=self.registry)
-        self.connections_dropped = Counter("registry_proxy_connections_dropped_total",
-                                           "Client connections closed by a timeout", ["reason"],
-                                           registry=self.registry)
-        self.negative_entries = Gauge("registry_proxy_negative_cache_entries",
-                                      "Remembered upstream 404s held (fleet-wide with Redis)", registry=self.registry,
-                                      multiprocess_mode="livemax")
-        self.negative_bytes = Gauge("registry_proxy_negative_cache_bytes",
-                                    "Size of the remembered upstream 404s held", registry=self.registry,
-                                    multiprocess_mode="livemax")
-        self.store_bytes = Gauge("registry_proxy_store_bytes", "Bytes of the archives in the store (as last "
-                                 "listed, plus what was stored since)", registry=self.registry,
-                                 multiprocess_mode="livemax")
-        self.store_objects = Gauge("registry_proxy_store_objects", "Archives in the store (as last listed, plus "
-                                   "what was stored since)", registry=self.registry, multiprocess_mode="livemax")
-        self.evictions = Counter("registry_proxy_store_evictions_total", "Archives evicted from the store "
-                                 "(least recently served first)", registry=self.registry)
-        self.evicted_bytes = Counter("registry_proxy_store_evicted_bytes_total", "Bytes freed by evicting archives",
-                                     registry=self.registry)
+        self.requests = Counter(
+            "registry_proxy_requests_total", "HTTP requests served", ["route", "status"], registry=self.registry
+        )
+        self.request_seconds = Histogram(
+            "registry_proxy_request_duration_seconds",
+            "Time from a request's arrival to its answer's end",
+            ["route"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            "registry_proxy_upstream_request_duration_seconds",
+            "Time from an upstream request to its answer's headers, by host",
+            ["host"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.cache = Counter(
+            "registry_proxy_cache_total", "Metadata cache outcomes", ["outcome"], registry=self.registry
+        )
+        self.upstream_fetches = Counter(
+            "registry_proxy_upstream_fetches_total",
+            "Upstream requests by kind and outcome",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.upstream_bytes = Counter(
+            "registry_proxy_upstream_bytes_total", "Archive bytes downloaded from upstreams", registry=self.registry
+        )
+        self.verification_failures = Counter(
+            "registry_proxy_verification_failures_total",
+            "Archives or checksums that failed verification",
+            ["check"],
+            registry=self.registry,
+        )
+        self.archive_redirects = Counter(
+            "registry_proxy_archive_redirects_total",
+            "Archive requests answered with a presigned URL of the object store",
+            registry=self.registry,
+        )
+        self.store_corruptions = Counter(
+            "registry_proxy_store_corruptions_total",
+            "Stored archives found corrupt (and quarantined), by check",
+            ["check"],
+            registry=self.registry,
+        )
+        self.metadata_rejected = Counter(
+            "registry_proxy_metadata_rejected_total",
+            "Metadata store values refused: no seal or a bad seal (poisoned records)",
+            ["store", "reason"],
+            registry=self.registry,
+        )
+        self.passthrough = Counter(
+            "registry_proxy_archive_passthrough_total",
+            "Archives relayed from the upstream without being stored (disk full), by kind and outcome",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.unsigned_archives = Counter(
+            "registry_proxy_unsigned_archives_total",
+            "Provider archives stored although their registry lists no signing keys "
+            "(--unsigned-providers; checked against SHA256SUMS and shasum only), by "
+            "registry host",
+            ["host"],
+            registry=self.registry,
+        )
+        self.served_bytes = Counter(
+            "registry_proxy_archive_served_bytes_total", "Archive bytes sent to clients", registry=self.registry
+        )
+        self.connections_open = Gauge(
+            "registry_proxy_connections_open",
+            "Client connections open (admitted)",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.connections_refused = Counter(
+            "registry_proxy_connections_refused_total",
+            "Client connections refused at --max-connections",
+            registry=self.registry,
+        )
+        self.connections_dropped = Counter(
+            "registry_proxy_connections_dropped_total",
+            "Client connections closed by a timeout",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.negative_entries = Gauge(
+            "registry_proxy_negative_cache_entries",
+            "Remembered upstream 404s held (fleet-wide with Redis)",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.negative_bytes = Gauge(
+            "registry_proxy_negative_cache_bytes",
+            "Size of the remembered upstream 404s held",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.store_bytes = Gauge(
+            "registry_proxy_store_bytes",
+            "Bytes of the archives in the store (as last listed, plus what was stored since)",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.store_objects = Gauge(
+            "registry_proxy_store_objects",
+            "Archives in the store (as last listed, plus what was stored since)",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.evictions = Counter(
+            "registry_proxy_store_evictions_total",
+            "Archives evicted from the store (least recently served first)",
+            registry=self.registry,
+        )
+        self.evicted_bytes = Counter(
+            "registry_proxy_store_evicted_bytes_total", "Bytes freed by evicting archives", registry=self.registry
+        )
 
     def count_request(self, route: str, status: int, seconds: float) -> None:
         """One request served: its count by route and status, its duration by route (runs per request, so the
         labelled series are looked up once)."""
         series = self._request_series.get((route, status))
         if series is None:
-            series = self._request_series[route, status] = (self.requests.labels(route, str(status)),
-                                                            self.request_seconds.labels(route))
+            series = self._request_series[route, status] = (
+                self.requests.labels(route, str(status)),
+                self.request_seconds.labels(route),
+            )
         series[0].inc()
         series[1].observe(seconds)
 
@@ -152,8 +236,12 @@ class Metrics:
     def redis_up(self, up: bool) -> None:
         """Whether Redis answered (exported only by a proxy that uses Redis)."""
         if self._redis_up is None:
-            self._redis_up = Gauge("registry_proxy_redis_up", "1 when the Redis metadata store answered at the "
-                                   "last scrape, else 0", registry=self.registry, multiprocess_mode="livemin")
+            self._redis_up = Gauge(
+                "registry_proxy_redis_up",
+                "1 when the Redis metadata store answered at the last scrape, else 0",
+                registry=self.registry,
+                multiprocess_mode="livemin",
+            )
         self._redis_up.set(1 if up else 0)
 
     def exposition(self) -> bytes:
@@ -176,13 +264,15 @@ class Metrics:
                 label = sample.labels.get("outcome", "")
                 sums[sample.name, label] = sums.get((sample.name, label), 0.0) + sample.value
         fetches = sum(v for (name, _), v in sums.items() if name == "registry_proxy_upstream_fetches_total")
-        return Totals(cache_hits=int(sums.get(("registry_proxy_cache_total", "hit"), 0)),
-                      cache_misses=int(sums.get(("registry_proxy_cache_total", "miss"), 0)),
-                      cache_stale=int(sums.get(("registry_proxy_cache_total", "stale"), 0)),
-                      bytes_served=int(sums.get(("registry_proxy_archive_served_bytes_total", ""), 0)),
-                      upstream_fetches=int(fetches),
-                      upstream_bytes=int(sums.get(("registry_proxy_upstream_bytes_total", ""), 0)),
-                      all_workers=_shared_dir is not None)
+        return Totals(
+            cache_hits=int(sums.get(("registry_proxy_cache_total", "hit"), 0)),
+            cache_misses=int(sums.get(("registry_proxy_cache_total", "miss"), 0)),
+            cache_stale=int(sums.get(("registry_proxy_cache_total", "stale"), 0)),
+            bytes_served=int(sums.get(("registry_proxy_archive_served_bytes_total", ""), 0)),
+            upstream_fetches=int(fetches),
+            upstream_bytes=int(sums.get(("registry_proxy_upstream_bytes_total", ""), 0)),
+            all_workers=_shared_dir is not None,
+        )
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,19 @@ class _ArchiveList:
 class Mirror:
     """The provider service behind the registry, network mirror and lock file handlers."""
 
-    def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
-                 keyring: Keyring, *, cache: MetadataStore, store: ArchiveStorage, space: DiskSpace,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        documents: DocumentCache,
+        downloader: Downloader,
+        flights: Flights,
+        keyring: Keyring,
+        *,
+        cache: MetadataStore,
+        store: ArchiveStorage,
+        space: DiskSpace,
+        metrics: Metrics,
+    ) -> None:
         self._settings = settings
         self._documents = documents
         self._downloader = downloader
@@ -163,8 +173,7 @@ class Mirror:
         record = await self._verified_sums_record(addr, version, d)
         return record.sums, record.signature
 
-    async def lock_hashes(self, addr: ProviderAddr, version: Version,
-                          platforms: list[Platform]) -> LockHashes:
+    async def lock_hashes(self, addr: ProviderAddr, version: Version, platforms: list[Platform]) -> LockHashes:
         """What `providers lock` would record: each platform's `h1:` and a `zh:` per signed SHA256SUMS line.
 
         Each requested platform's archive is fetched and verified if it is not cached yet; a platform
@@ -172,12 +181,14 @@ class Mirror:
         """
         info = await self.offered(addr, version, platforms)
         try:
-            results = await gather_bounded((self.archive(addr, version, p) for p in platforms),
-                                           self._settings.limits.upstream_concurrency)
+            results = await gather_bounded(
+                (self.archive(addr, version, p) for p in platforms), self._settings.limits.upstream_concurrency
+            )
         except DiskFullError as exc:
-            raise DiskFullError(f"cannot compute the h1: hashes of {addr} {version}: they need the archives, "
-                                f"which the proxy cannot store now; free space on the proxy and retry ({exc.message})"
-                                ) from None
+            raise DiskFullError(
+                f"cannot compute the h1: hashes of {addr} {version}: they need the archives, "
+                f"which the proxy cannot store now; free space on the proxy and retry ({exc.message})"
+            ) from None
         h1 = {str(p): record.h1_dir for p, (_, record) in zip(platforms, results, strict=True)}
         zh = {str(p): zh_hash(record.sha256) for p, (_, record) in zip(platforms, results, strict=True)}
         signed: list[str] = []
@@ -195,6 +206,7 @@ class Mirror:
         platforms cost nothing upstream; a list missing them is refetched at most once per
         `--ttl-negative` (a version may have been published since the list was cached).
         """
+
         def lacks(versions: dict[Version, VersionInfo]) -> bool:
             info = versions.get(version)
             return info is None or bool(missing_platforms(info.platforms, platforms))
@@ -208,11 +220,16 @@ class Mirror:
             raise NotFoundError(no_package_message(f"provider {addr} {version}", missing, info.platforms))
         return info
 
-    async def _versions_entry(self, addr: ProviderAddr, base: URL, key: str,
-                              max_age: float | None = None) -> CacheEntry:
+    async def _versions_entry(
+        self, addr: ProviderAddr, base: URL, key: str, max_age: float | None = None
+    ) -> CacheEntry:
         url = providers.versions_url(base, addr)
-        entry = await self._documents.document(key, url, ttl=list_ttl(self._settings.freshness.versions, max_age),
-                                               validate=lambda e: providers.parse_versions(e.body, addr))
+        entry = await self._documents.document(
+            key,
+            url,
+            ttl=list_ttl(self._settings.freshness.versions, max_age),
+            validate=lambda e: providers.parse_versions(e.body, addr),
+        )
         if entry.negative:
             raise NotFoundError(f"provider {addr} is not known to its registry")
         return entry
@@ -229,26 +246,33 @@ class Mirror:
         known = self._archive_lists.get(memo_key)
         if known is not None and known.info is info and await self._documents.stored(known.keys) == known.values:
             return known.archives
-        platform_keys = [k for p in info.platforms
-                         for k in (keys.download(addr, version, p), keys.archive(addr, version, p))]
+        platform_keys = [
+            k for p in info.platforms for k in (keys.download(addr, version, p), keys.archive(addr, version, p))
+        ]
         before = await self._documents.stored(platform_keys)  # read first: a later change makes the memo miss
         downloads, archives = await self._platform_archives(addr, version, info)
         if len(downloads) == len(info.platforms):  # every platform known for good (no failure, no 404)
             sums_keys = sorted({self._sums_key(addr, d) for d in downloads})  # written once, present now
-            self._remember_archive_list(memo_key, _ArchiveList(
-                info, platform_keys + sums_keys, before + await self._documents.stored(sums_keys), archives))
+            self._remember_archive_list(
+                memo_key,
+                _ArchiveList(
+                    info, platform_keys + sums_keys, before + await self._documents.stored(sums_keys), archives
+                ),
+            )
         return archives
 
-    async def _platform_archives(self, addr: ProviderAddr, version: Version,
-                                 info: VersionInfo) -> tuple[list[DownloadInfo], list[PlatformArchive]]:
+    async def _platform_archives(
+        self, addr: ProviderAddr, version: Version, info: VersionInfo
+    ) -> tuple[list[DownloadInfo], list[PlatformArchive]]:
         async def facts(platform: Platform) -> tuple[DownloadInfo | UpstreamError | None, dict[str, str] | None]:
             # The release's SHA256SUMS is fetched and verified as soon as one platform's download document
             # names it, while the other platforms' documents are still on their way (one fetch: a flight).
             d = await self._cached_download_info(addr, version, platform)
             return d, (await self._verified_sums(addr, version, d) if isinstance(d, DownloadInfo) else None)
 
-        found = await gather_bounded((facts(platform) for platform in info.platforms),
-                                     self._settings.limits.upstream_concurrency)
+        found = await gather_bounded(
+            (facts(platform) for platform in info.platforms), self._settings.limits.upstream_concurrency
+        )
         downloads = [d for d, _ in found if isinstance(d, DownloadInfo)]
         failures = [d for d, _ in found if isinstance(d, UpstreamError)]
         if failures and not downloads:
@@ -269,15 +293,17 @@ class Mirror:
             self._archive_lists.pop(next(iter(self._archive_lists)))
         self._archive_lists[key] = made
 
-    async def archive(self, addr: ProviderAddr, version: Version,
-                      platform: Platform) -> tuple[StoredArchive, ArchiveRecord]:
+    async def archive(
+        self, addr: ProviderAddr, version: Version, platform: Platform
+    ) -> tuple[StoredArchive, ArchiveRecord]:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
         found = await self._archive(addr, version, platform, follow=False)
         assert not isinstance(found, GrowingFile)  # only given when following
         return found
 
-    async def _archive(self, addr: ProviderAddr, version: Version, platform: Platform, *,
-                       follow: bool) -> tuple[StoredArchive, ArchiveRecord] | GrowingFile:
+    async def _archive(
+        self, addr: ProviderAddr, version: Version, platform: Platform, *, follow: bool
+    ) -> tuple[StoredArchive, ArchiveRecord] | GrowingFile:
         """`archive`; with `follow`, a cold archive's download (here or in another process) as soon as it
         is under way, instead of the archive once stored."""
         self._documents.check_allowed(addr.hostname)
@@ -290,16 +316,20 @@ class Mirror:
         key = keys.archive(addr, version, platform)
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
             flight = self._flights.once_for_the_fleet(
-                key, lambda: self._stored_archive(addr, version, platform),
-                lambda: self._fetch_archive(addr, version, platform, d, sums))
+                key,
+                lambda: self._stored_archive(addr, version, platform),
+                lambda: self._fetch_archive(addr, version, platform, d, sums),
+            )
             expected = _listed_digest(sums, d) if follow else None
-            found_or_growing = await (flight if expected is None
-                                      else self._downloader.growing.result_or_growing(key, expected, flight))
+            found_or_growing = await (
+                flight if expected is None else self._downloader.growing.result_or_growing(key, expected, flight)
+            )
         note_cache("miss")
         return found_or_growing
 
-    async def archive_for_client(self, addr: ProviderAddr, version: Version, platform: Platform, *,
-                                 follow: bool = False) -> tuple[StoredArchive | PassThrough, str]:
+    async def archive_for_client(
+        self, addr: ProviderAddr, version: Version, platform: Platform, *, follow: bool = False
+    ) -> tuple[StoredArchive | PassThrough, str]:
         """The verified archive and its file name; while the disk is full, a verified relay of the upstream's.
 
         With `follow`, a cold archive whose download is under way is relayed as it is written, its
@@ -322,16 +352,29 @@ class Mirror:
                     self._security_event("archive", addr, version, d, failure.message)
                     raise
 
-            log.info("archive.passthrough", provider=str(addr), version=str(version), platform=str(platform),
-                     reason=exc.message)
-            return self._downloader.pass_through(d.download_url, max_bytes=self._settings.limits.max_archive_bytes,
-                                            algorithm="sha256", kind="provider", check=check, etag=expected), d.filename
+            log.info(
+                "archive.passthrough",
+                provider=str(addr),
+                version=str(version),
+                platform=str(platform),
+                reason=exc.message,
+            )
+            return self._downloader.pass_through(
+                d.download_url,
+                max_bytes=self._settings.limits.max_archive_bytes,
+                algorithm="sha256",
+                kind="provider",
+                check=check,
+                etag=expected,
+            ), d.filename
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of the metadata store, the data directory and its free space."""
-        return {"metadata_store": await self._cache.ping(),
-                "archive_store": await asyncio.to_thread(self._store.is_writable),
-                "disk_space": (await self.disk_space()).ok}
+        return {
+            "metadata_store": await self._cache.ping(),
+            "archive_store": await asyncio.to_thread(self._store.is_writable),
+            "disk_space": (await self.disk_space()).ok,
+        }
 
     async def metadata_store_up(self) -> bool:
         """Whether the metadata store answers now."""
@@ -347,8 +390,9 @@ class Mirror:
 
     # ---- discovery and metadata --------------------------------------------------------
 
-    async def _cached_download_info(self, addr: ProviderAddr, version: Version,
-                                    platform: Platform) -> DownloadInfo | UpstreamError | None:
+    async def _cached_download_info(
+        self, addr: ProviderAddr, version: Version, platform: Platform
+    ) -> DownloadInfo | UpstreamError | None:
         """Download metadata for a version document; a platform that cannot be had now (offline and not
         cached, or the upstream failing for it alone) is left out rather than failing the whole document."""
         try:
@@ -356,12 +400,16 @@ class Mirror:
         except OfflineMissError:
             return None
         except UpstreamError as exc:
-            log.warning("mirror.platform_unavailable", provider=str(addr), version=str(version),
-                        platform=str(platform), error=exc.message)
+            log.warning(
+                "mirror.platform_unavailable",
+                provider=str(addr),
+                version=str(version),
+                platform=str(platform),
+                error=exc.message,
+            )
             return exc
 
-    async def _download_info(self, addr: ProviderAddr, version: Version,
-                             platform: Platform) -> DownloadInfo | None:
+    async def _download_info(self, addr: ProviderAddr, version: Version, platform: Platform) -> DownloadInfo | None:
         base = await self._documents.service_url(addr.hostname, "providers.v1")
         url = providers.download_url(base, addr, version, platform)
         parse = _download_parser(addr, version, platform)
@@ -380,8 +428,9 @@ class Mirror:
         return keys.sums(d, scope=host if host in self._private_hosts else "")
 
     def _parsed_sums(self, addr: ProviderAddr, d: DownloadInfo, record: SumsRecord) -> dict[str, str]:
-        return self._documents.parsed(self._sums_key(addr, d), record,
-                                      lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url)))
+        return self._documents.parsed(
+            self._sums_key(addr, d), record, lambda r: verify.parse_signed_sums(r.sums, str(d.shasums_url))
+        )
 
     async def _verified_sums_record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
@@ -394,28 +443,35 @@ class Mirror:
         record = await recorded()
         if record is None:
             record = await self._flights.once_for_the_fleet(
-                key, recorded, lambda: self._fetch_verified_sums(key, addr, version, d),
-                str(d.shasums_url.with_query(None)))
+                key,
+                recorded,
+                lambda: self._fetch_verified_sums(key, addr, version, d),
+                str(d.shasums_url.with_query(None)),
+            )
         return record
 
-    async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version,
-                                   d: DownloadInfo) -> SumsRecord:
+    async def _fetch_verified_sums(self, key: str, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
         # The keys are imported while the documents they verify arrive (a gpg process less to wait for).
         sums, signature, _ = await asyncio.gather(
             self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
             self._documents.blob(d.shasums_signature_url, limit, "SHA256SUMS signature"),
-            asyncio.to_thread(self._keyring.import_quietly, list(d.signing_keys)))
+            asyncio.to_thread(self._keyring.import_quietly, list(d.signing_keys)),
+        )
         if d.unsigned:  # admitted by --unsigned-providers; the signature is kept as sent, for the clients
             verify.parse_signed_sums(sums, str(d.shasums_url))
             record = SumsRecord(sums, signature, "", "", unsigned=True)
             await self._documents.put_record(key, record)
-            log.info("verify.signature_skipped", provider=str(addr), version=str(version),
-                     reason="the registry lists no signing keys", policy=str(self._settings.unsigned_providers))
+            log.info(
+                "verify.signature_skipped",
+                provider=str(addr),
+                version=str(version),
+                reason="the registry lists no signing keys",
+                policy=str(self._settings.unsigned_providers),
+            )
             return record
         try:
-            result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature,
-                                             list(d.signing_keys))
+            result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature, list(d.signing_keys))
         except SignatureError as exc:
             self._security_event("signature", addr, version, d, str(exc))
             raise VerificationError(f"SHA256SUMS of {addr} {version} failed verification: {exc}") from None
@@ -438,36 +494,57 @@ class Mirror:
         policy = self._settings.unsigned_providers
         reason = None
         if not policy.allows(addr.hostname):
-            reason = (f"the registry lists no signing keys for {addr} {version}: unsigned providers from "
-                      f"{addr.hostname} are refused (--unsigned-providers {policy})")
+            reason = (
+                f"the registry lists no signing keys for {addr} {version}: unsigned providers from "
+                f"{addr.hostname} are refused (--unsigned-providers {policy})"
+            )
         elif not all(url is not None and url.scheme == "https" for url in (d.document_url, d.shasums_url)):
-            reason = (f"the registry lists no signing keys for {addr} {version}, and its download answer or "
-                      "SHA256SUMS did not come over https: without a signature, TLS is all that vouches for them")
+            reason = (
+                f"the registry lists no signing keys for {addr} {version}, and its download answer or "
+                "SHA256SUMS did not come over https: without a signature, TLS is all that vouches for them"
+            )
         if reason is not None:
             self._security_event("unsigned", addr, version, d, reason)
             raise VerificationError(reason)
 
-    def _refuse_cached_unsigned(self, addr: ProviderAddr, version: Version, platform: Platform,
-                                record: ArchiveRecord) -> None:
+    def _refuse_cached_unsigned(
+        self, addr: ProviderAddr, version: Version, platform: Platform, record: ArchiveRecord
+    ) -> None:
         """A stored unsigned archive whose host `--unsigned-providers` no longer admits is refused, not served."""
         policy = self._settings.unsigned_providers
         if record.unsigned and not policy.allows(addr.hostname):
-            reason = (f"the stored archive {record.filename} of {addr} {version} is unsigned (its registry lists no "
-                      f"signing keys), and unsigned providers from {addr.hostname} are refused "
-                      f"(--unsigned-providers {policy})")
-            security_event(self._metrics, "unsigned", addr, version=str(version), platform=str(platform),
-                           filename=record.filename, reason=reason)
+            reason = (
+                f"the stored archive {record.filename} of {addr} {version} is unsigned (its registry lists no "
+                f"signing keys), and unsigned providers from {addr.hostname} are refused "
+                f"(--unsigned-providers {policy})"
+            )
+            security_event(
+                self._metrics,
+                "unsigned",
+                addr,
+                version=str(version),
+                platform=str(platform),
+                filename=record.filename,
+                reason=reason,
+            )
             raise VerificationError(reason)
 
-    def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo,
-                        reason: str) -> None:
-        security_event(self._metrics, check, addr, version=str(version), platform=str(d.platform),
-                       filename=d.filename, reason=reason)
+    def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo, reason: str) -> None:
+        security_event(
+            self._metrics,
+            check,
+            addr,
+            version=str(version),
+            platform=str(d.platform),
+            filename=d.filename,
+            reason=reason,
+        )
 
     # ---- archives -------------------------------------------------------------------------
 
-    async def _stored_archive(self, addr: ProviderAddr, version: Version,
-                              platform: Platform) -> tuple[StoredArchive, ArchiveRecord] | None:
+    async def _stored_archive(
+        self, addr: ProviderAddr, version: Version, platform: Platform
+    ) -> tuple[StoredArchive, ArchiveRecord] | None:
         """The archive if its verified record exists, agrees with the signed sums, and its file, of the
         recorded size, is in the store."""
         record = await self._archive_record(addr, version, platform)
@@ -477,8 +554,9 @@ class Mirror:
             record = None
         return await self._downloader.stored(record)
 
-    async def _agrees_with_signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform,
-                                       record: ArchiveRecord) -> bool:
+    async def _agrees_with_signed_sums(
+        self, addr: ProviderAddr, version: Version, platform: Platform, record: ArchiveRecord
+    ) -> bool:
         """Defence in depth behind the sealed store: an archive record must name the file and digest that the
         release's verified SHA256SUMS lists for this platform's download. Only cached metadata is consulted
         (a hit never goes upstream); with nothing cached to compare, the sealed record stands."""
@@ -496,21 +574,26 @@ class Mirror:
             expected = None
         if (expected, d.filename, d.unsigned) == (record.sha256, record.filename, record.unsigned):
             return True
-        log.error("security.metadata_poisoned", key=keys.archive(addr, version, platform), store="consistency",
-                  reason="the archive record disagrees with the signed SHA256SUMS of its download",
-                  effect="treated as a miss and fetched again; never served")
+        log.error(
+            "security.metadata_poisoned",
+            key=keys.archive(addr, version, platform),
+            store="consistency",
+            reason="the archive record disagrees with the signed SHA256SUMS of its download",
+            effect="treated as a miss and fetched again; never served",
+        )
         return False
 
-    async def _archive_records(self, addr: ProviderAddr, version: Version,
-                               platforms: list[Platform]) -> list[ArchiveRecord | None]:
+    async def _archive_records(
+        self, addr: ProviderAddr, version: Version, platforms: list[Platform]
+    ) -> list[ArchiveRecord | None]:
         return await self._documents.records([keys.archive(addr, version, p) for p in platforms], ArchiveRecord)
 
-    async def _archive_record(self, addr: ProviderAddr, version: Version,
-                              platform: Platform) -> ArchiveRecord | None:
+    async def _archive_record(self, addr: ProviderAddr, version: Version, platform: Platform) -> ArchiveRecord | None:
         return await self._documents.record(keys.archive(addr, version, platform), ArchiveRecord)
 
-    async def _release_facts(self, addr: ProviderAddr, version: Version,
-                             platform: Platform) -> tuple[DownloadInfo, dict[str, str]]:
+    async def _release_facts(
+        self, addr: ProviderAddr, version: Version, platform: Platform
+    ) -> tuple[DownloadInfo, dict[str, str]]:
         """Download metadata and verified SHA256SUMS of an archive: what its download needs first."""
         d = await self._download_info(addr, version, platform)
         if d is None:
@@ -525,14 +608,16 @@ class Mirror:
             self._security_event("shasums_line", addr, version, d, exc.message)
             raise
 
-    async def _expected_digest(self, addr: ProviderAddr, version: Version,
-                               platform: Platform) -> tuple[DownloadInfo, str]:
+    async def _expected_digest(
+        self, addr: ProviderAddr, version: Version, platform: Platform
+    ) -> tuple[DownloadInfo, str]:
         """The download metadata and the SHA-256 the signed SHA256SUMS lists for the archive."""
         d, sums = await self._release_facts(addr, version, platform)
         return d, self._expected(addr, version, d, sums)
 
-    async def _fetch_archive(self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo,
-                             sums: dict[str, str]) -> tuple[StoredArchive, ArchiveRecord]:
+    async def _fetch_archive(
+        self, addr: ProviderAddr, version: Version, platform: Platform, d: DownloadInfo, sums: dict[str, str]
+    ) -> tuple[StoredArchive, ArchiveRecord]:
         expected = self._expected(addr, version, d, sums)
         key = keys.archive(addr, version, platform)
 
@@ -541,15 +626,27 @@ class Mirror:
 
         async def record(stored: StoredArchive, hashes: tuple[str, str]) -> None:
             await self._documents.put_record(key, record_of(stored, hashes))
-            log.info("archive.stored", provider=str(addr), version=str(version), platform=str(platform),
-                     sha256=expected, bytes=stored.size)
+            log.info(
+                "archive.stored",
+                provider=str(addr),
+                version=str(version),
+                platform=str(platform),
+                sha256=expected,
+                bytes=stored.size,
+            )
             if d.unsigned:
                 self._metrics.unsigned_archives.labels(str(addr.hostname)).inc()
-                log.warning("archive.unsigned_stored", provider=str(addr), version=str(version),
-                            platform=str(platform), sha256=expected, host=str(addr.hostname),
-                            policy=str(self._settings.unsigned_providers),
-                            checked="SHA256SUMS (over verified TLS) and the registry's shasum; no signature: "
-                                    "the registry lists no signing keys")
+                log.warning(
+                    "archive.unsigned_stored",
+                    provider=str(addr),
+                    version=str(version),
+                    platform=str(platform),
+                    sha256=expected,
+                    host=str(addr.hostname),
+                    policy=str(self._settings.unsigned_providers),
+                    checked="SHA256SUMS (over verified TLS) and the registry's shasum; no signature: "
+                    "the registry lists no signing keys",
+                )
 
         # Another address or protocol (or this one, before the metadata was lost) may have stored the
         # same bytes already: adopted only if they hash to the address. Not with private hosts: a public
@@ -563,9 +660,14 @@ class Mirror:
             await record(stored, hashes)
         return stored, record_of(stored, hashes)
 
-    async def _download_verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo, expected: str,
-                                 record: Callable[[StoredArchive, tuple[str, str]], Awaitable[None]]
-                                 ) -> tuple[StoredArchive, tuple[str, str]]:
+    async def _download_verified(
+        self,
+        addr: ProviderAddr,
+        version: Version,
+        d: DownloadInfo,
+        expected: str,
+        record: Callable[[StoredArchive, tuple[str, str]], Awaitable[None]],
+    ) -> tuple[StoredArchive, tuple[str, str]]:
         # The members are hashed while the archive streams in; at the end only its central directory is read.
         streamed = ZipStreamHasher()
 
@@ -577,9 +679,14 @@ class Mirror:
                 self._security_event("archive", addr, version, d, exc.message)
                 raise
 
-        return await self._downloader.download(d.download_url, self._settings.limits.max_archive_bytes, check,
-                                               follow=(keys.archive(addr, version, d.platform), expected),
-                                               then=record, tap=streamed.feed)
+        return await self._downloader.download(
+            d.download_url,
+            self._settings.limits.max_archive_bytes,
+            check,
+            follow=(keys.archive(addr, version, d.platform), expected),
+            then=record,
+            tap=streamed.feed,
+        )
 
 
 def _download_parser(addr: ProviderAddr, version: Version, platform: Platform) -> Callable[[CacheEntry], DownloadInfo]:

@@ -19,8 +19,14 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 _FORCED_GETTER = re.compile(r"^([A-Za-z0-9]+)::(.+)\Z", re.DOTALL)
 _SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:")
 ARCHIVE_EXTENSIONS = {
-    ".tar.gz": "tar.gz", ".tgz": "tar.gz", ".tar.bz2": "tar.bz2", ".tbz2": "tar.bz2",
-    ".tar.xz": "tar.xz", ".txz": "tar.xz", ".zip": "zip", ".tar": "tar",
+    ".tar.gz": "tar.gz",
+    ".tgz": "tar.gz",
+    ".tar.bz2": "tar.bz2",
+    ".tbz2": "tar.bz2",
+    ".tar.xz": "tar.xz",
+    ".txz": "tar.xz",
+    ".zip": "zip",
+    ".tar": "tar",
 }
 FILE_EXTENSIONS = {"tar.gz": ".tar.gz", "tar.bz2": ".tar.bz2", "tar.xz": ".tar.xz", "zip": ".zip", "tar": ".tar"}
 PASSTHROUGH_GETTERS = {"s3", "gcs", "hg", "oci"}
@@ -66,7 +72,7 @@ def split_subdir(source: str) -> tuple[str, str]:
     index = source.find("//", offset, stop)
     if index < 0:
         return source, ""
-    subdir, rest = source[index + 2:], source[:index]
+    subdir, rest = source[index + 2 :], source[:index]
     query = subdir.find("?")
     if query >= 0:
         rest += subdir[query:]
@@ -122,8 +128,9 @@ def classify(location: str) -> ModuleSource:
     if archive is None:
         return Passthrough(location, "http")  # a terraform-get indirection page: the client follows it
     # Drop only go-getter's own parameters; the rest of the query stays byte for byte (it may be signed).
-    query = "&".join(item for item in parts.query.split("&")
-                     if item and item.split("=", 1)[0] not in ("archive", "checksum"))
+    query = "&".join(
+        item for item in parts.query.split("&") if item and item.split("=", 1)[0] not in ("archive", "checksum")
+    )
     return HttpArchive(urlunsplit(parts._replace(query=query, fragment="")), archive, subdir, checksum)
 
 
@@ -136,8 +143,11 @@ def _parse_checksum(value: str) -> tuple[str, str] | None:
     if not sep:
         kind, digest = _DIGEST_LENGTHS.get(len(value), ""), value
     digest = digest.lower()
-    if kind in ("md5", "sha1", "sha256", "sha512") and re.fullmatch(r"[0-9a-f]+", digest) and \
-            _DIGEST_LENGTHS.get(len(digest)) == kind:
+    if (
+        kind in ("md5", "sha1", "sha256", "sha512")
+        and re.fullmatch(r"[0-9a-f]+", digest)
+        and _DIGEST_LENGTHS.get(len(digest)) == kind
+    ):
         return kind, digest
     return None
 

@@ -52,8 +52,18 @@ class ModuleSourceRefusedError(UpstreamError):
 class ModuleMirror:
     """Module registry pass-through with cached module sources."""
 
-    def __init__(self, settings: Settings, documents: DocumentCache, downloader: Downloader, flights: Flights,
-                 git: GitFetcher, *, store: ArchiveStorage, space: DiskSpace, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        documents: DocumentCache,
+        downloader: Downloader,
+        flights: Flights,
+        git: GitFetcher,
+        *,
+        store: ArchiveStorage,
+        space: DiskSpace,
+        metrics: Metrics,
+    ) -> None:
         self._settings = settings
         self._documents = documents
         self._downloader = downloader
@@ -76,9 +86,11 @@ class ModuleMirror:
         self._documents.check_allowed(addr.hostname)
         base = await self._documents.service_url(addr.hostname, "modules.v1")
         entry = await self._documents.document(
-            keys.module_versions(addr), modules.versions_url(base, addr),
+            keys.module_versions(addr),
+            modules.versions_url(base, addr),
             ttl=list_ttl(self._settings.freshness.versions, max_age),
-            validate=lambda e: modules.parse_versions(e.body, addr))
+            validate=lambda e: modules.parse_versions(e.body, addr),
+        )
         if entry.negative:
             raise NotFoundError(f"module {addr} is not known to its registry")
         return entry
@@ -110,7 +122,8 @@ class ModuleMirror:
         if self._passthrough == "deny":
             raise ModuleSourceRefusedError(
                 f"module {addr} {version}: its source is a {source.kind} location, which this proxy does not "
-                "cache, and --module-passthrough=deny forbids handing it out")
+                "cache, and --module-passthrough=deny forbids handing it out"
+            )
         log.info("module.passthrough", module=str(addr), version=str(version), kind=source.kind)
         return source.location
 
@@ -126,26 +139,34 @@ class ModuleMirror:
         try:
             with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
                 found = await self._flights.once_for_the_fleet(
-                    keys.module(addr, version), lambda: self._stored(addr, version), lambda: self._make(addr, version))
+                    keys.module(addr, version), lambda: self._stored(addr, version), lambda: self._make(addr, version)
+                )
         except DiskFullError as exc:
             return await self._pass_through(addr, version, exc)
         note_cache("miss")
         return found
 
-    async def _pass_through(self, addr: ModuleAddr, version: Version,
-                            exc: DiskFullError) -> tuple[PassThrough, ModuleRecord]:
+    async def _pass_through(
+        self, addr: ModuleAddr, version: Version, exc: DiskFullError
+    ) -> tuple[PassThrough, ModuleRecord]:
         """A pinned https archive relayed unstored; anything else cannot be verified without storing it."""
         source = await self._source(addr, version)
         if not isinstance(source, HttpArchive) or source.checksum is None:
-            raise DiskFullError(f"module {addr} {version}: the proxy's disk is full, and this module's source is not "
-                                "an https archive with a ?checksum= pin, so it cannot be checked without storing it; "
-                                f"free space on the proxy and retry ({exc.message})")
+            raise DiskFullError(
+                f"module {addr} {version}: the proxy's disk is full, and this module's source is not "
+                "an https archive with a ?checksum= pin, so it cannot be checked without storing it; "
+                f"free space on the proxy and retry ({exc.message})"
+            )
         algorithm, pin = source.checksum
         log.info("archive.passthrough", module=str(addr), version=str(version), reason=exc.message)
         relay = self._downloader.pass_through(
-            URL(source.url, encoded=True), max_bytes=self._max_bytes, algorithm=algorithm, kind="module",
+            URL(source.url, encoded=True),
+            max_bytes=self._max_bytes,
+            algorithm=algorithm,
+            kind="module",
             check=lambda actual: self._compare_pin(actual, (algorithm, pin), addr),
-            etag=pin if algorithm == "sha256" else None)
+            etag=pin if algorithm == "sha256" else None,
+        )
         return relay, ModuleRecord(pin if algorithm == "sha256" else "", 0, source.archive, source.url)
 
     async def _source(self, addr: ModuleAddr, version: Version) -> ModuleSource:
@@ -168,6 +189,7 @@ class ModuleMirror:
     async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
         source = await self._source(addr, version)
         if isinstance(source, HttpArchive):
+
             async def check(pending, sha: str) -> None:
                 await self._check_checksum(pending.path, source, addr)
                 await self._check(pending.path, source.archive, addr)
@@ -182,8 +204,15 @@ class ModuleMirror:
         else:
             raise NotFoundError(f"module {addr} {version} is not served by this proxy (its source is not cached)")
         await self._documents.put_record(keys.module(addr, version), record)
-        log.info("module.stored", module=str(addr), version=str(version), sha256=record.sha256, bytes=record.size,
-                 source=record.source, commit=record.commit or None)
+        log.info(
+            "module.stored",
+            module=str(addr),
+            version=str(version),
+            sha256=record.sha256,
+            bytes=record.size,
+            source=record.source,
+            commit=record.commit or None,
+        )
         return stored, record
 
     async def _pack_git(self, addr: ModuleAddr, source: GitSource) -> tuple[StoredArchive, str]:
@@ -194,7 +223,8 @@ class ModuleMirror:
             await self._check(path, "tar.gz", addr)
             if (await asyncio.to_thread(path.stat)).st_size > self._max_bytes:
                 raise UpstreamTooLargeError(
-                    f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit")
+                    f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit"
+                )
             sha = await asyncio.to_thread(sha256_file, path)
             stored = await asyncio.to_thread(store.publish_path, path, sha)
             self._downloader.note_stored(stored)

@@ -23,8 +23,9 @@ MAX_TRACKED = 10_000
 class RecheckGate:
     """Lets a list be rechecked at most once per `interval` per key (bounded memory, oldest forgotten)."""
 
-    def __init__(self, interval: float, *, max_keys: int = MAX_TRACKED,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float, *, max_keys: int = MAX_TRACKED, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval = interval
         self._max_keys = max_keys
         self._clock = clock
@@ -43,8 +44,9 @@ class RecheckGate:
         return True
 
 
-async def listed(load: Callable[[float | None], Awaitable[T]], lacks: Callable[[T], bool],
-                 gate: RecheckGate, key: Hashable) -> T:
+async def listed(
+    load: Callable[[float | None], Awaitable[T]], lacks: Callable[[T], bool], gate: RecheckGate, key: Hashable
+) -> T:
     """`load(None)` (the cached list); if `lacks` it and the gate allows, `load(max_age)` once more.
 
     `load(max_age)` must refresh the list if its cached copy is older than `max_age`.
@@ -68,5 +70,7 @@ def missing_platforms(offered: Iterable[Platform], requested: Iterable[Platform]
 
 def no_package_message(what: str, missing: list[Platform], offered: Iterable[Platform]) -> str:
     """`provider X 1.0.0 has no package for a_b, c_d (it offers: …)`."""
-    return (f"{what} has no package for {', '.join(map(str, missing))} "
-            f"(it offers: {', '.join(map(str, offered)) or 'none'})")
+    return (
+        f"{what} has no package for {', '.join(map(str, missing))} "
+        f"(it offers: {', '.join(map(str, offered)) or 'none'})"
+    )

@@ -71,8 +71,11 @@ class OptionParser(argparse.ArgumentParser):
         self.option_specs: list[OptionSpec] = []
         self.config_file_options: list[OptionSpec] | None = None  # keys a --config file may name
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(
+        self,
+        args: Sequence[str] | None = None,  # type: ignore[override]
+        namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
         parsed, rest = super().parse_known_args(args, namespace)
         if self._subcommands() is not None:  # the top-level parser: the subcommand has parsed by now
             self._resolve(parsed)
@@ -109,8 +112,16 @@ class OptionParser(argparse.ArgumentParser):
             setattr(parsed, spec.dest, value)
 
 
-def option(parser: argparse.ArgumentParser, flag: str, help_text: str, *, default: Any = None,
-           repeat: bool = False, switch: bool = False, metavar: str | None = None) -> None:
+def option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    help_text: str,
+    *,
+    default: Any = None,
+    repeat: bool = False,
+    switch: bool = False,
+    metavar: str | None = None,
+) -> None:
     """Declare `flag` on `parser` with its environment variable and config-file key (resolved after parsing)."""
     env = env_name(flag)
     kind = "switch" if switch else "repeat" if repeat else "value"
@@ -120,21 +131,29 @@ def option(parser: argparse.ArgumentParser, flag: str, help_text: str, *, defaul
         parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=f"{help_text} [env: {env}]")
     elif repeat:
         shown = ", ".join(default) if default else "none"
-        parser.add_argument(flag, action="append", default=argparse.SUPPRESS, metavar=metavar,
-                            help=f"{help_text} (repeatable; default: {shown}) [env: {env}, comma-separated]")
+        parser.add_argument(
+            flag,
+            action="append",
+            default=argparse.SUPPRESS,
+            metavar=metavar,
+            help=f"{help_text} (repeatable; default: {shown}) [env: {env}, comma-separated]",
+        )
     else:
         shown = f"; default: {default}" if default is not None else ""
-        parser.add_argument(flag, default=argparse.SUPPRESS, metavar=metavar,
-                            help=f"{help_text}{shown} [env: {env}]")
+        parser.add_argument(flag, default=argparse.SUPPRESS, metavar=metavar, help=f"{help_text}{shown} [env: {env}]")
 
 
 def config_option(parser: OptionParser, keys: list[OptionSpec] | None = None) -> None:
     """Give `parser` a `--config FILE` whose keys are its own options, or `keys` (a wider set, e.g. the
     keys of `serve`, so one file serves several commands; keys this command lacks are then ignored)."""
     parser.config_file_options = keys if keys is not None else parser.option_specs
-    parser.add_argument(CONFIG_FLAG, default=None, metavar="FILE",
-                        help="TOML file of settings, keys as the long flags (dashes or underscores); "
-                             f"flags and environment variables win over it [env: {CONFIG_ENV}]")
+    parser.add_argument(
+        CONFIG_FLAG,
+        default=None,
+        metavar="FILE",
+        help="TOML file of settings, keys as the long flags (dashes or underscores); "
+        f"flags and environment variables win over it [env: {CONFIG_ENV}]",
+    )
 
 
 def _from_env(spec: OptionSpec, raw: str) -> Any:

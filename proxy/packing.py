@@ -44,9 +44,11 @@ def deterministic_tar_gz(root: Path, output: Path, mtime: int, exclude: frozense
             if not (Path(current) / name).is_symlink():
                 entries.append(relative_dir / name)
     entries.sort(key=lambda p: p.as_posix().encode())
-    with open(output, "wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        open(output, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         links = _Links()
         for relative in entries:
             info, content = _tar_entry(root / relative, relative.as_posix(), mtime)
@@ -168,8 +170,9 @@ class _Capped:
         return self._inner.tell()
 
 
-def check_archive(path: Path, kind: str, max_entries: int = DEFAULT_MAX_ENTRIES,
-                  max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES) -> int:
+def check_archive(
+    path: Path, kind: str, max_entries: int = DEFAULT_MAX_ENTRIES, max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES
+) -> int:
     """Verify that `path` is a readable, safe archive of `kind`; returns the number of entries.
 
     Bounded without unpacking anything to disk or memory: at most `max_entries` entries, and at
@@ -181,8 +184,16 @@ def check_archive(path: Path, kind: str, max_entries: int = DEFAULT_MAX_ENTRIES,
             count = _check_zip(path, max_entries, max_unpacked_bytes)
         else:
             count = _check_tar(path, kind, max_entries, max_unpacked_bytes)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError, zlib.error,
-            lzma.LZMAError) as exc:
+    except (
+        tarfile.TarError,
+        zipfile.BadZipFile,
+        EOFError,
+        OSError,
+        KeyError,
+        ValueError,
+        zlib.error,
+        lzma.LZMAError,
+    ) as exc:
         if isinstance(exc, ArchiveError):
             raise
         raise ArchiveError(f"not a readable {kind} archive: {exc}") from None
@@ -211,8 +222,10 @@ def _check_zip(path: Path, max_entries: int, max_unpacked_bytes: int) -> int:
 def _check_tar(path: Path, kind: str, max_entries: int, max_unpacked_bytes: int) -> int:
     count = declared = 0
     links = _Links()
-    with _DECOMPRESSORS[kind](path, "rb") as stream, \
-            tarfile.open(fileobj=_Capped(stream, max_unpacked_bytes), mode="r:") as archive:
+    with (
+        _DECOMPRESSORS[kind](path, "rb") as stream,
+        tarfile.open(fileobj=_Capped(stream, max_unpacked_bytes), mode="r:") as archive,
+    ):
         for member in archive:
             count += 1
             if count > max_entries:

@@ -52,11 +52,7 @@ class Snippet:
 
 def mirror_config(base: str) -> str:
     """The `provider_installation` block naming this proxy as the network mirror."""
-    return ("provider_installation {\n"
-            "  network_mirror {\n"
-            f'    url = "{base}mirror/v1/"\n'
-            "  }\n"
-            "}\n")
+    return f'provider_installation {{\n  network_mirror {{\n    url = "{base}mirror/v1/"\n  }}\n}}\n'
 
 
 def host_config(base: str, hosts: list[str]) -> str:
@@ -64,12 +60,14 @@ def host_config(base: str, hosts: list[str]) -> str:
     root = base.rstrip("/")
     blocks = []
     for host in hosts:
-        blocks.append(f'host "{host}" {{\n'
-                      "  services = {\n"
-                      f'    "providers.v1" = "{root}{registry_base(host, "providers")}"\n'
-                      f'    "modules.v1"   = "{root}{registry_base(host, "modules")}"\n'
-                      "  }\n"
-                      "}\n")
+        blocks.append(
+            f'host "{host}" {{\n'
+            "  services = {\n"
+            f'    "providers.v1" = "{root}{registry_base(host, "providers")}"\n'
+            f'    "modules.v1"   = "{root}{registry_base(host, "modules")}"\n'
+            "  }\n"
+            "}\n"
+        )
     return "\n".join(blocks)
 
 
@@ -183,8 +181,14 @@ def number(value: int) -> str:
     return f"{value:,}".replace(",", "\u202f")
 
 
-_environment = Environment(loader=PackageLoader("proxy", "templates"), autoescape=True, undefined=StrictUndefined,
-                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+_environment = Environment(
+    loader=PackageLoader("proxy", "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
 _environment.filters.update(size=human_size, when=when, number=number, breakable=breakable)
 
 
@@ -192,9 +196,14 @@ def render(data: PageData) -> str:
     """The whole HTML page."""
     hosts = sorted(h.host for h in data.hosts if "allowed" in h.roles or "mapped" in h.roles)
     template = _environment.get_template("index.html")
-    return template.render(page=data, snippets=snippets(data.base, hosts), releases=releases(data.inventory.providers),
-                           module_search_text=module_search_text, ago=lambda t: ago(t, data.now),
-                           module_host=module_host(data.base))
+    return template.render(
+        page=data,
+        snippets=snippets(data.base, hosts),
+        releases=releases(data.inventory.providers),
+        module_search_text=module_search_text,
+        ago=lambda t: ago(t, data.now),
+        module_host=module_host(data.base),
+    )
 
 
 def module_host(base: str) -> str | None:

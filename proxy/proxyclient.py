@@ -38,21 +38,26 @@ class ProxyUnreachable(Exception):
 
 
 class ProxyClient:
-    def __init__(self, base_url: str, ca_file: Path | None = None, timeout: float = 3600,
-                 token: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, ca_file: Path | None = None, timeout: float = 3600, token: str | None = None
+    ) -> None:
         self.base = _base_url(base_url)
         cafile = str(ca_file) if ca_file else os.environ.get("SSL_CERT_FILE")
         try:
             context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
         except (OSError, ssl.SSLError) as exc:
             source = "--ca-file" if ca_file else "SSL_CERT_FILE"
-            raise ProxyUnreachable(f"cannot read the CA file {cafile} ({source}): "
-                                   f"{getattr(exc, 'strerror', None) or exc}") from None
+            raise ProxyUnreachable(
+                f"cannot read the CA file {cafile} ({source}): {getattr(exc, 'strerror', None) or exc}"
+            ) from None
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=32),
             timeout=aiohttp.ClientTimeout(total=timeout, connect=30),
-            headers={"User-Agent": f"registry-proxy-cli/{__version__}",
-                     **({"Authorization": f"Bearer {token}"} if token else {})})
+            headers={
+                "User-Agent": f"registry-proxy-cli/{__version__}",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
+        )
 
     async def __aenter__(self) -> ProxyClient:
         try:
@@ -67,25 +72,31 @@ class ProxyClient:
         async with self._request(self.url("healthz")) as response:
             await response.read()
             if response.status != 200:
-                raise ProxyUnreachable(f"{self.base} does not look like a registry-proxy: GET /healthz answered "
-                                       f"HTTP {response.status}")
+                raise ProxyUnreachable(
+                    f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
+                )
 
     @asynccontextmanager
-    async def _request(self, url: URL, params: list[tuple[str, str]] | None = None
-                       ) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def _request(
+        self, url: URL, params: list[tuple[str, str]] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A GET whose connection failures become ProxyUnreachable with one clear line."""
         try:
             async with self._session.get(url, params=params) as response:
                 yield response
         except aiohttp.ClientConnectorCertificateError as exc:
-            raise ProxyUnreachable(f"the TLS certificate of {self.base} is not trusted ({exc.certificate_error}); "
-                                   "give its CA with --ca-file or SSL_CERT_FILE") from None
+            raise ProxyUnreachable(
+                f"the TLS certificate of {self.base} is not trusted ({exc.certificate_error}); "
+                "give its CA with --ca-file or SSL_CERT_FILE"
+            ) from None
         except aiohttp.ClientConnectorError as exc:
-            raise ProxyUnreachable(f"cannot connect to the proxy at {self.base}: {exc.os_error.strerror or exc}"
-                                   ) from None
+            raise ProxyUnreachable(
+                f"cannot connect to the proxy at {self.base}: {exc.os_error.strerror or exc}"
+            ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise ProxyUnreachable(f"the connection to the proxy at {self.base} failed: "
-                                   f"{str(exc) or type(exc).__name__}") from None
+            raise ProxyUnreachable(
+                f"the connection to the proxy at {self.base} failed: {str(exc) or type(exc).__name__}"
+            ) from None
 
     async def __aexit__(self, *exc: object) -> None:
         await self._session.close()
@@ -106,7 +117,7 @@ class ProxyClient:
     async def provider_versions(self, addr: ProviderAddr) -> list[Version]:
         document = await self.json(f"mirror/v1/{_path(addr)}/index.json")
         versions = []
-        for text in (document.get("versions") or {}):
+        for text in document.get("versions") or {}:
             try:
                 versions.append(Version.parse(text))
             except AddressError:
@@ -133,8 +144,7 @@ class ProxyClient:
     async def module_location(self, addr: ModuleAddr, version: Version) -> str:
         return (await self.json(f"{_module_path(addr)}/{version}/download")).get("location") or ""
 
-    async def download(self, path: str, progress: Callable[[int], None] | None = None,
-                       base: URL | None = None) -> int:
+    async def download(self, path: str, progress: Callable[[int], None] | None = None, base: URL | None = None) -> int:
         """GET a file and discard it, reporting bytes as they arrive; returns the size."""
         url = (base or self.base).join(URL(path, encoded=True)) if not path.startswith("/") else self.url(path)
         async with self._request(url) as response:
@@ -153,11 +163,11 @@ def _base_url(text: str) -> URL:
     try:
         url = URL(text.strip().rstrip("/") + "/")
     except ValueError as exc:
-        raise ProxyUnreachable(f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, "
-                               "e.g. https://proxy.example:8443/") from None
+        raise ProxyUnreachable(
+            f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, e.g. https://proxy.example:8443/"
+        ) from None
     if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
-        raise ProxyUnreachable(f"invalid --proxy {text!r}: give the proxy's base URL, "
-                               "e.g. https://proxy.example:8443/")
+        raise ProxyUnreachable(f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/")
     return url
 
 

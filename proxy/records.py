@@ -81,14 +81,26 @@ class ArchiveRecord:
     unsigned: bool = False  # its registry listed no signing keys: checked against SHA256SUMS and shasum only
 
     def to_dict(self) -> dict[str, Any]:
-        return _mark_unsigned({"v": RECORD_VERSION, "sha256": self.sha256, "size": self.size,
-                               "filename": self.filename, "h1_zip": self.h1_zip, "h1_dir": self.h1_dir},
-                              self.unsigned)
+        return _mark_unsigned(
+            {
+                "v": RECORD_VERSION,
+                "sha256": self.sha256,
+                "size": self.size,
+                "filename": self.filename,
+                "h1_zip": self.h1_zip,
+                "h1_dir": self.h1_dir,
+            },
+            self.unsigned,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ArchiveRecord | None:
-        return _read(data, lambda d: cls(str(d["sha256"]), int(d["size"]), str(d["filename"]), str(d["h1_zip"]),
-                                         str(d["h1_dir"]), _unsigned(d)))
+        return _read(
+            data,
+            lambda d: cls(
+                str(d["sha256"]), int(d["size"]), str(d["filename"]), str(d["h1_zip"]), str(d["h1_dir"]), _unsigned(d)
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -106,13 +118,23 @@ class ModuleRecord:
         return FILE_EXTENSIONS[self.archive]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": RECORD_VERSION, "sha256": self.sha256, "size": self.size, "archive": self.archive,
-                "source": self.source, "commit": self.commit}
+        return {
+            "v": RECORD_VERSION,
+            "sha256": self.sha256,
+            "size": self.size,
+            "archive": self.archive,
+            "source": self.source,
+            "commit": self.commit,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ModuleRecord | None:
-        record = _read(data, lambda d: cls(str(d["sha256"]), int(d["size"]), str(d["archive"]), str(d["source"]),
-                                           str(d.get("commit", ""))))
+        record = _read(
+            data,
+            lambda d: cls(
+                str(d["sha256"]), int(d["size"]), str(d["archive"]), str(d["source"]), str(d.get("commit", ""))
+            ),
+        )
         return record if record is not None and record.archive in FILE_EXTENSIONS else None
 
 
@@ -127,13 +149,29 @@ class SumsRecord:
     unsigned: bool = False  # no signing keys: the signature (kept as sent, for the clients) was not checked
 
     def to_dict(self) -> dict[str, Any]:
-        return _mark_unsigned({"v": RECORD_VERSION, "sums": self.sums.hex(), "signature": self.signature.hex(),
-                               "key_id": self.key_id, "fingerprint": self.fingerprint}, self.unsigned)
+        return _mark_unsigned(
+            {
+                "v": RECORD_VERSION,
+                "sums": self.sums.hex(),
+                "signature": self.signature.hex(),
+                "key_id": self.key_id,
+                "fingerprint": self.fingerprint,
+            },
+            self.unsigned,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SumsRecord | None:
-        return _read(data, lambda d: cls(bytes.fromhex(d["sums"]), bytes.fromhex(d["signature"]),
-                                         str(d.get("key_id", "")), str(d.get("fingerprint", "")), _unsigned(d)))
+        return _read(
+            data,
+            lambda d: cls(
+                bytes.fromhex(d["sums"]),
+                bytes.fromhex(d["signature"]),
+                str(d.get("key_id", "")),
+                str(d.get("fingerprint", "")),
+                _unsigned(d),
+            ),
+        )
 
 
 def encode(record: Record) -> bytes:

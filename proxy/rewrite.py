@@ -22,8 +22,10 @@ def archive_filename(addr: ProviderAddr, version: Version, platform: Platform) -
 
 def mirror_archive_path(addr: ProviderAddr, version: Version, platform: Platform) -> str:
     """Where the network mirror serves an archive (the registry pass-through serves the same one)."""
-    return (f"/mirror/v1/{_seg(str(addr.hostname))}/{_seg(addr.namespace)}/{_seg(addr.type)}/{version}/{platform}/"
-            f"{_seg(archive_filename(addr, version, platform))}")
+    return (
+        f"/mirror/v1/{_seg(str(addr.hostname))}/{_seg(addr.namespace)}/{_seg(addr.type)}/{version}/{platform}/"
+        f"{_seg(archive_filename(addr, version, platform))}"
+    )
 
 
 def registry_base(hostname: Hostname, service: str) -> str:
@@ -32,20 +34,27 @@ def registry_base(hostname: Hostname, service: str) -> str:
 
 
 def registry_download_path(addr: ProviderAddr, version: Version, platform: Platform) -> str:
-    return (registry_base(addr.hostname, "providers")
-            + f"{_seg(addr.namespace)}/{_seg(addr.type)}/{version}/download/{platform.os}/{platform.arch}")
+    return (
+        registry_base(addr.hostname, "providers")
+        + f"{_seg(addr.namespace)}/{_seg(addr.type)}/{version}/download/{platform.os}/{platform.arch}"
+    )
 
 
-def rewrite_download_document(document: dict[str, Any], addr: ProviderAddr, version: Version,
-                              platform: Platform) -> dict[str, Any]:
+def rewrite_download_document(
+    document: dict[str, Any], addr: ProviderAddr, version: Version, platform: Platform
+) -> dict[str, Any]:
     """The upstream download metadata with its three URLs pointing at the proxy; all else unchanged."""
     base = registry_download_path(addr, version, platform)
-    return {**document,
-            "download_url": mirror_archive_path(addr, version, platform),
-            "shasums_url": f"{base}/SHA256SUMS",
-            "shasums_signature_url": f"{base}/SHA256SUMS.sig"}
+    return {
+        **document,
+        "download_url": mirror_archive_path(addr, version, platform),
+        "shasums_url": f"{base}/SHA256SUMS",
+        "shasums_signature_url": f"{base}/SHA256SUMS.sig",
+    }
 
 
 def module_archive_path(addr: ModuleAddr, version: Version, extension: str) -> str:
-    return (registry_base(addr.hostname, "modules")
-            + f"{_seg(addr.namespace)}/{_seg(addr.name)}/{_seg(addr.system)}/{version}/archive{extension}")
+    return (
+        registry_base(addr.hostname, "modules")
+        + f"{_seg(addr.namespace)}/{_seg(addr.name)}/{_seg(addr.system)}/{version}/archive{extension}"
+    )

@@ -78,8 +78,9 @@ class S3Guard:
         current = await self.store.head(stored.sha256)
         return current is not None and current.etag == stored.etag
 
-    async def corrupted(self, stored: RemoteArchive, check: str, *, actual: str | None = None,
-                        expected_size: int | None = None) -> None:
+    async def corrupted(
+        self, stored: RemoteArchive, check: str, *, actual: str | None = None, expected_size: int | None = None
+    ) -> None:
         """Quarantine a corrupt object (only the very object seen: its ETag), log `security.store_corruption`
         and count it; nothing is logged when it is gone already."""
         try:
@@ -90,9 +91,17 @@ class S3Guard:
         if moved is None and error is None:
             return
         self._metrics.store_corruptions.labels(check).inc()
-        log.error("security.store_corruption", check=check, sha256=stored.sha256, key=stored.key, size=stored.size,
-                  expected_size=stored.size if expected_size is None else expected_size, actual_sha256=actual,
-                  quarantined_to=moved, quarantine_error=error)
+        log.error(
+            "security.store_corruption",
+            check=check,
+            sha256=stored.sha256,
+            key=stored.key,
+            size=stored.size,
+            expected_size=stored.size if expected_size is None else expected_size,
+            actual_sha256=actual,
+            quarantined_to=moved,
+            quarantine_error=error,
+        )
 
 
 class RemoteReader:
@@ -114,7 +123,7 @@ class RemoteReader:
         stream = guard.store.stream(stored, self._start, self._length, size)
         try:
             async for chunk in _unavailable_on_failure(stream):
-                chunk = chunk[:self._length - sent]
+                chunk = chunk[: self._length - sent]
                 sent += len(chunk)
                 if digest is not None:
                     digest.update(chunk)  # hashlib releases the GIL on large chunks
@@ -152,4 +161,5 @@ async def _unavailable_on_failure(chunks: AsyncGenerator[bytes, None]) -> AsyncG
 def _corrupt(stored: RemoteArchive) -> StoreCorruptionError:
     return StoreCorruptionError(
         f"the stored copy of archive {stored.sha256} failed its integrity check and was quarantined; "
-        "it is fetched and verified again on the next request")
+        "it is fetched and verified again on the next request"
+    )

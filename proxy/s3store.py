@@ -118,12 +118,21 @@ class S3ArchiveStore:
         o = self._options
         # Explicit timeouts and one retry (botocore's defaults are 60 s each, and "max_attempts": 3 meant
         # 4 attempts: 4 minutes): a stalled store fails a request within about 2 x timeout, a stalled body is cut off.
-        config = AioConfig(s3={"addressing_style": "path" if o.path_style else "auto"}, signature_version="s3v4",
-                           max_pool_connections=64, connect_timeout=o.timeout / 2, read_timeout=o.timeout,
-                           retries={"total_max_attempts": ATTEMPTS, "mode": "standard"})
+        config = AioConfig(
+            s3={"addressing_style": "path" if o.path_style else "auto"},
+            signature_version="s3v4",
+            max_pool_connections=64,
+            connect_timeout=o.timeout / 2,
+            read_timeout=o.timeout,
+            retries={"total_max_attempts": ATTEMPTS, "mode": "standard"},
+        )
         self._client_context = get_session().create_client(
-            "s3", endpoint_url=o.endpoint_url, region_name=o.region, config=config,
-            verify=str(o.ca_file) if o.ca_file else None)
+            "s3",
+            endpoint_url=o.endpoint_url,
+            region_name=o.region,
+            config=config,
+            verify=str(o.ca_file) if o.ca_file else None,
+        )
         self._client = await self._client_context.__aenter__()
         try:
             await self._client.head_bucket(Bucket=self.location.bucket)
@@ -231,12 +240,14 @@ class S3ArchiveStore:
             with open(path, "rb") as handle:  # noqa: ASYNC230 - each read is one part, in a thread
                 number = 1
                 while chunk := await asyncio.to_thread(handle.read, PART_SIZE):
-                    part = await self._client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
-                                                          PartNumber=number, Body=chunk)
+                    part = await self._client.upload_part(
+                        Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk
+                    )
                     parts.append({"PartNumber": number, "ETag": part["ETag"]})
                     number += 1
             answer = await self._client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
         except BaseException:
             await asyncio.shield(self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id))
             raise
@@ -246,8 +257,9 @@ class S3ArchiveStore:
         """Abort multipart uploads under the prefix started over a day ago (by a process that died)."""
         for upload in await self._uploads():
             if time.time() - upload["Initiated"].timestamp() > ABANDONED_UPLOAD_AFTER:
-                await self._client.abort_multipart_upload(Bucket=self.location.bucket, Key=upload["Key"],
-                                                          UploadId=upload["UploadId"])
+                await self._client.abort_multipart_upload(
+                    Bucket=self.location.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
 
     def unfinished_uploads(self) -> list[str]:
         """Keys of multipart uploads under the prefix not yet completed or aborted."""
@@ -270,8 +282,9 @@ class S3ArchiveStore:
             size = 0
             paginator = self._client.get_paginator("list_parts")
             try:
-                async for page in paginator.paginate(Bucket=self.location.bucket, Key=upload["Key"],
-                                                     UploadId=upload["UploadId"]):
+                async for page in paginator.paginate(
+                    Bucket=self.location.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                ):
                     size += sum(part["Size"] for part in page.get("Parts", []))
             except ClientError as exc:
                 if _status(exc) == 404:  # completed or aborted meanwhile
@@ -286,20 +299,20 @@ class S3ArchiveStore:
     def _key_of(self, name: str, under: str) -> str | None:
         """The key an s3:// URL of this bucket names, if it is under `under` (None otherwise)."""
         base = self._url("")
-        key = name[len(base):] if name.startswith(base) else ""
+        key = name[len(base) :] if name.startswith(base) else ""
         return key if key.startswith(under) and len(key) > len(under) else None
 
     def list_objects(self) -> Iterator[ObjectInfo]:
         """Every object at a content address under the prefix (not the quarantine, not other keys)."""
         for key, size, modified in self._run(self._list(self.location.prefix)):
-            name = key[len(self.location.prefix):]
+            name = key[len(self.location.prefix) :]
             if _HEX64.match(name):
                 yield ObjectInfo(name, size, modified)
 
     def strays(self) -> list[str]:
         """Keys directly under the prefix that are not content addresses."""
         prefix = self.location.prefix
-        return [key for key, _, _ in self._run(self._list(prefix)) if not _HEX64.match(key[len(prefix):])]
+        return [key for key, _, _ in self._run(self._list(prefix)) if not _HEX64.match(key[len(prefix) :])]
 
     def leftovers(self, before: float) -> list[Leftover]:
         """What gc may remove besides archives: the staging area's temp dirs of dead processes, multipart
@@ -311,8 +324,11 @@ class S3ArchiveStore:
         found += [item for item in self.quarantined() if item.since < before]
         prefix = self.location.prefix
         listed = self._run(self._list(prefix))
-        found += [Leftover(STRAY, self._url(key), size, modified) for key, size, modified in listed
-                  if not _HEX64.match(key[len(prefix):])]
+        found += [
+            Leftover(STRAY, self._url(key), size, modified)
+            for key, size, modified in listed
+            if not _HEX64.match(key[len(prefix) :])
+        ]
         return found
 
     def remove_leftover(self, item: Leftover) -> bool:
@@ -344,8 +360,9 @@ class S3ArchiveStore:
         found: list[tuple[str, int, float]] = []
         paginator = self._client.get_paginator("list_objects_v2")
         async for page in paginator.paginate(Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"):
-            found.extend((item["Key"], item["Size"], item["LastModified"].timestamp())
-                         for item in page.get("Contents", []))
+            found.extend(
+                (item["Key"], item["Size"], item["LastModified"].timestamp()) for item in page.get("Contents", [])
+            )
         return found
 
     def remove(self, sha256: str) -> int:
@@ -434,13 +451,14 @@ class S3ArchiveStore:
 
     def quarantined(self) -> list[Leftover]:
         """Every object under `PREFIX + quarantine/`, with its size and when it was moved there."""
-        return [Leftover(QUARANTINED, self._url(key), size, quarantined_at(key, modified))
-                for key, size, modified in self._run(self._list(self.location.prefix + QUARANTINE))]
+        return [
+            Leftover(QUARANTINED, self._url(key), size, quarantined_at(key, modified))
+            for key, size, modified in self._run(self._list(self.location.prefix + QUARANTINE))
+        ]
 
     # ---- serving -------------------------------------------------------------------------------
 
-    async def stream(self, stored: RemoteArchive, start: int, length: int,
-                     chunk: int) -> AsyncGenerator[bytes, None]:
+    async def stream(self, stored: RemoteArchive, start: int, length: int, chunk: int) -> AsyncGenerator[bytes, None]:
         """`length` bytes from `start` of the very object `stored` names (its ETag), in chunks of at most
         `chunk` bytes, read on the client's loop and handed to the caller's. A replaced object raises
         StoreCorruptionError before the first byte (looked up again by the caller)."""
@@ -455,18 +473,26 @@ class S3ArchiveStore:
 
     async def _get_range(self, stored: RemoteArchive, start: int, length: int) -> dict[str, Any]:
         try:
-            return await self._client.get_object(Bucket=self.location.bucket, Key=stored.key, IfMatch=stored.etag,
-                                                 Range=f"bytes={start}-{start + length - 1}")
+            return await self._client.get_object(
+                Bucket=self.location.bucket,
+                Key=stored.key,
+                IfMatch=stored.etag,
+                Range=f"bytes={start}-{start + length - 1}",
+            )
         except ClientError as exc:
             if _status(exc) in (404, 412, 416):
-                raise StoreCorruptionError(f"archive {stored.sha256} changed or vanished in the object store; "
-                                           "it is looked up again") from None
+                raise StoreCorruptionError(
+                    f"archive {stored.sha256} changed or vanished in the object store; it is looked up again"
+                ) from None
             raise
 
     async def presign(self, stored: RemoteArchive, expires: float) -> str:
         """A GET URL of the object valid for `expires` seconds (signed with the proxy's credentials)."""
-        return await self._call(self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.location.bucket, "Key": stored.key}, ExpiresIn=int(expires)))
+        return await self._call(
+            self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.location.bucket, "Key": stored.key}, ExpiresIn=int(expires)
+            )
+        )
 
     def download_to(self, sha256: str, path: Path) -> RemoteArchive | None:
         """Copy the object at `sha256`'s address into the local file `path` (None if there is none)."""

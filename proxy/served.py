@@ -23,8 +23,9 @@ REMEMBERED = 100_000  # archives whose last write time this process keeps (the l
 class ServedArchives:
     """Pins and throttled last-served times for one process."""
 
-    def __init__(self, metadata: MetadataStore, *, every: float = WRITE_EVERY,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, metadata: MetadataStore, *, every: float = WRITE_EVERY, clock: Callable[[], float] = time.time
+    ) -> None:
         self._metadata = metadata
         self._every = every
         self._clock = clock

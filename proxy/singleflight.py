@@ -51,8 +51,9 @@ class SingleFlight:
     async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         task = self._tasks.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(_call(work), name=f"singleflight:{key}",
-                                                          context=detached_context())
+            task = asyncio.get_running_loop().create_task(
+                _call(work), name=f"singleflight:{key}", context=detached_context()
+            )
             self._tasks[key] = task
             task.add_done_callback(lambda done, key=key: self._forget(key, done))
         try:

@@ -44,8 +44,10 @@ class HostSlots:
                         host_slots.release()
                         raise
             except TimeoutError:
-                raise UpstreamBusyError(f"too many upstream requests in flight (to {url.host} or in all); "
-                                        f"gave up waiting {wait:g}s for a slot to fetch {what}") from None
+                raise UpstreamBusyError(
+                    f"too many upstream requests in flight (to {url.host} or in all); "
+                    f"gave up waiting {wait:g}s for a slot to fetch {what}"
+                ) from None
             try:
                 yield
             finally:

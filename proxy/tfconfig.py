@@ -70,8 +70,9 @@ def _documents(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             raise ProjectConfigError(str(exc)) from None
 
 
-def _declared_providers(path: Path, document: dict[str, Any], requirements: Requirements,
-                        default_host: str) -> dict[str, ProviderAddr]:
+def _declared_providers(
+    path: Path, document: dict[str, Any], requirements: Requirements, default_host: str
+) -> dict[str, ProviderAddr]:
     local_names: dict[str, ProviderAddr] = {}
     for terraform in document.get("terraform", []):
         for required in terraform.get("required_providers", []):
@@ -83,8 +84,13 @@ def _declared_providers(path: Path, document: dict[str, Any], requirements: Requ
     return local_names
 
 
-def _read_document(path: Path, document: dict[str, Any], requirements: Requirements, default_host: str,
-                   local_names: dict[str, ProviderAddr]) -> list[Path]:
+def _read_document(
+    path: Path,
+    document: dict[str, Any],
+    requirements: Requirements,
+    default_host: str,
+    local_names: dict[str, ProviderAddr],
+) -> list[Path]:
     for block in document.get("provider", []):
         for name in block:
             _require(requirements, local_names.get(name) or _provider_address(name, default_host, path), None)

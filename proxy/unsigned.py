@@ -48,7 +48,7 @@ def parse_unsigned_policy(text: str) -> UnsignedPolicy:
     if value == "opentofu-default":
         return UnsignedPolicy()
     if value.startswith(_ALLOW_HOSTS):
-        names = [name.strip() for name in value[len(_ALLOW_HOSTS):].split(",") if name.strip()]
+        names = [name.strip() for name in value[len(_ALLOW_HOSTS) :].split(",") if name.strip()]
         if not names:
             raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: allow-hosts= needs at least one host")
         try:
@@ -56,5 +56,4 @@ def parse_unsigned_policy(text: str) -> UnsignedPolicy:
         except AddressError as exc:
             raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: {exc}") from None
         return UnsignedPolicy(hosts, "allow-hosts")
-    raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: refuse, opentofu-default or "
-                              "allow-hosts=HOST,…")
+    raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: refuse, opentofu-default or allow-hosts=HOST,…")

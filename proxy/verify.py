@@ -27,12 +27,15 @@ def expected_digest(sums: dict[str, str], filename: str, shasum: str) -> str:
     if listed is None:
         raise VerificationError(f"the signed SHA256SUMS has no line for {filename}")
     if listed != shasum.lower():
-        raise VerificationError(f"the signed SHA256SUMS lists {listed} for {filename}, "
-                                f"but the registry's shasum is {shasum.lower()}")
+        raise VerificationError(
+            f"the signed SHA256SUMS lists {listed} for {filename}, but the registry's shasum is {shasum.lower()}"
+        )
     return listed
 
 
 def check_archive_digest(actual: str, expected: str, filename: str) -> None:
     if actual != expected:
-        raise VerificationError(f"archive {filename} has SHA-256 {actual}, but the signed SHA256SUMS "
-                                f"lists {expected}: the download was tampered with or corrupted")
+        raise VerificationError(
+            f"archive {filename} has SHA-256 {actual}, but the signed SHA256SUMS "
+            f"lists {expected}: the download was tampered with or corrupted"
+        )

@@ -90,8 +90,9 @@ class ZipStreamHasher:
     def finish(self) -> None:
         """The archive is complete: a member or header left unfinished is a failure."""
         if self.failure is None and self.end is None:
-            self._fail("the archive ended inside a member" if self._member
-                       else "no central directory after the members")
+            self._fail(
+                "the archive ended inside a member" if self._member else "no central directory after the members"
+            )
 
     def _fail(self, reason: str) -> None:
         self.failure = reason
@@ -122,7 +123,7 @@ class ZipStreamHasher:
         buf = self._buf
         if len(buf) - pos < 4:
             return None
-        signature = bytes(buf[pos:pos + 4])
+        signature = bytes(buf[pos : pos + 4])
         if signature in _ENDS:
             self.end = self._base + pos
             return pos
@@ -140,8 +141,8 @@ class ZipStreamHasher:
             raise StreamedZipMismatch(f"compression method {method} is not streamed")
         if len(self.entries) >= MAX_ENTRIES:
             raise StreamedZipMismatch(f"more than {MAX_ENTRIES} members")
-        name = bytes(buf[pos + _LOCAL_HEADER.size:pos + _LOCAL_HEADER.size + name_len])
-        extra = bytes(buf[pos + _LOCAL_HEADER.size + name_len:end])
+        name = bytes(buf[pos + _LOCAL_HEADER.size : pos + _LOCAL_HEADER.size + name_len])
+        extra = bytes(buf[pos + _LOCAL_HEADER.size + name_len : end])
         zip64 = _zip64_sizes(extra, size, compressed)
         if zip64 is not None:
             size, compressed = zip64
@@ -150,9 +151,16 @@ class ZipStreamHasher:
             raise StreamedZipMismatch("a stored member with a data descriptor has no known end")
         if not described and method == zipfile.ZIP_STORED and compressed != size:
             raise StreamedZipMismatch("a stored member whose sizes differ")
-        self._member = _Member(self._base + pos, name, flags, method, None if described else compressed,
-                               None if described else (size, crc), zip64 is not None,
-                               self._max_unpacked - self._unpacked)
+        self._member = _Member(
+            self._base + pos,
+            name,
+            flags,
+            method,
+            None if described else compressed,
+            None if described else (size, crc),
+            zip64 is not None,
+            self._max_unpacked - self._unpacked,
+        )
         return end
 
 
@@ -164,7 +172,7 @@ def _zip64_sizes(extra: bytes, size: int, compressed: int) -> tuple[int, int] | 
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
         if tag == 1:
-            data = extra[pos + 4:pos + 4 + length]
+            data = extra[pos + 4 : pos + 4 + length]
             values = [struct.unpack_from("<Q", data, i)[0] for i in range(0, len(data) - 7, 8)]
             if size == 0xFFFFFFFF:
                 if not values:
@@ -188,8 +196,17 @@ class _Taken:
 class _Member:
     """The member being streamed: its data hashed as it arrives, then its data descriptor if it has one."""
 
-    def __init__(self, offset: int, name: bytes, flags: int, method: int, compressed: int | None,
-                 declared: tuple[int, int] | None, zip64: bool, budget: int) -> None:
+    def __init__(
+        self,
+        offset: int,
+        name: bytes,
+        flags: int,
+        method: int,
+        compressed: int | None,
+        declared: tuple[int, int] | None,
+        zip64: bool,
+        budget: int,
+    ) -> None:
         self.offset, self.name, self.flags, self.method = offset, name, flags, method
         self.compressed_left = compressed  # None: up to the end of the deflate stream (data descriptor)
         self.declared = declared
@@ -218,7 +235,7 @@ class _Member:
         available = len(buf) - pos
         if self.compressed_left is not None:
             available = min(available, self.compressed_left)
-        with memoryview(buf) as view, view[pos:pos + available] as data:
+        with memoryview(buf) as view, view[pos : pos + available] as data:
             if self.inflater is None:
                 self._out(data)
                 used = available
@@ -262,24 +279,36 @@ class _Member:
         left = len(buf) - pos
         if left < 28:  # the longest layout and the next signature, or the end of the archive
             return _Taken(pos, False)
-        layouts = ((True, 8), (True, 4), (False, 8), (False, 4)) if self.zip64 else \
-            ((True, 4), (True, 8), (False, 4), (False, 8))
+        layouts = (
+            ((True, 8), (True, 4), (False, 8), (False, 4))
+            if self.zip64
+            else ((True, 4), (True, 8), (False, 4), (False, 8))
+        )
         for signed, width in layouts:
             start = pos + (4 if signed else 0)
-            if signed and bytes(buf[pos:pos + 4]) != _DESCRIPTOR:
+            if signed and bytes(buf[pos : pos + 4]) != _DESCRIPTOR:
                 continue
             fmt = "<IQQ" if width == 8 else "<III"
             crc, compressed, size = struct.unpack_from(fmt, buf, start)
             end = start + struct.calcsize(fmt)
-            following = bytes(buf[end:end + 4])
-            if (crc, compressed, size) == (self.crc, self.consumed, self.unpacked) and \
-                    (following == _LOCAL or following in _ENDS):
+            following = bytes(buf[end : end + 4])
+            if (crc, compressed, size) == (self.crc, self.consumed, self.unpacked) and (
+                following == _LOCAL or following in _ENDS
+            ):
                 return _Taken(end, True)
         raise StreamedZipMismatch(f"member at offset {self.offset}: no data descriptor matches its data")
 
     def entry(self) -> StreamedEntry:
-        return StreamedEntry(self.offset, self.name, self.flags, self.method, self.consumed, self.unpacked,
-                             self.crc, self.sha.hexdigest())
+        return StreamedEntry(
+            self.offset,
+            self.name,
+            self.flags,
+            self.method,
+            self.consumed,
+            self.unpacked,
+            self.crc,
+            self.sha.hexdigest(),
+        )
 
 
 def h1_of_streamed_zip(hasher: ZipStreamHasher, fileobj: IO[bytes]) -> tuple[str, str]:
@@ -296,8 +325,9 @@ def h1_of_streamed_zip(hasher: ZipStreamHasher, fileobj: IO[bytes]) -> tuple[str
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
         raise StreamedZipMismatch(f"unreadable central directory: {exc}") from None
     if len(infos) != len(hasher.entries):
-        raise StreamedZipMismatch(f"the central directory lists {len(infos)} entries, the stream had "
-                                  f"{len(hasher.entries)}")
+        raise StreamedZipMismatch(
+            f"the central directory lists {len(infos)} entries, the stream had {len(hasher.entries)}"
+        )
     if start_dir != hasher.end:
         raise StreamedZipMismatch(f"the central directory starts at {start_dir}, the members end at {hasher.end}")
     names = [info.filename for info in infos]
@@ -324,7 +354,8 @@ def _confirm(info: zipfile.ZipInfo, seen: StreamedEntry) -> None:
     }
     for what, (central, local) in checks.items():
         if central != local:
-            raise StreamedZipMismatch(f"entry {info.filename!r}: {what} {central!r} in the central directory, "
-                                      f"{local!r} in the stream")
+            raise StreamedZipMismatch(
+                f"entry {info.filename!r}: {what} {central!r} in the central directory, {local!r} in the stream"
+            )
     if info.flag_bits & _UNSUPPORTED_FLAGS:
         raise StreamedZipMismatch(f"entry {info.filename!r}: flags {info.flag_bits:#x}")

@@ -47,7 +47,7 @@ def closure(requirements: list[Requirement]) -> dict[str, str]:
         pins[name] = distribution.version
         for text in distribution.requires or []:
             sub = Requirement(text)
-            for wanted in (requirement.extras or {""}):
+            for wanted in requirement.extras or {""}:
                 pending.append((sub, wanted))
     return pins
 

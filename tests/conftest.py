@@ -133,8 +133,11 @@ def metadata_backend(request) -> str:
 def backend_settings(metadata_backend, request) -> dict:
     if metadata_backend == "redis":
         server = request.getfixturevalue("redis_server")
-        return {"redis_url": server.url, "redis_prefix": f"test-{uuid.uuid4().hex[:12]}",
-                "metadata_secret": METADATA_SECRET}
+        return {
+            "redis_url": server.url,
+            "redis_prefix": f"test-{uuid.uuid4().hex[:12]}",
+            "metadata_secret": METADATA_SECRET,
+        }
     return {}
 
 
@@ -183,8 +186,9 @@ class RunningProxy:
 
 
 @contextlib.asynccontextmanager
-async def serve_proxy(settings: Settings, client_ssl: ssl.SSLContext, *, handler_cancellation: bool = False,
-                      middlewares: Iterable = ()) -> AsyncIterator[RunningProxy]:
+async def serve_proxy(
+    settings: Settings, client_ssl: ssl.SSLContext, *, handler_cancellation: bool = False, middlewares: Iterable = ()
+) -> AsyncIterator[RunningProxy]:
     """Run the real application over TLS (or plain HTTP) on a free loopback port.
 
     `handler_cancellation`: cancel a request's handler when its client goes away (aiohttp's
@@ -222,8 +226,7 @@ async def proxy_process(tmp_path, registry, ca_file):
     started: list[ProxyProcess] = []
 
     async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True) -> ProxyProcess:
-        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file,
-                               *extra)
+        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file, *extra)
         await process.start()
         started.append(process)
         return process

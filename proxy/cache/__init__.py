@@ -107,12 +107,19 @@ class CacheEntry:
         return self.status not in (200, 204)
 
     def encode(self) -> bytes:
-        return json.dumps({
-            "v": FORMAT_VERSION, "kind": "entry", "status": self.status,
-            "body": base64.b64encode(self.body).decode("ascii"), "url": self.url,
-            "fetched_at": self.fetched_at, "etag": self.etag, "content_type": self.content_type,
-            "terraform_get": self.terraform_get,
-        }).encode()
+        return json.dumps(
+            {
+                "v": FORMAT_VERSION,
+                "kind": "entry",
+                "status": self.status,
+                "body": base64.b64encode(self.body).decode("ascii"),
+                "url": self.url,
+                "fetched_at": self.fetched_at,
+                "etag": self.etag,
+                "content_type": self.content_type,
+                "terraform_get": self.terraform_get,
+            }
+        ).encode()
 
     @classmethod
     def decode(cls, raw: bytes | None) -> CacheEntry | None:
@@ -120,9 +127,15 @@ class CacheEntry:
         if data is None:
             return None
         try:
-            return cls(int(data["status"]), base64.b64decode(data["body"]), str(data["url"]),
-                       float(data["fetched_at"]), data.get("etag"), data.get("content_type", ""),
-                       data.get("terraform_get"))
+            return cls(
+                int(data["status"]),
+                base64.b64decode(data["body"]),
+                str(data["url"]),
+                float(data["fetched_at"]),
+                data.get("etag"),
+                data.get("content_type", ""),
+                data.get("terraform_get"),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -65,8 +65,7 @@ def is_corruption(exc: BaseException) -> bool:
 class EmbeddedStore:
     """MetadataStore on a local SQLite file, with a breaker and self-repair for a damaged file."""
 
-    def __init__(self, path: Path, *, retry_interval: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: Path, *, retry_interval: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self._breaker = Breaker(retry_interval, clock)
         self._cache: SQLiteCache | None = None
@@ -91,7 +90,7 @@ class EmbeddedStore:
         """Several values, `MANY_AT_ONCE` keys per statement (one thread hop each, not one per key)."""
         found: dict[str, bytes] = {}
         for start in range(0, len(keys), MANY_AT_ONCE):
-            chunk = keys[start:start + MANY_AT_ONCE]
+            chunk = keys[start : start + MANY_AT_ONCE]
             found.update(await self._call(lambda cache, chunk=chunk: _select_values(cache, chunk), {}))
         return [bytes(found[key]) if key in found else None for key in keys]
 
@@ -111,9 +110,10 @@ class EmbeddedStore:
             return
         # A range of the key index: only keys of this kind are read (all of them first, see `_select_value`).
         after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        async with cache.get_connection() as db, \
-                db.execute(f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)) \
-                as cursor:
+        async with (
+            cache.get_connection() as db,
+            db.execute(f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)) as cursor,
+        ):
             found = await cursor.fetchall()
         for (key,) in found:
             yield key
@@ -122,9 +122,16 @@ class EmbeddedStore:
         """Upsert into the `served` table, keeping the later time."""
         if times:
             rows = list(times.items())
-            await self._call(lambda cache: _served_write(
-                cache, f"INSERT INTO `{SERVED_TABLE}` (sha256, at) VALUES (?, ?) "
-                       "ON CONFLICT(sha256) DO UPDATE SET at = max(at, excluded.at)", rows), None, retry_fresh=True)
+            await self._call(
+                lambda cache: _served_write(
+                    cache,
+                    f"INSERT INTO `{SERVED_TABLE}` (sha256, at) VALUES (?, ?) "
+                    "ON CONFLICT(sha256) DO UPDATE SET at = max(at, excluded.at)",
+                    rows,
+                ),
+                None,
+                retry_fresh=True,
+            )
 
     async def served_times(self) -> dict[str, float]:
         """The whole `served` table; raises if the file cannot be read."""
@@ -137,8 +144,11 @@ class EmbeddedStore:
     async def forget_served(self, sha256s: Iterable[str]) -> None:
         rows = [(sha,) for sha in sha256s]
         if rows:
-            await self._call(lambda cache: _served_write(
-                cache, f"DELETE FROM `{SERVED_TABLE}` WHERE sha256 = ?", rows), None, retry_fresh=True)
+            await self._call(
+                lambda cache: _served_write(cache, f"DELETE FROM `{SERVED_TABLE}` WHERE sha256 = ?", rows),
+                None,
+                retry_fresh=True,
+            )
 
     async def ping(self) -> bool:
         """True when the file answers a query now; False while the breaker is open."""
@@ -150,8 +160,9 @@ class EmbeddedStore:
     async def close(self) -> None:
         await self._drop()
 
-    async def _call(self, operation: Callable[[SQLiteCache], Awaitable[T]], default: T,
-                    *, retry_fresh: bool = False) -> T:
+    async def _call(
+        self, operation: Callable[[SQLiteCache], Awaitable[T]], default: T, *, retry_fresh: bool = False
+    ) -> T:
         """`operation` on the database; any SQLite failure answers `default` (see module docstring)."""
         if not self.available:
             return default
@@ -245,14 +256,23 @@ class EmbeddedStore:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         await asyncio.to_thread(_rename_database, self.path, target)
-        log.error("metadata_store.quarantined", path=str(self.path), moved_to=str(target), error=str(exc),
-                  effect="a fresh metadata file is used; metadata is fetched again, archives on disk are kept")
+        log.error(
+            "metadata_store.quarantined",
+            path=str(self.path),
+            moved_to=str(target),
+            error=str(exc),
+            effect="a fresh metadata file is used; metadata is fetched again, archives on disk are kept",
+        )
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._breaker.trip(f"{type(exc).__name__}: {exc}"):
-            log.warning("metadata_store.down", path=str(self.path), error=self._breaker.problem,
-                        effect="metadata is fetched upstream and not cached; archives on disk are served; "
-                               "retrying in the background")
+            log.warning(
+                "metadata_store.down",
+                path=str(self.path),
+                error=self._breaker.problem,
+                effect="metadata is fetched upstream and not cached; archives on disk are served; "
+                "retrying in the background",
+            )
 
     def _mark_up(self) -> None:
         if self._breaker.reset():
@@ -273,8 +293,10 @@ async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes
     if not keys:
         return {}
     marks = ", ".join("?" * len(keys))
-    async with cache.get_connection() as db, \
-            db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor:
+    async with (
+        cache.get_connection() as db,
+        db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor,
+    ):
         return {key: value for key, value in await cursor.fetchall()}
 
 

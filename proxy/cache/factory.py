@@ -24,35 +24,48 @@ from proxy.singleflight import FleetLocks, LocalLocks
 log = structlog.get_logger(__name__)
 
 
-async def open_metadata_store(settings: Settings,
-                              metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
+async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
     """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store (with
     lock files in the data dir when several workers share it); either sealed with the metadata secret
     (ConfigError when it cannot be had). The embedded file is checked now, before the first request."""
     on_reject = None
     if metrics is not None:
+
         def on_reject(store: str, reason: str) -> None:
             metrics.metadata_rejected.labels(store, reason).inc()
 
     if settings.redis_url:
         secret = await asyncio.to_thread(metadata_secret, settings)
-        redis_store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,
-                                 password=settings.redis_password, retention=settings.redis_retention)
-        return (SealedStore(redis_store, secret, name="redis", on_reject=on_reject),
-                RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl))
+        redis_store = RedisStore(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            password=settings.redis_password,
+            retention=settings.redis_retention,
+        )
+        return (
+            SealedStore(redis_store, secret, name="redis", on_reject=on_reject),
+            RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl),
+        )
     database = settings.cache_dir / "metadata.sqlite"
-    upgrading = not settings.metadata_secret and not settings.metadata_secret_file and \
-        await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
+    upgrading = (
+        not settings.metadata_secret
+        and not settings.metadata_secret_file
+        and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
+    )
     secret = await asyncio.to_thread(metadata_secret, settings)
     sealed = SealedStore(EmbeddedStore(database), secret, name="embedded", on_reject=on_reject)
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
-        log.info("metadata.records_sealed", records=await sealed.adopt_unsealed(),
-                 reason="first start with sealed metadata: the existing records of this data dir were sealed")
+        log.info(
+            "metadata.records_sealed",
+            records=await sealed.adopt_unsealed(),
+            reason="first start with sealed metadata: the existing records of this data dir were sealed",
+        )
     return sealed, FileLocks(settings.lock_dir) if settings.workers > 1 else LocalLocks()
 
 
-def negative_bound(settings: Settings, backend: MetadataStore, metrics: Metrics | None = None, *,
-                   front: MetadataStore | None = None) -> NegativeBound:
+def negative_bound(
+    settings: Settings, backend: MetadataStore, metrics: Metrics | None = None, *, front: MetadataStore | None = None
+) -> NegativeBound:
     """`front` (by default the backend itself) with every remembered 404 sent to a store of its own:
     Redis's for a fleet, else process memory; bounded in count and bytes, each kept `negative_retention`."""
     return NegativeBound(backend if front is None else front, _negative_store(settings, backend, metrics))
@@ -61,12 +74,16 @@ def negative_bound(settings: Settings, backend: MetadataStore, metrics: Metrics 
 def _negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics | None) -> NegativeStore:
     report = None
     if metrics is not None:
+
         def report(entries: int, size: int) -> None:
             metrics.negative_entries.set(entries)
             metrics.negative_bytes.set(size)
 
-    bounds = (settings.negative_cache_entries, settings.negative_cache_bytes,
-              negative_retention(settings.freshness.negative))
+    bounds = (
+        settings.negative_cache_entries,
+        settings.negative_cache_bytes,
+        negative_retention(settings.freshness.negative),
+    )
     redis_store = getattr(backend, "inner", backend)  # under the seal
     if isinstance(redis_store, RedisStore):
         return RedisNegatives(redis_store, *bounds, report=report)

@@ -65,5 +65,10 @@ class SkipWritesWhenFull(StoreWrapper):
         """Log the first failure of a full-disk spell."""
         if not self._full:
             self._full = True
-            log.warning("storage.metadata_write_skipped", operation=operation, key=key, error=str(exc),
-                        hint="the disk is full: answers are served but not cached until space is freed")
+            log.warning(
+                "storage.metadata_write_skipped",
+                operation=operation,
+                key=key,
+                error=str(exc),
+                hint="the disk is full: answers are served but not cached until space is freed",
+            )

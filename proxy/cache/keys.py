@@ -45,7 +45,7 @@ class KeyPattern:
         """The named parts of a key of this kind, or None for any other key."""
         if not key.startswith(self.prefix):
             return None
-        texts = key[len(self.prefix):].split(SEPARATOR)
+        texts = key[len(self.prefix) :].split(SEPARATOR)
         if len(texts) != len(self.fields) or not all(texts):
             return None
         return dict(zip(self.fields, texts, strict=True))
@@ -67,7 +67,7 @@ class WrappedKey:
 
     def parse(self, key: str) -> str | None:
         """The wrapped key, or None for a key of another kind."""
-        return key[len(self.prefix):] if key.startswith(self.prefix) and len(key) > len(self.prefix) else None
+        return key[len(self.prefix) :] if key.startswith(self.prefix) and len(key) > len(self.prefix) else None
 
 
 # ---- stored metadata ---------------------------------------------------------------------------
@@ -109,13 +109,13 @@ def versions(addr: ProviderAddr) -> str:
 
 
 def download(addr: ProviderAddr, version: Version, platform: Platform) -> str:
-    return DOWNLOAD.key(host=addr.hostname, namespace=addr.namespace, type=addr.type, version=version,
-                        platform=platform)
+    return DOWNLOAD.key(
+        host=addr.hostname, namespace=addr.namespace, type=addr.type, version=version, platform=platform
+    )
 
 
 def archive(addr: ProviderAddr, version: Version, platform: Platform) -> str:
-    return ARCHIVE.key(host=addr.hostname, namespace=addr.namespace, type=addr.type, version=version,
-                       platform=platform)
+    return ARCHIVE.key(host=addr.hostname, namespace=addr.namespace, type=addr.type, version=version, platform=platform)
 
 
 def module_versions(addr: ModuleAddr) -> str:
@@ -123,13 +123,13 @@ def module_versions(addr: ModuleAddr) -> str:
 
 
 def module_download(addr: ModuleAddr, version: Version) -> str:
-    return MODULE_DOWNLOAD.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system,
-                               version=version)
+    return MODULE_DOWNLOAD.key(
+        host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system, version=version
+    )
 
 
 def module(addr: ModuleAddr, version: Version) -> str:
-    return MODULE.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system,
-                      version=version)
+    return MODULE.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system, version=version)
 
 
 class SignedSumsSource(Protocol):

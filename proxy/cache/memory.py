@@ -18,8 +18,9 @@ from proxy.cache import MetadataStore, StoreWrapper
 class MemoryFront(StoreWrapper):
     """MetadataStore wrapper that remembers up to `max_entries` values and `max_absent` absences."""
 
-    def __init__(self, inner: MetadataStore, max_entries: int = 20_000, *, remember_absence: bool = False,
-                 max_absent: int = 4096) -> None:
+    def __init__(
+        self, inner: MetadataStore, max_entries: int = 20_000, *, remember_absence: bool = False, max_absent: int = 4096
+    ) -> None:
         super().__init__(inner)
         self._max = max_entries
         self._max_absent = max_absent

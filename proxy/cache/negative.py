@@ -56,8 +56,15 @@ Report = Callable[[int, int], None]  # (entries, bytes) after a change
 class MemoryNegatives:
     """An in-process LRU of negative entries, bounded by count and bytes, each kept at most `retention`."""
 
-    def __init__(self, max_entries: int, max_bytes: int, retention: float, *,
-                 report: Report | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int,
+        retention: float,
+        *,
+        report: Report | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._retention = retention
@@ -150,4 +157,3 @@ class NegativeBound(StoreWrapper):
     async def delete(self, key: str) -> None:
         await self.negatives.discard(key)
         await self.inner.delete(key)
-

@@ -44,9 +44,17 @@ FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 class RedisStore:
     """MetadataStore on Redis, with a circuit breaker for outages."""
 
-    def __init__(self, url: str, *, prefix: str, password: str | None = None,
-                 retention: float = DEFAULT_RETENTION, retry_interval: float = 2.0,
-                 ca_file: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str,
+        password: str | None = None,
+        retention: float = DEFAULT_RETENTION,
+        retry_interval: float = 2.0,
+        ca_file: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         options: dict = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "health_check_interval": 15}
         if password:
             options["password"] = password
@@ -149,8 +157,11 @@ class RedisStore:
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._breaker.trip(f"Redis: {str(exc) or type(exc).__name__}"):
-            log.warning("redis.down", error=str(exc) or type(exc).__name__,
-                        effect="serving from disk and upstream; retrying in the background")
+            log.warning(
+                "redis.down",
+                error=str(exc) or type(exc).__name__,
+                effect="serving from disk and upstream; retrying in the background",
+            )
 
     def _mark_up(self) -> None:
         if self._breaker.reset():
@@ -177,8 +188,9 @@ class RedisFleetLocks:
         The caller owns the fleet lock while the block runs (or works without it while
         Redis is unavailable: in-process single flight still applies).
         """
-        lock = self._store.client.lock(self._store.key(FLEET_LOCK.key(key)), timeout=self._ttl,
-                                       blocking=False, thread_local=False)
+        lock = self._store.client.lock(
+            self._store.key(FLEET_LOCK.key(key)), timeout=self._ttl, blocking=False, thread_local=False
+        )
         owned, existing = False, None
         while self._store.available:
             try:
@@ -254,8 +266,16 @@ class RedisNegatives:
     evicts the least recently written first. Bookkeeping: `PREFIX:negatives` (sorted set by write time),
     `PREFIX:negatives:sizes`, `PREFIX:negatives:bytes`. Redis down: nothing is remembered (a miss)."""
 
-    def __init__(self, store: RedisStore, max_entries: int, max_bytes: int, retention: float, *,
-                 report: Callable[[int, int], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: RedisStore,
+        max_entries: int,
+        max_bytes: int,
+        retention: float,
+        *,
+        report: Callable[[int, int], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
         self._max_entries = max_entries
         self._max_bytes = max_bytes
@@ -292,8 +312,16 @@ class RedisNegatives:
         return [(name, int(size or 0)) for name, size in zip(names, found, strict=True)]
 
     async def _run(self, op: str, key: str, value: bytes) -> None:
-        args = [self._store.key(NEGATIVE.prefix), op, key, value, self._retention, self._clock(),
-                self._max_entries, self._max_bytes]
+        args = [
+            self._store.key(NEGATIVE.prefix),
+            op,
+            key,
+            value,
+            self._retention,
+            self._clock(),
+            self._max_entries,
+            self._max_bytes,
+        ]
         counts = await self._store._call(self._script(keys=self._keys, args=args), None)
         if counts is not None and self._report is not None:
             self._report(int(counts[0]), int(counts[1]))

@@ -53,10 +53,10 @@ def seal(secret: bytes, key: str, value: bytes) -> bytes:
 def unseal(secret: bytes, key: str, stored: bytes) -> tuple[bytes | None, str]:
     """(value, "") when `stored` was sealed under `key` with `secret`, else (None, why not)."""
     head = len(MAGIC) + _MAC_HEX + 1
-    if not stored.startswith(MAGIC) or len(stored) < head or stored[head - 1:head] != b".":
+    if not stored.startswith(MAGIC) or len(stored) < head or stored[head - 1 : head] != b".":
         return None, "no seal (forged, or written by an older version)"
     value = stored[head:]
-    if not hmac.compare_digest(stored[len(MAGIC):head - 1], _mac(secret, key, value)):
+    if not hmac.compare_digest(stored[len(MAGIC) : head - 1], _mac(secret, key, value)):
         return None, "bad seal (edited, moved from another key, or sealed with another secret)"
     return value, ""
 
@@ -64,8 +64,9 @@ def unseal(secret: bytes, key: str, stored: bytes) -> tuple[bytes | None, str]:
 class SealedStore(StoreWrapper):
     """MetadataStore wrapper that seals what it writes and refuses what it cannot verify."""
 
-    def __init__(self, inner: MetadataStore, secret: bytes, *, name: str,
-                 on_reject: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self, inner: MetadataStore, secret: bytes, *, name: str, on_reject: Callable[[str, str], None] | None = None
+    ) -> None:
         super().__init__(inner)
         self._secret = secret
         self._name = name
@@ -115,8 +116,14 @@ class SealedStore(StoreWrapper):
         self._reported[key] = None
         while len(self._reported) > _REPORTED_KEYS:
             self._reported.popitem(last=False)
-        log.error("security.metadata_poisoned", key=key, store=self._name, reason=why,
-                  effect="treated as a miss and fetched again; never served")
+        log.error(
+            "security.metadata_poisoned",
+            key=key,
+            store=self._name,
+            reason=why,
+            effect="treated as a miss and fetched again; never served",
+        )
+
 
 def metadata_secret(settings: Settings) -> bytes:
     """The operator's secret, or (embedded store only) the data dir's own, made on first start."""
@@ -126,15 +133,19 @@ def metadata_secret(settings: Settings) -> bytes:
         try:
             secret = settings.metadata_secret_file.read_bytes().strip()
         except OSError as exc:
-            raise ConfigError(f"cannot read --metadata-secret-file {settings.metadata_secret_file}: "
-                              f"{exc.strerror or exc}") from None
+            raise ConfigError(
+                f"cannot read --metadata-secret-file {settings.metadata_secret_file}: {exc.strerror or exc}"
+            ) from None
         if len(secret) < MIN_SECRET_BYTES:
-            raise ConfigError(f"--metadata-secret-file {settings.metadata_secret_file} must hold at least "
-                              f"{MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)")
+            raise ConfigError(
+                f"--metadata-secret-file {settings.metadata_secret_file} must hold at least "
+                f"{MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)"
+            )
         return secret
     if settings.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
         raise ConfigError("a shared Redis store needs --metadata-secret or --metadata-secret-file")
     return _local_secret(settings.cache_dir / SECRET_FILE)
+
 
 def _local_secret(path: Path) -> bytes:
     """Read the data dir's secret, or create it (0600, atomically: two processes agree on one)."""

@@ -78,9 +78,14 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, 
     values = {key: value for key in names if (value := await cache.get(key)) is not None}
     report = BundleReport()
     wanted: set[str] = set()
-    manifest: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "proxy_version": __version__,
-                                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                                "providers": [], "modules": []}
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "proxy_version": __version__,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "providers": [],
+        "modules": [],
+    }
     files: set[str] = set()
     for key in names:
         if (parts := keys.ARCHIVE.parse(key)) and _selected(keys.ARCHIVE.subject(key), only):
@@ -103,9 +108,16 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, 
             sums_record = records.decode(values.get(sums_key), SumsRecord)
             if sums_record and sums_record.fingerprint:
                 report.signing_keys.add(sums_record.fingerprint)
-            manifest["providers"].append({"archive_key": key, "download_key": download_key,
-                                          "sums_key": sums_key, "sha256": record.sha256,
-                                          "filename": record.filename, "other_platforms": siblings})
+            manifest["providers"].append(
+                {
+                    "archive_key": key,
+                    "download_key": download_key,
+                    "sums_key": sums_key,
+                    "sha256": record.sha256,
+                    "filename": record.filename,
+                    "other_platforms": siblings,
+                }
+            )
             report.providers.append(f"{addr} {version} {platform}")
         elif (parts := keys.MODULE.parse(key)) and _selected(keys.MODULE.subject(key), only):
             record = records.decode(values.get(key), ModuleRecord)
@@ -119,8 +131,9 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, 
             manifest["modules"].append({"module_key": key, "sha256": record.sha256, "archive": record.archive})
             report.modules.append(f"{keys.MODULE_VERSIONS.subject(versions_key)} {parts['version']}")
     if not files:
-        raise CommandError("nothing to export: the cache holds no verified archives" +
-                           (f" matching {', '.join(only)}" if only else ""))
+        raise CommandError(
+            "nothing to export: the cache holds no verified archives" + (f" matching {', '.join(only)}" if only else "")
+        )
     with _open_for_writing(out) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
         _add_bytes(tar, "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
         lines = [json.dumps({"key": k, "value": base64.b64encode(values[k]).decode()}) for k in sorted(wanted)]
@@ -153,8 +166,9 @@ def _local_copy(store: ArchiveStorage, sha256: str) -> Iterator[Path]:
 
 def _selected(subject: str, only: list[str]) -> bool:
     """Whether a key's subject (`HOST/NAMESPACE/...`) is one `export --only` asked for (or all, without it)."""
-    return not only or any(subject == o or subject.startswith(o.rstrip("/") + "/") for o in
-                           (pattern.replace("@", "/") for pattern in only))
+    return not only or any(
+        subject == o or subject.startswith(o.rstrip("/") + "/") for o in (pattern.replace("@", "/") for pattern in only)
+    )
 
 
 def _same_release(download: dict[str, str] | None, archive: dict[str, str]) -> bool:
@@ -175,8 +189,9 @@ BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
 def check_bundle_name(out: Path) -> None:
     """Refuse an `export --out` name whose suffix says no format the bundle can be written in."""
     if not out.name.endswith(BUNDLE_SUFFIXES) or out.name in BUNDLE_SUFFIXES:
-        raise CommandError(f"--out {out.name!r}: unknown bundle format; name it NAME.tar, NAME.tar.gz "
-                           "(or .tgz) or NAME.tar.zst")
+        raise CommandError(
+            f"--out {out.name!r}: unknown bundle format; name it NAME.tar, NAME.tar.gz (or .tgz) or NAME.tar.zst"
+        )
 
 
 @contextmanager
@@ -197,8 +212,9 @@ def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
 # ---- import ----------------------------------------------------------------------------------
 
 
-async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStorage, keyring: Keyring,
-                        trusted_keys: set[str] | None = None) -> BundleReport:
+async def import_bundle(
+    bundle: Path, cache: MetadataStore, store: ArchiveStorage, keyring: Keyring, trusted_keys: set[str] | None = None
+) -> BundleReport:
     """Verify everything in `bundle`, then add it to the cache and the store (idempotent).
 
     `trusted_keys`: fingerprints whose signatures are accepted; None accepts the bundle's own keys.
@@ -215,7 +231,8 @@ async def import_bundle(bundle: Path, cache: MetadataStore, store: ArchiveStorag
             if trusted_keys is not None and fingerprint not in trusted_keys:
                 raise CommandError(
                     f"bundle rejected: {keys.ARCHIVE.subject(key)} is signed by key {fingerprint}, which is not "
-                    "trusted; pass --trust-key with that fingerprint if it is the registry's real signing key")
+                    "trusted; pass --trust-key with that fingerprint if it is the registry's real signing key"
+                )
             records[key] = raw
             report.providers.append(keys.ARCHIVE.subject(key))
             for sibling in entry.get("other_platforms", []):
@@ -273,8 +290,10 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CommandError(f"bundle rejected: {bundle} has no registry-proxy manifest")
     if manifest.get("version") != FORMAT_VERSION:
-        raise CommandError(f"bundle rejected: format version {manifest.get('version')} is not supported "
-                           f"(this proxy reads version {FORMAT_VERSION})")
+        raise CommandError(
+            f"bundle rejected: format version {manifest.get('version')} is not supported "
+            f"(this proxy reads version {FORMAT_VERSION})"
+        )
     return manifest, metadata, files
 
 
@@ -300,7 +319,9 @@ def _stays_on_host(entry: CacheEntry) -> bool:
         base = URL(entry.url)
         return isinstance(services, dict) and all(
             isinstance(v, str) and (target := base.join(URL(v))).host == base.host and target.port == base.port
-            for k, v in services.items() if k in ("providers.v1", "modules.v1"))
+            for k, v in services.items()
+            if k in ("providers.v1", "modules.v1")
+        )
     except (ValueError, TypeError):
         return False
 
@@ -310,14 +331,27 @@ def _covered_keys(manifest: dict[str, Any]) -> set[str]:
     for entry in manifest.get("providers", []):
         parts = keys.ARCHIVE.parse(entry.get("archive_key", ""))
         if parts:
-            covered.update({entry["archive_key"], entry.get("download_key", ""), entry.get("sums_key", ""),
-                            keys.VERSIONS.key_for(parts), keys.DISCOVERY.key_for(parts),
-                            *entry.get("other_platforms", [])})
+            covered.update(
+                {
+                    entry["archive_key"],
+                    entry.get("download_key", ""),
+                    entry.get("sums_key", ""),
+                    keys.VERSIONS.key_for(parts),
+                    keys.DISCOVERY.key_for(parts),
+                    *entry.get("other_platforms", []),
+                }
+            )
     for entry in manifest.get("modules", []):
         parts = keys.MODULE.parse(entry.get("module_key", ""))
         if parts:
-            covered.update({entry["module_key"], keys.MODULE_DOWNLOAD.key_for(parts),
-                            keys.MODULE_VERSIONS.key_for(parts), keys.DISCOVERY.key_for(parts)})
+            covered.update(
+                {
+                    entry["module_key"],
+                    keys.MODULE_DOWNLOAD.key_for(parts),
+                    keys.MODULE_VERSIONS.key_for(parts),
+                    keys.DISCOVERY.key_for(parts),
+                }
+            )
     return covered
 
 
@@ -344,13 +378,15 @@ def _extract_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, sha: str, s
             digest.update(chunk)
             handle.write(chunk)
     if digest.hexdigest() != sha:
-        raise CommandError(f"bundle rejected: archives/{sha} was modified (its content has SHA-256 "
-                           f"{digest.hexdigest()})")
+        raise CommandError(
+            f"bundle rejected: archives/{sha} was modified (its content has SHA-256 {digest.hexdigest()})"
+        )
     return target
 
 
-def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path],
-                     keyring: Keyring) -> tuple[str, bytes, str]:
+def _verify_provider(
+    entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path], keyring: Keyring
+) -> tuple[str, bytes, str]:
     name = f"{entry.get('filename')} (archives/{entry.get('sha256')})"
     try:
         parts = keys.ARCHIVE.parse(entry["archive_key"])
@@ -360,8 +396,10 @@ def _verify_provider(entry: dict[str, Any], metadata: dict[str, bytes], files: d
             raise ValueError("the manifest pairs the archive with another provider's download metadata")
         info = download_info(parts, CacheEntry.decode(metadata[entry["download_key"]]))
         if info.unsigned:
-            raise ValueError("its registry lists no signing keys: a bundle cannot vouch for an unsigned provider "
-                             "(a proxy fetches it over TLS under --unsigned-providers)")
+            raise ValueError(
+                "its registry lists no signing keys: a bundle cannot vouch for an unsigned provider "
+                "(a proxy fetches it over TLS under --unsigned-providers)"
+            )
         if entry["sums_key"] != keys.sums(info):
             raise ValueError("the manifest pairs the archive with another release's SHA256SUMS")
         sums, signature = _sums_record(metadata, entry["sums_key"])

@@ -56,8 +56,15 @@ class GcReport:
         return sum(item.bytes for item in self.garbage)
 
 
-async def collect(metadata: MetadataStore, store: ArchiveStorage, *, grace: float, negative_retention: float,
-                  dry_run: bool, now: float | None = None) -> GcReport:
+async def collect(
+    metadata: MetadataStore,
+    store: ArchiveStorage,
+    *,
+    grace: float,
+    negative_retention: float,
+    dry_run: bool,
+    now: float | None = None,
+) -> GcReport:
     """Find (and unless `dry_run`, remove) the garbage of `store` and `metadata`; raises if the metadata
     cannot be listed (a partial listing must never make referenced archives look orphaned)."""
     now = time.time() if now is None else now
@@ -114,7 +121,7 @@ async def _expired_negatives(metadata: MetadataStore, now: float, retention: flo
     # remembered 404s that older versions wrote into the persistent store itself
     names = [key async for key in metadata.keys()]  # noqa: SIM118 - an async iterator, not a dict
     for offset in range(0, len(names), 500):
-        batch = names[offset:offset + 500]
+        batch = names[offset : offset + 500]
         for name, raw in zip(batch, await metadata.get_many(batch), strict=True):
             if raw is None or not is_negative(raw):
                 continue
@@ -153,7 +160,9 @@ def report_lines(report: GcReport, *, dry_run: bool) -> list[str]:
     for key in report.unreadable:
         lines.append(f"unreadable record (no archive is removed while one is): {key}")
     freed = sum(item.bytes for item in items)
-    lines.append(f"gc: {len(items)} item(s), {freed} bytes {'would be freed' if dry_run else 'freed'}; "
-                 f"{report.referenced} referenced archive(s) kept, {report.kept_recent} unreferenced archive(s) "
-                 "kept as used within the grace")
+    lines.append(
+        f"gc: {len(items)} item(s), {freed} bytes {'would be freed' if dry_run else 'freed'}; "
+        f"{report.referenced} referenced archive(s) kept, {report.kept_recent} unreferenced archive(s) "
+        "kept as used within the grace"
+    )
     return lines

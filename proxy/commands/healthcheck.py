@@ -45,8 +45,9 @@ def probe_from_args(args) -> Probe:
     if args.plain_http:
         return Probe(host, port, None, timeout)
     tls_dir = Settings(data_dir=Path(args.data_dir).expanduser()).tls_dir
-    context = _client_context(tls_dir, Path(args.tls_cert) if args.tls_cert else None,
-                              Path(args.ca_file) if args.ca_file else None)
+    context = _client_context(
+        tls_dir, Path(args.tls_cert) if args.tls_cert else None, Path(args.ca_file) if args.ca_file else None
+    )
     return Probe(host, port, context, timeout)
 
 
@@ -76,8 +77,7 @@ def check(probe: Probe) -> tuple[bool, str]:
     if probe.context is None:
         connection = http.client.HTTPConnection(probe.host, probe.port, timeout=probe.timeout)
     else:
-        connection = http.client.HTTPSConnection(probe.host, probe.port, timeout=probe.timeout,
-                                                 context=probe.context)
+        connection = http.client.HTTPSConnection(probe.host, probe.port, timeout=probe.timeout, context=probe.context)
     try:
         connection.request("GET", "/readyz", headers={"User-Agent": "registry-proxy-healthcheck"})
         response = connection.getresponse()

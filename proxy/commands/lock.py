@@ -21,8 +21,14 @@ from proxy.tfconfig import ProjectConfigError, read_requirements
 LOCK_FILE = ".terraform.lock.hcl"
 
 
-async def run_lock(directory: Path, client: ProxyClient, platforms: list[Platform], *, upgrade: bool = False,
-                   default_host: str = "registry.terraform.io") -> dict[str, LockedProvider]:
+async def run_lock(
+    directory: Path,
+    client: ProxyClient,
+    platforms: list[Platform],
+    *,
+    upgrade: bool = False,
+    default_host: str = "registry.terraform.io",
+) -> dict[str, LockedProvider]:
     """Update `directory/.terraform.lock.hcl`; returns the entries written."""
     path = directory / LOCK_FILE
     try:

@@ -81,8 +81,12 @@ def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
 
 async def _lock(args: argparse.Namespace) -> int:
     platforms = _platforms(args, required=True)
-    entries = await _with_client(args, lambda client: run_lock(
-        Path(args.directory), client, platforms, upgrade=args.upgrade, default_host=args.default_registry))
+    entries = await _with_client(
+        args,
+        lambda client: run_lock(
+            Path(args.directory), client, platforms, upgrade=args.upgrade, default_host=args.default_registry
+        ),
+    )
     for entry in entries.values():
         print(f"locked {entry.address} {entry.version} ({len(entry.hashes)} hashes)")
     print(f"wrote {Path(args.directory) / '.terraform.lock.hcl'} for {', '.join(map(str, platforms))}")
@@ -94,11 +98,21 @@ async def _warm(args: argparse.Namespace) -> int:
     jobs = int(args.jobs) if str(args.jobs).isdigit() and int(args.jobs) > 0 else 0
     if not jobs:
         raise CommandError("--jobs must be a positive integer")
-    report = await _with_client(args, lambda client: run_warm(
-        client, platforms, directory=Path(args.directory) if args.directory else None,
-        lock_file=Path(args.lock_file) if args.lock_file else None, jobs=jobs, default_host=args.default_registry))
-    print(f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
-          f"{len(report.failed)} failed")
+    report = await _with_client(
+        args,
+        lambda client: run_warm(
+            client,
+            platforms,
+            directory=Path(args.directory) if args.directory else None,
+            lock_file=Path(args.lock_file) if args.lock_file else None,
+            jobs=jobs,
+            default_host=args.default_registry,
+        ),
+    )
+    print(
+        f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
+        f"{len(report.failed)} failed"
+    )
     for name, reason in report.skipped.items():
         print(f"  skipped {name}: {reason}")
     for name, reason in report.failed.items():
@@ -108,11 +122,15 @@ async def _warm(args: argparse.Namespace) -> int:
 
 def _store_settings(args: argparse.Namespace) -> Settings:
     """The settings of the data dir's stores, as `serve` reads them from the same options."""
-    return Settings(data_dir=Path(args.data_dir).expanduser(), redis_url=args.redis_url or None,
-                    redis_password=args.redis_password or None, redis_prefix=args.redis_prefix,
-                    redis_retention=parse_duration(args.redis_retention),
-                    **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
-                    **archive_store_settings(args))
+    return Settings(
+        data_dir=Path(args.data_dir).expanduser(),
+        redis_url=args.redis_url or None,
+        redis_password=args.redis_password or None,
+        redis_prefix=args.redis_prefix,
+        redis_retention=parse_duration(args.redis_retention),
+        **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
+        **archive_store_settings(args),
+    )
 
 
 async def _metadata(settings: Settings) -> MetadataStore:
@@ -140,13 +158,17 @@ async def _export(args: argparse.Namespace) -> int:
     finally:
         await cache.close()
         store.close()
-    print(f"exported {len(report.providers)} provider archives and {len(report.modules)} modules "
-          f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}")
+    print(
+        f"exported {len(report.providers)} provider archives and {len(report.modules)} modules "
+        f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}"
+    )
     for fingerprint in sorted(report.signing_keys):
         print(f"signing key: {fingerprint}  (import with --trust-key {fingerprint})")
     for subject in report.unsigned_left_out:
-        print(f"left out {subject}: unsigned (its registry lists no signing keys), so nothing in a bundle can "
-              "vouch for it; the proxy behind the air gap cannot serve it")
+        print(
+            f"left out {subject}: unsigned (its registry lists no signing keys), so nothing in a bundle can "
+            "vouch for it; the proxy behind the air gap cannot serve it"
+        )
     return 0
 
 
@@ -155,17 +177,21 @@ async def _import(args: argparse.Namespace) -> int:
     keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
     try:
         if not args.trust_key and not args.trust_bundle_keys:
-            raise CommandError("name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
-                               "or --trust-bundle-keys to accept the keys the bundle carries")
+            raise CommandError(
+                "name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
+                "or --trust-bundle-keys to accept the keys the bundle carries"
+            )
         trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
         report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted)
     finally:
         await cache.close()
         store.close()
         keyring.close()
-    print(f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
-          f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
-          f"{report.entries} metadata entries")
+    print(
+        f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
+        f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
+        f"{report.entries} metadata entries"
+    )
     if report.replaced_corrupt:
         print(f"replaced {report.replaced_corrupt} corrupt stored archives (moved to the quarantine)")
     return 0
@@ -178,11 +204,17 @@ async def _gc(args: argparse.Namespace) -> int:
         if store.local and not (store.root / "sha256").is_dir():
             raise CommandError(f"{store.root} holds no archive store (is --data-dir the proxy's data directory?)")
         try:
-            report = await collect(cache, store, grace=grace, dry_run=args.dry_run,
-                                   negative_retention=negative_retention(FreshnessTtls().negative))
+            report = await collect(
+                cache,
+                store,
+                grace=grace,
+                dry_run=args.dry_run,
+                negative_retention=negative_retention(FreshnessTtls().negative),
+            )
         except (*REDIS_FAILURES, *EMBEDDED_FAILURES) as exc:
-            raise CommandError(f"gc stopped: the metadata store could not be read ({exc}); nothing more "
-                               "is removed until it can") from None
+            raise CommandError(
+                f"gc stopped: the metadata store could not be read ({exc}); nothing more is removed until it can"
+            ) from None
     finally:
         await cache.close()
         store.close()

@@ -25,16 +25,23 @@ def lock_key(addr: ProviderAddr) -> str:
     return f"{addr.hostname.display}/{addr.namespace}/{addr.type}"
 
 
-async def select_versions(requirements: Requirements, locked: dict[str, LockedProvider], client: ProxyClient,
-                          *, upgrade: bool = False) -> list[Selection]:
+async def select_versions(
+    requirements: Requirements, locked: dict[str, LockedProvider], client: ProxyClient, *, upgrade: bool = False
+) -> list[Selection]:
     """One version per required provider, or CommandError naming what cannot be satisfied."""
-    return list(await asyncio.gather(*(
-        _select(addr, texts, locked.get(lock_key(addr)), client, upgrade)
-        for addr, texts in sorted(requirements.providers.items(), key=lambda item: str(item[0])))))
+    return list(
+        await asyncio.gather(
+            *(
+                _select(addr, texts, locked.get(lock_key(addr)), client, upgrade)
+                for addr, texts in sorted(requirements.providers.items(), key=lambda item: str(item[0]))
+            )
+        )
+    )
 
 
-async def _select(addr: ProviderAddr, texts: list[str], locked: LockedProvider | None, client: ProxyClient,
-                  upgrade: bool) -> Selection:
+async def _select(
+    addr: ProviderAddr, texts: list[str], locked: LockedProvider | None, client: ProxyClient, upgrade: bool
+) -> Selection:
     try:
         terms = [term for text in texts for term in constraints.parse(text)]
     except constraints.ConstraintError as exc:
@@ -43,8 +50,10 @@ async def _select(addr: ProviderAddr, texts: list[str], locked: LockedProvider |
     if locked is not None and not upgrade:
         version = Version.parse(locked.version)
         if not constraints.allows(terms, version):
-            raise CommandError(f"provider {addr}: the locked version {version} does not match the constraints "
-                               f"{canonical!r}; run with --upgrade to select a new version")
+            raise CommandError(
+                f"provider {addr}: the locked version {version} does not match the constraints "
+                f"{canonical!r}; run with --upgrade to select a new version"
+            )
         return Selection(addr, version, canonical)
     try:
         available = await client.provider_versions(addr)
@@ -55,6 +64,5 @@ async def _select(addr: ProviderAddr, texts: list[str], locked: LockedProvider |
     version = constraints.newest(terms, available)
     if version is None:
         shown = ", ".join(str(v) for v in sorted(available)[-8:]) or "none"
-        raise CommandError(f"provider {addr}: no available version matches {canonical!r} "
-                           f"(newest available: {shown})")
+        raise CommandError(f"provider {addr}: no available version matches {canonical!r} (newest available: {shown})")
     return Selection(addr, version, canonical)

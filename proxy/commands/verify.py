@@ -92,8 +92,15 @@ async def unsigned_archives(cache: MetadataStore) -> list[UnsignedArchive]:
             continue
         record = records.decode(await cache.get(key), ArchiveRecord)
         if record is not None and record.unsigned:
-            found.append(UnsignedArchive(f"{parts['host']}/{parts['namespace']}/{parts['type']}", parts["version"],
-                                         parts["platform"], record.filename, record.sha256))
+            found.append(
+                UnsignedArchive(
+                    f"{parts['host']}/{parts['namespace']}/{parts['type']}",
+                    parts["version"],
+                    parts["platform"],
+                    record.filename,
+                    record.sha256,
+                )
+            )
     return sorted(found)
 
 
@@ -111,11 +118,15 @@ def summary_lines(report: VerifyReport) -> list[str]:
     for folder in report.abandoned_temp_dirs:
         removed = "removed" if folder in report.removed_temp_dirs else "remove with --repair"
         lines.append(f"abandoned temp dir: {folder} ({removed})")
-    lines.extend(f"UNSIGNED {a.provider} {a.version} {a.platform} {a.filename} sha256={a.sha256}: its registry lists "
-                 "no signing keys; checked against SHA256SUMS and the registry's shasum only" for a in report.unsigned)
+    lines.extend(
+        f"UNSIGNED {a.provider} {a.version} {a.platform} {a.filename} sha256={a.sha256}: its registry lists "
+        "no signing keys; checked against SHA256SUMS and the registry's shasum only"
+        for a in report.unsigned
+    )
     lines.append(
         f"verify: {report.objects} objects ({report.bytes} bytes), {len(report.corrupt)} corrupt, "
         f"{len(report.quarantined)} quarantined, {len(report.strays)} stray, "
         f"{len(report.abandoned_temp_dirs)} abandoned temp dir(s), {report.live_temp_dirs} in use, "
-        f"{report.quarantine_files} file(s) in quarantine, {len(report.unsigned)} unsigned")
+        f"{report.quarantine_files} file(s) in quarantine, {len(report.unsigned)} unsigned"
+    )
     return lines

@@ -34,9 +34,17 @@ class WarmReport:
     bytes: int = 0
 
 
-async def run_warm(client: ProxyClient, platforms: list[Platform], *, directory: Path | None = None,
-                   lock_file: Path | None = None, jobs: int = 4, default_host: str = "registry.terraform.io",
-                   progress: bool | None = None, say: Callable[[str], None] = print) -> WarmReport:
+async def run_warm(
+    client: ProxyClient,
+    platforms: list[Platform],
+    *,
+    directory: Path | None = None,
+    lock_file: Path | None = None,
+    jobs: int = 4,
+    default_host: str = "registry.terraform.io",
+    progress: bool | None = None,
+    say: Callable[[str], None] = print,
+) -> WarmReport:
     selections, modules = await _targets(client, directory, lock_file, default_host)
     items: list[tuple[str, Callable[[Callable[[int], None]], Awaitable[int | None]]]] = []
     for s in selections:
@@ -47,8 +55,9 @@ async def run_warm(client: ProxyClient, platforms: list[Platform], *, directory:
     report = WarmReport()
     show_bars = sys.stderr.isatty() if progress is None else progress
     items_bar = tqdm(total=len(items), unit="item", desc="items", disable=not show_bars, position=0)
-    bytes_bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="bytes", disable=not show_bars,
-                     position=1)
+    bytes_bar = tqdm(
+        total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="bytes", disable=not show_bars, position=1
+    )
     slots = asyncio.Semaphore(max(1, jobs))
 
     def count(n: int) -> None:
@@ -81,8 +90,9 @@ async def run_warm(client: ProxyClient, platforms: list[Platform], *, directory:
     return report
 
 
-async def _targets(client: ProxyClient, directory: Path | None, lock_file: Path | None,
-                   default_host: str) -> tuple[list[Selection], list[ModuleCall]]:
+async def _targets(
+    client: ProxyClient, directory: Path | None, lock_file: Path | None, default_host: str
+) -> tuple[list[Selection], list[ModuleCall]]:
     if directory is None and lock_file is None:
         raise CommandError("name a configuration directory or --lock-file")
     locked, requirements = await asyncio.to_thread(_read_inputs, directory, lock_file, default_host)
@@ -91,8 +101,9 @@ async def _targets(client: ProxyClient, directory: Path | None, lock_file: Path 
     return await select_versions(requirements, locked, client), requirements.modules
 
 
-def _read_inputs(directory: Path | None, lock_file: Path | None,
-                 default_host: str) -> tuple[dict[str, LockedProvider], Requirements | None]:
+def _read_inputs(
+    directory: Path | None, lock_file: Path | None, default_host: str
+) -> tuple[dict[str, LockedProvider], Requirements | None]:
     try:
         locked = parse_lockfile(lock_file.read_text(encoding="utf-8"), str(lock_file)) if lock_file else {}
         if directory is None:

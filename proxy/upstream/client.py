@@ -67,9 +67,16 @@ def create_ssl_context(extra_ca_file: Path | None) -> ssl.SSLContext:
 class UpstreamClient:
     """Fetches from upstream registries within the configured limits."""
 
-    def __init__(self, session: aiohttp.ClientSession, policy: AddressPolicy, limits: Limits,
-                 *, retries: int = 1, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 credentials: UpstreamCredentials | None = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        policy: AddressPolicy,
+        limits: Limits,
+        *,
+        retries: int = 1,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        credentials: UpstreamCredentials | None = None,
+    ) -> None:
         self._session = session
         self._credentials = credentials or UpstreamCredentials()
         self._policy = policy
@@ -79,15 +86,20 @@ class UpstreamClient:
         self.observe: Callable[[str, float], None] | None = None  # (host, seconds to the answer's headers)
 
     @classmethod
-    def create(cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None,
-               credentials: UpstreamCredentials | None = None) -> UpstreamClient:
+    def create(
+        cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None, credentials: UpstreamCredentials | None = None
+    ) -> UpstreamClient:
         """Build the session (must run inside the event loop)."""
         connector = aiohttp.TCPConnector(
-            resolver=GuardedResolver(policy), ssl=create_ssl_context(ca_file),
-            limit=limits.upstream_concurrency * 4, ttl_dns_cache=60,
+            resolver=GuardedResolver(policy),
+            ssl=create_ssl_context(ca_file),
+            limit=limits.upstream_concurrency * 4,
+            ttl_dns_cache=60,
         )
         session = aiohttp.ClientSession(
-            connector=connector, trust_env=True, auto_decompress=True,
+            connector=connector,
+            trust_env=True,
+            auto_decompress=True,
             headers={"User-Agent": USER_AGENT},
         )
         return cls(session, policy, limits, credentials=credentials)
@@ -95,8 +107,15 @@ class UpstreamClient:
     async def close(self) -> None:
         await self._session.close()
 
-    async def get(self, url: URL, *, max_bytes: int, accept: str = "application/json",
-                  etag: str | None = None, max_redirects: int | None = None) -> UpstreamResponse:
+    async def get(
+        self,
+        url: URL,
+        *,
+        max_bytes: int,
+        accept: str = "application/json",
+        etag: str | None = None,
+        max_redirects: int | None = None,
+    ) -> UpstreamResponse:
         """GET a small document. 200/304/404/410 are returned; anything else raises UpstreamError.
 
         The metadata timeout bounds the whole fetch, its retry included.
@@ -107,13 +126,25 @@ class UpstreamClient:
 
         async def read(response: aiohttp.ClientResponse) -> UpstreamResponse:
             body = await _read_bounded(response, max_bytes, url)
-            return UpstreamResponse(response.status, body, response.url, response.content_type,
-                                    response.headers.get("ETag"), response.headers.get("X-Terraform-Get"))
+            return UpstreamResponse(
+                response.status,
+                body,
+                response.url,
+                response.content_type,
+                response.headers.get("ETag"),
+                response.headers.get("X-Terraform-Get"),
+            )
 
         return await self._with_retries(url, headers, read, max_redirects)
 
-    async def download(self, url: URL, sink: Sink, *, max_bytes: int,
-                       on_response: Callable[[int | None], Awaitable[None]] | None = None) -> None:
+    async def download(
+        self,
+        url: URL,
+        sink: Sink,
+        *,
+        max_bytes: int,
+        on_response: Callable[[int | None], Awaitable[None]] | None = None,
+    ) -> None:
         """Stream a 200 answer into `sink` chunk by chunk.
         `on_response(length)` runs before the first chunk, with the body's length if the upstream
         sent a Content-Length for the bytes as they reach the sink (no content coding).
@@ -155,8 +186,9 @@ class UpstreamClient:
             try:
                 result = await self._request(url, headers, timeout, handle, max_redirects)
             except UpstreamError as exc:
-                if (isinstance(exc, ForbiddenAddressError | UpstreamTooLargeError)
-                        or not self._may_retry(attempt, give_up - clock())):
+                if isinstance(exc, ForbiddenAddressError | UpstreamTooLargeError) or not self._may_retry(
+                    attempt, give_up - clock()
+                ):
                     raise
                 log.info("upstream.retry", url=_show(url), error=exc.message)
             else:
@@ -171,8 +203,14 @@ class UpstreamClient:
         needed = min(MIN_RETRY_TIME, self._limits.metadata_timeout / 2)
         return attempt < self._retries and left - RETRY_BACKOFF * (attempt + 1) >= needed
 
-    async def _request(self, url: URL, headers: dict[str, str], timeout: aiohttp.ClientTimeout,
-                       handle: Callable[[aiohttp.ClientResponse], Awaitable], max_redirects: int | None):
+    async def _request(
+        self,
+        url: URL,
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout,
+        handle: Callable[[aiohttp.ClientResponse], Awaitable],
+        max_redirects: int | None,
+    ):
         hops = self._limits.max_redirects if max_redirects is None else max_redirects
         current = url
         for _ in range(hops + 1):
@@ -181,8 +219,9 @@ class UpstreamClient:
             hop_headers = {**headers, "Authorization": f"Bearer {token}"} if token else headers
             try:
                 started = time.monotonic()
-                async with self._session.get(current, headers=hop_headers, timeout=timeout,
-                                             allow_redirects=False) as response:
+                async with self._session.get(
+                    current, headers=hop_headers, timeout=timeout, allow_redirects=False
+                ) as response:
                     if self.observe is not None:
                         self.observe(current.host or "", time.monotonic() - started)
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
@@ -210,8 +249,10 @@ class UpstreamClient:
         if url.user or url.password:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: URLs with credentials are not fetched")
         if url.scheme == "http" and not self._policy.is_exempt(url.host, url.port):
-            raise ForbiddenAddressError(f"refused to fetch {_show(url)}: plain http is only allowed for "
-                                        "hosts named in --upstream-map or --allow-private-host")
+            raise ForbiddenAddressError(
+                f"refused to fetch {_show(url)}: plain http is only allowed for "
+                "hosts named in --upstream-map or --allow-private-host"
+            )
         try:
             self._policy.check_literal(url)
             if uses_egress_proxy(url):  # the proxy connects, so our resolver would never see the name
@@ -220,8 +261,9 @@ class UpstreamClient:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
 
 
-async def _next_chunk(response: aiohttp.ClientResponse, rate: TransferRate, clock: Callable[[], float],
-                      url: URL) -> bytes:
+async def _next_chunk(
+    response: aiohttp.ClientResponse, rate: TransferRate, clock: Callable[[], float], url: URL
+) -> bytes:
     """The next chunk of a download (b"" at the end), waited for only while the minimum rate can still hold."""
     while True:
         try:
@@ -236,7 +278,8 @@ async def _next_chunk(response: aiohttp.ClientResponse, rate: TransferRate, cloc
             got = rate.received(clock()) / rate.window
             raise UpstreamTooSlowError(
                 f"{_show(url)} arrived at {_per_second(got)} over the last {rate.window:g}s, below the minimum "
-                f"of {_per_second(rate.min_rate)}; download aborted")
+                f"of {_per_second(rate.min_rate)}; download aborted"
+            )
 
 
 def _per_second(rate: float) -> str:

@@ -30,8 +30,7 @@ def discovery_url(hostname: Hostname, upstream_map: dict[str, URL]) -> URL:
 def parse_discovery(body: bytes, content_type: str, hostname: Hostname) -> dict[str, object]:
     """Validate a discovery document: `application/json`, a JSON object."""
     if content_type.split(";")[0].strip().lower() != "application/json":
-        raise UpstreamError(f"discovery document of {hostname} has content type {content_type!r}, "
-                            "not application/json")
+        raise UpstreamError(f"discovery document of {hostname} has content type {content_type!r}, not application/json")
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError):

@@ -42,9 +42,18 @@ class PackedSource:
 class GitFetcher:
     """Clones `https` git sources into a scratch dir and packs them."""
 
-    def __init__(self, policy: AddressPolicy, scratch: Path, *, ca_bundle: Path | None = None,
-                 timeout: float = 120.0, max_bytes: int = 512 * 2**20, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 concurrency: int = 4, credentials: UpstreamCredentials | None = None) -> None:
+    def __init__(
+        self,
+        policy: AddressPolicy,
+        scratch: Path,
+        *,
+        ca_bundle: Path | None = None,
+        timeout: float = 120.0,
+        max_bytes: int = 512 * 2**20,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        concurrency: int = 4,
+        credentials: UpstreamCredentials | None = None,
+    ) -> None:
         self._policy = policy
         self._credentials = credentials or UpstreamCredentials()
         self._scratch = scratch
@@ -90,8 +99,9 @@ class GitFetcher:
         except UpstreamError as exc:
             log.info("git.shallow_clone_failed", url=url, ref=ref, error=exc.message)
             await asyncio.to_thread(shutil.rmtree, checkout, True)
-            await self._git([*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work,
-                            token=self._token(url))
+            await self._git(
+                [*pin, "clone", "--quiet", "--no-checkout", "--", url, str(checkout)], work, token=self._token(url)
+            )
             target = ref or "HEAD"
         await self._check_tree(url, target, checkout, work)
         await self._git(["checkout", "--quiet", "--detach", target, "--"], work, cwd=checkout)
@@ -99,13 +109,15 @@ class GitFetcher:
     async def _check_tree(self, url: str, target: str, checkout: Path, work: Path) -> None:
         """Refuse, before anything is written, a tree whose files or entries exceed the limits
         (a few MiB of repository can check out to GiBs: git compresses blobs)."""
-        listing = await self._git(["ls-tree", "-r", "-t", "-l", "-z", "--full-tree", target, "--"], work,
-                                  cwd=checkout)
+        listing = await self._git(["ls-tree", "-r", "-t", "-l", "-z", "--full-tree", target, "--"], work, cwd=checkout)
         entries = [entry for entry in listing.split("\0") if entry]
         if len(entries) > self._max_entries:
             raise UpstreamTooLargeError(f"git source {url}: its tree has more than {self._max_entries} entries")
-        size = sum(int(fields[3]) for entry in entries
-                   if len(fields := entry.partition("\t")[0].split()) == 4 and fields[3].isdigit())
+        size = sum(
+            int(fields[3])
+            for entry in entries
+            if len(fields := entry.partition("\t")[0].split()) == 4 and fields[3].isdigit()
+        )
         if size > self._max_bytes:
             raise UpstreamTooLargeError(f"git source {url}: its tree holds more than {self._max_bytes} bytes")
 
@@ -127,15 +139,37 @@ class GitFetcher:
         return ["-c", f"credential.{origin}.helper={helper}"]
 
     async def _git(self, args: list[str], work: Path, cwd: Path | None = None, token: str | None = None) -> str:
-        config = ["-c", "core.hooksPath=/dev/null", "-c", "credential.helper=", "-c", "protocol.file.allow=never",
-                  "-c", "protocol.ext.allow=never", "-c", "http.followRedirects=false", "-c", "core.askPass=true",
-                  "-c", "submodule.recurse=false", "-c", "core.fsmonitor=false", "-c", "advice.detachedHead=false"]
+        config = [
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "credential.helper=",
+            "-c",
+            "protocol.file.allow=never",
+            "-c",
+            "protocol.ext.allow=never",
+            "-c",
+            "http.followRedirects=false",
+            "-c",
+            "core.askPass=true",
+            "-c",
+            "submodule.recurse=false",
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "advice.detachedHead=false",
+        ]
         if self._ca_bundle is not None:
             config += ["-c", f"http.sslCAInfo={self._ca_bundle}"]
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "GIT_TERMINAL_PROMPT": "0",
-            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ALLOW_PROTOCOL": "https:http",
-            "GIT_LFS_SKIP_SMUDGE": "1", "LC_ALL": "C",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(work),
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_ALLOW_PROTOCOL": "https:http",
+            "GIT_LFS_SKIP_SMUDGE": "1",
+            "LC_ALL": "C",
         }
         if token is not None:
             env[TOKEN_ENV] = token
@@ -143,8 +177,15 @@ class GitFetcher:
             if name in os.environ:
                 env[name] = os.environ[name]
         process = await asyncio.create_subprocess_exec(
-            "git", *config, *args, cwd=cwd or work, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            "git",
+            *config,
+            *args,
+            cwd=cwd or work,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             out, err = await asyncio.wait_for(process.communicate(), self._timeout)
         except TimeoutError:

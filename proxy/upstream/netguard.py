@@ -28,19 +28,22 @@ class ForbiddenAddress(OSError):
 # IPv6 ranges that are never an upstream registry, whatever Python's `is_global` says (it
 # changes between versions): translation, tunnelling and deprecated forms, and recent
 # special-purpose blocks.
-_NON_PUBLIC_V6 = tuple(ipaddress.IPv6Network(net) for net in (
-    "::/96",  # IPv4-compatible (deprecated, RFC 4291), also :: and ::1
-    "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 2765)
-    "64:ff9b:1::/48",  # local-use NAT64 (RFC 8215): translates to whatever the site chose
-    "100::/64",  # discard-only (RFC 6666)
-    "2001::/23",  # IETF protocol assignments, including Teredo 2001::/32 (RFC 4380)
-    "2001:db8::/32",  # documentation
-    "3fff::/20",  # documentation (RFC 9637)
-    "5f00::/16",  # SRv6 SIDs (RFC 9602)
-    "fc00::/7",  # unique local
-    "fe80::/10",  # link-local
-    "fec0::/10",  # site-local (deprecated, RFC 3879)
-))
+_NON_PUBLIC_V6 = tuple(
+    ipaddress.IPv6Network(net)
+    for net in (
+        "::/96",  # IPv4-compatible (deprecated, RFC 4291), also :: and ::1
+        "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 2765)
+        "64:ff9b:1::/48",  # local-use NAT64 (RFC 8215): translates to whatever the site chose
+        "100::/64",  # discard-only (RFC 6666)
+        "2001::/23",  # IETF protocol assignments, including Teredo 2001::/32 (RFC 4380)
+        "2001:db8::/32",  # documentation
+        "3fff::/20",  # documentation (RFC 9637)
+        "5f00::/16",  # SRv6 SIDs (RFC 9602)
+        "fc00::/7",  # unique local
+        "fe80::/10",  # link-local
+        "fec0::/10",  # site-local (deprecated, RFC 3879)
+    )
+)
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # well-known NAT64 prefix (RFC 6052)
 
 
@@ -137,8 +140,9 @@ class GuardedResolver(AbstractResolver):
         self._policy = policy
         self._inner = inner or DefaultResolver()
 
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
         if self._policy.is_exempt(host, port):
             return results

@@ -102,15 +102,19 @@ def _signing_keys(keys_doc: Any, what: str) -> tuple[str, ...]:
     keys_list = keys_doc.get("gpg_public_keys") if isinstance(keys_doc, dict) else keys_doc
     if keys_doc is None or (isinstance(keys_doc, dict) and keys_list in (None, [])):
         return ()
-    keys = tuple(k["ascii_armor"] for k in keys_list if isinstance(k, dict) and isinstance(k.get("ascii_armor"), str)
-                 ) if isinstance(keys_doc, dict) and isinstance(keys_list, list) else ()
+    keys = (
+        tuple(k["ascii_armor"] for k in keys_list if isinstance(k, dict) and isinstance(k.get("ascii_armor"), str))
+        if isinstance(keys_doc, dict) and isinstance(keys_list, list)
+        else ()
+    )
     if not keys:
         raise UpstreamError(f"upstream {what} lists no usable signing keys: the archive cannot be verified")
     return keys
 
 
-def parse_download(body: bytes, final_url: URL, addr: ProviderAddr, version: Version,
-                   platform: Platform) -> DownloadInfo:
+def parse_download(
+    body: bytes, final_url: URL, addr: ProviderAddr, version: Version, platform: Platform
+) -> DownloadInfo:
     """Validate download metadata; URLs are resolved against `final_url` and must be http(s).
 
     An answer without signing keys parses (`DownloadInfo.unsigned`): whether it may be used is the
@@ -139,5 +143,15 @@ def parse_download(body: bytes, final_url: URL, addr: ProviderAddr, version: Ver
         urls[name] = url
     keys = _signing_keys(document.get("signing_keys"), what)
     protocols = tuple(p for p in document.get("protocols") or [] if isinstance(p, str))
-    return DownloadInfo(platform, filename, shasum.lower(), urls["download_url"], urls["shasums_url"],
-                        urls["shasums_signature_url"], keys, protocols, document, final_url)
+    return DownloadInfo(
+        platform,
+        filename,
+        shasum.lower(),
+        urls["download_url"],
+        urls["shasums_url"],
+        urls["shasums_signature_url"],
+        keys,
+        protocols,
+        document,
+        final_url,
+    )

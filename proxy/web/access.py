@@ -60,8 +60,13 @@ class Access:
         try:
             self.book = load_tokens(self.path)
         except (OSError, AuthConfigError) as exc:
-            log.error("auth.reload_failed", file=str(self.path), error=str(exc), effect="the previous tokens stay",
-                      pid=os.getpid())
+            log.error(
+                "auth.reload_failed",
+                file=str(self.path),
+                error=str(exc),
+                effect="the previous tokens stay",
+                pid=os.getpid(),
+            )
             return
         log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
 
@@ -130,33 +135,54 @@ def _metrics_refusal(access: Access, client: Token | None, presented: str | None
     return None
 
 
-def _refusal(request: web.Request, access: Access, route: str, host: str, namespace: str | None,
-             client: Token | None, presented: str | None) -> web.Response | None:
+def _refusal(
+    request: web.Request,
+    access: Access,
+    route: str,
+    host: str,
+    namespace: str | None,
+    client: Token | None,
+    presented: str | None,
+) -> web.Response | None:
     if access.book.enabled:
         grant = request.query.get(GRANT_PARAM)
-        if client is None and grant is not None and route in GRANTABLE_ROUTES and namespace is not None \
-                and access.grants.valid(host, namespace, grant, time.time()):
+        if (
+            client is None
+            and grant is not None
+            and route in GRANTABLE_ROUTES
+            and namespace is not None
+            and access.grants.valid(host, namespace, grant, time.time())
+        ):
             return None
         if client is None:
             return _unauthorized(host, presented)
         if not client.may_read(host, namespace):
-            return _forbidden(client, host, f"this token may not read {host}" +
-                              (f"/{namespace}" if namespace and client.may_read(host) else ""))
+            return _forbidden(
+                client,
+                host,
+                f"this token may not read {host}" + (f"/{namespace}" if namespace and client.may_read(host) else ""),
+            )
         if route == "lock" and not client.lock:
             return _forbidden(client, host, "this token may not call /lock/v1")
         return None
     if host in access.private:
         log.info("auth.refused", host=host, reason="private host, no client tokens configured")
-        return error_response(403, f"registry host {host} is private: it is served only to clients with a token "
-                                   "granting it, and this proxy has no --auth-tokens")
+        return error_response(
+            403,
+            f"registry host {host} is private: it is served only to clients with a token "
+            "granting it, and this proxy has no --auth-tokens",
+        )
     return None
 
 
 def _unauthorized(what: str, presented: str | None) -> web.Response:
     reason = "unknown token" if presented is not None else "no token"
     log.info("auth.refused", what=what, reason=reason)
-    response = error_response(401, f"{what}: a client token is required ({reason}); send "
-                                   "`Authorization: Bearer TOKEN` (a credentials block or TF_TOKEN_<host> in the CLI)")
+    response = error_response(
+        401,
+        f"{what}: a client token is required ({reason}); send "
+        "`Authorization: Bearer TOKEN` (a credentials block or TF_TOKEN_<host> in the CLI)",
+    )
     challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
     response.headers["WWW-Authenticate"] = challenge
     return response

@@ -69,8 +69,9 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
     policy = AddressPolicy(settings.private_host_exceptions)
-    upstream = UpstreamClient.create(policy, settings.limits, settings.upstream_ca_file,
-                                     credentials=settings.upstream_credentials)
+    upstream = UpstreamClient.create(
+        policy, settings.limits, settings.upstream_ca_file, credentials=settings.upstream_credentials
+    )
     upstream.observe = metrics.observe_upstream
     app[ACCESS] = Access(settings, Grants(grant_key(await asyncio.to_thread(metadata_secret, settings))))
     reload_on_sighup = settings.auth_tokens is not None
@@ -82,28 +83,51 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = Downloader(settings, upstream, store, guard, space, metrics)
     keyring = Keyring(settings.gnupg_home)
-    app[MIRROR] = Mirror(settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space,
-                         metrics=metrics)
+    app[MIRROR] = Mirror(
+        settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space, metrics=metrics
+    )
     app[GUARD] = guard
     served = app[SERVED] = ServedArchives(backend)
-    evictor = Evictor(store, served, backend, locks, space, metrics, cap=settings.max_store_size,
-                      grace=settings.eviction_grace, interval=settings.eviction_interval)
+    evictor = Evictor(
+        store,
+        served,
+        backend,
+        locks,
+        space,
+        metrics,
+        cap=settings.max_store_size,
+        grace=settings.eviction_grace,
+        interval=settings.eviction_interval,
+    )
     downloader.on_stored = evictor.stored
     app[INVENTORY] = InventoryReader(settings, cache, served)
-    git = GitFetcher(policy, store.temp_dir / "git", ca_bundle=write_ca_bundle(settings),
-                     timeout=settings.git_timeout, max_bytes=settings.max_module_bytes,
-                     max_entries=settings.max_module_entries, credentials=settings.upstream_credentials)
-    app[MODULES] = ModuleMirror(settings, documents, downloader, flights, git, store=store, space=space,
-                                metrics=metrics)
+    git = GitFetcher(
+        policy,
+        store.temp_dir / "git",
+        ca_bundle=write_ca_bundle(settings),
+        timeout=settings.git_timeout,
+        max_bytes=settings.max_module_bytes,
+        max_entries=settings.max_module_entries,
+        credentials=settings.upstream_credentials,
+    )
+    app[MODULES] = ModuleMirror(
+        settings, documents, downloader, flights, git, store=store, space=space, metrics=metrics
+    )
 
     async def begin_shutdown(_: web.Application) -> None:
         flights.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
 
     app.on_shutdown.append(begin_shutdown)
-    log.info("proxy.started", data_dir=str(settings.data_dir), allowed_hosts=sorted(settings.all_allowed_hosts),
-             metadata_store="redis" if settings.redis_url else "embedded", offline=settings.offline,
-             event_loop=loop_name(asyncio.get_running_loop()), access_log=settings.access_log,
-             max_store_size=settings.max_store_size)
+    log.info(
+        "proxy.started",
+        data_dir=str(settings.data_dir),
+        allowed_hosts=sorted(settings.all_allowed_hosts),
+        metadata_store="redis" if settings.redis_url else "embedded",
+        offline=settings.offline,
+        event_loop=loop_name(asyncio.get_running_loop()),
+        access_log=settings.access_log,
+        max_store_size=settings.max_store_size,
+    )
     evictor.start()
     try:
         yield

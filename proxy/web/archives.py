@@ -74,8 +74,9 @@ async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]
     return await _serve_pinned(request, stored, filename, content_type)
 
 
-async def _serve_pinned(request: web.Request, stored: StoredArchive | PassThrough, filename: str,
-                        content_type: str) -> web.StreamResponse:
+async def _serve_pinned(
+    request: web.Request, stored: StoredArchive | PassThrough, filename: str, content_type: str
+) -> web.StreamResponse:
     """`serve_archive`, the stored archive pinned against eviction while it is sent (and noted as served).
 
     An archive evicted between its lookup and the pin is gone when it is opened: StoreCorruptionError,
@@ -86,15 +87,21 @@ async def _serve_pinned(request: web.Request, stored: StoredArchive | PassThroug
         return await serve_archive(request, stored, filename, content_type)
 
 
-async def serve_archive(request: web.Request, stored: StoredArchive | PassThrough, filename: str,
-                        content_type: str = "application/zip") -> web.StreamResponse:
+async def serve_archive(
+    request: web.Request, stored: StoredArchive | PassThrough, filename: str, content_type: str = "application/zip"
+) -> web.StreamResponse:
     if isinstance(stored, PassThrough):
         return await _relay(request, stored, filename, content_type)
     etag = f'"{stored.sha256}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(request, filename)}
-    answer = evaluate(etag, stored.size, if_match=_field(request, "If-Match"),
-                      if_none_match=_field(request, "If-None-Match"), if_range=_field(request, "If-Range"),
-                      range_header=_field(request, "Range"))
+    answer = evaluate(
+        etag,
+        stored.size,
+        if_match=_field(request, "If-Match"),
+        if_none_match=_field(request, "If-None-Match"),
+        if_range=_field(request, "If-Range"),
+        range_header=_field(request, "Range"),
+    )
     if answer.status == 304:
         return web.Response(status=304, headers=headers)
     if answer.status == 412:
@@ -110,8 +117,9 @@ async def serve_archive(request: web.Request, stored: StoredArchive | PassThroug
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
     send = request.method != "HEAD" and length > 0
-    sendfile = send and guard.local and _plain(request) and await _sendfile_allowed(guard, stored,
-                                                                                    ranged=span is not None)
+    sendfile = (
+        send and guard.local and _plain(request) and await _sendfile_allowed(guard, stored, ranged=span is not None)
+    )
     if send and not sendfile and span is not None:
         await guard.verify(stored)  # a range cannot be hashed on its own
     reader = await guard.open(stored, start, length) if send and not sendfile else None
@@ -194,19 +202,23 @@ async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive)
     expiry = request.app[SETTINGS].archive_redirect_expiry
     location = await guard.presign(stored, expiry)
     if not await guard.present(stored):  # evicted (or replaced) since its lookup: never a URL of nothing
-        raise StoreCorruptionError(f"archive {stored.sha256} left the store before it was redirected to; "
-                                   "it is looked up again")
+        raise StoreCorruptionError(
+            f"archive {stored.sha256} left the store before it was redirected to; it is looked up again"
+        )
     request.app[METRICS].archive_redirects.inc()
-    return web.Response(status=307, headers={"Location": location, "Cache-Control": "private, no-store",
-                                             "ETag": f'"{stored.sha256}"'})
+    return web.Response(
+        status=307, headers={"Location": location, "Cache-Control": "private, no-store", "ETag": f'"{stored.sha256}"'}
+    )
 
 
 def _common_headers(request: web.Request, filename: str) -> dict[str, str]:
     """Archives never change (immutable); one a client had to show a token or a grant for is `private`, so no
     shared cache in front of the proxy keeps it for clients without one."""
     scope = "private" if "Authorization" in request.headers or GRANT_PARAM in request.query else "public"
-    return {"Cache-Control": f"{scope}, max-age=31536000, immutable",
-            "Content-Disposition": f'attachment; filename="{filename}"'}
+    return {
+        "Cache-Control": f"{scope}, max-age=31536000, immutable",
+        "Content-Disposition": f'attachment; filename="{filename}"',
+    }
 
 
 def _field(request: web.Request, name: str) -> str | None:
@@ -222,8 +234,11 @@ async def _copy(reader: ArchiveReader, response: web.StreamResponse) -> None:
 
 def _plain(request: web.Request) -> bool:
     """Plain HTTP on a loop that has `sendfile` (uvloop has none: the bytes are then copied as for TLS)."""
-    return (request.transport is not None and request.transport.get_extra_info("ssl_object") is None
-            and type(asyncio.get_running_loop()).sendfile is not asyncio.AbstractEventLoop.sendfile)
+    return (
+        request.transport is not None
+        and request.transport.get_extra_info("ssl_object") is None
+        and type(asyncio.get_running_loop()).sendfile is not asyncio.AbstractEventLoop.sendfile
+    )
 
 
 async def _sendfile_allowed(guard: StoreGuard, stored: StoredArchive, *, ranged: bool) -> bool:
@@ -241,8 +256,9 @@ async def _open_stored(stored: StoredArchive) -> IO[bytes]:
     try:
         return await asyncio.to_thread(open, stored.path, "rb")
     except FileNotFoundError:
-        raise StoreCorruptionError(f"archive {stored.sha256} left the store before it was sent; "
-                                   "it is fetched and verified again") from None
+        raise StoreCorruptionError(
+            f"archive {stored.sha256} left the store before it was sent; it is fetched and verified again"
+        ) from None
 
 
 async def _sendfile(request: web.Request, handle: IO[bytes], start: int, length: int) -> None:

@@ -16,8 +16,9 @@ from proxy.web.responses import json_response
 
 async def well_known(request: web.Request) -> web.Response:
     upstream = request.app[SETTINGS].default_upstream
-    return json_response({"providers.v1": registry_base(upstream, "providers"),
-                          "modules.v1": registry_base(upstream, "modules")})
+    return json_response(
+        {"providers.v1": registry_base(upstream, "providers"), "modules.v1": registry_base(upstream, "modules")}
+    )
 
 
 def add_routes(app: web.Application) -> None:

@@ -25,8 +25,11 @@ async def readyz(request: web.Request) -> web.Response:
         status, code = "degraded", 200
     else:
         status, code = "ready", 200
-    body: dict = {"status": status, "checks": checks,
-                  "disk_space": {"free_bytes": space.free_bytes, "min_free_bytes": space.min_free_bytes}}
+    body: dict = {
+        "status": status,
+        "checks": checks,
+        "disk_space": {"free_bytes": space.free_bytes, "min_free_bytes": space.min_free_bytes},
+    }
     if not checks["metadata_store"]:
         body["reasons"] = {"metadata_store": mirror.metadata_problem() or "the metadata store did not answer"}
     return json_response(body, status=code)

@@ -28,11 +28,15 @@ async def lock_hashes(request: web.Request) -> web.Response:
         raise InvalidRequestError(f"at most {MAX_PLATFORMS} platforms per request")
     platforms = list(dict.fromkeys(Platform.parse(p) for p in requested))
     result = await request.app[MIRROR].lock_hashes(addr, version, platforms)
-    return json_response({
-        "provider": str(addr), "version": str(version),
-        "platforms": {p: {"h1": result.h1[p], "zh": result.zh[p]} for p in result.h1},
-        "signed_zh": result.signed, "hashes": result.all,
-    })
+    return json_response(
+        {
+            "provider": str(addr),
+            "version": str(version),
+            "platforms": {p: {"h1": result.h1[p], "zh": result.zh[p]} for p in result.h1},
+            "signed_zh": result.signed,
+            "hashes": result.all,
+        }
+    )
 
 
 def add_routes(app: web.Application) -> None:

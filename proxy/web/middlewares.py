@@ -56,8 +56,7 @@ async def client_address(request: web.Request, handler) -> web.StreamResponse:
     settings = request.app.get(SETTINGS)
     if settings is None or not settings.trusted_proxies:
         return await handler(request)
-    remote = forwarded_client(request.remote, request.headers.getall("X-Forwarded-For", ()),
-                              settings.trusted_proxies)
+    remote = forwarded_client(request.remote, request.headers.getall("X-Forwarded-For", ()), settings.trusted_proxies)
     return await handler(request if remote == request.remote else request.clone(remote=remote))
 
 
@@ -76,12 +75,22 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     started = time.perf_counter()
     settings = request.app.get(SETTINGS)
     try:
-        with (request_budget(settings.request_deadline, settings.stale_deadline) if settings is not None
-              else contextlib.nullcontext()):
+        with (
+            request_budget(settings.request_deadline, settings.stale_deadline)
+            if settings is not None
+            else contextlib.nullcontext()
+        ):
             response = await _render_errors(request, handler)
     except (ConnectionError, asyncio.CancelledError) as exc:
-        _record(request, request_id, "request.aborted", CLIENT_CLOSED_REQUEST, request.writer.output_size,
-                started, error=type(exc).__name__)
+        _record(
+            request,
+            request_id,
+            "request.aborted",
+            CLIENT_CLOSED_REQUEST,
+            request.writer.output_size,
+            started,
+            error=type(exc).__name__,
+        )
         raise
     response.headers["X-Request-Id"] = request_id
     sent = response.body_length if response.prepared else (response.content_length or 0)
@@ -89,8 +98,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
-def _record(request: web.Request, request_id: str, event: str, status: int, sent: int, started: float,
-            **extra) -> None:
+def _record(request: web.Request, request_id: str, event: str, status: int, sent: int, started: float, **extra) -> None:
     """The request metrics, and its access-log line if `--access-log` wants it."""
     duration = time.perf_counter() - started
     route = request.match_info.route.name or "unmatched"
@@ -100,10 +108,21 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
-        access(event, {"method": request.method, "path": request.path, "status": status, "bytes": sent,
-                       "duration_ms": round(duration * 1000, 2), "cache": request_cache_status(),
-                       "remote": request.remote, "user_agent": request.headers.get("User-Agent", ""),
-                       "request_id": request_id, **extra})
+        access(
+            event,
+            {
+                "method": request.method,
+                "path": request.path,
+                "status": status,
+                "bytes": sent,
+                "duration_ms": round(duration * 1000, 2),
+                "cache": request_cache_status(),
+                "remote": request.remote,
+                "user_agent": request.headers.get("User-Agent", ""),
+                "request_id": request_id,
+                **extra,
+            },
+        )
 
 
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:

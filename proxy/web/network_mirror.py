@@ -42,22 +42,30 @@ async def json_document(request: web.Request) -> web.Response:
     version = Version.parse(name.removesuffix(".json"))
     archives = await mirror.version_archives(addr, version)
     grant = current_grant(request, str(addr.hostname), addr.namespace)
-    return rendered_response(request, rendered.json(("version.json", addr, version, grant), archives,
-                                                    lambda a: _version_document(addr, version, a, grant)))
+    return rendered_response(
+        request,
+        rendered.json(
+            ("version.json", addr, version, grant), archives, lambda a: _version_document(addr, version, a, grant)
+        ),
+    )
 
 
 def _index_document(versions: Iterable[Version]) -> dict:
     return {"versions": {str(v): {} for v in sorted(versions)}}
 
 
-def _version_document(addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive],
-                      grant: str | None) -> dict:
-    return {"archives": {
-        str(a.platform): {"url": granted(f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}",
-                                         grant),
-                          "hashes": list(a.hashes)}
-        for a in archives
-    }}
+def _version_document(
+    addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive], grant: str | None
+) -> dict:
+    return {
+        "archives": {
+            str(a.platform): {
+                "url": granted(f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}", grant),
+                "hashes": list(a.hashes),
+            }
+            for a in archives
+        }
+    }
 
 
 async def archive(request: web.Request) -> web.StreamResponse:
@@ -69,8 +77,9 @@ async def archive(request: web.Request) -> web.StreamResponse:
         raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
 
     async def find() -> Found:
-        archive_or_relay, filename = await request.app[MIRROR].archive_for_client(addr, version, platform,
-                                                                                   follow=may_follow(request))
+        archive_or_relay, filename = await request.app[MIRROR].archive_for_client(
+            addr, version, platform, follow=may_follow(request)
+        )
         return archive_or_relay, filename, "application/zip"
 
     return await serve_found(request, find)

@@ -21,8 +21,10 @@ CA_FILE_NAME = "registry-proxy-ca.pem"
 
 
 def content_security_policy(nonce: str) -> str:
-    return (f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; img-src data:; "
-            "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+    return (
+        f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; img-src data:; "
+        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    )
 
 
 async def index(request: web.Request) -> web.Response:
@@ -44,13 +46,18 @@ async def index(request: web.Request) -> web.Response:
         nonce=nonce,
         now=time.time(),
     )
-    return web.Response(text=page.render(data), content_type="text/html", charset="utf-8", headers={
-        "Content-Security-Policy": content_security_policy(nonce),
-        "Cache-Control": "no-store",
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-        "X-Frame-Options": "DENY",
-    })
+    return web.Response(
+        text=page.render(data),
+        content_type="text/html",
+        charset="utf-8",
+        headers={
+            "Content-Security-Policy": content_security_policy(nonce),
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "X-Frame-Options": "DENY",
+        },
+    )
 
 
 def _generated_ca(request: web.Request) -> bool:
@@ -61,14 +68,19 @@ def _generated_ca(request: web.Request) -> bool:
 async def ca_pem(request: web.Request) -> web.FileResponse:
     """The local CA certificate (never its key), only when the proxy serves TLS with the certificate it made."""
     if not _generated_ca(request):
-        raise NotFoundError("this proxy did not generate its certificate: there is no CA to download "
-                            "(ask its operator which CA signed it)")
-    return web.FileResponse(request.app[SETTINGS].tls_dir / "ca.pem", headers={
-        "Content-Type": "application/x-pem-file",
-        "Content-Disposition": f'attachment; filename="{CA_FILE_NAME}"',
-        "Cache-Control": "no-cache",
-        "X-Content-Type-Options": "nosniff",
-    })
+        raise NotFoundError(
+            "this proxy did not generate its certificate: there is no CA to download "
+            "(ask its operator which CA signed it)"
+        )
+    return web.FileResponse(
+        request.app[SETTINGS].tls_dir / "ca.pem",
+        headers={
+            "Content-Type": "application/x-pem-file",
+            "Content-Disposition": f'attachment; filename="{CA_FILE_NAME}"',
+            "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
 
 
 def add_routes(app: web.Application) -> None:

@@ -93,22 +93,32 @@ async def module_archive(request: web.Request) -> web.StreamResponse:
         stored, record = await request.app[MODULES].archive(addr, version)
         if request.match_info["file"] != f"archive{record.extension}":
             raise NotFoundError(f"this module's archive is archive{record.extension}")
-        return (stored, f"{addr.name}-{version}{record.extension}",
-                _CONTENT_TYPES.get(record.archive, "application/octet-stream"))
+        return (
+            stored,
+            f"{addr.name}-{version}{record.extension}",
+            _CONTENT_TYPES.get(record.archive, "application/octet-stream"),
+        )
 
     return await serve_found(request, find)
 
 
-_CONTENT_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip", "tar.bz2": "application/x-bzip2",
-                  "tar.xz": "application/x-xz", "tar": "application/x-tar"}
+_CONTENT_TYPES = {
+    "tar.gz": "application/gzip",
+    "zip": "application/zip",
+    "tar.bz2": "application/x-bzip2",
+    "tar.xz": "application/x-xz",
+    "tar": "application/x-tar",
+}
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get(PROVIDERS + "/versions", provider_versions, name="registry_provider_versions")
-    app.router.add_get(PROVIDERS + "/{version}/download/{os}/{arch}", provider_download,
-                       name="registry_provider_download")
-    app.router.add_get(PROVIDERS + "/{version}/download/{os}/{arch}/{file}", provider_shasums,
-                       name="registry_provider_shasums")
+    app.router.add_get(
+        PROVIDERS + "/{version}/download/{os}/{arch}", provider_download, name="registry_provider_download"
+    )
+    app.router.add_get(
+        PROVIDERS + "/{version}/download/{os}/{arch}/{file}", provider_shasums, name="registry_provider_shasums"
+    )
     app.router.add_get(MODULES_PREFIX + "/versions", module_versions, name="registry_module_versions")
     app.router.add_get(MODULES_PREFIX + "/{version}/download", module_download, name="registry_module_download")
     app.router.add_get(MODULES_PREFIX + "/{version}/{file}", module_archive, name="registry_module_archive")

@@ -23,8 +23,9 @@ def json_response(document: Any, status: int = 200, headers: dict[str, str] | No
     return response
 
 
-def rendered_response(request: web.Request, rendered: Rendered, headers: dict[str, str] | None = None,
-                      content_type: str = JSON) -> web.Response:
+def rendered_response(
+    request: web.Request, rendered: Rendered, headers: dict[str, str] | None = None, content_type: str = JSON
+) -> web.Response:
     """The rendered answer with its ETag, or 304 when the client's `If-None-Match` names it."""
     fields = {"ETag": rendered.etag, **(headers or {})}
     if_none_match = ", ".join(request.headers.getall("If-None-Match", ()))

@@ -66,8 +66,9 @@ class ConnectionLimits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
-        return cls(settings.max_connections, settings.client_header_timeout, settings.keepalive_timeout,
-                   settings.send_timeout)
+        return cls(
+            settings.max_connections, settings.client_header_timeout, settings.keepalive_timeout, settings.send_timeout
+        )
 
 
 class ConnectionGate:
@@ -99,8 +100,10 @@ class ConnectionGate:
 def _raw_error(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 error response as bytes, for a connection that never reaches the application."""
     body = error_response(status, message).body
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -110,10 +113,18 @@ TOO_MANY_CONNECTIONS = _raw_error(503, "Service Unavailable", "too many connecti
 class LimitedRequestHandler(RequestHandler):
     """aiohttp's per-connection protocol with a connection cap, timeouts and JSON protocol errors."""
 
-    def __init__(self, manager: web.Server, *, gate: ConnectionGate, limits: ConnectionLimits,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(manager, loop=loop, access_log=None, keepalive_timeout=limits.keepalive_timeout,
-                         max_line_size=MAX_REQUEST_LINE, max_field_size=MAX_HEADER_LINE, max_headers=MAX_HEADERS)
+    def __init__(
+        self, manager: web.Server, *, gate: ConnectionGate, limits: ConnectionLimits, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(
+            manager,
+            loop=loop,
+            access_log=None,
+            keepalive_timeout=limits.keepalive_timeout,
+            max_line_size=MAX_REQUEST_LINE,
+            max_field_size=MAX_HEADER_LINE,
+            max_headers=MAX_HEADERS,
+        )
         self._gate = gate
         self._limits = limits
         self._accepted_at = loop.time()  # the protocol is made on accept, before the TLS handshake
@@ -131,8 +142,9 @@ class LimitedRequestHandler(RequestHandler):
         self._admitted = True
         super().connection_made(transport)
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)  # type: ignore[attr-defined]
-        self._header_timer = self._loop.call_at(self._accepted_at + self._limits.header_timeout,
-                                                self._drop, "header_timeout")
+        self._header_timer = self._loop.call_at(
+            self._accepted_at + self._limits.header_timeout, self._drop, "header_timeout"
+        )
 
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
@@ -171,8 +183,11 @@ class LimitedRequestHandler(RequestHandler):
         if transport is None:
             return
         self._gate.metrics.connections_dropped.labels(reason).inc()
-        log.info(f"connection.{reason}", remote=_host(transport.get_extra_info("peername")),
-                 connected_s=round(self._loop.time() - self._accepted_at, 3))
+        log.info(
+            f"connection.{reason}",
+            remote=_host(transport.get_extra_info("peername")),
+            connected_s=round(self._loop.time() - self._accepted_at, 3),
+        )
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with suppress(OSError):
@@ -181,8 +196,9 @@ class LimitedRequestHandler(RequestHandler):
 
     # ---- protocol errors --------------------------------------------------------------------
 
-    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> StreamResponse:
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> StreamResponse:
         """The answer to a request the application never saw, as JSON; a client gone is not an error."""
         if isinstance(exc, ConnectionError) or request.writer.output_size > 0:
             raise exc if isinstance(exc, ConnectionError) else ConnectionError("response already started")
@@ -221,7 +237,7 @@ async def write_paced(response: StreamResponse, data: bytes) -> None:
     this connection's memory instead of a whole chunk several times over (TLS copies it)."""
     view = memoryview(data)
     for offset in range(0, len(view), WRITE_BUFFER_HIGH):
-        await response.write(view[offset:offset + WRITE_BUFFER_HIGH])
+        await response.write(view[offset : offset + WRITE_BUFFER_HIGH])
 
 
 # ---- running ------------------------------------------------------------------------------
@@ -237,13 +253,23 @@ def _ensure_file_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = target
     if soft < needed:
-        log.warning("server.file_limit", open_files=soft, needed=needed,
-                    hint="raise the open-files limit (ulimit -n) or lower --max-connections")
+        log.warning(
+            "server.file_limit",
+            open_files=soft,
+            needed=needed,
+            hint="raise the open-files limit (ulimit -n) or lower --max-connections",
+        )
 
 
-async def start_listener(runner: web.AppRunner, ssl_context: ssl.SSLContext | None, limits: ConnectionLimits, *,
-                         host: str | None = None, port: int | None = None,
-                         sock: socket.socket | None = None) -> asyncio.Server:
+async def start_listener(
+    runner: web.AppRunner,
+    ssl_context: ssl.SSLContext | None,
+    limits: ConnectionLimits,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    sock: socket.socket | None = None,
+) -> asyncio.Server:
     """Listen on host:port (or on the listening socket `sock`); every connection is a
     LimitedRequestHandler of `runner`'s server."""
     loop = asyncio.get_running_loop()
@@ -251,9 +277,13 @@ async def start_listener(runner: web.AppRunner, ssl_context: ssl.SSLContext | No
     assert server is not None, "runner.setup() first"
     gate = ConnectionGate(limits.max_connections, runner.app[METRICS])
     factory: Callable[[], LimitedRequestHandler] = lambda: LimitedRequestHandler(  # noqa: E731
-        server, gate=gate, limits=limits, loop=loop)
-    tls = {} if ssl_context is None else {"ssl_handshake_timeout": limits.header_timeout,
-                                           "ssl_shutdown_timeout": min(limits.send_timeout, 30.0)}
+        server, gate=gate, limits=limits, loop=loop
+    )
+    tls = (
+        {}
+        if ssl_context is None
+        else {"ssl_handshake_timeout": limits.header_timeout, "ssl_shutdown_timeout": min(limits.send_timeout, 30.0)}
+    )
     _ensure_file_limit(limits.max_connections + SPARE_FILES)
     return await loop.create_server(factory, host, port, sock=sock, ssl=ssl_context, backlog=BACKLOG, **tls)
 
@@ -261,8 +291,14 @@ async def start_listener(runner: web.AppRunner, ssl_context: ssl.SSLContext | No
 Listen = Callable[[web.AppRunner], Awaitable[list[asyncio.Server]]]
 
 
-async def serve_app(app: web.Application, listen: Listen, stopped: Callable[[], Awaitable[object]], *,
-                    shutdown_timeout: float, handle_signals: bool = False) -> None:
+async def serve_app(
+    app: web.Application,
+    listen: Listen,
+    stopped: Callable[[], Awaitable[object]],
+    *,
+    shutdown_timeout: float,
+    handle_signals: bool = False,
+) -> None:
     """Start `app`, `listen`, wait until `stopped()` returns (or, with `handle_signals`, SIGTERM or SIGINT
     raises GracefulExit), then stop listening and shut down gracefully: idle connections are closed,
     requests in flight get `shutdown_timeout` seconds to finish."""
@@ -278,8 +314,14 @@ async def serve_app(app: web.Application, listen: Listen, stopped: Callable[[], 
         await runner.cleanup()
 
 
-def run_server(app: web.Application, settings: Settings, ssl_context: ssl.SSLContext | None, *,
-               shutdown_timeout: float, on_listening: Callable[[], None] | None = None) -> None:
+def run_server(
+    app: web.Application,
+    settings: Settings,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    shutdown_timeout: float,
+    on_listening: Callable[[], None] | None = None,
+) -> None:
     """Serve `app` in this process until SIGTERM or SIGINT, then shut down gracefully (like `web.run_app`).
 
     `shutdown_timeout`: how long requests in flight may take to finish after the signal;
@@ -288,16 +330,25 @@ def run_server(app: web.Application, settings: Settings, ssl_context: ssl.SSLCon
     limits = ConnectionLimits.from_settings(settings)
 
     async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
-        listeners = [await start_listener(runner, ssl_context, limits, host=settings.listen_host,
-                                          port=settings.listen_port)]
+        listeners = [
+            await start_listener(runner, ssl_context, limits, host=settings.listen_host, port=settings.listen_port)
+        ]
         if on_listening is not None:
             on_listening()
         return listeners
 
     loop = new_event_loop(settings.event_loop, plain_http=settings.plain_http)
     asyncio.set_event_loop(loop)
-    run_until_complete(loop, serve_app(app, listen, lambda: asyncio.Event().wait(),  # until a signal
-                                       shutdown_timeout=shutdown_timeout, handle_signals=True))
+    run_until_complete(
+        loop,
+        serve_app(
+            app,
+            listen,
+            lambda: asyncio.Event().wait(),  # until a signal
+            shutdown_timeout=shutdown_timeout,
+            handle_signals=True,
+        ),
+    )
 
 
 def run_until_complete(loop: asyncio.AbstractEventLoop, main: Coroutine[Any, Any, None]) -> None:

@@ -47,8 +47,9 @@ UNWIND = 10.0  # beyond --shutdown-grace: cancelled fetches clean up, stores clo
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-def run_workers(settings: Settings, ssl_context: ssl.SSLContext | None, *,
-                on_listening: Callable[[], None] | None = None) -> None:
+def run_workers(
+    settings: Settings, ssl_context: ssl.SSLContext | None, *, on_listening: Callable[[], None] | None = None
+) -> None:
     """Prepare the data dir once, then serve with `settings.workers` workers until SIGTERM or SIGINT.
     Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start.
     `on_listening` is called in the supervisor once it has bound the listening socket."""
@@ -66,8 +67,9 @@ async def _prepare_metadata_store(settings: Settings) -> None:
 class Supervisor(BaseApplication):
     """gunicorn's arbiter configured from our Settings (no gunicorn command line or config file)."""
 
-    def __init__(self, settings: Settings, ssl_context: ssl.SSLContext | None,
-                 on_listening: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, ssl_context: ssl.SSLContext | None, on_listening: Callable[[], None] | None = None
+    ) -> None:
         self.settings = settings
         self.ssl_context = ssl_context
         self.on_listening = on_listening
@@ -156,15 +158,18 @@ class ProxyWorker(Worker):
         self.booted = False  # until it listens: a failure to start stops the supervisor instead of a restart loop
 
         async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
-            listeners = [await start_listener(runner, supervisor.ssl_context, limits, sock=listening.sock)
-                         for listening in self.sockets]
+            listeners = [
+                await start_listener(runner, supervisor.ssl_context, limits, sock=listening.sock)
+                for listening in self.sockets
+            ]
             self.booted = True
             log.info("worker.started", pid=os.getpid())
             return listeners
 
         self._heartbeat_task = self.loop.create_task(self._heartbeat())  # cancelled with the loop's other tasks
-        run_until_complete(self.loop, serve_app(self.wsgi, listen, self._until_stopped,
-                                                shutdown_timeout=settings.shutdown_grace))
+        run_until_complete(
+            self.loop, serve_app(self.wsgi, listen, self._until_stopped, shutdown_timeout=settings.shutdown_grace)
+        )
         log.info("worker.stopped", pid=os.getpid())
 
     async def _heartbeat(self) -> None:

@@ -19,8 +19,11 @@ else:
 
 
 def pytest_collection_modifyitems(items):
-    missing = [name for name, found in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER),
-                                        ("selenium (pip)", SELENIUM)) if not found]
+    missing = [
+        name
+        for name, found in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER), ("selenium (pip)", SELENIUM))
+        if not found
+    ]
     if not missing:
         return
     message = f"{' and '.join(missing)} NOT FOUND: the browser tests of the page are SKIPPED (make test installs them)"

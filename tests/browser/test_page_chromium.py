@@ -33,9 +33,18 @@ pytestmark = pytest.mark.browser
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 MODULE = f"/registry/{REGISTRY_HOST}/modules/v1/acme/net/aws/1.0.0"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-extensions", "--disable-default-apps",
-         "--hide-scrollbars")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--hide-scrollbars",
+)
 WAIT = 15  # seconds at most for the browser to show a change (polled, not slept)
 
 
@@ -75,14 +84,21 @@ class Chromium:
 
     def screenshot(self, width: int, path: Path) -> int:
         """A full-page PNG at `width` CSS pixels; the page's scroll width at that size."""
-        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                                    {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": width < 600})
+        self.driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": width < 600},
+        )
         self.driver.refresh()
         self.wait(lambda: self.driver.execute_script("return document.readyState") == "complete", "page load")
         size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-        shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {
-            "format": "png", "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1}})
+        shot = self.driver.execute_cdp_cmd(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1},
+            },
+        )
         path.write_bytes(base64.b64decode(shot["data"]))
         return self.driver.execute_script("return document.documentElement.scrollWidth")
 
@@ -140,14 +156,16 @@ def drive(browser: Chromium, url: str, tmp_path: Path) -> list[Path]:
     assert driver.execute_script("return getComputedStyle(document.body).backgroundColor") == "rgb(246, 247, 249)"
     assert browser.console_errors() == []
     # The copy button (shown by the script) puts the exact snippet on the system clipboard.
-    driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": url, "permissions": [
-        "clipboardReadWrite", "clipboardSanitizedWrite"]})
+    driver.execute_cdp_cmd(
+        "Browser.grantPermissions", {"origin": url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]}
+    )
     button = browser.css('button.copy[data-target="mirror-opentofu"]')[0]
     assert button.is_displayed() and button.text == "Copy"
     button.click()
     browser.wait(lambda: button.get_attribute("data-copied") == "yes", "the copy button to report success")
     clipboard = driver.execute_async_script(
-        "navigator.clipboard.readText().then(arguments[0], e => arguments[0]('clipboard error: ' + e))")
+        "navigator.clipboard.readText().then(arguments[0], e => arguments[0]('clipboard error: ' + e))"
+    )
     assert clipboard.endswith(mirror_config(url + "/")) and clipboard.startswith("# ~/.tofurc\n")
     # The script filters as one types; the form searches on the server (also without the script).
     search = browser.css("#q")[0]

@@ -127,7 +127,7 @@ def store_factory(request, tmp_path) -> Iterator[Stores]:
 def write_pending(store: ArchiveStore, data: bytes = DATA, after_chunk: Callable[[], None] = lambda: None):
     pending = store.begin()
     for offset in range(0, len(data), CHUNK):
-        pending.write(data[offset:offset + CHUNK])
+        pending.write(data[offset : offset + CHUNK])
         after_chunk()
     return pending
 
@@ -258,8 +258,17 @@ def test_a_clean_exit_leaves_no_temp_files(store_factory):
 # ---- path safety -------------------------------------------------------------------------------
 
 HOSTILE_ADDRESSES = [
-    "", "../../../../etc/passwd", "/etc/passwd", SHA.upper(), SHA[:-1], SHA + "0", SHA + "\n",
-    SHA[:62] + "/.", "../" + SHA[3:], SHA[:32] + "\x00" + SHA[33:], "g" * 64,
+    "",
+    "../../../../etc/passwd",
+    "/etc/passwd",
+    SHA.upper(),
+    SHA[:-1],
+    SHA + "0",
+    SHA + "\n",
+    SHA[:62] + "/.",
+    "../" + SHA[3:],
+    SHA[:32] + "\x00" + SHA[33:],
+    "g" * 64,
 ]
 
 
@@ -289,8 +298,10 @@ def test_list_objects_names_every_published_object_with_its_size(store_factory):
         store.publish(pending, pending.finish())
     pending = write_pending(store, b"never published")  # a download under way is not an object
     listed = {info.sha256: info for info in store.list_objects()}
-    assert {sha: info.size for sha, info in listed.items()} == {SHA: len(DATA),
-                                                                 hashlib.sha256(small).hexdigest(): len(small)}
+    assert {sha: info.size for sha, info in listed.items()} == {
+        SHA: len(DATA),
+        hashlib.sha256(small).hexdigest(): len(small),
+    }
     assert all(info.modified > 0 for info in listed.values())
     pending.discard()
 

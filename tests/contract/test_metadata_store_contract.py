@@ -64,8 +64,12 @@ async def test_overwrite_and_delete(open_store):
 
 async def test_keys_are_independent_and_may_hold_any_characters(open_store):
     store = open_store()
-    keys = ["versions:registry.example.test/acme/foo", "versions:registry.example.test/acme/bar",
-            "download:xn--bcher-kva.example/ns/typ/1.0.0/linux_amd64", "sums:" + "a" * 64]
+    keys = [
+        "versions:registry.example.test/acme/foo",
+        "versions:registry.example.test/acme/bar",
+        "download:xn--bcher-kva.example/ns/typ/1.0.0/linux_amd64",
+        "sums:" + "a" * 64,
+    ]
     for number, key in enumerate(keys):
         await store.set(key, str(number).encode())
     assert [await store.get(key) for key in keys] == [b"0", b"1", b"2", b"3"]
@@ -114,8 +118,7 @@ async def test_keys_with_a_prefix_are_exactly_those_starting_with_it(open_store)
     for key in ("archive:a/b", "archive:z", "archive", "archivf:x", "archive;x", "archiv:x", "module:a", "a"):
         await store.set(key, b"v")
     assert sorted([key async for key in store.keys("archive:")]) == ["archive:a/b", "archive:z"]
-    assert sorted([key async for key in store.keys("archive")]) == ["archive", "archive:a/b", "archive:z",
-                                                                    "archive;x"]
+    assert sorted([key async for key in store.keys("archive")]) == ["archive", "archive:a/b", "archive:z", "archive;x"]
     assert len([key async for key in store.keys("")]) == 8
     await store.close()
 

@@ -9,8 +9,7 @@ from proxy.config import env_name
 
 # Variables of flags that other branches add (named in the manifests ahead of their merge). Remove an entry
 # once its flag is in the CLI: from then on the drift check covers it like any other.
-PENDING = {
-}
+PENDING = {}
 
 
 def cli_env_vars() -> set[str]:

@@ -25,8 +25,7 @@ DEPLOY = REPO_ROOT / "deploy"
 def instructions() -> list[tuple[str, str]]:
     with open(DEPLOY / "Containerfile", "rb") as file:
         parser = DockerfileParser(fileobj=file)
-        return [(item["instruction"], item["value"]) for item in parser.structure
-                if item["instruction"] != "COMMENT"]
+        return [(item["instruction"], item["value"]) for item in parser.structure if item["instruction"] != "COMMENT"]
 
 
 def values(instructions, name: str) -> list[str]:
@@ -69,8 +68,9 @@ def test_apt_installs_git_and_gnupg_without_recommends_and_removes_its_lists(ins
 
 
 def test_pip_installs_with_the_constraints_and_no_cache(instructions):
-    pip_runs = [i for i, (instruction, value) in enumerate(instructions)
-                if instruction == "RUN" and "pip install" in value]
+    pip_runs = [
+        i for i, (instruction, value) in enumerate(instructions) if instruction == "RUN" and "pip install" in value
+    ]
     assert pip_runs
     copied = index(instructions, lambda i, v: i == "COPY" and "constraints.txt" in v.split())
     for position in pip_runs:
@@ -102,8 +102,11 @@ def test_entrypoint_serves_by_default_and_names_only_real_settings(instructions)
 
 
 def test_every_copied_file_is_in_the_build_context_and_nothing_else_is(instructions):
-    patterns = [line for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     included = exclude_paths(str(REPO_ROOT), patterns, dockerfile="deploy/Containerfile")
     for value in values(instructions, "COPY"):
         *sources, _ = value.split()
@@ -141,6 +144,9 @@ def test_compose_runs_one_proxy_on_a_fixed_port_with_redis_and_the_shared_secret
     assert "ports" not in redis, "Redis is not published"
     assert re.fullmatch(r"redis:\d+\.\d+\.\d+-\w+", redis["image"])
     assert proxy["read_only"] is True and "/tmp" in proxy["tmpfs"]
-    env_file = {line.split("=", 1)[0].lstrip("# ") for line in (DEPLOY / proxy["env_file"]).read_text().splitlines()
-                if "=" in line}
+    env_file = {
+        line.split("=", 1)[0].lstrip("# ")
+        for line in (DEPLOY / proxy["env_file"]).read_text().splitlines()
+        if "=" in line
+    }
     assert not unknown(set(proxy["environment"]) | env_file)

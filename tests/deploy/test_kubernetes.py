@@ -23,8 +23,10 @@ CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 def render(target: str) -> list[dict]:
     if KUBECTL is None:
-        pytest.skip("kubectl is missing: the overlays are not rendered (install kubectl for `kubectl kustomize`); "
-                    "the base's and overlays' own files are still validated one by one")
+        pytest.skip(
+            "kubectl is missing: the overlays are not rendered (install kubectl for `kubectl kustomize`); "
+            "the base's and overlays' own files are still validated one by one"
+        )
     result = subprocess.run([KUBECTL, "kustomize", str(ROOT / target)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -76,8 +78,14 @@ def test_every_full_manifest_file_is_valid_on_its_own():
 
 def test_the_validation_can_fail():
     with pytest.raises(AssertionError, match="Deployment/x"):
-        validate({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
-                  "spec": {"replicas": "three", "selector": {}, "template": {}}})
+        validate(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "x"},
+                "spec": {"replicas": "three", "selector": {}, "template": {}},
+            }
+        )
     with pytest.raises(AssertionError):
         check_service_monitor({"spec": {"selector": {"matchLabels": {"a": "b"}}, "endpoints": [{"prot": "http"}]}})
 
@@ -97,8 +105,11 @@ def test_the_proxy_pod_is_locked_down_and_probed(target):
     container = proxy_container(docs)
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["automountServiceAccountToken"] is False
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]

@@ -48,8 +48,9 @@ def test_every_declared_dependency_is_pinned_within_its_specifier():
     for requirement in declared():
         name = canonicalize_name(requirement.name)
         assert name in pinned, f"{requirement.name} is not in constraints.txt: run `make constraints`"
-        assert requirement.specifier.contains(pinned[name], prereleases=True), \
+        assert requirement.specifier.contains(pinned[name], prereleases=True), (
             f"constraints.txt pins {name}=={pinned[name]}, outside setup.cfg's {requirement}"
+        )
 
 
 def test_the_project_itself_is_not_pinned():
@@ -58,6 +59,7 @@ def test_the_project_itself_is_not_pinned():
 
 def test_make_installs_runtime_only_for_run_and_everything_with_the_constraints():
     makefile = (REPO_ROOT / "Makefile").read_text()
+
     def recipe(target: str) -> str:
         return re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
 

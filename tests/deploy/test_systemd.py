@@ -44,11 +44,20 @@ def unit_entries(text: str) -> dict[str, dict[str, list[str]]]:
 
 def test_the_unit_is_hardened():
     service = unit_entries(UNIT.read_text())["Service"]
-    expected = {"DynamicUser": "yes", "StateDirectory": "registry-proxy", "ProtectSystem": "strict",
-                "ProtectHome": "yes", "PrivateTmp": "yes", "NoNewPrivileges": "yes", "CapabilityBoundingSet": "",
-                "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX", "SystemCallFilter": "@system-service",
-                "MemoryDenyWriteExecute": "yes", "EnvironmentFile": "/etc/registry-proxy/registry-proxy.env",
-                "Environment": "REGISTRY_PROXY_DATA_DIR=%S/registry-proxy"}
+    expected = {
+        "DynamicUser": "yes",
+        "StateDirectory": "registry-proxy",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "NoNewPrivileges": "yes",
+        "CapabilityBoundingSet": "",
+        "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+        "SystemCallFilter": "@system-service",
+        "MemoryDenyWriteExecute": "yes",
+        "EnvironmentFile": "/etc/registry-proxy/registry-proxy.env",
+        "Environment": "REGISTRY_PROXY_DATA_DIR=%S/registry-proxy",
+    }
     for key, value in expected.items():
         assert service.get(key) == [value], (key, service.get(key))
     assert service["ExecStart"] == [f"{INSTALLED} serve"]
@@ -103,8 +112,13 @@ os.execv(sys.argv[1], sys.argv[1:])
 
 
 def mdwe_supported() -> bool:
-    probe = subprocess.run([sys.executable, "-c", "import ctypes,sys; "
-                            f"sys.exit(ctypes.CDLL(None).prctl({PR_SET_MDWE}, {PR_MDWE_REFUSE_EXEC_GAIN}, 0, 0, 0))"])
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import ctypes,sys; sys.exit(ctypes.CDLL(None).prctl({PR_SET_MDWE}, {PR_MDWE_REFUSE_EXEC_GAIN}, 0, 0, 0))",
+        ]
+    )
     return probe.returncode == 0
 
 

@@ -52,17 +52,22 @@ async def test_network_mirror_with_a_credentials_block(registry, proxy_process, 
     assert f"host {proxy_host(proxy)} rejected the given authentication credentials" in said, output  # 401
 
     wrong = terraform.workdir("mirror-wrong-token", MAIN_TF.split("module")[0])
-    code, output = await terraform.init(wrong, mirror_config(proxy) + credentials(proxy_host(proxy), "rpt_wrong"),
-                                        proxy.ca_file)
+    code, output = await terraform.init(
+        wrong, mirror_config(proxy) + credentials(proxy_host(proxy), "rpt_wrong"), proxy.ca_file
+    )
     assert code != 0 and "rejected the given authentication credentials" in " ".join(output.split()), output
 
 
-async def test_host_blocks_with_a_credentials_block_for_the_registry_host(registry, git_modules, proxy_process,  # noqa: F811
-                                                                       terraform, tokens_file):
+async def test_host_blocks_with_a_credentials_block_for_the_registry_host(
+    registry,
+    git_modules,  # noqa: F811
+    proxy_process,
+    terraform,
+    tokens_file,
+):
     proxy = await proxy_process("--auth-tokens", str(tokens_file))
     workdir = terraform.workdir("hosts", MAIN_TF)
-    code, output = await terraform.init(workdir, host_config(proxy) + credentials(REGISTRY_HOST, TOKEN),
-                                        proxy.ca_file)
+    code, output = await terraform.init(workdir, host_config(proxy) + credentials(REGISTRY_HOST, TOKEN), proxy.ca_file)
     assert code == 0, output
     release = registry.releases[("acme", "foo")]["1.0.0"]
     assert installed_signed_by(output, release), output

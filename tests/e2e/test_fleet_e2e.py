@@ -25,9 +25,16 @@ PATH = "/mirror/v1/registry.example.test/acme/foo/{v}/linux_amd64/terraform-prov
 @pytest.fixture
 async def fleet(proxy_process, redis_server, tmp_path):
     shared = tmp_path / "shared-data"
-    redis_args = ("--redis-url", redis_server.url, "--redis-prefix", f"fleet-{tmp_path.name}",
-                  "--metadata-secret", METADATA_SECRET,
-                  "--fleet-lock-ttl", "2s")
+    redis_args = (
+        "--redis-url",
+        redis_server.url,
+        "--redis-prefix",
+        f"fleet-{tmp_path.name}",
+        "--metadata-secret",
+        METADATA_SECRET,
+        "--fleet-lock-ttl",
+        "2s",
+    )
     first = await proxy_process(*redis_args, data_dir=shared)
     second = await proxy_process(*redis_args, data_dir=shared)
     return first, second
@@ -43,8 +50,7 @@ async def test_concurrent_cold_requests_across_two_processes_fetch_once(fleet, r
     registry.archive_chunk_delay = 0.05
     a, b = fleet
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(fetch(session, a if n % 2 else b, PATH.format(v="1.0.0"))
-                                         for n in range(24)))
+        results = await asyncio.gather(*(fetch(session, a if n % 2 else b, PATH.format(v="1.0.0")) for n in range(24)))
     release = registry.releases[("acme", "foo")]["1.0.0"]
     assert [status for status, _ in results] == [200] * 24
     assert all(body == release.zips["linux_amd64"] for _, body in results)
@@ -82,8 +88,10 @@ async def test_killed_lock_holder_is_taken_over_by_the_other_process(fleet, regi
     a, b = fleet
     archive = registry.archive_path(release, "linux_amd64")
     held = registry.hold(archive)  # A's download stays under way (holding the fleet lock) until released
-    async with aiohttp.ClientSession() as session, \
-            lock_attempts(redis_server.url, "archive:registry.example.test/acme/foo/3.0.0/linux_amd64") as attempts:
+    async with (
+        aiohttp.ClientSession() as session,
+        lock_attempts(redis_server.url, "archive:registry.example.test/acme/foo/3.0.0/linux_amd64") as attempts,
+    ):
         from_a = asyncio.create_task(fetch(session, a, PATH.format(v="3.0.0")))
         await asyncio.wait_for(held.started.wait(), 30)
         await wait_for(lambda: len(attempts) == 1, 10, "A's (only) attempt: it took the lock")

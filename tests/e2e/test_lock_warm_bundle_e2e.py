@@ -22,8 +22,9 @@ MAIN_TF = provider_tf("~> 2.0")
 
 def upstream_config(registry) -> str:
     """CLI config that sends terraform straight to the fake upstream registry (no proxy)."""
-    return (f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
-            f'    "providers.v1" = "{registry.url}/v1/providers/"\n  }}\n}}\n')
+    return (
+        f'host "{REGISTRY_HOST}" {{\n  services = {{\n    "providers.v1" = "{registry.url}/v1/providers/"\n  }}\n}}\n'
+    )
 
 
 @pytest.fixture
@@ -32,19 +33,29 @@ def release4(registry, signing_key):
 
 
 async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
-        registry, release4, proxy_process, terraform, ca_file):
+    registry, release4, proxy_process, terraform, ca_file
+):
     direct = terraform.workdir("direct", MAIN_TF)
     platform_args = [f"-platform={p}" for p in PLATFORMS]
-    code, output = await terraform.run(direct, ["providers", "lock", "-no-color", *platform_args],
-                                       upstream_config(registry), ca_file)
+    code, output = await terraform.run(
+        direct, ["providers", "lock", "-no-color", *platform_args], upstream_config(registry), ca_file
+    )
     assert code == 0, output
     expected = (direct / ".terraform.lock.hcl").read_text()
 
     proxy = await proxy_process()
     ours = terraform.workdir("ours", MAIN_TF)
-    code, output = await registry_proxy("lock", str(ours), "--proxy", proxy.url, "--ca-file", str(proxy.ca_file),
-                                        "--default-registry", REGISTRY_HOST,
-                                        *(arg for p in PLATFORMS for arg in ("--platform", p)))
+    code, output = await registry_proxy(
+        "lock",
+        str(ours),
+        "--proxy",
+        proxy.url,
+        "--ca-file",
+        str(proxy.ca_file),
+        "--default-registry",
+        REGISTRY_HOST,
+        *(arg for p in PLATFORMS for arg in ("--platform", p)),
+    )
     assert code == 0, output
     written = (ours / ".terraform.lock.hcl").read_text()
     assert written == expected  # same hashes, and byte-identical formatting
@@ -55,15 +66,25 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
     assert (ours / ".terraform.lock.hcl").read_text() == written
 
 
-async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(
-        registry, git_modules, proxy_process, terraform):  # noqa: F811
+async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, proxy_process, terraform):  # noqa: F811
     from tests.e2e.test_registry_e2e import MAIN_TF as CONFIG_WITH_MODULES
 
     proxy = await proxy_process()
     config = terraform.workdir("config", CONFIG_WITH_MODULES)
-    code, output = await registry_proxy("warm", str(config), "--proxy", proxy.url, "--ca-file",
-                                        str(proxy.ca_file), "--default-registry", REGISTRY_HOST,
-                                        "--platform", "linux_amd64", "--platform", "darwin_arm64")
+    code, output = await registry_proxy(
+        "warm",
+        str(config),
+        "--proxy",
+        proxy.url,
+        "--ca-file",
+        str(proxy.ca_file),
+        "--default-registry",
+        REGISTRY_HOST,
+        "--platform",
+        "linux_amd64",
+        "--platform",
+        "darwin_arm64",
+    )
     assert code == 0, output
     assert "4 fetched" in output and "0 failed" in output, output
     await registry.stop()
@@ -75,9 +96,20 @@ async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(
 async def test_warm_names_what_failed(registry, proxy_process, terraform):
     proxy = await proxy_process()
     config = terraform.workdir("config", MAIN_TF.replace("~> 2.0", "1.0.0"))
-    code, output = await registry_proxy("warm", str(config), "--proxy", proxy.url, "--ca-file",
-                                        str(proxy.ca_file), "--default-registry", REGISTRY_HOST,
-                                        "--platform", "linux_amd64", "--platform", "plan9_mips")
+    code, output = await registry_proxy(
+        "warm",
+        str(config),
+        "--proxy",
+        proxy.url,
+        "--ca-file",
+        str(proxy.ca_file),
+        "--default-registry",
+        REGISTRY_HOST,
+        "--platform",
+        "linux_amd64",
+        "--platform",
+        "plan9_mips",
+    )
     assert code == 1
     assert f"FAILED provider {PROVIDER} 1.0.0 plan9_mips" in output
 
@@ -116,8 +148,10 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
 
     context = ssl.create_default_context(cafile=str(online.ca_file))
     async with aiohttp.ClientSession() as session:
-        for path in (f"/mirror/v1/{PROVIDER}/1.0.0.json",
-                     f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"):
+        for path in (
+            f"/mirror/v1/{PROVIDER}/1.0.0.json",
+            f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip",
+        ):
             async with session.get(online.url + path, ssl=context) as response:
                 assert response.status == 200
     await online.stop()
@@ -133,8 +167,9 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
                 data = data.replace(b"terraform-provider-foo", b"terraform-provider-bar")
             member.size = len(data)
             target.addfile(member, io.BytesIO(data))
-    code, output = await registry_proxy("import", str(tampered), "--data-dir", str(tmp_path / "b"),
-                                        "--trust-bundle-keys")
+    code, output = await registry_proxy(
+        "import", str(tampered), "--data-dir", str(tmp_path / "b"), "--trust-bundle-keys"
+    )
     assert code == 1
     assert "bundle rejected: archives/" in output and "was modified" in output, output
     assert stored_files(tmp_path / "b") == []

@@ -13,10 +13,13 @@ from tests.fakes.packages import Release
 
 pytestmark = pytest.mark.e2e
 
+
 def provider_tf(constraint: str) -> str:
     """A root module that requires the fake provider with `constraint`."""
-    return (f'terraform {{\n  required_providers {{\n    foo = {{\n      source  = "{PROVIDER}"\n'
-            f'      version = "{constraint}"\n    }}\n  }}\n}}\n')
+    return (
+        f'terraform {{\n  required_providers {{\n    foo = {{\n      source  = "{PROVIDER}"\n'
+        f'      version = "{constraint}"\n    }}\n  }}\n}}\n'
+    )
 
 
 MAIN_TF = provider_tf("1.0.0")
@@ -76,14 +79,18 @@ async def test_init_fails_and_caches_nothing_for_tampered_zip(registry, proxy_pr
     assert stored_files(proxy.data_dir) == []
 
 
-async def test_init_fails_and_caches_nothing_for_bad_signature(registry, proxy_process, terraform,
-                                                                other_key, signing_key):
+async def test_init_fails_and_caches_nothing_for_bad_signature(
+    registry, proxy_process, terraform, other_key, signing_key
+):
     registry.add(Release("acme", "foo", "1.0.0", other_key))  # signed by a key the registry does not list
     registry.signing_keys_override = [signing_key.armored_public_key]
     proxy = await proxy_process()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
-    assert_refused_by_the_proxy(output, r"failed to query provider mirror .*: 502 Bad Gateway returned from "
-                                        r"127\.0\.0\.1:\d+")  # the version document
+    assert_refused_by_the_proxy(
+        output,
+        r"failed to query provider mirror .*: 502 Bad Gateway returned from "
+        r"127\.0\.0\.1:\d+",
+    )  # the version document
     assert {e["check"] for e in proxy.events("security.verification_failed")} == {"signature"}
     assert stored_files(proxy.data_dir) == []

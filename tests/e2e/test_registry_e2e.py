@@ -15,7 +15,9 @@ from tests.fakes.registry import ModuleRelease
 
 pytestmark = pytest.mark.e2e
 
-MAIN_TF = provider_tf("1.0.0") + f"""
+MAIN_TF = (
+    provider_tf("1.0.0")
+    + f"""
 module "net" {{
   source  = "{REGISTRY_HOST}/acme/net/aws"
   version = "1.2.0"
@@ -26,19 +28,21 @@ module "subnet" {{
   version = "1.2.0"
 }}
 """
+)
 
 
 def installed_signed_by(output: str, release) -> bool:
     """terraform's own line: the provider was installed with its signature checked against the release key."""
-    line = (f"- Installed {REGISTRY_HOST}/acme/foo v{release.version} "
-            f"(self-signed, key ID {release.key.key_id})")
+    line = f"- Installed {REGISTRY_HOST}/acme/foo v{release.version} (self-signed, key ID {release.key.key_id})"
     return re.search(rf"^{re.escape(line)}$", output, re.MULTILINE) is not None
 
 
 def host_config(proxy) -> str:
     base = f"{proxy.url}/registry/{REGISTRY_HOST}"
-    return (f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
-            f'    "providers.v1" = "{base}/providers/v1/"\n    "modules.v1" = "{base}/modules/v1/"\n  }}\n}}\n')
+    return (
+        f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
+        f'    "providers.v1" = "{base}/providers/v1/"\n    "modules.v1" = "{base}/modules/v1/"\n  }}\n}}\n'
+    )
 
 
 @pytest.fixture
@@ -46,8 +50,11 @@ def git_modules(registry, tmp_path):
     bare, _ = make_bare_repo(tmp_path / "repos", "net", MODULE_FILES, "v1.2.0")
     registry.git_root = bare.parent
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0"))
-    registry.add_module(ModuleRelease("acme", "subnet", "aws", "1.2.0",
-                                      "git::{base}/git/net.git//modules/subnet?ref=v1.2.0", answer="json"))
+    registry.add_module(
+        ModuleRelease(
+            "acme", "subnet", "aws", "1.2.0", "git::{base}/git/net.git//modules/subnet?ref=v1.2.0", answer="json"
+        )
+    )
 
 
 async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_process, terraform):
@@ -57,8 +64,9 @@ async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_p
     assert code == 0, output
     release = registry.releases[("acme", "foo")]["1.0.0"]
     hashes = locked_hashes(first)
-    assert sorted(h for h in hashes if h.startswith("zh:")) == sorted(f"zh:{release.sha256(p)}"
-                                                                      for p in release.platforms)
+    assert sorted(h for h in hashes if h.startswith("zh:")) == sorted(
+        f"zh:{release.sha256(p)}" for p in release.platforms
+    )
     assert len([h for h in hashes if h.startswith("h1:")]) == 1
     assert (first / ".terraform/modules/net/main.tf").read_text() == MODULE_FILES["main.tf"]
     assert (first / ".terraform/modules/subnet/modules/subnet/main.tf").exists()
@@ -73,8 +81,7 @@ async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_p
     assert installed_signed_by(output, release), output
 
 
-async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, git_modules, proxy_process,
-                                                                      terraform):
+async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, git_modules, proxy_process, terraform):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     registry.tampered.add(release.filename("linux_amd64"))
     proxy = await proxy_process()
@@ -89,8 +96,7 @@ async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, 
     assert [p.read_bytes()[:2] for p in stored_files(proxy.data_dir)] == [b"\x1f\x8b"]
 
 
-async def test_proxy_hostname_as_module_registry_without_cli_config(registry, git_modules, proxy_process,
-                                                                    terraform):
+async def test_proxy_hostname_as_module_registry_without_cli_config(registry, git_modules, proxy_process, terraform):
     proxy = await proxy_process("--default-upstream", REGISTRY_HOST)
     main_tf = f'module "net" {{\n  source  = "127.0.0.1:{proxy.port}/acme/net/aws"\n  version = "1.2.0"\n}}\n'
     workdir = terraform.workdir("w", main_tf)

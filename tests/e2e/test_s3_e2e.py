@@ -24,10 +24,18 @@ def trust_both(proxy, ca_file, folder):
     return bundle
 
 
-async def test_two_replicas_share_redis_and_the_bucket_and_no_volume(proxy_process, redis_server, s3_server,
-                                                                    s3_bucket, registry, terraform, tmp_path):
-    shared = ("--redis-url", redis_server.url, "--redis-prefix", f"s3-{tmp_path.name}",
-              "--metadata-secret", METADATA_SECRET, *s3_server.flags(s3_bucket))
+async def test_two_replicas_share_redis_and_the_bucket_and_no_volume(
+    proxy_process, redis_server, s3_server, s3_bucket, registry, terraform, tmp_path
+):
+    shared = (
+        "--redis-url",
+        redis_server.url,
+        "--redis-prefix",
+        f"s3-{tmp_path.name}",
+        "--metadata-secret",
+        METADATA_SECRET,
+        *s3_server.flags(s3_bucket),
+    )
     a = await proxy_process(*shared, data_dir=tmp_path / "replica-a")
     b = await proxy_process(*shared, data_dir=tmp_path / "replica-b")
     release = registry.releases[("acme", "foo")]["1.0.0"]
@@ -47,8 +55,9 @@ async def test_two_replicas_share_redis_and_the_bucket_and_no_volume(proxy_proce
     assert stored_files(a.data_dir) == stored_files(b.data_dir) == []  # nothing on either local disk
 
 
-async def test_terraform_follows_the_archive_redirect_to_the_object_store(proxy_process, s3_server, s3_bucket,
-                                                                          registry, terraform, tmp_path, ca_file):
+async def test_terraform_follows_the_archive_redirect_to_the_object_store(
+    proxy_process, s3_server, s3_bucket, registry, terraform, tmp_path, ca_file
+):
     proxy = await proxy_process(*s3_server.flags(s3_bucket), "--archive-redirect", "--archive-redirect-expiry", "2m")
     release = registry.releases[("acme", "foo")]["1.0.0"]
     cas = trust_both(proxy, ca_file, tmp_path)

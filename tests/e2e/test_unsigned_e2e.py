@@ -15,8 +15,10 @@ from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config, stor
 pytestmark = pytest.mark.e2e
 
 TOFU_PROVIDER = "registry.opentofu.org/acme/foo"
-MAIN_TF = (f'terraform {{\n  required_providers {{\n    foo = {{\n      source  = "{TOFU_PROVIDER}"\n'
-           '      version = "1.0.0"\n    }\n  }\n}\n')
+MAIN_TF = (
+    f'terraform {{\n  required_providers {{\n    foo = {{\n      source  = "{TOFU_PROVIDER}"\n'
+    '      version = "1.0.0"\n    }\n  }\n}\n'
+)
 
 
 @pytest.fixture
@@ -25,8 +27,7 @@ def unsigned_registry(registry):
     return registry
 
 
-async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(unsigned_registry, proxy_process,
-                                                                         terraform):
+async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(unsigned_registry, proxy_process, terraform):
     proxy = await proxy_process("--upstream-map", f"registry.opentofu.org={unsigned_registry.url}")
     workdir = terraform.workdir("w", MAIN_TF)
     code, output = await terraform.init(workdir, mirror_config(proxy), proxy.ca_file)
@@ -39,8 +40,9 @@ async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(unsig
 
 
 async def test_init_is_refused_an_unsigned_provider_with_refuse(unsigned_registry, proxy_process, terraform):
-    proxy = await proxy_process("--upstream-map", f"registry.opentofu.org={unsigned_registry.url}",
-                                "--unsigned-providers", "refuse")
+    proxy = await proxy_process(
+        "--upstream-map", f"registry.opentofu.org={unsigned_registry.url}", "--unsigned-providers", "refuse"
+    )
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     said = " ".join(output.split())
     assert code != 0 and f"Error while installing {TOFU_PROVIDER} v1.0.0" in said, output

@@ -13,8 +13,9 @@ from tests.fakes.signing import SigningKey
 DEFAULT_PLATFORMS = ("linux_amd64", "darwin_arm64", "windows_amd64")
 
 
-def provider_zip(type_: str, version: str, platform: str, *, directory_entry: bool = False,
-                 padding: int = 0, noise: int = 0) -> bytes:
+def provider_zip(
+    type_: str, version: str, platform: str, *, directory_entry: bool = False, padding: int = 0, noise: int = 0
+) -> bytes:
     """A provider package: one executable script, optionally a `docs/` directory entry and
     `noise` bytes of incompressible data (stored, so the zip really is that large)."""
     buffer = io.BytesIO()
@@ -24,8 +25,11 @@ def provider_zip(type_: str, version: str, platform: str, *, directory_entry: bo
         info.external_attr = 0o755 << 16
         archive.writestr(info, script + "#" * padding)
         if noise:
-            archive.writestr(zipfile.ZipInfo("noise.bin", date_time=(2024, 1, 1, 0, 0, 0)), os.urandom(noise),
-                             compress_type=zipfile.ZIP_STORED)
+            archive.writestr(
+                zipfile.ZipInfo("noise.bin", date_time=(2024, 1, 1, 0, 0, 0)),
+                os.urandom(noise),
+                compress_type=zipfile.ZIP_STORED,
+            )
         if directory_entry:
             archive.writestr(zipfile.ZipInfo("docs/", date_time=(2024, 1, 1, 0, 0, 0)), b"")
             archive.writestr(zipfile.ZipInfo("docs/README", date_time=(2024, 1, 1, 0, 0, 0)), b"read me\n")
@@ -47,8 +51,9 @@ class Release:
 
     def __post_init__(self) -> None:
         for platform in self.platforms:
-            self.zips[platform] = provider_zip(self.type, self.version, platform, padding=self.padding,
-                                               noise=self.noise)
+            self.zips[platform] = provider_zip(
+                self.type, self.version, platform, padding=self.padding, noise=self.noise
+            )
         self.resign()
 
     def filename(self, platform: str) -> str:

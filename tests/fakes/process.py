@@ -31,12 +31,29 @@ class ProxyProcess:
     def __init__(self, data_dir: Path, registry_url: str | None, ca_file: Path, *extra: str) -> None:
         self.data_dir = data_dir
         self.port = free_port()
-        upstream = (["--upstream-map", f"{REGISTRY_HOST}={registry_url}", "--allow-host", ""] if registry_url
-                    else ["--allow-host", REGISTRY_HOST])
+        upstream = (
+            ["--upstream-map", f"{REGISTRY_HOST}={registry_url}", "--allow-host", ""]
+            if registry_url
+            else ["--allow-host", REGISTRY_HOST]
+        )
         workers = [] if "--workers" in extra else ["--workers", "1"]  # one process unless a test asks for more
-        self.args = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{self.port}",
-                     "--data-dir", str(data_dir), *upstream,
-                     "--upstream-ca-file", str(ca_file), "--log-format", "json", *workers, *extra]
+        self.args = [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--data-dir",
+            str(data_dir),
+            *upstream,
+            "--upstream-ca-file",
+            str(ca_file),
+            "--log-format",
+            "json",
+            *workers,
+            *extra,
+        ]
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = data_dir.parent / f"proxy-{self.port}.log"
         self.plain_http = "--plain-http" in extra
@@ -52,11 +69,15 @@ class ProxyProcess:
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
-        self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log,
-                                                            cwd=REPO_ROOT)
+        self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log, cwd=REPO_ROOT)
         log.close()
-        await wait_healthy(self.url + "/healthz", None if self.plain_http else self.ca_file, self.process,
-                           lambda: self.log_path.read_text()[-2000:], timeout=20)
+        await wait_healthy(
+            self.url + "/healthz",
+            None if self.plain_http else self.ca_file,
+            self.process,
+            lambda: self.log_path.read_text()[-2000:],
+            timeout=20,
+        )
 
     def events(self, event: str | None = None) -> list[dict]:
         """The proxy's JSON log records so far (those named `event`, if given)."""
@@ -98,8 +119,9 @@ class ProcessClient:
             return response.status, dict(response.headers)
 
 
-async def wait_healthy(url: str, ca_file: Path | None, process: asyncio.subprocess.Process,
-                       last_words: Callable[[], str], timeout: float) -> None:
+async def wait_healthy(
+    url: str, ca_file: Path | None, process: asyncio.subprocess.Process, last_words: Callable[[], str], timeout: float
+) -> None:
     """Poll `url` over TLS (trusting `ca_file`, once it exists; plain HTTP if None) until it answers 200."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -158,11 +180,16 @@ class Terraform:
         config = workdir / "cli.tfrc"
         config.write_text(cli_config)
         env = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
-        env.update(TF_CLI_CONFIG_FILE=str(config), SSL_CERT_FILE=str(ca_file), CHECKPOINT_DISABLE="1",
-                   TF_IN_AUTOMATION="1", HOME=str(workdir))
+        env.update(
+            TF_CLI_CONFIG_FILE=str(config),
+            SSL_CERT_FILE=str(ca_file),
+            CHECKPOINT_DISABLE="1",
+            TF_IN_AUTOMATION="1",
+            HOME=str(workdir),
+        )
         process = await asyncio.create_subprocess_exec(
-            TERRAFORM, *args, cwd=workdir, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            TERRAFORM, *args, cwd=workdir, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         output, _ = await asyncio.wait_for(process.communicate(), 180)
         return process.returncode, output.decode()
 
@@ -170,7 +197,13 @@ class Terraform:
 async def registry_proxy(*args: str) -> tuple[int, str]:
     """Run the `registry-proxy` CLI (as `python -m proxy`) and return its exit code and output."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *args, cwd=REPO_ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "proxy",
+        *args,
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output, _ = await asyncio.wait_for(process.communicate(), 180)
     return process.returncode, output.decode()

@@ -34,7 +34,7 @@ class RawClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if len(self.head) < self.keep:
-            self.head += data[:self.keep - len(self.head)]
+            self.head += data[: self.keep - len(self.head)]
         self.received += len(data)
         self.got_data.set()
         if self.stop_reading_after is not None and self.received >= self.stop_reading_after:
@@ -81,7 +81,7 @@ class RawClient(asyncio.Protocol):
                 head, sep, body = bytes(self.head).partition(b"\r\n\r\n")
                 match = re.search(rb"(?im)^content-length:\s*(\d+)", head)
                 if sep and match and len(body) >= int(match.group(1)):
-                    return self.status(), body[:int(match.group(1))]
+                    return self.status(), body[: int(match.group(1))]
                 if self.closed.done():
                     return self.status(), body
                 self.got_data.clear()
@@ -102,8 +102,16 @@ class RawClient(asyncio.Protocol):
         return bytes(self.head).partition(b"\r\n\r\n")[2]
 
 
-async def open_tls(host: str, port: int, context: ssl.SSLContext, *, receive_buffer: int | None = None,
-                   stop_reading_after: int | None = None, keep: int = HEAD_KEEP, timeout: float = 10.0) -> RawClient:
+async def open_tls(
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    *,
+    receive_buffer: int | None = None,
+    stop_reading_after: int | None = None,
+    keep: int = HEAD_KEEP,
+    timeout: float = 10.0,
+) -> RawClient:
     """A TLS connection (handshake done) whose protocol is a RawClient.
 
     `receive_buffer` shrinks the kernel's receive buffer so a client that stops reading
@@ -117,16 +125,18 @@ async def open_tls(host: str, port: int, context: ssl.SSLContext, *, receive_buf
         sock.setblocking(False)
         await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
         client = RawClient(stop_reading_after, keep)
-        await loop.create_connection(lambda: client, sock=sock, ssl=context, server_hostname=host,
-                                     ssl_handshake_timeout=timeout)
+        await loop.create_connection(
+            lambda: client, sock=sock, ssl=context, server_hostname=host, ssl_handshake_timeout=timeout
+        )
     except BaseException:
         sock.close()
         raise
     return client
 
 
-def request(path: str, *, method: str = "GET", headers: dict[str, str] | None = None,
-            version: str = "HTTP/1.1") -> bytes:
+def request(
+    path: str, *, method: str = "GET", headers: dict[str, str] | None = None, version: str = "HTTP/1.1"
+) -> bytes:
     """A request head as bytes (no body)."""
     lines = [f"{method} {path} {version}", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in (headers or {}).items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

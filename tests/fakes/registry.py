@@ -144,16 +144,20 @@ class FakeRegistry:
         self.requests.append((request.method, request.path))
         self.authorizations.append((request.path, request.headers.get("Authorization")))
         if self.require_token is not None and not self._authorized(request.headers.get("Authorization", "")):
-            return web.json_response({"errors": ["Unauthorized"]}, status=401,
-                                     headers={"WWW-Authenticate": 'Basic realm="fake"'})
+            return web.json_response(
+                {"errors": ["Unauthorized"]}, status=401, headers={"WWW-Authenticate": 'Basic realm="fake"'}
+            )
         fault = self.faults.get(request.path)
         if fault is not None:
             if fault.delay:
                 await asyncio.sleep(fault.delay)
             if fault.status is not None or fault.body is not None:
                 self.completed.append((request.method, request.path))
-                return web.Response(status=fault.status or 200, body=fault.body or b"",
-                                    headers={"Content-Type": fault.content_type, **(fault.headers or {})})
+                return web.Response(
+                    status=fault.status or 200,
+                    body=fault.body or b"",
+                    headers={"Content-Type": fault.content_type, **(fault.headers or {})},
+                )
         response = await handler(request)
         self.completed.append((request.method, request.path))
         return response
@@ -181,11 +185,18 @@ class FakeRegistry:
 
     async def _versions(self, request: web.Request) -> web.Response:
         releases = self._release_set(request)
-        return web.json_response({"versions": [
-            {"version": r.version, "protocols": ["5.0"],
-             "platforms": [{"os": p.split("_")[0], "arch": p.split("_")[1]} for p in r.platforms]}
-            for r in releases.values()
-        ]})
+        return web.json_response(
+            {
+                "versions": [
+                    {
+                        "version": r.version,
+                        "protocols": ["5.0"],
+                        "platforms": [{"os": p.split("_")[0], "arch": p.split("_")[1]} for p in r.platforms],
+                    }
+                    for r in releases.values()
+                ]
+            }
+        )
 
     async def _download(self, request: web.Request) -> web.Response:
         release = self._release_set(request).get(request.match_info["version"])
@@ -196,7 +207,9 @@ class FakeRegistry:
         prefix = f"{files}/files/{release.namespace}/{release.type}/{release.version}"
         keys = [release.key.armored_public_key] if self.signing_keys_override is None else self.signing_keys_override
         document = {
-            "protocols": ["5.0"], "os": request.match_info["os"], "arch": request.match_info["arch"],
+            "protocols": ["5.0"],
+            "os": request.match_info["os"],
+            "arch": request.match_info["arch"],
             "filename": release.filename(platform),
             "download_url": f"{prefix}/{release.filename(platform)}",
             "shasums_url": f"{prefix}/{release.shasums_name}",
@@ -274,7 +287,7 @@ class FakeRegistry:
             hold.started.set()
             await hold.release.wait()
         if request.path in self.stall:
-            await response.write(body[:self.stall[request.path]])
+            await response.write(body[: self.stall[request.path]])
             await asyncio.sleep(3600)
         rate = self.trickle.get(request.path)
         step = max(1, rate // 10) if rate else 256 * 1024
@@ -283,6 +296,6 @@ class FakeRegistry:
                 await asyncio.sleep(0.1)
             elif self.archive_chunk_delay:
                 await asyncio.sleep(self.archive_chunk_delay)
-            await response.write(body[offset:offset + step])
+            await response.write(body[offset : offset + step])
         await response.write_eof()
         return response

@@ -31,8 +31,13 @@ from tests.fakes.process import REPO_ROOT
 from tests.fakes.redis_server import free_port
 
 REGION = "us-east-1"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-               "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": REGION}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_DEFAULT_REGION": REGION,
+}
 ENV_BUCKET = "TEST_S3_BUCKET"
 ENV_ENDPOINT = "TEST_S3_ENDPOINT"
 ENV_CA = "TEST_S3_CA_FILE"
@@ -47,9 +52,13 @@ class S3Server:
         self.ca_file = ca_file
         self.url = f"https://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs, closed by stop()
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert),
-                                         str(key)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                                        stderr=self.log, env={**os.environ, **CREDENTIALS})
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert), str(key)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+            env={**os.environ, **CREDENTIALS},
+        )
         self.client = self._client()
         deadline = time.monotonic() + 30
         while True:
@@ -72,8 +81,15 @@ class S3Server:
         """A boto3 client of the server with this botocore `Config` (None: the defaults)."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.url, region_name=REGION, verify=str(self.ca_file),
-                            aws_access_key_id="testing", aws_secret_access_key="testing", config=config)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name=REGION,
+            verify=str(self.ca_file),
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            config=config,
+        )
 
     def bucket(self) -> str:
         """A fresh, empty bucket."""
@@ -83,13 +99,27 @@ class S3Server:
 
     def flags(self, bucket: str, prefix: str = "archives") -> list[str]:
         """`serve` flags for an archive store in `bucket` under `prefix`."""
-        return ["--archive-store", f"s3://{bucket}/{prefix}", "--s3-endpoint-url", self.url,
-                "--s3-region", REGION, "--s3-path-style", "--s3-ca-file", str(self.ca_file)]
+        return [
+            "--archive-store",
+            f"s3://{bucket}/{prefix}",
+            "--s3-endpoint-url",
+            self.url,
+            "--s3-region",
+            REGION,
+            "--s3-path-style",
+            "--s3-ca-file",
+            str(self.ca_file),
+        ]
 
     def settings(self, bucket: str, prefix: str = "archives") -> dict[str, Any]:
         """`Settings` fields for an archive store in `bucket` under `prefix`."""
-        return {"archive_store": f"s3://{bucket}/{prefix}", "s3_endpoint_url": self.url, "s3_region": REGION,
-                "s3_path_style": True, "s3_ca_file": self.ca_file}
+        return {
+            "archive_store": f"s3://{bucket}/{prefix}",
+            "s3_endpoint_url": self.url,
+            "s3_region": REGION,
+            "s3_path_style": True,
+            "s3_ca_file": self.ca_file,
+        }
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -121,9 +151,13 @@ def test_store(root: Path) -> Any:
     from proxy.config import parse_s3_location
     from proxy.s3store import S3ArchiveStore, S3Options
 
-    return S3ArchiveStore(root, parse_s3_location(f"s3://{os.environ[ENV_BUCKET]}/archives"),
-                          S3Options(endpoint_url=os.environ[ENV_ENDPOINT], region=REGION, path_style=True,
-                                    ca_file=Path(os.environ[ENV_CA])))
+    return S3ArchiveStore(
+        root,
+        parse_s3_location(f"s3://{os.environ[ENV_BUCKET]}/archives"),
+        S3Options(
+            endpoint_url=os.environ[ENV_ENDPOINT], region=REGION, path_style=True, ca_file=Path(os.environ[ENV_CA])
+        ),
+    )
 
 
 test_store.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
@@ -155,8 +189,9 @@ def main(port: str, cert: str, key: str) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     app = _with_age_endpoint(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler,
-                         ssl_context=(cert, key))
+    server = make_server(
+        "127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler, ssl_context=(cert, key)
+    )
     server.serve_forever()
 
 

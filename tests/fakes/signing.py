@@ -17,15 +17,17 @@ def stop_gpg_agent(home: Path) -> None:
 class SigningKey:
     """An RSA signing key in its own GnuPG home; signs detached, binary signatures."""
 
-    def __init__(self, home: Path, name: str, *, algorithm: str = "rsa2048", expires: str = "never",
-                 made_at: str | None = None) -> None:
+    def __init__(
+        self, home: Path, name: str, *, algorithm: str = "rsa2048", expires: str = "never", made_at: str | None = None
+    ) -> None:
         """`made_at` (gpg's `--faked-system-time`, e.g. "20200101T000000"): the key is made, and
         signs, at that time; with `expires` (e.g. "1d") it can be long expired today."""
         self.home = home
         self._clock = ("--faked-system-time", made_at) if made_at else ()
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._gpg("--quick-generate-key", "--passphrase", "", f"{name} <{name}@example.test>",
-                  algorithm, "sign", expires)
+        self._gpg(
+            "--quick-generate-key", "--passphrase", "", f"{name} <{name}@example.test>", algorithm, "sign", expires
+        )
         listing = self._gpg("--list-keys", "--with-colons").decode()
         self.fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
         self.key_id = self.fingerprint[-16:]
@@ -45,6 +47,16 @@ class SigningKey:
         self.armored_public_key = self._gpg("--armor", "--export", self.fingerprint).decode()
 
     def _gpg(self, *args: str, input_: bytes | None = None) -> bytes:
-        command = ["gpg", "--batch", "--yes", "--no-tty", "--pinentry-mode", "loopback",
-                   "--homedir", str(self.home), *self._clock, *args]
+        command = [
+            "gpg",
+            "--batch",
+            "--yes",
+            "--no-tty",
+            "--pinentry-mode",
+            "loopback",
+            "--homedir",
+            str(self.home),
+            *self._clock,
+            *args,
+        ]
         return subprocess.run(command, input=input_, capture_output=True, check=True).stdout

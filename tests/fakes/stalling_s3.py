@@ -20,8 +20,17 @@ import aiohttp
 from aiohttp import web
 
 Predicate = Callable[[web.Request], bool]
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect",
-              "proxy-connection", "content-length"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "proxy-connection",
+    "content-length",
+}
 
 
 class StallingFront:
@@ -57,8 +66,9 @@ class StallingFront:
 
     async def _start(self) -> None:
         self._release = asyncio.Event()
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._client_ssl),
-                                              auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._client_ssl), auto_decompress=False
+        )
         app = web.Application(client_max_size=2**30)
         app.router.add_route("*", "/{tail:.*}", self._relay)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1)
@@ -93,9 +103,14 @@ class StallingFront:
         cut = self.stall_body_after
         limit = cut[1] if cut is not None and cut[0](request) else None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with self._session.request(request.method, self.target + request.raw_path, headers=headers,
-                                         data=body, allow_redirects=False,
-                                         skip_auto_headers=("User-Agent", "Accept-Encoding")) as upstream:
+        async with self._session.request(
+            request.method,
+            self.target + request.raw_path,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        ) as upstream:
             response = web.StreamResponse(status=upstream.status)
             for name, value in upstream.headers.items():
                 if name.lower() not in HOP_BY_HOP - {"content-length"}:
@@ -104,7 +119,7 @@ class StallingFront:
             sent = 0
             async for chunk in upstream.content.iter_chunked(65536):
                 if limit is not None and sent + len(chunk) > limit:
-                    await response.write(chunk[:limit - sent])
+                    await response.write(chunk[: limit - sent])
                     await self._stall(request)
                     return response
                 await response.write(chunk)

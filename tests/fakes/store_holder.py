@@ -26,7 +26,11 @@ class StoreHolder:
     def __init__(self, opener: str, root: Path, size: int) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.fakes.store_holder", opener, str(root), str(size)],
-            cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         line = self.process.stdout.readline()  # blocks until the child is ready (or died)
         if not line:
             self.process.wait(READY_TIMEOUT)

@@ -23,8 +23,9 @@ async def connect() -> AsyncIterator:
 
     async def make(process: ProxyProcess, timeout: float = 30) -> ProcessClient:
         context = True if process.plain_http else ssl.create_default_context(cafile=str(process.ca_file))
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
-                                        timeout=aiohttp.ClientTimeout(total=timeout))
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context), timeout=aiohttp.ClientTimeout(total=timeout)
+        )
         sessions.append(session)
         return ProcessClient(process, session)
 

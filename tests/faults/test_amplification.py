@@ -128,7 +128,8 @@ async def test_real_versions_and_platforms_still_work(proxy_process, connect, re
 
 
 async def test_a_version_published_after_the_list_was_cached_is_found_with_one_recheck(
-        proxy_process, connect, registry, signing_key):
+    proxy_process, connect, registry, signing_key
+):
     proc = await proxy_process("--ttl-negative", "1s")
     client = await connect(proc, timeout=120)
     assert (await client.get(f"{MIRROR}/index.json"))[0] == 200
@@ -167,7 +168,8 @@ async def test_made_up_module_versions_never_reach_the_upstream(proxy_process, c
     start = len(registry.requests)
     answers = await gather_limited(
         [client.get(f"{MODULES}/9.{i}.0/download") for i in range(100)]
-        + [client.get(f"{MODULES}/8.{i}.0/archive.tar.gz") for i in range(100)])
+        + [client.get(f"{MODULES}/8.{i}.0/archive.tar.gz") for i in range(100)]
+    )
     for status, _, body in answers:
         assert status == 404 and "no version" in errors_of(body)[0], body
     caused = upstream_since(registry, start)
@@ -189,7 +191,8 @@ async def flood_made_up_names(client, registry, names: int) -> None:
     list: the upstream alone knows whether a name exists), never more."""
     tag, start = uuid.uuid4().hex[:6], len(registry.requests)
     answers = await gather_limited(
-        (client.get(f"/mirror/v1/{HOST}/acme/nope{tag}x{i}/index.json") for i in range(names)), limit=24)
+        (client.get(f"/mirror/v1/{HOST}/acme/nope{tag}x{i}/index.json") for i in range(names)), limit=24
+    )
     assert all(status == 404 for status, _, _ in answers)
     caused = [p for p in upstream_since(registry, start) if p != "/.well-known/terraform.json"]
     assert len(caused) == names and all(p.endswith("/versions") for p in caused), len(caused)
@@ -211,7 +214,8 @@ def redis_keys(url: str, prefix: str) -> list[bytes]:
 
 @pytest.mark.parametrize("backend", ["embedded", "redis"])
 async def test_negative_cache_stays_bounded_and_warm_entries_survive_a_flood(
-        backend, proxy_process, connect, registry, request):
+    backend, proxy_process, connect, registry, request
+):
     extra = ["--negative-cache-entries", "100"]
     prefix = f"amp-{uuid.uuid4().hex[:10]}"
     if backend == "redis":
@@ -256,8 +260,14 @@ async def test_negative_cache_respects_its_byte_bound(backend, proxy_process, co
     extra = ["--negative-cache-entries", "10000", "--negative-cache-bytes", "16KiB"]
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
-        extra += ["--redis-url", server.url, "--redis-prefix", f"amp-{uuid.uuid4().hex[:10]}",
-                  "--metadata-secret", METADATA_SECRET]
+        extra += [
+            "--redis-url",
+            server.url,
+            "--redis-prefix",
+            f"amp-{uuid.uuid4().hex[:10]}",
+            "--metadata-secret",
+            METADATA_SECRET,
+        ]
     proc = await proxy_process(*extra)
     client = await connect(proc, timeout=300)
     await flood_made_up_names(client, registry, 400)

@@ -141,6 +141,7 @@ async def test_connections_beyond_the_cap_are_refused_while_admitted_ones_keep_w
     assert "registry_proxy_connections_open 20.0" in body.decode()
 
     admitted[1].abort()  # a freed slot admits a new connection
+
     async def admitted_again() -> bool:
         client = await _open(proc)
         client.send(request("/healthz", headers={"Connection": "close"}))
@@ -157,7 +158,8 @@ async def test_connections_beyond_the_cap_are_refused_while_admitted_ones_keep_w
 
 
 async def test_clients_that_stop_reading_are_dropped_after_send_timeout_with_bounded_memory(
-        proxy_process, connect, big_release):
+    proxy_process, connect, big_release
+):
     proc = await proxy_process("--send-timeout", "1s")
     await _warm(proc, connect, big_release)
     probe = ProcessProbe(proc.process.pid)
@@ -220,16 +222,19 @@ async def test_client_abort_mid_archive_is_logged_as_aborted_not_crashed(proxy_p
 # ---- parser errors ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "data", "status", "message"), [
-    ("oversized header", request("/healthz", headers={"X-Big": "a" * 65536}), 431, "request header"),
-    ("too many headers", request("/healthz", headers={f"X-{i}": "1" for i in range(200)}), 431, "request header"),
-    ("oversized request line", request("/" + "a" * 65536), 414, "request line too long"),
-    ("bad method", b"G(T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request"),
-    ("unknown method", b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request"),
-    ("bad version", request("/healthz", version="HTTP/9.9"), 400, "malformed request"),
-    ("HTTP/2 in an HTTP/1 head", request("/healthz", version="HTTP/2.0"), 505, "HTTP version not supported"),
-    ("binary garbage", b"\x00\x01\x02\x03\r\n\r\n", 400, "malformed request"),
-])
+@pytest.mark.parametrize(
+    ("name", "data", "status", "message"),
+    [
+        ("oversized header", request("/healthz", headers={"X-Big": "a" * 65536}), 431, "request header"),
+        ("too many headers", request("/healthz", headers={f"X-{i}": "1" for i in range(200)}), 431, "request header"),
+        ("oversized request line", request("/" + "a" * 65536), 414, "request line too long"),
+        ("bad method", b"G(T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request"),
+        ("unknown method", b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request"),
+        ("bad version", request("/healthz", version="HTTP/9.9"), 400, "malformed request"),
+        ("HTTP/2 in an HTTP/1 head", request("/healthz", version="HTTP/2.0"), 505, "HTTP version not supported"),
+        ("binary garbage", b"\x00\x01\x02\x03\r\n\r\n", 400, "malformed request"),
+    ],
+)
 async def test_parser_errors_get_a_json_error_body(proxy_process, name, data, status, message):
     proc = await proxy_process()
     client = await exchange("127.0.0.1", proc.port, _context(proc), data)
@@ -244,7 +249,8 @@ async def test_parser_errors_get_a_json_error_body(proxy_process, name, data, st
 
 async def test_wrong_method_on_a_known_route_is_a_json_405(proxy_process):
     proc = await proxy_process()
-    client = await exchange("127.0.0.1", proc.port, _context(proc),
-                            request("/healthz", method="DELETE", headers={"Connection": "close"}))
+    client = await exchange(
+        "127.0.0.1", proc.port, _context(proc), request("/healthz", method="DELETE", headers={"Connection": "close"})
+    )
     assert client.status() == 405
     assert json.loads(client.body()) == {"errors": ["Method Not Allowed: DELETE /healthz"]}

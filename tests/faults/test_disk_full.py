@@ -41,8 +41,9 @@ def small_disk(tmp_path) -> Iterator[Path]:
     """A 16 MiB tmpfs as the proxy's data dir (request it before `proxy_process`, so it unmounts last)."""
     path = tmp_path / "proxy-data"
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(path)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"{NOT_ROOT} (mount failed: {mounted.stderr.strip()})")
     try:
@@ -73,7 +74,7 @@ def fill(path: Path, leave: int, name: str = "filler") -> Path:
     with open(filler, "ab", buffering=0) as handle:
         try:
             while remaining > 0:
-                handle.write(block[:min(remaining, MiB)])
+                handle.write(block[: min(remaining, MiB)])
                 remaining -= MiB
             if leave == 0:
                 while True:
@@ -114,8 +115,9 @@ async def passthrough_count(client, kind: str, outcome: str) -> float:
     return 0.0
 
 
-async def test_below_the_floor_archives_are_relayed_verified_and_not_stored(small_disk, proxy_process, connect,
-                                                                           registry, big, monkeypatch):
+async def test_below_the_floor_archives_are_relayed_verified_and_not_stored(
+    small_disk, proxy_process, connect, registry, big, monkeypatch
+):
     monkeypatch.setenv(FLOOR_ENV, "6MiB")
     proc = await proxy_process(data_dir=small_disk)
     client = await connect(proc)
@@ -157,8 +159,9 @@ async def test_below_the_floor_archives_are_relayed_verified_and_not_stored(smal
     assert await passthrough_count(client, "provider", "complete") == 1
 
 
-async def test_enospc_while_downloading_and_failed_metadata_writes(small_disk, proxy_process, connect, registry,
-                                                                   big, monkeypatch):
+async def test_enospc_while_downloading_and_failed_metadata_writes(
+    small_disk, proxy_process, connect, registry, big, monkeypatch
+):
     monkeypatch.setenv(FLOOR_ENV, "0")  # no floor: only the write errors tell the proxy the disk is full
     registry.chunked_archives = True  # no Content-Length: the proxy cannot see it will not fit
     proc = await proxy_process(data_dir=small_disk)
@@ -191,7 +194,8 @@ async def test_enospc_while_downloading_and_failed_metadata_writes(small_disk, p
     # Logged once per full-disk spell: by the embedded store's breaker (which catches its own write
     # errors), or by the disk-full guard in front of a store that raises them.
     skipped = proc.events("storage.metadata_write_skipped") + [
-        e for e in proc.events("metadata_store.down") if "full" in e.get("error", "")]
+        e for e in proc.events("metadata_store.down") if "full" in e.get("error", "")
+    ]
     assert len(skipped) == 1, skipped
 
     status, headers, body = await client.get(f"{MIRROR}/foo/1.0.0.json")
@@ -206,8 +210,7 @@ async def test_enospc_while_downloading_and_failed_metadata_writes(small_disk, p
     assert stored(small_disk) == {big.sha256("linux_amd64")}
 
 
-async def test_modules_are_relayed_only_with_a_checksum_pin(small_disk, proxy_process, connect, registry,
-                                                            monkeypatch):
+async def test_modules_are_relayed_only_with_a_checksum_pin(small_disk, proxy_process, connect, registry, monkeypatch):
     monkeypatch.setenv(FLOOR_ENV, "100MiB")  # more than the whole 16 MiB disk: always below the floor
     archive = module_tar_gz(MODULE_FILES)
     registry.static["net.tar.gz"] = archive

@@ -19,8 +19,9 @@ def metric(text: str, name: str) -> float:
     return float(match.group(1))
 
 
-async def test_an_archive_over_the_cap_is_evicted_after_its_grace_and_fetched_again(proxy_process, connect, registry,
-                                                                                     signing_key):
+async def test_an_archive_over_the_cap_is_evicted_after_its_grace_and_fetched_again(
+    proxy_process, connect, registry, signing_key
+):
     registry.add(Release("acme", "big", "1.0.0", signing_key, platforms=("linux_amd64",), noise=64 * 1024))
     proc = await proxy_process("--max-store-size", "1KiB", "--eviction-grace", "1s", "--eviction-interval", "200ms")
     client = await connect(proc)
@@ -36,5 +37,6 @@ async def test_an_archive_over_the_cap_is_evicted_after_its_grace_and_fetched_ag
     _, _, text = await client.get("/metrics")
     assert metric(text.decode(), "registry_proxy_store_evictions_total") >= 1
     assert metric(text.decode(), "registry_proxy_store_evicted_bytes_total") >= len(body)
-    assert [e["sha256"] for e in proc.events("store.evicted")][:1] == [e["sha256"] for e in
-                                                                      proc.events("archive.stored")][:1]
+    assert [e["sha256"] for e in proc.events("store.evicted")][:1] == [
+        e["sha256"] for e in proc.events("archive.stored")
+    ][:1]

@@ -65,9 +65,14 @@ async def test_an_agent_left_in_the_data_dir_is_stopped_at_shutdown(proxy_proces
     data_dir = tmp_path / "proxy-data"
     home = data_dir / "gnupg"
     home.mkdir(parents=True, mode=0o700)
-    starter = await asyncio.create_subprocess_exec("gpg-connect-agent", "--homedir", str(home), "/bye",
-                                                   stdout=asyncio.subprocess.DEVNULL,
-                                                   stderr=asyncio.subprocess.DEVNULL)
+    starter = await asyncio.create_subprocess_exec(
+        "gpg-connect-agent",
+        "--homedir",
+        str(home),
+        "/bye",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     assert await asyncio.wait_for(starter.wait(), 30) == 0
     started = agents_for(home)
     assert started, "gpg-connect-agent did not start an agent"

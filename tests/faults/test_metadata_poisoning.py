@@ -44,14 +44,19 @@ def redis_args(redis_server, prefix: str, secret: str = SECRET) -> tuple[str, ..
 
 
 async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
-        proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path):
+    proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path
+):
     releases = registry.releases[("acme", "foo")]
     old, new = releases["1.0.0"], releases["1.1.0"]
     data_dir = tmp_path / "replica"
     proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
     client = await connect(proc)
-    for version, platform in [("1.0.0", "linux_amd64"), ("1.1.0", "linux_amd64"), ("1.0.0", "windows_amd64"),
-                              ("1.1.0", "darwin_arm64")]:
+    for version, platform in [
+        ("1.0.0", "linux_amd64"),
+        ("1.1.0", "linux_amd64"),
+        ("1.0.0", "windows_amd64"),
+        ("1.1.0", "darwin_arm64"),
+    ]:
         status, _, body = await client.get(ARCHIVE.format(v=version, p=platform))
         assert status == 200
         assert body == releases[version].zips[platform]
@@ -78,11 +83,17 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
         copy(f"{kind}:{PROVIDER}/1.0.0/linux_amd64", f"{kind}:{PROVIDER}/1.1.0/linux_amd64")
     copy(sums_keys["1.0.0"], sums_keys["1.1.0"])
     copy(f"archive:{PROVIDER}/1.1.0/linux_amd64", f"archive:{PROVIDER}/1.1.0/darwin_arm64")
-    forged = {"sha256": old.sha256("windows_amd64"), "size": len(old.zips["windows_amd64"]),
-              "filename": new.filename("windows_amd64"), "h1_zip": "h1:forged", "h1_dir": h1_dir(
-                  old.zips["windows_amd64"])}
-    attacker.set(key(f"archive:{PROVIDER}/1.1.0/windows_amd64"),
-                 json.dumps({"v": 1, "kind": "record", "data": forged}, sort_keys=True).encode())
+    forged = {
+        "sha256": old.sha256("windows_amd64"),
+        "size": len(old.zips["windows_amd64"]),
+        "filename": new.filename("windows_amd64"),
+        "h1_zip": "h1:forged",
+        "h1_dir": h1_dir(old.zips["windows_amd64"]),
+    }
+    attacker.set(
+        key(f"archive:{PROVIDER}/1.1.0/windows_amd64"),
+        json.dumps({"v": 1, "kind": "record", "data": forged}, sort_keys=True).encode(),
+    )
     downloads_before = registry.count(registry.archive_path(new, "linux_amd64"))
 
     proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
@@ -92,19 +103,26 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
         assert status == 200
         assert body == new.zips[platform], f"1.1.0 {platform} served other bytes (the 1.0.0 zip?)"
     status, _, body = await client.get(
-        f"/lock/v1/{PROVIDER}/1.1.0?platform=linux_amd64&platform=darwin_arm64&platform=windows_amd64")
+        f"/lock/v1/{PROVIDER}/1.1.0?platform=linux_amd64&platform=darwin_arm64&platform=windows_amd64"
+    )
     assert status == 200
     platforms = json.loads(body)["platforms"]
     for platform in ("linux_amd64", "darwin_arm64", "windows_amd64"):
         assert platforms[platform] == {"h1": h1_dir(new.zips[platform]), "zh": zh_hash(new.sha256(platform))}
 
     poisoned = {record["key"] for record in proc.events("security.metadata_poisoned")}
-    assert {f"archive:{PROVIDER}/1.1.0/linux_amd64", f"archive:{PROVIDER}/1.1.0/darwin_arm64",
-            f"archive:{PROVIDER}/1.1.0/windows_amd64"} <= poisoned
+    assert {
+        f"archive:{PROVIDER}/1.1.0/linux_amd64",
+        f"archive:{PROVIDER}/1.1.0/darwin_arm64",
+        f"archive:{PROVIDER}/1.1.0/windows_amd64",
+    } <= poisoned
     assert all(record.get("store") == "redis" for record in proc.events("security.metadata_poisoned"))
     _, _, metrics = await client.get("/metrics")
-    refused = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.decode().splitlines()
-               if line.startswith("registry_proxy_metadata_rejected_total{")}
+    refused = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.decode().splitlines()
+        if line.startswith("registry_proxy_metadata_rejected_total{")
+    }
     assert refused['reason="bad_seal",store="redis"'] >= 3 and refused['reason="no_seal",store="redis"'] >= 1
     assert not any(SECRET in line for line in proc.log_path.read_text().splitlines())
     # The archive on disk was reused (its bytes are the signed ones): nothing downloaded again.
@@ -126,13 +144,15 @@ def _payload_field(value: bytes, name: str) -> str:
 
 
 async def test_a_replica_with_another_secret_treats_records_as_misses(
-        proxy_process, connect, registry, redis_server, prefix, tmp_path):
+    proxy_process, connect, registry, redis_server, prefix, tmp_path
+):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     first = await proxy_process(*redis_args(redis_server, prefix), data_dir=tmp_path / "a")
     status, _, _ = await (await connect(first)).get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
     assert status == 200
-    other = await proxy_process(*redis_args(redis_server, prefix, secret="another-secret-of-a-forgotten-replica"),
-                                data_dir=tmp_path / "b")
+    other = await proxy_process(
+        *redis_args(redis_server, prefix, secret="another-secret-of-a-forgotten-replica"), data_dir=tmp_path / "b"
+    )
     status, _, body = await (await connect(other)).get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
     assert (status, body) == (200, release.zips["linux_amd64"])
     assert f"archive:{PROVIDER}/1.0.0/linux_amd64" in {r["key"] for r in other.events("security.metadata_poisoned")}
@@ -143,9 +163,9 @@ async def test_redis_without_a_secret_refuses_to_start(proxy_process, redis_serv
         await proxy_process("--redis-url", redis_server.url, "--redis-prefix", prefix)
 
 
-
 async def test_a_resealed_archive_record_must_still_match_the_signed_sums(
-        proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path):
+    proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path
+):
     """Defence in depth: even with the secret, an archive record alone cannot point 1.1.0 at 1.0.0's zip."""
     releases = registry.releases[("acme", "foo")]
     data_dir = tmp_path / "replica"
@@ -166,7 +186,8 @@ async def test_a_resealed_archive_record_must_still_match_the_signed_sums(
 
 
 async def test_upgrading_an_embedded_data_dir_seals_its_records_and_keeps_serving_offline(
-        proxy_process, connect, registry, tmp_path):
+    proxy_process, connect, registry, tmp_path
+):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     data_dir = tmp_path / "data"
     proc = await proxy_process(data_dir=data_dir)

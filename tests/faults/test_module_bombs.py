@@ -109,13 +109,21 @@ async def test_archives_within_the_limits_are_served(proxy_process, connect, reg
     assert (status, body) == (200, data)
 
 
-@pytest.mark.parametrize(("files", "flags", "words"), [
-    ({"main.tf": "", "big.bin": "\0" * (64 * 2**20)}, ["--max-module-size", "16MiB"],
-     f"its tree holds more than {16 * 2**20} bytes"),
-    ({f"f{i}.tf": "" for i in range(30)}, ["--max-module-entries", "20"], "its tree has more than 20 entries"),
-], ids=["size", "entries"])
-async def test_git_source_over_the_limits_is_refused_before_checkout(proxy_process, connect, registry, tmp_path,
-                                                                      files, flags, words):
+@pytest.mark.parametrize(
+    ("files", "flags", "words"),
+    [
+        (
+            {"main.tf": "", "big.bin": "\0" * (64 * 2**20)},
+            ["--max-module-size", "16MiB"],
+            f"its tree holds more than {16 * 2**20} bytes",
+        ),
+        ({f"f{i}.tf": "" for i in range(30)}, ["--max-module-entries", "20"], "its tree has more than 20 entries"),
+    ],
+    ids=["size", "entries"],
+)
+async def test_git_source_over_the_limits_is_refused_before_checkout(
+    proxy_process, connect, registry, tmp_path, files, flags, words
+):
     """A repository of a few hundred KiB can check out to GiBs (git compresses blobs): the tree is
     measured with `git ls-tree` before anything is written."""
     bare, _ = make_bare_repo(tmp_path / "repos", "net", files, "v1.2.0")

@@ -17,19 +17,29 @@ DAY = 86400
 def paths(name: str) -> tuple[str, str]:
     """The mirror's archive URL of acme/NAME 1.0.0 linux_amd64, and the fake registry's download path."""
     filename = f"terraform-provider-{name}_1.0.0_linux_amd64.zip"
-    return (f"/mirror/v1/{REGISTRY_HOST}/acme/{name}/1.0.0/linux_amd64/{filename}",
-            f"/files/acme/{name}/1.0.0/{filename}")
+    return (
+        f"/mirror/v1/{REGISTRY_HOST}/acme/{name}/1.0.0/linux_amd64/{filename}",
+        f"/files/acme/{name}/1.0.0/{filename}",
+    )
 
 
-async def test_the_least_recently_served_object_leaves_the_bucket_and_comes_back(proxy_process, connect, registry,
-                                                                               signing_key, s3_server, s3_bucket):
+async def test_the_least_recently_served_object_leaves_the_bucket_and_comes_back(
+    proxy_process, connect, registry, signing_key, s3_server, s3_bucket
+):
     for name in ("alpha", "beta"):
         registry.add(Release("acme", name, "1.0.0", signing_key, platforms=("linux_amd64",), noise=64 * 1024))
     alpha, alpha_upstream = paths("alpha")
     beta, beta_upstream = paths("beta")
     # a grace long enough that nothing goes before the test ages the objects; two archives exceed the cap
-    proc = await proxy_process(*s3_server.flags(s3_bucket), "--max-store-size", "100KiB",
-                               "--eviction-grace", "10m", "--eviction-interval", "200ms")
+    proc = await proxy_process(
+        *s3_server.flags(s3_bucket),
+        "--max-store-size",
+        "100KiB",
+        "--eviction-grace",
+        "10m",
+        "--eviction-interval",
+        "200ms",
+    )
     client = await connect(proc)
 
     status, _, alpha_body = await client.get(alpha)

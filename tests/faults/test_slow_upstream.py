@@ -70,6 +70,7 @@ def big_release(registry: FakeRegistry, signing_key, noise: int = 256 * 1024, na
 
 async def request_log(proc, path: str, nth: int) -> dict:
     """The access log record of the `nth` request for `path` (waiting for it to be written)."""
+
     def records() -> list[dict]:
         return [r for r in proc.events("request") if r.get("path") == path]
 
@@ -81,7 +82,8 @@ async def request_log(proc, path: str, nth: int) -> dict:
 
 
 async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow_upstream(
-        proxy_process, connect, registry):
+    proxy_process, connect, registry
+):
     proc = await proxy_process("--ttl-discovery", "1s", "--ttl-versions", "1s")
     client = await connect(proc, timeout=15)
     status, _, warm = await client.get(INDEX)
@@ -102,8 +104,7 @@ async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow
     assert registry.count(DISCOVERY) == 2 and registry.count(VERSIONS) == 2
 
 
-async def test_background_refresh_lands_without_another_client_wait(proxy_process, connect, registry,
-                                                                     signing_key):
+async def test_background_refresh_lands_without_another_client_wait(proxy_process, connect, registry, signing_key):
     proc = await proxy_process("--ttl-versions", "3s")
     client = await connect(proc, timeout=15)
     assert (await client.get(INDEX))[0] == 200
@@ -135,8 +136,7 @@ async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_within_10s(proxy_p
     assert proc.events("upstream.deadline_exceeded")
 
 
-async def test_cold_version_document_with_serial_slow_steps_is_a_504_within_10s(proxy_process, connect,
-                                                                                 registry):
+async def test_cold_version_document_with_serial_slow_steps_is_a_504_within_10s(proxy_process, connect, registry):
     proc = await proxy_process()
     client = await connect(proc, timeout=15)
     for path in (DISCOVERY, VERSIONS):
@@ -155,15 +155,19 @@ async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(pr
     status, _, _ = await client.get(INDEX)
     assert status == 504
     await wait_for(lambda: registry.completed_count(VERSIONS) == 1, 10, "the shared fetch")
-    await wait_for(lambda: "versions:registry.example.test/acme/foo" in cached_keys(proc), 10,
-                   "the answer to reach the proxy's cache")
+    await wait_for(
+        lambda: "versions:registry.example.test/acme/foo" in cached_keys(proc),
+        10,
+        "the answer to reach the proxy's cache",
+    )
     elapsed, (status, _, body) = await timed(client.get(INDEX))
     assert status == 200 and "1.1.0" in json.loads(body)["versions"]
     assert elapsed < 1 and registry.count(VERSIONS) == 1
 
 
-async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(proxy_process, connect,
-                                                                                registry, signing_key):
+async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(
+    proxy_process, connect, registry, signing_key
+):
     proc = await proxy_process("--request-deadline", "2s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=20)
     registry.faults[DOWNLOAD_DOC] = Fault(delay=SLOW)
@@ -182,7 +186,8 @@ async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(
 
 
 async def test_trickling_archive_is_aborted_within_the_window_and_nothing_is_stored(
-        proxy_process, connect, registry, signing_key):
+    proxy_process, connect, registry, signing_key
+):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024  # 1 KiB/s: 256 KiB would take over four minutes
@@ -229,14 +234,22 @@ async def other_registry(upstream_ssl, signing_key):
     await fake.stop()
 
 
-async def test_one_slow_host_cannot_take_the_slots_of_another(proxy_process, connect, registry,
-                                                              other_registry, signing_key):
+async def test_one_slow_host_cannot_take_the_slots_of_another(
+    proxy_process, connect, registry, other_registry, signing_key
+):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024
-    proc = await proxy_process("--upstream-map", f"{OTHER_HOST}={other_registry.url}",
-                               "--upstream-host-concurrency", "1", "--download-slot-wait", "1s",
-                               "--shutdown-grace", "1s")
+    proc = await proxy_process(
+        "--upstream-map",
+        f"{OTHER_HOST}={other_registry.url}",
+        "--upstream-host-concurrency",
+        "1",
+        "--download-slot-wait",
+        "1s",
+        "--shutdown-grace",
+        "1s",
+    )
     client = await connect(proc, timeout=20)
     trickling = await start_trickle(client, registry, BIG_ARCHIVE, upstream_path)
 
@@ -253,13 +266,15 @@ async def test_one_slow_host_cannot_take_the_slots_of_another(proxy_process, con
     trickling.cancel()
 
 
-async def test_same_host_downloads_within_the_per_host_cap_are_not_blocked(proxy_process, connect, registry,
-                                                                           signing_key):
+async def test_same_host_downloads_within_the_per_host_cap_are_not_blocked(
+    proxy_process, connect, registry, signing_key
+):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024
-    proc = await proxy_process("--upstream-host-concurrency", "2", "--upstream-concurrency", "2",
-                               "--shutdown-grace", "1s")
+    proc = await proxy_process(
+        "--upstream-host-concurrency", "2", "--upstream-concurrency", "2", "--shutdown-grace", "1s"
+    )
     client = await connect(proc, timeout=20)
     trickling = await start_trickle(client, registry, BIG_ARCHIVE, upstream_path)
     elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
@@ -269,8 +284,9 @@ async def test_same_host_downloads_within_the_per_host_cap_are_not_blocked(proxy
     trickling.cancel()
 
 
-async def test_sigterm_during_a_trickling_download_exits_within_the_grace(proxy_process, connect, registry,
-                                                                          signing_key):
+async def test_sigterm_during_a_trickling_download_exits_within_the_grace(
+    proxy_process, connect, registry, signing_key
+):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024

@@ -104,7 +104,8 @@ async def test_damaged_while_running_keeps_serving(proxy_process, connect, regis
     await answers_correctly(client, registry, release)
     for _ in range(5):
         status, _, body = await client.get(
-            f"/mirror/v1/{PROVIDER}/1.1.0/darwin_arm64/terraform-provider-foo_1.1.0_darwin_arm64.zip")
+            f"/mirror/v1/{PROVIDER}/1.1.0/darwin_arm64/terraform-provider-foo_1.1.0_darwin_arm64.zip"
+        )
         assert status == 200
     status, _, body = await client.get("/readyz")
     assert status == 200

@@ -36,8 +36,7 @@ def assert_refused(status: int, body: bytes, literal: str) -> None:
 
 
 @pytest.mark.parametrize("literal", LITERALS)
-async def test_service_url_on_an_embedded_private_ipv4_is_never_fetched(proxy_process, connect, registry,
-                                                                         literal):
+async def test_service_url_on_an_embedded_private_ipv4_is_never_fetched(proxy_process, connect, registry, literal):
     registry.discovery = {"providers.v1": f"https://[{literal}]:{registry.port}/v1/providers/"}
     process = await proxy_process()
     client = await connect(process)
@@ -49,8 +48,7 @@ async def test_service_url_on_an_embedded_private_ipv4_is_never_fetched(proxy_pr
 
 
 @pytest.mark.parametrize("literal", ["64:ff9b::7f00:1", "2002:7f00:1::"])
-async def test_archive_url_on_an_embedded_private_ipv4_is_never_fetched(proxy_process, connect, registry,
-                                                                         literal):
+async def test_archive_url_on_an_embedded_private_ipv4_is_never_fetched(proxy_process, connect, registry, literal):
     registry.files_base = f"https://[{literal}]:{registry.port}"
     process = await proxy_process()
     client = await connect(process)

@@ -120,8 +120,7 @@ async def test_flipped_byte_is_never_served_and_is_refetched(proxy_process, conn
     assert (await asyncio.to_thread(object_path(proc, sha).read_bytes)) == good
 
 
-async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_process, connect, registry,
-                                                                    signing_key):
+async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_process, connect, registry, signing_key):
     """The hashing reader reads ahead in a worker thread; a client leaving must still close the file."""
     huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=48 << 20))
     proc = await proxy_process()
@@ -143,8 +142,11 @@ async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_proces
         return sum(1 for fd in fds.iterdir() if _link(fd) == target)
 
     await wait_for(lambda: open_handles() == 0)
-    complete = [e for e in proc.events("request") if e.get("path") == BIG and e.get("bytes") == len(good)
-                and e.get("status") == 200]
+    complete = [
+        e
+        for e in proc.events("request")
+        if e.get("path") == BIG and e.get("bytes") == len(good) and e.get("status") == 200
+    ]
     assert len(complete) < 1 + 8, "no client left while the proxy was still sending"
     assert await get_or_abort(client, BIG) == (200, good)
     assert not proc.events("security.store_corruption")
@@ -212,8 +214,7 @@ async def test_plain_http_after_restart_hashes_before_trusting_a_file(proxy_proc
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["tls", "plain-http"])
-async def test_range_from_a_corrupted_file_is_served_from_a_fresh_copy(proxy_process, connect, registry, big,
-                                                                       plain):
+async def test_range_from_a_corrupted_file_is_served_from_a_fresh_copy(proxy_process, connect, registry, big, plain):
     """A range cannot be hashed alone: the whole file is verified first (once per change of the file)."""
     extra = ("--plain-http",) if plain else ()
     proc = await proxy_process(*extra)
@@ -251,8 +252,7 @@ async def test_truncated_module_archive_is_refetched(proxy_process, connect, reg
 # ---- adoption after metadata loss -----------------------------------------------------------------
 
 
-async def test_wrong_file_at_a_content_address_is_not_adopted_after_metadata_loss(proxy_process, connect,
-                                                                                    registry):
+async def test_wrong_file_at_a_content_address_is_not_adopted_after_metadata_loss(proxy_process, connect, registry):
     proc = await proxy_process()
     client = await connect(proc)
     release = small_release(registry)

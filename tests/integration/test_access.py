@@ -86,16 +86,21 @@ def tokens_file(tmp_path) -> Path:
 def access_settings(make_settings, registry, private, cdn, tokens_file):
     def make(**overrides):
         mapped = {REGISTRY_HOST: URL(registry.url), PRIVATE: URL(private.url)}
-        values = {"upstream_map": mapped, "auth_tokens": tokens_file,
-                  "allowed_private_hosts": frozenset({f"localhost:{cdn.port}"}),
-                  "upstream_credentials": UpstreamCredentials({PRIVATE: UPSTREAM_TOKEN}, mapped), **overrides}
+        values = {
+            "upstream_map": mapped,
+            "auth_tokens": tokens_file,
+            "allowed_private_hosts": frozenset({f"localhost:{cdn.port}"}),
+            "upstream_credentials": UpstreamCredentials({PRIVATE: UPSTREAM_TOKEN}, mapped),
+            **overrides,
+        }
         return make_settings(**values)
 
     return make
 
 
 async def test_a_private_upstream_through_the_proxy_with_its_token_only_on_its_own_origin(
-        access_settings, client_ssl, private, cdn):
+    access_settings, client_ssl, private, cdn
+):
     release = private.releases[("acme", "foo")]["1.0.0"]
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         status, _, body = await proxy.get(f"{PRIVATE_MIRROR}/index.json", **bearer(ALL))
@@ -121,8 +126,11 @@ async def test_the_token_is_not_sent_on_a_redirect_to_another_host(access_settin
     private.files_base = private.url  # the registry names itself; its file server redirects to the CDN
     from tests.fakes.registry import Fault
 
-    for path in (private.archive_path(release, "linux_amd64"),
-                 f"/files/acme/foo/1.0.0/{release.shasums_name}", f"/files/acme/foo/1.0.0/{release.shasums_name}.sig"):
+    for path in (
+        private.archive_path(release, "linux_amd64"),
+        f"/files/acme/foo/1.0.0/{release.shasums_name}",
+        f"/files/acme/foo/1.0.0/{release.shasums_name}.sig",
+    ):
         private.faults[path] = Fault(status=302, headers={"Location": cdn.url + path})
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         _, _, body = await proxy.get(f"{PRIVATE_MIRROR}/1.0.0.json", **bearer(ALL))
@@ -135,7 +143,8 @@ async def test_the_token_is_not_sent_on_a_redirect_to_another_host(access_settin
 
 
 async def test_nothing_private_leaks_to_anonymous_or_other_scoped_clients_even_when_cached(
-        access_settings, client_ssl, private, registry):
+    access_settings, client_ssl, private, registry
+):
     release = private.releases[("acme", "foo")]["1.0.0"]
     secret_bytes = release.zips["linux_amd64"]
     async with serve_proxy(access_settings(), client_ssl) as proxy:
@@ -144,10 +153,15 @@ async def test_nothing_private_leaks_to_anonymous_or_other_scoped_clients_even_w
         assert (await proxy.get(f"{PRIVATE_MIRROR}/{grant_url}"))[0] == 200
         _, _, public_body = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.0.0.json", **bearer(PUBLIC))
         public_grant = json.loads(public_body)["archives"]["linux_amd64"]["url"].partition("?")[2]
-        probes = [f"{PRIVATE_MIRROR}/index.json", f"{PRIVATE_MIRROR}/1.0.0.json", ARCHIVE,
-                  f"{PRIVATE_REGISTRY}/versions", f"{PRIVATE_REGISTRY}/1.0.0/download/linux/amd64",
-                  f"{PRIVATE_REGISTRY}/1.0.0/download/linux/amd64/SHA256SUMS",
-                  f"/lock/v1/{PRIVATE}/acme/foo/1.0.0?platform=linux_amd64"]
+        probes = [
+            f"{PRIVATE_MIRROR}/index.json",
+            f"{PRIVATE_MIRROR}/1.0.0.json",
+            ARCHIVE,
+            f"{PRIVATE_REGISTRY}/versions",
+            f"{PRIVATE_REGISTRY}/1.0.0/download/linux/amd64",
+            f"{PRIVATE_REGISTRY}/1.0.0/download/linux/amd64/SHA256SUMS",
+            f"/lock/v1/{PRIVATE}/acme/foo/1.0.0?platform=linux_amd64",
+        ]
         for path in probes:
             for who, expected in ((None, 401), ("rpt_forged", 401), (PUBLIC, 403), (OTHER_NS, 403)):
                 status, headers, body = await proxy.get(path, **(bearer(who) if who else {}))
@@ -177,18 +191,21 @@ async def test_401_and_403_answers(access_settings, client_ssl):
         assert "token is required (no token)" in json.loads(body)["errors"][0]
         status, headers, _ = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", **bearer("nope"))
         assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="registry-proxy", error="invalid_token"'
-        status, headers, _ = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json",
-                                             headers={"Authorization": f"Basic {PUBLIC}"})
+        status, headers, _ = await proxy.get(
+            f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", headers={"Authorization": f"Basic {PUBLIC}"}
+        )
         assert status == 401
         status, headers, body = await proxy.get(f"{PRIVATE_MIRROR}/index.json", **bearer(PUBLIC))
         assert status == 403 and "WWW-Authenticate" not in headers
         assert json.loads(body) == {"errors": [f"this token may not read {PRIVATE}"]}
         assert (await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", **bearer(PUBLIC)))[0] == 200
-        status, _, body = await proxy.get(f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0?platform=linux_amd64",
-                                          **bearer(PUBLIC))
+        status, _, body = await proxy.get(
+            f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0?platform=linux_amd64", **bearer(PUBLIC)
+        )
         assert status == 403 and json.loads(body) == {"errors": ["this token may not call /lock/v1"]}
-        status, _, body = await proxy.get(f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0?platform=linux_amd64",
-                                          **bearer(ALL))
+        status, _, body = await proxy.get(
+            f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0?platform=linux_amd64", **bearer(ALL)
+        )
         assert status == 200 and json.loads(body)["hashes"]
         for open_path in ("/healthz", "/readyz", "/.well-known/terraform.json", "/metrics"):
             assert (await proxy.get(open_path))[0] == 200, open_path
@@ -224,8 +241,9 @@ async def test_no_token_in_the_log(access_settings, client_ssl):
 async def test_a_private_git_module_is_cloned_with_the_hosts_token(access_settings, client_ssl, private, tmp_path):
     bare, _ = make_bare_repo(tmp_path / "repos", "net", MODULE_FILES, "v1.2.0")
     private.git_root = bare.parent
-    private.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0",
-                                     answer="json"))
+    private.add_module(
+        ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0", answer="json")
+    )
     base = f"/registry/{PRIVATE}/modules/v1/acme/net/aws/1.2.0"
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         status, headers, body = await proxy.get(f"{base}/download", **bearer(ALL))
@@ -248,8 +266,10 @@ async def test_the_lock_and_warm_commands_send_their_token(access_settings, clie
 
     config = tmp_path / "config"
     config.mkdir()
-    (config / "main.tf").write_text(f'terraform {{\n  required_providers {{\n    foo = {{\n'
-                                    f'      source = "{PRIVATE}/acme/foo"\n      version = "1.0.0"\n    }}\n  }}\n}}\n')
+    (config / "main.tf").write_text(
+        f"terraform {{\n  required_providers {{\n    foo = {{\n"
+        f'      source = "{PRIVATE}/acme/foo"\n      version = "1.0.0"\n    }}\n  }}\n}}\n'
+    )
     linux = [Platform.parse("linux_amd64")]
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         async with ProxyClient(proxy.url, ca_file, token=ALL) as client:
@@ -263,7 +283,8 @@ async def test_the_lock_and_warm_commands_send_their_token(access_settings, clie
 
 
 async def test_a_public_release_listing_a_private_archives_digest_does_not_get_its_bytes(
-        access_settings, client_ssl, private, registry):
+    access_settings, client_ssl, private, registry
+):
     """An attacker's public release whose signed SHA256SUMS names the digest of a private archive (digests
     are in lock files) but who cannot serve its bytes: the proxy must not hand out the stored private copy."""
     release = private.releases[("acme", "foo")]["1.0.0"]
@@ -275,19 +296,23 @@ async def test_a_public_release_listing_a_private_archives_digest_does_not_get_i
         assert (await proxy.get(ARCHIVE, **bearer(ALL)))[2] == secret_bytes  # stored by its content address
         status, _, body = await proxy.get(public_archive, **bearer(PUBLIC))
         assert status == 502 and secret_bytes not in body
-        status, _, body = await proxy.get(f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/"
-                                          "amd64/SHA256SUMS", **bearer(PUBLIC))
+        status, _, body = await proxy.get(
+            f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/amd64/SHA256SUMS", **bearer(PUBLIC)
+        )
         assert status == 200  # the public release's own (verified) SHA256SUMS, fetched from the public registry
     assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
 
 
 async def test_a_public_document_naming_private_urls_gets_neither_the_token_nor_the_cached_sums(
-        access_settings, client_ssl, private, registry, cdn):
+    access_settings, client_ssl, private, registry, cdn
+):
     release = private.releases[("acme", "foo")]["1.0.0"]
     sums_path = f"/files/acme/foo/1.0.0/{release.shasums_name}"
     private.files_base = private.url
-    registry.extra_download_fields = {"shasums_url": private.url + sums_path,
-                                      "shasums_signature_url": private.url + sums_path + ".sig"}
+    registry.extra_download_fields = {
+        "shasums_url": private.url + sums_path,
+        "shasums_signature_url": private.url + sums_path + ".sig",
+    }
     public_sums = f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/amd64/SHA256SUMS"
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         assert (await proxy.get(f"{PRIVATE_REGISTRY}/1.0.0/download/linux/amd64/SHA256SUMS", **bearer(ALL)))[0] == 200
@@ -304,8 +329,9 @@ def public_archive(registry, signing_key) -> str:
     return f"/mirror/v1/{REGISTRY_HOST}/hashicorp/null/3.2.1/linux_amd64/terraform-provider-null_3.2.1_linux_amd64.zip"
 
 
-async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(access_settings, client_ssl,
-                                                                             public_archive):
+async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(
+    access_settings, client_ssl, public_archive
+):
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         assert (await proxy.get(ARCHIVE, **bearer(ALL)))[0] == 200
         assert (await proxy.get(public_archive, **bearer(ALL)))[0] == 200
@@ -334,8 +360,11 @@ async def test_archives_a_client_needed_a_token_or_grant_for_are_not_for_shared_
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         _, _, body = await proxy.get(f"{PRIVATE_MIRROR}/1.0.0.json", **bearer(ALL))
         grant_url = json.loads(body)["archives"]["linux_amd64"]["url"]
-        for path, auth in ((f"{PRIVATE_MIRROR}/{grant_url}", {}), (f"{PRIVATE_MIRROR}/{grant_url}", {}),
-                           (ARCHIVE, bearer(ALL))):  # cold (relayed), stored, with a token
+        for path, auth in (
+            (f"{PRIVATE_MIRROR}/{grant_url}", {}),
+            (f"{PRIVATE_MIRROR}/{grant_url}", {}),
+            (ARCHIVE, bearer(ALL)),
+        ):  # cold (relayed), stored, with a token
             status, headers, _ = await proxy.get(path, **auth)
             assert status == 200 and headers["Cache-Control"] == "private, max-age=31536000, immutable"
     public_archive = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.0.0/linux_amd64/{ARCHIVE.rpartition('/')[2]}"

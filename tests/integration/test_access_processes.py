@@ -38,8 +38,10 @@ async def status_of(proxy, path: str, token: str | None = None) -> tuple[int, by
     """One request on a fresh connection (so the kernel spreads them over the workers)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
-            session.get(proxy.url + path, ssl=context, headers=headers) as response:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+        session.get(proxy.url + path, ssl=context, headers=headers) as response,
+    ):
         return response.status, await response.read()
 
 
@@ -79,14 +81,29 @@ def fleet_args(tmp_path, redis_server, private, cdn):  # noqa: F811
     tokens.write_text(TOKENS)
     credentials = tmp_path / "upstream.tfrc"
     credentials.write_text(f'credentials "{PRIVATE}" {{\n  token = "{UPSTREAM_TOKEN}"\n}}\n')
-    shared = ["--redis-url", redis_server.url, "--redis-prefix", f"auth-{os.getpid()}-{tmp_path.name}",
-              "--metadata-secret", METADATA_SECRET, "--upstream-map", f"{PRIVATE}={private.url}",
-              "--allow-private-host", f"localhost:{cdn.port}", "--upstream-credentials", str(credentials)]
+    shared = [
+        "--redis-url",
+        redis_server.url,
+        "--redis-prefix",
+        f"auth-{os.getpid()}-{tmp_path.name}",
+        "--metadata-secret",
+        METADATA_SECRET,
+        "--upstream-map",
+        f"{PRIVATE}={private.url}",
+        "--allow-private-host",
+        f"localhost:{cdn.port}",
+        "--upstream-credentials",
+        str(credentials),
+    ]
     return shared, ["--auth-tokens", str(tokens)]
 
 
 async def test_a_second_replica_sharing_redis_serves_nothing_private_to_the_wrong_client(
-        proxy_process, fleet_args, tmp_path, private):  # noqa: F811
+    proxy_process,
+    fleet_args,
+    tmp_path,
+    private,  # noqa: F811
+):
     shared, with_tokens = fleet_args
     secret_bytes = private.releases[("acme", "foo")]["1.0.0"].zips["linux_amd64"]
     first = await proxy_process(*shared, *with_tokens, data_dir=tmp_path / "one")

@@ -18,8 +18,11 @@ from tests.fakes.process import REPO_ROOT
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("REGISTRY_PROXY_") and name != "SSL_CERT_FILE"}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("REGISTRY_PROXY_") and name != "SSL_CERT_FILE"
+    }
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)
     return env
@@ -27,12 +30,19 @@ def _env(**extra: str) -> dict[str, str]:
 
 def run_cli(*argv: str, cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     """`python -m proxy ARGV` in `cwd` with only the given REGISTRY_PROXY_* variables."""
-    return subprocess.run([sys.executable, "-m", "proxy", *argv], cwd=cwd, env=_env(**env), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *argv],
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def main_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path,
-                    **env: str) -> subprocess.CompletedProcess[str]:
+def main_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
     """proxy.cli.main(ARGV) in this process, in `cwd`, with only the given REGISTRY_PROXY_* variables."""
     for name in list(os.environ):
         if name.startswith("REGISTRY_PROXY_") or name == "SSL_CERT_FILE":
@@ -57,48 +67,87 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *phrase
     return lines[0]
 
 
-@pytest.mark.parametrize(("argv", "env", "phrases"), [
-    (["--tls-cert", "missing-cert.pem", "--tls-key", "key.pem"], {}, ["--tls-cert", "missing-cert.pem",
-                                                                        "no such file"]),
-    (["--upstream-ca-file", "missing-ca.pem"], {}, ["--upstream-ca-file", "missing-ca.pem", "no such file"]),
-    (["--metadata-secret-file", "missing-secret"], {}, ["--metadata-secret-file", "missing-secret"]),
-    (["--allow-host", "https://registry.example.com"], {}, ["--allow-host", "give a hostname, not a URL"]),
-    (["--default-upstream", "https://registry.example.com/"], {}, ["--default-upstream", "not a URL"]),
-    (["--allow-private-host", "http://artifacts.internal"], {}, ["--allow-private-host", "not a URL"]),
-    (["--upstream-map", "https://reg.example=https://10.0.0.5"], {}, ["--upstream-map", "not a URL"]),
-    ([], {"REGISTRY_PROXY_ALLOW_HOST": "registry.example.com,https://other.example"}, ["not a URL"]),
-    ([], {"REGISTRY_PROXY_PLAIN_HTTP": "ture"}, ["REGISTRY_PROXY_PLAIN_HTTP", "'ture'", "true or false"]),
-    ([], {"REGISTRY_PROXY_OFFLINE": "maybe"}, ["REGISTRY_PROXY_OFFLINE"]),
-    (["--log-level", "verbose"], {}, ["--log-level", "'verbose'", "debug, info, warning, error"]),
-    ([], {"REGISTRY_PROXY_LOG_LEVEL": "loud"}, ["--log-level", "'loud'"]),
-    ([], {"REGISTRY_PROXY_PLAN_HTTP": "1"}, ["unknown environment variable REGISTRY_PROXY_PLAN_HTTP",
-                                             "did you mean REGISTRY_PROXY_PLAIN_HTTP?"]),
-    ([], {"REGISTRY_PROXY_NONSENSE_XYZZY": "1"}, ["unknown environment variable REGISTRY_PROXY_NONSENSE_XYZZY"]),
-])
-def test_serve_configuration_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str], argv: list[str], env: dict[str, str],
-                                    phrases: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "env", "phrases"),
+    [
+        (
+            ["--tls-cert", "missing-cert.pem", "--tls-key", "key.pem"],
+            {},
+            ["--tls-cert", "missing-cert.pem", "no such file"],
+        ),
+        (["--upstream-ca-file", "missing-ca.pem"], {}, ["--upstream-ca-file", "missing-ca.pem", "no such file"]),
+        (["--metadata-secret-file", "missing-secret"], {}, ["--metadata-secret-file", "missing-secret"]),
+        (["--allow-host", "https://registry.example.com"], {}, ["--allow-host", "give a hostname, not a URL"]),
+        (["--default-upstream", "https://registry.example.com/"], {}, ["--default-upstream", "not a URL"]),
+        (["--allow-private-host", "http://artifacts.internal"], {}, ["--allow-private-host", "not a URL"]),
+        (["--upstream-map", "https://reg.example=https://10.0.0.5"], {}, ["--upstream-map", "not a URL"]),
+        ([], {"REGISTRY_PROXY_ALLOW_HOST": "registry.example.com,https://other.example"}, ["not a URL"]),
+        ([], {"REGISTRY_PROXY_PLAIN_HTTP": "ture"}, ["REGISTRY_PROXY_PLAIN_HTTP", "'ture'", "true or false"]),
+        ([], {"REGISTRY_PROXY_OFFLINE": "maybe"}, ["REGISTRY_PROXY_OFFLINE"]),
+        (["--log-level", "verbose"], {}, ["--log-level", "'verbose'", "debug, info, warning, error"]),
+        ([], {"REGISTRY_PROXY_LOG_LEVEL": "loud"}, ["--log-level", "'loud'"]),
+        (
+            [],
+            {"REGISTRY_PROXY_PLAN_HTTP": "1"},
+            ["unknown environment variable REGISTRY_PROXY_PLAN_HTTP", "did you mean REGISTRY_PROXY_PLAIN_HTTP?"],
+        ),
+        ([], {"REGISTRY_PROXY_NONSENSE_XYZZY": "1"}, ["unknown environment variable REGISTRY_PROXY_NONSENSE_XYZZY"]),
+    ],
+)
+def test_serve_configuration_errors(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    phrases: list[str],
+) -> None:
     """In process (proxy.cli.main, which the `registry-proxy` script calls) for speed; the real
     process is run for one of them below."""
-    result = main_in_process(monkeypatch, capsys, "serve", "--data-dir", str(tmp_path / "data"), *argv,
-                             cwd=tmp_path, **env)
+    result = main_in_process(
+        monkeypatch, capsys, "serve", "--data-dir", str(tmp_path / "data"), *argv, cwd=tmp_path, **env
+    )
     assert_one_line(result, 2, *phrases)
     assert not (tmp_path / "data" / "tls").exists()  # stopped before anything was made
 
 
 def test_serve_configuration_error_from_the_real_process(tmp_path: Path) -> None:
-    result = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--allow-host", "https://registry.example.com/",
-                     cwd=tmp_path, REGISTRY_PROXY_PLAIN_HTTP="on")
+    result = run_cli(
+        "serve",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--allow-host",
+        "https://registry.example.com/",
+        cwd=tmp_path,
+        REGISTRY_PROXY_PLAIN_HTTP="on",
+    )
     assert_one_line(result, 2, "--allow-host", "give a hostname, not a URL")
 
 
-@pytest.mark.parametrize("env", [{"REGISTRY_PROXY_PLAIN_HTTP": "false"}, {"REGISTRY_PROXY_OFFLINE": "Yes"},
-                                 {"REGISTRY_PROXY_PLAIN_HTTP": ""}, {"REGISTRY_PROXY_LOG_LEVEL": "WARNING"}])
-def test_valid_env_booleans_and_levels_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str], env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"REGISTRY_PROXY_PLAIN_HTTP": "false"},
+        {"REGISTRY_PROXY_OFFLINE": "Yes"},
+        {"REGISTRY_PROXY_PLAIN_HTTP": ""},
+        {"REGISTRY_PROXY_LOG_LEVEL": "WARNING"},
+    ],
+)
+def test_valid_env_booleans_and_levels_are_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], env: dict[str, str]
+) -> None:
     """The checks refuse only what is wrong: these all get past configuration (to the missing file)."""
-    result = main_in_process(monkeypatch, capsys, "serve", "--data-dir", str(tmp_path), "--upstream-ca-file",
-                             "missing-ca.pem", cwd=tmp_path, **env)
+    result = main_in_process(
+        monkeypatch,
+        capsys,
+        "serve",
+        "--data-dir",
+        str(tmp_path),
+        "--upstream-ca-file",
+        "missing-ca.pem",
+        cwd=tmp_path,
+        **env,
+    )
     assert_one_line(result, 2, "missing-ca.pem")
 
 
@@ -115,18 +164,32 @@ def test_lock_with_a_bad_proxy_url(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("url", ["ftp://proxy.example/", "proxy.example:8443", "https:///mirror", "http://[::1"])
-def test_lock_and_warm_with_bad_proxy_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str], url: str) -> None:
+def test_lock_and_warm_with_bad_proxy_urls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
     for command in ("lock", "warm"):
-        result = main_in_process(monkeypatch, capsys, command, str(tmp_path), "--proxy", url, "--platform",
-                                 "linux_amd64", cwd=tmp_path)
+        result = main_in_process(
+            monkeypatch, capsys, command, str(tmp_path), "--proxy", url, "--platform", "linux_amd64", cwd=tmp_path
+        )
         assert_one_line(result, 1, "invalid --proxy", "base URL")
 
 
-def test_lock_with_a_missing_ca_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
-    result = main_in_process(monkeypatch, capsys, "lock", str(tmp_path), "--proxy", "https://127.0.0.1:1/",
-                             "--ca-file", "nowhere.pem", "--platform", "linux_amd64", cwd=tmp_path)
+def test_lock_with_a_missing_ca_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = main_in_process(
+        monkeypatch,
+        capsys,
+        "lock",
+        str(tmp_path),
+        "--proxy",
+        "https://127.0.0.1:1/",
+        "--ca-file",
+        "nowhere.pem",
+        "--platform",
+        "linux_amd64",
+        cwd=tmp_path,
+    )
     assert_one_line(result, 1, "nowhere.pem", "--ca-file")
 
 
@@ -134,21 +197,30 @@ def test_warm_with_nothing_listening(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = run_cli("warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64",
-                     cwd=tmp_path)
+    result = run_cli(
+        "warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64", cwd=tmp_path
+    )
     assert_one_line(result, 1, "cannot connect to the proxy", str(port))
 
 
 async def _cli(*argv: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", *argv, cwd=cwd,
-                                                   env=_env(**env), stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.PIPE)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        *argv,
+        cwd=cwd,
+        env=_env(**env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     return subprocess.CompletedProcess(argv, process.returncode or 0, out.decode(), err.decode())
 
 
-async def test_lock_and_warm_with_an_untrusted_proxy_certificate(make_local_settings, client_ssl, tmp_path: Path,
-                                                                 ca_file: Path) -> None:
+async def test_lock_and_warm_with_an_untrusted_proxy_certificate(
+    make_local_settings, client_ssl, tmp_path: Path, ca_file: Path
+) -> None:
     async with serve_proxy(make_local_settings(), client_ssl) as proxy:
         await _untrusted_then_trusted(proxy, tmp_path, ca_file)
 
@@ -158,8 +230,17 @@ async def _untrusted_then_trusted(proxy, tmp_path: Path, ca_file: Path) -> None:
     for command in ("lock", "warm"):
         result = await _cli(command, str(tmp_path), "--proxy", proxy.url, "--platform", "linux_amd64", cwd=tmp_path)
         assert_one_line(result, 1, "not trusted", "--ca-file")
-    trusted = await _cli("lock", str(tmp_path), "--proxy", proxy.url, "--ca-file", str(ca_file),
-                         "--platform", "linux_amd64", cwd=tmp_path)
+    trusted = await _cli(
+        "lock",
+        str(tmp_path),
+        "--proxy",
+        proxy.url,
+        "--ca-file",
+        str(ca_file),
+        "--platform",
+        "linux_amd64",
+        cwd=tmp_path,
+    )
     assert "Traceback" not in trusted.stderr and "not trusted" not in trusted.stderr
     assert trusted.returncode == 0, trusted.stderr
 
@@ -172,8 +253,19 @@ def test_listening_is_logged_only_after_the_bind(tmp_path: Path, workers: str) -
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--workers", workers,
-                         "--listen", f"127.0.0.1:{port}", "--log-format", "json", cwd=tmp_path)
+        result = run_cli(
+            "serve",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--plain-http",
+            "--workers",
+            workers,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--log-format",
+            "json",
+            cwd=tmp_path,
+        )
     assert "proxy.listening" not in result.stderr
     assert "Traceback" not in result.stderr
     assert result.returncode == 1
@@ -188,9 +280,26 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--data-dir", "relative-data", "--workers",
-                                "1", "--listen", f"0.0.0.0:{port}", "--log-format", "json"],
-                               cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--data-dir",
+            "relative-data",
+            "--workers",
+            "1",
+            "--listen",
+            f"0.0.0.0:{port}",
+            "--log-format",
+            "json",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     records: dict[str, dict] = {}
     try:
         assert process.stderr is not None
@@ -206,6 +315,7 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
     ca_path = Path(hint["ca_file"])
     assert ca_path.is_absolute() and ca_path == (tmp_path / "relative-data" / "tls" / "ca.pem").resolve()
     assert f"SSL_CERT_FILE={ca_path}" in hint["hint"]
-    assert hint["cli_config"] == ("provider_installation {\n  network_mirror {\n"
-                                  f'    url = "https://127.0.0.1:{port}/mirror/v1/"\n  }}\n}}\n')
+    assert hint["cli_config"] == (
+        f'provider_installation {{\n  network_mirror {{\n    url = "https://127.0.0.1:{port}/mirror/v1/"\n  }}\n}}\n'
+    )
     assert records["proxy.listening"]["mirror_url"] == f"https://127.0.0.1:{port}/mirror/v1/"

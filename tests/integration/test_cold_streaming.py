@@ -70,7 +70,7 @@ async def test_a_tampered_archive_is_cut_short_and_not_stored(proxy, registry, b
                 while chunk := await response.content.read(1 << 16):
                     received += chunk
     assert 0 < len(received) <= len(body) - HOLD_BACK  # never the whole body, never the tampered end
-    assert received == body[:len(received)]
+    assert received == body[: len(received)]
     assert stored(proxy) == []
     assert [e["check"] for e in logs if e["event"] == "security.verification_failed"] == ["archive"]
 
@@ -128,8 +128,10 @@ async def test_workers_and_replicas_follow_one_download_in_any_process(proxy_pro
     started = asyncio.Event()
 
     async def fetch(proc) -> bytes:
-        async with (aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
-                    session.get(proc.url + BIG, ssl=context) as response):
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+            session.get(proc.url + BIG, ssl=context) as response,
+        ):
             assert response.status == 200 and int(response.headers["Content-Length"]) == len(body)
             first_byte = await response.content.readexactly(1)
             early.append(registry.completed_count(path) == 0)
@@ -173,6 +175,7 @@ async def test_an_archive_the_stream_cannot_vouch_for_is_hashed_from_its_central
         status, _, data = await proxy.get(BIG)
     assert status == 200 and data == body
     assert [e["reason"] for e in logs if e["event"] == "archive.h1_not_streamed"] == [
-        "no local file header at offset 0"]
+        "no local file header at offset 0"
+    ]
     status, _, doc = await proxy.get(BIG_VERSION)
     assert status == 200 and version_hashes(doc) == set(h1_of_zip(io.BytesIO(zipped)))

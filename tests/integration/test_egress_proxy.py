@@ -74,8 +74,7 @@ async def test_no_proxy_bypasses_the_egress_proxy(make_settings, client_ssl, reg
         await egress.stop()
 
 
-async def test_names_are_checked_even_when_the_egress_proxy_connects(make_settings, client_ssl, registry,
-                                                                     monkeypatch):
+async def test_names_are_checked_even_when_the_egress_proxy_connects(make_settings, client_ssl, registry, monkeypatch):
     egress = ConnectProxy()
     port = await egress.start()
     monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")

@@ -24,12 +24,17 @@ def test_address_errors_are_neutral_and_mapped_by_the_web_layer() -> None:
     assert AddressError in INVALID_REQUEST_ERRORS
 
 
-@pytest.mark.parametrize("path, message", [
-    ("/mirror/v1/bad..host/acme/foo/index.json", lambda: address_error(Hostname.parse, "bad..host")),
-    ("/mirror/v1/registry.example.test/acme/foo/v1.x.json", lambda: address_error(Version.parse, "v1.x")),
-    ("/registry/registry.example.test/modules/v1/acme/net/AWS/versions",
-     lambda: address_error(ModuleAddr.parse, "registry.example.test", "acme", "net", "AWS")),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/mirror/v1/bad..host/acme/foo/index.json", lambda: address_error(Hostname.parse, "bad..host")),
+        ("/mirror/v1/registry.example.test/acme/foo/v1.x.json", lambda: address_error(Version.parse, "v1.x")),
+        (
+            "/registry/registry.example.test/modules/v1/acme/net/AWS/versions",
+            lambda: address_error(ModuleAddr.parse, "registry.example.test", "acme", "net", "AWS"),
+        ),
+    ],
+)
 async def test_a_malformed_address_answers_400_with_its_message(proxy, path, message) -> None:
     with capture_logs() as logs:
         status, body = await proxy.json(path)

@@ -28,8 +28,10 @@ LONG_AGO = 3 * 86400
 
 
 def url(release: Release, platform: str) -> str:
-    return (f"/mirror/v1/{REGISTRY_HOST}/{release.namespace}/{release.type}/{release.version}/{platform}/"
-            f"{release.filename(platform)}")
+    return (
+        f"/mirror/v1/{REGISTRY_HOST}/{release.namespace}/{release.type}/{release.version}/{platform}/"
+        f"{release.filename(platform)}"
+    )
 
 
 def stored_shas(proxy) -> set[str]:
@@ -42,8 +44,9 @@ def releases(registry, signing_key) -> tuple[Release, Release, Release]:
     """A: acme/huge 1.0.0 (12 MiB of random data, more than the kernel buffers between proxy and client);
     B, C: acme/big 1.0.0 for two platforms; D: acme/big 1.1.0 (3 MiB each)."""
     huge = registry.add(Release("acme", "huge", "1.0.0", signing_key, platforms=("linux_amd64",), noise=12 * MiB))
-    old = registry.add(Release("acme", "big", "1.0.0", signing_key, platforms=("darwin_arm64", "windows_amd64"),
-                               noise=3 * MiB))
+    old = registry.add(
+        Release("acme", "big", "1.0.0", signing_key, platforms=("darwin_arm64", "windows_amd64"), noise=3 * MiB)
+    )
     new = registry.add(Release("acme", "big", "1.1.0", signing_key, platforms=("linux_amd64",), noise=3 * MiB))
     return huge, old, new
 
@@ -60,8 +63,7 @@ async def age(proxy, shas: list[str]) -> None:
         os.utime(root / sha[:2] / sha[2:4] / sha, (then, then))
 
 
-async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_settings, client_ssl, registry,
-                                                                        releases):
+async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_settings, client_ssl, registry, releases):
     huge, old, new = releases
     a, b, c = "linux_amd64", "darwin_arm64", "windows_amd64"
     sha = {a: huge.sha256(a), b: old.sha256(b), c: old.sha256(c), "d": new.sha256("linux_amd64")}
@@ -75,8 +77,14 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
 
         # A client starts receiving A, then stops reading (a small receive buffer): A's response is in
         # progress, A is pinned.
-        slow = await open_tls("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), client_ssl, receive_buffer=32 * 1024,
-                              stop_reading_after=256 * 1024, keep=64 * MiB)
+        slow = await open_tls(
+            "127.0.0.1",
+            int(proxy.url.rsplit(":", 1)[1]),
+            client_ssl,
+            receive_buffer=32 * 1024,
+            stop_reading_after=256 * 1024,
+            keep=64 * MiB,
+        )
         slow.send(request(url(huge, a), headers={"Connection": "close"}))
         await wait_for(lambda: slow.received >= 256 * 1024, WAIT, "the first 256 KiB of A")
         await wait_for(lambda: proxy.app[SERVED].is_pinned(sha[a]), WAIT, "A pinned while it is sent")

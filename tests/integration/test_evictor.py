@@ -43,10 +43,26 @@ def publish(store: ArchiveStore, data: bytes, age: float) -> str:
     return sha
 
 
-def evictor(store: ArchiveStore, metadata, *, cap: int | None, floor: SpaceFloor = NO_FLOOR,
-            interval: float = 3600.0, served: ServedArchives | None = None) -> Evictor:
-    return Evictor(store, served or ServedArchives(metadata), metadata, LocalLocks(), DiskSpace(store.root, floor),
-                   Metrics(), cap=cap, grace=600.0, interval=interval)
+def evictor(
+    store: ArchiveStore,
+    metadata,
+    *,
+    cap: int | None,
+    floor: SpaceFloor = NO_FLOOR,
+    interval: float = 3600.0,
+    served: ServedArchives | None = None,
+) -> Evictor:
+    return Evictor(
+        store,
+        served or ServedArchives(metadata),
+        metadata,
+        LocalLocks(),
+        DiskSpace(store.root, floor),
+        Metrics(),
+        cap=cap,
+        grace=600.0,
+        interval=interval,
+    )
 
 
 def present(store: ArchiveStore) -> set[str]:

@@ -42,10 +42,17 @@ def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
 async def gc(settings, *extra: str) -> tuple[int, str]:
     args = [sys.executable, "-m", "proxy", "gc", "--data-dir", str(settings.data_dir), *extra]
     if settings.redis_url:
-        args += ["--redis-url", settings.redis_url, "--redis-prefix", settings.redis_prefix,
-                 "--metadata-secret", settings.metadata_secret]
-    process = await asyncio.create_subprocess_exec(*args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+        args += [
+            "--redis-url",
+            settings.redis_url,
+            "--redis-prefix",
+            settings.redis_prefix,
+            "--metadata-secret",
+            settings.metadata_secret,
+        ]
+    process = await asyncio.create_subprocess_exec(
+        *args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     return process.returncode, out.decode()
 
@@ -87,8 +94,10 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
         await redis.close()
     await metadata.close()
 
-    with StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 4096) as dead, \
-            StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 2048) as alive:
+    with (
+        StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 4096) as dead,
+        StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 2048) as alive,
+    ):
         dead.kill()
         dead_dir = dead.part.parent
 

@@ -22,8 +22,16 @@ async def healthcheck(env: dict[str, str], *args: str) -> tuple[int, str]:
     """Run the command in a clean environment plus `env`; its exit code and output."""
     clean = {key: value for key, value in os.environ.items() if not key.startswith("REGISTRY_PROXY_")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "healthcheck", *args, cwd=REPO_ROOT, env={**clean, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "proxy",
+        "healthcheck",
+        *args,
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     text = output.decode()
     assert len(text.strip().splitlines()) == 1, f"not one line: {text!r}"
@@ -33,8 +41,9 @@ async def healthcheck(env: dict[str, str], *args: str) -> tuple[int, str]:
 
 async def test_plain_http_from_the_environment(proxy_process):
     proxy = await proxy_process("--plain-http")
-    code, line = await healthcheck({"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{proxy.port}",
-                                    "REGISTRY_PROXY_PLAIN_HTTP": "true"})
+    code, line = await healthcheck(
+        {"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{proxy.port}", "REGISTRY_PROXY_PLAIN_HTTP": "true"}
+    )
     assert code == 0, line
     assert line == f"{PREFIX}ready: http://127.0.0.1:{proxy.port}/readyz answered 200"
 
@@ -55,8 +64,9 @@ async def test_tls_with_another_ca_is_unhealthy(proxy_process, tmp_path):
     other = tmp_path / "other"
     (other / "tls").mkdir(parents=True)
     trustme.CA().cert_pem.write_to_path(str(other / "tls" / "ca.pem"))
-    code, line = await healthcheck({"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{proxy.port}",
-                                    "REGISTRY_PROXY_DATA_DIR": str(other)})
+    code, line = await healthcheck(
+        {"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{proxy.port}", "REGISTRY_PROXY_DATA_DIR": str(other)}
+    )
     assert code == 1
     assert "TLS to https://127.0.0.1:" in line and "CERTIFICATE_VERIFY_FAILED" in line
 
@@ -76,8 +86,9 @@ class ConfiguredCertProxy(ProxyProcess):
 @pytest.fixture
 async def configured_cert_proxy(tmp_path, registry, ca_file, server_cert_files):
     cert, key = server_cert_files
-    proxy = ConfiguredCertProxy(ca_file, tmp_path / "data", registry.url, ca_file,
-                                "--tls-cert", str(cert), "--tls-key", str(key))
+    proxy = ConfiguredCertProxy(
+        ca_file, tmp_path / "data", registry.url, ca_file, "--tls-cert", str(cert), "--tls-key", str(key)
+    )
     await proxy.start()
     yield proxy
     await proxy.stop()
@@ -86,8 +97,7 @@ async def configured_cert_proxy(tmp_path, registry, ca_file, server_cert_files):
 async def test_a_configured_certificate_is_trusted_as_it_is(configured_cert_proxy, server_cert_files, tmp_path):
     proxy = configured_cert_proxy
     cert, _ = server_cert_files
-    env = {"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{proxy.port}",
-           "REGISTRY_PROXY_TLS_CERT": str(cert)}
+    env = {"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{proxy.port}", "REGISTRY_PROXY_TLS_CERT": str(cert)}
     code, line = await healthcheck(env)
     assert code == 0, line
     # a certificate the server does not present (another CA's) is not trusted

@@ -102,8 +102,9 @@ async def test_client_disconnect_does_not_cancel_the_shared_fetch(make_settings,
             handler_cancelled.set()
             raise
 
-    async with serve_proxy(make_settings(), client_ssl, handler_cancellation=True,
-                           middlewares=[note_cancelled]) as proxy:
+    async with serve_proxy(
+        make_settings(), client_ssl, handler_cancellation=True, middlewares=[note_cancelled]
+    ) as proxy:
         first = asyncio.create_task(proxy.get(ARCHIVE))
         await asyncio.wait_for(download.started.wait(), WAIT)
         first.cancel()

@@ -48,19 +48,22 @@ async def test_version_document_gains_both_h1_forms_once_archive_is_verified(pro
         assert "docs/" in archive.namelist()
 
 
-@pytest.mark.parametrize("path, status", [
-    (f"/mirror/v1/{PROVIDER.replace('foo', 'nope')}/index.json", 404),
-    (f"/mirror/v1/{PROVIDER}/9.9.9.json", 404),
-    (f"/mirror/v1/{PROVIDER}/index.txt", 404),
-    ("/mirror/v1/registry.example.test/acme/../index.json", 404),
-    ("/mirror/v1/registry.example.test/ac%2fme/foo/index.json", 400),
-    ("/mirror/v1/registry.example.test/-acme/foo/index.json", 400),
-    ("/mirror/v1/registry.example.test/acme/" + "f" * 65 + "/index.json", 400),
-    ("/mirror/v1/registry.example.test/acme/foo/1.0.json", 400),
-    ("/mirror/v1/registry.example.test/acme/foo/not-a-version.json", 400),
-    ("/mirror/v1/bad_host!/acme/foo/index.json", 400),
-    ("/nothing/here", 404),
-])
+@pytest.mark.parametrize(
+    "path, status",
+    [
+        (f"/mirror/v1/{PROVIDER.replace('foo', 'nope')}/index.json", 404),
+        (f"/mirror/v1/{PROVIDER}/9.9.9.json", 404),
+        (f"/mirror/v1/{PROVIDER}/index.txt", 404),
+        ("/mirror/v1/registry.example.test/acme/../index.json", 404),
+        ("/mirror/v1/registry.example.test/ac%2fme/foo/index.json", 400),
+        ("/mirror/v1/registry.example.test/-acme/foo/index.json", 400),
+        ("/mirror/v1/registry.example.test/acme/" + "f" * 65 + "/index.json", 400),
+        ("/mirror/v1/registry.example.test/acme/foo/1.0.json", 400),
+        ("/mirror/v1/registry.example.test/acme/foo/not-a-version.json", 400),
+        ("/mirror/v1/bad_host!/acme/foo/index.json", 400),
+        ("/nothing/here", 404),
+    ],
+)
 async def test_errors_have_the_right_status_and_a_json_body(proxy, path, status):
     got, body = await proxy.json(path)
     assert got == status, body
@@ -83,8 +86,9 @@ async def test_hostnames_are_normalised_before_the_allowlist(make_settings, clie
 async def test_default_allowlist_names_the_public_registries(make_settings, client_ssl):
     from proxy.config import DEFAULT_ALLOWED_HOSTS
 
-    async with serve_proxy(make_settings(allowed_hosts=frozenset(DEFAULT_ALLOWED_HOSTS), upstream_map={}),
-                           client_ssl) as running:
+    async with serve_proxy(
+        make_settings(allowed_hosts=frozenset(DEFAULT_ALLOWED_HOSTS), upstream_map={}), client_ssl
+    ) as running:
         got, body = await running.json("/mirror/v1/evil.example.com/acme/foo/index.json")
         assert got == 403 and "--allow-host" in body["errors"][0]
 

@@ -38,8 +38,9 @@ async def test_download_document_points_at_the_proxy_and_keeps_everything_else(p
     status, body = await proxy.json(f"{P}/1.0.0/download/linux/amd64")
     assert status == 200
     release = release_of(registry)
-    assert body["download_url"] == ("/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/"
-                                    "terraform-provider-foo_1.0.0_linux_amd64.zip")
+    assert body["download_url"] == (
+        "/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+    )
     assert body["shasums_url"] == f"{P}/1.0.0/download/linux/amd64/SHA256SUMS"
     assert body["shasums_signature_url"] == f"{P}/1.0.0/download/linux/amd64/SHA256SUMS.sig"
     assert body["filename"] == release.filename("linux_amd64")
@@ -68,8 +69,9 @@ async def test_registry_and_mirror_share_one_verified_archive(proxy, registry):
     _, body = await proxy.json(f"{P}/1.0.0/download/linux/amd64")
     status, _, data = await proxy.get(body["download_url"])
     assert status == 200 and data == release_of(registry).zips["linux_amd64"]
-    status, _, again = await proxy.get("/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/"
-                                       "terraform-provider-foo_1.0.0_linux_amd64.zip")
+    status, _, again = await proxy.get(
+        "/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+    )
     assert (status, again) == (200, data)
     assert registry.count(registry.archive_path(release_of(registry), "linux_amd64")) == 1
 
@@ -86,8 +88,10 @@ async def test_registry_errors(proxy, registry):
 async def test_proxy_discovery_document_advertises_the_default_upstream(proxy):
     status, body = await proxy.json("/.well-known/terraform.json")
     assert status == 200
-    assert body == {"providers.v1": "/registry/registry.opentofu.org/providers/v1/",
-                    "modules.v1": "/registry/registry.opentofu.org/modules/v1/"}
+    assert body == {
+        "providers.v1": "/registry/registry.opentofu.org/providers/v1/",
+        "modules.v1": "/registry/registry.opentofu.org/modules/v1/",
+    }
 
 
 # ---- modules --------------------------------------------------------------------------------
@@ -120,8 +124,7 @@ async def test_module_download_answers_with_body_and_header(proxy, registry, net
 
 
 @pytest.mark.parametrize("location", ["/static/net-1.0.0.tar.gz", "../../../../../../static/net-1.0.0.tar.gz"])
-async def test_relative_upstream_locations_are_resolved_against_the_download_url(proxy, registry, net_module,
-                                                                                  location):
+async def test_relative_upstream_locations_are_resolved_against_the_download_url(proxy, registry, net_module, location):
     net_module.location = location
     _, body = await proxy.json(f"{M}/1.0.0/download")
     status, _, data = await proxy.get(body["location"])
@@ -136,12 +139,15 @@ async def test_subdir_is_preserved(proxy, net_module):
     assert status == 200
 
 
-@pytest.mark.parametrize("location, reason", [
-    ("file:///etc/passwd", "file://"),
-    ("git::http://example.com/repo.git", "only fetched over https"),
-    ("https://user:secret@example.com/x.tar.gz", "credentials"),
-    ("{base}/static/net-1.0.0.tar.gz//../../etc", "escapes"),
-])
+@pytest.mark.parametrize(
+    "location, reason",
+    [
+        ("file:///etc/passwd", "file://"),
+        ("git::http://example.com/repo.git", "only fetched over https"),
+        ("https://user:secret@example.com/x.tar.gz", "credentials"),
+        ("{base}/static/net-1.0.0.tar.gz//../../etc", "escapes"),
+    ],
+)
 async def test_refused_module_sources(proxy, net_module, location, reason):
     net_module.location = location
     status, body = await proxy.json(f"{M}/1.0.0/download")
@@ -292,10 +298,13 @@ async def test_unsafe_module_archive_is_a_verification_failure(proxy, registry, 
     assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_archive"]
 
 
-@pytest.mark.parametrize("limits, words", [
-    ({"max_module_entries": 1}, "more than 1 entries"),
-    ({"max_module_unpacked_bytes": 16}, "more than 16 bytes"),
-])
+@pytest.mark.parametrize(
+    "limits, words",
+    [
+        ({"max_module_entries": 1}, "more than 1 entries"),
+        ({"max_module_unpacked_bytes": 16}, "more than 16 bytes"),
+    ],
+)
 async def test_module_archive_over_the_limits_is_too_large(make_settings, client_ssl, net_module, limits, words):
     async with serve_proxy(make_settings(**limits), client_ssl) as running:
         status, message, logs = await refused_archive(running, f"{M}/1.0.0/archive.tar.gz")

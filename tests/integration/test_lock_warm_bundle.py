@@ -62,18 +62,23 @@ async def test_lock_endpoint_gives_h1_per_platform_and_every_signed_zh(proxy, re
     release = registry.releases[("acme", "foo")]["1.0.0"]
     status, body = await proxy.json(f"/lock/v1/{PROVIDER}/1.0.0?platform=linux_amd64&platform=darwin_arm64")
     assert status == 200
-    assert body["platforms"] == {p: {"h1": dir_h1(release.zips[p]), "zh": f"zh:{release.sha256(p)}"}
-                                 for p in ("linux_amd64", "darwin_arm64")}
+    assert body["platforms"] == {
+        p: {"h1": dir_h1(release.zips[p]), "zh": f"zh:{release.sha256(p)}"} for p in ("linux_amd64", "darwin_arm64")
+    }
     assert body["signed_zh"] == sorted(f"zh:{release.sha256(p)}" for p in release.platforms)
-    assert body["hashes"] == sorted({*body["signed_zh"], dir_h1(release.zips["linux_amd64"]),
-                                     dir_h1(release.zips["darwin_arm64"])})
+    assert body["hashes"] == sorted(
+        {*body["signed_zh"], dir_h1(release.zips["linux_amd64"]), dir_h1(release.zips["darwin_arm64"])}
+    )
 
 
-@pytest.mark.parametrize("path, status", [
-    (f"/lock/v1/{PROVIDER}/1.0.0?platform=plan9_mips", 404),
-    (f"/lock/v1/{PROVIDER}/7.7.7?platform=linux_amd64", 404),
-    (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400),
-])
+@pytest.mark.parametrize(
+    "path, status",
+    [
+        (f"/lock/v1/{PROVIDER}/1.0.0?platform=plan9_mips", 404),
+        (f"/lock/v1/{PROVIDER}/7.7.7?platform=linux_amd64", 404),
+        (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400),
+    ],
+)
 async def test_lock_endpoint_errors(proxy, path, status):
     got, body = await proxy.json(path)
     assert got == status and body["errors"]
@@ -109,15 +114,21 @@ async def test_lock_command_writes_complete_entries_and_is_stable(proxy, registr
         entry = parse_lockfile(first)[PROVIDER]
         assert entry.version == "1.0.0"  # 1.1.0 is excluded by != 1.1.0
         assert entry.constraints == "~> 1.0, != 1.1.0"
-        assert entry.hashes == sorted({dir_h1(release.zips["linux_amd64"]), dir_h1(release.zips["darwin_arm64"]),
-                                       *(f"zh:{release.sha256(p)}" for p in release.platforms)})
+        assert entry.hashes == sorted(
+            {
+                dir_h1(release.zips["linux_amd64"]),
+                dir_h1(release.zips["darwin_arm64"]),
+                *(f"zh:{release.sha256(p)}" for p in release.platforms),
+            }
+        )
         await run_lock(config_dir, client, [LINUX, DARWIN])
         assert (config_dir / ".terraform.lock.hcl").read_text() == first
 
 
 async def test_lock_command_refuses_hashes_that_disagree_with_the_lock(proxy, config_dir, ca_file):
     (config_dir / ".terraform.lock.hcl").write_text(
-        f'provider "{PROVIDER}" {{\n  version = "1.0.0"\n  hashes = ["zh:{"0" * 64}"]\n}}\n')
+        f'provider "{PROVIDER}" {{\n  version = "1.0.0"\n  hashes = ["zh:{"0" * 64}"]\n}}\n'
+    )
     async with ProxyClient(proxy.url, ca_file) as client:
         with pytest.raises(CommandError, match="none of the hashes"):
             await run_lock(config_dir, client, [LINUX])
@@ -145,13 +156,15 @@ async def test_warm_fetches_every_platform_and_module_once(proxy, registry, conf
         assert registry.count(registry.archive_path(release, platform)) == 1
     assert registry.count("/static/net.tar.gz") == 1
     assert report.bytes == sum(len(release.zips[p]) for p in ("linux_amd64", "darwin_arm64")) + len(
-        registry.static["net.tar.gz"])
+        registry.static["net.tar.gz"]
+    )
 
 
 async def test_warm_reports_failures_by_name(proxy, registry, config_dir, ca_file):
     async with ProxyClient(proxy.url, ca_file) as client:
-        report = await run_warm(client, [Platform.parse("plan9_mips")], directory=config_dir, progress=False,
-                                say=lambda _: None)
+        report = await run_warm(
+            client, [Platform.parse("plan9_mips")], directory=config_dir, progress=False, say=lambda _: None
+        )
     assert list(report.failed) == [f"provider {PROVIDER} 1.0.0 plan9_mips"]
     assert "no package for plan9_mips" in report.failed[f"provider {PROVIDER} 1.0.0 plan9_mips"]
 
@@ -199,8 +212,9 @@ async def exported(make_local_settings, client_ssl, registry, config_dir, tmp_pa
     return bundle
 
 
-async def test_bundle_round_trip_serves_offline(exported, make_local_settings, client_ssl, registry, tmp_path,
-                                                signing_key):
+async def test_bundle_round_trip_serves_offline(
+    exported, make_local_settings, client_ssl, registry, tmp_path, signing_key
+):
     target = tmp_path / "b"
     first = await _import(target, exported, {signing_key.fingerprint})
     assert (first.archives, first.already_present) == (2, 0)
@@ -217,8 +231,9 @@ async def test_bundle_round_trip_serves_offline(exported, make_local_settings, c
         assert status == 200 and data == registry.static["net.tar.gz"]
 
 
-async def test_import_replaces_a_corrupt_stored_copy_instead_of_counting_it_present(exported, registry, tmp_path,
-                                                                                      signing_key):
+async def test_import_replaces_a_corrupt_stored_copy_instead_of_counting_it_present(
+    exported, registry, tmp_path, signing_key
+):
     target = tmp_path / "b"
     await _import(target, exported, {signing_key.fingerprint})
     release = registry.releases[("acme", "foo")]["1.0.0"]
@@ -250,7 +265,8 @@ async def test_bundle_signed_by_an_untrusted_key_is_rejected(exported, tmp_path,
     with pytest.raises(CommandError, match=f"signed by key {signing_key.fingerprint}, which is not trusted"):
         await _import(tmp_path / "u", exported, {other_key.fingerprint})
     assert not (tmp_path / "u" / "archives" / "sha256").exists() or not any(
-        p.is_file() for p in (tmp_path / "u" / "archives" / "sha256").rglob("*"))
+        p.is_file() for p in (tmp_path / "u" / "archives" / "sha256").rglob("*")
+    )
 
 
 async def test_imported_version_lists_arrive_stale(exported, tmp_path):
@@ -292,8 +308,11 @@ async def test_tampered_bundle_archive_is_rejected_naming_it(exported, tmp_path)
 
 async def test_bundle_with_planted_metadata_is_rejected(exported, tmp_path):
     def plant(name, data):
-        return data + b'{"key": "download:evil.example/x/y/1.0.0/linux_amd64", "value": "e30="}\n' \
-            if name == "metadata.jsonl" else data
+        return (
+            data + b'{"key": "download:evil.example/x/y/1.0.0/linux_amd64", "value": "e30="}\n'
+            if name == "metadata.jsonl"
+            else data
+        )
 
     planted = tmp_path / "planted.tar"
     _rewrite_bundle(exported, planted, plant)
@@ -324,7 +343,6 @@ async def test_export_only_filters_and_empty_export_fails(exported, tmp_path):
     assert (len(report.providers), len(report.modules)) == (1, 0)
     with pytest.raises(CommandError, match="nothing to export"):
         await _export(source, tmp_path / "none.tar", only=["registry.example.test/acme/nothing"])
-
 
 
 async def test_bundle_with_altered_metadata_of_another_platform_is_rejected(exported, tmp_path):

@@ -52,8 +52,12 @@ async def test_no_server_version(proxy, kind):
         status, headers, _ = await proxy.get(INDEX, headers={"If-None-Match": first["ETag"]})
         assert status == 304
     else:
-        path = {"ok": INDEX, "not found": "/no/such/thing", "bad request": "/mirror/v1/bad..host/a/b/index.json",
-                "metrics": "/metrics"}[kind]
+        path = {
+            "ok": INDEX,
+            "not found": "/no/such/thing",
+            "bad request": "/mirror/v1/bad..host/a/b/index.json",
+            "metrics": "/metrics",
+        }[kind]
         status, headers, _ = await proxy.get(path)
         assert status == {"ok": 200, "not found": 404, "bad request": 400, "metrics": 200}[kind]
     assert headers.getall("Server") == ["registry-proxy"]
@@ -72,7 +76,8 @@ async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
     assert status == 200
     samples = _samples((await proxy.get("/metrics"))[2])
     assert [k for k in samples if k.startswith("registry_proxy_build_info{")] == [
-        next(k for k in samples if f'version="{__version__}"' in k and k.startswith("registry_proxy_build_info"))]
+        next(k for k in samples if f'version="{__version__}"' in k and k.startswith("registry_proxy_build_info"))
+    ]
     assert samples['registry_proxy_request_duration_seconds_bucket{le="900.0",route="mirror_archive"}'] == 1
     assert 'registry_proxy_request_duration_seconds_bucket{le="600.0",route="mirror_archive"}' in samples
     assert not [k for k in samples if k.startswith("registry_proxy_request_seconds")]  # the old name is gone
@@ -86,8 +91,11 @@ async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
         assert samples["registry_proxy_redis_up"] == 1
     else:
         assert "registry_proxy_redis_up" not in samples
-    counters = [line.split()[2] for line in (await proxy.get("/metrics"))[2].decode().splitlines()
-                if line.startswith("# TYPE") and line.split()[3] == "counter"]
+    counters = [
+        line.split()[2]
+        for line in (await proxy.get("/metrics"))[2].decode().splitlines()
+        if line.startswith("# TYPE") and line.split()[3] == "counter"
+    ]
     assert counters and all(name.endswith("_total") for name in counters)
 
 

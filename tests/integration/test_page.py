@@ -37,8 +37,8 @@ async def fetch_module(proxy) -> None:
 
 def rows(html: str, table: str) -> list[str]:
     """The text of each body row of a table, tags stripped."""
-    body = html[html.index(f'<table id="{table}">'):]
-    body = body[:body.index("</table>")]
+    body = html[html.index(f'<table id="{table}">') :]
+    body = body[: body.index("</table>")]
     found = re.findall(r"<tr data-search.*?</tr>", body.replace("<wbr>", ""), re.S)
     return [" ".join(unescape(re.sub(r"<[^>]+>", " ", row)).split()) for row in found]
 
@@ -62,7 +62,7 @@ async def test_the_page_lists_what_was_just_cached(proxy, registry, net_module, 
     assert module.startswith(f"{REGISTRY_HOST}/acme/net/aws 1.0.0") and "/static/net-1.0.0.tar.gz" in module
     # the mapped upstream was discovered for these requests: the page says so without asking it again
     requests = len(registry.requests)
-    upstream = html[html.index('id="upstreams"'):html.index('id="cache"')]
+    upstream = html[html.index('id="upstreams"') : html.index('id="cache"')]
     assert REGISTRY_HOST in upstream and registry.url in upstream and ">ok<" in upstream
     assert len(registry.requests) == requests
 

@@ -111,8 +111,9 @@ async def test_fleet_lock_with_redis_down_lets_the_caller_work(prefix):
     await store.close()
 
 
-async def test_two_replicas_on_one_redis_and_one_data_dir_fetch_once(make_local_settings, client_ssl, registry,
-                                                                      redis_server, prefix):
+async def test_two_replicas_on_one_redis_and_one_data_dir_fetch_once(
+    make_local_settings, client_ssl, registry, redis_server, prefix
+):
     settings = make_local_settings(redis_url=redis_server.url, redis_prefix=prefix, metadata_secret=METADATA_SECRET)
     registry.archive_chunk_delay = 0.05
     async with serve_proxy(settings, client_ssl) as a, serve_proxy(settings, client_ssl) as b:
@@ -128,8 +129,9 @@ async def test_two_replicas_on_one_redis_and_one_data_dir_fetch_once(make_local_
         assert any(h.startswith("h1:") for h in doc_b["archives"]["linux_amd64"]["hashes"])
 
 
-async def test_redis_outage_keeps_serving_and_redis_is_used_again(make_local_settings, client_ssl, registry,
-                                                                   own_redis, prefix):
+async def test_redis_outage_keeps_serving_and_redis_is_used_again(
+    make_local_settings, client_ssl, registry, own_redis, prefix
+):
     settings = make_local_settings(redis_url=own_redis.url, redis_prefix=prefix, metadata_secret=METADATA_SECRET)
     async with serve_proxy(settings, client_ssl) as running:
         assert (await running.get(ARCHIVE))[0] == 200
@@ -151,8 +153,9 @@ async def test_redis_outage_keeps_serving_and_redis_is_used_again(make_local_set
         await client.aclose()
 
 
-async def test_redis_losing_its_data_does_not_re_download_archives(make_local_settings, client_ssl, registry,
-                                                                   redis_server, prefix):
+async def test_redis_losing_its_data_does_not_re_download_archives(
+    make_local_settings, client_ssl, registry, redis_server, prefix
+):
     settings = make_local_settings(redis_url=redis_server.url, redis_prefix=prefix, metadata_secret=METADATA_SECRET)
     release = registry.releases[("acme", "foo")]["1.0.0"]
     async with serve_proxy(settings, client_ssl) as running:

@@ -45,8 +45,13 @@ def s3_settings(make_local_settings, s3_server, s3_bucket):
 
 
 def open_store(s3_server, bucket: str, root, **options) -> S3ArchiveStore:
-    values = {"endpoint_url": s3_server.url, "region": REGION, "path_style": True, "ca_file": s3_server.ca_file,
-              **options}
+    values = {
+        "endpoint_url": s3_server.url,
+        "region": REGION,
+        "path_style": True,
+        "ca_file": s3_server.ca_file,
+        **options,
+    }
     store = S3ArchiveStore(root, parse_s3_location(f"s3://{bucket}/archives"), S3Options(**values))
     store.open()
     return store
@@ -86,8 +91,9 @@ async def stored_then_corrupted(settings, client_ssl, release, s3_server, bucket
 # ---- serving ----------------------------------------------------------------------------------
 
 
-async def test_archives_are_uploaded_once_verified_and_served_from_the_bucket(s3_settings, client_ssl, registry,
-                                                                            big, s3_server, s3_bucket):
+async def test_archives_are_uploaded_once_verified_and_served_from_the_bucket(
+    s3_settings, client_ssl, registry, big, s3_server, s3_bucket
+):
     settings = s3_settings()
     data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     async with serve_proxy(settings, client_ssl) as proxy:
@@ -128,8 +134,9 @@ async def test_plain_http_streams_from_the_bucket(s3_settings, client_ssl, regis
         assert (status, body) == (206, data[10:20])
 
 
-async def test_a_corrupt_object_is_never_served_whole_and_is_fetched_again(s3_settings, client_ssl, registry, big,
-                                                                           s3_server, s3_bucket):
+async def test_a_corrupt_object_is_never_served_whole_and_is_fetched_again(
+    s3_settings, client_ssl, registry, big, s3_server, s3_bucket
+):
     data, sha = await stored_then_corrupted(s3_settings(), client_ssl, big, s3_server, s3_bucket)
     async with serve_proxy(s3_settings(), client_ssl) as proxy:  # a new process: nothing is trusted yet
         with capture_logs() as logs:
@@ -146,8 +153,9 @@ async def test_a_corrupt_object_is_never_served_whole_and_is_fetched_again(s3_se
     assert hashlib.sha256(got).hexdigest() == sha
 
 
-async def test_a_range_of_a_corrupt_object_is_refused_before_any_byte(s3_settings, client_ssl, registry, big,
-                                                                      s3_server, s3_bucket):
+async def test_a_range_of_a_corrupt_object_is_refused_before_any_byte(
+    s3_settings, client_ssl, registry, big, s3_server, s3_bucket
+):
     data, _ = await stored_then_corrupted(s3_settings(), client_ssl, big, s3_server, s3_bucket)
     async with serve_proxy(s3_settings(), client_ssl) as proxy:
         status, _, body = await proxy.get(BIG, headers={"Range": "bytes=0-9"})
@@ -156,8 +164,9 @@ async def test_a_range_of_a_corrupt_object_is_refused_before_any_byte(s3_setting
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 2
 
 
-async def test_an_object_of_the_wrong_size_is_quarantined_and_fetched_again(s3_settings, client_ssl, registry,
-                                                                            s3_server, s3_bucket):
+async def test_an_object_of_the_wrong_size_is_quarantined_and_fetched_again(
+    s3_settings, client_ssl, registry, s3_server, s3_bucket
+):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     data, sha = release.zips["linux_amd64"], release.sha256("linux_amd64")
     async with serve_proxy(s3_settings(), client_ssl) as proxy:
@@ -168,8 +177,9 @@ async def test_an_object_of_the_wrong_size_is_quarantined_and_fetched_again(s3_s
     assert registry.count(registry.archive_path(release, "linux_amd64")) == 2
 
 
-async def test_archive_redirect_answers_a_presigned_url_of_the_object(s3_settings, client_ssl, registry, big,
-                                                                      s3_server):
+async def test_archive_redirect_answers_a_presigned_url_of_the_object(
+    s3_settings, client_ssl, registry, big, s3_server
+):
     data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     async with serve_proxy(s3_settings(archive_redirect=True, archive_redirect_expiry=60), client_ssl) as proxy:
         status, _, body = await proxy.get(BIG)  # cold: fetched, verified, uploaded (then redirected)
@@ -187,9 +197,9 @@ async def test_archive_redirect_answers_a_presigned_url_of_the_object(s3_setting
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 1
 
 
-async def test_an_archive_evicted_between_its_lookup_and_the_redirect_is_fetched_again(s3_settings, client_ssl,
-                                                                                      registry, big, s3_server,
-                                                                                      s3_bucket):
+async def test_an_archive_evicted_between_its_lookup_and_the_redirect_is_fetched_again(
+    s3_settings, client_ssl, registry, big, s3_server, s3_bucket
+):
     data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     async with serve_proxy(s3_settings(archive_redirect=True), client_ssl) as proxy:
         assert (await proxy.get(BIG))[:1] == (200,)  # cold: fetched, verified, uploaded

@@ -33,8 +33,9 @@ def add_module(registry) -> None:
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net.tar.gz"))
 
 
-async def test_warm_export_import_and_verify_on_s3(make_local_settings, client_ssl, registry, s3_server, tmp_path,
-                                                   ca_file, signing_key):
+async def test_warm_export_import_and_verify_on_s3(
+    make_local_settings, client_ssl, registry, s3_server, tmp_path, ca_file, signing_key
+):
     add_module(registry)
     release = registry.releases[("acme", "foo")]["1.0.0"]
     zip_sha = release.sha256("linux_amd64")
@@ -47,8 +48,9 @@ async def test_warm_export_import_and_verify_on_s3(make_local_settings, client_s
 
     # warm: the running proxy fetches, verifies and uploads every archive the configuration needs
     async with serve_proxy(source, client_ssl) as running:
-        code, output = await registry_proxy("warm", str(config), "--proxy", running.url, "--ca-file", str(ca_file),
-                                            "--platform", "linux_amd64")
+        code, output = await registry_proxy(
+            "warm", str(config), "--proxy", running.url, "--ca-file", str(ca_file), "--platform", "linux_amd64"
+        )
         assert code == 0, output
         assert "2 fetched" in output
         assert (await running.json(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
@@ -57,18 +59,33 @@ async def test_warm_export_import_and_verify_on_s3(make_local_settings, client_s
 
     # export from the bucket, import into another data dir and bucket
     bundle = tmp_path / "bundle.tar.zst"
-    code, output = await registry_proxy("export", "--data-dir", str(source.data_dir), "--out", str(bundle),
-                                        *s3_server.flags(source_bucket))
+    code, output = await registry_proxy(
+        "export", "--data-dir", str(source.data_dir), "--out", str(bundle), *s3_server.flags(source_bucket)
+    )
     assert code == 0, output
     assert "exported 1 provider archives and 1 modules" in output
     target = make_local_settings(data_dir=tmp_path / "b", offline=True, **s3_server.settings(target_bucket))
-    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(target.data_dir),
-                                        "--trust-key", signing_key.fingerprint, *s3_server.flags(target_bucket))
+    code, output = await registry_proxy(
+        "import",
+        str(bundle),
+        "--data-dir",
+        str(target.data_dir),
+        "--trust-key",
+        signing_key.fingerprint,
+        *s3_server.flags(target_bucket),
+    )
     assert code == 0, output
     assert "2 new files" in output
     assert s3_server.keys(target_bucket) == sorted([PREFIX + zip_sha, PREFIX + module_sha])
-    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(target.data_dir),
-                                        "--trust-key", signing_key.fingerprint, *s3_server.flags(target_bucket))
+    code, output = await registry_proxy(
+        "import",
+        str(bundle),
+        "--data-dir",
+        str(target.data_dir),
+        "--trust-key",
+        signing_key.fingerprint,
+        *s3_server.flags(target_bucket),
+    )
     assert code == 0 and "0 new files" in output and "2 already present" in output, output
     await registry.stop()
     async with serve_proxy(target, client_ssl) as offline:

@@ -62,14 +62,17 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
     await metadata.set(GONE_KEY, expired.encode())
     await metadata.close()
 
-    with StoreHolder(HOLDER, settings.archive_dir, 4096) as dead, StoreHolder(HOLDER, settings.archive_dir,
-                                                                             2048) as alive:
+    with (
+        StoreHolder(HOLDER, settings.archive_dir, 4096) as dead,
+        StoreHolder(HOLDER, settings.archive_dir, 2048) as alive,
+    ):
         dead.kill()
         dead_dir = dead.part.parent
         # after the holders opened the store (opening for writing aborts uploads a day old, as all are on moto)
         upload = s3_server.client.create_multipart_upload(Bucket=s3_bucket, Key=PREFIX + "f" * 64)["UploadId"]
-        s3_server.client.upload_part(Bucket=s3_bucket, Key=PREFIX + "f" * 64, UploadId=upload, PartNumber=1,
-                                     Body=b"z" * 3000)
+        s3_server.client.upload_part(
+            Bucket=s3_bucket, Key=PREFIX + "f" * 64, UploadId=upload, PartNumber=1, Body=b"z" * 3000
+        )
         before = s3_server.keys(s3_bucket)
         assert dead_dir.exists()
 
@@ -78,10 +81,12 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
         assert [line[-1] for line in lines_of(dry, "archive")] == [orphan]
         assert [line[-1] for line in lines_of(dry, "temp")] == [str(dead_dir)]
         assert [(line[-2], line[-1]) for line in lines_of(dry, "upload")] == [
-            ("3000", f"s3://{s3_bucket}/{PREFIX}{'f' * 64}?uploadId={upload}")]
+            ("3000", f"s3://{s3_bucket}/{PREFIX}{'f' * 64}?uploadId={upload}")
+        ]
         assert [line[-1] for line in lines_of(dry, "quarantine")] == [f"s3://{s3_bucket}/{old_quarantined}"]
-        assert [line[:2] + line[-1:] for line in lines_of(dry, "stray")] == [["kept", "stray",
-                                                                             f"s3://{s3_bucket}/{stray}"]]
+        assert [line[:2] + line[-1:] for line in lines_of(dry, "stray")] == [
+            ["kept", "stray", f"s3://{s3_bucket}/{stray}"]
+        ]
         assert GONE_KEY in [line[-1] for line in lines_of(dry, "old-negative")]
         total = sum(int(line.split()[-2]) for line in dry.splitlines() if line.startswith("would remove"))
         assert total >= 9000 + 4096 + 3000 + 777
@@ -95,8 +100,9 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
         assert code == 0, real
         assert [line[-1] for line in lines_of(real, "archive")] == [orphan]
         assert len(lines_of(real, "upload")) == 1 and len(lines_of(real, "quarantine")) == 1
-        assert s3_server.keys(s3_bucket) == sorted([PREFIX + live, PREFIX + served_orphan, PREFIX + fresh_orphan,
-                                                    new_quarantined, stray])
+        assert s3_server.keys(s3_bucket) == sorted(
+            [PREFIX + live, PREFIX + served_orphan, PREFIX + fresh_orphan, new_quarantined, stray]
+        )
         assert uploads(s3_server, s3_bucket) == []
         assert not dead_dir.exists()
         assert alive.part.exists()  # a live process's download is never touched

@@ -43,9 +43,11 @@ def front(s3_server, upstream_ssl, client_ssl):
 @pytest.fixture
 def store(front, s3_server, s3_bucket, tmp_path):
     """An S3 store reaching the bucket through the relay."""
-    opened = S3ArchiveStore(tmp_path, parse_s3_location(f"s3://{s3_bucket}/archives"),
-                            S3Options(endpoint_url=front.url, region=REGION, path_style=True,
-                                      ca_file=s3_server.ca_file, timeout=TIMEOUT))
+    opened = S3ArchiveStore(
+        tmp_path,
+        parse_s3_location(f"s3://{s3_bucket}/archives"),
+        S3Options(endpoint_url=front.url, region=REGION, path_style=True, ca_file=s3_server.ca_file, timeout=TIMEOUT),
+    )
     opened.open()
     yield opened
     opened.close()
@@ -86,15 +88,17 @@ async def test_a_body_that_stalls_mid_way_is_cut_off(store, front, s3_server, s3
     with pytest.raises(StoreUnavailableError, match=r"(?i)timeout"):
         await asyncio.wait_for(read(), LIMIT)
     assert front.stalls == 1  # a body is never read again from the start
-    assert 0 < len(received) <= 300_000 and bytes(received) == data[:len(received)]
+    assert 0 < len(received) <= 300_000 and bytes(received) == data[: len(received)]
 
 
 async def test_the_proxy_cuts_a_stalled_body_and_answers_503_to_a_stalled_store(
-        make_local_settings, client_ssl, registry, signing_key, front, s3_server, s3_bucket):
+    make_local_settings, client_ssl, registry, signing_key, front, s3_server, s3_bucket
+):
     big = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=2 << 20))
     data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
-    settings = make_local_settings(**{**s3_server.settings(s3_bucket), "s3_endpoint_url": front.url,
-                                      "s3_timeout": TIMEOUT})
+    settings = make_local_settings(
+        **{**s3_server.settings(s3_bucket), "s3_endpoint_url": front.url, "s3_timeout": TIMEOUT}
+    )
     async with serve_proxy(settings, client_ssl) as proxy:
         status, _, body = await proxy.get(BIG)  # fetched, verified, uploaded through the relay
         assert (status, body) == (200, data)

@@ -42,7 +42,8 @@ async def test_plain_http_download_urls_are_refused(proxy, registry):
 
 async def test_redirect_to_a_private_address_is_refused(proxy, registry):
     registry.faults["/.well-known/terraform.json"] = Fault(
-        status=302, headers={"Location": "https://10.0.0.1/.well-known/terraform.json"})
+        status=302, headers={"Location": "https://10.0.0.1/.well-known/terraform.json"}
+    )
     status, body = await proxy.json(INDEX)
     assert status == 502 and "10.0.0.1 is not a public address" in body["errors"][0]
 

@@ -61,6 +61,7 @@ def unsigned_registry(request, registry):
 @pytest.fixture
 def tofu_settings(make_settings, registry):
     """Settings mapping both registry.opentofu.org and the usual test host to the fake registry."""
+
     def make(**overrides):
         return make_settings(upstream_map={TOFU: URL(registry.url), REGISTRY_HOST: URL(registry.url)}, **overrides)
 
@@ -77,7 +78,8 @@ async def unsigned_count(proxy, host: str = TOFU) -> float:
 
 
 async def test_opentofu_default_serves_an_unsigned_provider_checked_against_its_sums(
-        tofu_settings, client_ssl, unsigned_registry):
+    tofu_settings, client_ssl, unsigned_registry
+):
     release = release_of(unsigned_registry)
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:
         with capture_logs() as logs:
@@ -101,14 +103,16 @@ async def test_opentofu_default_serves_an_unsigned_provider_checked_against_its_
         # The lock endpoint: each platform's h1: and a zh: for every line of SHA256SUMS, as tofu records them.
         status, body = await proxy.json(f"/lock/v1/{TOFU_PROVIDER}/1.0.0?platform=linux_amd64&platform=darwin_arm64")
         assert status == 200
-        assert body["platforms"] == {p: {"h1": dir_h1(release.zips[p]), "zh": f"zh:{release.sha256(p)}"}
-                                     for p in ("linux_amd64", "darwin_arm64")}
+        assert body["platforms"] == {
+            p: {"h1": dir_h1(release.zips[p]), "zh": f"zh:{release.sha256(p)}"} for p in ("linux_amd64", "darwin_arm64")
+        }
         assert body["signed_zh"] == sorted(f"zh:{release.sha256(p)}" for p in release.platforms)
         assert await unsigned_count(proxy) == 2  # darwin_arm64 stored for the lock endpoint
 
 
 async def test_registry_pass_through_invents_no_keys_and_relays_sums_and_signature(
-        tofu_settings, client_ssl, unsigned_registry):
+    tofu_settings, client_ssl, unsigned_registry
+):
     release = release_of(unsigned_registry)
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:
         status, body = await proxy.json(registry_download())
@@ -127,8 +131,12 @@ async def test_registry_pass_through_invents_no_keys_and_relays_sums_and_signatu
 
 async def test_unsigned_provider_of_another_host_is_refused(tofu_settings, client_ssl, unsigned_registry):
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:
-        for path in (archive(PROVIDER), version_doc(PROVIDER), registry_download(REGISTRY_HOST),
-                     f"/lock/v1/{PROVIDER}/1.0.0?platform=linux_amd64"):
+        for path in (
+            archive(PROVIDER),
+            version_doc(PROVIDER),
+            registry_download(REGISTRY_HOST),
+            f"/lock/v1/{PROVIDER}/1.0.0?platform=linux_amd64",
+        ):
             status, body = await proxy.json(path)
             assert status == 502, (path, body)
             assert "no signing keys" in body["errors"][0] and REGISTRY_HOST in body["errors"][0], body
@@ -155,14 +163,20 @@ async def test_allow_hosts_admits_exactly_the_hosts_named(tofu_settings, client_
 
 
 async def test_cached_unsigned_archive_is_refused_after_a_restart_with_refuse(
-        tofu_settings, client_ssl, unsigned_registry):
+    tofu_settings, client_ssl, unsigned_registry
+):
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:
         assert (await proxy.get(archive()))[0] == 200
         assert (await proxy.json(version_doc()))[0] == 200
     requests = len(unsigned_registry.requests)
     async with serve_proxy(tofu_settings(unsigned_providers=parse_unsigned_policy("refuse")), client_ssl) as proxy:
-        for path in (archive(), version_doc(), registry_download(), f"{registry_download()}/SHA256SUMS",
-                     f"/lock/v1/{TOFU_PROVIDER}/1.0.0?platform=linux_amd64"):
+        for path in (
+            archive(),
+            version_doc(),
+            registry_download(),
+            f"{registry_download()}/SHA256SUMS",
+            f"/lock/v1/{TOFU_PROVIDER}/1.0.0?platform=linux_amd64",
+        ):
             status, body = await proxy.json(path)
             assert status == 502, (path, body)
             assert "refused (--unsigned-providers refuse)" in body["errors"][0], body
@@ -172,7 +186,8 @@ async def test_cached_unsigned_archive_is_refused_after_a_restart_with_refuse(
 
 
 async def test_keys_present_and_a_bad_signature_is_refused_also_for_the_opentofu_host(
-        tofu_settings, client_ssl, registry, other_key: SigningKey):
+    tofu_settings, client_ssl, registry, other_key: SigningKey
+):
     registry.signing_keys_override = [other_key.armored_public_key]  # the release is signed by signing_key
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:
         for path in (archive(), version_doc(), f"{registry_download()}/SHA256SUMS"):
@@ -219,13 +234,16 @@ async def test_verify_lists_unsigned_archives(make_local_settings, client_ssl, r
     code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
     assert code == 0, output
     lines = [line for line in output.splitlines() if line.startswith("UNSIGNED")]
-    assert lines == [f"UNSIGNED {TOFU_PROVIDER} 1.0.0 linux_amd64 {FILE} sha256={release.sha256('linux_amd64')}: "
-                     "its registry lists no signing keys; checked against SHA256SUMS and the registry's shasum only"]
+    assert lines == [
+        f"UNSIGNED {TOFU_PROVIDER} 1.0.0 linux_amd64 {FILE} sha256={release.sha256('linux_amd64')}: "
+        "its registry lists no signing keys; checked against SHA256SUMS and the registry's shasum only"
+    ]
     assert "1 unsigned" in output
 
 
 async def test_export_leaves_unsigned_archives_out_and_import_refuses_them(
-        make_local_settings, client_ssl, registry, tmp_path):
+    make_local_settings, client_ssl, registry, tmp_path
+):
     """A bundle carries signatures across an air gap, not TLS: an unsigned archive cannot be vouched for."""
     from tests.integration.test_lock_warm_bundle import _export, _import, _stores
 
@@ -246,8 +264,11 @@ async def test_export_leaves_unsigned_archives_out_and_import_refuses_them(
     try:
         archive_key = keys.archive(*ADDRESS)
         download_key = keys.download(*ADDRESS)
-        unsigned_sums = [key async for key in cache.keys()  # noqa: SIM118 - an async iterator, not a dict
-                         if keys.SUMS.parse(key) and records.decode(await cache.get(key), SumsRecord).unsigned]
+        unsigned_sums = [
+            key
+            async for key in cache.keys()  # noqa: SIM118 - an async iterator, not a dict
+            if keys.SUMS.parse(key) and records.decode(await cache.get(key), SumsRecord).unsigned
+        ]
         assert len(unsigned_sums) == 1
         sums_key = unsigned_sums[0]
         extra = {k: await cache.get(k) for k in (archive_key, download_key, sums_key)}
@@ -257,12 +278,20 @@ async def test_export_leaves_unsigned_archives_out_and_import_refuses_them(
     with tarfile.open(bundle) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
     manifest = json.loads(members["manifest.json"])
-    manifest["providers"].append({"archive_key": archive_key, "download_key": download_key, "sums_key": sums_key,
-                                  "sha256": release_of(registry).sha256("linux_amd64"), "filename": FILE,
-                                  "other_platforms": []})
+    manifest["providers"].append(
+        {
+            "archive_key": archive_key,
+            "download_key": download_key,
+            "sums_key": sums_key,
+            "sha256": release_of(registry).sha256("linux_amd64"),
+            "filename": FILE,
+            "other_platforms": [],
+        }
+    )
     members["manifest.json"] = json.dumps(manifest).encode()
-    members["metadata.jsonl"] += "".join(json.dumps({"key": k, "value": base64.b64encode(v).decode()}) + "\n"
-                                         for k, v in extra.items()).encode()
+    members["metadata.jsonl"] += "".join(
+        json.dumps({"key": k, "value": base64.b64encode(v).decode()}) + "\n" for k, v in extra.items()
+    ).encode()
     forged = tmp_path / "forged.tar"
     with tarfile.open(forged, "w") as tar:
         for name, data in members.items():

@@ -49,8 +49,9 @@ async def test_upstream_timeout(make_settings, client_ssl, registry):
 
 
 async def test_discovery_with_wrong_content_type(proxy, registry):
-    registry.faults["/.well-known/terraform.json"] = Fault(body=b'{"providers.v1": "/v1/providers/"}',
-                                                          content_type="text/plain")
+    registry.faults["/.well-known/terraform.json"] = Fault(
+        body=b'{"providers.v1": "/v1/providers/"}', content_type="text/plain"
+    )
     status, body = await proxy.json(INDEX)
     assert status == 502 and "application/json" in body["errors"][0]
 
@@ -105,7 +106,8 @@ async def test_warm_cache_survives_a_restart_with_the_upstream_down(make_setting
 
 async def test_discovery_follows_redirects_and_resolves_relative_service_urls(proxy, registry):
     registry.faults["/.well-known/terraform.json"] = Fault(
-        status=301, headers={"Location": f"{registry.url}/moved/here/terraform.json"})
+        status=301, headers={"Location": f"{registry.url}/moved/here/terraform.json"}
+    )
     registry.faults["/moved/here/terraform.json"] = Fault(body=b'{"providers.v1": "../../v1/providers/"}')
     status, body = await proxy.json(INDEX)
     assert status == 200 and "1.1.0" in body["versions"]
@@ -144,7 +146,8 @@ async def test_slow_downloads_do_not_starve_metadata(make_settings, client_ssl, 
         slow = asyncio.create_task(running.get(f"/mirror/v1/{PROVIDER}/9.0.0/linux_amd64/{name}"))
         await asyncio.wait_for(held.started.wait(), 10)  # the download holds the only download slot
         status, _ = await asyncio.wait_for(
-            running.json(f"/mirror/v1/{PROVIDER.replace('foo', 'other')}/index.json"), 10)
+            running.json(f"/mirror/v1/{PROVIDER.replace('foo', 'other')}/index.json"), 10
+        )
         assert status == 404
         held.release.set()
         slow.cancel()

@@ -95,9 +95,16 @@ async def test_registry_without_signing_keys_is_refused(proxy, registry):
 
     from tests.fakes.registry import Fault
 
-    doc = {"os": "linux", "arch": "amd64", "filename": "x.zip", "shasum": "0" * 64,
-           "download_url": "/x.zip", "shasums_url": "/s", "shasums_signature_url": "/s.sig",
-           "signing_keys": {"gpg_public_keys": []}}
+    doc = {
+        "os": "linux",
+        "arch": "amd64",
+        "filename": "x.zip",
+        "shasum": "0" * 64,
+        "download_url": "/x.zip",
+        "shasums_url": "/s",
+        "shasums_signature_url": "/s.sig",
+        "signing_keys": {"gpg_public_keys": []},
+    }
     registry.faults["/v1/providers/acme/foo/1.0.0/download/linux/amd64"] = Fault(body=json.dumps(doc).encode())
     status, body = await proxy.json(ARCHIVE)
     assert status == 502 and "no signing keys" in body["errors"][0]

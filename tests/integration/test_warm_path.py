@@ -21,8 +21,14 @@ VERSION_DOC = f"/mirror/v1/{PROVIDER}/1.0.0.json"
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 P = "/registry/registry.example.test/providers/v1/acme/foo"
 M = "/registry/registry.example.test/modules/v1/acme/net/aws"
-METADATA = [INDEX, VERSION_DOC, f"{P}/versions", f"{P}/1.0.0/download/linux/amd64", f"{M}/versions",
-            f"{M}/1.0.0/download"]
+METADATA = [
+    INDEX,
+    VERSION_DOC,
+    f"{P}/versions",
+    f"{P}/1.0.0/download/linux/amd64",
+    f"{M}/versions",
+    f"{M}/1.0.0/download",
+]
 
 
 @pytest.fixture
@@ -60,8 +66,9 @@ async def test_a_warm_hit_neither_decodes_nor_encodes_json(proxy, net_module, mo
     calls: list[str] = []
     for name in ("loads", "dumps"):
         original = getattr(json, name)
-        monkeypatch.setattr(json, name, lambda *a, _name=name, _original=original, **k: (
-            calls.append(_name), _original(*a, **k))[1])
+        monkeypatch.setattr(
+            json, name, lambda *a, _name=name, _original=original, **k: (calls.append(_name), _original(*a, **k))[1]
+        )
     renders = proxy.app[RENDERED].renders
     for path in METADATA * 3:
         assert (await proxy.get(path))[0] == 200
@@ -110,8 +117,9 @@ async def test_a_fresh_version_list_is_answered_from_memory_and_revalidated_once
     assert registry.count(versions_path) == 1
     asked: list[str] = []
     versions_entry = mirror._versions_entry
-    monkeypatch.setattr(mirror, "_versions_entry", lambda addr, *a, **k: (asked.append(str(addr)),
-                                                                            versions_entry(addr, *a, **k))[1])
+    monkeypatch.setattr(
+        mirror, "_versions_entry", lambda addr, *a, **k: (asked.append(str(addr)), versions_entry(addr, *a, **k))[1]
+    )
     for path in (VERSION_DOC, INDEX) * 3:
         assert (await proxy.get(path))[0] == 200
     assert asked == []  # fresh: answered from memory

@@ -86,8 +86,9 @@ async def test_cold_requests_over_two_replicas_of_two_workers_fetch_once(proxy_p
     first = await proxy_process("--workers", "2", data_dir=shared)
     second = await proxy_process("--workers", "2", data_dir=shared)
     async with new_session() as session:
-        results = await asyncio.gather(*(fetch(session, first if n % 2 else second, PATH.format(v="1.0.0"))
-                                         for n in range(COLD_REQUESTS)))
+        results = await asyncio.gather(
+            *(fetch(session, first if n % 2 else second, PATH.format(v="1.0.0")) for n in range(COLD_REQUESTS))
+        )
     release = registry.releases[("acme", "foo")]["1.0.0"]
     assert [status for status, _ in results] == [200] * COLD_REQUESTS
     assert all(body == release.zips["linux_amd64"] for _, body in results)
@@ -111,10 +112,10 @@ async def test_a_killed_worker_is_replaced_and_the_proxy_keeps_answering(proxy_p
     assert proxy.process.returncode is None
 
 
-async def test_sigterm_lets_a_slow_download_finish_then_every_process_exits_0(proxy_process, registry,
-                                                                               signing_key):
-    release = registry.add(Release("acme", "foo", "3.0.0", signing_key, platforms=("linux_amd64",),
-                                   noise=2 * 1024 * 1024))
+async def test_sigterm_lets_a_slow_download_finish_then_every_process_exits_0(proxy_process, registry, signing_key):
+    release = registry.add(
+        Release("acme", "foo", "3.0.0", signing_key, platforms=("linux_amd64",), noise=2 * 1024 * 1024)
+    )
     registry.archive_chunk_delay = 0.3  # a few seconds for the whole archive
     proxy = await proxy_process("--workers", "2")
     await wait_for(lambda: len(worker_pids(proxy)) == 2)
@@ -158,9 +159,12 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 async def test_the_embedded_store_takes_writers_from_two_processes_at_once(tmp_path):
     database = tmp_path / "metadata.sqlite"
-    writers = [await asyncio.create_subprocess_exec(sys.executable, "-c", WRITER, str(database), name,
-                                                    cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE)
-               for name in ("a", "b")]
+    writers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", WRITER, str(database), name, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE
+        )
+        for name in ("a", "b")
+    ]
     outputs = await asyncio.wait_for(asyncio.gather(*(writer.communicate() for writer in writers)), 60)
     assert [writer.returncode for writer in writers] == [0, 0]
     assert [stdout.decode().strip() for stdout, _ in outputs] == ["ok", "ok"]  # never busy, never down
@@ -182,15 +186,15 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("attempt", range(3))  # the stop must land while a worker boots: a few tries
-async def test_a_stop_signal_while_the_workers_boot_ends_every_process_promptly(tmp_path, registry, ca_file,
-                                                                               attempt):
+async def test_a_stop_signal_while_the_workers_boot_ends_every_process_promptly(tmp_path, registry, ca_file, attempt):
     """Found in the suite: a SIGTERM that reached a worker before its own handlers were installed was lost
     (the arbiter's handler, inherited by the fork, took it), and a worker stopped right after its start hung
     in its clean-up (Python 3.11's wait_for swallowed the evictor's cancel). The supervisor then waited its
     whole graceful timeout (25 s), and a worker whose supervisor was killed meanwhile served on forever."""
     proxy = ProxyProcess(tmp_path / "data", registry.url, ca_file, "--workers", "2")
-    process = await asyncio.create_subprocess_exec(*proxy.args, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT)
+    process = await asyncio.create_subprocess_exec(
+        *proxy.args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT
+    )
     pids: list[int] = []
     try:
         async with asyncio.timeout(30):
@@ -212,4 +216,3 @@ async def test_a_stop_signal_while_the_workers_boot_ends_every_process_promptly(
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         await terminate(process, 5)
-

@@ -33,13 +33,19 @@ def test_upstream_credentials_from_the_file_and_the_environment(tmp_path, monkey
     monkeypatch.setenv("TF_TOKEN_env_example_com", "from-env")
     monkeypatch.setenv("TF_TOKEN_both_example_com", "env-wins")
     config = tmp_path / "creds.tfrc"
-    config.write_text('credentials "file.example.com" { token = "from-file" }\n'
-                      'credentials "both.example.com" { token = "file-loses" }\n')
-    made = settings(tmp_path, "--upstream-credentials", str(config),
-                    "--upstream-map", "file.example.com=https://10.0.0.1:8443")
+    config.write_text(
+        'credentials "file.example.com" { token = "from-file" }\n'
+        'credentials "both.example.com" { token = "file-loses" }\n'
+    )
+    made = settings(
+        tmp_path, "--upstream-credentials", str(config), "--upstream-map", "file.example.com=https://10.0.0.1:8443"
+    )
     creds = made.upstream_credentials
-    assert dict(creds.tokens) == {"env.example.com": "from-env", "both.example.com": "env-wins",
-                                  "file.example.com": "from-file"}
+    assert dict(creds.tokens) == {
+        "env.example.com": "from-env",
+        "both.example.com": "env-wins",
+        "file.example.com": "from-file",
+    }
     assert str(creds.mapped["file.example.com"]) == "https://10.0.0.1:8443"
     assert "from-file" not in repr(made) and "from-env" not in repr(made)
 
@@ -66,8 +72,9 @@ def test_one_warning_when_anonymous_beyond_loopback(tmp_path):
     assert warnings(settings(tmp_path, "--listen", "127.0.0.1:8443")) == []
     assert warnings(settings(tmp_path, "--listen", "[::1]:8443")) == []
     (tmp_path / "tokens.toml").write_text("")
-    assert warnings(settings(tmp_path, "--listen", "0.0.0.0:8443", "--auth-tokens", str(tmp_path / "tokens.toml"))) \
-        == []
+    assert (
+        warnings(settings(tmp_path, "--listen", "0.0.0.0:8443", "--auth-tokens", str(tmp_path / "tokens.toml"))) == []
+    )
 
 
 def test_private_hosts_without_client_tokens_are_announced(tmp_path, monkeypatch):

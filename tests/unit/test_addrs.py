@@ -317,8 +317,7 @@ def test_provider_part_error_names_what() -> None:
         ("1.0.0+20130313144700", (1, 0, 0, "", "20130313144700"), "1.0.0+20130313144700"),
         ("1.0.0-beta+exp.sha.5114f85", (1, 0, 0, "beta", "exp.sha.5114f85"), "1.0.0-beta+exp.sha.5114f85"),
         ("v5.31.0-rc1+build.7", (5, 31, 0, "rc1", "build.7"), "5.31.0-rc1+build.7"),
-        ("1.0.0+21AF26D3----117B344092BD", (1, 0, 0, "", "21AF26D3----117B344092BD"),
-         "1.0.0+21AF26D3----117B344092BD"),
+        ("1.0.0+21AF26D3----117B344092BD", (1, 0, 0, "", "21AF26D3----117B344092BD"), "1.0.0+21AF26D3----117B344092BD"),
         ("999999999.0.1", (999999999, 0, 1, "", ""), "999999999.0.1"),
     ],
 )
@@ -410,7 +409,7 @@ SEMVER_ORDER = [
 def test_semver_precedence_pairwise() -> None:
     versions = [Version.parse(v) for v in SEMVER_ORDER]
     for i, lower in enumerate(versions):
-        for higher in versions[i + 1:]:
+        for higher in versions[i + 1 :]:
             assert lower < higher, (str(lower), str(higher))
             assert higher > lower
             assert lower <= higher

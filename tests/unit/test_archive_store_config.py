@@ -11,21 +11,35 @@ from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, S3Location, Settings, archive_store_settings, parse_s3_location
 
 
-@pytest.mark.parametrize(("text", "bucket", "prefix"), [
-    ("s3://bucket", "bucket", ""),
-    ("s3://bucket/", "bucket", ""),
-    ("s3://my.bucket-1/archives", "my.bucket-1", "archives/"),
-    ("s3://bucket/team/proxy/", "bucket", "team/proxy/"),
-])
+@pytest.mark.parametrize(
+    ("text", "bucket", "prefix"),
+    [
+        ("s3://bucket", "bucket", ""),
+        ("s3://bucket/", "bucket", ""),
+        ("s3://my.bucket-1/archives", "my.bucket-1", "archives/"),
+        ("s3://bucket/team/proxy/", "bucket", "team/proxy/"),
+    ],
+)
 def test_parse_s3_location(text: str, bucket: str, prefix: str) -> None:
     assert parse_s3_location(text) == S3Location(bucket, prefix)
 
 
-@pytest.mark.parametrize("text", [
-    "bucket/prefix", "https://bucket/prefix", "s3://", "s3://B/upper", "s3://a/x", "s3://bucket/../etc",
-    "s3://bucket/a//b", "s3://bucket/with space", "s3://bucket/new\nline", "s3://bucket_under/x",
-    "s3://" + "b" * 64,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "bucket/prefix",
+        "https://bucket/prefix",
+        "s3://",
+        "s3://B/upper",
+        "s3://a/x",
+        "s3://bucket/../etc",
+        "s3://bucket/a//b",
+        "s3://bucket/with space",
+        "s3://bucket/new\nline",
+        "s3://bucket_under/x",
+        "s3://" + "b" * 64,
+    ],
+)
 def test_parse_s3_location_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_s3_location(text)
@@ -36,10 +50,16 @@ def test_the_default_store_is_the_data_dir() -> None:
     assert settings.s3_location is None and settings.archive_dir == Path("/d/archives")
 
 
-@pytest.mark.parametrize("extra", [
-    {"archive_redirect": True}, {"s3_endpoint_url": "https://minio:9000"}, {"s3_path_style": True},
-    {"s3_region": "eu-west-1"}, {"s3_ca_file": Path("/ca.pem")},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"archive_redirect": True},
+        {"s3_endpoint_url": "https://minio:9000"},
+        {"s3_path_style": True},
+        {"s3_region": "eu-west-1"},
+        {"s3_ca_file": Path("/ca.pem")},
+    ],
+)
 def test_s3_options_need_an_s3_store(extra: dict) -> None:
     with pytest.raises(ConfigError, match="--archive-store s3://"):
         Settings(data_dir=Path("/d"), **extra)
@@ -55,13 +75,28 @@ def test_endpoint_and_redirect_expiry_are_checked() -> None:
 def test_flags_and_environment(monkeypatch) -> None:
     monkeypatch.setenv("REGISTRY_PROXY_S3_PATH_STYLE", "true")
     monkeypatch.setenv("REGISTRY_PROXY_ARCHIVE_STORE", "s3://bucket/archives")
-    args = build_parser().parse_args(["serve", "--s3-endpoint-url", "https://minio.internal:9000",
-                                      "--s3-region", "eu-central-1", "--s3-ca-file", "/etc/ca.pem",
-                                      "--archive-redirect", "--archive-redirect-expiry", "2m"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--s3-endpoint-url",
+            "https://minio.internal:9000",
+            "--s3-region",
+            "eu-central-1",
+            "--s3-ca-file",
+            "/etc/ca.pem",
+            "--archive-redirect",
+            "--archive-redirect-expiry",
+            "2m",
+        ]
+    )
     settings = settings_from_args(args)
     assert settings.s3_location == S3Location("bucket", "archives/")
     assert (settings.s3_endpoint_url, settings.s3_region, settings.s3_path_style, settings.s3_ca_file) == (
-        "https://minio.internal:9000", "eu-central-1", True, Path("/etc/ca.pem"))
+        "https://minio.internal:9000",
+        "eu-central-1",
+        True,
+        Path("/etc/ca.pem"),
+    )
     assert (settings.archive_redirect, settings.archive_redirect_expiry) == (True, 120.0)
 
 

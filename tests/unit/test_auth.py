@@ -30,8 +30,11 @@ from proxy.credentials import (
 )
 
 CI, READER = "rpt_ci-token", "rpt_reader-token"
-TOKENS = (token_entry("ci", CI, ["*"], lock=True) + "\n"
-          + token_entry("reader", READER, ["registry.terraform.io", "*.corp.example"], ["acme", "team-*"]))
+TOKENS = (
+    token_entry("ci", CI, ["*"], lock=True)
+    + "\n"
+    + token_entry("reader", READER, ["registry.terraform.io", "*.corp.example"], ["acme", "team-*"])
+)
 
 
 def test_tokens_are_found_by_their_hash_and_carry_their_scope():
@@ -57,18 +60,21 @@ def test_the_file_holds_no_token_and_an_empty_file_refuses_everyone():
     assert book.enabled and book.authenticate(CI) is None
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[tokens.a]\nhash = 'sha256:abc'\nhosts = ['*']", "hash"),
-    ("[tokens.a]\nhash = 'md5:" + "0" * 64 + "'", "hash"),
-    (f"[tokens.a]\nhash = '{hash_token('x')}'\nhosts = 'x'", "hosts"),
-    (f"[tokens.a]\nhash = '{hash_token('x')}'\nlock = 'yes'", "lock"),
-    (f"[tokens.a]\nhash = '{hash_token('x')}'\nscopes = []", "unknown keys"),
-    (f"[tokens.a]\nhash = '{hash_token('x')}'\n[tokens.b]\nhash = '{hash_token('x')}'", "twice"),
-    ("tokens = 3", "table"),
-    ("[other]\n", "top-level"),
-    ("[tokens.a\n", "TOML"),
-    (f"[tokens.'a b']\nhash = '{hash_token('x')}'", "token name"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[tokens.a]\nhash = 'sha256:abc'\nhosts = ['*']", "hash"),
+        ("[tokens.a]\nhash = 'md5:" + "0" * 64 + "'", "hash"),
+        (f"[tokens.a]\nhash = '{hash_token('x')}'\nhosts = 'x'", "hosts"),
+        (f"[tokens.a]\nhash = '{hash_token('x')}'\nlock = 'yes'", "lock"),
+        (f"[tokens.a]\nhash = '{hash_token('x')}'\nscopes = []", "unknown keys"),
+        (f"[tokens.a]\nhash = '{hash_token('x')}'\n[tokens.b]\nhash = '{hash_token('x')}'", "twice"),
+        ("tokens = 3", "table"),
+        ("[other]\n", "top-level"),
+        ("[tokens.a\n", "TOML"),
+        (f"[tokens.'a b']\nhash = '{hash_token('x')}'", "token name"),
+    ],
+)
 def test_malformed_files_are_refused_naming_the_problem(text, message):
     with pytest.raises(AuthConfigError, match=message):
         parse_tokens(text)
@@ -83,9 +89,17 @@ def test_token_new_makes_an_entry_that_parses_back():
     assert found.name == "deploy@ci" and found.lock and found.namespaces == ("acme",)
 
 
-@pytest.mark.parametrize("header, token", [
-    ("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), (None, None), ("", None),
-])
+@pytest.mark.parametrize(
+    "header, token",
+    [
+        ("Bearer abc", "abc"),
+        ("bearer  abc ", "abc"),
+        ("Basic abc", None),
+        ("Bearer", None),
+        (None, None),
+        ("", None),
+    ],
+)
 def test_bearer_header(header, token):
     assert bearer_token(header) == token
 
@@ -119,8 +133,9 @@ def test_tf_token_variables_decode_like_the_clients():
     assert env_host("TF_TOKEN_my__registry_example_com") == "my-registry.example.com"
     assert env_host("TF_TOKEN_xn____caf__dma_fr") == "xn--caf-dma.fr"
     assert env_host("TF_TOKEN_café_fr") == "xn--caf-dma.fr"
-    assert from_environment({"TF_TOKEN_a_example": "t", "PATH": "/bin", "TF_TOKEN_": "x", "TF_TOKEN_b_example": ""}) \
-        == {"a.example": "t"}
+    assert from_environment(
+        {"TF_TOKEN_a_example": "t", "PATH": "/bin", "TF_TOKEN_": "x", "TF_TOKEN_b_example": ""}
+    ) == {"a.example": "t"}
 
 
 def test_credentials_blocks_of_a_cli_config():
@@ -142,8 +157,9 @@ def test_credentials_blocks_of_a_cli_config():
 
 
 def test_a_token_goes_only_to_its_own_origin_and_only_for_its_own_host():
-    creds = UpstreamCredentials({"private.example": "T", "mapped.example": "M"},
-                                {"mapped.example": URL("https://127.0.0.1:9000")})
+    creds = UpstreamCredentials(
+        {"private.example": "T", "mapped.example": "M"}, {"mapped.example": URL("https://127.0.0.1:9000")}
+    )
     assert creds.private_hosts == {"private.example", "mapped.example"}
     assert creds.token_for(URL("https://private.example/v1/")) is None  # no request acts for it
     with on_behalf_of("private.example"):

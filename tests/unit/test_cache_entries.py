@@ -9,12 +9,18 @@ import pytest
 
 from proxy.cache import FORMAT_VERSION, CacheEntry, Freshness, decode_record, encode_record, freshness_of
 
-BINARY = bytes(range(256)) + b"\x00\xff{}\"\\\n"
+BINARY = bytes(range(256)) + b'\x00\xff{}"\\\n'
 
 
 def _entry(**overrides) -> CacheEntry:
-    values = {"status": 200, "body": b'{"versions": []}', "url": "https://registry.example/v1/providers/a/b/versions",
-              "fetched_at": 1_700_000_000.25, "etag": '"abc"', "content_type": "application/json"}
+    values = {
+        "status": 200,
+        "body": b'{"versions": []}',
+        "url": "https://registry.example/v1/providers/a/b/versions",
+        "fetched_at": 1_700_000_000.25,
+        "etag": '"abc"',
+        "content_type": "application/json",
+    }
     values.update(overrides)
     return CacheEntry(**values)
 

@@ -119,8 +119,18 @@ def test_parse_listen(text: str, host: str, port: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "8443", "localhost", "localhost:", "localhost:0", "localhost:65536", "localhost:http", "host:-1",
-             "host:84 43"],
+    "text",
+    [
+        "",
+        "8443",
+        "localhost",
+        "localhost:",
+        "localhost:0",
+        "localhost:65536",
+        "localhost:http",
+        "host:-1",
+        "host:84 43",
+    ],
 )
 def test_parse_listen_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
@@ -133,11 +143,13 @@ def test_parse_listen_rejects(text: str) -> None:
 
 
 def test_parse_upstream_map_normalises_hosts() -> None:
-    mapping = parse_upstream_map([
-        "Registry.Example=http://127.0.0.1:8080",
-        "OTHER.example:443=https://mirror.internal/base/",
-        "münchen.de:8443 = https://10.0.0.5:9443",
-    ])
+    mapping = parse_upstream_map(
+        [
+            "Registry.Example=http://127.0.0.1:8080",
+            "OTHER.example:443=https://mirror.internal/base/",
+            "münchen.de:8443 = https://10.0.0.5:9443",
+        ]
+    )
     assert mapping == {
         "registry.example": URL("http://127.0.0.1:8080"),
         "other.example": URL("https://mirror.internal/base/"),
@@ -197,14 +209,21 @@ def test_env_name(flag: str, env: str) -> None:
 
 def test_normalise_hosts() -> None:
     assert normalise_hosts(["Registry.OpenTofu.org", "  ", "münchen.de", "example.com:443", "example.com:8443"]) == {
-        "registry.opentofu.org", "xn--mnchen-3ya.de", "example.com", "example.com:8443"}
+        "registry.opentofu.org",
+        "xn--mnchen-3ya.de",
+        "example.com",
+        "example.com:8443",
+    }
     with pytest.raises(ConfigError):
         normalise_hosts(["bad..host"])
 
 
 def test_normalise_private_hosts() -> None:
     assert normalise_private_hosts(["Foo.Internal", " 10.0.0.1:8080 ", "", "[::1]"]) == {
-        "foo.internal", "10.0.0.1:8080", "::1"}
+        "foo.internal",
+        "10.0.0.1:8080",
+        "::1",
+    }
 
 
 @pytest.mark.parametrize(
@@ -218,7 +237,8 @@ def test_normalise_private_hosts() -> None:
     ],
 )
 def test_normalised_private_hosts_exempt_in_address_policy(
-        entry: str, host: str, port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry: str, host: str, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
         monkeypatch.delenv(name, raising=False)
     policy = AddressPolicy(normalise_private_hosts([entry]))
@@ -272,11 +292,13 @@ def test_settings_mapped_hosts(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path,
         allowed_hosts=frozenset({"registry.opentofu.org"}),
-        upstream_map=parse_upstream_map([
-            "reg.example=http://127.0.0.1:8080/base",
-            "other.example:8443=https://Mirror.Internal",
-            "v6.example=http://[::1]:9000",
-        ]),
+        upstream_map=parse_upstream_map(
+            [
+                "reg.example=http://127.0.0.1:8080/base",
+                "other.example:8443=https://Mirror.Internal",
+                "v6.example=http://[::1]:9000",
+            ]
+        ),
         allowed_private_hosts=frozenset({"10.0.0.9"}),
     )
     assert settings.all_allowed_hosts == {"registry.opentofu.org", "reg.example", "other.example:8443", "v6.example"}
@@ -300,9 +322,26 @@ def test_settings_mapped_hosts(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 _ENV_VARS = [
-    "LISTEN", "DATA_DIR", "TLS_CERT", "TLS_KEY", "TLS_HOSTNAME", "PLAIN_HTTP", "ALLOW_HOST", "UPSTREAM_MAP",
-    "UPSTREAM_CA_FILE", "ALLOW_PRIVATE_HOST", "REDIS_URL", "TTL_DISCOVERY", "TTL_VERSIONS", "TTL_NEGATIVE",
-    "MAX_ARCHIVE_SIZE", "MAX_METADATA_SIZE", "UPSTREAM_TIMEOUT", "UPSTREAM_CONCURRENCY", "LOG_FORMAT", "LOG_LEVEL",
+    "LISTEN",
+    "DATA_DIR",
+    "TLS_CERT",
+    "TLS_KEY",
+    "TLS_HOSTNAME",
+    "PLAIN_HTTP",
+    "ALLOW_HOST",
+    "UPSTREAM_MAP",
+    "UPSTREAM_CA_FILE",
+    "ALLOW_PRIVATE_HOST",
+    "REDIS_URL",
+    "TTL_DISCOVERY",
+    "TTL_VERSIONS",
+    "TTL_NEGATIVE",
+    "MAX_ARCHIVE_SIZE",
+    "MAX_METADATA_SIZE",
+    "UPSTREAM_TIMEOUT",
+    "UPSTREAM_CONCURRENCY",
+    "LOG_FORMAT",
+    "LOG_LEVEL",
 ]
 
 
@@ -354,22 +393,35 @@ def test_cli_flags_override_env(clean_env: pytest.MonkeyPatch, tmp_path: Path) -
     clean_env.setenv("REGISTRY_PROXY_LISTEN", "0.0.0.0:9000")
     clean_env.setenv("REGISTRY_PROXY_ALLOW_HOST", "env-a.example,env-b.example")
     clean_env.setenv("REGISTRY_PROXY_TTL_VERSIONS", "1h")
-    settings = _settings(tmp_path, "--listen", "127.0.0.2:7000", "--allow-host", "flag-a.example",
-                         "--allow-host", "Flag-B.example", "--ttl-versions", "5m")
+    settings = _settings(
+        tmp_path,
+        "--listen",
+        "127.0.0.2:7000",
+        "--allow-host",
+        "flag-a.example",
+        "--allow-host",
+        "Flag-B.example",
+        "--ttl-versions",
+        "5m",
+    )
     assert (settings.listen_host, settings.listen_port) == ("127.0.0.2", 7000)
     assert settings.allowed_hosts == {"flag-a.example", "flag-b.example"}
     assert settings.freshness.versions == 300
 
 
 def test_cli_env_other_settings(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    clean_env.setenv("REGISTRY_PROXY_UPSTREAM_MAP", "reg.example=http://127.0.0.1:8080,other.example=https://m.internal")
+    clean_env.setenv(
+        "REGISTRY_PROXY_UPSTREAM_MAP", "reg.example=http://127.0.0.1:8080,other.example=https://m.internal"
+    )
     clean_env.setenv("REGISTRY_PROXY_PLAIN_HTTP", "true")
     clean_env.setenv("REGISTRY_PROXY_TTL_NEGATIVE", "5s")
     clean_env.setenv("REGISTRY_PROXY_MAX_ARCHIVE_SIZE", "1GiB")
     clean_env.setenv("REGISTRY_PROXY_LOG_FORMAT", "json")
     settings = _settings(tmp_path)
-    assert settings.upstream_map == {"reg.example": URL("http://127.0.0.1:8080"),
-                                     "other.example": URL("https://m.internal")}
+    assert settings.upstream_map == {
+        "reg.example": URL("http://127.0.0.1:8080"),
+        "other.example": URL("https://m.internal"),
+    }
     assert settings.plain_http is True
     assert settings.freshness.negative == 5
     assert settings.limits.max_archive_bytes == 2**30
@@ -377,8 +429,9 @@ def test_cli_env_other_settings(clean_env: pytest.MonkeyPatch, tmp_path: Path) -
     assert "reg.example" in settings.all_allowed_hosts
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("yes", True), ("ON", True), ("0", False),
-                                                 ("false", False), ("", False)])
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("1", True), ("yes", True), ("ON", True), ("0", False), ("false", False), ("", False)]
+)
 def test_cli_env_switch(clean_env: pytest.MonkeyPatch, tmp_path: Path, raw: str, expected: bool) -> None:
     clean_env.setenv("REGISTRY_PROXY_PLAIN_HTTP", raw)
     assert _settings(tmp_path).plain_http is expected
@@ -438,11 +491,20 @@ def test_cli_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_p
     assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (2 * 2**30, 7)
 
 
-@pytest.mark.parametrize("flags", [["--max-module-unpacked-size", "0"], ["--max-module-unpacked-size", "lots"],
-                                   ["--max-module-entries", "0"], ["--max-module-entries", "-1"],
-                                   ["--max-module-entries", "1e5"], ["--max-module-entries", ""]])
-def test_cli_invalid_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_path: Path,
-                                          flags: list[str]) -> None:
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--max-module-unpacked-size", "0"],
+        ["--max-module-unpacked-size", "lots"],
+        ["--max-module-entries", "0"],
+        ["--max-module-entries", "-1"],
+        ["--max-module-entries", "1e5"],
+        ["--max-module-entries", ""],
+    ],
+)
+def test_cli_invalid_module_unpack_limits(
+    no_module_limit_env: pytest.MonkeyPatch, tmp_path: Path, flags: list[str]
+) -> None:
     with pytest.raises(ConfigError, match=r"max-module|invalid size"):
         _settings(tmp_path, *flags)
 
@@ -458,15 +520,19 @@ def test_cli_negative_cache_bounds(clean_env: pytest.MonkeyPatch, tmp_path: Path
     assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (7, 64 * 2**10)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--negative-cache-entries", "0"], "--negative-cache-entries must be a positive integer"),
-    (["--negative-cache-entries", "-5"], "--negative-cache-entries must be a positive integer"),
-    (["--negative-cache-entries", "many"], "--negative-cache-entries must be a positive integer"),
-    (["--negative-cache-bytes", "100"], "--negative-cache-bytes must be at least 1KiB"),
-    (["--negative-cache-bytes", "lots"], "invalid size 'lots'"),
-])
-def test_cli_negative_cache_bounds_are_validated(clean_env: pytest.MonkeyPatch, tmp_path: Path,
-                                                 flags: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--negative-cache-entries", "0"], "--negative-cache-entries must be a positive integer"),
+        (["--negative-cache-entries", "-5"], "--negative-cache-entries must be a positive integer"),
+        (["--negative-cache-entries", "many"], "--negative-cache-entries must be a positive integer"),
+        (["--negative-cache-bytes", "100"], "--negative-cache-bytes must be at least 1KiB"),
+        (["--negative-cache-bytes", "lots"], "invalid size 'lots'"),
+    ],
+)
+def test_cli_negative_cache_bounds_are_validated(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, flags: list[str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         _settings(tmp_path, *flags)
 

@@ -31,14 +31,17 @@ def _args(*argv: str):
 
 
 def test_file_values_with_dashes_or_underscores(clean_env, tmp_path: Path) -> None:
-    config = _file(tmp_path, """
+    config = _file(
+        tmp_path,
+        """
 listen = "0.0.0.0:9443"
 plain-http = true
 allow_host = ["Registry.Example", "other.example"]
 ttl-versions = "5m"
 upstream_concurrency = 4
 min-free-space = "5%"
-""")
+""",
+    )
     settings = settings_from_args(_args("serve", "--config", str(config), "--data-dir", str(tmp_path)))
     assert (settings.listen_host, settings.listen_port) == ("0.0.0.0", 9443)
     assert settings.plain_http is True
@@ -49,13 +52,17 @@ min-free-space = "5%"
 
 
 def test_precedence_flags_then_env_then_file_then_defaults(clean_env, tmp_path: Path) -> None:
-    config = _file(tmp_path, 'ttl-versions = "5m"\nttl-discovery = "2h"\nttl-negative = "7s"\n'
-                             'allow-host = ["file.example"]\nplain-http = true\n')
+    config = _file(
+        tmp_path,
+        'ttl-versions = "5m"\nttl-discovery = "2h"\nttl-negative = "7s"\n'
+        'allow-host = ["file.example"]\nplain-http = true\n',
+    )
     clean_env.setenv("REGISTRY_PROXY_TTL_DISCOVERY", "3h")
     clean_env.setenv("REGISTRY_PROXY_TTL_NEGATIVE", "9s")
     clean_env.setenv("REGISTRY_PROXY_PLAIN_HTTP", "false")
-    settings = settings_from_args(_args("serve", "--config", str(config), "--data-dir", str(tmp_path),
-                                        "--ttl-negative", "11s"))
+    settings = settings_from_args(
+        _args("serve", "--config", str(config), "--data-dir", str(tmp_path), "--ttl-negative", "11s")
+    )
     assert settings.freshness.negative == 11  # flag over env over file
     assert settings.freshness.discovery == 3 * 3600  # env over file
     assert settings.freshness.versions == 300  # file over default
@@ -82,19 +89,21 @@ def test_every_serve_option_can_come_from_the_file(clean_env, tmp_path: Path) ->
         assert getattr(args, spec.dest) == expected, spec.flag
 
 
-@pytest.mark.parametrize(("text", "phrases"), [
-    ('plain-htp = true\n', ["unknown key 'plain-htp'", "did you mean 'plain-http'?"]),
-    ('config = "other.toml"\n', ["unknown key 'config'"]),
-    ('plain-http = "yes"\n', ["'plain-http' must be true or false", "a string"]),
-    ('allow-host = [1, 2]\n', ["'allow-host' must be a list of strings"]),
-    ('listen = true\n', ["'listen' must be a string or a number", "a boolean"]),
-    ('listen = ["a", "b"]\n', ["'listen' must be a string or a number", "a list"]),
-    ('[redis]\nurl = "redis://x"\n', ["unknown key 'redis'"]),
-    ('ttl-versions = "1m"\nttl_versions = "2m"\n', ["'ttl_versions' given twice"]),
-    ('listen = \n', ["invalid TOML"]),
-])
-def test_bad_files_name_the_key_and_the_file(clean_env, tmp_path: Path, capsys, text: str,
-                                             phrases: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("text", "phrases"),
+    [
+        ("plain-htp = true\n", ["unknown key 'plain-htp'", "did you mean 'plain-http'?"]),
+        ('config = "other.toml"\n', ["unknown key 'config'"]),
+        ('plain-http = "yes"\n', ["'plain-http' must be true or false", "a string"]),
+        ("allow-host = [1, 2]\n", ["'allow-host' must be a list of strings"]),
+        ("listen = true\n", ["'listen' must be a string or a number", "a boolean"]),
+        ('listen = ["a", "b"]\n', ["'listen' must be a string or a number", "a list"]),
+        ('[redis]\nurl = "redis://x"\n', ["unknown key 'redis'"]),
+        ('ttl-versions = "1m"\nttl_versions = "2m"\n', ["'ttl_versions' given twice"]),
+        ("listen = \n", ["invalid TOML"]),
+    ],
+)
+def test_bad_files_name_the_key_and_the_file(clean_env, tmp_path: Path, capsys, text: str, phrases: list[str]) -> None:
     config = _file(tmp_path, text)
     with pytest.raises(ConfigError) as error:
         _args("serve", "--config", str(config), "--data-dir", str(tmp_path))
@@ -119,7 +128,7 @@ def test_data_commands_take_the_serve_file(clean_env, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown key 'dta-dir'"):
         _args("verify", "--config", str(_file(tmp_path, 'dta-dir = "x"\n')))
     with pytest.raises(ConfigError, match="'plain-http' must be true or false"):
-        _args("verify", "--config", str(_file(tmp_path, 'plain-http = 1\n')))
+        _args("verify", "--config", str(_file(tmp_path, "plain-http = 1\n")))
 
 
 def test_unknown_environment_variables_are_refused_for_every_command(clean_env, tmp_path: Path) -> None:

@@ -18,8 +18,7 @@ from proxy.addrs import Version
 from proxy.constraints import Constraint, ConstraintError, allows, canonical, newest, parse
 
 # Releases only.
-RELEASES = ["0.9.0", "1.0.0", "1.0.5", "1.1.0", "1.2.0", "1.2.3", "1.2.7", "1.3.0", "1.10.0", "2.0.0", "2.5.1",
-            "3.0.0"]
+RELEASES = ["0.9.0", "1.0.0", "1.0.5", "1.1.0", "1.2.0", "1.2.3", "1.2.7", "1.3.0", "1.10.0", "2.0.0", "2.5.1", "3.0.0"]
 # The same, plus pre-releases scattered in between and above the newest release.
 WITH_PRE = [*RELEASES, "1.2.8-beta1", "1.11.0-rc1", "3.1.0-alpha.1", "4.0.0-beta"]
 
@@ -199,6 +198,7 @@ def test_allows(constraint, version, expected):
 # (go-versions MeetingConstraints clears it: "metadata is only considered for exact matches")
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("constraint", "available", "expected"),
     [
@@ -218,6 +218,7 @@ def test_build_metadata_only_counts_for_exact_matches(constraint, available, exp
 # ---------------------------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -350,8 +351,10 @@ CANONICAL = [
     # ...then by operator: > >= = ~>(patch) ~>(minor) <= < !=
     ("~> 1.2, ~> 1.2.0", "~> 1.2.0, ~> 1.2"),
     ("~> 1.2.0, ~> 1.2", "~> 1.2.0, ~> 1.2"),
-    ("<= 2.0.0, < 2.0.0, > 2.0.0, >= 2.0.0, = 2.0.0, ~> 2.0.0, ~> 2.0, != 2.0.0",
-     "> 2.0.0, >= 2.0.0, 2.0.0, ~> 2.0.0, ~> 2.0, <= 2.0.0, < 2.0.0, != 2.0.0"),
+    (
+        "<= 2.0.0, < 2.0.0, > 2.0.0, >= 2.0.0, = 2.0.0, ~> 2.0.0, ~> 2.0, != 2.0.0",
+        "> 2.0.0, >= 2.0.0, 2.0.0, ~> 2.0.0, ~> 2.0, <= 2.0.0, < 2.0.0, != 2.0.0",
+    ),
     ("<= 1.5, < 1.5.0, != 1.5", "<= 1.5.0, < 1.5.0, != 1.5.0"),
     ("0.0.1, > 0.0.1", "> 0.0.1, 0.0.1"),
     # equal precedence: build metadata decides, an empty one first

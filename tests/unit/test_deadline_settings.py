@@ -9,9 +9,18 @@ import pytest
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, Settings
 
-_FLAGS = ("STALE_DEADLINE", "REQUEST_DEADLINE", "DOWNLOAD_IDLE_TIMEOUT", "MIN_DOWNLOAD_RATE",
-          "DOWNLOAD_RATE_WINDOW", "DOWNLOAD_SLOT_WAIT", "UPSTREAM_HOST_CONCURRENCY", "SHUTDOWN_GRACE",
-          "UPSTREAM_CONCURRENCY", "UPSTREAM_TIMEOUT")
+_FLAGS = (
+    "STALE_DEADLINE",
+    "REQUEST_DEADLINE",
+    "DOWNLOAD_IDLE_TIMEOUT",
+    "MIN_DOWNLOAD_RATE",
+    "DOWNLOAD_RATE_WINDOW",
+    "DOWNLOAD_SLOT_WAIT",
+    "UPSTREAM_HOST_CONCURRENCY",
+    "SHUTDOWN_GRACE",
+    "UPSTREAM_CONCURRENCY",
+    "UPSTREAM_TIMEOUT",
+)
 
 
 @pytest.fixture
@@ -37,9 +46,21 @@ def test_defaults_fit_the_clients_and_kubernetes(clean_env: pytest.MonkeyPatch, 
 def test_flags_and_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_MIN_DOWNLOAD_RATE", "1MiB")
     clean_env.setenv("REGISTRY_PROXY_SHUTDOWN_GRACE", "5s")
-    settings = _settings(tmp_path, "--stale-deadline", "500ms", "--request-deadline", "9s",
-                         "--download-rate-window", "10s", "--download-slot-wait", "3s",
-                         "--upstream-host-concurrency", "2", "--download-idle-timeout", "1m")
+    settings = _settings(
+        tmp_path,
+        "--stale-deadline",
+        "500ms",
+        "--request-deadline",
+        "9s",
+        "--download-rate-window",
+        "10s",
+        "--download-slot-wait",
+        "3s",
+        "--upstream-host-concurrency",
+        "2",
+        "--download-idle-timeout",
+        "1m",
+    )
     assert (settings.stale_deadline, settings.request_deadline, settings.shutdown_grace) == (0.5, 9, 5)
     limits = settings.limits
     assert (limits.min_download_rate, limits.download_rate_window, limits.download_slot_wait) == (2**20, 10, 3)
@@ -50,19 +71,23 @@ def test_rate_zero_turns_the_minimum_off(clean_env: pytest.MonkeyPatch, tmp_path
     assert _settings(tmp_path, "--min-download-rate", "0").limits.min_download_rate == 0
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--request-deadline", "0s"], "--request-deadline"),
-    (["--stale-deadline", "9s"], "--stale-deadline"),
-    (["--stale-deadline", "soon"], "invalid duration"),
-    (["--shutdown-grace", "never"], "invalid duration"),
-    (["--download-rate-window", "0s"], "--download-rate-window"),
-    (["--download-slot-wait", "0s"], "--download-slot-wait"),
-    (["--download-idle-timeout", "0s"], "--download-idle-timeout"),
-    (["--min-download-rate", "fast"], "invalid size"),
-    (["--upstream-host-concurrency", "0"], "--upstream-host-concurrency"),
-    (["--upstream-host-concurrency", "lots"], "--upstream-host-concurrency"),
-])
-def test_invalid_values_stop_start_up(clean_env: pytest.MonkeyPatch, tmp_path: Path, flags: list[str],
-                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--request-deadline", "0s"], "--request-deadline"),
+        (["--stale-deadline", "9s"], "--stale-deadline"),
+        (["--stale-deadline", "soon"], "invalid duration"),
+        (["--shutdown-grace", "never"], "invalid duration"),
+        (["--download-rate-window", "0s"], "--download-rate-window"),
+        (["--download-slot-wait", "0s"], "--download-slot-wait"),
+        (["--download-idle-timeout", "0s"], "--download-idle-timeout"),
+        (["--min-download-rate", "fast"], "invalid size"),
+        (["--upstream-host-concurrency", "0"], "--upstream-host-concurrency"),
+        (["--upstream-host-concurrency", "lots"], "--upstream-host-concurrency"),
+    ],
+)
+def test_invalid_values_stop_start_up(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, flags: list[str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         _settings(tmp_path, *flags)

@@ -20,14 +20,17 @@ from proxy.errors import DiskFullError
 MiB = 2**20
 
 
-@pytest.mark.parametrize(("text", "floor"), [
-    ("1GiB", SpaceFloor(2**30)),
-    ("0", SpaceFloor(0)),
-    ("500MB", SpaceFloor(500 * 10**6)),
-    ("5%", SpaceFloor(0, 5.0)),
-    (" 2.5% ", SpaceFloor(0, 2.5)),
-    ("0%", SpaceFloor(0, 0.0)),
-])
+@pytest.mark.parametrize(
+    ("text", "floor"),
+    [
+        ("1GiB", SpaceFloor(2**30)),
+        ("0", SpaceFloor(0)),
+        ("500MB", SpaceFloor(500 * 10**6)),
+        ("5%", SpaceFloor(0, 5.0)),
+        (" 2.5% ", SpaceFloor(0, 2.5)),
+        ("0%", SpaceFloor(0, 0.0)),
+    ],
+)
 def test_floor_is_a_size_or_a_percentage(text, floor):
     assert parse_space_floor(text) == floor
 
@@ -50,12 +53,14 @@ def test_flag_and_environment(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("REGISTRY_PROXY_MIN_FREE_SPACE", "7%")
     from_env = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
     assert from_env.min_free_space == SpaceFloor(0, 7.0)
-    flag = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path),
-                                                         "--min-free-space", "3MiB"]))
+    flag = settings_from_args(
+        build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--min-free-space", "3MiB"])
+    )
     assert flag.min_free_space == SpaceFloor(3 * MiB)
     with pytest.raises(ConfigError, match="--min-free-space"):
-        settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path),
-                                                      "--min-free-space", "lots"]))
+        settings_from_args(
+            build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--min-free-space", "lots"])
+        )
 
 
 class FakeDisk:
@@ -109,14 +114,17 @@ async def test_a_failed_write_forces_a_new_measurement(disk, tmp_path):
     assert disk.calls == 2
 
 
-@pytest.mark.parametrize(("exc", "full"), [
-    (OSError(errno.ENOSPC, "No space left on device"), True),
-    (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
-    (OSError(errno.EACCES, "Permission denied"), False),
-    (sqlite3.OperationalError("database or disk is full"), True),
-    (sqlite3.OperationalError("database is locked"), False),
-    (ValueError("disk is full"), False),
-])
+@pytest.mark.parametrize(
+    ("exc", "full"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (OSError(errno.EACCES, "Permission denied"), False),
+        (sqlite3.OperationalError("database or disk is full"), True),
+        (sqlite3.OperationalError("database is locked"), False),
+        (ValueError("disk is full"), False),
+    ],
+)
 def test_is_disk_full(exc, full):
     assert is_disk_full(exc) is full
 
@@ -165,8 +173,11 @@ async def test_full_disk_writes_are_skipped_and_logged_once_per_spell():
         inner.error = OSError(errno.ENOSPC, "No space left on device")
         await store.set("d", b"4")
     events = [entry["event"] for entry in logs]
-    assert events == ["storage.metadata_write_skipped", "storage.metadata_writes_resumed",
-                      "storage.metadata_write_skipped"]
+    assert events == [
+        "storage.metadata_write_skipped",
+        "storage.metadata_writes_resumed",
+        "storage.metadata_write_skipped",
+    ]
     assert inner.values == {"c": b"3"}
 
 

@@ -33,8 +33,9 @@ def names(chosen: list[Obj]) -> list[str]:
 
 
 def test_least_recently_served_go_first_until_the_excess_is_freed():
-    store = objs(("a", 100, NOW - 9 * DAY), ("b", 100, NOW - 9 * DAY), ("c", 100, NOW - 9 * DAY),
-                 ("d", 100, NOW - 9 * DAY))
+    store = objs(
+        ("a", 100, NOW - 9 * DAY), ("b", 100, NOW - 9 * DAY), ("c", 100, NOW - 9 * DAY), ("d", 100, NOW - 9 * DAY)
+    )
     served = {sha("a"): NOW - 1 * DAY, sha("b"): NOW - 5 * DAY, sha("c"): NOW - 3 * DAY, sha("d"): NOW - 2 * DAY}
     assert names(victims(store, served, excess=150, now=NOW, grace=GRACE)) == ["b", "c"]
     assert names(victims(store, served, excess=100, now=NOW, grace=GRACE)) == ["b"]
@@ -64,8 +65,7 @@ def test_a_served_time_before_the_file_was_stored_again_does_not_count():
 
 
 def test_pinned_and_recently_used_archives_are_never_chosen_even_if_that_leaves_the_store_over_the_cap():
-    store = objs(("a", 100, NOW - 9 * DAY), ("b", 100, NOW - 9 * DAY), ("c", 100, NOW - 60),
-                 ("d", 100, NOW - 9 * DAY))
+    store = objs(("a", 100, NOW - 9 * DAY), ("b", 100, NOW - 9 * DAY), ("c", 100, NOW - 60), ("d", 100, NOW - 9 * DAY))
     served = {sha("b"): NOW - GRACE + 1, sha("d"): NOW - GRACE}  # b within the grace, d just outside it
     chosen = victims(store, served, excess=400, now=NOW, grace=GRACE, pinned={sha("a")})
     assert names(chosen) == ["d"]  # a: pinned (streaming now); b: served within the grace; c: stored a minute ago
@@ -85,21 +85,29 @@ def test_a_served_time_in_the_future_beyond_the_grace_is_ignored():
     assert names(victims(store, served, excess=100, now=NOW, grace=GRACE)) == ["a"]
 
 
-@pytest.mark.parametrize(("total", "cap", "free", "min_free", "expected"), [
-    (1000, 800, None, 0, 200),  # over the cap
-    (700, 800, None, 0, 0),  # under it
-    (700, 800, 50, 300, 250),  # under the cap, but the disk is below its free-space floor
-    (1000, 800, 50, 100, 200),  # both: the larger need
-    (1000, None, 50, 300, 250),  # no cap: the floor alone
-    (1000, None, None, 0, 0),
-])
+@pytest.mark.parametrize(
+    ("total", "cap", "free", "min_free", "expected"),
+    [
+        (1000, 800, None, 0, 200),  # over the cap
+        (700, 800, None, 0, 0),  # under it
+        (700, 800, 50, 300, 250),  # under the cap, but the disk is below its free-space floor
+        (1000, 800, 50, 100, 200),  # both: the larger need
+        (1000, None, 50, 300, 250),  # no cap: the floor alone
+        (1000, None, None, 0, 0),
+    ],
+)
 def test_excess_bytes(total, cap, free, min_free, expected):
     assert excess_bytes(total, cap, free, min_free) == expected
 
 
 def test_orphans_are_unreferenced_and_not_in_use():
-    store = objs(("a", 1, NOW - 9 * DAY), ("b", 1, NOW - 9 * DAY), ("c", 1, NOW - 9 * DAY), ("d", 1, NOW - 10),
-                 ("e", 1, NOW - 9 * DAY))
+    store = objs(
+        ("a", 1, NOW - 9 * DAY),
+        ("b", 1, NOW - 9 * DAY),
+        ("c", 1, NOW - 9 * DAY),
+        ("d", 1, NOW - 10),
+        ("e", 1, NOW - 9 * DAY),
+    )
     referenced = {sha("a")}
     served = {sha("c"): NOW - 60}
     chosen = orphans(store, referenced, served, now=NOW, grace=GRACE, pinned={sha("e")})

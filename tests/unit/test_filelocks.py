@@ -32,8 +32,9 @@ async def test_the_lock_file_is_removed_after_use(tmp_path):
 async def test_a_killed_holders_lock_is_free_at_once(tmp_path):
     locks = FileLocks(tmp_path, poll=0.02)
     path = locks.path("k")
-    holder = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD_FOREVER, str(path),
-                                                  stdout=asyncio.subprocess.PIPE)
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLD_FOREVER, str(path), stdout=asyncio.subprocess.PIPE
+    )
     try:
         assert await holder.stdout.readline() == b"locked\n"
         with_holder = asyncio.create_task(_enter(locks))

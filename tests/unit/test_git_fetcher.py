@@ -22,7 +22,9 @@ async def test_ipv6_address_is_pinned_in_brackets(monkeypatch):
 
     monkeypatch.setattr(git_module, "check_resolved", resolved)
     assert await fetcher()._check_host("https://git.example.com/r.git") == [
-        "-c", "http.curloptResolve=git.example.com:443:[2606:2800:220:1::1]"]
+        "-c",
+        "http.curloptResolve=git.example.com:443:[2606:2800:220:1::1]",
+    ]
 
 
 async def test_ipv4_pin_and_exempt_hosts(monkeypatch):
@@ -31,7 +33,9 @@ async def test_ipv4_pin_and_exempt_hosts(monkeypatch):
 
     monkeypatch.setattr(git_module, "check_resolved", resolved)
     assert await fetcher()._check_host("https://git.example.com:8443/r.git") == [
-        "-c", "http.curloptResolve=git.example.com:8443:93.184.216.34"]
+        "-c",
+        "http.curloptResolve=git.example.com:8443:93.184.216.34",
+    ]
     assert await fetcher("127.0.0.1:9000")._check_host("https://127.0.0.1:9000/r.git") == []
 
 

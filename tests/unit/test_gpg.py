@@ -20,8 +20,9 @@ def keyring(tmp_path):
 
 @pytest.fixture(scope="module")
 def expired_key(tmp_path_factory):
-    key = SigningKey(tmp_path_factory.mktemp("gpg-expired"), "Expired Signer", algorithm="ed25519",
-                     expires="1d", made_at=LONG_AGO)
+    key = SigningKey(
+        tmp_path_factory.mktemp("gpg-expired"), "Expired Signer", algorithm="ed25519", expires="1d", made_at=LONG_AGO
+    )
     yield key
     key.close()
 
@@ -64,12 +65,15 @@ def test_a_key_imported_for_another_check_never_vouches(keyring, signing_key, ot
         keyring.verify_detached(DATA, other_key.sign(DATA), [signing_key.armored_public_key])
 
 
-@pytest.mark.parametrize("keys", [
-    [],
-    [""],
-    ["-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nnot base64 at all\n-----END PGP PUBLIC KEY BLOCK-----\n"],
-    ["-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGVhbGxvd29ybGQ=\n=AAAA\n-----END PGP PUBLIC KEY BLOCK-----\n"],
-])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [],
+        [""],
+        ["-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nnot base64 at all\n-----END PGP PUBLIC KEY BLOCK-----\n"],
+        ["-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGVhbGxvd29ybGQ=\n=AAAA\n-----END PGP PUBLIC KEY BLOCK-----\n"],
+    ],
+)
 def test_no_readable_key_is_refused(keyring, signing_key, keys):
     with pytest.raises(SignatureError, match="none of the upstream's signing keys could be read"):
         keyring.verify_detached(DATA, signing_key.sign(DATA), keys)
@@ -78,7 +82,7 @@ def test_no_readable_key_is_refused(keyring, signing_key, keys):
 def test_a_truncated_key_is_not_read(keyring, signing_key):
     armored = signing_key.armored_public_key
     with pytest.raises(SignatureError, match="could be read"):
-        keyring.verify_detached(DATA, signing_key.sign(DATA), [armored[:len(armored) // 2]])
+        keyring.verify_detached(DATA, signing_key.sign(DATA), [armored[: len(armored) // 2]])
 
 
 @pytest.mark.parametrize("signature", [b"", b"not a signature", b"\x89\x01\x33" + b"\x00" * 300])

@@ -120,11 +120,14 @@ async def test_waiters_get_the_download_once_it_is_announced_or_the_result_first
 
 def two_processes(tmp_path) -> tuple[GrowingDownloads, GrowingDownloads]:
     """Two processes' views of one archive store (flocks of separate descriptors conflict in one process too)."""
+
     def published(sha256: str):
         return tmp_path / "sha256" / sha256
 
-    return (GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
-            GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005))
+    return (
+        GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
+        GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
+    )
 
 
 async def test_another_process_follows_until_the_archive_is_published(tmp_path, temp):

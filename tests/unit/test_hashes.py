@@ -134,11 +134,13 @@ def test_h1_of_zip_with_directory_entry() -> None:
     zip_form, dir_form = h1_of_zip(archive)
     assert dir_form == PREFIXED_H1
     assert zip_form != dir_form
-    assert zip_form == h1_from_digests([
-        ("prefix/", hashlib.sha256(b"").hexdigest()),
-        ("prefix/abc", _sha(b"data for abc")),
-        ("prefix/xyz", _sha(b"data for xyz")),
-    ])
+    assert zip_form == h1_from_digests(
+        [
+            ("prefix/", hashlib.sha256(b"").hexdigest()),
+            ("prefix/abc", _sha(b"data for abc")),
+            ("prefix/xyz", _sha(b"data for xyz")),
+        ]
+    )
 
 
 def test_h1_of_zip_without_directory_entry_forms_agree() -> None:
@@ -233,8 +235,17 @@ F3 = "terraform-provider-x_1.0.0_manifest.json"
         (f"{D1}  {F1}\n\n".encode(), {F1: D1}),
         (f"{D1}  {F1}\n{D1}  {F1}\n".encode(), {F1: D1}),
     ],
-    ids=["two-space", "no-trailing-newline", "one-space", "binary-marker", "crlf", "three", "upper-hex",
-         "trailing-blank-line", "duplicate-same-digest"],
+    ids=[
+        "two-space",
+        "no-trailing-newline",
+        "one-space",
+        "binary-marker",
+        "crlf",
+        "three",
+        "upper-hex",
+        "trailing-blank-line",
+        "duplicate-same-digest",
+    ],
 )
 def test_parse_shasums_valid(document: bytes, expected: dict[str, str]) -> None:
     assert parse_shasums(document) == expected
@@ -263,10 +274,27 @@ def test_parse_shasums_valid(document: bytes, expected: dict[str, str]) -> None:
         b"\xff\xfe" + f"{D1}  {F1}\n".encode(),
         f"{D1}  caf\xe9.zip\n".encode("latin-1"),
     ],
-    ids=["empty", "only-newline", "only-blank", "empty-middle-line", "blank-middle-line", "leading-empty-line",
-         "digest-only", "three-fields", "space-in-name", "short-digest", "long-digest", "non-hex",
-         "one-non-hex-char", "prefixed-digest", "swapped", "malformed-second-line", "duplicate-different",
-         "utf16-bom", "latin-1"],
+    ids=[
+        "empty",
+        "only-newline",
+        "only-blank",
+        "empty-middle-line",
+        "blank-middle-line",
+        "leading-empty-line",
+        "digest-only",
+        "three-fields",
+        "space-in-name",
+        "short-digest",
+        "long-digest",
+        "non-hex",
+        "one-non-hex-char",
+        "prefixed-digest",
+        "swapped",
+        "malformed-second-line",
+        "duplicate-different",
+        "utf16-bom",
+        "latin-1",
+    ],
 )
 def test_parse_shasums_invalid(document: bytes) -> None:
     with pytest.raises(HashFormatError):

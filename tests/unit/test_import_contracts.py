@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LINT_IMPORTS = ("import sys; from importlinter.cli import lint_imports; "
-                "sys.exit(lint_imports(no_cache=True, no_logo=True))")
+LINT_IMPORTS = (
+    "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
+)
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     """Run lint-imports on `root`'s setup.cfg and `proxy` package."""
-    return subprocess.run([sys.executable, "-c", LINT_IMPORTS], cwd=root, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", LINT_IMPORTS], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def contract_name(section: str) -> str:
@@ -37,16 +39,24 @@ def test_the_project_keeps_its_import_contracts():
     assert ", 0 broken." in result.stdout
 
 
-@pytest.mark.parametrize(("module", "line", "contract", "chain"), [
-    ("proxy/addrs.py", "import socket", "pure", "proxy.addrs -> socket"),
-    ("proxy/cache/breaker.py", "import structlog", "pure", "proxy.cache.breaker -> structlog"),
-    ("proxy/store.py", "import proxy.mirror", "layers", "proxy.store -> proxy.mirror"),
-    ("proxy/web/health.py", "import proxy.commands.lock", "layers", "proxy.web.health -> proxy.commands.lock"),
-    ("proxy/commands/lock.py", "import proxy.cli", "layers", "proxy.commands.lock -> proxy.cli"),
-    ("proxy/store.py", "import redis", "adapters", "proxy.store -> redis"),
-    ("proxy/tfconfig.py", "import proxy.errors", "neutral-errors", "proxy.tfconfig -> proxy.errors"),
-    ("proxy/commands/verify.py", "import proxy.mirror", "commands-services", "proxy.commands.verify -> proxy.mirror"),
-])
+@pytest.mark.parametrize(
+    ("module", "line", "contract", "chain"),
+    [
+        ("proxy/addrs.py", "import socket", "pure", "proxy.addrs -> socket"),
+        ("proxy/cache/breaker.py", "import structlog", "pure", "proxy.cache.breaker -> structlog"),
+        ("proxy/store.py", "import proxy.mirror", "layers", "proxy.store -> proxy.mirror"),
+        ("proxy/web/health.py", "import proxy.commands.lock", "layers", "proxy.web.health -> proxy.commands.lock"),
+        ("proxy/commands/lock.py", "import proxy.cli", "layers", "proxy.commands.lock -> proxy.cli"),
+        ("proxy/store.py", "import redis", "adapters", "proxy.store -> redis"),
+        ("proxy/tfconfig.py", "import proxy.errors", "neutral-errors", "proxy.tfconfig -> proxy.errors"),
+        (
+            "proxy/commands/verify.py",
+            "import proxy.mirror",
+            "commands-services",
+            "proxy.commands.verify -> proxy.mirror",
+        ),
+    ],
+)
 def test_a_module_that_breaks_a_contract_fails_the_check(tmp_path, module, line, contract, chain):
     shutil.copy(REPO / "setup.cfg", tmp_path / "setup.cfg")
     shutil.copytree(REPO / "proxy", tmp_path / "proxy", ignore=shutil.ignore_patterns("__pycache__"))

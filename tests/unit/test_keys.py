@@ -22,15 +22,18 @@ class Download:
     signing_keys: tuple[str, ...] = ("KEY-B", "KEY-A")
 
 
-@pytest.mark.parametrize(("built", "expected"), [
-    (keys.discovery(Hostname.parse("registry.example.test:8443")), "discovery:registry.example.test:8443"),
-    (keys.versions(PROVIDER), "versions:registry.example.test:8443/acme/foo"),
-    (keys.download(PROVIDER, VERSION, PLATFORM), "download:registry.example.test:8443/acme/foo/1.2.3/linux_amd64"),
-    (keys.archive(PROVIDER, VERSION, PLATFORM), "archive:registry.example.test:8443/acme/foo/1.2.3/linux_amd64"),
-    (keys.module_versions(MODULE), "module-versions:registry.example.test/acme/net/aws"),
-    (keys.module_download(MODULE, VERSION), "module-download:registry.example.test/acme/net/aws/1.2.3"),
-    (keys.module(MODULE, VERSION), "module:registry.example.test/acme/net/aws/1.2.3"),
-])
+@pytest.mark.parametrize(
+    ("built", "expected"),
+    [
+        (keys.discovery(Hostname.parse("registry.example.test:8443")), "discovery:registry.example.test:8443"),
+        (keys.versions(PROVIDER), "versions:registry.example.test:8443/acme/foo"),
+        (keys.download(PROVIDER, VERSION, PLATFORM), "download:registry.example.test:8443/acme/foo/1.2.3/linux_amd64"),
+        (keys.archive(PROVIDER, VERSION, PLATFORM), "archive:registry.example.test:8443/acme/foo/1.2.3/linux_amd64"),
+        (keys.module_versions(MODULE), "module-versions:registry.example.test/acme/net/aws"),
+        (keys.module_download(MODULE, VERSION), "module-download:registry.example.test/acme/net/aws/1.2.3"),
+        (keys.module(MODULE, VERSION), "module:registry.example.test/acme/net/aws/1.2.3"),
+    ],
+)
 def test_keys_are_the_strings_existing_stores_hold(built: str, expected: str) -> None:
     assert built == expected
 
@@ -60,10 +63,22 @@ def test_a_kind_rejects_every_other_kinds_keys(pattern: keys.KeyPattern) -> None
             assert pattern.parse(other.key(**{name: "x" for name in other.fields})) is None
 
 
-@pytest.mark.parametrize("key", [
-    "", "archive", "archive:", "archive:a/b/c/d", "archive:a/b/c/d/e/f", "archive:a//c/d/e", "archive:a/b/c/d/",
-    "Archive:a/b/c/d/e", "xarchive:a/b/c/d/e", "module-versions:a/b/c/d/e", "lock:archive:a/b/c/d/e",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "archive",
+        "archive:",
+        "archive:a/b/c/d",
+        "archive:a/b/c/d/e/f",
+        "archive:a//c/d/e",
+        "archive:a/b/c/d/",
+        "Archive:a/b/c/d/e",
+        "xarchive:a/b/c/d/e",
+        "module-versions:a/b/c/d/e",
+        "lock:archive:a/b/c/d/e",
+    ],
+)
 def test_foreign_and_malformed_keys_do_not_parse_as_archive_keys(key: str) -> None:
     assert keys.ARCHIVE.parse(key) is None
 

@@ -34,10 +34,15 @@ def entries(*providers: LockedProvider) -> dict[str, LockedProvider]:
 ONE_PROVIDER = entries(LockedProvider(AWS, "5.40.0", "~> 5.0", [ZH_F3, AWS_H1, ZH_0A]))
 
 TWO_PROVIDERS = entries(  # deliberately not in address order
-    LockedProvider("registry.terraform.io/hashicorp/random", "3.6.0", "",
-                   ["h1:7+3+Tkx2O8Jeuorc1bfvz8PbHm6r+BGZq+J2cBQz+3c="]),
-    LockedProvider("registry.opentofu.org/integrations/github", "6.2.1", ">= 6.0.0, < 7.0.0",
-                   ["h1:uzp5owknZ1dpDhNJtpa7+0a3mYN/l0AXiY0H7QdHyzo="]),
+    LockedProvider(
+        "registry.terraform.io/hashicorp/random", "3.6.0", "", ["h1:7+3+Tkx2O8Jeuorc1bfvz8PbHm6r+BGZq+J2cBQz+3c="]
+    ),
+    LockedProvider(
+        "registry.opentofu.org/integrations/github",
+        "6.2.1",
+        ">= 6.0.0, < 7.0.0",
+        ["h1:uzp5owknZ1dpDhNJtpa7+0a3mYN/l0AXiY0H7QdHyzo="],
+    ),
 )
 
 IDNA_HOST = entries(
@@ -68,6 +73,7 @@ GOLDEN_CASES = [
 # render()
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("name", "providers"), GOLDEN_CASES, ids=[c[0] for c in GOLDEN_CASES])
 def test_render_matches_terraform_golden_file(name, providers):
     assert render(providers) == golden(name)
@@ -97,8 +103,9 @@ def test_golden_files_have_terraform_layout():
 
 def test_render_empty_is_just_the_header():
     assert render({}) == HEADER
-    assert HEADER == ('# This file is maintained automatically by "terraform init".\n'
-                      "# Manual edits may be lost in future updates.\n")
+    assert HEADER == (
+        '# This file is maintained automatically by "terraform init".\n# Manual edits may be lost in future updates.\n'
+    )
 
 
 def test_render_sorts_and_deduplicates_hashes():
@@ -121,6 +128,7 @@ def test_render_does_not_modify_its_input():
 # ---------------------------------------------------------------------------------------------
 # parse_lockfile()
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("name", "providers"), GOLDEN_CASES, ids=[c[0] for c in GOLDEN_CASES])
 def test_parse_golden_file(name, providers):

@@ -20,15 +20,17 @@ NEGATIVE = CacheEntry(404, b"", "https://registry.example.test/v1/providers/acme
 
 
 @pytest.mark.parametrize("command", [["export", "--out", "bundle.tar"], ["import", "bundle.tar"]])
-def test_export_and_import_take_the_redis_retention_serve_has(command: list[str],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_and_import_take_the_redis_retention_serve_has(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("REGISTRY_PROXY_REDIS_RETENTION", raising=False)
     assert build_parser().parse_args(command).redis_retention == "90d"
     assert build_parser().parse_args([*command, "--redis-retention", "7d"]).redis_retention == "7d"
 
 
 async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     opened: list[Settings] = []
 
     async def open_metadata_store(settings: Settings, metrics=None):
@@ -36,8 +38,19 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
         return EmbeddedStore(tmp_path / "metadata.sqlite"), None
 
     monkeypatch.setattr(run, "open_metadata_store", open_metadata_store)
-    args = build_parser().parse_args(["export", "--out", "b.tar", "--data-dir", str(tmp_path),
-                                      "--redis-retention", "7d", "--metadata-secret", "s" * 32])
+    args = build_parser().parse_args(
+        [
+            "export",
+            "--out",
+            "b.tar",
+            "--data-dir",
+            str(tmp_path),
+            "--redis-retention",
+            "7d",
+            "--metadata-secret",
+            "s" * 32,
+        ]
+    )
     cache, store = await run._stores(args)
     try:
         assert opened[0].redis_retention == 7 * 86400

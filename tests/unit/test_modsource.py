@@ -78,10 +78,14 @@ def test_split_subdir(source: str, package: str, subdir: str) -> None:
         ("https://h.example/download?archive=tar.gz", HttpArchive("https://h.example/download", "tar.gz")),
         ("https://h.example/download?archive=tgz", HttpArchive("https://h.example/download", "tar.gz")),
         ("https://h.example/download?archive=ZIP", HttpArchive("https://h.example/download", "zip")),
-        ("https://h.example/download?archive=zip&token=abc",
-         HttpArchive("https://h.example/download?token=abc", "zip")),
-        ("https://h.example/download?a=1&archive=tar.xz&b=2",
-         HttpArchive("https://h.example/download?a=1&b=2", "tar.xz")),
+        (
+            "https://h.example/download?archive=zip&token=abc",
+            HttpArchive("https://h.example/download?token=abc", "zip"),
+        ),
+        (
+            "https://h.example/download?a=1&archive=tar.xz&b=2",
+            HttpArchive("https://h.example/download?a=1&b=2", "tar.xz"),
+        ),
         # `?archive=` overrides the extension
         ("https://h.example/x.zip?archive=tar.gz", HttpArchive("https://h.example/x.zip", "tar.gz")),
         # a subdir is kept for the client, and the query moves back onto the package URL
@@ -108,8 +112,10 @@ def test_classify_https_archives(location: str, expected: HttpArchive) -> None:
         ("git::https://host.example/repo.git", GitSource("https://host.example/repo.git", "")),
         ("GIT::https://host.example/repo.git?ref=main", GitSource("https://host.example/repo.git", "main")),
         ("git::https://host.example/repo.git?ref=0123abcd", GitSource("https://host.example/repo.git", "0123abcd")),
-        ("git::https://host.example/repo.git?ref=release/1.x",
-         GitSource("https://host.example/repo.git", "release/1.x")),
+        (
+            "git::https://host.example/repo.git?ref=release/1.x",
+            GitSource("https://host.example/repo.git", "release/1.x"),
+        ),
         # other query parameters are not part of the clone URL
         ("git::https://host.example/repo.git?ref=v1&depth=1", GitSource("https://host.example/repo.git", "v1")),
         ("git::https://host.example/repo.git//sub?ref=x", GitSource("https://host.example/repo.git", "x", "sub")),
@@ -229,10 +235,16 @@ def test_classify_refused(location: str) -> None:
 @pytest.mark.parametrize(
     ("path", "source", "expected"),
     [
-        ("/registry/h/modules/v1/a/b/c/1.0.0/archive.zip", HttpArchive("https://h/x.zip", "zip"),
-         "/registry/h/modules/v1/a/b/c/1.0.0/archive.zip"),
-        ("/registry/h/modules/v1/a/b/c/1.0.0/archive.zip", HttpArchive("https://h/x.zip", "zip", "modules/vpc"),
-         "/registry/h/modules/v1/a/b/c/1.0.0/archive.zip//modules/vpc"),
+        (
+            "/registry/h/modules/v1/a/b/c/1.0.0/archive.zip",
+            HttpArchive("https://h/x.zip", "zip"),
+            "/registry/h/modules/v1/a/b/c/1.0.0/archive.zip",
+        ),
+        (
+            "/registry/h/modules/v1/a/b/c/1.0.0/archive.zip",
+            HttpArchive("https://h/x.zip", "zip", "modules/vpc"),
+            "/registry/h/modules/v1/a/b/c/1.0.0/archive.zip//modules/vpc",
+        ),
         ("/p/archive.tar.gz", GitSource("https://h/r.git", "v1"), "/p/archive.tar.gz"),
         ("/p/archive.tar.gz", GitSource("https://h/r.git", "v1", "sub"), "/p/archive.tar.gz//sub"),
     ],
@@ -247,11 +259,14 @@ def test_proxied_location_round_trips_through_split_subdir() -> None:
     assert split_subdir(proxied_location("/registry/x/archive.zip", source)) == ("/registry/x/archive.zip", "a/b")
 
 
-@pytest.mark.parametrize("query, expected", [
-    ("checksum=sha256:" + "ab" * 32, ("sha256", "ab" * 32)),
-    ("checksum=" + "CD" * 20, ("sha1", "cd" * 20)),
-    ("checksum=md5:" + "0" * 32, ("md5", "0" * 32)),
-])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("checksum=sha256:" + "ab" * 32, ("sha256", "ab" * 32)),
+        ("checksum=" + "CD" * 20, ("sha1", "cd" * 20)),
+        ("checksum=md5:" + "0" * 32, ("md5", "0" * 32)),
+    ],
+)
 def test_checksum_is_parsed_and_removed_from_the_url(query, expected):
     source = classify(f"https://h.example/m.tar.gz?x=1&{query}")
     assert isinstance(source, HttpArchive)

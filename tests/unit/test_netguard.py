@@ -135,9 +135,16 @@ def test_is_public_address_judges_embedded_ipv4(address: str, public: bool) -> N
     assert is_public_address(address) is public
 
 
-@pytest.mark.parametrize("url", ["https://[64:ff9b::7f00:1]:8443/", "https://[2002:a00:1::]/",
-                                 "https://[::ffff:0:a00:1]/", "https://[::127.0.0.1]/",
-                                 "https://[64:ff9b:1::a9fe:a9fe]/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://[64:ff9b::7f00:1]:8443/",
+        "https://[2002:a00:1::]/",
+        "https://[::ffff:0:a00:1]/",
+        "https://[::127.0.0.1]/",
+        "https://[64:ff9b:1::a9fe:a9fe]/",
+    ],
+)
 def test_check_literal_refuses_embedded_private_ipv4(url: str) -> None:
     with pytest.raises(ForbiddenAddress):
         AddressPolicy(frozenset()).check_literal(URL(url))
@@ -250,8 +257,7 @@ def test_is_exempt_case_insensitive() -> None:
 
 def _result(hostname: str, host: str, port: int) -> ResolveResult:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return ResolveResult(hostname=hostname, host=host, port=port, family=family, proto=0,
-                         flags=socket.AI_NUMERICHOST)
+    return ResolveResult(hostname=hostname, host=host, port=port, family=family, proto=0, flags=socket.AI_NUMERICHOST)
 
 
 class FakeResolver(AbstractResolver):
@@ -260,8 +266,9 @@ class FakeResolver(AbstractResolver):
         self.calls: list[tuple[str, int, int]] = []
         self.closed = False
 
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         self.calls.append((host, port, family))
         if host not in self.table:
             raise OSError(f"unknown host {host}")

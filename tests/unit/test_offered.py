@@ -58,4 +58,5 @@ def test_list_ttl_and_missing_platforms() -> None:
     missing = missing_platforms(offered, requested)
     assert missing == [Platform.parse("plan9_mips"), Platform.parse("fake_arch")]
     assert no_package_message("provider x 1.0.0", missing, offered) == (
-        "provider x 1.0.0 has no package for plan9_mips, fake_arch (it offers: linux_amd64, darwin_arm64)")
+        "provider x 1.0.0 has no package for plan9_mips, fake_arch (it offers: linux_amd64, darwin_arm64)"
+    )

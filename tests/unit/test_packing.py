@@ -121,8 +121,15 @@ def test_entries_sorted_with_fixed_owner_modes_and_times(tmp_path: Path) -> None
     names = [m.name for m in found]
     assert names == sorted(names, key=str.encode)
     assert names == [
-        "README.md", "main.tf", "modules", "modules/vpc", "modules/vpc/main.tf", "modules/vpc/outputs.tf",
-        "scripts", "scripts/run.sh", "variables.tf",
+        "README.md",
+        "main.tf",
+        "modules",
+        "modules/vpc",
+        "modules/vpc/main.tf",
+        "modules/vpc/outputs.tf",
+        "scripts",
+        "scripts/run.sh",
+        "variables.tf",
     ]
     by_name = {m.name: m for m in found}
     for member in found:
@@ -280,7 +287,7 @@ def test_check_archive_accepts_a_packed_tree(tmp_path: Path) -> None:
 
 def _flip(data: bytes, at: int, length: int = 1) -> bytes:
     changed = bytearray(data)
-    changed[at:at + length] = bytes(b ^ 0xFF for b in changed[at:at + length])
+    changed[at : at + length] = bytes(b ^ 0xFF for b in changed[at : at + length])
     return bytes(changed)
 
 
@@ -315,8 +322,9 @@ _GZ = tar_bytes(FILES * 20)
         pytest.param("tar.gz", tar_bytes([link("evil", "../x", tarfile.LNKTYPE)]), id="hardlink-dotdot"),
         pytest.param("tar.gz", tar_bytes([link("evil", "/etc/passwd", tarfile.LNKTYPE)]), id="hardlink-absolute"),
         # a hardlink's target is relative to the archive root, not to the link's directory
-        pytest.param("tar.gz", tar_bytes([link("a/b/evil", "../../etc/passwd", tarfile.LNKTYPE)]),
-                     id="nested-hardlink-dotdot"),
+        pytest.param(
+            "tar.gz", tar_bytes([link("a/b/evil", "../../etc/passwd", tarfile.LNKTYPE)]), id="nested-hardlink-dotdot"
+        ),
         pytest.param("tar.gz", tar_bytes([special("dev", tarfile.CHRTYPE)]), id="char-device"),
         pytest.param("tar.gz", tar_bytes([special("dev", tarfile.BLKTYPE)]), id="block-device"),
         pytest.param("tar.gz", tar_bytes([special("fifo", tarfile.FIFOTYPE)]), id="fifo"),
@@ -461,14 +469,21 @@ def test_corrupt_compressed_data_is_an_archive_error(tmp_path: Path, kind: str) 
         check_archive(write(tmp_path, _flip(data, len(data) // 2, 16)), kind)
 
 
-@pytest.mark.parametrize("kind, data, limits", [
-    pytest.param("tar.gz", tar_bytes([(f"f{i}", b"") for i in range(3)]), {"max_entries": 2}, id="tar-entries"),
-    pytest.param("zip", zip_bytes([(f"f{i}.tf", b"") for i in range(3)]), {"max_entries": 2}, id="zip-entries"),
-    pytest.param("tar.gz", tar_bytes([("a.tf", bytes(64))]), {"max_unpacked_bytes": 63}, id="tar-declared"),
-    pytest.param("zip", zip_bytes([("a.tf", bytes(64))]), {"max_unpacked_bytes": 63}, id="zip-declared"),
-    pytest.param("tar.gz", gzip.compress(tar_bytes([("main.tf", b"")], "w") + bytes(MIB)),
-                 {"max_unpacked_bytes": MIB}, id="tar-inflated"),
-])
+@pytest.mark.parametrize(
+    "kind, data, limits",
+    [
+        pytest.param("tar.gz", tar_bytes([(f"f{i}", b"") for i in range(3)]), {"max_entries": 2}, id="tar-entries"),
+        pytest.param("zip", zip_bytes([(f"f{i}.tf", b"") for i in range(3)]), {"max_entries": 2}, id="zip-entries"),
+        pytest.param("tar.gz", tar_bytes([("a.tf", bytes(64))]), {"max_unpacked_bytes": 63}, id="tar-declared"),
+        pytest.param("zip", zip_bytes([("a.tf", bytes(64))]), {"max_unpacked_bytes": 63}, id="zip-declared"),
+        pytest.param(
+            "tar.gz",
+            gzip.compress(tar_bytes([("main.tf", b"")], "w") + bytes(MIB)),
+            {"max_unpacked_bytes": MIB},
+            id="tar-inflated",
+        ),
+    ],
+)
 def test_over_the_limits_is_too_large(tmp_path: Path, kind: str, data: bytes, limits: dict) -> None:
     """Oversize is its own kind of refusal (the module service answers it as too large)."""
     with pytest.raises(ArchiveTooLargeError):

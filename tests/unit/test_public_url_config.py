@@ -22,9 +22,18 @@ def test_public_url_from_the_flag_or_the_environment(tmp_path, monkeypatch):
     assert settings(tmp_path).public_url == "https://mirror.example.org:8443/tf/"
 
 
-@pytest.mark.parametrize("url", ["proxy.example.com", "ftp://proxy.example.com/", "https://user:pw@proxy.example.com/",
-                                 "https://proxy.example.com/?x=1", "https://proxy.example.com/#top", "https://",
-                                 "http://[::1"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "proxy.example.com",
+        "ftp://proxy.example.com/",
+        "https://user:pw@proxy.example.com/",
+        "https://proxy.example.com/?x=1",
+        "https://proxy.example.com/#top",
+        "https://",
+        "http://[::1",
+    ],
+)
 def test_a_public_url_that_is_not_a_plain_http_url_is_refused(tmp_path, monkeypatch, url):
     monkeypatch.delenv("REGISTRY_PROXY_PUBLIC_URL", raising=False)
     with pytest.raises(ConfigError, match="invalid --public-url"):

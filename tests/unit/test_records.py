@@ -37,9 +37,20 @@ def test_a_record_without_a_version_is_read_as_version_1(record) -> None:
 
 
 def test_a_record_written_before_the_version_field_still_reads() -> None:
-    stored = json.dumps({"v": 1, "kind": "record", "data": {
-        "sha256": "ab" * 32, "size": 123, "filename": "foo_1.0.0_linux_amd64.zip",
-        "h1_zip": "h1:zip", "h1_dir": "h1:dir"}}, sort_keys=True).encode()
+    stored = json.dumps(
+        {
+            "v": 1,
+            "kind": "record",
+            "data": {
+                "sha256": "ab" * 32,
+                "size": 123,
+                "filename": "foo_1.0.0_linux_amd64.zip",
+                "h1_zip": "h1:zip",
+                "h1_dir": "h1:dir",
+            },
+        },
+        sort_keys=True,
+    ).encode()
     assert records.decode(stored, ArchiveRecord) == ARCHIVE
 
 
@@ -95,8 +106,10 @@ async def test_the_document_cache_logs_a_newer_record_and_reads_it_as_a_miss(tmp
 def test_unsigned_is_written_only_when_set_and_a_record_without_it_is_signed() -> None:
     assert "unsigned" not in ARCHIVE.to_dict() and "unsigned" not in SUMS.to_dict()
     assert not ArchiveRecord.from_dict(ARCHIVE.to_dict()).unsigned
-    for record in (ArchiveRecord("ab" * 32, 1, "f.zip", "h1:z", "h1:d", unsigned=True),
-                   SumsRecord(b"sums\n", b"sig", "", "", unsigned=True)):
+    for record in (
+        ArchiveRecord("ab" * 32, 1, "f.zip", "h1:z", "h1:d", unsigned=True),
+        SumsRecord(b"sums\n", b"sig", "", "", unsigned=True),
+    ):
         data = decode_record(records.encode(record))
         assert data["unsigned"] is True and data["v"] == RECORD_VERSION
         assert records.decode(records.encode(record), type(record)) == record

@@ -22,28 +22,60 @@ LINUX = Platform("linux", "amd64")
 @pytest.mark.parametrize(
     ("addr", "version", "platform", "expected"),
     [
-        (ProviderAddr.parse("registry.example.test", "acme", "foo"), "1.2.3", LINUX,
-         "/mirror/v1/registry.example.test/acme/foo/1.2.3/linux_amd64/terraform-provider-foo_1.2.3_linux_amd64.zip"),
-        (ProviderAddr.parse("Registry.Example.TEST", "ACME", "Foo"), "v1.2.3", Platform("darwin", "arm64"),
-         "/mirror/v1/registry.example.test/acme/foo/1.2.3/darwin_arm64/terraform-provider-foo_1.2.3_darwin_arm64.zip"),
-        (ProviderAddr.parse("registry.example.test", "acme", "foo"), "1.0.0-beta.1+build.5", LINUX,
-         "/mirror/v1/registry.example.test/acme/foo/1.0.0-beta.1+build.5/linux_amd64/"
-         "terraform-provider-foo_1.0.0-beta.1%2Bbuild.5_linux_amd64.zip"),
+        (
+            ProviderAddr.parse("registry.example.test", "acme", "foo"),
+            "1.2.3",
+            LINUX,
+            "/mirror/v1/registry.example.test/acme/foo/1.2.3/linux_amd64/terraform-provider-foo_1.2.3_linux_amd64.zip",
+        ),
+        (
+            ProviderAddr.parse("Registry.Example.TEST", "ACME", "Foo"),
+            "v1.2.3",
+            Platform("darwin", "arm64"),
+            "/mirror/v1/registry.example.test/acme/foo/1.2.3/darwin_arm64/terraform-provider-foo_1.2.3_darwin_arm64.zip",
+        ),
+        (
+            ProviderAddr.parse("registry.example.test", "acme", "foo"),
+            "1.0.0-beta.1+build.5",
+            LINUX,
+            "/mirror/v1/registry.example.test/acme/foo/1.0.0-beta.1+build.5/linux_amd64/"
+            "terraform-provider-foo_1.0.0-beta.1%2Bbuild.5_linux_amd64.zip",
+        ),
         # Unicode hostnames appear in their punycode form
-        (ProviderAddr.parse("münchen.de", "acme", "foo"), "1.0.0", LINUX,
-         "/mirror/v1/xn--mnchen-3ya.de/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"),
-        (ProviderAddr.parse("xn--mnchen-3ya.de", "acme", "foo"), "1.0.0", LINUX,
-         "/mirror/v1/xn--mnchen-3ya.de/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"),
+        (
+            ProviderAddr.parse("münchen.de", "acme", "foo"),
+            "1.0.0",
+            LINUX,
+            "/mirror/v1/xn--mnchen-3ya.de/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip",
+        ),
+        (
+            ProviderAddr.parse("xn--mnchen-3ya.de", "acme", "foo"),
+            "1.0.0",
+            LINUX,
+            "/mirror/v1/xn--mnchen-3ya.de/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip",
+        ),
         # a port is one path segment, its colon encoded; :443 disappears
-        (ProviderAddr.parse("registry.example.test:8443", "acme", "foo"), "1.0.0", LINUX,
-         "/mirror/v1/registry.example.test%3A8443/acme/foo/1.0.0/linux_amd64/"
-         "terraform-provider-foo_1.0.0_linux_amd64.zip"),
-        (ProviderAddr.parse("registry.example.test:443", "acme", "foo"), "1.0.0", LINUX,
-         "/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"),
+        (
+            ProviderAddr.parse("registry.example.test:8443", "acme", "foo"),
+            "1.0.0",
+            LINUX,
+            "/mirror/v1/registry.example.test%3A8443/acme/foo/1.0.0/linux_amd64/"
+            "terraform-provider-foo_1.0.0_linux_amd64.zip",
+        ),
+        (
+            ProviderAddr.parse("registry.example.test:443", "acme", "foo"),
+            "1.0.0",
+            LINUX,
+            "/mirror/v1/registry.example.test/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip",
+        ),
         # non-ASCII namespaces and types are percent-encoded as UTF-8
-        (ProviderAddr.parse("registry.example.test", "Müller", "straße"), "1.0.0", LINUX,
-         "/mirror/v1/registry.example.test/m%C3%BCller/stra%C3%9Fe/1.0.0/linux_amd64/"
-         "terraform-provider-stra%C3%9Fe_1.0.0_linux_amd64.zip"),
+        (
+            ProviderAddr.parse("registry.example.test", "Müller", "straße"),
+            "1.0.0",
+            LINUX,
+            "/mirror/v1/registry.example.test/m%C3%BCller/stra%C3%9Fe/1.0.0/linux_amd64/"
+            "terraform-provider-stra%C3%9Fe_1.0.0_linux_amd64.zip",
+        ),
     ],
 )
 def test_mirror_archive_path(addr: ProviderAddr, version: str, platform: Platform, expected: str) -> None:
@@ -70,12 +102,24 @@ def test_registry_base(hostname: str, service: str, expected: str) -> None:
 @pytest.mark.parametrize(
     ("addr", "version", "platform", "expected"),
     [
-        (ProviderAddr.parse("registry.example.test", "acme", "foo"), "1.2.3", LINUX,
-         "/registry/registry.example.test/providers/v1/acme/foo/1.2.3/download/linux/amd64"),
-        (ProviderAddr.parse("münchen.de:8443", "acme", "foo"), "v0.1.0", Platform("windows", "386"),
-         "/registry/xn--mnchen-3ya.de%3A8443/providers/v1/acme/foo/0.1.0/download/windows/386"),
-        (ProviderAddr.parse("registry.example.test", "Müller", "foo"), "1.0.0", LINUX,
-         "/registry/registry.example.test/providers/v1/m%C3%BCller/foo/1.0.0/download/linux/amd64"),
+        (
+            ProviderAddr.parse("registry.example.test", "acme", "foo"),
+            "1.2.3",
+            LINUX,
+            "/registry/registry.example.test/providers/v1/acme/foo/1.2.3/download/linux/amd64",
+        ),
+        (
+            ProviderAddr.parse("münchen.de:8443", "acme", "foo"),
+            "v0.1.0",
+            Platform("windows", "386"),
+            "/registry/xn--mnchen-3ya.de%3A8443/providers/v1/acme/foo/0.1.0/download/windows/386",
+        ),
+        (
+            ProviderAddr.parse("registry.example.test", "Müller", "foo"),
+            "1.0.0",
+            LINUX,
+            "/registry/registry.example.test/providers/v1/m%C3%BCller/foo/1.0.0/download/linux/amd64",
+        ),
     ],
 )
 def test_registry_download_path(addr: ProviderAddr, version: str, platform: Platform, expected: str) -> None:
@@ -103,7 +147,8 @@ def test_rewrite_download_document_replaces_the_three_urls() -> None:
     result = rewrite_download_document(UPSTREAM_DOCUMENT, addr, version, LINUX)
     base = "/registry/registry.example.test/providers/v1/acme/foo/1.2.3/download/linux/amd64"
     assert result["download_url"] == (
-        "/mirror/v1/registry.example.test/acme/foo/1.2.3/linux_amd64/terraform-provider-foo_1.2.3_linux_amd64.zip")
+        "/mirror/v1/registry.example.test/acme/foo/1.2.3/linux_amd64/terraform-provider-foo_1.2.3_linux_amd64.zip"
+    )
     assert result["shasums_url"] == f"{base}/SHA256SUMS"
     assert result["shasums_signature_url"] == f"{base}/SHA256SUMS.sig"
     assert result["download_url"] == mirror_archive_path(addr, version, LINUX)
@@ -134,16 +179,36 @@ def test_rewrite_download_document_adds_missing_urls() -> None:
 @pytest.mark.parametrize(
     ("addr", "version", "extension", "expected"),
     [
-        (ModuleAddr.parse("registry.example.test", "acme", "vpc", "aws"), "1.0.0", ".tar.gz",
-         "/registry/registry.example.test/modules/v1/acme/vpc/aws/1.0.0/archive.tar.gz"),
-        (ModuleAddr.parse("registry.example.test", "acme", "vpc", "aws"), "v2.1.0-rc.1", ".zip",
-         "/registry/registry.example.test/modules/v1/acme/vpc/aws/2.1.0-rc.1/archive.zip"),
-        (ModuleAddr.parse("registry.example.test", "Acme_Corp", "my_vpc-x", "azurerm"), "1.0.0", ".tar.xz",
-         "/registry/registry.example.test/modules/v1/Acme_Corp/my_vpc-x/azurerm/1.0.0/archive.tar.xz"),
-        (ModuleAddr.parse("münchen.de", "acme", "vpc", "aws"), "1.0.0", ".tar",
-         "/registry/xn--mnchen-3ya.de/modules/v1/acme/vpc/aws/1.0.0/archive.tar"),
-        (ModuleAddr.parse("registry.example.test:8443", "acme", "vpc", "aws"), "1.0.0", ".tar.bz2",
-         "/registry/registry.example.test%3A8443/modules/v1/acme/vpc/aws/1.0.0/archive.tar.bz2"),
+        (
+            ModuleAddr.parse("registry.example.test", "acme", "vpc", "aws"),
+            "1.0.0",
+            ".tar.gz",
+            "/registry/registry.example.test/modules/v1/acme/vpc/aws/1.0.0/archive.tar.gz",
+        ),
+        (
+            ModuleAddr.parse("registry.example.test", "acme", "vpc", "aws"),
+            "v2.1.0-rc.1",
+            ".zip",
+            "/registry/registry.example.test/modules/v1/acme/vpc/aws/2.1.0-rc.1/archive.zip",
+        ),
+        (
+            ModuleAddr.parse("registry.example.test", "Acme_Corp", "my_vpc-x", "azurerm"),
+            "1.0.0",
+            ".tar.xz",
+            "/registry/registry.example.test/modules/v1/Acme_Corp/my_vpc-x/azurerm/1.0.0/archive.tar.xz",
+        ),
+        (
+            ModuleAddr.parse("münchen.de", "acme", "vpc", "aws"),
+            "1.0.0",
+            ".tar",
+            "/registry/xn--mnchen-3ya.de/modules/v1/acme/vpc/aws/1.0.0/archive.tar",
+        ),
+        (
+            ModuleAddr.parse("registry.example.test:8443", "acme", "vpc", "aws"),
+            "1.0.0",
+            ".tar.bz2",
+            "/registry/registry.example.test%3A8443/modules/v1/acme/vpc/aws/1.0.0/archive.tar.bz2",
+        ),
     ],
 )
 def test_module_archive_path(addr: ModuleAddr, version: str, extension: str, expected: str) -> None:

@@ -23,12 +23,15 @@ def test_seal_round_trip():
     assert unseal(SECRET, KEY, seal(SECRET, KEY, VALUE)) == (VALUE, "")
 
 
-@pytest.mark.parametrize("stored", [
-    seal(SECRET, KEY.replace("1.1.0", "1.0.0"), VALUE),  # a valid record moved to another key
-    seal(b"another-secret-of-another-fleet", KEY, VALUE),  # another secret
-    seal(SECRET, KEY, VALUE).replace(b"ab", b"cd"),  # edited value
-    seal(SECRET, KEY, VALUE)[:-1],  # cut short
-])
+@pytest.mark.parametrize(
+    "stored",
+    [
+        seal(SECRET, KEY.replace("1.1.0", "1.0.0"), VALUE),  # a valid record moved to another key
+        seal(b"another-secret-of-another-fleet", KEY, VALUE),  # another secret
+        seal(SECRET, KEY, VALUE).replace(b"ab", b"cd"),  # edited value
+        seal(SECRET, KEY, VALUE)[:-1],  # cut short
+    ],
+)
 def test_a_moved_edited_or_foreign_value_has_a_bad_seal(stored):
     value, why = unseal(SECRET, KEY, stored)
     assert value is None and why.startswith("bad seal")
@@ -79,8 +82,10 @@ def test_embedded_secret_is_made_once_private_and_reused(tmp_path):
 
 
 def test_operator_secret_wins_and_files_are_stripped(tmp_path):
-    assert metadata_secret(Settings(data_dir=tmp_path, metadata_secret=" s3cret-s3cret-s3cret\n")) == \
-        b"s3cret-s3cret-s3cret"
+    assert (
+        metadata_secret(Settings(data_dir=tmp_path, metadata_secret=" s3cret-s3cret-s3cret\n"))
+        == b"s3cret-s3cret-s3cret"
+    )
     secret_file = tmp_path / "secret"
     secret_file.write_text("s3cret-s3cret-s3cret\n")
     assert metadata_secret(Settings(data_dir=tmp_path, metadata_secret_file=secret_file)) == b"s3cret-s3cret-s3cret"
@@ -109,19 +114,23 @@ def _serve_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str
     return settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path), *flags]))
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--redis-url", "redis://127.0.0.1:6379/0"], "every replica the same secret"),
-    (["--metadata-secret", "0123456789abcdef", "--metadata-secret-file", "f"], "not both"),
-    (["--metadata-secret", "short"], "at least 16 bytes"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--redis-url", "redis://127.0.0.1:6379/0"], "every replica the same secret"),
+        (["--metadata-secret", "0123456789abcdef", "--metadata-secret-file", "f"], "not both"),
+        (["--metadata-secret", "short"], "at least 16 bytes"),
+    ],
+)
 def test_cli_refuses_a_missing_or_bad_secret(monkeypatch, tmp_path, flags, message):
     with pytest.raises(ConfigError, match=message):
         _serve_settings(monkeypatch, tmp_path, *flags)
 
 
 def test_cli_takes_the_secret_from_the_environment(monkeypatch, tmp_path):
-    settings = _serve_settings(monkeypatch, tmp_path, "--redis-url", "redis://127.0.0.1:6379/0",
-                               METADATA_SECRET="from-the-environment-0123")
+    settings = _serve_settings(
+        monkeypatch, tmp_path, "--redis-url", "redis://127.0.0.1:6379/0", METADATA_SECRET="from-the-environment-0123"
+    )
     assert settings.metadata_secret == "from-the-environment-0123"
     settings = _serve_settings(monkeypatch, tmp_path, METADATA_SECRET_FILE=str(tmp_path / "s"))
     assert (settings.metadata_secret, settings.metadata_secret_file) == (None, tmp_path / "s")

@@ -40,15 +40,19 @@ def test_flags_and_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) ->
     assert _settings(tmp_path, "--max-connections", "8").max_connections == 8  # the flag wins
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (("--max-connections", "0"), "--max-connections must be a positive integer"),
-    (("--max-connections", "-5"), "--max-connections must be a positive integer"),
-    (("--max-connections", "lots"), "--max-connections must be a positive integer"),
-    (("--send-timeout", "0s"), "--send-timeout must be more than 0s"),
-    (("--keepalive-timeout", "0"), "--keepalive-timeout must be more than 0s"),
-    (("--client-header-timeout", "soon"), "invalid duration"),
-])
-def test_invalid_values_stop_start_up(clean_env: pytest.MonkeyPatch, tmp_path: Path, flags: tuple,
-                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--max-connections", "0"), "--max-connections must be a positive integer"),
+        (("--max-connections", "-5"), "--max-connections must be a positive integer"),
+        (("--max-connections", "lots"), "--max-connections must be a positive integer"),
+        (("--send-timeout", "0s"), "--send-timeout must be more than 0s"),
+        (("--keepalive-timeout", "0"), "--keepalive-timeout must be more than 0s"),
+        (("--client-header-timeout", "soon"), "invalid duration"),
+    ],
+)
+def test_invalid_values_stop_start_up(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, flags: tuple, message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         _settings(tmp_path, *flags)

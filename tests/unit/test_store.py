@@ -27,15 +27,18 @@ def make_dir(root: Path, name: str, *, lock: bool = True, age: float = 0) -> Pat
     return folder
 
 
-@pytest.mark.parametrize(("name", "lock", "held", "age", "reaped"), [
-    (f"{HOST}-1-aaaaaaaa", True, False, 0, True),  # this host, nobody holds it: dead, whatever its PID
-    (f"{HOST}-1-aaaaaaaa", True, True, 2 * DAY, False),  # held: alive, however old
-    ("otherhost-7-aaaaaaaa", True, False, 0, False),  # another host's lock may be invisible here: wait a day
-    ("otherhost-7-aaaaaaaa", True, False, 2 * DAY, True),
-    ("otherhost-7-aaaaaaaa", True, True, 2 * DAY, False),
-    (f"{HOST}-1-aaaaaaaa", False, False, 0, False),  # no lock file: an older version's, or being created now
-    (f"{HOST}-1-aaaaaaaa", False, False, 2 * DAY, True),
-])
+@pytest.mark.parametrize(
+    ("name", "lock", "held", "age", "reaped"),
+    [
+        (f"{HOST}-1-aaaaaaaa", True, False, 0, True),  # this host, nobody holds it: dead, whatever its PID
+        (f"{HOST}-1-aaaaaaaa", True, True, 2 * DAY, False),  # held: alive, however old
+        ("otherhost-7-aaaaaaaa", True, False, 0, False),  # another host's lock may be invisible here: wait a day
+        ("otherhost-7-aaaaaaaa", True, False, 2 * DAY, True),
+        ("otherhost-7-aaaaaaaa", True, True, 2 * DAY, False),
+        (f"{HOST}-1-aaaaaaaa", False, False, 0, False),  # no lock file: an older version's, or being created now
+        (f"{HOST}-1-aaaaaaaa", False, False, 2 * DAY, True),
+    ],
+)
 def test_temp_dirs_are_reaped_by_lock_not_by_pid(tmp_path, name, lock, held, age, reaped):
     folder = make_dir(tmp_path, name, lock=lock, age=age)
     holder = open(folder / LOCK_NAME) if held else None  # noqa: SIM115 - closed below

@@ -47,8 +47,12 @@ def expected(mapping: dict[str, list[str]]) -> dict[ProviderAddr, list[str]]:
 # required_providers
 # ---------------------------------------------------------------------------------------------
 
+
 def test_required_providers_object_and_legacy_string_forms(tmp_path):
-    write(tmp_path, {"main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": """
         terraform {
           required_providers {
             aws = {
@@ -64,13 +68,17 @@ def test_required_providers_object_and_legacy_string_forms(tmp_path):
             }
           }
         }
-    """})
-    assert providers(tmp_path) == expected({
-        "hashicorp/aws": ["~> 5.0"],
-        "hashicorp/google": ["~> 4.0"],
-        "hashicorp/random": [],
-        "hashicorp/null": [">= 3.0"],
-    })
+    """
+        },
+    )
+    assert providers(tmp_path) == expected(
+        {
+            "hashicorp/aws": ["~> 5.0"],
+            "hashicorp/google": ["~> 4.0"],
+            "hashicorp/random": [],
+            "hashicorp/null": [">= 3.0"],
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,19 +94,27 @@ def test_required_providers_object_and_legacy_string_forms(tmp_path):
     ],
 )
 def test_provider_source_forms(tmp_path, source, expected_addr):
-    write(tmp_path, {"versions.tf": f"""
+    write(
+        tmp_path,
+        {
+            "versions.tf": f"""
         terraform {{
           required_providers {{
             p = {{ source = "{source}", version = "1.0.0" }}
           }}
         }}
-    """})
+    """
+        },
+    )
     found = read_requirements(tmp_path)
     assert {str(a): c for a, c in found.providers.items()} == {expected_addr: ["1.0.0"]}
 
 
 def test_default_host_applies_to_short_sources_and_implied_providers(tmp_path):
-    write(tmp_path, {"main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": """
         terraform {
           required_providers {
             aws    = { source = "hashicorp/aws", version = "~> 5.0" }
@@ -108,7 +124,9 @@ def test_default_host_applies_to_short_sources_and_implied_providers(tmp_path):
         }
         resource "random_pet" "x" {}
         provider "google" {}
-    """})
+    """
+        },
+    )
     assert providers(tmp_path, TOFU) == {
         ProviderAddr.parse(TOFU, "hashicorp", "aws"): ["~> 5.0"],
         ProviderAddr.parse(TOFU, "hashicorp", "legacy"): ["1.0.0"],
@@ -131,9 +149,12 @@ def test_empty_configuration(tmp_path):
 # Local child modules
 # ---------------------------------------------------------------------------------------------
 
+
 def test_constraints_from_root_and_local_child_modules_are_merged(tmp_path):
-    write(tmp_path, {
-        "main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": """
             terraform {
               required_providers {
                 aws = { source = "hashicorp/aws", version = ">= 5.0" }
@@ -143,7 +164,7 @@ def test_constraints_from_root_and_local_child_modules_are_merged(tmp_path):
               source = "./modules/x"
             }
         """,
-        "modules/x/main.tf": """
+            "modules/x/main.tf": """
             terraform {
               required_providers {
                 aws = { source = "hashicorp/aws", version = "< 6.0" }
@@ -153,7 +174,7 @@ def test_constraints_from_root_and_local_child_modules_are_merged(tmp_path):
               source = "../y"
             }
         """,
-        "modules/y/versions.tf": """
+            "modules/y/versions.tf": """
             terraform {
               required_providers {
                 aws    = { source = "hashicorp/aws", version = "!= 5.5.0" }
@@ -161,23 +182,28 @@ def test_constraints_from_root_and_local_child_modules_are_merged(tmp_path):
               }
             }
         """,
-        "modules/unused/main.tf": """
+            "modules/unused/main.tf": """
             terraform {
               required_providers {
                 aws = { source = "hashicorp/aws", version = "4.0.0" }
               }
             }
         """,
-    })
-    assert providers(tmp_path) == expected({
-        "hashicorp/aws": [">= 5.0", "< 6.0", "!= 5.5.0"],
-        "hashicorp/random": ["~> 3.0"],
-    })
+        },
+    )
+    assert providers(tmp_path) == expected(
+        {
+            "hashicorp/aws": [">= 5.0", "< 6.0", "!= 5.5.0"],
+            "hashicorp/random": ["~> 3.0"],
+        }
+    )
 
 
 def test_module_called_twice_is_read_once(tmp_path):
-    write(tmp_path, {
-        "main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": """
             module "one" {
               source = "./mod"
             }
@@ -188,8 +214,9 @@ def test_module_called_twice_is_read_once(tmp_path):
               source = "./other/../mod"
             }
         """,
-        "mod/main.tf": 'terraform {\n  required_providers {\n    aws = "~> 5.0"\n  }\n}\n',
-    })
+            "mod/main.tf": 'terraform {\n  required_providers {\n    aws = "~> 5.0"\n  }\n}\n',
+        },
+    )
     assert providers(tmp_path) == expected({"hashicorp/aws": ["~> 5.0"]})
 
 
@@ -213,12 +240,15 @@ def _read_with_deadline(root: Path, seconds: float = 10.0) -> Requirements:
 
 
 def test_cycle_between_local_modules_terminates(tmp_path):
-    write(tmp_path, {
-        "main.tf": 'module "a" {\n  source = "./modules/a"\n}\nmodule "self" {\n  source = "./"\n}\n',
-        "modules/a/main.tf": 'module "b" {\n  source = "../b"\n}\nresource "aws_instance" "x" {}\n',
-        "modules/b/main.tf": 'module "a" {\n  source = "../a"\n}\nmodule "root" {\n  source = "../.."\n}\n'
-                             'resource "random_pet" "x" {}\n',
-    })
+    write(
+        tmp_path,
+        {
+            "main.tf": 'module "a" {\n  source = "./modules/a"\n}\nmodule "self" {\n  source = "./"\n}\n',
+            "modules/a/main.tf": 'module "b" {\n  source = "../b"\n}\nresource "aws_instance" "x" {}\n',
+            "modules/b/main.tf": 'module "a" {\n  source = "../a"\n}\nmodule "root" {\n  source = "../.."\n}\n'
+            'resource "random_pet" "x" {}\n',
+        },
+    )
     found = _read_with_deadline(tmp_path)
     assert set(found.providers) == {addr("hashicorp/aws"), addr("hashicorp/random")}
 
@@ -226,6 +256,7 @@ def test_cycle_between_local_modules_terminates(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Providers implied by resources, data sources and provider blocks
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("config", "expected_sources"),
@@ -249,7 +280,10 @@ def test_implied_providers(tmp_path, config, expected_sources):
 
 
 def test_local_name_maps_resources_provider_blocks_and_meta_arguments(tmp_path):
-    write(tmp_path, {"main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": """
         terraform {
           required_providers {
             mycloud = { source = "acme/cloud", version = "~> 1.0" }
@@ -263,31 +297,38 @@ def test_local_name_maps_resources_provider_blocks_and_meta_arguments(tmp_path):
         resource "random_pet" "c" {
           provider = mycloud.eu
         }
-    """})
+    """
+        },
+    )
     assert providers(tmp_path) == expected({"acme/cloud": ["~> 1.0"]})
 
 
 def test_local_names_apply_to_the_whole_module_not_just_their_file(tmp_path):
     # The usual layout: required_providers in versions.tf, resources elsewhere.
     # `terraform init` installs only acme/cloud here (no hashicorp/mycloud).
-    write(tmp_path, {
-        "versions.tf": """
+    write(
+        tmp_path,
+        {
+            "versions.tf": """
             terraform {
               required_providers {
                 mycloud = { source = "acme/cloud", version = "~> 1.0" }
               }
             }
         """,
-        "main.tf": 'resource "mycloud_thing" "x" {}\nprovider "mycloud" {}\n',
-        "z_more.tf": 'resource "random_pet" "y" {\n  provider = mycloud\n}\n',
-    })
+            "main.tf": 'resource "mycloud_thing" "x" {}\nprovider "mycloud" {}\n',
+            "z_more.tf": 'resource "random_pet" "y" {\n  provider = mycloud\n}\n',
+        },
+    )
     assert providers(tmp_path) == expected({"acme/cloud": ["~> 1.0"]})
 
 
 def test_local_names_do_not_leak_between_modules(tmp_path):
-    write(tmp_path, {
-        "main.tf": 'module "child" {\n  source = "./child"\n}\nresource "mycloud_thing" "x" {}\n',
-        "child/main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": 'module "child" {\n  source = "./child"\n}\nresource "mycloud_thing" "x" {}\n',
+            "child/main.tf": """
             terraform {
               required_providers {
                 mycloud = { source = "acme/cloud" }
@@ -295,7 +336,8 @@ def test_local_names_do_not_leak_between_modules(tmp_path):
             }
             resource "mycloud_thing" "y" {}
         """,
-    })
+        },
+    )
     assert providers(tmp_path) == expected({"acme/cloud": [], "hashicorp/mycloud": []})
 
 
@@ -316,9 +358,12 @@ def test_builtin_terraform_provider_is_not_a_registry_provider(tmp_path, config)
 # .tofu files
 # ---------------------------------------------------------------------------------------------
 
+
 def test_tofu_file_replaces_tf_file_of_the_same_name(tmp_path):
-    write(tmp_path, {
-        "main.tf": """
+    write(
+        tmp_path,
+        {
+            "main.tf": """
             terraform {
               required_providers {
                 aws = { source = "hashicorp/aws", version = "~> 4.0" }
@@ -329,31 +374,37 @@ def test_tofu_file_replaces_tf_file_of_the_same_name(tmp_path):
               source = "hashicorp/consul/aws"
             }
         """,
-        "main.tofu": """
+            "main.tofu": """
             terraform {
               required_providers {
                 aws = { source = "hashicorp/aws", version = "~> 5.0" }
               }
             }
         """,
-        "other.tf": 'resource "random_pet" "x" {}\n',
-        "extra.tofu": 'resource "null_resource" "x" {}\n',
-    })
+            "other.tf": 'resource "random_pet" "x" {}\n',
+            "extra.tofu": 'resource "null_resource" "x" {}\n',
+        },
+    )
     found = read_requirements(tmp_path)
-    assert {a: sorted(c) for a, c in found.providers.items()} == expected({
-        "hashicorp/aws": ["~> 5.0"],
-        "hashicorp/random": [],
-        "hashicorp/null": [],
-    })
+    assert {a: sorted(c) for a, c in found.providers.items()} == expected(
+        {
+            "hashicorp/aws": ["~> 5.0"],
+            "hashicorp/random": [],
+            "hashicorp/null": [],
+        }
+    )
     assert found.modules == []
 
 
 def test_tofu_replacement_applies_in_child_modules(tmp_path):
-    write(tmp_path, {
-        "main.tf": 'module "c" {\n  source = "./c"\n}\n',
-        "c/versions.tf": 'terraform {\n  required_providers {\n    aws = "~> 4.0"\n  }\n}\n',
-        "c/versions.tofu": 'terraform {\n  required_providers {\n    aws = "~> 5.0"\n  }\n}\n',
-    })
+    write(
+        tmp_path,
+        {
+            "main.tf": 'module "c" {\n  source = "./c"\n}\n',
+            "c/versions.tf": 'terraform {\n  required_providers {\n    aws = "~> 4.0"\n  }\n}\n',
+            "c/versions.tofu": 'terraform {\n  required_providers {\n    aws = "~> 5.0"\n  }\n}\n',
+        },
+    )
     assert providers(tmp_path) == expected({"hashicorp/aws": ["~> 5.0"]})
 
 
@@ -361,19 +412,26 @@ def test_tofu_replacement_applies_in_child_modules(tmp_path):
 # Registry module calls
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("source", "version", "registry_address"),
     [
         ("hashicorp/consul/aws", "0.1.0", f"{TF}/hashicorp/consul/aws"),
         ("terraform-aws-modules/vpc/aws", "~> 5.0", f"{TF}/terraform-aws-modules/vpc/aws"),
-        ("app.terraform.io/example-corp/k8s-cluster/azurerm", ">= 1.0",
-         "app.terraform.io/example-corp/k8s-cluster/azurerm"),
+        (
+            "app.terraform.io/example-corp/k8s-cluster/azurerm",
+            ">= 1.0",
+            "app.terraform.io/example-corp/k8s-cluster/azurerm",
+        ),
         ("registry.opentofu.org/acme/net/aws", "", "registry.opentofu.org/acme/net/aws"),
         ("example.com:8443/acme/net/aws", "1.2.3", "example.com:8443/acme/net/aws"),
         # a sub-directory of the package does not change which package is fetched
         ("hashicorp/consul/aws//modules/consul-cluster", "0.1.0", f"{TF}/hashicorp/consul/aws"),
-        ("app.terraform.io/example-corp/k8s-cluster/azurerm//modules/x", "~> 1.0",
-         "app.terraform.io/example-corp/k8s-cluster/azurerm"),
+        (
+            "app.terraform.io/example-corp/k8s-cluster/azurerm//modules/x",
+            "~> 1.0",
+            "app.terraform.io/example-corp/k8s-cluster/azurerm",
+        ),
     ],
 )
 def test_registry_module_calls_are_collected(tmp_path, source, version, registry_address):
@@ -386,11 +444,14 @@ def test_registry_module_calls_are_collected(tmp_path, source, version, registry
 
 
 def test_module_calls_use_default_host_and_are_collected_from_child_modules(tmp_path):
-    write(tmp_path, {
-        "main.tf": 'module "c" {\n  source = "./c"\n}\n'
-                   'module "vpc" {\n  source = "acme/vpc/aws"\n  version = "1.0.0"\n}\n',
-        "c/main.tf": 'module "net" {\n  source = "acme/net/aws"\n  version = "~> 2.0"\n}\n',
-    })
+    write(
+        tmp_path,
+        {
+            "main.tf": 'module "c" {\n  source = "./c"\n}\n'
+            'module "vpc" {\n  source = "acme/vpc/aws"\n  version = "1.0.0"\n}\n',
+            "c/main.tf": 'module "net" {\n  source = "acme/net/aws"\n  version = "~> 2.0"\n}\n',
+        },
+    )
     found = read_requirements(tmp_path, TOFU)
     root, child = (tmp_path / "main.tf").resolve(), (tmp_path / "c" / "main.tf").resolve()
     assert sorted(found.modules, key=lambda m: m.source) == [
@@ -434,6 +495,7 @@ def test_missing_local_module_directory_is_an_error(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("files", "bad_file"),

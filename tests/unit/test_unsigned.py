@@ -32,8 +32,20 @@ def test_allow_hosts_normalises_the_names_as_the_clients_do() -> None:
     assert str(policy) == "allow-hosts=private.example,registry.example.com,xn--bcher-kva.example"
 
 
-@pytest.mark.parametrize("text", ["", "allow", "allow-hosts=", "allow-hosts= , ", "allow-hosts=bad host",
-                                  "allow-hosts=a..b", "allow-hosts=host:99999", "OPENTOFU-DEFAULT", "refuse,x"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "allow",
+        "allow-hosts=",
+        "allow-hosts= , ",
+        "allow-hosts=bad host",
+        "allow-hosts=a..b",
+        "allow-hosts=host:99999",
+        "OPENTOFU-DEFAULT",
+        "refuse,x",
+    ],
+)
 def test_invalid_values_are_refused(text: str) -> None:
     with pytest.raises(UnsignedPolicyError):
         parse_unsigned_policy(text)

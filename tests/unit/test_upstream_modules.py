@@ -32,8 +32,10 @@ ADDR = ModuleAddr.parse("registry.example.test", "acme", "vpc", "aws")
         ("https://registry.example.test/v1/modules", "https://registry.example.test/v1/modules/acme/vpc/aws/versions"),
         ("https://registry.example.test/", "https://registry.example.test/acme/vpc/aws/versions"),
         ("https://registry.example.test", "https://registry.example.test/acme/vpc/aws/versions"),
-        ("https://modules.example.test:8443/api/v1/modules",
-         "https://modules.example.test:8443/api/v1/modules/acme/vpc/aws/versions"),
+        (
+            "https://modules.example.test:8443/api/v1/modules",
+            "https://modules.example.test:8443/api/v1/modules/acme/vpc/aws/versions",
+        ),
     ],
 )
 def test_versions_url(base: str, expected: str) -> None:
@@ -43,12 +45,21 @@ def test_versions_url(base: str, expected: str) -> None:
 @pytest.mark.parametrize(
     ("base", "version", "expected"),
     [
-        ("https://registry.example.test/v1/modules/", "1.0.0",
-         "https://registry.example.test/v1/modules/acme/vpc/aws/1.0.0/download"),
-        ("https://registry.example.test/v1/modules", "v1.0.0",
-         "https://registry.example.test/v1/modules/acme/vpc/aws/1.0.0/download"),
-        ("https://registry.example.test", "2.0.0-rc.1",
-         "https://registry.example.test/acme/vpc/aws/2.0.0-rc.1/download"),
+        (
+            "https://registry.example.test/v1/modules/",
+            "1.0.0",
+            "https://registry.example.test/v1/modules/acme/vpc/aws/1.0.0/download",
+        ),
+        (
+            "https://registry.example.test/v1/modules",
+            "v1.0.0",
+            "https://registry.example.test/v1/modules/acme/vpc/aws/1.0.0/download",
+        ),
+        (
+            "https://registry.example.test",
+            "2.0.0-rc.1",
+            "https://registry.example.test/acme/vpc/aws/2.0.0-rc.1/download",
+        ),
     ],
 )
 def test_download_url(base: str, version: str, expected: str) -> None:
@@ -58,7 +69,8 @@ def test_download_url(base: str, version: str, expected: str) -> None:
 def test_urls_keep_module_name_case_and_underscores() -> None:
     addr = ModuleAddr.parse("registry.example.test", "Acme_Corp", "My_Vpc", "aws")
     assert str(versions_url(URL("https://r.example/v1/modules"), addr)) == (
-        "https://r.example/v1/modules/Acme_Corp/My_Vpc/aws/versions")
+        "https://r.example/v1/modules/Acme_Corp/My_Vpc/aws/versions"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,8 +96,18 @@ def versions_body(*versions: object) -> bytes:
         (versions_body("1.0.0", 2, None, ["1.1.0"]), ["1.0.0"]),
         (json.dumps({"modules": [{"versions": [{"version": "1.0.0"}, "1.1.0", 3, None, {}]}]}).encode(), ["1.0.0"]),
         # extra fields are ignored; only the first module counts
-        (json.dumps({"modules": [{"source": "x", "versions": [{"version": "1.0.0", "submodules": []}]},
-                                 {"versions": [{"version": "9.9.9"}]}], "meta": {}}).encode(), ["1.0.0"]),
+        (
+            json.dumps(
+                {
+                    "modules": [
+                        {"source": "x", "versions": [{"version": "1.0.0", "submodules": []}]},
+                        {"versions": [{"version": "9.9.9"}]},
+                    ],
+                    "meta": {},
+                }
+            ).encode(),
+            ["1.0.0"],
+        ),
         (b'\xef\xbb\xbf{"modules": [{"versions": [{"version": "1.0.0"}]}]}', ["1.0.0"]),
     ],
 )
@@ -161,8 +183,12 @@ def location_body(location: object) -> bytes:
         (200, HEADER, b"[1, 2]", HEADER),
         (200, HEADER, b'"just a string"', HEADER),
         (200, HEADER, b"\xff\xfe\xfd", HEADER),
-        (200, None, location_body("git::https://git.example.test/r.git?ref=v1"),
-         "git::https://git.example.test/r.git?ref=v1"),
+        (
+            200,
+            None,
+            location_body("git::https://git.example.test/r.git?ref=v1"),
+            "git::https://git.example.test/r.git?ref=v1",
+        ),
         (200, None, location_body("./archive.tar.gz"), "./archive.tar.gz"),
         (204, "  https://a.example/x.zip  ", b"", "https://a.example/x.zip"),
         (200, None, json.dumps({"location": BODY_LOCATION, "x": 1}).encode(), BODY_LOCATION),

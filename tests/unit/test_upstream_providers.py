@@ -71,8 +71,11 @@ def test_urls_are_built_under_the_discovered_base() -> None:
 
 def test_versions_good_document() -> None:
     body = versions_body(
-        {"version": "1.2.0", "protocols": ["5.0"],
-         "platforms": [{"os": "linux", "arch": "amd64"}, {"os": "darwin", "arch": "arm64"}]},
+        {
+            "version": "1.2.0",
+            "protocols": ["5.0"],
+            "platforms": [{"os": "linux", "arch": "amd64"}, {"os": "darwin", "arch": "arm64"}],
+        },
         {"version": "2.0.0-beta.1", "protocols": ["5.0", "6.0"], "platforms": []},
     )
     assert parse_versions(body, ADDR) == {
@@ -83,31 +86,50 @@ def test_versions_good_document() -> None:
 
 def test_versions_skips_entries_the_clients_skip() -> None:
     body = versions_body(
-        "1.0.0", None, [], {}, {"version": 1}, {"version": None}, {"version": "banana"}, {"version": "1.0"},
-        {"version": "1.2.0", "protocols": ["5.0", 5, None, {"x": 1}],
-         "platforms": ["linux_amd64", None, {"os": "linux"}, {"os": 1, "arch": "amd64"},
-                       {"os": "../etc", "arch": "amd64"}, {"os": "Linux", "arch": "amd64"},
-                       {"os": "linux", "arch": "amd64"}, {"os": "linux", "arch": "amd64"}]},
+        "1.0.0",
+        None,
+        [],
+        {},
+        {"version": 1},
+        {"version": None},
+        {"version": "banana"},
+        {"version": "1.0"},
+        {
+            "version": "1.2.0",
+            "protocols": ["5.0", 5, None, {"x": 1}],
+            "platforms": [
+                "linux_amd64",
+                None,
+                {"os": "linux"},
+                {"os": 1, "arch": "amd64"},
+                {"os": "../etc", "arch": "amd64"},
+                {"os": "Linux", "arch": "amd64"},
+                {"os": "linux", "arch": "amd64"},
+                {"os": "linux", "arch": "amd64"},
+            ],
+        },
     )
     assert parse_versions(body, ADDR) == {VERSION: VersionInfo(("5.0",), (LINUX,))}
 
 
 def test_versions_missing_fields_mean_nothing_offered() -> None:
     body = versions_body({"version": "1.2.0"}, {"version": "1.3.0", "platforms": None, "protocols": None})
-    assert parse_versions(body, ADDR) == {VERSION: VersionInfo((), ()),
-                                          Version.parse("1.3.0"): VersionInfo((), ())}
+    assert parse_versions(body, ADDR) == {VERSION: VersionInfo((), ()), Version.parse("1.3.0"): VersionInfo((), ())}
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    (b"", "not valid JSON"),
-    (b"{", "not valid JSON"),
-    (b"\xff\xfe{}", "not valid JSON"),
-    (b"[]", "not a JSON object"),
-    (b'"versions"', "not a JSON object"),
-    (b"{}", "no 'versions' array"),
-    (b'{"versions": {"1.2.0": {}}}', "no 'versions' array"),
-    (b'{"versions": null}', "no 'versions' array"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "not valid JSON"),
+        (b"{", "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b"[]", "not a JSON object"),
+        (b'"versions"', "not a JSON object"),
+        (b"{}", "no 'versions' array"),
+        (b'{"versions": {"1.2.0": {}}}', "no 'versions' array"),
+        (b'{"versions": null}', "no 'versions' array"),
+    ],
+)
 def test_versions_malformed_document_is_an_upstream_error(body: bytes, message: str) -> None:
     with pytest.raises(UpstreamError, match=message) as info:
         parse_versions(body, ADDR)
@@ -116,8 +138,11 @@ def test_versions_malformed_document_is_an_upstream_error(body: bytes, message: 
 
 def test_versions_huge_list() -> None:
     """Ten thousand versions, one of them listing a platform ten thousand times, among junk entries."""
-    entries = [{"version": f"1.{minor}.{patch}", "platforms": [{"os": "linux", "arch": "amd64"}]}
-               for minor in range(100) for patch in range(100)]
+    entries = [
+        {"version": f"1.{minor}.{patch}", "platforms": [{"os": "linux", "arch": "amd64"}]}
+        for minor in range(100)
+        for patch in range(100)
+    ]
     entries[0]["platforms"] = [{"os": "linux", "arch": "amd64"}] * 10_000 + [{"os": "windows", "arch": "386"}]
     parsed = parse_versions(versions_body(*entries, *[{"version": "junk"}] * 10_000), ADDR)
     assert len(parsed) == 10_000
@@ -133,25 +158,46 @@ def test_versions_huge_list() -> None:
 def test_download_good_document() -> None:
     info = parse(download_doc())
     assert info == DownloadInfo(
-        platform=LINUX, filename=FILENAME, shasum="a" * 64,
+        platform=LINUX,
+        filename=FILENAME,
+        shasum="a" * 64,
         download_url=URL(f"https://releases.example.test/foo/1.2.0/{FILENAME}"),
         shasums_url=URL("https://registry.example.test/v1/providers/files/SHA256SUMS"),
         shasums_signature_url=URL("https://registry.example.test/files/SHA256SUMS.sig"),
-        signing_keys=(KEY,), protocols=("5.0",))
+        signing_keys=(KEY,),
+        protocols=("5.0",),
+    )
     assert info.raw == download_doc()
 
 
-@pytest.mark.parametrize("changes", [{"os": "darwin"}, {"arch": "arm64"}, {"os": None}, {"arch": None},
-                                     {"os": ["linux"]}])
+@pytest.mark.parametrize(
+    "changes", [{"os": "darwin"}, {"arch": "arm64"}, {"os": None}, {"arch": None}, {"os": ["linux"]}]
+)
 def test_download_for_another_platform_is_refused(changes: dict) -> None:
     with pytest.raises(UpstreamError, match="another platform"):
         parse(download_doc(**changes))
 
 
-@pytest.mark.parametrize("filename", [
-    None, "", 7, ["a.zip"], ".", "..", "../evil.zip", "a/b.zip", "a\\b.zip", "/etc/passwd", "evil\n.zip",
-    "evil .zip", "evil\x00.zip", "é.zip", "x" * 256,
-])
+@pytest.mark.parametrize(
+    "filename",
+    [
+        None,
+        "",
+        7,
+        ["a.zip"],
+        ".",
+        "..",
+        "../evil.zip",
+        "a/b.zip",
+        "a\\b.zip",
+        "/etc/passwd",
+        "evil\n.zip",
+        "evil .zip",
+        "evil\x00.zip",
+        "é.zip",
+        "x" * 256,
+    ],
+)
 def test_download_with_a_hostile_or_missing_filename_is_refused(filename: Any) -> None:
     with pytest.raises(UpstreamError, match="invalid filename"):
         parse(download_doc(filename=filename))
@@ -175,24 +221,33 @@ def test_download_without_a_url_is_refused(name: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize("name", ["download_url", "shasums_url", "shasums_signature_url"])
-@pytest.mark.parametrize(("value", "message"), [
-    ("file:///etc/passwd", "must be an http"),
-    ("javascript:alert(1)", "must be an http"),
-    ("ftp://releases.example.test/a.zip", "must be an http"),
-    ("gopher://127.0.0.1:6379/_FLUSHALL", "must be an http"),
-    ("data:text/plain,hello", "must be an http"),
-    ("http://[::1", "invalid"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("file:///etc/passwd", "must be an http"),
+        ("javascript:alert(1)", "must be an http"),
+        ("ftp://releases.example.test/a.zip", "must be an http"),
+        ("gopher://127.0.0.1:6379/_FLUSHALL", "must be an http"),
+        ("data:text/plain,hello", "must be an http"),
+        ("http://[::1", "invalid"),
+    ],
+)
 def test_download_with_a_hostile_url_is_refused(name: str, value: str, message: str) -> None:
     with pytest.raises(UpstreamError, match=message) as info:
         parse(download_doc(**{name: value}))
     assert name in info.value.message
 
 
-@pytest.mark.parametrize("document", [
-    download_doc(signing_keys=None), {**download_doc(), "signing_keys": None}, download_doc(signing_keys={}),
-    download_doc(signing_keys={"gpg_public_keys": []}), download_doc(signing_keys={"gpg_public_keys": None}),
-])
+@pytest.mark.parametrize(
+    "document",
+    [
+        download_doc(signing_keys=None),
+        {**download_doc(), "signing_keys": None},
+        download_doc(signing_keys={}),
+        download_doc(signing_keys={"gpg_public_keys": []}),
+        download_doc(signing_keys={"gpg_public_keys": None}),
+    ],
+)
 def test_download_listing_no_keys_is_unsigned(document: dict[str, Any]) -> None:
     """No keys at all (as OpenTofu decodes the answer: no field, null or an empty list): an unsigned
     provider, whose admission is `--unsigned-providers`'s decision."""
@@ -201,11 +256,18 @@ def test_download_listing_no_keys_is_unsigned(document: dict[str, Any]) -> None:
     assert info.document_url == FINAL_URL
 
 
-@pytest.mark.parametrize("signing_keys", [
-    [], "KEY", {"gpg_public_keys": "KEY"}, {"gpg_public_keys": {}},
-    {"gpg_public_keys": [KEY]}, {"gpg_public_keys": [{"key_id": "ABCD"}]},
-    {"gpg_public_keys": [{"ascii_armor": None}, {"ascii_armor": 1}, {"ascii_armor": [KEY]}]},
-])
+@pytest.mark.parametrize(
+    "signing_keys",
+    [
+        [],
+        "KEY",
+        {"gpg_public_keys": "KEY"},
+        {"gpg_public_keys": {}},
+        {"gpg_public_keys": [KEY]},
+        {"gpg_public_keys": [{"key_id": "ABCD"}]},
+        {"gpg_public_keys": [{"ascii_armor": None}, {"ascii_armor": 1}, {"ascii_armor": [KEY]}]},
+    ],
+)
 def test_download_with_malformed_signing_keys_is_refused(signing_keys: Any) -> None:
     """Keys that are there but unusable are no unsigned provider: OpenTofu fails on them too."""
     with pytest.raises(UpstreamError, match="no usable signing keys"):

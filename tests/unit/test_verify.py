@@ -35,8 +35,13 @@ def test_parse_signed_sums_valid() -> None:
 
 @pytest.mark.parametrize(
     "document",
-    [b"", b"not a sums file\n", f"{DIGEST}  {FILENAME}\n\n{OTHER}  {OTHER_FILE}\n".encode(), b"\xff\xfe\xfd",
-     f"{DIGEST}  {FILENAME}\n{OTHER}  {FILENAME}\n".encode()],
+    [
+        b"",
+        b"not a sums file\n",
+        f"{DIGEST}  {FILENAME}\n\n{OTHER}  {OTHER_FILE}\n".encode(),
+        b"\xff\xfe\xfd",
+        f"{DIGEST}  {FILENAME}\n{OTHER}  {FILENAME}\n".encode(),
+    ],
 )
 def test_parse_signed_sums_malformed_names_source(document: bytes) -> None:
     with pytest.raises(VerificationError) as info:
@@ -62,7 +67,8 @@ async def test_a_verification_failure_is_answered_502_and_logged_as_a_failure(ai
     assert response.status == 502 and response.content_type == "application/json"
     assert SOURCE in body["errors"][0]
     assert [(e["log_level"], e["code"]) for e in logs if e["event"] == "request.failed"] == [
-        ("warning", "verification_failed")]
+        ("warning", "verification_failed")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -81,8 +81,10 @@ def test_json_access_lines_have_the_structlog_fields():
     assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1
 
 
-@pytest.mark.parametrize("flag, value", [("--access-log", "errors"), ("--access-log", "off"),
-                                          ("--event-loop", "asyncio"), ("--event-loop", "uvloop")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--access-log", "errors"), ("--access-log", "off"), ("--event-loop", "asyncio"), ("--event-loop", "uvloop")],
+)
 def test_flags(monkeypatch, tmp_path: Path, flag, value):
     for name in ("ACCESS_LOG", "EVENT_LOOP"):
         monkeypatch.delenv("REGISTRY_PROXY_" + name, raising=False)

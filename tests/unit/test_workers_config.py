@@ -42,8 +42,9 @@ def test_settings_refuse_no_workers(tmp_path) -> None:
 def test_only_one_worker_on_the_embedded_store_may_remember_absences(tmp_path) -> None:
     assert Settings(data_dir=tmp_path).sole_metadata_writer
     assert not Settings(data_dir=tmp_path, workers=2).sole_metadata_writer
-    assert not Settings(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0",
-                        metadata_secret="0123456789abcdef").sole_metadata_writer
+    assert not Settings(
+        data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", metadata_secret="0123456789abcdef"
+    ).sole_metadata_writer
 
 
 @pytest.mark.parametrize(("workers", "locks"), [(1, LocalLocks), (2, FileLocks)])

@@ -29,7 +29,7 @@ def streamed_h1(data: bytes, chunk: int = 1 << 20, *, max_unpacked: int | None =
     """Feed `data` in `chunk`-byte pieces, then confirm against its central directory."""
     hasher = ZipStreamHasher() if max_unpacked is None else ZipStreamHasher(max_unpacked)
     for start in range(0, len(data), chunk):
-        hasher.feed(data[start:start + chunk])
+        hasher.feed(data[start : start + chunk])
     hasher.finish()
     return h1_of_streamed_zip(hasher, io.BytesIO(data))
 
@@ -52,13 +52,21 @@ class Unseekable(io.RawIOBase):
         return len(b)
 
 
-names = st.text(st.characters(blacklist_categories=("Cs", "Cc")) | st.sampled_from("/-._aé日"),
-                min_size=1, max_size=12).filter(lambda n: not n.startswith("/") and "\x00" not in n)
-contents = st.one_of(st.just(b""), st.binary(max_size=3000),
-                     st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=8), st.integers(1, 5000)))
-members = st.lists(st.tuples(names, contents, st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]),
-                             st.booleans(), st.booleans()),
-                   max_size=8, unique_by=lambda m: m[0])
+names = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc")) | st.sampled_from("/-._aé日"), min_size=1, max_size=12
+).filter(lambda n: not n.startswith("/") and "\x00" not in n)
+contents = st.one_of(
+    st.just(b""),
+    st.binary(max_size=3000),
+    st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=8), st.integers(1, 5000)),
+)
+members = st.lists(
+    st.tuples(
+        names, contents, st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]), st.booleans(), st.booleans()
+    ),
+    max_size=8,
+    unique_by=lambda m: m[0],
+)
 
 
 def python_zip(entries: list[tuple[str, bytes, int, bool, bool]], seekable: bool) -> bytes:
@@ -103,14 +111,20 @@ def test_generated_streamed_zips_with_data_descriptors(entries, chunk):
 
 
 def test_a_provider_like_archive_in_one_megabyte_chunks():
-    data = python_zip([("terraform-provider-big_v1.0.0", bytes(range(256)) * 20_000, zipfile.ZIP_DEFLATED,
-                        False, False), ("LICENSE", b"MPL", zipfile.ZIP_STORED, False, False),
-                       ("docs", b"", zipfile.ZIP_STORED, True, False)], seekable=True)
+    data = python_zip(
+        [
+            ("terraform-provider-big_v1.0.0", bytes(range(256)) * 20_000, zipfile.ZIP_DEFLATED, False, False),
+            ("LICENSE", b"MPL", zipfile.ZIP_STORED, False, False),
+            ("docs", b"", zipfile.ZIP_STORED, True, False),
+        ],
+        seekable=True,
+    )
     assert streamed_h1(data) == reference(data)
     assert streamed_h1(data, 1) == reference(data)
 
 
 # Hand-built zips: what Python's writer does not produce.
+
 
 @dataclass
 class Member:
@@ -124,8 +138,13 @@ class Member:
     descriptor_crc: int | None = None  # a different CRC-32 in the data descriptor
 
 
-def build(members: list[Member], *, junk: bytes = b"", central: list[int] | None = None,
-          central_crc: dict[int, int] | None = None) -> bytes:
+def build(
+    members: list[Member],
+    *,
+    junk: bytes = b"",
+    central: list[int] | None = None,
+    central_crc: dict[int, int] | None = None,
+) -> bytes:
     """A zip of `members`; the central directory lists `central` (indexes, in that order; all by default)."""
     out = bytearray(junk)
     records = []
@@ -139,8 +158,13 @@ def build(members: list[Member], *, junk: bytes = b"", central: list[int] | None
         local_name = member.name if member.local_name is None else member.local_name
         offset = len(out) - len(junk)
         header_values = (0, 0, 0) if member.descriptor else (crc, len(packed), size)
-        out += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, flags, member.method, 0, 0x21,
-                           *header_values, len(local_name), 0) + local_name + packed
+        out += (
+            struct.pack(
+                "<4sHHHHHIIIHH", b"PK\x03\x04", 20, flags, member.method, 0, 0x21, *header_values, len(local_name), 0
+            )
+            + local_name
+            + packed
+        )
         if member.descriptor:
             sig = b"PK\x07\x08" if member.descriptor.startswith("sig") else b""
             fmt = "<IQQ" if member.descriptor.endswith("8") else "<III"
@@ -152,10 +176,32 @@ def build(members: list[Member], *, junk: bytes = b"", central: list[int] | None
     for index in listed:
         member, flags, crc, packed_size, offset = records[index]
         crc = (central_crc or {}).get(index, crc)
-        out += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, flags, member.method, 0, 0x21, crc,
-                           packed_size, len(member.data), len(member.name), 0, 0, 0, 0, 0, offset) + member.name
-    out += struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(listed), len(listed), len(out) - len(junk) - start,
-                       start, 0)
+        out += (
+            struct.pack(
+                "<4sHHHHHHIIIHHHHHII",
+                b"PK\x01\x02",
+                20,
+                20,
+                flags,
+                member.method,
+                0,
+                0x21,
+                crc,
+                packed_size,
+                len(member.data),
+                len(member.name),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + member.name
+        )
+    out += struct.pack(
+        "<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(listed), len(listed), len(out) - len(junk) - start, start, 0
+    )
     return bytes(out)
 
 
@@ -167,8 +213,7 @@ README = Member(b"README.md", b"# hello\n" * 50, zipfile.ZIP_STORED)
 @pytest.mark.parametrize("chunk", [1, 5, 4096])
 def test_data_descriptors_of_every_layout(layout, chunk):
     """With or without the signature, 4- or 8-byte sizes (Go writes 8 without a zip64 extra field)."""
-    data = build([Member(BIN.name, BIN.data, descriptor=layout), README,
-                  Member(b"empty", b"", descriptor=layout)])
+    data = build([Member(BIN.name, BIN.data, descriptor=layout), README, Member(b"empty", b"", descriptor=layout)])
     assert streamed_h1(data, chunk) == reference(data)
 
 
@@ -185,15 +230,21 @@ ADVERSARIAL = {
     "hidden member between two listed": ([BIN, Member(b"evil", b"payload"), README], {"central": [0, 2]}),
     "central directory reordered": ([BIN, README], {"central": [1, 0]}),
     "hidden member after the listed ones": ([BIN, README, Member(b"evil", b"payload")], {"central": [0, 1]}),
-    "data descriptor disagrees with the data": ([Member(BIN.name, BIN.data, descriptor="sig4", descriptor_crc=7),
-                                                  README], {}),
+    "data descriptor disagrees with the data": (
+        [Member(BIN.name, BIN.data, descriptor="sig4", descriptor_crc=7), README],
+        {},
+    ),
     "one local header listed twice": ([BIN, README], {"central": [0, 0, 1]}),
     "central CRC-32 wrong": ([BIN, README], {"central_crc": {0: 1234}}),
-    "local size of a stored member wrong": ([BIN, Member(README.name, README.data, zipfile.ZIP_STORED,
-                                                         local_size=len(README.data) - 1)], {}),
+    "local size of a stored member wrong": (
+        [BIN, Member(README.name, README.data, zipfile.ZIP_STORED, local_size=len(README.data) - 1)],
+        {},
+    ),
     "encrypted flag": ([Member(BIN.name, BIN.data, flags=0x01), README], {}),
-    "stored member with a data descriptor": ([Member(README.name, README.data, zipfile.ZIP_STORED,
-                                                     descriptor="sig4")], {}),
+    "stored member with a data descriptor": (
+        [Member(README.name, README.data, zipfile.ZIP_STORED, descriptor="sig4")],
+        {},
+    ),
 }
 
 
@@ -225,7 +276,7 @@ def test_a_zip_bomb_stops_the_streaming_pass():
 def test_a_truncated_stream_is_refused():
     data = build([BIN, README])
     hasher = ZipStreamHasher()
-    hasher.feed(data[:len(data) // 2])
+    hasher.feed(data[: len(data) // 2])
     hasher.finish()
     assert hasher.failure == "the archive ended inside a member"
     with pytest.raises(StreamedZipMismatch):
@@ -244,4 +295,6 @@ def test_the_digests_are_of_the_unpacked_contents():
     hasher = ZipStreamHasher()
     hasher.feed(data)
     assert [(e.raw_name, e.sha256) for e in hasher.entries] == [
-        (BIN.name, hashlib.sha256(BIN.data).hexdigest()), (README.name, hashlib.sha256(README.data).hexdigest())]
+        (BIN.name, hashlib.sha256(BIN.data).hexdigest()),
+        (README.name, hashlib.sha256(README.data).hexdigest()),
+    ]
