@@ -27,7 +27,7 @@ OVERLAYS = [target for target in TARGETS if target.startswith("overlays/")]
 COMPONENT = "components/prometheus-operator"
 KUBECTL = shutil.which("kubectl")
 # The Prometheus Operator's kinds have no schema in kubernetes-validate's set: checked field by field instead
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 
 def render(target: str, root: Path = ROOT) -> list[dict]:
@@ -64,7 +64,7 @@ def by_kind(docs: list[dict], kind: str, name: str | None = None) -> dict:
 def validate(doc: dict, custom: bool = False) -> None:
     """Strict validation against the pinned Kubernetes; the operator's kinds only where `custom` allows them."""
     if custom and (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
-        check_service_monitor(doc)
+        (check_service_monitor if doc["kind"] == "ServiceMonitor" else check_prometheus_rule)(doc)
         return
     try:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -79,6 +79,16 @@ def check_service_monitor(doc: dict) -> None:
     for endpoint in spec["endpoints"]:
         assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme"}, set(endpoint)
         assert endpoint["path"] == "/metrics" and endpoint["port"]
+
+
+def check_prometheus_rule(doc: dict) -> None:
+    """The operator's fields: groups of named rules (their PromQL is checked by promtool in test_monitoring)."""
+    assert set(doc["spec"]) == {"groups"}, set(doc["spec"])
+    for group in doc["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules"} and group["name"] and group["rules"], group
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations"}, set(rule)
+            assert rule["expr"] and ("alert" in rule) != ("record" in rule), rule
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -121,7 +131,8 @@ def test_an_overlay_that_opts_in_scrapes_every_replica(overlay, tmp_path):
     service_ports = {port["name"] for port in service["spec"]["ports"]}
     assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} <= service_ports
     plain = {(doc["kind"], doc["metadata"]["name"]) for doc in render(overlay)}
-    assert {(doc["kind"], doc["metadata"]["name"]) for doc in docs} - plain == {("ServiceMonitor", "registry-proxy")}
+    added = {(doc["kind"], doc["metadata"]["name"]) for doc in docs} - plain
+    assert added == {("ServiceMonitor", "registry-proxy"), ("PrometheusRule", "registry-proxy")}
 
 
 def test_the_validation_can_fail():
@@ -136,6 +147,8 @@ def test_the_validation_can_fail():
         )
     with pytest.raises(AssertionError):
         check_service_monitor({"spec": {"selector": {"matchLabels": {"a": "b"}}, "endpoints": [{"prot": "http"}]}})
+    with pytest.raises(AssertionError):
+        check_prometheus_rule({"spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "exp": "up == 0"}]}]}})
 
 
 def proxy_container(docs: list[dict]) -> dict:
