@@ -233,6 +233,17 @@ def test_promtool_accepts_the_rules_and_every_dashboard_query(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_example_prometheus_configuration_scrapes_the_job_the_rules_expect():
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert f'job="{job["job_name"]}"' == JOB and job["metrics_path"] == "/metrics"
+    assert config["rule_files"] == [RULES.name]
+    result = promtool("check", "config", str(MONITORING / "prometheus.yml"))  # also checks the rule files
+    assert result.returncode == 0 and f"{len(alert_rules())} rules found" in result.stdout, (
+        result.stdout + result.stderr
+    )
+
+
 def test_promtool_rejects_a_broken_rule(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text(RULES.read_text().replace("== 0", "=== 0", 1))
