@@ -8,11 +8,15 @@ not on the ones that should not. The Prometheus Operator's PrometheusRule carrie
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
+import ssl
 import subprocess
+from collections.abc import Awaitable, Callable
 
+import aiohttp
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
@@ -20,13 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import Metrics
 from scripts import prometheus_rule
-from tests.conftest import serve_proxy
-from tests.fakes.process import REPO_ROOT
+from tests.conftest import PROVIDER, serve_proxy
+from tests.fakes.process import REPO_ROOT, terminate
+from tests.fakes.redis_server import free_port
 
 MONITORING = REPO_ROOT / "deploy" / "monitoring"
 RULES = MONITORING / "alerts.yaml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
 SCRAPE_LABELS = {"job", "instance"}  # added by Prometheus to every series it scrapes
 JOB = 'job="registry-proxy"'
 
@@ -448,3 +454,118 @@ def test_the_unit_tests_can_fail(tmp_path):
     path.write_text(yaml.safe_dump(unit_tests(wrong), sort_keys=False))
     result = promtool("test", "rules", str(path))
     assert result.returncode != 0 and "RegistryProxyDown" in result.stdout + result.stderr
+
+
+# ---- a real Prometheus scraping a real proxy -----------------------------------------------------
+
+
+async def test_a_real_prometheus_scraping_a_proxy_evaluates_every_rule_and_dashboard_query(proxy_process, tmp_path):
+    """The proxy (2 workers, a store cap) serves a few requests; Prometheus (Debian's, the package that brings
+    promtool) scrapes it every second and loads the alert rules. Every rule evaluates without an error and
+    every dashboard query is accepted; the panels for traffic, the store and the versions show data."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus NOT FOUND: the rules are not evaluated by a real Prometheus (`make system-deps`)")
+    proxy = await proxy_process("--workers", "2", "--max-store-size", "1GiB")
+    archive = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+    async with aiohttp.ClientSession() as session:
+        for path in (f"/mirror/v1/{PROVIDER}/index.json", f"/mirror/v1/{PROVIDER}/1.0.0.json", archive, "/nope"):
+            async with session.get(
+                proxy.url + path, ssl=ssl.create_default_context(cafile=str(proxy.ca_file))
+            ) as response:
+                await response.read()
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {
+                        "job_name": "registry-proxy",
+                        "scheme": "https",
+                        "tls_config": {"ca_file": str(proxy.ca_file)},
+                        "static_configs": [{"targets": [f"127.0.0.1:{proxy.port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    log = tmp_path / "prometheus.log"
+    with open(log, "wb") as output:  # noqa: ASYNC230 - handed to the child process
+        server = await asyncio.create_subprocess_exec(
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            stdout=output,
+            stderr=output,
+        )
+    api = f"http://127.0.0.1:{port}/api/v1"
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def query(expr: str) -> list:
+                async with session.get(f"{api}/query", params={"query": expr}) as response:
+                    body = await response.json()
+                assert body["status"] == "success", (expr, body)
+                return body["data"]["result"]
+
+            async def scraped(samples: int) -> bool:
+                try:
+                    found = await query('count_over_time(up{job="registry-proxy"}[1m])')
+                except (aiohttp.ClientError, AssertionError):
+                    return False
+                return bool(found) and float(found[0]["value"][1]) >= samples
+
+            await wait_until(lambda: scraped(4), 30, "4 scrapes of the proxy (see prometheus.log)")
+            assert (
+                await query('up{job="registry-proxy"}')
+                and (await query('up{job="registry-proxy"}'))[0]["value"][1] == "1"
+            )
+
+            async def evaluated() -> list:
+                async with session.get(f"{api}/rules") as response:
+                    groups = (await response.json())["data"]["groups"]
+                return [rule for group in groups for rule in group["rules"]]
+
+            await wait_until(lambda: _all_evaluated(evaluated), 30, "every rule evaluated")
+            rules = await evaluated()
+            assert len(rules) == len(alert_rules())
+            assert {rule["name"]: rule["health"] for rule in rules} == {rule["alert"]: "ok" for rule in alert_rules()}
+
+            results = {}
+            for query_text in dashboard_queries():
+                if not query_text.startswith("label_values("):
+                    expr = query_text.replace("$__rate_interval", "30s").replace("$__range", "1m")
+                    results[query_text] = await query(re.sub(r"\$\w+", ".*", expr))
+    finally:
+        await terminate(server, 10)
+    showing = {panel["title"] for panel in panels() for target in panel["targets"] if results.get(target["expr"])}
+    for title in (
+        "Requests/s by route",
+        "Answers/s by status",
+        "Store size and cap",
+        "Versions running",
+        "Upstream fetches/s",
+        "Client connections open",
+        "Metadata cache outcomes/s",
+    ):
+        assert title in showing, (title, sorted(showing))
+
+
+async def _all_evaluated(evaluated) -> bool:
+    try:
+        return all(rule.get("lastEvaluation", "").startswith("20") for rule in await evaluated())
+    except (aiohttp.ClientError, KeyError):
+        return False
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Poll an async `condition` until it holds; fail naming `what` after `timeout` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not await condition():  # noqa: ASYNC110 - polls another process's HTTP API
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
