@@ -35,6 +35,7 @@ BENCH = (REPO_ROOT / "bench" / "suite.py").read_text()
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*\*?")
 VARIABLE = re.compile(r"\bREGISTRY_PROXY_[A-Z0-9_]*[A-Z0-9]\b")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+COMMAND = re.compile(r"(?:^\s*(?:\$ )?|`|&& )registry-proxy ([a-z][a-z-]*)", re.MULTILINE)
 
 
 def cli_flags(parser: argparse.ArgumentParser | None = None) -> set[str]:
@@ -83,7 +84,24 @@ def test_every_variable_the_docs_name_exists():
     assert not bad, {name: sorted(found[name]) for name in bad}
 
 
+def subcommands() -> set[str]:
+    (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(action.choices)
+
+
+def test_every_command_the_docs_run_exists():
+    found = named(COMMAND)
+    assert {"serve", "lock", "warm", "export", "import", "verify", "gc", "healthcheck", "token"} <= set(found)
+    bad = set(found) - subcommands()
+    assert not bad, {name: sorted(found[name]) for name in bad}
+
+
 def test_the_checks_catch_a_wrong_name():
+    assert COMMAND.findall("run `registry-proxy frobnicate X`\n    registry-proxy serve --listen x") == [
+        "frobnicate",
+        "serve",
+    ]
+    assert "frobnicate" not in subcommands()
     known = cli_flags()
     assert {"--upstream-map", "--upstream-ca-file", "--max-store-size", "--only"} <= known  # serve's and export's
     assert unknown_flags({"--upstream-mpa", "--s3-*", "--s4-*", "--clients", "--rm"}, known) == {
