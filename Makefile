@@ -10,6 +10,9 @@ RUN_STAMP := $(VENV)/.installed-runtime
 CONSTRAINTS := constraints.txt
 DEBIAN_PACKAGES := gnupg git redis-server ca-certificates systemd chromium chromium-driver
 BENCH_PACKAGES  := wrk nginx-light curl
+# promtool checks and unit-tests deploy/monitoring's alert rules; Debian ships it in `prometheus`, whose own
+# server is not wanted here: installed without recommends, its service stopped and disabled at once.
+MONITORING_PACKAGES := prometheus
 ARGS   ?=
 
 .PHONY: install install-runtime constraints system-deps debian-packages run test test-unit test-e2e lint bench clean
@@ -38,9 +41,12 @@ constraints: | $(BIN)/python
 	$(BIN)/python scripts/pin_constraints.py
 
 # Debian packages the tests use for real (gpg, git, redis-server, systemd-analyze, chromium and its driver
-# for the page test); installed only when missing.
+# for the page test, promtool); installed only when missing.
 system-deps:
 	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES)"
+	@command -v promtool >/dev/null || { \
+	  $(MAKE) --no-print-directory debian-packages PACKAGES="$(MONITORING_PACKAGES)" APT_FLAGS=--no-install-recommends \
+	  && { systemctl disable --now prometheus >/dev/null 2>&1 || true; }; }
 	@command -v terraform >/dev/null || echo "WARNING: terraform is not on PATH: the end-to-end tests will be SKIPPED" >&2
 
 debian-packages:
@@ -49,7 +55,7 @@ debian-packages:
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install:$$missing" >&2; exit 1; fi; \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_FLAGS) $$missing >/dev/null; \
 	fi
 
 run: install-runtime

@@ -752,7 +752,9 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
             "tls.local_ca",
             ca_file=str(ca_file),
             created=local.created,
-            hint=f"clients must trust the CA: export SSL_CERT_FILE={ca_file}",
+            ca_bundle=str(local.ca_bundle.resolve()),
+            system_roots=str(local.system_roots) if local.system_roots else None,
+            hint=f"clients must trust the CA: export SSL_CERT_FILE={local.ca_bundle.resolve()} (system roots + the CA)",
             cli_config=cli_snippet(mirror_url(settings, "https")),
         )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

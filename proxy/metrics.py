@@ -80,6 +80,7 @@ class Metrics:
         self._cache_series: dict[str, Any] = {}
         self._upstream_series: dict[str, Any] = {}
         self._redis_up: Gauge | None = None
+        self._store_max_bytes: Gauge | None = None
         self.build_info = Gauge(
             "registry_proxy_build_info",
             "Always 1; the labels name the running version",
@@ -243,6 +244,17 @@ class Metrics:
                 multiprocess_mode="livemin",
             )
         self._redis_up.set(1 if up else 0)
+
+    def store_cap(self, size: int) -> None:
+        """The archive store's size cap, for alerting before it is reached (exported only with a cap)."""
+        if self._store_max_bytes is None:
+            self._store_max_bytes = Gauge(
+                "registry_proxy_store_max_bytes",
+                "The archive store's size cap (--max-store-size)",
+                registry=self.registry,
+                multiprocess_mode="livemax",
+            )
+        self._store_max_bytes.set(size)
 
     def exposition(self) -> bytes:
         """The text format for /metrics: this instance's values, or every worker's when they are shared."""

@@ -1,6 +1,6 @@
 """The shared metadata store for a fleet of replicas: Redis via redis.asyncio.
 
-Keys are `PREFIX:KEY` (see README, "Redis key schema"); every key has a TTL, the retention
+Keys are `PREFIX:KEY` (see docs/operations.md, "Redis key schema"); every key has a TTL, the retention
 period, renewed whenever the key is written or read (GETEX), so entries in use never expire
 and an abandoned prefix drains by itself.
 Values are the versioned JSON of `proxy.cache`, so a replica never crashes on a format

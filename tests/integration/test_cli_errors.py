@@ -314,7 +314,7 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
     hint = records["tls.local_ca"]
     ca_path = Path(hint["ca_file"])
     assert ca_path.is_absolute() and ca_path == (tmp_path / "relative-data" / "tls" / "ca.pem").resolve()
-    assert f"SSL_CERT_FILE={ca_path}" in hint["hint"]
+    assert f"SSL_CERT_FILE={ca_path.with_name('ca-bundle.pem')} " in hint["hint"]
     assert hint["cli_config"] == (
         f'provider_installation {{\n  network_mirror {{\n    url = "https://127.0.0.1:{port}/mirror/v1/"\n  }}\n}}\n'
     )

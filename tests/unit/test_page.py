@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 from html.parser import HTMLParser
 
 import pytest
@@ -177,6 +178,15 @@ def test_plain_http_says_the_clients_need_https_and_no_ca_link_without_a_generat
     assert "ca.pem" not in html
     assert "accept only" not in page.render(data())
     assert 'href="ca.pem"' in page.render(data())
+
+
+def test_the_ca_steps_build_a_bundle_with_the_systems_roots_instead_of_replacing_them():
+    text = " ".join(unescape(re.sub(r"<[^>]+>", "", page.render(data()))).split())
+    downloaded = next(a["download"] for tag, a in parse(page.render(data())).tags if a.get("href") == "ca.pem")
+    bundle = f"cat /etc/ssl/certs/ca-certificates.crt {downloaded} > registry-proxy-bundle.pem"
+    assert f"{bundle} && export SSL_CERT_FILE=$PWD/registry-proxy-bundle.pem" in text
+    assert f"SSL_CERT_FILE=$PWD/{downloaded}" not in text  # the CA alone would replace the system's roots
+    assert "/etc/pki/tls/certs/ca-bundle.crt" in text and "macOS and Windows" in text
 
 
 # ---- escaping: upstream strings are attacker-controlled ----------------------------------------
