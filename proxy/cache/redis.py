@@ -31,6 +31,7 @@ from redis.exceptions import LockError, RedisError
 
 from proxy.cache.breaker import Breaker
 from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED
+from proxy.cache.sealed import Seal
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -263,12 +264,16 @@ return {redis.call('ZCARD', zset), tonumber(redis.call('GET', total) or '0')}
 class RedisNegatives:
     """The fleet's remembered 404s (see proxy.cache.negative): `PREFIX:negative:KEY`, each with the short
     retention as its TTL (reads do not renew it), bounded in count and bytes by one atomic script that
-    evicts the least recently written first. Bookkeeping: `PREFIX:negatives` (sorted set by write time),
-    `PREFIX:negatives:sizes`, `PREFIX:negatives:bytes`. Redis down: nothing is remembered (a miss)."""
+    evicts the least recently written first. Every value is sealed with `seal` under its own name,
+    `negative:KEY`, like the values of the other namespaces: what a read cannot open is refused (and
+    reported by the seal), so an entry written by anyone but the fleet, or moved from another key, is a
+    miss. Bookkeeping: `PREFIX:negatives` (sorted set by write time), `PREFIX:negatives:sizes`,
+    `PREFIX:negatives:bytes`. Redis down: nothing is remembered (a miss)."""
 
     def __init__(
         self,
         store: RedisStore,
+        seal: Seal,
         max_entries: int,
         max_bytes: int,
         retention: float,
@@ -277,6 +282,7 @@ class RedisNegatives:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._seal = seal
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._retention = retention
@@ -289,14 +295,17 @@ class RedisNegatives:
         return self._store.key(NEGATIVE.key(key))
 
     async def get(self, key: str) -> bytes | None:
-        return await self._store._call(self._store.client.get(self._entry(key)), None)
+        return self._seal.open(
+            NEGATIVE.key(key), await self._store._call(self._store.client.get(self._entry(key)), None)
+        )
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         default: list[bytes | None] = [None] * len(keys)
-        return await self._store._call(self._store.client.mget([self._entry(k) for k in keys]), default)
+        found = await self._store._call(self._store.client.mget([self._entry(k) for k in keys]), default)
+        return [self._seal.open(NEGATIVE.key(key), raw) for key, raw in zip(keys, found, strict=True)]
 
     async def put(self, key: str, value: bytes) -> None:
-        await self._run("put", key, value)
+        await self._run("put", key, self._seal.close(NEGATIVE.key(key), value))
 
     async def discard(self, key: str) -> None:
         await self._run("discard", key, b"")
