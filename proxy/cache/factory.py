@@ -41,6 +41,7 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
             prefix=settings.redis_prefix,
             password=settings.redis_password,
             retention=settings.redis_retention,
+            refuse=seal.refuse,
         )
         return (
             SealedStore(redis_store, seal),

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.cache import CacheEntry, MetadataStore, StoreWrapper
+from proxy.cache import CacheEntry, MetadataStore, Refuse, StoreWrapper
 from proxy.cache.keys import NEGATIVE
 
 RETENTION_FLOOR = 3600.0
@@ -55,7 +55,6 @@ class NegativeStore(Protocol):
 
 
 Report = Callable[[int, int], None]  # (entries, bytes) after a change
-Refuse = Callable[[str, str, str], None]  # (key, why, reason) of a value never used: see proxy.cache.sealed.Seal
 
 
 class MemoryNegatives:

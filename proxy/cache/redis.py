@@ -11,6 +11,11 @@ per state change), answers like a miss, and for `retry_interval` seconds no call
 Redis at all, so requests are served from disk and upstream at full speed; then the next
 call tries again and, if it works, the store is up again. No restart is needed.
 
+A key of this store's namespace that holds what the proxy never writes there (another Redis type,
+or text where a counter belongs: Redis answers WRONGTYPE or "not an integer") is poison, not an
+outage: it is refused like a value that fails its seal (`refuse`, logged as
+`security.metadata_poisoned`), deleted so the next write starts it afresh, and read as a miss.
+
 `RedisFleetLocks` is the distributed half of single flight: a Redis lock with an owner
 token and an expiry, renewed while the owner works; waiters poll a re-check (is the
 result there now?) and take over when the lock is released or expires.
@@ -23,12 +28,13 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import LockError, RedisError, ResponseError
 
+from proxy.cache import Refuse
 from proxy.cache.breaker import Breaker
 from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED
 from proxy.cache.sealed import Seal
@@ -40,6 +46,12 @@ DEFAULT_RETENTION = 90 * 86400.0
 # fleet locks and remembered 404s are never exported
 _NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
 FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+_POISON = ("WRONGTYPE", "value is not an integer", "value is not a valid float")  # Redis's words for them
+
+
+def is_poison(exc: BaseException) -> bool:
+    """Whether Redis refused a command because a key holds what the proxy never writes there."""
+    return isinstance(exc, ResponseError) and any(words in str(exc) for words in _POISON)  # a pipeline prefixes them
 
 
 class RedisStore:
@@ -55,6 +67,7 @@ class RedisStore:
         retry_interval: float = 2.0,
         ca_file: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        refuse: Refuse | None = None,
     ) -> None:
         options: dict = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "health_check_interval": 15}
         if password:
@@ -65,6 +78,7 @@ class RedisStore:
         self.prefix = prefix
         self._retention = retention
         self._breaker = Breaker(retry_interval, clock)
+        self._refuse = refuse
 
     @property
     def problem(self) -> str | None:
@@ -80,15 +94,28 @@ class RedisStore:
         return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
-        return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None)
+        return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None, keys=(key,))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return await self.read_many(keys, lambda pipeline, name: pipeline.getex(name, ex=self._ttl()))
+
+    async def read_many(self, keys: list[str], read: Callable[[Any, str], object]) -> list[bytes | None]:
+        """The values under `keys`, read in one pipeline by `read(pipeline, prefixed name)`; a key that is
+        poison is refused and deleted (a miss), as in `_call`."""
         if not keys:
             return []
         pipeline = self.client.pipeline(transaction=False)
         for key in keys:
-            pipeline.getex(self.key(key), ex=self._ttl())
-        return await self._call(pipeline.execute(), [None] * len(keys))
+            read(pipeline, self.key(key))
+        found = await self._call(pipeline.execute(raise_on_error=False), [None] * len(keys))
+        failed = next((value for value in found if isinstance(value, Exception) and not is_poison(value)), None)
+        if failed is not None:
+            self._mark_down(failed)
+            return [None] * len(keys)
+        for key, value in zip(keys, found, strict=True):
+            if isinstance(value, Exception):
+                await self._poisoned((key,), value)
+        return [None if isinstance(value, Exception) else value for value in found]
 
     def _ttl(self) -> int:
         return max(1, int(self._retention))
@@ -117,7 +144,7 @@ class RedisStore:
         pipeline = self.client.pipeline(transaction=False)
         pipeline.zadd(self.key(SERVED), dict(times), gt=True)
         pipeline.expire(self.key(SERVED), self._ttl())
-        await self._call(pipeline.execute(), None)
+        await self._call(pipeline.execute(), None, keys=(SERVED,))
 
     async def served_times(self) -> dict[str, float]:
         """The whole `PREFIX:served` set (ZSCAN, never one huge reply); raises if Redis is unavailable."""
@@ -129,7 +156,7 @@ class RedisStore:
     async def forget_served(self, sha256s: Iterable[str]) -> None:
         members = list(sha256s)
         if members:
-            await self._call(self.client.zrem(self.key(SERVED), *members), None)
+            await self._call(self.client.zrem(self.key(SERVED), *members), None, keys=(SERVED,))
 
     async def ping(self) -> bool:
         # The readiness probe always asks Redis, so it also closes the breaker early.
@@ -144,17 +171,31 @@ class RedisStore:
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def _call(self, command: Awaitable[T], default: T) -> T:
+    async def _call(self, command: Awaitable[T], default: T, *, keys: Iterable[str] = ()) -> T:
+        """`command`'s result, or `default` while Redis fails (the breaker) or when one of `keys` is poison."""
         if not self.available:
             _discard(command)
             return default
         try:
             result = await command
         except FAILURES as exc:
-            self._mark_down(exc)
+            if not is_poison(exc):
+                self._mark_down(exc)
+                return default
+            self._mark_up()  # Redis answered
+            await self._poisoned(keys, exc)
             return default
         self._mark_up()
         return result
+
+    async def _poisoned(self, keys: Iterable[str], exc: BaseException) -> None:
+        """Refuse and delete `keys`, one of which made Redis answer `exc` (see module docstring)."""
+        names = list(keys)
+        for key in names:
+            if self._refuse is not None:
+                self._refuse(key, f"holds what the proxy never writes there (Redis: {exc})", "wrong_type")
+        if names:
+            await self._call(self.client.delete(*(self.key(key) for key in names)), None)
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._breaker.trip(f"Redis: {str(exc) or type(exc).__name__}"):
@@ -167,6 +208,12 @@ class RedisStore:
     def _mark_up(self) -> None:
         if self._breaker.reset():
             log.warning("redis.up", effect="shared metadata store in use again")
+
+
+def _unprefixed(name: bytes | str, prefix: str) -> str:
+    """A key as Redis names it (`PREFIX:KEY`, maybe bytes) without the prefix."""
+    text = name.decode() if isinstance(name, bytes) else name
+    return text.removeprefix(f"{prefix}:")
 
 
 def _discard(command: Awaitable) -> None:
@@ -227,15 +274,25 @@ class RedisFleetLocks:
 
 # KEYS: sorted set of negative keys by write time, hash of their sizes, counter of total bytes.
 # ARGV: entry key prefix, op ("put" or "discard"), key, value, retention, now, max entries, max bytes.
-# Returns {entries, bytes} after the change. Every key it writes expires after the retention.
+# Returns {entries, bytes, names of bookkeeping keys found poisoned}. Every key it writes expires after the
+# retention. A bookkeeping key holding another type (or a counter that is not a number) was not written by
+# the proxy: the bookkeeping starts afresh (the entries it no longer counts expire by their TTL).
 _NEGATIVES_SCRIPT = """
 local zset, sizes, total = KEYS[1], KEYS[2], KEYS[3]
 local prefix, op, key, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention, now = tonumber(ARGV[5]), tonumber(ARGV[6])
 local max_entries, max_bytes = tonumber(ARGV[7]), tonumber(ARGV[8])
+local poisoned = {}
+for name, kind in pairs({[zset] = 'zset', [sizes] = 'hash', [total] = 'string'}) do
+  local found = redis.call('TYPE', name)['ok']
+  if found ~= 'none' and (found ~= kind or (kind == 'string' and not tonumber(redis.call('GET', name)))) then
+    table.insert(poisoned, name)
+  end
+end
+if #poisoned > 0 then redis.call('DEL', zset, sizes, total) end
 local function forget(member)
   redis.call('DEL', prefix .. member)
-  redis.call('DECRBY', total, tonumber(redis.call('HGET', sizes, member) or '0'))
+  redis.call('DECRBY', total, tonumber(redis.call('HGET', sizes, member)) or 0)
   redis.call('HDEL', sizes, member)
   redis.call('ZREM', zset, member)
 end
@@ -252,12 +309,12 @@ if op == 'put' and size <= max_bytes then
   redis.call('INCRBY', total, size)
   for _, name in ipairs(KEYS) do redis.call('EXPIRE', name, seconds) end
 end
-while redis.call('ZCARD', zset) > max_entries or tonumber(redis.call('GET', total) or '0') > max_bytes do
+while redis.call('ZCARD', zset) > max_entries or (tonumber(redis.call('GET', total)) or 0) > max_bytes do
   local oldest = redis.call('ZRANGE', zset, 0, 0)[1]
   if not oldest then break end
   forget(oldest)
 end
-return {redis.call('ZCARD', zset), tonumber(redis.call('GET', total) or '0')}
+return {redis.call('ZCARD', zset), tonumber(redis.call('GET', total)) or 0, unpack(poisoned)}
 """
 
 
@@ -295,14 +352,15 @@ class RedisNegatives:
         return self._store.key(NEGATIVE.key(key))
 
     async def get(self, key: str) -> bytes | None:
+        name = NEGATIVE.key(key)
         return self._seal.open(
-            NEGATIVE.key(key), await self._store._call(self._store.client.get(self._entry(key)), None)
+            name, await self._store._call(self._store.client.get(self._entry(key)), None, keys=(name,))
         )
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        default: list[bytes | None] = [None] * len(keys)
-        found = await self._store._call(self._store.client.mget([self._entry(k) for k in keys]), default)
-        return [self._seal.open(NEGATIVE.key(key), raw) for key, raw in zip(keys, found, strict=True)]
+        names = [NEGATIVE.key(key) for key in keys]
+        found = await self._store.read_many(names, lambda pipeline, name: pipeline.get(name))
+        return [self._seal.open(name, raw) for name, raw in zip(names, found, strict=True)]
 
     async def put(self, key: str, value: bytes) -> None:
         await self._run("put", key, self._seal.close(NEGATIVE.key(key), value))
@@ -332,5 +390,13 @@ class RedisNegatives:
             self._max_bytes,
         ]
         counts = await self._store._call(self._script(keys=self._keys, args=args), None)
-        if counts is not None and self._report is not None:
+        if counts is None:
+            return
+        for name in counts[2:]:
+            self._seal.refuse(
+                _unprefixed(name, self._store.prefix),
+                "holds what the proxy never writes there: the bookkeeping of remembered 404s started afresh",
+                "wrong_type",
+            )
+        if self._report is not None:
             self._report(int(counts[0]), int(counts[1]))
