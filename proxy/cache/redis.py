@@ -17,8 +17,9 @@ outage: it is refused like a value that fails its seal (`refuse`, logged as
 `security.metadata_poisoned`), deleted so the next write starts it afresh, and read as a miss.
 
 `RedisFleetLocks` is the distributed half of single flight: a Redis lock with an owner
-token and an expiry, renewed while the owner works; waiters poll a re-check (is the
-result there now?) and take over when the lock is released or expires.
+token and a short lease (`--fleet-lock-ttl`, 2 s), renewed while the owner works; waiters
+poll a re-check (is the result there now?) and take over when the lock is released or its
+lease runs out: within about a lease of the owner's death.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import LockError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from proxy.cache import Refuse
 from proxy.cache.breaker import Breaker
@@ -188,12 +189,16 @@ class RedisStore:
         self._mark_up()
         return result
 
+    def refused(self, key: str, why: str) -> None:
+        """Report `key` as holding what the proxy never writes there (`why`), through `refuse`."""
+        if self._refuse is not None:
+            self._refuse(key, why, "wrong_type")
+
     async def _poisoned(self, keys: Iterable[str], exc: BaseException) -> None:
         """Refuse and delete `keys`, one of which made Redis answer `exc` (see module docstring)."""
         names = list(keys)
         for key in names:
-            if self._refuse is not None:
-                self._refuse(key, f"holds what the proxy never writes there (Redis: {exc})", "wrong_type")
+            self.refused(key, f"holds what the proxy never writes there (Redis: {exc})")
         if names:
             await self._call(self.client.delete(*(self.key(key) for key in names)), None)
 
@@ -221,13 +226,46 @@ def _discard(command: Awaitable) -> None:
         command.close()
 
 
-class RedisFleetLocks:
-    """Fleet-wide single flight over Redis locks (see module docstring)."""
+# KEYS[1]: a fleet lock. ARGV: the taker's token, the lease in ms. Returns {1} when taken; else {0, the lock's
+# remaining ms before this call}, having cut a lock that would outlive a lease (no expiry: never written
+# by a proxy; longer: a holder that set a longer lease) down to one lease: a lock lives only while renewed.
+_LEASE_TAKE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
+local left = redis.call('PTTL', KEYS[1])
+if left == -1 or left > tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return {0, left}
+"""
+# KEYS[1]: a fleet lock. ARGV: the holder's token, the lease in ms. 1 when renewed, 0 when no longer held.
+_LEASE_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS[1]: a fleet lock. ARGV[1]: the holder's token. Deleted only if still held with it.
+_LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+RENEWALS_PER_LEASE = 4  # a holder survives three renewals lost in a row (a Redis blip, a busy event loop)
 
-    def __init__(self, store: RedisStore, *, ttl: float = 15.0, poll: float = 0.2) -> None:
+
+class RedisFleetLocks:
+    """Fleet-wide single flight over Redis leases (see module docstring).
+
+    A lock is `PREFIX:lock:KEY` holding its holder's random token, set for one `lease` and renewed every
+    quarter of it while the holder works. A holder that dies (kill -9, a lost host) stops renewing, so
+    its lock is gone at most one lease later and a waiter, polling every `poll` seconds, takes over. A
+    lock that would outlive a lease without renewal (no expiry: planted; or set with a longer lease) is
+    cut down to one by the next waiter, so no key anyone writes can make waiters wait longer.
+    """
+
+    def __init__(self, store: RedisStore, *, ttl: float = 2.0, poll: float = 0.2) -> None:
         self._store = store
-        self._ttl = ttl
+        self._lease_ms = max(1, int(ttl * 1000))
         self._poll = poll
+        client = store.client
+        self._take = client.register_script(_LEASE_TAKE)
+        self._renew_script = client.register_script(_LEASE_RENEW)
+        self._release = client.register_script(_LEASE_RELEASE)
 
     @contextlib.asynccontextmanager
     async def hold(self, key: str, recheck: Callable[[], Awaitable[T | None]]) -> AsyncIterator[T | None]:
@@ -236,40 +274,42 @@ class RedisFleetLocks:
         The caller owns the fleet lock while the block runs (or works without it while
         Redis is unavailable: in-process single flight still applies).
         """
-        lock = self._store.client.lock(
-            self._store.key(FLEET_LOCK.key(key)), timeout=self._ttl, blocking=False, thread_local=False
-        )
+        name, token = FLEET_LOCK.key(key), uuid.uuid4().hex
+        lock = self._store.key(name)
         owned, existing = False, None
         while self._store.available:
             try:
-                owned = await lock.acquire(token=uuid.uuid4().hex)
+                taken = await self._take(keys=[lock], args=[token, self._lease_ms])
             except FAILURES as exc:
                 self._store._mark_down(exc)
                 break
+            owned = taken[0] == 1
+            if not owned and taken[1] == -1:
+                self._store.refused(name, "a fleet lock without expiry (a proxy always sets one): cut to one lease")
             existing = await recheck()
             if owned or existing is not None:
                 break
             await asyncio.sleep(self._poll)
-        renewer = asyncio.create_task(self._renew(lock, key)) if owned and existing is None else None
+        renewer = asyncio.create_task(self._renew(lock, token, key)) if owned and existing is None else None
         try:
             yield existing
         finally:
             if renewer is not None:
                 renewer.cancel()
             if owned:
-                with contextlib.suppress(LockError, *FAILURES):
-                    await lock.release()
+                with contextlib.suppress(*FAILURES):
+                    await self._release(keys=[lock], args=[token])
 
-    async def _renew(self, lock, key: str) -> None:
+    async def _renew(self, lock: str, token: str, key: str) -> None:
         while True:
-            await asyncio.sleep(self._ttl / 3)
+            await asyncio.sleep(self._lease_ms / 1000 / RENEWALS_PER_LEASE)
             try:
-                await lock.reacquire()
-            except LockError:
-                log.warning("fleet_lock.lost", key=key, effect="another replica may fetch the same artifact")
-                return
+                renewed = await self._renew_script(keys=[lock], args=[token, self._lease_ms])
             except FAILURES:
                 continue  # Redis blip: keep working, try again at the next interval
+            if not renewed:
+                log.warning("fleet_lock.lost", key=key, effect="another replica may fetch the same artifact")
+                return
 
 
 # KEYS: sorted set of negative keys by write time, hash of their sizes, counter of total bytes.
