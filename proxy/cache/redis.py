@@ -6,10 +6,11 @@ and an abandoned prefix drains by itself.
 Values are the versioned JSON of `proxy.cache`, so a replica never crashes on a format
 it does not know: it treats the entry as a miss.
 
-Redis failure is not an outage: every call that fails marks the store down (logged once
-per state change), answers like a miss, and for `retry_interval` seconds no call goes to
-Redis at all, so requests are served from disk and upstream at full speed; then the next
-call tries again and, if it works, the store is up again. No restart is needed.
+Redis failure is not an outage: every call that fails (after one more try on a new connection
+when its pooled one was closed, e.g. by a Redis restart) marks the store down (logged once per
+state change), answers like a miss, and for `retry_interval` seconds no call goes to Redis at
+all, so requests are served from disk and upstream at full speed; then the next call tries
+again and, if it works, the store is up again. No restart is needed.
 
 A key of this store's namespace that holds what the proxy never writes there (another Redis type,
 or text where a counter belongs: Redis answers WRONGTYPE or "not an integer") is poison, not an
@@ -33,7 +34,9 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError, ResponseError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError, RedisError, ResponseError
 
 from proxy.cache import Refuse
 from proxy.cache.breaker import Breaker
@@ -55,6 +58,17 @@ def is_poison(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and any(words in str(exc) for words in _POISON)  # a pipeline prefixes them
 
 
+def stale_connection_retry() -> Retry:
+    """A command whose pooled connection turns out closed is sent once more, on a new connection.
+
+    After Redis restarts, every connection in the pool is dead and fails the first time it is used;
+    without this each of them, one after the other as the pool rotated, marked Redis down again for
+    the retry interval (`/readyz` flapped for half a minute). Redis really down refuses the new
+    connection at once, so an outage still counts at the first command. Timeouts are not tried again:
+    a Redis that does not answer would only be waited for twice."""
+    return Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))
+
+
 class RedisStore:
     """MetadataStore on Redis, with a circuit breaker for outages."""
 
@@ -70,7 +84,12 @@ class RedisStore:
         clock: Callable[[], float] = time.monotonic,
         refuse: Refuse | None = None,
     ) -> None:
-        options: dict = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "health_check_interval": 15}
+        options: dict = {
+            "socket_timeout": 2.0,
+            "socket_connect_timeout": 2.0,
+            "health_check_interval": 15,
+            "retry": stale_connection_retry(),
+        }
         if password:
             options["password"] = password
         if ca_file and url.startswith("rediss://"):
