@@ -134,11 +134,13 @@ class EmbeddedStore:
             )
 
     async def served_times(self) -> dict[str, float]:
-        """The whole `served` table; raises if the file cannot be read."""
+        """The whole `served` table (a row whose time is not a number, written by anyone but the proxy, reads
+        as never served); raises if the file cannot be read."""
         cache = await self._open()
         async with cache.get_connection() as db:
             await db.execute(_SERVED_SCHEMA)
-            async with db.execute(f"SELECT sha256, at FROM `{SERVED_TABLE}`") as cursor:
+            query = f"SELECT sha256, at FROM `{SERVED_TABLE}` WHERE typeof(at) IN ('integer', 'real')"
+            async with db.execute(query) as cursor:
                 return {str(sha): float(at) for sha, at in await cursor.fetchall()}
 
     async def forget_served(self, sha256s: Iterable[str]) -> None:

@@ -317,6 +317,8 @@ async def forged_in_every_round(attacker, rounds: dict[str, str], start, registr
         assert await get(proxy, ARCHIVE) == (200, release.zips["linux_amd64"]), attack
         assert await lock_hashes(proxy, "1.0.0") == expected["lock endpoint"], attack
         assert (await get(proxy, UNKNOWN))[0] == 404, attack
+        assert (await get(proxy, "/"))[0] == 200, attack  # the page reads the served times back
+        assert proxy.events("inventory.unavailable") == [], f"{attack}: the page could not list the store"
         assert registry.count(versions_path) > fetched, f"{attack}: the refused version list was not fetched again"
         refused = {event["key"] for event in proxy.events("security.metadata_poisoned")}
         assert refused <= tampered, f"{attack}: refused values nobody tampered with: {refused - tampered}"
