@@ -39,13 +39,6 @@ def prefix(tmp_path) -> str:
     return f"trust-{tmp_path.name[-12:]}"
 
 
-@pytest.fixture
-def attacker(redis_server):
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
 def redis_args(redis_server, prefix: str) -> tuple[str, ...]:
     return ("--redis-url", redis_server.url, "--redis-prefix", prefix, "--metadata-secret", METADATA_SECRET)
 
