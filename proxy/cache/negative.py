@@ -168,7 +168,8 @@ class NegativeBound(StoreWrapper):
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         if is_negative(value):
-            await self.inner.delete(key)  # whatever it held, readable or refused
+            if await self.inner.get(key) is not None:
+                await self.inner.delete(key)
             await self.negatives.put(key, value)
         else:
             await self.negatives.discard(key)
