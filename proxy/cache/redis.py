@@ -3,8 +3,8 @@
 Keys are `PREFIX:KEY` (see README, "Redis key schema"); every key has a TTL, the retention
 period, renewed whenever the key is written or read (GETEX), so entries in use never expire
 and an abandoned prefix drains by itself.
-Values are the versioned JSON of `proxy.cache`, so a replica never crashes on a format
-it does not know: it treats the entry as a miss.
+Values are the versioned JSON of `proxy.cache`, sealed (`proxy.cache.sealed`), so a replica never
+crashes on a format it does not know, nor uses a value it cannot authenticate: either is a miss.
 
 Redis failure is not an outage: every call that fails (after one more try on a new connection
 when its pooled one was closed, e.g. by a Redis restart) marks the store down (logged once per
@@ -36,7 +36,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as ConnectionClosedError
+from redis.exceptions import RedisError, ResponseError
 
 from proxy.cache import Refuse
 from proxy.cache.breaker import Breaker
@@ -66,7 +67,7 @@ def stale_connection_retry() -> Retry:
     the retry interval (`/readyz` flapped for half a minute). Redis really down refuses the new
     connection at once, so an outage still counts at the first command. Timeouts are not tried again:
     a Redis that does not answer would only be waited for twice."""
-    return Retry(NoBackoff(), 1, supported_errors=(ConnectionError,))
+    return Retry(NoBackoff(), 1, supported_errors=(ConnectionClosedError,))
 
 
 class RedisStore:
