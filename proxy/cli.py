@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     _option(
         serve,
         "--fleet-lock-ttl",
-        "expiry of the fleet-wide fetch lock (renewed while a download runs; "
-        "a crashed replica's lock frees after this)",
-        default="15s",
+        "lease of the fleet-wide fetch lock (renewed every quarter of it while a fetch runs; "
+        "a crashed replica's lock frees after this, and waiters take over)",
+        default="2s",
     )
     _option(
         serve,

@@ -199,7 +199,7 @@ class Settings:
     redis_password: str | None = None
     redis_prefix: str = "registry-proxy"
     redis_retention: float = 90 * 86400.0
-    fleet_lock_ttl: float = 15.0
+    fleet_lock_ttl: float = 2.0
     default_upstream: Hostname = DEFAULT_UPSTREAM
     offline: bool = False
     module_passthrough: str = "allow"

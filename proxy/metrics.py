@@ -137,7 +137,7 @@ class Metrics:
         )
         self.metadata_rejected = Counter(
             "registry_proxy_metadata_rejected_total",
-            "Metadata store values refused: no seal or a bad seal (poisoned records)",
+            "Metadata store values refused (poisoned): no seal, a bad seal, or not what their namespace holds",
             ["store", "reason"],
             registry=self.registry,
         )

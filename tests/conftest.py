@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import redis
 import trustme
 from aiohttp import web
 from yarl import URL
@@ -96,6 +97,14 @@ def redis_server(tmp_path_factory) -> RedisServer:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def attacker(redis_server) -> redis.Redis:
+    """A plain Redis client on the session's server: whoever else can write to the fleet's Redis."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

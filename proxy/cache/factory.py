@@ -16,7 +16,7 @@ from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.filelocks import FileLocks
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
 from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
-from proxy.cache.sealed import SECRET_FILE, SealedStore, metadata_secret
+from proxy.cache.sealed import SECRET_FILE, Seal, SealedStore, metadata_secret
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks
@@ -24,7 +24,7 @@ from proxy.singleflight import FleetLocks, LocalLocks
 log = structlog.get_logger(__name__)
 
 
-async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
+async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[SealedStore, FleetLocks]:
     """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store (with
     lock files in the data dir when several workers share it); either sealed with the metadata secret
     (ConfigError when it cannot be had). The embedded file is checked now, before the first request."""
@@ -35,15 +35,16 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
             metrics.metadata_rejected.labels(store, reason).inc()
 
     if settings.redis_url:
-        secret = await asyncio.to_thread(metadata_secret, settings)
+        seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
         redis_store = RedisStore(
             settings.redis_url,
             prefix=settings.redis_prefix,
             password=settings.redis_password,
             retention=settings.redis_retention,
+            refuse=seal.refuse,
         )
         return (
-            SealedStore(redis_store, secret, name="redis", on_reject=on_reject),
+            SealedStore(redis_store, seal),
             RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl),
         )
     database = settings.cache_dir / "metadata.sqlite"
@@ -52,8 +53,8 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
         and not settings.metadata_secret_file
         and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
     )
-    secret = await asyncio.to_thread(metadata_secret, settings)
-    sealed = SealedStore(EmbeddedStore(database), secret, name="embedded", on_reject=on_reject)
+    seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="embedded", on_reject=on_reject)
+    sealed = SealedStore(EmbeddedStore(database), seal)
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
         log.info(
             "metadata.records_sealed",
@@ -64,14 +65,17 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
 
 
 def negative_bound(
-    settings: Settings, backend: MetadataStore, metrics: Metrics | None = None, *, front: MetadataStore | None = None
+    settings: Settings, backend: SealedStore, metrics: Metrics | None = None, *, front: MetadataStore | None = None
 ) -> NegativeBound:
     """`front` (by default the backend itself) with every remembered 404 sent to a store of its own:
-    Redis's for a fleet, else process memory; bounded in count and bytes, each kept `negative_retention`."""
-    return NegativeBound(backend if front is None else front, _negative_store(settings, backend, metrics))
+    Redis's for a fleet (sealed with the backend's seal), else process memory; bounded in count and bytes,
+    each kept `negative_retention`. Anything but a remembered 404 read from it is refused through the seal."""
+    return NegativeBound(
+        backend if front is None else front, _negative_store(settings, backend, metrics), refuse=backend.seal.refuse
+    )
 
 
-def _negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics | None) -> NegativeStore:
+def _negative_store(settings: Settings, backend: SealedStore, metrics: Metrics | None) -> NegativeStore:
     report = None
     if metrics is not None:
 
@@ -84,7 +88,6 @@ def _negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics
         settings.negative_cache_bytes,
         negative_retention(settings.freshness.negative),
     )
-    redis_store = getattr(backend, "inner", backend)  # under the seal
-    if isinstance(redis_store, RedisStore):
-        return RedisNegatives(redis_store, *bounds, report=report)
+    if isinstance(backend.inner, RedisStore):
+        return RedisNegatives(backend.inner, backend.seal, *bounds, report=report)
     return MemoryNegatives(*bounds, report=report)

@@ -13,7 +13,6 @@ import sqlite3
 import uuid
 
 import pytest
-import redis
 
 from proxy.cache.sealed import seal, unseal
 from proxy.hashes import h1_of_zip, zh_hash
@@ -30,13 +29,6 @@ def h1_dir(data: bytes) -> str:
 @pytest.fixture
 def prefix() -> str:
     return f"poison-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def attacker(redis_server):
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def redis_args(redis_server, prefix: str, secret: str = SECRET) -> tuple[str, ...]:

@@ -89,7 +89,7 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
     await metadata.set(GONE_KEY, expired.encode())  # as versions before the negative bound wrote them
     if settings.redis_url:
         redis = RedisStore(settings.redis_url, prefix=settings.redis_prefix)
-        old_clock = RedisNegatives(redis, 100, 1 << 20, 3600.0, clock=lambda: now - 7200)
+        old_clock = RedisNegatives(redis, metadata.seal, 100, 1 << 20, 3600.0, clock=lambda: now - 7200)
         await old_clock.put("versions:registry.example.test/acme/forgotten", expired.encode())
         await redis.close()
     await metadata.close()

@@ -100,6 +100,25 @@ async def test_the_owner_renews_its_lock_while_working(redis_server, prefix):
     await store.close()
 
 
+async def test_a_planted_lock_that_never_expires_is_cut_to_one_lease(redis_server, prefix):
+    refused: list[tuple[str, str]] = []
+    store = RedisStore(redis_server.url, prefix=prefix, refuse=lambda key, why, reason: refused.append((key, reason)))
+    await store.client.set(store.key("lock:k"), "planted")  # no expiry: no proxy wrote it
+    locks = RedisFleetLocks(store, ttl=1, poll=0.05)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def nothing():
+        return None
+
+    async with asyncio.timeout(10), locks.hold("k", nothing) as existing:
+        assert existing is None
+        waited = loop.time() - started
+    assert 0.5 < waited < 3
+    assert ("lock:k", "wrong_type") in refused
+    await store.close()
+
+
 async def test_fleet_lock_with_redis_down_lets_the_caller_work(prefix):
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix=prefix)
 

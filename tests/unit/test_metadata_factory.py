@@ -12,9 +12,18 @@ from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.factory import negative_bound
 from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound
+from proxy.cache.sealed import Seal, SealedStore
 from proxy.cli import build_parser
 from proxy.commands import run
 from proxy.config import Settings
+
+
+def sealed_embedded(folder: Path) -> SealedStore:
+    """The embedded store as `open_metadata_store` gives it: sealed."""
+    return SealedStore(
+        EmbeddedStore(folder / "metadata.sqlite"), Seal(b"factory-test-secret-0123456789", store="embedded")
+    )
+
 
 NEGATIVE = CacheEntry(404, b"", "https://registry.example.test/v1/providers/acme/nope/versions", 1.0).encode()
 
@@ -35,7 +44,7 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 
     async def open_metadata_store(settings: Settings, metrics=None):
         opened.append(settings)
-        return EmbeddedStore(tmp_path / "metadata.sqlite"), None
+        return sealed_embedded(tmp_path), None
 
     monkeypatch.setattr(run, "open_metadata_store", open_metadata_store)
     args = build_parser().parse_args(
@@ -61,7 +70,7 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 
 
 async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path: Path) -> None:
-    backend = EmbeddedStore(tmp_path / "metadata.sqlite")
+    backend = sealed_embedded(tmp_path)
     defaults = Settings(data_dir=tmp_path)
     settings = replace(defaults, freshness=replace(defaults.freshness, negative=7200.0))
     cache = negative_bound(settings, backend)
@@ -75,6 +84,6 @@ async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path:
 
 
 def test_negative_bound_wraps_the_front_it_is_given(tmp_path: Path) -> None:
-    backend = EmbeddedStore(tmp_path / "metadata.sqlite")
+    backend = sealed_embedded(tmp_path)
     front = MemoryFront(backend)
     assert negative_bound(Settings(data_dir=tmp_path), backend, front=front).inner is front
