@@ -273,19 +273,24 @@ def test_settings_tls_cert_and_key_together(tmp_path: Path) -> None:
         {"tls_cert": Path("cert.pem")},
         {"tls_key": Path("key.pem")},
         {"plain_http": True, "tls_cert": Path("cert.pem"), "tls_key": Path("key.pem")},
-        {"log_format": "xml"},
-        {"log_format": "JSON"},
-        {"log_format": ""},
+        {"stale_deadline": 9.0, "request_deadline": 8.0},
     ],
 )
-def test_settings_validation(tmp_path: Path, kwargs: dict) -> None:
+def test_settings_that_do_not_fit_together_are_refused(tmp_path: Path, kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         Settings(data_dir=tmp_path, **kwargs)
 
 
-@pytest.mark.parametrize("log_format", ["auto", "json", "console"])
-def test_settings_log_formats(tmp_path: Path, log_format: str) -> None:
-    assert Settings(data_dir=tmp_path, log_format=log_format).log_format == log_format
+@pytest.mark.parametrize(("given", "log_format"), [("auto", "auto"), ("json", "json"), ("Console", "console")])
+def test_cli_log_formats(tmp_path: Path, given: str, log_format: str) -> None:
+    args = build_parser().parse_args(["serve", "--log-format", given])
+    assert settings_from_args(args).log_format == log_format
+
+
+@pytest.mark.parametrize("log_format", ["xml", "", "plain"])
+def test_cli_refuses_other_log_formats(tmp_path: Path, log_format: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid --log-format {log_format!r}: use one of auto, json, console"):
+        build_parser().parse_args(["serve", "--log-format", log_format])
 
 
 def test_settings_mapped_hosts(tmp_path: Path) -> None:
@@ -523,11 +528,11 @@ def test_cli_negative_cache_bounds(clean_env: pytest.MonkeyPatch, tmp_path: Path
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--negative-cache-entries", "0"], "--negative-cache-entries must be a positive integer"),
-        (["--negative-cache-entries", "-5"], "--negative-cache-entries must be a positive integer"),
-        (["--negative-cache-entries", "many"], "--negative-cache-entries must be a positive integer"),
-        (["--negative-cache-bytes", "100"], "--negative-cache-bytes must be at least 1KiB"),
-        (["--negative-cache-bytes", "lots"], "invalid size 'lots'"),
+        (["--negative-cache-entries", "0"], "invalid --negative-cache-entries '0': must be at least 1"),
+        (["--negative-cache-entries=-5"], "invalid --negative-cache-entries '-5': not a whole number"),
+        (["--negative-cache-entries", "many"], "invalid --negative-cache-entries 'many': not a whole number"),
+        (["--negative-cache-bytes", "100"], "invalid --negative-cache-bytes '100': must be at least 1KiB"),
+        (["--negative-cache-bytes", "lots"], "invalid --negative-cache-bytes 'lots': not a size"),
     ],
 )
 def test_cli_negative_cache_bounds_are_validated(

@@ -37,7 +37,7 @@ def test_floor_is_a_size_or_a_percentage(text, floor):
 
 @pytest.mark.parametrize("text", ["", "abc", "-1", "100%", "150%", "-5%", "nan%", "5 %%", "1GiB%"])
 def test_invalid_floor_is_a_clear_config_error(text):
-    with pytest.raises(ConfigError, match="--min-free-space"):
+    with pytest.raises(ConfigError, match="a percentage of the disk below 100%"):
         parse_space_floor(text)
 
 

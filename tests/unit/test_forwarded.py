@@ -8,7 +8,7 @@ from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, parse_networks
 from proxy.forwarded import client_address
 
-TRUSTED = parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8"], "--trusted-proxies")
+TRUSTED = parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8"])
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings, parse_unsigned_providers
+from proxy.config import ConfigError, Settings
 from proxy.unsigned import OPENTOFU_DEFAULT_REGISTRY, UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
 
 
@@ -50,7 +50,7 @@ def test_invalid_values_are_refused(text: str) -> None:
     with pytest.raises(UnsignedPolicyError):
         parse_unsigned_policy(text)
     with pytest.raises(ConfigError, match="--unsigned-providers"):
-        parse_unsigned_providers(text)
+        build_parser().parse_args(["serve", "--unsigned-providers", text])
 
 
 def _settings(tmp_path: Path, *flags: str) -> Settings:

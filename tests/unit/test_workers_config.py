@@ -34,9 +34,10 @@ def test_workers_flag_rejects(monkeypatch, tmp_path, flag: str) -> None:
         _settings(monkeypatch, tmp_path, "--workers", flag)
 
 
-def test_settings_refuse_no_workers(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="--workers"):
-        Settings(data_dir=tmp_path, workers=0)
+def test_no_workers_are_refused_from_the_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("REGISTRY_PROXY_WORKERS", "0")
+    with pytest.raises(ConfigError, match=r"--workers '0' \(from REGISTRY_PROXY_WORKERS\): must be at least 1"):
+        build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
 
 
 def test_only_one_worker_on_the_embedded_store_may_remember_absences(tmp_path) -> None:
