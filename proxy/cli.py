@@ -220,27 +220,27 @@ def check_tokens_file(settings: Settings) -> None:
     """A broken `--auth-tokens` file stops start-up."""
     from proxy.auth import AuthConfigError, parse_tokens
 
-    if settings.auth_tokens is None:
+    if settings.access.auth_tokens is None:
         return
     try:
-        parse_tokens(settings.auth_tokens.read_text(encoding="utf-8"))
+        parse_tokens(settings.access.auth_tokens.read_text(encoding="utf-8"))
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     except OSError as exc:
-        raise ConfigError(f"--auth-tokens {settings.auth_tokens}: {exc.strerror or exc}") from None
+        raise ConfigError(f"--auth-tokens {settings.access.auth_tokens}: {exc.strerror or exc}") from None
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
     """TLS context for the listener; generates a local CA on first start when no cert is given."""
-    if settings.plain_http:
+    if settings.tls.plain_http:
         return None
-    cert, key = settings.tls_cert, settings.tls_key
+    cert, key = settings.tls.tls_cert, settings.tls.tls_key
     if cert is None or key is None:
         from proxy.certs import ensure_local_tls
 
         names = ["localhost", "127.0.0.1", "::1", socket.gethostname(), *extra_names]
-        if settings.listen_host not in ("0.0.0.0", "::", ""):
-            names.insert(0, settings.listen_host)
+        if settings.server.listen_host not in ("0.0.0.0", "::", ""):
+            names.insert(0, settings.server.listen_host)
         local = ensure_local_tls(settings.tls_dir, names)
         cert, key = local.server_cert, local.server_key
         ca_file = local.ca_cert.resolve()
@@ -263,13 +263,13 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
 
 def mirror_url(settings: Settings, scheme: str) -> str:
     """The network mirror URL of this proxy as clients on this machine reach it."""
-    host = settings.listen_host
+    host = settings.server.listen_host
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
     display_host = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{display_host}:{settings.listen_port}/mirror/v1/"
+    return f"{scheme}://{display_host}:{settings.server.listen_port}/mirror/v1/"
 
 
 def cli_snippet(url: str) -> str:
@@ -280,10 +280,10 @@ def cli_snippet(url: str) -> str:
 def check_files(settings: Settings) -> None:
     """Every file a flag names must exist and be readable before start-up goes on."""
     for flag, path in (
-        ("--tls-cert", settings.tls_cert),
-        ("--tls-key", settings.tls_key),
-        ("--upstream-ca-file", settings.upstream_ca_file),
-        ("--metadata-secret-file", settings.metadata_secret_file),
+        ("--tls-cert", settings.tls.tls_cert),
+        ("--tls-key", settings.tls.tls_key),
+        ("--upstream-ca-file", settings.upstreams.upstream_ca_file),
+        ("--metadata-secret-file", settings.metadata.metadata_secret_file),
     ):
         if path is None:
             continue
@@ -302,20 +302,24 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     check_files(settings)
-    setup_logging(settings.log_format, settings.log_level)
+    setup_logging(settings.logging.log_format, settings.logging.log_level)
     warn_about_short_timings(settings, below_safe_minimums(args, "serve"))
-    context = server_ssl_context(settings, sorted(settings.tls_hostnames))
+    context = server_ssl_context(settings, sorted(settings.tls.tls_hostnames))
     url = mirror_url(settings, "http" if context is None else "https")
 
     def listening() -> None:  # called once the socket is bound
-        log.info("proxy.listening", mirror_url=url, workers=settings.workers)
+        log.info("proxy.listening", mirror_url=url, workers=settings.server.workers)
 
     warn_about_access(settings)
-    if settings.workers > 1:
+    if settings.server.workers > 1:
         run_workers(settings, context, on_listening=listening)
     else:
         run_server(
-            create_app(settings), settings, context, shutdown_timeout=settings.shutdown_grace, on_listening=listening
+            create_app(settings),
+            settings,
+            context,
+            shutdown_timeout=settings.server.shutdown_grace,
+            on_listening=listening,
         )
     return 0
 
@@ -333,14 +337,14 @@ def warn_about_short_timings(settings: Settings, lowered: dict) -> None:
 def warn_about_access(settings: Settings) -> None:
     """One warning for each way the access settings may surprise: anonymous beyond loopback, private hosts
     nobody can read."""
-    private = sorted(settings.upstream_credentials.private_hosts)
-    if settings.auth_tokens is None and not _loopback(settings.listen_host):
+    private = sorted(settings.upstreams.upstream_credentials.private_hosts)
+    if settings.access.auth_tokens is None and not _loopback(settings.server.listen_host):
         log.warning(
             "auth.anonymous",
-            listen=settings.listen_host,
+            listen=settings.server.listen_host,
             effect="no --auth-tokens: anyone who reaches this address may use the proxy",
         )
-    if private and settings.auth_tokens is None:
+    if private and settings.access.auth_tokens is None:
         log.warning(
             "auth.private_hosts_refused",
             hosts=private,

@@ -1,4 +1,6 @@
-"""Settings: one frozen object built at start-up from defaults < config file < environment < flags.
+"""Settings: one frozen object built at start-up from defaults < config file < environment < flags,
+grouped by area (`settings.server`, `.tls`, `.upstreams`, `.limits`, `.freshness`, `.modules`,
+`.metadata`, `.archives`, `.logging`, `.access`).
 
 This module is the table of options: each setting is declared once, on its field, with `option()`
 (`proxy.optionspec`): its flag, the kind of value with its bounds, its default and help. The command
@@ -7,7 +9,7 @@ reference in docs/configuration.md all come from these declarations.
 
 What a user configures is checked against the declared bounds before a Settings is built (zero,
 negative and below-minimum values stop start-up). Settings built in code (tests) are trusted with any
-value; `__post_init__` checks only what no single option can: how settings fit together.
+value; the areas' `__post_init__` check only what no single option can: how settings fit together.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from proxy.optionspec import (
     area,
     build,
     env_name,
+    nest,
     option,
     options_of,
 )
@@ -110,18 +113,237 @@ _SERVED_TIMES = "replicas record when they served an archive once a minute, so a
 
 
 @dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Serving clients.
+
+    Where the proxy listens, its worker processes and event loop, and the limits on client connections.
+    """
+
+    listen: Listen = option(
+        "--listen",
+        Parsed(parse_listen, "HOST:PORT (IPv6 as [::1]:8443; :PORT for every address)"),
+        "address to listen on, HOST:PORT (healthcheck: the address it probes, a wildcard on loopback)",
+        default="127.0.0.1:8443",
+        metavar="HOST:PORT",
+        commands=("serve", "healthcheck"),
+    )
+    workers: int = option(
+        "--workers",
+        Workers(),
+        "worker processes serving the one listening socket, under a supervisor that restarts a crashed "
+        "worker; 'auto': one per available CPU; 1 serves in this process",
+        default="auto",
+        metavar="N|auto",
+        code_default=1,
+    )
+    event_loop: str = option(
+        "--event-loop",
+        Choice(("auto", "uvloop", "asyncio")),
+        "auto (uvloop when installed, asyncio with --plain-http for sendfile), uvloop or asyncio",
+        default="auto",
+    )
+    max_connections: int = option(
+        "--max-connections",
+        COUNT,
+        "client connections open at once, per worker; beyond it a new connection gets a 503 and is closed "
+        "(nginx: worker_connections)",
+        default="1024",
+    )
+    client_header_timeout: float = option(
+        "--client-header-timeout",
+        SECONDS,
+        "time from accepting a connection to a complete request head, TLS handshake included "
+        "(nginx: client_header_timeout)",
+        default="10s",
+    )
+    keepalive_timeout: float = option(
+        "--keepalive-timeout",
+        SECONDS,
+        "how long an idle connection is kept open between requests (nginx: keepalive_timeout)",
+        default="15s",
+    )
+    send_timeout: float = option(
+        "--send-timeout",
+        SECONDS,
+        "longest wait for a client to take more of a response; a client that stops reading is dropped after "
+        "it (nginx: send_timeout)",
+        default="60s",
+    )
+    shutdown_grace: float = option(
+        "--shutdown-grace",
+        SECONDS,
+        "on SIGTERM, let requests finish for at most this long, then cancel upstream fetches and exit",
+        default="15s",
+    )
+    public_url: str | None = option(  # the URL clients reach the proxy at (the page at / shows it)
+        "--public-url",
+        Parsed(parse_public_url, "an http(s) URL without credentials, query or fragment"),
+        "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a load balancer), used in "
+        "the configuration the page at / shows; default: the request's scheme and Host",
+        metavar="URL",
+    )
+    trusted_proxies: frozenset[Network] = option(
+        "--trusted-proxies",
+        Each(parse_network, "an IP address or CIDR", frozenset),
+        "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client is the right-most address "
+        "not in this list; from any other peer the header is ignored",
+        metavar="CIDR",
+    )
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.host
+
+    @property
+    def listen_port(self) -> int:
+        return self.listen.port
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsSettings:
+    """TLS.
+
+    The server's certificate, or the local CA generated in DATA_DIR/tls, or plain HTTP behind a load
+    balancer that terminates TLS.
+    """
+
+    tls_cert: Path | None = option(
+        "--tls-cert",
+        FILE,
+        "server certificate (PEM, may include the chain); with neither this nor --plain-http a local CA and "
+        "certificate are generated in DATA_DIR/tls (healthcheck: trusted as it is)",
+        metavar="FILE",
+        commands=("serve", "healthcheck"),
+    )
+    tls_key: Path | None = option("--tls-key", FILE, "private key for --tls-cert (PEM)", metavar="FILE")
+    tls_hostnames: frozenset[str] = option(
+        "--tls-hostname",
+        Each(str.strip, "a name", nonblank),
+        "extra name for the generated server certificate",
+        metavar="NAME",
+    )
+    plain_http: bool = option(
+        "--plain-http",
+        Switch(),
+        "serve plain HTTP (behind a TLS-terminating load balancer)",
+        commands=("serve", "healthcheck"),
+    )
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key must be given together")
+        if self.plain_http and self.tls_cert:
+            raise ConfigError("--plain-http and --tls-cert exclude each other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamSettings:
+    """Upstream registries.
+
+    Which registries clients may reach through the proxy, how the proxy reaches them, the credentials it
+    sends them, and which providers it accepts without signing keys.
+    """
+
+    allowed_hosts: frozenset[str] = option(
+        "--allow-host",
+        Each(parse_registry_host, "a registry hostname", nonblank),
+        "registry hostname clients may ask for",
+        default=DEFAULT_ALLOWED_HOSTS,
+        metavar="HOST",
+    )
+    upstream_map: dict[str, URL] = option(
+        "--upstream-map",
+        Each(parse_upstream_entry, "HOST=BASEURL", dict),
+        "discover HOST at BASEURL/.well-known/terraform.json instead of https://HOST/ (internal registries, "
+        "tests); a mapped host is allowed",
+        metavar="HOST=BASEURL",
+    )
+    upstream_ca_file: Path | None = option(
+        "--upstream-ca-file", FILE, "extra CA bundle trusted for upstream TLS", metavar="FILE"
+    )
+    allowed_private_hosts: frozenset[str] = option(
+        "--allow-private-host",
+        Each(parse_private_host, "a host or host:port", nonblank),
+        "upstream host (or host:port) that may resolve to a private or loopback address",
+        metavar="HOST",
+    )
+    default_upstream: Hostname = option(
+        "--default-upstream",
+        HOSTNAME,
+        "registry whose providers.v1 and modules.v1 the proxy's own /.well-known/terraform.json advertises",
+        default="registry.opentofu.org",
+        metavar="HOST",
+    )
+    offline: bool = option(
+        "--offline",
+        Switch(),
+        "never contact an upstream: serve what is cached; a miss answers 404 (air-gapped networks; fill the "
+        "cache with `import`)",
+    )
+    unsigned_providers: UnsignedPolicy = option(
+        "--unsigned-providers",
+        Parsed(parse_unsigned_policy, "refuse, opentofu-default or allow-hosts=HOST,…"),
+        "providers whose registry lists no signing keys: 'opentofu-default' accepts them from "
+        "registry.opentofu.org only (as tofu does), 'allow-hosts=H,…' from the hosts named, 'refuse' from none "
+        "(also when cached); they are still checked against SHA256SUMS fetched over verified TLS and the "
+        "registry's shasum",
+        default="opentofu-default",
+        metavar="refuse|opentofu-default|allow-hosts=H,…",
+    )
+    upstream_credentials_file: Path | None = option(
+        "--upstream-credentials",
+        FILE,
+        'CLI configuration file whose `credentials "HOST" { token = ... }` blocks are sent to those upstream '
+        "hosts (TF_TOKEN_<host> variables too); such hosts are private",
+        metavar="FILE",
+    )
+    upstream_credentials: UpstreamCredentials = field(default_factory=UpstreamCredentials)  # the file and TF_TOKEN_*
+
+    @property
+    def all_allowed_hosts(self) -> frozenset[str]:
+        """Registry hostnames clients may ask for: the allowlist plus every mapped host."""
+        return self.allowed_hosts | frozenset(self.upstream_map)
+
+    @property
+    def private_host_exceptions(self) -> frozenset[str]:
+        """`host` or `host:port` entries the SSRF guard lets through to private addresses."""
+        mapped = {f"{url.host}:{url.port}" for url in self.upstream_map.values()}
+        return self.allowed_private_hosts | frozenset(mapped)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FreshnessTtls:
-    """How long each kind of upstream metadata is served without asking the upstream again."""
+    """Freshness of upstream metadata.
+
+    How long each kind of upstream metadata is served without asking the upstream again, and how many
+    upstream 404s are remembered. Per-version download metadata, SHA256SUMS and signatures never change:
+    they have no TTL.
+    """
 
     discovery: float = option("--ttl-discovery", SECONDS, "how long a discovery document is fresh", default="1h")
     versions: float = option("--ttl-versions", SECONDS, "how long a version list is fresh", default="10m")
     negative: float = option("--ttl-negative", SECONDS, "how long an upstream 404 is remembered", default="1m")
-    # Per-version download metadata, SHA256SUMS and signatures are immutable: no TTL.
+    negative_cache_entries: int = option(
+        "--negative-cache-entries",
+        COUNT,
+        "remembered upstream 404s (made-up names) kept at most, fleet-wide with Redis; the least recently "
+        "written are dropped first",
+        default="10000",
+    )
+    negative_cache_bytes: int = option(
+        "--negative-cache-bytes",
+        Size(minimum="1KiB"),
+        "total size of remembered upstream 404s at most",
+        default="16MiB",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """Bounds on what the proxy accepts from upstreams."""
+    """Upstream limits and deadlines.
+
+    Bounds on what the proxy accepts from upstreams, and on how long a client waits for them.
+    """
 
     max_archive_bytes: int = option("--max-archive-size", SIZE, "largest provider archive accepted", default="4GiB")
     max_metadata_bytes: int = option(
@@ -157,6 +379,24 @@ class Limits:
         "upstream requests in flight to one host at most (within --upstream-concurrency)",
         default="8",
     )
+    stale_deadline: float = option(
+        "--stale-deadline",
+        Duration(minimum="0"),
+        "with a stale cached copy, wait at most this long (from the request's start) for the refresh, then "
+        "answer the stale copy while the refresh goes on (0: answer it at once; at most --request-deadline)",
+        default="2s",
+    )
+    request_deadline: float = option(
+        "--request-deadline",
+        SECONDS,
+        "wait at most this long for upstream metadata the cache lacks, then answer 504 (the fetch goes on; "
+        "downloads themselves are bounded by the rate rules)",
+        default="8s",
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.stale_deadline <= self.request_deadline:
+            raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
 
     @property
     def connect_timeout(self) -> float:
@@ -165,70 +405,45 @@ class Limits:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings:
-    """Everything the proxy needs to run; built once by the CLI (or tests) and passed down."""
+class ModuleSettings:
+    """Modules.
 
-    data_dir: Path = option(
-        "--data-dir",
-        DIRECTORY,
-        "archives, metadata, keyring and generated TLS files",
-        default=USER_CACHE_DIR,
-        metavar="DIR",
-        commands=(*SERVE_AND_STORE, "healthcheck"),
-        code_default=REQUIRED,
+    Module sources the proxy does not cache, and the bounds on module archives and git checkouts.
+    """
+
+    module_passthrough: str = option(
+        "--module-passthrough",
+        Choice(("allow", "deny")),
+        "module sources the proxy does not cache (s3::, gcs::, hg::, git over ssh): 'allow' hands them to the "
+        "client unchanged, 'deny' answers an error",
+        default="allow",
     )
-    listen: Listen = option(
-        "--listen",
-        Parsed(parse_listen, "HOST:PORT (IPv6 as [::1]:8443; :PORT for every address)"),
-        "address to listen on, HOST:PORT (healthcheck: the address it probes, a wildcard on loopback)",
-        default="127.0.0.1:8443",
-        metavar="HOST:PORT",
-        commands=("serve", "healthcheck"),
+    max_module_bytes: int = option(
+        "--max-module-size", SIZE, "largest module archive or git checkout accepted", default="512MiB"
     )
-    tls_cert: Path | None = option(
-        "--tls-cert",
-        FILE,
-        "server certificate (PEM, may include the chain); with neither this nor --plain-http a local CA and "
-        "certificate are generated in DATA_DIR/tls (healthcheck: trusted as it is)",
-        metavar="FILE",
-        commands=("serve", "healthcheck"),
+    max_module_unpacked_bytes: int = option(
+        "--max-module-unpacked-size",
+        SIZE,
+        "largest total a module archive may unpack to (counted while it is checked, before it is stored)",
+        default="1GiB",
     )
-    tls_key: Path | None = option("--tls-key", FILE, "private key for --tls-cert (PEM)", metavar="FILE")
-    tls_hostnames: frozenset[str] = option(
-        "--tls-hostname",
-        Each(str.strip, "a name", nonblank),
-        "extra name for the generated server certificate",
-        metavar="NAME",
+    max_module_entries: int = option(
+        "--max-module-entries",
+        COUNT,
+        "most entries (files, directories, links) a module archive may hold",
+        default="100000",
     )
-    plain_http: bool = option(
-        "--plain-http",
-        Switch(),
-        "serve plain HTTP (behind a TLS-terminating load balancer)",
-        commands=("serve", "healthcheck"),
-    )
-    allowed_hosts: frozenset[str] = option(
-        "--allow-host",
-        Each(parse_registry_host, "a registry hostname", nonblank),
-        "registry hostname clients may ask for",
-        default=DEFAULT_ALLOWED_HOSTS,
-        metavar="HOST",
-    )
-    upstream_map: dict[str, URL] = option(
-        "--upstream-map",
-        Each(parse_upstream_entry, "HOST=BASEURL", dict),
-        "discover HOST at BASEURL/.well-known/terraform.json instead of https://HOST/ (internal registries, "
-        "tests); a mapped host is allowed",
-        metavar="HOST=BASEURL",
-    )
-    upstream_ca_file: Path | None = option(
-        "--upstream-ca-file", FILE, "extra CA bundle trusted for upstream TLS", metavar="FILE"
-    )
-    allowed_private_hosts: frozenset[str] = option(
-        "--allow-private-host",
-        Each(parse_private_host, "a host or host:port", nonblank),
-        "upstream host (or host:port) that may resolve to a private or loopback address",
-        metavar="HOST",
-    )
+    git_timeout: float = option("--git-timeout", SECONDS, "time limit for cloning a git module source", default="120s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetadataSettings:
+    """The metadata store.
+
+    The embedded store in DATA_DIR/metadata, or Redis shared by a fleet of replicas, and the secret that
+    seals every record in it.
+    """
+
     redis_url: str | None = option(
         "--redis-url",
         Parsed(parse_redis_url, "a redis://, rediss:// or unix:// URL"),
@@ -257,111 +472,6 @@ class Settings:
         "after this)",
         default="15s",
     )
-    default_upstream: Hostname = option(
-        "--default-upstream",
-        HOSTNAME,
-        "registry whose providers.v1 and modules.v1 the proxy's own /.well-known/terraform.json advertises",
-        default="registry.opentofu.org",
-        metavar="HOST",
-    )
-    offline: bool = option(
-        "--offline",
-        Switch(),
-        "never contact an upstream: serve what is cached; a miss answers 404 (air-gapped networks; fill the "
-        "cache with `import`)",
-    )
-    module_passthrough: str = option(
-        "--module-passthrough",
-        Choice(("allow", "deny")),
-        "module sources the proxy does not cache (s3::, gcs::, hg::, git over ssh): 'allow' hands them to the "
-        "client unchanged, 'deny' answers an error",
-        default="allow",
-    )
-    max_module_bytes: int = option(
-        "--max-module-size", SIZE, "largest module archive or git checkout accepted", default="512MiB"
-    )
-    git_timeout: float = option("--git-timeout", SECONDS, "time limit for cloning a git module source", default="120s")
-    freshness: FreshnessTtls = area(FreshnessTtls)
-    limits: Limits = area(Limits)
-    log_format: str = option(
-        "--log-format",
-        Choice(("auto", "json", "console")),
-        "auto (JSON unless on a terminal), json or console",
-        default="auto",
-    )
-    log_level: str = option("--log-level", Choice(LOG_LEVELS), "debug, info, warning or error", default="info")
-    max_module_unpacked_bytes: int = option(
-        "--max-module-unpacked-size",
-        SIZE,
-        "largest total a module archive may unpack to (counted while it is checked, before it is stored)",
-        default="1GiB",
-    )
-    max_module_entries: int = option(
-        "--max-module-entries",
-        COUNT,
-        "most entries (files, directories, links) a module archive may hold",
-        default="100000",
-    )
-    max_connections: int = option(
-        "--max-connections",
-        COUNT,
-        "client connections open at once, per worker; beyond it a new connection gets a 503 and is closed "
-        "(nginx: worker_connections)",
-        default="1024",
-    )
-    client_header_timeout: float = option(
-        "--client-header-timeout",
-        SECONDS,
-        "time from accepting a connection to a complete request head, TLS handshake included "
-        "(nginx: client_header_timeout)",
-        default="10s",
-    )
-    keepalive_timeout: float = option(
-        "--keepalive-timeout",
-        SECONDS,
-        "how long an idle connection is kept open between requests (nginx: keepalive_timeout)",
-        default="15s",
-    )
-    send_timeout: float = option(
-        "--send-timeout",
-        SECONDS,
-        "longest wait for a client to take more of a response; a client that stops reading is dropped after "
-        "it (nginx: send_timeout)",
-        default="60s",
-    )
-    stale_deadline: float = option(
-        "--stale-deadline",
-        Duration(minimum="0"),
-        "with a stale cached copy, wait at most this long (from the request's start) for the refresh, then "
-        "answer the stale copy while the refresh goes on (0: answer it at once; at most --request-deadline)",
-        default="2s",
-    )
-    request_deadline: float = option(
-        "--request-deadline",
-        SECONDS,
-        "wait at most this long for upstream metadata the cache lacks, then answer 504 (the fetch goes on; "
-        "downloads themselves are bounded by the rate rules)",
-        default="8s",
-    )
-    shutdown_grace: float = option(
-        "--shutdown-grace",
-        SECONDS,
-        "on SIGTERM, let requests finish for at most this long, then cancel upstream fetches and exit",
-        default="15s",
-    )
-    negative_cache_entries: int = option(
-        "--negative-cache-entries",
-        COUNT,
-        "remembered upstream 404s (made-up names) kept at most, fleet-wide with Redis; the least recently "
-        "written are dropped first",
-        default="10000",
-    )
-    negative_cache_bytes: int = option(
-        "--negative-cache-bytes",
-        Size(minimum="1KiB"),
-        "total size of remembered upstream 404s at most",
-        default="16MiB",
-    )
     metadata_secret: str | None = option(
         "--metadata-secret",
         Text(min_bytes=16, hint="e.g. `openssl rand -hex 32`"),
@@ -379,72 +489,27 @@ class Settings:
         metavar="FILE",
         commands=SERVE_AND_STORE,
     )
-    min_free_space: SpaceFloor = option(
-        "--min-free-space",
-        Parsed(parse_space_floor, "a size, or a percentage of the disk below 100% (0: none)"),
-        "free space to keep in DATA_DIR (a size, or a percentage of the disk such as 5%; 0: none): below it "
-        "/readyz is 503 and uncached archives are relayed from the upstream, verified, without being stored",
-        default="1GiB",
-        metavar="SIZE|PERCENT",
-    )
-    workers: int = option(
-        "--workers",
-        Workers(),
-        "worker processes serving the one listening socket, under a supervisor that restarts a crashed "
-        "worker; 'auto': one per available CPU; 1 serves in this process",
-        default="auto",
-        metavar="N|auto",
-        code_default=1,
-    )
-    event_loop: str = option(
-        "--event-loop",
-        Choice(("auto", "uvloop", "asyncio")),
-        "auto (uvloop when installed, asyncio with --plain-http for sendfile), uvloop or asyncio",
-        default="auto",
-    )
-    access_log: str = option(
-        "--access-log",
-        Choice(("all", "errors", "off")),
-        "one log line per request: all, errors (status 400 and above, and requests slower than 1 s) or off",
-        default="all",
-    )
-    unsigned_providers: UnsignedPolicy = option(
-        "--unsigned-providers",
-        Parsed(parse_unsigned_policy, "refuse, opentofu-default or allow-hosts=HOST,…"),
-        "providers whose registry lists no signing keys: 'opentofu-default' accepts them from "
-        "registry.opentofu.org only (as tofu does), 'allow-hosts=H,…' from the hosts named, 'refuse' from none "
-        "(also when cached); they are still checked against SHA256SUMS fetched over verified TLS and the "
-        "registry's shasum",
-        default="opentofu-default",
-        metavar="refuse|opentofu-default|allow-hosts=H,…",
-    )
-    public_url: str | None = option(  # the URL clients reach the proxy at (the page at / shows it)
-        "--public-url",
-        Parsed(parse_public_url, "an http(s) URL without credentials, query or fragment"),
-        "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a load balancer), used in "
-        "the configuration the page at / shows; default: the request's scheme and Host",
-        metavar="URL",
-    )
-    # --- access control (client tokens) and upstream credentials ---
-    auth_tokens: Path | None = option(
-        "--auth-tokens",
-        FILE,
-        "client tokens file (TOML, hashed tokens with scopes; see `registry-proxy token new`): clients then "
-        "need `Authorization: Bearer TOKEN`; reloaded on SIGHUP",
-        metavar="FILE",
-    )
-    metrics_token_required: bool = option(
-        "--metrics-token-required", Switch(), "/metrics needs a token with metrics = true"
-    )
-    upstream_credentials_file: Path | None = option(
-        "--upstream-credentials",
-        FILE,
-        'CLI configuration file whose `credentials "HOST" { token = ... }` blocks are sent to those upstream '
-        "hosts (TF_TOKEN_<host> variables too); such hosts are private",
-        metavar="FILE",
-    )
-    upstream_credentials: UpstreamCredentials = field(default_factory=UpstreamCredentials)  # the file and TF_TOKEN_*
-    # --- archive store (local directory, or S3-compatible object storage) ---
+
+    def __post_init__(self) -> None:
+        if self.metadata_secret is not None and self.metadata_secret_file is not None:
+            raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
+        if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
+            raise ConfigError(
+                "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
+                "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
+                "make the proxy serve other archives or hashes; give every replica the same secret "
+                "(e.g. `openssl rand -hex 32`)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveSettings:
+    """The archive store.
+
+    Where verified archives are kept (DATA_DIR/archives or S3-compatible object storage), how they are
+    handed out, the store's size cap with eviction, and the free space kept on the disk.
+    """
+
     archive_store: str = option(  # "": ARCHIVE_DIR; "s3://bucket/prefix"
         "--archive-store",
         Parsed(parse_archive_store, "s3://BUCKET/PREFIX"),
@@ -501,7 +566,6 @@ class Settings:
         "how long a presigned archive URL is valid",
         default="5m",
     )
-    # --- archive store size cap and eviction ---
     max_store_size: int | None = option(
         "--max-store-size",
         SIZE,
@@ -521,36 +585,16 @@ class Settings:
         "check the store's size this often (also after every store that passes the cap)",
         default="5m",
     )
-    # --- operations ---
-    trusted_proxies: frozenset[Network] = option(
-        "--trusted-proxies",
-        Each(parse_network, "an IP address or CIDR", frozenset),
-        "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client is the right-most address "
-        "not in this list; from any other peer the header is ignored",
-        metavar="CIDR",
-    )
-    unsafe_short_timings: bool = option(
-        "--unsafe-short-timings",
-        Switch(),
-        "FOR TESTS ONLY: every duration may be as short as 1ms, below its safe minimum (a loud warning is "
-        "logged at start)",
-        commands=(*SERVE_AND_STORE, "healthcheck"),
-        hidden=True,
+    min_free_space: SpaceFloor = option(
+        "--min-free-space",
+        Parsed(parse_space_floor, "a size, or a percentage of the disk below 100% (0: none)"),
+        "free space to keep in DATA_DIR (a size, or a percentage of the disk such as 5%; 0: none): below it "
+        "/readyz is 503 and uncached archives are relayed from the upstream, verified, without being stored",
+        default="1GiB",
+        metavar="SIZE|PERCENT",
     )
 
     def __post_init__(self) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("--tls-cert and --tls-key must be given together")
-        if self.plain_http and self.tls_cert:
-            raise ConfigError("--plain-http and --tls-cert exclude each other")
-        if not 0 <= self.stale_deadline <= self.request_deadline:
-            raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
-        if self.metrics_token_required and self.auth_tokens is None:
-            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
-        self._check_metadata_secret()
-        self._check_archive_store()
-
-    def _check_archive_store(self) -> None:
         location = self.s3_location  # raises ConfigError when malformed
         if location is None and (
             self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file or self.s3_path_style or self.s3_region
@@ -562,41 +606,97 @@ class Settings:
         """The bucket and key prefix of `--archive-store s3://…`; None for the local directory."""
         return parse_s3_location(self.archive_store) if self.archive_store else None
 
-    def _check_metadata_secret(self) -> None:
-        if self.metadata_secret is not None and self.metadata_secret_file is not None:
-            raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
-        if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
-            raise ConfigError(
-                "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
-                "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
-                "make the proxy serve other archives or hashes; give every replica the same secret "
-                "(e.g. `openssl rand -hex 32`)"
-            )
 
-    @property
-    def listen_host(self) -> str:
-        return self.listen.host
+@dataclass(frozen=True, kw_only=True)
+class LogSettings:
+    """Logging.
 
-    @property
-    def listen_port(self) -> int:
-        return self.listen.port
+    The format and level of the log, and which requests get an access-log line.
+    """
 
-    @property
-    def all_allowed_hosts(self) -> frozenset[str]:
-        """Registry hostnames clients may ask for: the allowlist plus every mapped host."""
-        return self.allowed_hosts | frozenset(self.upstream_map)
+    log_format: str = option(
+        "--log-format",
+        Choice(("auto", "json", "console")),
+        "auto (JSON unless on a terminal), json or console",
+        default="auto",
+    )
+    log_level: str = option("--log-level", Choice(LOG_LEVELS), "debug, info, warning or error", default="info")
+    access_log: str = option(
+        "--access-log",
+        Choice(("all", "errors", "off")),
+        "one log line per request: all, errors (status 400 and above, and requests slower than 1 s) or off",
+        default="all",
+    )
 
-    @property
-    def private_host_exceptions(self) -> frozenset[str]:
-        """`host` or `host:port` entries the SSRF guard lets through to private addresses."""
-        mapped = {f"{url.host}:{url.port}" for url in self.upstream_map.values()}
-        return self.allowed_private_hosts | frozenset(mapped)
+
+@dataclass(frozen=True, kw_only=True)
+class AccessSettings:
+    """Access control.
+
+    The client tokens a proxy requires, and whether /metrics needs one.
+    """
+
+    auth_tokens: Path | None = option(
+        "--auth-tokens",
+        FILE,
+        "client tokens file (TOML, hashed tokens with scopes; see `registry-proxy token new`): clients then "
+        "need `Authorization: Bearer TOKEN`; reloaded on SIGHUP",
+        metavar="FILE",
+    )
+    metrics_token_required: bool = option(
+        "--metrics-token-required", Switch(), "/metrics needs a token with metrics = true"
+    )
+
+    def __post_init__(self) -> None:
+        if self.metrics_token_required and self.auth_tokens is None:
+            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
+
+
+@dataclass(frozen=True, kw_only=True, init=False)
+class Settings:
+    """Everything the proxy needs to run, by area; built once by the CLI (or tests) and passed down.
+
+    Built with any setting by its own name, whichever its area (`Settings(data_dir=..., redis_url=...)`),
+    or with a whole area by the area's name (`limits=Limits(...)`).
+    """
+
+    data_dir: Path = option(
+        "--data-dir",
+        DIRECTORY,
+        "archives, metadata, keyring and generated TLS files",
+        default=USER_CACHE_DIR,
+        metavar="DIR",
+        commands=(*SERVE_AND_STORE, "healthcheck"),
+        code_default=REQUIRED,
+    )
+    server: ServerSettings = area(ServerSettings)
+    tls: TlsSettings = area(TlsSettings)
+    upstreams: UpstreamSettings = area(UpstreamSettings)
+    limits: Limits = area(Limits)
+    freshness: FreshnessTtls = area(FreshnessTtls)
+    modules: ModuleSettings = area(ModuleSettings)
+    metadata: MetadataSettings = area(MetadataSettings)
+    archives: ArchiveSettings = area(ArchiveSettings)
+    logging: LogSettings = area(LogSettings)
+    access: AccessSettings = area(AccessSettings)
+    unsafe_short_timings: bool = option(
+        "--unsafe-short-timings",
+        Switch(),
+        "FOR TESTS ONLY: every duration may be as short as 1ms, below its safe minimum (a loud warning is "
+        "logged at start)",
+        commands=(*SERVE_AND_STORE, "healthcheck"),
+        hidden=True,
+    )
+
+    def __init__(self, **settings: Any) -> None:
+        for name, value in nest(type(self), settings).items():
+            object.__setattr__(self, name, value)
 
     @property
     def sole_metadata_writer(self) -> bool:
         """No other process writes this proxy's metadata store (the embedded store, one worker), so an
         absence it saw stays true until it writes the key itself."""
-        return self.redis_url is None and self.workers == 1
+        return self.metadata.redis_url is None and self.server.workers == 1
 
     @property
     def upstream_ca_bundle(self) -> Path:

@@ -326,15 +326,41 @@ def options_of(cls: type) -> tuple[Option, ...]:
 
 def build(cls: type, values: Mapping[str, Any], **derived: Any) -> Any:
     """An instance of the settings dataclass `cls` from option values by `Option.dest` (a value of None,
-    or none, leaves the field's default) and `derived` values by field name (in any area)."""
-    kwargs: dict[str, Any] = {}
+    or none, leaves the field's default) and `derived` values by field name; a `cls` with areas takes
+    its settings by name, whichever their area (`nest`)."""
+    given: dict[str, Any] = {}
+    for item in _leaves(cls):
+        spec = item.metadata.get(OPTION)
+        if spec is not None and values.get(spec.dest) is not None:
+            given[item.name] = values[spec.dest]
+    return cls(**given, **derived)
+
+
+def nest(cls: type, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `cls` from `settings` named by their own field names, whichever area holds them, or
+    by an area's name for a whole area; the rest keep their defaults (TypeError for an unknown name)."""
+    rest = dict(settings)
+    values: dict[str, Any] = {}
     for item in fields(cls):
-        if AREA in item.metadata:
-            kwargs[item.name] = build(item.metadata[AREA], values, **derived)
-        elif item.name in derived:
-            kwargs[item.name] = derived[item.name]
-        elif OPTION in item.metadata and values.get(item.metadata[OPTION].dest) is not None:
-            kwargs[item.name] = values[item.metadata[OPTION].dest]
-        elif item.default is MISSING and item.default_factory is MISSING:
-            raise ConfigError(f"{item.metadata[OPTION].flag} is required" if OPTION in item.metadata else item.name)
-    return cls(**kwargs)
+        if item.name in rest:
+            values[item.name] = rest.pop(item.name)
+        elif AREA in item.metadata:
+            inner = {leaf.name for leaf in fields(item.metadata[AREA])}
+            values[item.name] = item.metadata[AREA](**{name: rest.pop(name) for name in list(rest) if name in inner})
+        elif item.default_factory is not MISSING:
+            values[item.name] = item.default_factory()
+        elif item.default is not MISSING:
+            values[item.name] = item.default
+        else:
+            raise TypeError(f"{cls.__name__}() needs {item.name}")
+    if rest:
+        raise TypeError(f"{cls.__name__}() has no setting {', '.join(sorted(rest))}")
+    return values
+
+
+def _leaves(cls: type) -> list[Any]:
+    """The fields of `cls` and of its areas, areas left out."""
+    found = []
+    for item in fields(cls):
+        found.extend(_leaves(item.metadata[AREA]) if AREA in item.metadata else [item])
+    return found

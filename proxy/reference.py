@@ -44,10 +44,20 @@ For tests only, `--unsafe-short-timings` lowers every duration's minimum to
 {format_duration(0.001)} (see [Testing](#testing)).
 """
 
-_TITLES = {
-    Settings: "Serving",
-    ClientOptions: "Clients of a running proxy (`lock`, `warm`)",
-    CheckOptions: "Health checks and garbage collection",
+# The sections of the top-level groups' own options (an area's section comes from its docstring).
+_TOP = {
+    Settings: (
+        "Data directory",
+        "Where the proxy keeps its archives (unless they are in S3), metadata, keyring and generated TLS files.",
+    ),
+    ClientOptions: (
+        "Clients of a running proxy",
+        "How `lock` and `warm` reach a running proxy, and which CA `healthcheck` trusts.",
+    ),
+    CheckOptions: (
+        "Health checks and garbage collection",
+        "How long `healthcheck` waits, and what `gc` keeps (flags only).",
+    ),
 }
 
 
@@ -61,22 +71,23 @@ Not shown by `--help`: for test suites that need short timings, never for a prox
 def render() -> str:
     """The whole reference, as docs/configuration.md holds it."""
     sections = [PREAMBLE]
-    for area in (Settings, ClientOptions, CheckOptions):
-        sections.extend(_sections(area, _TITLES[area]))
+    for group, (title, about) in _TOP.items():
+        sections.extend(_sections(group, title, about))
     sections.append(TESTING)
     sections.extend(_entry(spec) for spec in OPTIONS if spec.hidden)
     return "\n".join(sections)
 
 
-def _sections(area: type, title: str) -> list[str]:
-    """The section of `area`'s own options, then those of its nested areas."""
-    own = [item.metadata[OPTION] for item in fields(area) if OPTION in item.metadata]
-    nested = [item.metadata[AREA] for item in fields(area) if AREA in item.metadata]
-    about = " ".join((area.__doc__ or "").split())
+def _sections(group: type, title: str, about: str) -> list[str]:
+    """The section of `group`'s own options, then one per area of it (titled by the area's docstring: its
+    first line, then what it is about)."""
+    own = [item.metadata[OPTION] for item in fields(group) if OPTION in item.metadata]
     text = [f"## {title}\n\n{about}\n", *(_entry(spec) for spec in own if not spec.hidden)]
     sections = ["\n".join(text)]
-    for inner in nested:
-        sections.extend(_sections(inner, (inner.__doc__ or inner.__name__).split("\n")[0].rstrip(".")))
+    for item in fields(group):
+        if AREA in item.metadata:
+            heading, _, rest = (item.metadata[AREA].__doc__ or "").strip().partition("\n")
+            sections.extend(_sections(item.metadata[AREA], heading.rstrip("."), " ".join(rest.split())))
     return sections
 
 

@@ -206,7 +206,7 @@ async def _gc(args: argparse.Namespace) -> int:
 async def _verify(args: argparse.Namespace) -> int:
     settings = _store_settings(args)
     root = settings.archive_dir
-    if settings.s3_location is None and not (root / "sha256").is_dir():
+    if settings.archives.s3_location is None and not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
     store = archive_store(settings)
     store.open(claim=False)  # nothing is written without --repair, not even by opening the store

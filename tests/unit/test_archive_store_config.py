@@ -47,7 +47,7 @@ def test_parse_s3_location_rejects(text: str) -> None:
 
 def test_the_default_store_is_the_data_dir() -> None:
     settings = Settings(data_dir=Path("/d"))
-    assert settings.s3_location is None and settings.archive_dir == Path("/d/archives")
+    assert settings.archives.s3_location is None and settings.archive_dir == Path("/d/archives")
 
 
 @pytest.mark.parametrize(
@@ -90,14 +90,19 @@ def test_flags_and_environment(monkeypatch) -> None:
         ]
     )
     settings = settings_from_args(args)
-    assert settings.s3_location == S3Location("bucket", "archives/")
-    assert (settings.s3_endpoint_url, settings.s3_region, settings.s3_path_style, settings.s3_ca_file) == (
+    assert settings.archives.s3_location == S3Location("bucket", "archives/")
+    assert (
+        settings.archives.s3_endpoint_url,
+        settings.archives.s3_region,
+        settings.archives.s3_path_style,
+        settings.archives.s3_ca_file,
+    ) == (
         "https://minio.internal:9000",
         "eu-central-1",
         True,
         Path("/etc/ca.pem"),
     )
-    assert (settings.archive_redirect, settings.archive_redirect_expiry) == (True, 120.0)
+    assert (settings.archives.archive_redirect, settings.archives.archive_redirect_expiry) == (True, 120.0)
 
 
 @pytest.mark.parametrize("command", ["export", "import", "verify"])
@@ -108,12 +113,15 @@ def test_the_commands_take_the_archive_store_flags(command: str) -> None:
 
 
 def test_s3_timeout_flag_environment_and_default(monkeypatch) -> None:
-    assert Settings(data_dir=Path("/d")).s3_timeout == 20.0
+    assert Settings(data_dir=Path("/d")).archives.s3_timeout == 20.0
     args = build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x", "--s3-timeout", "5s"])
     settings = settings_from_args(args)
-    assert settings.s3_timeout == 5.0 and s3_options(settings).timeout == 5.0
+    assert settings.archives.s3_timeout == 5.0 and s3_options(settings).timeout == 5.0
     monkeypatch.setenv("REGISTRY_PROXY_S3_TIMEOUT", "1m")
-    assert settings_from_args(build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x"])).s3_timeout == 60
+    assert (
+        settings_from_args(build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x"])).archives.s3_timeout
+        == 60
+    )
     args = build_parser().parse_args(["verify", "--archive-store", "s3://bucket/x", "--s3-timeout", "7s"])
     assert args.s3_timeout == 7.0
 

@@ -42,12 +42,12 @@ min-free-space = "5%"
 """,
     )
     settings = settings_from_args(_args("serve", "--config", str(config), "--data-dir", str(tmp_path)))
-    assert (settings.listen_host, settings.listen_port) == ("0.0.0.0", 9443)
-    assert settings.plain_http is True
-    assert settings.allowed_hosts == {"registry.example", "other.example"}
+    assert (settings.server.listen_host, settings.server.listen_port) == ("0.0.0.0", 9443)
+    assert settings.tls.plain_http is True
+    assert settings.upstreams.allowed_hosts == {"registry.example", "other.example"}
     assert settings.freshness.versions == 300
     assert settings.limits.upstream_concurrency == 4
-    assert settings.min_free_space.percent == 5
+    assert settings.archives.min_free_space.percent == 5
 
 
 def test_precedence_flags_then_env_then_file_then_defaults(clean_env, tmp_path: Path) -> None:
@@ -65,14 +65,14 @@ def test_precedence_flags_then_env_then_file_then_defaults(clean_env, tmp_path: 
     assert settings.freshness.negative == 11  # flag over env over file
     assert settings.freshness.discovery == 3 * 3600  # env over file
     assert settings.freshness.versions == 300  # file over default
-    assert settings.allowed_hosts == {"file.example"}  # file replaces the default list
-    assert settings.plain_http is False  # an env false beats a file true
+    assert settings.upstreams.allowed_hosts == {"file.example"}  # file replaces the default list
+    assert settings.tls.plain_http is False  # an env false beats a file true
     assert settings.limits.max_archive_bytes == 4 * 2**30  # default
 
 
 def test_config_file_from_the_environment(clean_env, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_CONFIG", str(_file(tmp_path, 'log-level = "debug"\n')))
-    assert settings_from_args(_args("serve", "--data-dir", str(tmp_path))).log_level == "debug"
+    assert settings_from_args(_args("serve", "--data-dir", str(tmp_path))).logging.log_level == "debug"
 
 
 # A valid value of each `serve` option without a default (or one the machine decides); the others are

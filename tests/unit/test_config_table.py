@@ -4,14 +4,14 @@ bounds, and settings built in code that match the command line's defaults."""
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import OPTIONS, ConfigError, Settings, options_for
-from proxy.optionspec import Count, Duration, MachineValue, Size
+from proxy.optionspec import AREA, Count, Duration, MachineValue, Size
 
 # The REGISTRY_PROXY_* variables are a contract with every deployment (each also names a flag and a
 # --config key): a change here must be deliberate, and said in the release notes.
@@ -148,6 +148,19 @@ def test_settings_in_code_have_the_command_lines_defaults(clean_env, tmp_path: P
     """Written once: the defaults code gets are the ones `serve` gets, but for the declared exceptions."""
     from_cli = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
     in_code = Settings(data_dir=tmp_path)
-    differing = {item.name for item in fields(Settings) if getattr(from_cli, item.name) != getattr(in_code, item.name)}
-    assert differing <= {"workers"}  # code: 1 worker; the command line: one per CPU
-    assert in_code.workers == 1
+    assert replace(from_cli, server=replace(from_cli.server, workers=1)) == in_code
+    assert in_code.server.workers == 1  # code: 1 worker; the command line: one per CPU
+
+
+def test_every_setting_has_a_name_of_its_own_across_the_areas(tmp_path: Path) -> None:
+    """Settings(name=value) finds a setting by its name whichever its area, so no two areas share one."""
+    names = [
+        leaf.name
+        for item in fields(Settings)
+        for leaf in (fields(item.metadata[AREA]) if AREA in item.metadata else [item])
+    ]
+    assert len(names) == len(set(names))
+    built = Settings(data_dir=tmp_path, redis_url="redis://r/0", metadata_secret="s" * 16, max_store_size=5, workers=3)
+    assert (built.metadata.redis_url, built.archives.max_store_size, built.server.workers) == ("redis://r/0", 5, 3)
+    with pytest.raises(TypeError, match="no setting max_store_bytes"):
+        Settings(data_dir=tmp_path, max_store_bytes=5)

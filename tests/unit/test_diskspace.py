@@ -49,14 +49,14 @@ def test_floor_in_bytes_of_a_filesystem():
 def test_flag_and_environment(monkeypatch, tmp_path: Path):
     monkeypatch.delenv("REGISTRY_PROXY_MIN_FREE_SPACE", raising=False)
     default = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
-    assert default.min_free_space == SpaceFloor(2**30)
+    assert default.archives.min_free_space == SpaceFloor(2**30)
     monkeypatch.setenv("REGISTRY_PROXY_MIN_FREE_SPACE", "7%")
     from_env = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
-    assert from_env.min_free_space == SpaceFloor(0, 7.0)
+    assert from_env.archives.min_free_space == SpaceFloor(0, 7.0)
     flag = settings_from_args(
         build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--min-free-space", "3MiB"])
     )
-    assert flag.min_free_space == SpaceFloor(3 * MiB)
+    assert flag.archives.min_free_space == SpaceFloor(3 * MiB)
     with pytest.raises(ConfigError, match="--min-free-space"):
         settings_from_args(
             build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--min-free-space", "lots"])

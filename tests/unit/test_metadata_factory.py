@@ -53,7 +53,7 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
     )
     cache, store = await run._stores(args)
     try:
-        assert opened[0].redis_retention == 7 * 86400
+        assert opened[0].metadata.redis_retention == 7 * 86400
         assert isinstance(cache, NegativeBound)
     finally:
         await cache.close()

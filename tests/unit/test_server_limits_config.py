@@ -25,19 +25,19 @@ def _settings(tmp_path: Path, *flags: str) -> Settings:
 
 def test_defaults_are_nginx_like(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    assert settings.max_connections == 1024
-    assert settings.client_header_timeout == 10.0
-    assert settings.keepalive_timeout == 15.0
-    assert settings.send_timeout == 60.0
+    assert settings.server.max_connections == 1024
+    assert settings.server.client_header_timeout == 10.0
+    assert settings.server.keepalive_timeout == 15.0
+    assert settings.server.send_timeout == 60.0
 
 
 def test_flags_and_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_MAX_CONNECTIONS", "64")
     clean_env.setenv("REGISTRY_PROXY_SEND_TIMEOUT", "2m")
     settings = _settings(tmp_path, "--client-header-timeout", "1500ms", "--keepalive-timeout", "5s")
-    assert (settings.max_connections, settings.send_timeout) == (64, 120.0)
-    assert (settings.client_header_timeout, settings.keepalive_timeout) == (1.5, 5.0)
-    assert _settings(tmp_path, "--max-connections", "8").max_connections == 8  # the flag wins
+    assert (settings.server.max_connections, settings.server.send_timeout) == (64, 120.0)
+    assert (settings.server.client_header_timeout, settings.server.keepalive_timeout) == (1.5, 5.0)
+    assert _settings(tmp_path, "--max-connections", "8").server.max_connections == 8  # the flag wins
 
 
 @pytest.mark.parametrize(

@@ -59,11 +59,13 @@ def _settings(tmp_path: Path, *flags: str) -> Settings:
 
 def test_flag_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("REGISTRY_PROXY_UNSIGNED_PROVIDERS", raising=False)
-    assert _settings(tmp_path).unsigned_providers == UnsignedPolicy()
-    assert Settings(data_dir=tmp_path).unsigned_providers == UnsignedPolicy()
-    assert _settings(tmp_path, "--unsigned-providers", "refuse").unsigned_providers.hosts == frozenset()
+    assert _settings(tmp_path).upstreams.unsigned_providers == UnsignedPolicy()
+    assert Settings(data_dir=tmp_path).upstreams.unsigned_providers == UnsignedPolicy()
+    assert _settings(tmp_path, "--unsigned-providers", "refuse").upstreams.unsigned_providers.hosts == frozenset()
     monkeypatch.setenv("REGISTRY_PROXY_UNSIGNED_PROVIDERS", "allow-hosts=a.example,b.example")
-    assert _settings(tmp_path).unsigned_providers.hosts == {"a.example", "b.example"}
-    assert _settings(tmp_path, "--unsigned-providers", "opentofu-default").unsigned_providers == UnsignedPolicy()
+    assert _settings(tmp_path).upstreams.unsigned_providers.hosts == {"a.example", "b.example"}
+    assert (
+        _settings(tmp_path, "--unsigned-providers", "opentofu-default").upstreams.unsigned_providers == UnsignedPolicy()
+    )
     with pytest.raises(ConfigError):
         _settings(tmp_path, "--unsigned-providers", "sometimes")

@@ -20,12 +20,12 @@ def _settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) -> S
 
 
 def test_the_default_is_one_worker_per_available_cpu(monkeypatch, tmp_path) -> None:
-    assert _settings(monkeypatch, tmp_path).workers == len(os.sched_getaffinity(0))
+    assert _settings(monkeypatch, tmp_path).server.workers == len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize(("flag", "workers"), [("1", 1), ("4", 4), ("auto", len(os.sched_getaffinity(0)))])
 def test_workers_flag(monkeypatch, tmp_path, flag: str, workers: int) -> None:
-    assert _settings(monkeypatch, tmp_path, "--workers", flag).workers == workers
+    assert _settings(monkeypatch, tmp_path, "--workers", flag).server.workers == workers
 
 
 @pytest.mark.parametrize("flag", ["0", "-1", "two", ""])
