@@ -21,6 +21,7 @@ import structlog
 from proxy import __version__
 from proxy.commands import healthcheck
 from proxy.config import ConfigError, Settings, build
+from proxy.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
 from proxy.options import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
 
 log = structlog.get_logger("proxy.cli")
@@ -200,10 +201,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def upstream_credentials(args: argparse.Namespace):
+def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
     """The tokens of the `--upstream-credentials` file's blocks and of TF_TOKEN_* variables."""
-    from proxy.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
-
     try:
         file_tokens = {}
         if args.upstream_credentials:

@@ -59,7 +59,7 @@ class Duration(Kind):
     minimum: str = "1s"
     maximum: str | None = None
     why: str = ""  # why the minimum is what it is, shown when a value is below it
-    describes: ClassVar[str] = "a duration (e.g. 500ms, 30s, 10m, 1h, 1d)"
+    describes: ClassVar[str] = "a duration"
     metavar: ClassVar[str | None] = "DURATION"
 
     def parse(self, text: str) -> float:
@@ -87,7 +87,7 @@ class Size(Kind):
     """Bytes, written `1048576`, `100KB`, `512MiB`, `2GiB`: at least `minimum`."""
 
     minimum: str = "1B"
-    describes: ClassVar[str] = "a size (e.g. 64KiB, 512MiB, 2GiB, 10MB; a number alone is bytes)"
+    describes: ClassVar[str] = "a size"
     metavar: ClassVar[str | None] = "SIZE"
 
     def parse(self, text: str) -> int:
