@@ -40,7 +40,7 @@ R = TypeVar("R", bound=records.Record)
 
 def require_online(settings: Settings, what: str) -> None:
     """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
-    if settings.offline:
+    if settings.upstreams.offline:
         raise OfflineMissError(f"the proxy is offline (--offline) and has no cached copy of {what}")
 
 
@@ -101,7 +101,7 @@ class DocumentCache:
 
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""
-        if str(hostname) not in self._settings.all_allowed_hosts:
+        if str(hostname) not in self._settings.upstreams.all_allowed_hosts:
             raise HostNotAllowedError(
                 f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)"
             )
@@ -116,7 +116,10 @@ class DocumentCache:
             self._discovery_urls,
             hostname,
             None,
-            lambda _: (keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)),
+            lambda _: (
+                keys.discovery(hostname),
+                discovery.discovery_url(hostname, self._settings.upstreams.upstream_map),
+            ),
         )
         ttl = self._settings.freshness.discovery
         entry = await self.document(
@@ -154,7 +157,7 @@ class DocumentCache:
         """A cached upstream document, refreshed through one shared fetch when not fresh."""
         cached = self._decode(key, await self._cache.get(key))
         if cached is not None and (
-            self._settings.offline
+            self._settings.upstreams.offline
             or freshness_of(cached, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH
         ):
             self._count_cache("hit")
@@ -185,7 +188,7 @@ class DocumentCache:
         """The refreshed entry if the shared refresh ends within the stale deadline, else the stale copy
         (the refresh goes on in the background and its result lands in the cache)."""
         try:
-            async with asyncio.timeout(deadline.stale_wait(self._settings.stale_deadline)) as scope:
+            async with asyncio.timeout(deadline.stale_wait(self._settings.limits.stale_deadline)) as scope:
                 return await self._flights.run(keys.DOCUMENT_FLIGHT.key(key), refresh)
         except TimeoutError:
             if not scope.expired():

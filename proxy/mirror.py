@@ -119,7 +119,7 @@ class Mirror:
         self._space = space
         self._metrics = metrics
         self._rechecks = RecheckGate(settings.freshness.negative)
-        self._private_hosts = settings.upstream_credentials.private_hosts
+        self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
         self._archive_lists: dict[tuple[ProviderAddr, Version], _ArchiveList] = {}
         self._fresh_versions: dict[ProviderAddr, _FreshVersions] = {}
 
@@ -467,7 +467,7 @@ class Mirror:
                 provider=str(addr),
                 version=str(version),
                 reason="the registry lists no signing keys",
-                policy=str(self._settings.unsigned_providers),
+                policy=str(self._settings.upstreams.unsigned_providers),
             )
             return record
         try:
@@ -491,7 +491,7 @@ class Mirror:
         connection is). A registry that lists keys always needs a valid signature (`_fetch_verified_sums`)."""
         if not d.unsigned:
             return
-        policy = self._settings.unsigned_providers
+        policy = self._settings.upstreams.unsigned_providers
         reason = None
         if not policy.allows(addr.hostname):
             reason = (
@@ -511,7 +511,7 @@ class Mirror:
         self, addr: ProviderAddr, version: Version, platform: Platform, record: ArchiveRecord
     ) -> None:
         """A stored unsigned archive whose host `--unsigned-providers` no longer admits is refused, not served."""
-        policy = self._settings.unsigned_providers
+        policy = self._settings.upstreams.unsigned_providers
         if record.unsigned and not policy.allows(addr.hostname):
             reason = (
                 f"the stored archive {record.filename} of {addr} {version} is unsigned (its registry lists no "
@@ -643,7 +643,7 @@ class Mirror:
                     platform=str(platform),
                     sha256=expected,
                     host=str(addr.hostname),
-                    policy=str(self._settings.unsigned_providers),
+                    policy=str(self._settings.upstreams.unsigned_providers),
                     checked="SHA256SUMS (over verified TLS) and the registry's shasum; no signature: "
                     "the registry lists no signing keys",
                 )

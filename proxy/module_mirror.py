@@ -72,10 +72,10 @@ class ModuleMirror:
         self._store = store
         self._space = space
         self._metrics = metrics
-        self._passthrough = settings.module_passthrough
-        self._max_bytes = settings.max_module_bytes
-        self._max_unpacked_bytes = settings.max_module_unpacked_bytes
-        self._max_entries = settings.max_module_entries
+        self._passthrough = settings.modules.module_passthrough
+        self._max_bytes = settings.modules.max_module_bytes
+        self._max_unpacked_bytes = settings.modules.max_module_unpacked_bytes
+        self._max_entries = settings.modules.max_module_entries
         self._rechecks = RecheckGate(settings.freshness.negative)
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:

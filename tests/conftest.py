@@ -208,13 +208,13 @@ async def serve_proxy(
     runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
     await runner.setup()
     server_ssl = None
-    if not settings.plain_http:
+    if not settings.tls.plain_http:
         server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server_ssl.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        server_ssl.load_cert_chain(str(settings.tls.tls_cert), str(settings.tls.tls_key))
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
     await site.start()
     port = runner.addresses[0][1]
-    scheme = "http" if settings.plain_http else "https"
+    scheme = "http" if settings.tls.plain_http else "https"
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ssl, force_close=False))
     try:
         yield RunningProxy(f"{scheme}://127.0.0.1:{port}", session, app)

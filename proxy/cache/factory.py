@@ -34,23 +34,23 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
         def on_reject(store: str, reason: str) -> None:
             metrics.metadata_rejected.labels(store, reason).inc()
 
-    if settings.redis_url:
+    if settings.metadata.redis_url:
         seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
         redis_store = RedisStore(
-            settings.redis_url,
-            prefix=settings.redis_prefix,
-            password=settings.redis_password,
-            retention=settings.redis_retention,
+            settings.metadata.redis_url,
+            prefix=settings.metadata.redis_prefix,
+            password=settings.metadata.redis_password,
+            retention=settings.metadata.redis_retention,
             refuse=seal.refuse,
         )
         return (
             SealedStore(redis_store, seal),
-            RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl),
+            RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),
         )
     database = settings.cache_dir / "metadata.sqlite"
     upgrading = (
-        not settings.metadata_secret
-        and not settings.metadata_secret_file
+        not settings.metadata.metadata_secret
+        and not settings.metadata.metadata_secret_file
         and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
     )
     seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="embedded", on_reject=on_reject)
@@ -61,7 +61,7 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
             records=await sealed.adopt_unsealed(),
             reason="first start with sealed metadata: the existing records of this data dir were sealed",
         )
-    return sealed, FileLocks(settings.lock_dir) if settings.workers > 1 else LocalLocks()
+    return sealed, FileLocks(settings.lock_dir) if settings.server.workers > 1 else LocalLocks()
 
 
 def negative_bound(
@@ -84,8 +84,8 @@ def _negative_store(settings: Settings, backend: SealedStore, metrics: Metrics |
             metrics.negative_bytes.set(size)
 
     bounds = (
-        settings.negative_cache_entries,
-        settings.negative_cache_bytes,
+        settings.freshness.negative_cache_entries,
+        settings.freshness.negative_cache_bytes,
         negative_retention(settings.freshness.negative),
     )
     if isinstance(backend.inner, RedisStore):

@@ -143,22 +143,22 @@ class SealedStore(StoreWrapper):
 
 def metadata_secret(settings: Settings) -> bytes:
     """The operator's secret, or (embedded store only) the data dir's own, made on first start."""
-    if settings.metadata_secret:
-        return settings.metadata_secret.strip().encode()
-    if settings.metadata_secret_file is not None:
+    if settings.metadata.metadata_secret:
+        return settings.metadata.metadata_secret.strip().encode()
+    if settings.metadata.metadata_secret_file is not None:
         try:
-            secret = settings.metadata_secret_file.read_bytes().strip()
+            secret = settings.metadata.metadata_secret_file.read_bytes().strip()
         except OSError as exc:
             raise ConfigError(
-                f"cannot read --metadata-secret-file {settings.metadata_secret_file}: {exc.strerror or exc}"
+                f"cannot read --metadata-secret-file {settings.metadata.metadata_secret_file}: {exc.strerror or exc}"
             ) from None
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(
-                f"--metadata-secret-file {settings.metadata_secret_file} must hold at least "
+                f"--metadata-secret-file {settings.metadata.metadata_secret_file} must hold at least "
                 f"{MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)"
             )
         return secret
-    if settings.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
+    if settings.metadata.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
         raise ConfigError("a shared Redis store needs --metadata-secret or --metadata-secret-file")
     return _local_secret(settings.cache_dir / SECRET_FILE)
 

@@ -44,9 +44,9 @@ class Access:
     """The tokens in force (replaced whole on reload), the private hosts, and the grant signer."""
 
     def __init__(self, settings: Settings, grants: Grants) -> None:
-        self.path: Path | None = settings.auth_tokens
-        self.private = settings.upstream_credentials.private_hosts
-        self.metrics_token_required = settings.metrics_token_required
+        self.path: Path | None = settings.access.auth_tokens
+        self.private = settings.upstreams.upstream_credentials.private_hosts
+        self.metrics_token_required = settings.access.metrics_token_required
         self.grants = grants
         self.book = load_tokens(self.path) if self.path is not None else TokenBook()
         # Anything to check at all: without tokens, private hosts or a metrics token every request passes as is

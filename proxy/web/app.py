@@ -68,17 +68,20 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     backend, locks = await open_metadata_store(settings, metrics)
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
-    policy = AddressPolicy(settings.private_host_exceptions)
+    policy = AddressPolicy(settings.upstreams.private_host_exceptions)
     upstream = UpstreamClient.create(
-        policy, settings.limits, settings.upstream_ca_file, credentials=settings.upstream_credentials
+        policy,
+        settings.limits,
+        settings.upstreams.upstream_ca_file,
+        credentials=settings.upstreams.upstream_credentials,
     )
     upstream.observe = metrics.observe_upstream
     app[ACCESS] = Access(settings, Grants(grant_key(await asyncio.to_thread(metadata_secret, settings))))
-    reload_on_sighup = settings.auth_tokens is not None
+    reload_on_sighup = settings.access.auth_tokens is not None
     if reload_on_sighup:  # in every worker: the supervisor passes its SIGHUP on (proxy.web.workers)
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app[ACCESS].reload)
     flights = Flights(locks)
-    space = DiskSpace(store.root, settings.min_free_space)
+    space = DiskSpace(store.root, settings.archives.min_free_space)
     guard = store_guard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = Downloader(settings, upstream, store, guard, space, metrics)
@@ -95,9 +98,9 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         locks,
         space,
         metrics,
-        cap=settings.max_store_size,
-        grace=settings.eviction_grace,
-        interval=settings.eviction_interval,
+        cap=settings.archives.max_store_size,
+        grace=settings.archives.eviction_grace,
+        interval=settings.archives.eviction_interval,
     )
     downloader.on_stored = evictor.stored
     app[INVENTORY] = InventoryReader(settings, cache, served)
@@ -105,28 +108,28 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         policy,
         store.temp_dir / "git",
         ca_bundle=write_ca_bundle(settings),
-        timeout=settings.git_timeout,
-        max_bytes=settings.max_module_bytes,
-        max_entries=settings.max_module_entries,
-        credentials=settings.upstream_credentials,
+        timeout=settings.modules.git_timeout,
+        max_bytes=settings.modules.max_module_bytes,
+        max_entries=settings.modules.max_module_entries,
+        credentials=settings.upstreams.upstream_credentials,
     )
     app[MODULES] = ModuleMirror(
         settings, documents, downloader, flights, git, store=store, space=space, metrics=metrics
     )
 
     async def begin_shutdown(_: web.Application) -> None:
-        flights.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
+        flights.begin_shutdown(settings.server.shutdown_grace)  # the server gives requests the same grace
 
     app.on_shutdown.append(begin_shutdown)
     log.info(
         "proxy.started",
         data_dir=str(settings.data_dir),
-        allowed_hosts=sorted(settings.all_allowed_hosts),
-        metadata_store="redis" if settings.redis_url else "embedded",
-        offline=settings.offline,
+        allowed_hosts=sorted(settings.upstreams.all_allowed_hosts),
+        metadata_store="redis" if settings.metadata.redis_url else "embedded",
+        offline=settings.upstreams.offline,
         event_loop=loop_name(asyncio.get_running_loop()),
-        access_log=settings.access_log,
-        max_store_size=settings.max_store_size,
+        access_log=settings.logging.access_log,
+        max_store_size=settings.archives.max_store_size,
     )
     evictor.start()
     try:
@@ -145,11 +148,11 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def write_ca_bundle(settings: Settings) -> Path | None:
     """A single CA file for git: the system bundle plus the operator's extra CAs (None: git's default)."""
-    if settings.upstream_ca_file is None:
+    if settings.upstreams.upstream_ca_file is None:
         return None
     system = ssl.get_default_verify_paths().cafile
     parts = [Path(system).read_bytes()] if system and Path(system).exists() else []
-    parts.append(settings.upstream_ca_file.read_bytes())
+    parts.append(settings.upstreams.upstream_ca_file.read_bytes())
     bundle = settings.upstream_ca_bundle
     bundle.parent.mkdir(parents=True, exist_ok=True)
     bundle.write_bytes(b"\n".join(parts))

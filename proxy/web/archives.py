@@ -107,7 +107,7 @@ async def serve_archive(
     if answer.status == 412:
         return error_response(412, f"precondition failed: the archive's ETag is {etag}")
     guard, settings = request.app[GUARD], request.app[SETTINGS]
-    if settings.archive_redirect and not guard.local and request.method != "HEAD":  # a URL signed for GET only
+    if settings.archives.archive_redirect and not guard.local and request.method != "HEAD":  # a URL signed for GET only
         return await _redirect(request, guard, stored)
     if answer.status == 416:
         response = error_response(416, f"range not satisfiable: the archive has {stored.size} bytes")
@@ -199,7 +199,7 @@ async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive)
     client's own hash check (the mirror's `hashes`, the registry's `shasum`) guards what it downloads.
     The object is looked at once more while the archive is pinned (and noted as served), so one evicted
     since its lookup is fetched again (`serve_found`) instead of being redirected to."""
-    expiry = request.app[SETTINGS].archive_redirect_expiry
+    expiry = request.app[SETTINGS].archives.archive_redirect_expiry
     location = await guard.presign(stored, expiry)
     if not await guard.present(stored):  # evicted (or replaced) since its lookup: never a URL of nothing
         raise StoreCorruptionError(

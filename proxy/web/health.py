@@ -38,7 +38,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """The exposition (the store's size as the evictor last listed it) and, with Redis, whether it answers."""
     registry, mirror = request.app[METRICS], request.app[MIRROR]
-    if request.app[SETTINGS].redis_url:
+    if request.app[SETTINGS].metadata.redis_url:
         registry.redis_up(await mirror.metadata_store_up())
     body = registry.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

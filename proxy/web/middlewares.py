@@ -54,9 +54,11 @@ INVALID_REQUEST_ERRORS: tuple[type[Exception], ...] = (AddressError,)
 async def client_address(request: web.Request, handler) -> web.StreamResponse:
     """With --trusted-proxies, the request as seen from the client's address (`request.remote`)."""
     settings = request.app.get(SETTINGS)
-    if settings is None or not settings.trusted_proxies:
+    if settings is None or not settings.server.trusted_proxies:
         return await handler(request)
-    remote = forwarded_client(request.remote, request.headers.getall("X-Forwarded-For", ()), settings.trusted_proxies)
+    remote = forwarded_client(
+        request.remote, request.headers.getall("X-Forwarded-For", ()), settings.server.trusted_proxies
+    )
     return await handler(request if remote == request.remote else request.clone(remote=remote))
 
 
@@ -76,7 +78,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     settings = request.app.get(SETTINGS)
     try:
         with (
-            request_budget(settings.request_deadline, settings.stale_deadline)
+            request_budget(settings.limits.request_deadline, settings.limits.stale_deadline)
             if settings is not None
             else contextlib.nullcontext()
         ):
@@ -104,7 +106,7 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     route = request.match_info.route.name or "unmatched"
     request.app[METRICS].count_request(route, status, duration)
     settings = request.app.get(SETTINGS)
-    mode = settings.access_log if settings is not None else "all"
+    mode = settings.logging.access_log if settings is not None else "all"
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):

@@ -67,7 +67,10 @@ class ConnectionLimits:
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
         return cls(
-            settings.max_connections, settings.client_header_timeout, settings.keepalive_timeout, settings.send_timeout
+            settings.server.max_connections,
+            settings.server.client_header_timeout,
+            settings.server.keepalive_timeout,
+            settings.server.send_timeout,
         )
 
 
@@ -331,13 +334,15 @@ def run_server(
 
     async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
         listeners = [
-            await start_listener(runner, ssl_context, limits, host=settings.listen_host, port=settings.listen_port)
+            await start_listener(
+                runner, ssl_context, limits, host=settings.server.listen_host, port=settings.server.listen_port
+            )
         ]
         if on_listening is not None:
             on_listening()
         return listeners
 
-    loop = new_event_loop(settings.event_loop, plain_http=settings.plain_http)
+    loop = new_event_loop(settings.server.event_loop, plain_http=settings.tls.plain_http)
     asyncio.set_event_loop(loop)
     run_until_complete(
         loop,

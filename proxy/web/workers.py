@@ -50,7 +50,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 def run_workers(
     settings: Settings, ssl_context: ssl.SSLContext | None, *, on_listening: Callable[[], None] | None = None
 ) -> None:
-    """Prepare the data dir once, then serve with `settings.workers` workers until SIGTERM or SIGINT.
+    """Prepare the data dir once, then serve with `settings.server.workers` workers until SIGTERM or SIGINT.
     Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start.
     `on_listening` is called in the supervisor once it has bound the listening socket."""
     asyncio.run(_prepare_metadata_store(settings))
@@ -78,14 +78,14 @@ class Supervisor(BaseApplication):
 
     def load_config(self) -> None:
         settings = self.settings
-        host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
+        host = f"[{settings.server.listen_host}]" if ":" in settings.server.listen_host else settings.server.listen_host
         options = {
-            "bind": [f"{host}:{settings.listen_port}"],
-            "workers": settings.workers,
+            "bind": [f"{host}:{settings.server.listen_port}"],
+            "workers": settings.server.workers,
             "worker_class": ProxyWorker,
             "backlog": BACKLOG,
             "timeout": WORKER_TIMEOUT,
-            "graceful_timeout": math.ceil(settings.shutdown_grace + UNWIND),
+            "graceful_timeout": math.ceil(settings.server.shutdown_grace + UNWIND),
             "logger_class": SupervisorLog,
             "proc_name": "registry-proxy",
             "control_socket_disable": True,
@@ -133,7 +133,7 @@ class ProxyWorker(Worker):
 
     def init_process(self) -> None:
         supervisor: Supervisor = self.app  # type: ignore[assignment]
-        self.loop = new_event_loop(supervisor.settings.event_loop, plain_http=supervisor.settings.plain_http)
+        self.loop = new_event_loop(supervisor.settings.server.event_loop, plain_http=supervisor.settings.tls.plain_http)
         asyncio.set_event_loop(self.loop)
         self._stopping = asyncio.Event()
         super().init_process()  # signals, the application, then run()
@@ -168,7 +168,8 @@ class ProxyWorker(Worker):
 
         self._heartbeat_task = self.loop.create_task(self._heartbeat())  # cancelled with the loop's other tasks
         run_until_complete(
-            self.loop, serve_app(self.wsgi, listen, self._until_stopped, shutdown_timeout=settings.shutdown_grace)
+            self.loop,
+            serve_app(self.wsgi, listen, self._until_stopped, shutdown_timeout=settings.server.shutdown_grace),
         )
         log.info("worker.stopped", pid=os.getpid())
 

@@ -275,31 +275,10 @@ def test_listening_is_logged_only_after_the_bind(tmp_path: Path, workers: str) -
         assert len(errors) == 1 and "in use" in errors[0], result.stderr
 
 
-def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
-    """A relative --data-dir still gives an absolute CA path; the snippet names this proxy's mirror URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--data-dir",
-            "relative-data",
-            "--workers",
-            "1",
-            "--listen",
-            f"0.0.0.0:{port}",
-            "--log-format",
-            "json",
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def log_until_listening(argv: list[str], cwd: Path) -> dict[str, dict]:
+    """Run `serve ARGV` with JSON logs until it listens, then stop it: its log records by event."""
+    command = [sys.executable, "-m", "proxy", "serve", "--log-format", "json", *argv]
+    process = subprocess.Popen(command, cwd=cwd, env=_env(), stderr=subprocess.PIPE, text=True)
     records: dict[str, dict] = {}
     try:
         assert process.stderr is not None
@@ -311,6 +290,17 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
     finally:
         process.terminate()
         process.wait(timeout=30)
+    return records
+
+
+def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
+    """A relative --data-dir still gives an absolute CA path; the snippet names this proxy's mirror URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    records = log_until_listening(
+        ["--data-dir", "relative-data", "--workers", "1", "--listen", f"0.0.0.0:{port}"], cwd=tmp_path
+    )
     hint = records["tls.local_ca"]
     ca_path = Path(hint["ca_file"])
     assert ca_path.is_absolute() and ca_path == (tmp_path / "relative-data" / "tls" / "ca.pem").resolve()

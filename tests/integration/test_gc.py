@@ -41,14 +41,14 @@ def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
 
 async def gc(settings, *extra: str) -> tuple[int, str]:
     args = [sys.executable, "-m", "proxy", "gc", "--data-dir", str(settings.data_dir), *extra]
-    if settings.redis_url:
+    if settings.metadata.redis_url:
         args += [
             "--redis-url",
-            settings.redis_url,
+            settings.metadata.redis_url,
             "--redis-prefix",
-            settings.redis_prefix,
+            settings.metadata.redis_prefix,
             "--metadata-secret",
-            settings.metadata_secret,
+            settings.metadata.metadata_secret,
         ]
     process = await asyncio.create_subprocess_exec(
         *args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
@@ -87,8 +87,8 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
     await metadata.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
     expired = CacheEntry(404, b"", f"{registry.url}/v1/providers/acme/gone/versions", now - 7200)
     await metadata.set(GONE_KEY, expired.encode())  # as versions before the negative bound wrote them
-    if settings.redis_url:
-        redis = RedisStore(settings.redis_url, prefix=settings.redis_prefix)
+    if settings.metadata.redis_url:
+        redis = RedisStore(settings.metadata.redis_url, prefix=settings.metadata.redis_prefix)
         old_clock = RedisNegatives(redis, metadata.seal, 100, 1 << 20, 3600.0, clock=lambda: now - 7200)
         await old_clock.put("versions:registry.example.test/acme/forgotten", expired.encode())
         await redis.close()
@@ -108,7 +108,7 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
         assert [int(line[-2]) for line in lines_of(dry, "temp")] == [4096]
         assert [line[-1] for line in lines_of(dry, "quarantine")] == [str(old_quarantined)]
         assert GONE_KEY in [line[-1] for line in lines_of(dry, "old-negative")]
-        if settings.redis_url:
+        if settings.metadata.redis_url:
             assert [line[-1] for line in lines_of(dry, "negative")] == ["versions:registry.example.test/acme/forgotten"]
         total = sum(int(line.split()[-2]) for line in dry.splitlines()[:-1] if line.startswith("would remove"))
         assert total >= 9000 + 4096 + 777

@@ -24,13 +24,13 @@ async def test_x_forwarded_for_is_believed_only_from_trusted_proxies(make_local_
         with capture_logs() as logs:
             await untrusting.get(INDEX, headers=forged)
     assert _remotes(logs) == ["127.0.0.1"]
-    trusted = parse_networks(["127.0.0.0/8"], "--trusted-proxies")
+    trusted = parse_networks(["127.0.0.0/8"])
     async with serve_proxy(make_local_settings(trusted_proxies=trusted), client_ssl) as behind_proxy:
         with capture_logs() as logs:
             await behind_proxy.get(INDEX, headers=forged)
             await behind_proxy.get(INDEX)
     assert _remotes(logs) == ["203.0.113.9", "127.0.0.1"]
-    other = parse_networks(["10.0.0.0/8"], "--trusted-proxies")
+    other = parse_networks(["10.0.0.0/8"])
     async with serve_proxy(make_local_settings(trusted_proxies=other), client_ssl) as elsewhere:
         with capture_logs() as logs:
             await elsewhere.get(INDEX, headers=forged)

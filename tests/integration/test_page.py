@@ -131,7 +131,7 @@ async def test_the_host_header_becomes_the_snippet_url_only_when_it_is_a_plain_h
     assert 'url = "https://proxy.example.com:9443/mirror/v1/"' in unescape(html)
     html = (await proxy.get("/", headers={"Host": 'x"><script>alert(1)</script>'}))[2].decode()
     settings = proxy.app[INVENTORY]._settings
-    assert f'url = "https://{settings.listen_host}:{settings.listen_port}/mirror/v1/"' in unescape(html)
+    assert f'url = "https://{settings.server.listen_host}:{settings.server.listen_port}/mirror/v1/"' in unescape(html)
     assert "<script>alert" not in html
 
 

@@ -33,8 +33,8 @@ def test_export_and_import_take_the_redis_retention_serve_has(
     command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("REGISTRY_PROXY_REDIS_RETENTION", raising=False)
-    assert build_parser().parse_args(command).redis_retention == "90d"
-    assert build_parser().parse_args([*command, "--redis-retention", "7d"]).redis_retention == "7d"
+    assert build_parser().parse_args(command).redis_retention == 90 * 86400
+    assert build_parser().parse_args([*command, "--redis-retention", "7d"]).redis_retention == 7 * 86400
 
 
 async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
@@ -62,7 +62,7 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
     )
     cache, store = await run._stores(args)
     try:
-        assert opened[0].redis_retention == 7 * 86400
+        assert opened[0].metadata.redis_retention == 7 * 86400
         assert isinstance(cache, NegativeBound)
     finally:
         await cache.close()

@@ -131,6 +131,6 @@ def test_cli_takes_the_secret_from_the_environment(monkeypatch, tmp_path):
     settings = _serve_settings(
         monkeypatch, tmp_path, "--redis-url", "redis://127.0.0.1:6379/0", METADATA_SECRET="from-the-environment-0123"
     )
-    assert settings.metadata_secret == "from-the-environment-0123"
+    assert settings.metadata.metadata_secret == "from-the-environment-0123"
     settings = _serve_settings(monkeypatch, tmp_path, METADATA_SECRET_FILE=str(tmp_path / "s"))
-    assert (settings.metadata_secret, settings.metadata_secret_file) == (None, tmp_path / "s")
+    assert (settings.metadata.metadata_secret, settings.metadata.metadata_secret_file) == (None, tmp_path / "s")
