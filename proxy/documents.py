@@ -102,9 +102,7 @@ class DocumentCache:
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""
         if str(hostname) not in self._settings.all_allowed_hosts:
-            raise HostNotAllowedError(
-                f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)"
-            )
+            raise HostNotAllowedError.for_host(hostname)
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""

@@ -42,11 +42,16 @@ class OfflineMissError(NotFoundError):
 
 
 class HostNotAllowedError(ProxyError):
-    """The registry hostname is not in the operator's allowlist."""
+    """The registry hostname is not in the operator's allowlist (or is private, for a proxy without client
+    tokens: refused with the same answer, so that it does not confirm the private host exists)."""
 
     status = 403
     code = "host_not_allowed"
     expected = True
+
+    @classmethod
+    def for_host(cls, hostname: object) -> HostNotAllowedError:
+        return cls(f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)")
 
 
 class UpstreamError(ProxyError):

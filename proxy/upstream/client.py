@@ -223,7 +223,7 @@ class UpstreamClient:
                     current, headers=hop_headers, timeout=timeout, allow_redirects=False
                 ) as response:
                     if self.observe is not None:
-                        self.observe(current.host or "", time.monotonic() - started)
+                        self.observe(self._credentials.counted_as(current), time.monotonic() - started)
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
                         try:
                             current = current.join(URL(response.headers["Location"]))

@@ -6,14 +6,18 @@ client may read depends only on its token, never on what another client fetched:
 
 - with a tokens file: no or an unknown token is `401` with `WWW-Authenticate: Bearer`; a token
   whose scope lacks the host (or namespace, or `/lock/v1`) is `403`;
-- a host the proxy has upstream credentials for is private: anonymous access to it is always `403`;
+- a host the proxy has upstream credentials for is private: anonymous access to it is always `403`, the
+  answer for a host the proxy does not serve (it does not confirm that the private host exists);
 - archives, SHA256SUMS and module archives are also served to a request carrying a valid grant
   (`proxy.auth.Grants`), which the proxy puts into the URLs of the documents it serves to an
   authorised client, because the clients send no token when they download those.
 
 `/healthz`, `/readyz`, `/ca.pem` and the discovery document stay open; `/metrics` needs a token with
-`metrics = true` under `--metrics-token-required`; the page at `/` needs any valid token and lists only
-what that token may read (anonymous: no private host). The tokens file is read again on SIGHUP.
+`metrics = true` under `--metrics-token-required`; the page at `/` needs any valid token. What the proxy
+lists of itself shows only what the client may read: the page lists the hosts (their upstream URL,
+discovery time, `host` blocks) and archives of the token's scope, `/metrics` names a private host (in its
+`host` labels) only to a token that may read it, and without client tokens neither names a private host
+(`readable`, `shown_host`). The tokens file is read again on SIGHUP.
 Tokens are never logged: only a token's name appears in `auth.refused`.
 """
 
@@ -31,6 +35,7 @@ from proxy.addrs import AddressError, Hostname
 from proxy.auth import GRANT_PARAM, AuthConfigError, Grants, Token, TokenBook, bearer_token, parse_tokens, with_grant
 from proxy.config import Settings
 from proxy.credentials import on_behalf_of
+from proxy.errors import HostNotAllowedError
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.auth")
@@ -89,9 +94,13 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     presented = bearer_token(request.headers.get("Authorization"))
     client = access.book.authenticate(presented) if presented is not None else None
-    if route == "metrics":
+    if route == "metrics":  # shows a private host's series only to a token that may read the host
         refused = _metrics_refusal(access, client, presented)
-        return refused if refused is not None else await handler(request)
+        if refused is not None:
+            return refused
+        if client is not None:
+            request[CLIENT] = client
+        return await handler(request)
     if route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
         if access.book.enabled and client is None:
             return _unauthorized("/", presented)
@@ -115,14 +124,26 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
 
 
-def readable(request: web.Request) -> Callable[[str, str], bool]:
-    """Which upstream host and namespace this request may see listed (the page's inventory)."""
+def readable(request: web.Request) -> Callable[[str, str | None], bool]:
+    """Which upstream hosts (and namespaces, when named) this request may see listed: the page's hosts and
+    inventory. A token's scope; anonymous clients (only without client tokens) every host but the private."""
     access = request.app.get(ACCESS)
     client = request.get(CLIENT)
     if client is not None:
         return client.may_read
     private = access.private if access is not None else frozenset()
-    return lambda host, namespace: host not in private
+    return lambda host, namespace=None: host not in private
+
+
+def shown_host(request: web.Request) -> Callable[[str], bool] | None:
+    """Which hosts this request may see named in /metrics: every public host, and a private one only with a
+    token that may read it (None: no private hosts, nothing to hide)."""
+    access = request.app.get(ACCESS)
+    if access is None or not access.private:
+        return None
+    client = request.get(CLIENT)
+    private = access.private
+    return lambda host: host not in private or (client is not None and client.may_read(host))
 
 
 def _metrics_refusal(access: Access, client: Token | None, presented: str | None) -> web.Response | None:
@@ -165,13 +186,9 @@ def _refusal(
         if route == "lock" and not client.lock:
             return _forbidden(client, host, "this token may not call /lock/v1")
         return None
-    if host in access.private:
+    if host in access.private:  # answered as a host the proxy does not serve: the answer does not confirm it
         log.info("auth.refused", host=host, reason="private host, no client tokens configured")
-        return error_response(
-            403,
-            f"registry host {host} is private: it is served only to clients with a token "
-            "granting it, and this proxy has no --auth-tokens",
-        )
+        raise HostNotAllowedError.for_host(host)
     return None
 
 

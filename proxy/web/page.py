@@ -33,12 +33,13 @@ async def index(request: web.Request) -> web.Response:
     query = request.query.get("q", "")[:MAX_QUERY].strip()
     fallback = page.listen_address(settings.listen_host, settings.listen_port)
     nonce = secrets.token_urlsafe(18)
+    visible = readable(request)
     data = page.PageData(
         version=__version__,
         base=page.base_url(settings.public_url, request.scheme, request.headers.get("Host"), fallback),
         ca_url="ca.pem" if _generated_ca(request) else None,
-        hosts=await inventory.hosts(),
-        inventory=await inventory.scan(query, visible=readable(request)),
+        hosts=await inventory.hosts(visible=lambda host: visible(host, None)),
+        inventory=await inventory.scan(query, visible=visible),
         query=query,
         totals=request.app[METRICS].totals(),
         offline=settings.offline,

@@ -182,3 +182,13 @@ async def test_tasks_started_for_a_request_act_for_its_host():
     with on_behalf_of("private.example"):
         task = asyncio.create_task(asyncio.sleep(0, creds.token_for(URL("https://private.example/x"))))
     assert await task == "T"
+
+
+def test_upstream_requests_for_a_private_host_are_counted_under_its_name_only():
+    creds = UpstreamCredentials({"private.example": "T"}, {"private.example": URL("https://10.1.2.3:9000")})
+    assert creds.counted_as(URL("https://cdn.example/file.zip")) == "cdn.example"
+    with on_behalf_of("private.example"):  # its origin and its CDN are never named
+        assert creds.counted_as(URL("https://10.1.2.3:9000/v1/")) == "private.example"
+        assert creds.counted_as(URL("https://cdn.example/file.zip")) == "private.example"
+    with on_behalf_of("public.example"):
+        assert creds.counted_as(URL("https://cdn.example/file.zip")) == "cdn.example"
