@@ -46,7 +46,7 @@ from proxy.storage import ArchiveStorage
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
-from proxy.ziphash import StreamedZipMismatch, ZipStreamHasher, h1_of_streamed_zip
+from proxy.ziphash import StreamedZipMismatchError, ZipStreamHasher, h1_of_streamed_zip
 
 log = structlog.get_logger(__name__)
 
@@ -711,7 +711,7 @@ def _h1_of_downloaded_zip(streamed: ZipStreamHasher, path: Path) -> tuple[str, s
     try:
         with open(path, "rb") as handle:
             hashes = h1_of_streamed_zip(streamed, handle)
-    except (StreamedZipMismatch, OSError) as exc:
+    except (StreamedZipMismatchError, OSError) as exc:
         log.debug("archive.h1_not_streamed", file=path.name, reason=str(exc))
         return _h1_of_zip_file(path)
     log.debug("archive.h1_streamed", file=path.name, members=len(streamed.entries))

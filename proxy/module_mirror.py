@@ -24,7 +24,13 @@ from proxy.config import Settings
 from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
-from proxy.errors import DiskFullError, NotFoundError, UpstreamError, UpstreamTooLargeError, VerificationError
+from proxy.errors import (
+    DiskFullError,
+    ModuleSourceRefusedError,
+    NotFoundError,
+    UpstreamTooLargeError,
+    VerificationError,
+)
 from proxy.flights import Flights
 from proxy.log import note_cache
 from proxy.metrics import Metrics
@@ -41,12 +47,6 @@ from proxy.upstream import modules
 from proxy.upstream.git import GitFetcher
 
 log = structlog.get_logger(__name__)
-
-
-class ModuleSourceRefusedError(UpstreamError):
-    """The upstream's module source is of a form the proxy will not fetch or hand out."""
-
-    code = "module_source_refused"
 
 
 class ModuleMirror:

@@ -31,7 +31,7 @@ from proxy.config import (
     parse_duration,
 )
 from proxy.gpg import Keyring
-from proxy.proxyclient import ProxyClient, ProxyUnreachable
+from proxy.proxyclient import ProxyClient, ProxyUnreachableError
 from proxy.storage import ArchiveStorage
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], A
     try:
         async with _client(args) as client:
             return await work(client)
-    except ProxyUnreachable as exc:
+    except ProxyUnreachableError as exc:
         raise CommandError(str(exc)) from None
 
 

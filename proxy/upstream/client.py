@@ -25,8 +25,8 @@ from proxy.credentials import UpstreamCredentials
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, UpstreamTooSlowError
 from proxy.upstream.netguard import (
     AddressPolicy,
-    ForbiddenAddress,
     GuardedResolver,
+    RefusedAddressError,
     check_resolved,
     uses_egress_proxy,
 )
@@ -231,10 +231,10 @@ class UpstreamClient:
                             raise UpstreamError(f"{_show(current)} redirected to an invalid URL") from None
                         continue
                     return await handle(response)
-            except ForbiddenAddress as exc:
+            except RefusedAddressError as exc:
                 raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc}") from None
             except aiohttp.ClientConnectorError as exc:
-                if isinstance(exc.os_error, ForbiddenAddress):
+                if isinstance(exc.os_error, RefusedAddressError):
                     raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc.os_error}") from None
                 raise UpstreamError(f"cannot connect to {current.host}: {exc.os_error or exc}") from None
             except TimeoutError:
@@ -257,7 +257,7 @@ class UpstreamClient:
             self._policy.check_literal(url)
             if uses_egress_proxy(url):  # the proxy connects, so our resolver would never see the name
                 await check_resolved(url.host, url.port, self._policy)
-        except ForbiddenAddress as exc:
+        except RefusedAddressError as exc:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
 
 

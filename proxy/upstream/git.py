@@ -26,7 +26,7 @@ from yarl import URL
 from proxy.credentials import UpstreamCredentials
 from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, VerificationError
 from proxy.packing import DEFAULT_MAX_ENTRIES, ArchiveError, deterministic_tar_gz
-from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
+from proxy.upstream.netguard import AddressPolicy, RefusedAddressError, check_resolved
 
 log = structlog.get_logger(__name__)
 
@@ -209,7 +209,7 @@ class GitFetcher:
             raise ForbiddenAddressError(f"refused to fetch {url}: git sources are fetched over https only")
         try:
             addresses = await check_resolved(host, port, self._policy)
-        except ForbiddenAddress as exc:
+        except RefusedAddressError as exc:
             raise ForbiddenAddressError(f"refused to fetch {url}: {exc}") from None
         if not addresses:
             return []

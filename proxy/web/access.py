@@ -35,8 +35,13 @@ from proxy.addrs import AddressError, Hostname
 from proxy.auth import GRANT_PARAM, AuthConfigError, Grants, Token, TokenBook, bearer_token, parse_tokens, with_grant
 from proxy.config import Settings
 from proxy.credentials import on_behalf_of
-from proxy.errors import HostNotAllowedError
-from proxy.web.responses import error_response
+from proxy.errors import (
+    HostNotAllowedError,
+    TokenInvalidError,
+    TokenRequiredError,
+    TokenScopeError,
+    UnauthorizedError,
+)
 
 log = structlog.get_logger("proxy.auth")
 
@@ -87,7 +92,8 @@ CLIENT = web.RequestKey("client_token", Token)
 
 @web.middleware
 async def access_control(request: web.Request, handler) -> web.StreamResponse:
-    """Authenticate and authorise the request; fetches it causes act for the host it names."""
+    """Authenticate and authorise the request (refusals are errors of `proxy.errors`: 401, 403); fetches it
+    causes act for the host it names."""
     route = request.match_info.route.name
     access = request.app.get(ACCESS)
     if access is None or not access.active or route is None or route in OPEN_ROUTES:
@@ -95,33 +101,26 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
     presented = bearer_token(request.headers.get("Authorization"))
     client = access.book.authenticate(presented) if presented is not None else None
     if route == "metrics":  # shows a private host's series only to a token that may read the host
-        refused = _metrics_refusal(access, client, presented)
-        if refused is not None:
-            return refused
-        if client is not None:
-            request[CLIENT] = client
-        return await handler(request)
-    if route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
+        _check_metrics(access, client, presented)
+    elif route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
         if access.book.enabled and client is None:
-            return _unauthorized("/", presented)
+            raise _unauthorized("/", presented)
+    else:
+        info = request.match_info
+        try:
+            host = str(Hostname.parse(info["hostname"])) if "hostname" in info else None
+        except AddressError:
+            return await handler(request)  # the handler answers 400 for the malformed address
+        if host is None:
+            return await handler(request)
+        _check_route(request, access, route, host, info.get("namespace"), client, presented)
         if client is not None:
             request[CLIENT] = client
-        return await handler(request)
-    info = request.match_info
-    try:
-        host = str(Hostname.parse(info["hostname"])) if "hostname" in info else None
-    except AddressError:
-        return await handler(request)  # the handler answers 400 for the malformed address
-    if host is None:
-        return await handler(request)
-    namespace = info.get("namespace")
-    refused = _refusal(request, access, route, host, namespace, client, presented)
-    if refused is not None:
-        return refused
+        with on_behalf_of(host):
+            return await handler(request)
     if client is not None:
         request[CLIENT] = client
-    with on_behalf_of(host):
-        return await handler(request)
+    return await handler(request)
 
 
 def readable(request: web.Request) -> Callable[[str, str | None], bool]:
@@ -146,17 +145,16 @@ def shown_host(request: web.Request) -> Callable[[str], bool] | None:
     return lambda host: host not in private or (client is not None and client.may_read(host))
 
 
-def _metrics_refusal(access: Access, client: Token | None, presented: str | None) -> web.Response | None:
+def _check_metrics(access: Access, client: Token | None, presented: str | None) -> None:
     if not access.metrics_token_required:
-        return None
+        return
     if client is None:
-        return _unauthorized("/metrics", presented)
+        raise _unauthorized("/metrics", presented)
     if not client.metrics:
-        return _forbidden(client, "/metrics", "this token may not read /metrics")
-    return None
+        raise _forbidden(client, "/metrics", "this token may not read /metrics")
 
 
-def _refusal(
+def _check_route(
     request: web.Request,
     access: Access,
     route: str,
@@ -164,7 +162,8 @@ def _refusal(
     namespace: str | None,
     client: Token | None,
     presented: str | None,
-) -> web.Response | None:
+) -> None:
+    """Raise the refusal of a request naming upstream `host` (and `namespace`), if it is refused."""
     if access.book.enabled:
         grant = request.query.get(GRANT_PARAM)
         if (
@@ -174,40 +173,37 @@ def _refusal(
             and namespace is not None
             and access.grants.valid(host, namespace, grant, time.time())
         ):
-            return None
+            return
         if client is None:
-            return _unauthorized(host, presented)
+            raise _unauthorized(host, presented)
         if not client.may_read(host, namespace):
-            return _forbidden(
+            raise _forbidden(
                 client,
                 host,
                 f"this token may not read {host}" + (f"/{namespace}" if namespace and client.may_read(host) else ""),
             )
         if route == "lock" and not client.lock:
-            return _forbidden(client, host, "this token may not call /lock/v1")
-        return None
-    if host in access.private:  # answered as a host the proxy does not serve: the answer does not confirm it
+            raise _forbidden(client, host, "this token may not call /lock/v1")
+    elif host in access.private:  # answered as a host the proxy does not serve: the answer does not confirm it
         log.info("auth.refused", host=host, reason="private host, no client tokens configured")
         raise HostNotAllowedError.for_host(host)
-    return None
 
 
-def _unauthorized(what: str, presented: str | None) -> web.Response:
+def _unauthorized(what: str, presented: str | None) -> UnauthorizedError:
     reason = "unknown token" if presented is not None else "no token"
     log.info("auth.refused", what=what, reason=reason)
-    response = error_response(
-        401,
+    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
+    error = TokenInvalidError if presented is not None else TokenRequiredError
+    return error(
         f"{what}: a client token is required ({reason}); send "
         "`Authorization: Bearer TOKEN` (a credentials block or TF_TOKEN_<host> in the CLI)",
+        headers={"WWW-Authenticate": challenge},
     )
-    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
-    response.headers["WWW-Authenticate"] = challenge
-    return response
 
 
-def _forbidden(client: Token, what: str, message: str) -> web.Response:
+def _forbidden(client: Token, what: str, message: str) -> TokenScopeError:
     log.info("auth.refused", token=client.name, what=what, reason=message)
-    return error_response(403, message)
+    return TokenScopeError(message)
 
 
 def granted(url: str, grant: str | None) -> str:

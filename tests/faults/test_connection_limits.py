@@ -253,4 +253,5 @@ async def test_wrong_method_on_a_known_route_is_a_json_405(proxy_process):
         "127.0.0.1", proc.port, _context(proc), request("/healthz", method="DELETE", headers={"Connection": "close"})
     )
     assert client.status() == 405
-    assert json.loads(client.body()) == {"errors": ["Method Not Allowed: DELETE /healthz"]}
+    assert json.loads(client.body())["code"] == "method_not_allowed"
+    assert b"\r\nAllow: GET,HEAD\r\n" in bytes(client.head).partition(b"\r\n\r\n")[0]
