@@ -26,10 +26,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 from aiohttp import web
+from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
 from proxy.auth import GRANT_PARAM, AuthConfigError, Grants, Token, TokenBook, bearer_token, parse_tokens, with_grant
@@ -51,14 +53,15 @@ REALM = "registry-proxy"
 
 
 class Access:
-    """The tokens in force (replaced whole on reload), the private hosts, and the grant signer."""
+    """The tokens in force (replaced whole on reload, and with them the tokens grants may name), the private
+    hosts, and the grant signer."""
 
     def __init__(self, settings: Settings, grants: Grants) -> None:
         self.path: Path | None = settings.auth_tokens
         self.private = settings.upstream_credentials.private_hosts
         self.metrics_token_required = settings.metrics_token_required
         self.grants = grants
-        self.book = load_tokens(self.path) if self.path is not None else TokenBook()
+        self._use(load_tokens(self.path) if self.path is not None else TokenBook())
         # Anything to check at all: without tokens, private hosts or a metrics token every request passes as is
         # (and no request pays for parsing its host here).
         self.active = self.path is not None or bool(self.private) or self.metrics_token_required
@@ -68,7 +71,7 @@ class Access:
         if self.path is None:
             return
         try:
-            self.book = load_tokens(self.path)
+            book = load_tokens(self.path)
         except (OSError, AuthConfigError) as exc:
             log.error(
                 "auth.reload_failed",
@@ -78,7 +81,17 @@ class Access:
                 pid=os.getpid(),
             )
             return
+        self._use(book)
         log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
+
+    def _use(self, book: TokenBook) -> None:
+        """Put `book` in force: its tokens, and the grants made for them (a grant of a token not in it is refused)."""
+        self.book = book
+        self._grant_holders = {self.grants.token_id(token): token for token in book.tokens}
+
+    def grant_holder(self, path: str, grant: str, now: float) -> Token:
+        """The token in force that `grant` was made for, if it allows `path` now (else a 401 is raised)."""
+        return self.grants.holder(path, grant, now, self._grant_holders)
 
 
 def load_tokens(path: Path) -> TokenBook:
@@ -166,13 +179,10 @@ def _check_route(
     """Raise the refusal of a request naming upstream `host` (and `namespace`), if it is refused."""
     if access.book.enabled:
         grant = request.query.get(GRANT_PARAM)
-        if (
-            client is None
-            and grant is not None
-            and route in GRANTABLE_ROUTES
-            and namespace is not None
-            and access.grants.valid(host, namespace, grant, time.time())
-        ):
+        if client is None and grant is not None and route in GRANTABLE_ROUTES:
+            holder = access.grant_holder(request.path, grant, time.time())
+            if not holder.may_read(host, namespace):
+                raise _forbidden(holder, host, f"the token this URL's grant was made for may not read {host} now")
             return
         if client is None:
             raise _unauthorized(host, presented)
@@ -206,14 +216,33 @@ def _forbidden(client: Token, what: str, message: str) -> TokenScopeError:
     return TokenScopeError(message)
 
 
-def granted(url: str, grant: str | None) -> str:
-    """`url` with the request's grant, if it has one."""
-    return url if grant is None else with_grant(url, grant)
+@dataclass(frozen=True)
+class UrlSigner:
+    """Puts grants into the URLs of one request's document: each for exactly the path the URL names (resolved
+    against the request's own URL, as the client resolves it), for the request's token, with one expiry."""
+
+    grants: Grants
+    token: Token
+    expires: int
+    base: URL  # the request's URL, which relative URLs resolve against
+
+    @property
+    def key(self) -> tuple:
+        """What the signed URLs depend on besides the document: part of its rendered answer's key."""
+        return (self.grants.token_id(self.token), self.expires, self.base.path)
+
+    def sign(self, url: str) -> str:
+        """`url` (relative, or root-relative) with the grant for its path; a go-getter `//subdir` and the query
+        are not part of the path the client requests."""
+        location = url.partition("?")[0]
+        path = self.base.join(URL(location.partition("//")[0] if location.startswith("/") else location)).path
+        return with_grant(url, self.grants.sign(path, self.token, self.expires))
 
 
-def current_grant(request: web.Request, host: str, namespace: str) -> str | None:
-    """The grant for the archive URLs in this request's documents (None for anonymous requests, whose
-    documents stay as they were); part of the rendered document's key."""
-    if CLIENT not in request:
+def url_signer(request: web.Request) -> UrlSigner | None:
+    """The signer of this request's document URLs (None for anonymous requests, whose documents stay as they
+    are)."""
+    client = request.get(CLIENT)
+    if client is None:
         return None
-    return request.app[ACCESS].grants.sign(host, namespace, time.time())
+    return UrlSigner(request.app[ACCESS].grants, client, Grants.expiry(time.time()), request.rel_url)

@@ -14,7 +14,7 @@ from aiohttp import web
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import NotFoundError
 from proxy.rewrite import rewrite_download_document
-from proxy.web.access import current_grant, granted
+from proxy.web.access import url_signer
 from proxy.web.archives import Found, serve_found
 from proxy.web.keys import MIRROR, MODULES, RENDERED
 from proxy.web.responses import rendered_response
@@ -51,13 +51,14 @@ async def provider_versions(request: web.Request) -> web.Response:
 async def provider_download(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
     document = await request.app[MIRROR].download_document(addr, version, platform)
-    grant = current_grant(request, str(addr.hostname), addr.namespace)
+    signer = url_signer(request)
 
     def render(d: dict) -> dict:
         rewritten = rewrite_download_document(d, addr, version, platform)
-        return {**rewritten, **{name: granted(rewritten[name], grant) for name in _FILE_URLS}}
+        return rewritten if signer is None else {**rewritten, **{n: signer.sign(rewritten[n]) for n in _FILE_URLS}}
 
-    rendered = request.app[RENDERED].json(("provider download", addr, version, platform, grant), document, render)
+    key = ("provider download", addr, version, platform, signer and signer.key)
+    rendered = request.app[RENDERED].json(key, document, render)
     return rendered_response(request, rendered)
 
 
@@ -79,8 +80,9 @@ async def module_versions(request: web.Request) -> web.Response:
 async def module_download(request: web.Request) -> web.Response:
     addr = _module(request)
     location = await request.app[MODULES].location(addr, Version.parse(request.match_info["version"]))
-    if location.startswith("/"):  # the proxy's own archive URL (a passed-through source is left alone)
-        location = granted(location, current_grant(request, str(addr.hostname), addr.namespace))
+    signer = url_signer(request)
+    if location.startswith("/") and signer is not None:  # the proxy's own archive URL (not a passed-through source)
+        location = signer.sign(location)
     # The answer depends on the location alone: it is the key, and the source is always the same (None).
     rendered = request.app[RENDERED].json(("module download", location), None, lambda _: {"location": location})
     return rendered_response(request, rendered, headers={"X-Terraform-Get": location})
