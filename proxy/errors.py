@@ -193,10 +193,59 @@ class OfflineMissError(NotFoundError):
     code = "offline_miss"
 
 
-class NoSuchEndpointError(NotFoundError):
+class EndpointNotFoundError(NotFoundError):
     """No route of the proxy matches the path."""
 
     code = "endpoint_not_found"
+
+
+class DocumentNotFoundError(NotFoundError):
+    """The path names a document or file the protocol does not have (not `index.json` or `VERSION.json`, not
+    `SHA256SUMS` or its signature, not the module's archive name)."""
+
+    code = "document_not_found"
+
+
+class CaNotFoundError(NotFoundError):
+    """The proxy did not generate its TLS certificate, so it has no CA to hand out at `/ca.pem`."""
+
+    code = "ca_not_found"
+
+
+class ServiceNotFoundError(NotFoundError):
+    """The registry host offers no registry services, or not the one asked for (its discovery document)."""
+
+    code = "service_not_found"
+
+
+class ProviderNotFoundError(NotFoundError):
+    """The provider is not known to its registry."""
+
+    code = "provider_not_found"
+
+
+class RegistryModuleNotFoundError(NotFoundError):
+    """The module is not known to its registry."""
+
+    code = "module_not_found"
+
+
+class VersionNotFoundError(NotFoundError):
+    """The provider or module has no such version."""
+
+    code = "version_not_found"
+
+
+class PackageNotFoundError(NotFoundError):
+    """The provider version has no package for the platform asked for."""
+
+    code = "package_not_found"
+
+
+class ModuleNotCachedError(NotFoundError):
+    """The module's archive is asked for, but its source is not one the proxy caches (it is handed out as is)."""
+
+    code = "module_not_cached"
 
 
 class HostNotAllowedError(ForbiddenError):
@@ -215,6 +264,36 @@ class UpstreamError(ProxyError):
 
     status = 502
     code = "upstream_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with a status the protocol does not allow there (a 5xx, an unexpected 4xx)."""
+
+    code = "upstream_status"
+
+
+class UpstreamUnreachableError(UpstreamError):
+    """The upstream could not be reached, or the connection failed or timed out."""
+
+    code = "upstream_unreachable"
+
+
+class UpstreamMalformedError(UpstreamError):
+    """The upstream's answer is not what the protocol specifies (not JSON, a field missing or invalid)."""
+
+    code = "upstream_malformed"
+
+
+class UpstreamRedirectError(UpstreamError):
+    """The upstream redirected to an invalid URL, or too many times."""
+
+    code = "upstream_redirect"
+
+
+class GitSourceError(UpstreamError):
+    """A module's git source could not be cloned (git failed or timed out, or the URL is invalid)."""
+
+    code = "git_failed"
 
 
 class UpstreamTooLargeError(UpstreamError):
@@ -239,6 +318,25 @@ class VerificationError(UpstreamError):
     """An archive, checksum file or signature failed verification: a security event."""
 
     code = "verification_failed"
+
+
+class SignatureInvalidError(VerificationError):
+    """The release's SHA256SUMS is not validly signed by one of the registry's signing keys."""
+
+    code = "signature_invalid"
+
+
+class ChecksumMismatchError(VerificationError):
+    """An archive's SHA-256 differs from what the signed SHA256SUMS (or the registry's shasum, or a module
+    source's pin) says: tampered with or corrupted."""
+
+    code = "checksum_mismatch"
+
+
+class UnsignedRefusedError(VerificationError):
+    """The registry lists no signing keys for the release, and `--unsigned-providers` does not admit it."""
+
+    code = "unsigned_refused"
 
 
 class FollowedDownloadLostError(UpstreamError):

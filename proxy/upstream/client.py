@@ -22,7 +22,15 @@ from yarl import URL
 from proxy import __version__
 from proxy.config import Limits
 from proxy.credentials import UpstreamCredentials
-from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, UpstreamTooSlowError
+from proxy.errors import (
+    ForbiddenAddressError,
+    UpstreamError,
+    UpstreamRedirectError,
+    UpstreamStatusError,
+    UpstreamTooLargeError,
+    UpstreamTooSlowError,
+    UpstreamUnreachableError,
+)
 from proxy.upstream.netguard import (
     AddressPolicy,
     GuardedResolver,
@@ -158,7 +166,7 @@ class UpstreamClient:
 
         async def stream(response: aiohttp.ClientResponse) -> None:
             if response.status != 200:
-                raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
+                raise UpstreamStatusError(f"upstream answered {response.status} for {_show(url)}")
             if response.content_length is not None and response.content_length > max_bytes:
                 raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
             if on_response is not None:
@@ -228,7 +236,7 @@ class UpstreamClient:
                         try:
                             current = current.join(URL(response.headers["Location"]))
                         except ValueError:
-                            raise UpstreamError(f"{_show(current)} redirected to an invalid URL") from None
+                            raise UpstreamRedirectError(f"{_show(current)} redirected to an invalid URL") from None
                         continue
                     return await handle(response)
             except RefusedAddressError as exc:
@@ -236,12 +244,12 @@ class UpstreamClient:
             except aiohttp.ClientConnectorError as exc:
                 if isinstance(exc.os_error, RefusedAddressError):
                     raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc.os_error}") from None
-                raise UpstreamError(f"cannot connect to {current.host}: {exc.os_error or exc}") from None
+                raise UpstreamUnreachableError(f"cannot connect to {current.host}: {exc.os_error or exc}") from None
             except TimeoutError:
-                raise UpstreamError(f"timed out fetching {_show(current)}") from None
+                raise UpstreamUnreachableError(f"timed out fetching {_show(current)}") from None
             except aiohttp.ClientError as exc:
-                raise UpstreamError(f"fetching {_show(current)} failed: {exc}") from None
-        raise UpstreamError(f"too many redirects fetching {_show(url)}")
+                raise UpstreamUnreachableError(f"fetching {_show(current)} failed: {exc}") from None
+        raise UpstreamRedirectError(f"too many redirects fetching {_show(url)}")
 
     async def _check_url(self, url: URL) -> None:
         if not url.host or url.scheme not in ("https", "http"):
@@ -300,7 +308,7 @@ async def _read_bounded(response: aiohttp.ClientResponse, max_bytes: int, url: U
 
 def _raise_for_status(result: UpstreamResponse, url: URL) -> UpstreamResponse:
     if result.status not in PASS_STATUSES:
-        raise UpstreamError(f"upstream answered {result.status} for {_show(url)}")
+        raise UpstreamStatusError(f"upstream answered {result.status} for {_show(url)}")
     return result
 
 

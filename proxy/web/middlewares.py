@@ -35,12 +35,12 @@ from aiohttp import web
 from proxy.addrs import AddressError
 from proxy.deadline import request_budget
 from proxy.errors import (
+    EndpointNotFoundError,
     HttpRefusalError,
     HttpVersionNotSupportedError,
     InternalError,
     InvalidAddressError,
     MethodNotAllowedError,
-    NoSuchEndpointError,
     ProxyError,
     RequestBodyTooLargeError,
 )
@@ -161,7 +161,7 @@ def _framework_error(request: web.Request, exc: web.HTTPException) -> ProxyError
     """A refusal aiohttp raised itself (no route, another method, a body too large) as an error of the hierarchy."""
     what = f"{request.method} {request.path}"
     if exc.status == 404:
-        return NoSuchEndpointError(f"no such endpoint: {what}")
+        return EndpointNotFoundError(f"no such endpoint: {what}")
     if exc.status == 405:
         return MethodNotAllowedError(f"{exc.reason}: {what}", headers={"Allow": exc.headers.get("Allow", "")})
     if exc.status == 413:

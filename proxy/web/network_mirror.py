@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from proxy.addrs import Platform, ProviderAddr, Version
-from proxy.errors import InvalidRequestError, NotFoundError
+from proxy.errors import DocumentNotFoundError, InvalidRequestError
 from proxy.mirror import PlatformArchive
 from proxy.rewrite import archive_filename
 from proxy.web.access import UrlSigner, url_signer
@@ -34,7 +34,7 @@ async def json_document(request: web.Request) -> web.Response:
     addr = _addr(request)
     name = request.match_info["document"]
     if not name.endswith(".json"):
-        raise NotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
+        raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
     mirror, rendered = request.app[MIRROR], request.app[RENDERED]
     if name == "index.json":
         versions = await mirror.provider_versions(addr)

@@ -12,7 +12,7 @@ import time
 from aiohttp import web
 
 from proxy import __version__, page
-from proxy.errors import NotFoundError
+from proxy.errors import CaNotFoundError
 from proxy.web.access import readable
 from proxy.web.keys import INVENTORY, METRICS, MIRROR, SETTINGS
 
@@ -69,7 +69,7 @@ def _generated_ca(request: web.Request) -> bool:
 async def ca_pem(request: web.Request) -> web.FileResponse:
     """The local CA certificate (never its key), only when the proxy serves TLS with the certificate it made."""
     if not _generated_ca(request):
-        raise NotFoundError(
+        raise CaNotFoundError(
             "this proxy did not generate its certificate: there is no CA to download "
             "(ask its operator which CA signed it)"
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
-from proxy.errors import NotFoundError
+from proxy.errors import DocumentNotFoundError
 from proxy.rewrite import rewrite_download_document
 from proxy.web.access import url_signer
 from proxy.web.archives import Found, serve_found
@@ -69,7 +69,7 @@ async def provider_shasums(request: web.Request) -> web.Response:
         return web.Response(body=sums, headers={"Content-Type": "text/plain; charset=utf-8"})
     if request.match_info["file"] == "SHA256SUMS.sig":
         return web.Response(body=signature, headers={"Content-Type": "application/octet-stream"})
-    raise NotFoundError("expected SHA256SUMS or SHA256SUMS.sig")
+    raise DocumentNotFoundError("expected SHA256SUMS or SHA256SUMS.sig")
 
 
 async def module_versions(request: web.Request) -> web.Response:
@@ -94,7 +94,7 @@ async def module_archive(request: web.Request) -> web.StreamResponse:
     async def find() -> Found:
         stored, record = await request.app[MODULES].archive(addr, version)
         if request.match_info["file"] != f"archive{record.extension}":
-            raise NotFoundError(f"this module's archive is archive{record.extension}")
+            raise DocumentNotFoundError(f"this module's archive is archive{record.extension}")
         return (
             stored,
             f"{addr.name}-{version}{record.extension}",
