@@ -123,7 +123,6 @@ async def test_an_expired_grant_is_refused(proxy_process, tokens):
     assert (await get(proxy, with_grant(path, grants.sign(path, first, Grants.expiry(now)))))[0] == 200
     status, body = await get(proxy, with_grant(path, grants.sign(path, first, int(now) - 1)))
     assert (status, body["code"]) == (401, "grant_expired")
-    assert "expired" in body["errors"][0]
     # and the proxy's own grant expires within its lifetime and a minute
     expires = int(grant_of(url).partition(".")[0])
     assert now + GRANT_LIFETIME - 5 <= expires <= now + GRANT_LIFETIME + 65
