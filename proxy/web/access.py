@@ -10,7 +10,9 @@ client may read depends only on its token, never on what another client fetched:
   answer for a host the proxy does not serve (it does not confirm that the private host exists);
 - archives, SHA256SUMS and module archives are also served to a request carrying a valid grant
   (`proxy.auth.Grants`), which the proxy puts into the URLs of the documents it serves to an
-  authorised client, because the clients send no token when they download those.
+  authorised client (`url_signer`), because the clients send no token when they download those: a
+  grant opens the one URL it is in, only while the token it was made for is in force and may read
+  the host and namespace, for `GRANT_LIFETIME`.
 
 `/healthz`, `/readyz`, `/ca.pem` and the discovery document stay open; `/metrics` needs a token with
 `metrics = true` under `--metrics-token-required`; the page at `/` needs any valid token. What the proxy
