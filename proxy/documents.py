@@ -24,7 +24,14 @@ from proxy import deadline, records
 from proxy.addrs import Hostname
 from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, fresh_until, freshness_of, keys
 from proxy.config import Settings
-from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
+from proxy.errors import (
+    HostNotAllowedError,
+    OfflineMissError,
+    ServiceNotFoundError,
+    UpstreamError,
+    UpstreamMalformedError,
+    UpstreamStatusError,
+)
 from proxy.flights import Flights
 from proxy.log import note_cache
 from proxy.memo import memoised
@@ -102,9 +109,7 @@ class DocumentCache:
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""
         if str(hostname) not in self._settings.upstreams.all_allowed_hosts:
-            raise HostNotAllowedError(
-                f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)"
-            )
+            raise HostNotAllowedError.for_host(hostname)
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
@@ -131,7 +136,7 @@ class DocumentCache:
             validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname),
         )
         if entry.negative:
-            raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
+            raise ServiceNotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
         return self.parsed(
             f"{key} {service}",
             entry,
@@ -234,9 +239,11 @@ class DocumentCache:
                 try:
                     validate(entry)
                 except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a parser missed a shape
-                    raise UpstreamError(f"upstream answer at {url.with_query(None)} is malformed: {exc}") from None
+                    raise UpstreamMalformedError(
+                        f"upstream answer at {url.with_query(None)} is malformed: {exc}"
+                    ) from None
             else:
-                raise UpstreamError(f"upstream answered {response.status} for {url}")
+                raise UpstreamStatusError(f"upstream answered {response.status} for {url}")
         except UpstreamError as exc:
             self._metrics.upstream_fetches.labels("metadata", "error").inc()
             if cached is not None:  # stale-if-error, for remembered 404s too
@@ -271,7 +278,7 @@ class DocumentCache:
         async with self._slots.hold(url, self._settings.limits.metadata_timeout, what):
             response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
         if response.status != 200:
-            raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
+            raise UpstreamStatusError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
         self._metrics.upstream_fetches.labels("checksums", "200").inc()
         return response.body
 

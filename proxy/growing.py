@@ -31,7 +31,7 @@ from typing import TypeVar
 import structlog
 
 from proxy.download_notices import DownloadNotices, Notice, owner_alive
-from proxy.errors import FollowedDownloadLostError, ShuttingDownError, VerificationError
+from proxy.errors import ChecksumMismatchError, FollowedDownloadLostError, ShuttingDownError, VerificationError
 from proxy.passthrough import Begin, PassThrough, Send
 
 HOLD_BACK = 1 << 20  # the end of an archive, sent only once it is verified: the upstream client's largest read
@@ -92,7 +92,7 @@ class GrowingFile:
                 if sent < end:
                     chunk = await asyncio.to_thread(_read_hashed, descriptor, min(end - sent, READ_CHUNK), sent, digest)
                     if sent + len(chunk) == self.size and digest.hexdigest() != self.sha256:
-                        raise VerificationError(f"the downloaded archive does not hash to {self.sha256}")
+                        raise ChecksumMismatchError(f"the downloaded archive does not hash to {self.sha256}")
                     await send(chunk)
                     sent += len(chunk)
                 elif self.error is not None:

@@ -30,7 +30,17 @@ from proxy.config import Settings
 from proxy.diskspace import DiskSpace, SpaceReport, is_disk_full
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
-from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
+from proxy.errors import (
+    DiskFullError,
+    OfflineMissError,
+    PackageNotFoundError,
+    ProviderNotFoundError,
+    SignatureInvalidError,
+    UnsignedRefusedError,
+    UpstreamError,
+    VerificationError,
+    VersionNotFoundError,
+)
 from proxy.flights import Flights, gather_bounded
 from proxy.gpg import Keyring, SignatureError
 from proxy.growing import GrowingFile
@@ -46,7 +56,7 @@ from proxy.storage import ArchiveStorage
 from proxy.store import PendingArchive, StoredArchive
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
-from proxy.ziphash import StreamedZipMismatch, ZipStreamHasher, h1_of_streamed_zip
+from proxy.ziphash import StreamedZipMismatchError, ZipStreamHasher, h1_of_streamed_zip
 
 log = structlog.get_logger(__name__)
 
@@ -159,7 +169,7 @@ class Mirror:
         await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
-            raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
+            raise PackageNotFoundError(f"provider {addr} {version} has no package for {platform}")
         self._admit(addr, version, d)  # passed on as sent: without keys when the registry lists none
         return d.raw
 
@@ -169,7 +179,7 @@ class Mirror:
         await self.offered(addr, version, [platform])
         d = await self._download_info(addr, version, platform)
         if d is None:
-            raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
+            raise PackageNotFoundError(f"provider {addr} {version} has no package for {platform}")
         record = await self._verified_sums_record(addr, version, d)
         return record.sums, record.signature
 
@@ -214,10 +224,10 @@ class Mirror:
         versions = await listed(lambda max_age: self.provider_versions(addr, max_age), lacks, self._rechecks, addr)
         info = versions.get(version)
         if info is None:
-            raise NotFoundError(f"provider {addr} has no version {version}")
+            raise VersionNotFoundError(f"provider {addr} has no version {version}")
         missing = missing_platforms(info.platforms, platforms)
         if missing:
-            raise NotFoundError(no_package_message(f"provider {addr} {version}", missing, info.platforms))
+            raise PackageNotFoundError(no_package_message(f"provider {addr} {version}", missing, info.platforms))
         return info
 
     async def _versions_entry(
@@ -231,7 +241,7 @@ class Mirror:
             validate=lambda e: providers.parse_versions(e.body, addr),
         )
         if entry.negative:
-            raise NotFoundError(f"provider {addr} is not known to its registry")
+            raise ProviderNotFoundError(f"provider {addr} is not known to its registry")
         return entry
 
     async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
@@ -474,7 +484,7 @@ class Mirror:
             result = await asyncio.to_thread(self._keyring.verify_detached, sums, signature, list(d.signing_keys))
         except SignatureError as exc:
             self._security_event("signature", addr, version, d, str(exc))
-            raise VerificationError(f"SHA256SUMS of {addr} {version} failed verification: {exc}") from None
+            raise SignatureInvalidError(f"SHA256SUMS of {addr} {version} failed verification: {exc}") from None
         except OSError as exc:  # gpg needs a little room in DATA_DIR/gnupg: a full disk is no forgery
             if not is_disk_full(exc):
                 raise
@@ -505,7 +515,7 @@ class Mirror:
             )
         if reason is not None:
             self._security_event("unsigned", addr, version, d, reason)
-            raise VerificationError(reason)
+            raise UnsignedRefusedError(reason)
 
     def _refuse_cached_unsigned(
         self, addr: ProviderAddr, version: Version, platform: Platform, record: ArchiveRecord
@@ -527,7 +537,7 @@ class Mirror:
                 filename=record.filename,
                 reason=reason,
             )
-            raise VerificationError(reason)
+            raise UnsignedRefusedError(reason)
 
     def _security_event(self, check: str, addr: ProviderAddr, version: Version, d: DownloadInfo, reason: str) -> None:
         security_event(
@@ -597,7 +607,7 @@ class Mirror:
         """Download metadata and verified SHA256SUMS of an archive: what its download needs first."""
         d = await self._download_info(addr, version, platform)
         if d is None:
-            raise NotFoundError(f"provider {addr} {version} has no package for {platform}")
+            raise PackageNotFoundError(f"provider {addr} {version} has no package for {platform}")
         return d, await self._verified_sums(addr, version, d)
 
     def _expected(self, addr: ProviderAddr, version: Version, d: DownloadInfo, sums: dict[str, str]) -> str:
@@ -711,7 +721,7 @@ def _h1_of_downloaded_zip(streamed: ZipStreamHasher, path: Path) -> tuple[str, s
     try:
         with open(path, "rb") as handle:
             hashes = h1_of_streamed_zip(streamed, handle)
-    except (StreamedZipMismatch, OSError) as exc:
+    except (StreamedZipMismatchError, OSError) as exc:
         log.debug("archive.h1_not_streamed", file=path.name, reason=str(exc))
         return _h1_of_zip_file(path)
     log.debug("archive.h1_streamed", file=path.name, members=len(streamed.entries))

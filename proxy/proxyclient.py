@@ -32,7 +32,7 @@ class ProxyRequestError(Exception):
         self.message = message
 
 
-class ProxyUnreachable(Exception):
+class ProxyUnreachableError(Exception):
     """The proxy cannot be used at all: a bad URL, a CA file that cannot be read, no connection, an
     untrusted certificate. The message is one line for the user."""
 
@@ -47,7 +47,7 @@ class ProxyClient:
             context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
         except (OSError, ssl.SSLError) as exc:
             source = "--ca-file" if ca_file else "SSL_CERT_FILE"
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"cannot read the CA file {cafile} ({source}): {getattr(exc, 'strerror', None) or exc}"
             ) from None
         self._session = aiohttp.ClientSession(
@@ -72,7 +72,7 @@ class ProxyClient:
         async with self._request(self.url("healthz")) as response:
             await response.read()
             if response.status != 200:
-                raise ProxyUnreachable(
+                raise ProxyUnreachableError(
                     f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
                 )
 
@@ -80,21 +80,21 @@ class ProxyClient:
     async def _request(
         self, url: URL, params: list[tuple[str, str]] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """A GET whose connection failures become ProxyUnreachable with one clear line."""
+        """A GET whose connection failures become ProxyUnreachableError with one clear line."""
         try:
             async with self._session.get(url, params=params) as response:
                 yield response
         except aiohttp.ClientConnectorCertificateError as exc:
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"the TLS certificate of {self.base} is not trusted ({exc.certificate_error}); "
                 "give its CA with --ca-file or SSL_CERT_FILE"
             ) from None
         except aiohttp.ClientConnectorError as exc:
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"cannot connect to the proxy at {self.base}: {exc.os_error.strerror or exc}"
             ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"the connection to the proxy at {self.base} failed: {str(exc) or type(exc).__name__}"
             ) from None
 
@@ -163,11 +163,13 @@ def _base_url(text: str) -> URL:
     try:
         url = URL(text.strip().rstrip("/") + "/")
     except ValueError as exc:
-        raise ProxyUnreachable(
+        raise ProxyUnreachableError(
             f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, e.g. https://proxy.example:8443/"
         ) from None
     if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
-        raise ProxyUnreachable(f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/")
+        raise ProxyUnreachableError(
+            f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/"
+        )
     return url
 
 

@@ -9,7 +9,7 @@ Pure: every failure raises VerificationError with a message naming what failed.
 
 from __future__ import annotations
 
-from proxy.errors import VerificationError
+from proxy.errors import ChecksumMismatchError, VerificationError
 from proxy.hashes import HashFormatError, parse_shasums
 
 
@@ -27,7 +27,7 @@ def expected_digest(sums: dict[str, str], filename: str, shasum: str) -> str:
     if listed is None:
         raise VerificationError(f"the signed SHA256SUMS has no line for {filename}")
     if listed != shasum.lower():
-        raise VerificationError(
+        raise ChecksumMismatchError(
             f"the signed SHA256SUMS lists {listed} for {filename}, but the registry's shasum is {shasum.lower()}"
         )
     return listed
@@ -35,7 +35,7 @@ def expected_digest(sums: dict[str, str], filename: str, shasum: str) -> str:
 
 def check_archive_digest(actual: str, expected: str, filename: str) -> None:
     if actual != expected:
-        raise VerificationError(
+        raise ChecksumMismatchError(
             f"archive {filename} has SHA-256 {actual}, but the signed SHA256SUMS "
             f"lists {expected}: the download was tampered with or corrupted"
         )

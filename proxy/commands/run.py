@@ -24,7 +24,7 @@ from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
 from proxy.commands.warm import run_warm
 from proxy.config import FreshnessTtls, Settings, build
 from proxy.gpg import Keyring
-from proxy.proxyclient import ProxyClient, ProxyUnreachable
+from proxy.proxyclient import ProxyClient, ProxyUnreachableError
 from proxy.storage import ArchiveStorage
 
 T = TypeVar("T")
@@ -57,7 +57,7 @@ async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], A
     try:
         async with _client(args) as client:
             return await work(client)
-    except ProxyUnreachable as exc:
+    except ProxyUnreachableError as exc:
         raise CommandError(str(exc)) from None
 
 

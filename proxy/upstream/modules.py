@@ -14,7 +14,7 @@ from typing import Any
 from yarl import URL
 
 from proxy.addrs import AddressError, ModuleAddr, Version
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamMalformedError
 
 MAX_LOCATION_LENGTH = 4096
 
@@ -37,13 +37,13 @@ def parse_versions(body: bytes, addr: ModuleAddr) -> list[Version]:
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise UpstreamError(f"upstream version list of module {addr} is not valid JSON") from None
+        raise UpstreamMalformedError(f"upstream version list of module {addr} is not valid JSON") from None
     modules = document.get("modules") if isinstance(document, dict) else None
     if not isinstance(modules, list) or not modules or not isinstance(modules[0], dict):
-        raise UpstreamError(f"upstream version list of module {addr} has no 'modules' entry")
+        raise UpstreamMalformedError(f"upstream version list of module {addr} has no 'modules' entry")
     entries = modules[0].get("versions") or []
     if not isinstance(entries, list):
-        raise UpstreamError(f"upstream version list of module {addr} has no 'versions' array")
+        raise UpstreamMalformedError(f"upstream version list of module {addr} has no 'versions' array")
     versions = []
     for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("version"), str):
@@ -67,9 +67,9 @@ def parse_download(status: int, header: str | None, body: bytes, addr: ModuleAdd
     if not location:
         location = header
     if not isinstance(location, str) or not location.strip():
-        raise UpstreamError(f"upstream download answer for module {addr} has no location")
+        raise UpstreamMalformedError(f"upstream download answer for module {addr} has no location")
     if len(location) > MAX_LOCATION_LENGTH or any(ord(ch) < 32 for ch in location):
-        raise UpstreamError(f"upstream download location for module {addr} is malformed")
+        raise UpstreamMalformedError(f"upstream download location for module {addr} is malformed")
     return location.strip()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from yarl import URL
 
 from proxy.addrs import AddressError, Platform, ProviderAddr, Version
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamMalformedError
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}\Z")
@@ -60,9 +60,9 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise UpstreamError(f"upstream {what} is not valid JSON") from None
+        raise UpstreamMalformedError(f"upstream {what} is not valid JSON") from None
     if not isinstance(document, dict):
-        raise UpstreamError(f"upstream {what} is not a JSON object")
+        raise UpstreamMalformedError(f"upstream {what} is not a JSON object")
     return document
 
 
@@ -74,7 +74,7 @@ def parse_versions(body: bytes, addr: ProviderAddr) -> dict[Version, VersionInfo
     document = _json_object(body, f"version list of {addr}")
     entries = document.get("versions")
     if not isinstance(entries, list):
-        raise UpstreamError(f"upstream version list of {addr} has no 'versions' array")
+        raise UpstreamMalformedError(f"upstream version list of {addr} has no 'versions' array")
     result: dict[Version, VersionInfo] = {}
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("version"), str):
@@ -108,7 +108,7 @@ def _signing_keys(keys_doc: Any, what: str) -> tuple[str, ...]:
         else ()
     )
     if not keys:
-        raise UpstreamError(f"upstream {what} lists no usable signing keys: the archive cannot be verified")
+        raise UpstreamMalformedError(f"upstream {what} lists no usable signing keys: the archive cannot be verified")
     return keys
 
 
@@ -123,23 +123,23 @@ def parse_download(
     what = f"download metadata of {addr} {version} {platform}"
     document = _json_object(body, what)
     if document.get("os") != platform.os or document.get("arch") != platform.arch:
-        raise UpstreamError(f"upstream {what} is for another platform")
+        raise UpstreamMalformedError(f"upstream {what} is for another platform")
     filename, shasum = document.get("filename"), document.get("shasum")
     if not isinstance(filename, str) or not _FILENAME.match(filename) or filename in (".", ".."):
-        raise UpstreamError(f"upstream {what} has an invalid filename")
+        raise UpstreamMalformedError(f"upstream {what} has an invalid filename")
     if not isinstance(shasum, str) or not _HEX64.match(shasum):
-        raise UpstreamError(f"upstream {what} has an invalid shasum")
+        raise UpstreamMalformedError(f"upstream {what} has an invalid shasum")
     urls = {}
     for name in ("download_url", "shasums_url", "shasums_signature_url"):
         value = document.get(name)
         if not isinstance(value, str) or not value:
-            raise UpstreamError(f"upstream {what} lacks {name}")
+            raise UpstreamMalformedError(f"upstream {what} lacks {name}")
         try:
             url = final_url.join(URL(value))
         except ValueError:
-            raise UpstreamError(f"upstream {what} has an invalid {name}") from None
+            raise UpstreamMalformedError(f"upstream {what} has an invalid {name}") from None
         if url.scheme not in ("http", "https") or not url.host:
-            raise UpstreamError(f"upstream {what}: {name} must be an http(s) URL")
+            raise UpstreamMalformedError(f"upstream {what}: {name} must be an http(s) URL")
         urls[name] = url
     keys = _signing_keys(document.get("signing_keys"), what)
     protocols = tuple(p for p in document.get("protocols") or [] if isinstance(p, str))

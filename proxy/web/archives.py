@@ -39,7 +39,13 @@ import structlog
 from aiohttp import web
 
 from proxy.auth import GRANT_PARAM
-from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
+from proxy.errors import (
+    FollowedDownloadLostError,
+    PreconditionFailedError,
+    RangeNotSatisfiableError,
+    StoreCorruptionError,
+    StoreUnavailableError,
+)
 from proxy.httprange import evaluate
 from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.passthrough import PassThrough
@@ -47,7 +53,6 @@ from proxy.s3integrity import S3Guard
 from proxy.s3store import RemoteArchive
 from proxy.store import StoredArchive
 from proxy.web.keys import GUARD, METRICS, SERVED, SETTINGS
-from proxy.web.responses import error_response
 from proxy.web.server import write_paced
 
 CHUNK = 1 << 18
@@ -105,14 +110,15 @@ async def serve_archive(
     if answer.status == 304:
         return web.Response(status=304, headers=headers)
     if answer.status == 412:
-        return error_response(412, f"precondition failed: the archive's ETag is {etag}")
+        raise PreconditionFailedError(f"precondition failed: the archive's ETag is {etag}")
     guard, settings = request.app[GUARD], request.app[SETTINGS]
     if settings.archives.archive_redirect and not guard.local and request.method != "HEAD":  # a URL signed for GET only
         return await _redirect(request, guard, stored)
     if answer.status == 416:
-        response = error_response(416, f"range not satisfiable: the archive has {stored.size} bytes")
-        response.headers["Content-Range"] = f"bytes */{stored.size}"
-        return response
+        raise RangeNotSatisfiableError(
+            f"range not satisfiable: the archive has {stored.size} bytes",
+            headers={"Content-Range": f"bytes */{stored.size}"},
+        )
     span = answer.span
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)

@@ -39,6 +39,15 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
 from proxy.config import Settings
+from proxy.errors import (
+    HttpRefusalError,
+    InternalError,
+    MalformedRequestError,
+    ProxyError,
+    RequestHeadersTooLargeError,
+    RequestLineTooLongError,
+    TooManyConnectionsError,
+)
 from proxy.metrics import Metrics
 from proxy.web.eventloop import new_event_loop
 from proxy.web.keys import METRICS
@@ -100,17 +109,17 @@ class ConnectionGate:
         self.metrics.connections_open.set(self.open)
 
 
-def _raw_error(status: int, reason: str, message: str) -> bytes:
+def _raw_error(error: ProxyError, reason: str) -> bytes:
     """A whole HTTP/1.1 error response as bytes, for a connection that never reaches the application."""
-    body = error_response(status, message).body
+    body = error_response(error).body
     head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"HTTP/1.1 {error.status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
-TOO_MANY_CONNECTIONS = _raw_error(503, "Service Unavailable", "too many connections; retry later")
+TOO_MANY_CONNECTIONS = _raw_error(TooManyConnectionsError("too many connections; retry later"), "Service Unavailable")
 
 
 class LimitedRequestHandler(RequestHandler):
@@ -205,29 +214,31 @@ class LimitedRequestHandler(RequestHandler):
         """The answer to a request the application never saw, as JSON; a client gone is not an error."""
         if isinstance(exc, ConnectionError) or request.writer.output_size > 0:
             raise exc if isinstance(exc, ConnectionError) else ConnectionError("response already started")
-        status, text = self._describe(status, exc)
-        self._gate.metrics.requests.labels("unmatched", str(status)).inc()
-        log.info("request.rejected", status=status, error=text, remote=request.remote)
-        response = error_response(status, text)
+        error = self._describe(status, exc)
+        self._gate.metrics.requests.labels("unmatched", str(error.status)).inc()
+        log.info("request.rejected", status=error.status, error=error.message, code=error.code, remote=request.remote)
+        response = error_response(error)
         response.headers["Server"] = SERVER
         response.force_close()
         return response
 
-    def _describe(self, status: int, exc: BaseException | None) -> tuple[int, str]:
-        """Status and a fixed message: the client's own bytes are never echoed back."""
+    def _describe(self, status: int, exc: BaseException | None) -> ProxyError:
+        """The error of the hierarchy, with a fixed message: the client's own bytes are never echoed back."""
         if isinstance(exc, http_exceptions.LineTooLong):
             if exc.args[1:2] == (MAX_REQUEST_LINE,):
-                return 414, f"request line too long: at most {MAX_REQUEST_LINE} bytes"
-            return 431, f"request header fields too large: at most {MAX_HEADER_LINE} bytes each"
+                return RequestLineTooLongError(f"request line too long: at most {MAX_REQUEST_LINE} bytes")
+            return RequestHeadersTooLargeError(f"request header fields too large: at most {MAX_HEADER_LINE} bytes each")
         if isinstance(exc, http_exceptions.BadHttpMessage) and "Too many headers" in exc.message:
-            return 431, f"request header fields too large: at most {MAX_HEADERS} fields"
+            return RequestHeadersTooLargeError(f"request header fields too large: at most {MAX_HEADERS} fields")
         if isinstance(exc, http_exceptions.BadHttpMethod):
-            return 400, "malformed request: invalid method"
+            return MalformedRequestError("malformed request: invalid method")
         if isinstance(exc, http_exceptions.BadStatusLine):
-            return 400, "malformed request: invalid request line or HTTP version"
+            return MalformedRequestError("malformed request: invalid request line or HTTP version")
         if isinstance(exc, http_exceptions.HttpProcessingError):
-            return 400, f"malformed request: {type(exc).__name__}"
-        return status, "internal error; see the proxy log"
+            return MalformedRequestError(f"malformed request: {type(exc).__name__}")
+        if status == 500:
+            return InternalError("internal error; see the proxy log")
+        return HttpRefusalError(f"request refused (HTTP {status}); see the proxy log", status)
 
 
 def _host(peer: object) -> str | None:

@@ -37,10 +37,11 @@ def upstream_since(registry, start: int) -> list[str]:
     return [path for _, path in registry.requests[start:]]
 
 
-def errors_of(body: bytes) -> list[str]:
+def error_of(body: bytes) -> tuple[str, str]:
+    """The code and the message of an error answer."""
     document = json.loads(body)
-    assert isinstance(document["errors"], list) and document["errors"], document
-    return document["errors"]
+    assert isinstance(document["errors"], list) and len(document["errors"]) == 1, document
+    return document["code"], document["errors"][0]
 
 
 async def gather_limited(calls, limit: int = 16) -> list:
@@ -75,7 +76,8 @@ async def test_hostile_lock_requests_cause_a_handful_of_upstream_requests(proxy_
     for number, (status, headers, body) in enumerate(answers):
         assert status == 404, body
         assert headers["Content-Type"].startswith("application/json")
-        message = errors_of(body)[0]
+        code, message = error_of(body)
+        assert code == "package_not_found"
         assert f"fake{number}_arch0" in message and f"fake{number}_arch63" in message, message
     caused = upstream_since(registry, start)
     assert not [p for p in caused if "/download/" in p or p.startswith("/files/")], (len(caused), caused[:5])
@@ -90,18 +92,19 @@ async def test_made_up_archive_urls_never_reach_the_upstream(proxy_process, conn
     for i in range(1000):
         kind = i % 4
         if kind == 0:
-            urls.append((archive_url(f"9.9.{i}", "linux_amd64"), f"9.9.{i}"))
+            urls.append((archive_url(f"9.9.{i}", "linux_amd64"), f"9.9.{i}", "version_not_found"))
         elif kind == 1:
-            urls.append((archive_url("1.0.0", f"fake{i}_arm64"), f"fake{i}_arm64"))
+            urls.append((archive_url("1.0.0", f"fake{i}_arm64"), f"fake{i}_arm64", "package_not_found"))
         elif kind == 2:
-            urls.append((f"{REGISTRY}/9.9.{i}/download/linux/amd64", f"9.9.{i}"))
+            urls.append((f"{REGISTRY}/9.9.{i}/download/linux/amd64", f"9.9.{i}", "version_not_found"))
         else:
-            urls.append((f"{REGISTRY}/1.0.0/download/fake{i}/amd64/SHA256SUMS", f"fake{i}_amd64"))
-    answers = await gather_limited(client.get(url) for url, _ in urls)
-    for (url, named), (status, headers, body) in zip(urls, answers, strict=True):
+            urls.append((f"{REGISTRY}/1.0.0/download/fake{i}/amd64/SHA256SUMS", f"fake{i}_amd64", "package_not_found"))
+    answers = await gather_limited(client.get(url) for url, _, _ in urls)
+    for (url, named, expected), (status, headers, body) in zip(urls, answers, strict=True):
         assert status == 404, (url, body)
         assert headers["Content-Type"].startswith("application/json"), url
-        assert named in errors_of(body)[0], (url, body)
+        code, message = error_of(body)
+        assert code == expected and named in message, (url, body)  # each answer is about its own URL
     caused = upstream_since(registry, start)
     assert not [p for p in caused if "/download/" in p or p.startswith("/files/")], (len(caused), caused[:5])
     assert len(caused) <= 3, (len(caused), caused[:5])
@@ -122,8 +125,9 @@ async def test_real_versions_and_platforms_still_work(proxy_process, connect, re
     # One made-up platform among real ones: the whole request is refused before anything is fetched.
     start = len(registry.requests)
     status, _, body = await client.get(f"/lock/v1/{PROVIDER}/1.1.0?platform=linux_amd64&platform=plan9_mips")
-    assert status == 404
-    assert errors_of(body)[0].startswith(f"provider {PROVIDER} 1.1.0 has no package for plan9_mips (it offers: ")
+    code, message = error_of(body)
+    assert (status, code) == (404, "package_not_found")
+    assert message.startswith(f"provider {PROVIDER} 1.1.0 has no package for plan9_mips (it offers: ")  # lists them
     assert upstream_since(registry, start) == []
 
 
@@ -171,7 +175,7 @@ async def test_made_up_module_versions_never_reach_the_upstream(proxy_process, c
         + [client.get(f"{MODULES}/8.{i}.0/archive.tar.gz") for i in range(100)]
     )
     for status, _, body in answers:
-        assert status == 404 and "no version" in errors_of(body)[0], body
+        assert (status, error_of(body)[0]) == (404, "version_not_found"), body
     caused = upstream_since(registry, start)
     assert not [p for p in caused if p.endswith("/download")], caused[:5]
     assert len(caused) <= 3, (len(caused), caused[:5])

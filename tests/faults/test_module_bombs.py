@@ -42,9 +42,10 @@ def stored_files(data_dir: Path) -> list[Path]:
 
 
 def assert_refused(status: int, body: bytes, words: str) -> None:
+    """Refused as too large (502, `upstream_too_large`), the message naming the limit it broke."""
     assert status == 502, body[:300]
-    message = json.loads(body)["errors"][0]
-    assert "archive refused" in message and words in message, message
+    document = json.loads(body)
+    assert document["code"] == "upstream_too_large" and words in document["errors"][0], document
 
 
 async def test_gzip_bomb_is_refused_and_not_stored(proxy_process, connect, registry):
@@ -133,6 +134,6 @@ async def test_git_source_over_the_limits_is_refused_before_checkout(
     client = await connect(process, timeout=120)
     status, _, body = await client.get(f"{M}/1.2.0/archive.tar.gz")
     assert status == 502, body[:300]
-    message = json.loads(body)["errors"][0]
-    assert words in message, message
+    document = json.loads(body)
+    assert document["code"] == "upstream_too_large" and words in document["errors"][0], document  # names the limit
     assert stored_files(process.data_dir) == []

@@ -44,8 +44,10 @@ async def timed(call: Awaitable) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def errors(body: bytes) -> list[str]:
-    return json.loads(body)["errors"]
+def error_of(body: bytes) -> tuple[str, str]:
+    """The code and the message of an error answer."""
+    document = json.loads(body)
+    return document["code"], document["errors"][0]
 
 
 def part_files(data_dir: Path) -> list[Path]:
@@ -131,8 +133,8 @@ async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_within_10s(proxy_p
     print(f"\ncold index.json with a {SLOW:g}s-slow upstream: {status} in {elapsed:.2f}s")
     assert status == 504 and elapsed < 10
     assert headers["Content-Type"].startswith("application/json")
-    message = errors(body)[0]
-    assert "did not answer" in message and f"{registry.url}{VERSIONS}" in message
+    code, message = error_of(body)
+    assert code == "upstream_timeout" and f"{registry.url}{VERSIONS}" in message  # names the upstream URL
     assert proc.events("upstream.deadline_exceeded")
 
 
@@ -145,7 +147,8 @@ async def test_cold_version_document_with_serial_slow_steps_is_a_504_within_10s(
     elapsed, (status, _, body) = await timed(client.get(VERSION_DOC))
     print(f"\ncold 1.0.0.json, serial slow steps: {status} in {elapsed:.2f}s")
     assert status == 504 and elapsed < 10
-    assert DOWNLOAD_DOC in errors(body)[0]
+    code, message = error_of(body)
+    assert code == "upstream_timeout" and DOWNLOAD_DOC in message  # names the step that did not answer
 
 
 async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(proxy_process, connect, registry):
@@ -173,7 +176,8 @@ async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(
     registry.faults[DOWNLOAD_DOC] = Fault(delay=SLOW)
     elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
     assert status == 504 and elapsed < 6, (status, elapsed)
-    assert DOWNLOAD_DOC in errors(body)[0]
+    code, message = error_of(body)
+    assert code == "upstream_timeout" and DOWNLOAD_DOC in message
 
     big = big_release(registry, signing_key, noise=1024 * 1024)
     registry.archive_chunk_delay = 1.0  # ~5 s for 1 MiB: far above the minimum rate, longer than the deadline
@@ -196,7 +200,8 @@ async def test_trickling_archive_is_aborted_within_the_window_and_nothing_is_sto
     elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
     print(f"\ntrickling archive (1 KiB/s) aborted after {elapsed:.2f}s with {status}")
     assert status == 504 and elapsed < 10
-    assert "below the minimum" in errors(body)[0]
+    code, message = error_of(body)
+    assert code == "upstream_too_slow" and "below the minimum" in message  # the rate, not the idle timeout
     assert not stored(proc.data_dir, big.sha256("linux_amd64"))
     await wait_for(lambda: not part_files(proc.data_dir), 5, "the temp file to be removed")
 
@@ -213,7 +218,8 @@ async def test_stalled_download_hits_the_idle_timeout(proxy_process, connect, re
     client = await connect(proc, timeout=20)
     elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
     assert status == 504 and elapsed < 8
-    assert "sent nothing" in errors(body)[0]
+    code, message = error_of(body)
+    assert code == "upstream_too_slow" and "sent nothing" in message  # the idle timeout, not the rate
     assert not stored(proc.data_dir, big.sha256("linux_amd64"))
 
 
@@ -261,7 +267,7 @@ async def test_one_slow_host_cannot_take_the_slots_of_another(
     elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
     print(f"\ndownload slot wait ended after {elapsed:.2f}s with {status}")
     assert status == 503 and elapsed < 6
-    assert "gave up waiting 1s for a slot" in errors(body)[0]
+    assert error_of(body)[0] == "upstream_busy"
     assert not trickling.done()
     trickling.cancel()
 
@@ -303,4 +309,4 @@ async def test_sigterm_during_a_trickling_download_exits_within_the_grace(
     assert not stored(proc.data_dir, big.sha256("linux_amd64"))
     assert proc.events("proxy.fetches_cancelled")
     status, _, body = await trickling  # the waiting client got an answer, not a dropped connection
-    assert status == 503 and "shutting down" in errors(body)[0]
+    assert (status, error_of(body)[0]) == (503, "shutting_down")

@@ -31,8 +31,9 @@ LITERALS = [
 
 def assert_refused(status: int, body: bytes, literal: str) -> None:
     assert status == 502, body[:300]
-    message = json.loads(body)["errors"][0]
-    assert "not a public address" in message and str(ipaddress.ip_address(literal)) in message, message
+    document = json.loads(body)
+    assert document["code"] == "forbidden_upstream_address", document
+    assert str(ipaddress.ip_address(literal)) in document["errors"][0], document  # names the address refused
 
 
 @pytest.mark.parametrize("literal", LITERALS)

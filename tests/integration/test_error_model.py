@@ -38,5 +38,5 @@ def test_address_errors_are_neutral_and_mapped_by_the_web_layer() -> None:
 async def test_a_malformed_address_answers_400_with_its_message(proxy, path, message) -> None:
     with capture_logs() as logs:
         status, body = await proxy.json(path)
-    assert (status, body) == (400, {"errors": [message()]})
+    assert (status, body) == (400, {"errors": [message()], "code": "invalid_address"})
     assert not [e for e in logs if e["event"] in ("request.failed", "request.crashed")]  # expected, as before

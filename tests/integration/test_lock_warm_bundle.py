@@ -72,16 +72,16 @@ async def test_lock_endpoint_gives_h1_per_platform_and_every_signed_zh(proxy, re
 
 
 @pytest.mark.parametrize(
-    "path, status",
+    "path, status, code",
     [
-        (f"/lock/v1/{PROVIDER}/1.0.0?platform=plan9_mips", 404),
-        (f"/lock/v1/{PROVIDER}/7.7.7?platform=linux_amd64", 404),
-        (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400),
+        (f"/lock/v1/{PROVIDER}/1.0.0?platform=plan9_mips", 404, "package_not_found"),
+        (f"/lock/v1/{PROVIDER}/7.7.7?platform=linux_amd64", 404, "version_not_found"),
+        (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400, "invalid_address"),
     ],
 )
-async def test_lock_endpoint_errors(proxy, path, status):
+async def test_lock_endpoint_errors(proxy, path, status, code):
     got, body = await proxy.json(path)
-    assert got == status and body["errors"]
+    assert (got, body["code"]) == (status, code) and body["errors"]
 
 
 # ---- offline -----------------------------------------------------------------------------------
@@ -97,9 +97,9 @@ async def test_offline_serves_the_cache_and_misses_are_404(make_settings, client
         assert (await offline.json(f"/mirror/v1/{PROVIDER}/index.json"))[0] == 200
         name = "terraform-provider-foo_1.1.0_linux_amd64.zip"
         status, body = await offline.json(f"/mirror/v1/{PROVIDER}/1.1.0/linux_amd64/{name}")
-        assert status == 404 and "offline" in body["errors"][0]
+        assert (status, body["code"]) == (404, "offline_miss")
         status, body = await offline.json(f"/mirror/v1/{REGISTRY_HOST}/acme/other/index.json")
-        assert status == 404 and "offline" in body["errors"][0]
+        assert (status, body["code"]) == (404, "offline_miss")
     assert len(registry.requests) == seen
 
 

@@ -25,8 +25,8 @@ async def test_tampered_archive_is_refused_and_not_stored(proxy, registry):
     release = release_of(registry)
     registry.tampered.add(release.filename("linux_amd64"))
     status, body = await proxy.json(ARCHIVE)
-    assert status == 502
-    assert "tampered" in body["errors"][0] and release.filename("linux_amd64") in body["errors"][0]
+    assert (status, body["code"]) == (502, "checksum_mismatch")
+    assert release.filename("linux_amd64") in body["errors"][0]  # the message names the archive
     assert stored(proxy) == []
     # Nothing bad was remembered: once the upstream serves the right bytes, it works.
     registry.tampered.clear()
@@ -39,36 +39,35 @@ async def test_signature_by_a_key_the_registry_does_not_list(proxy, registry, si
     registry.signing_keys_override = [signing_key.armored_public_key]
     for path in (ARCHIVE, VERSION_DOC):
         status, body = await proxy.json(path)
-        assert status == 502
-        assert "unknown key" in body["errors"][0] or "not among" in body["errors"][0], body
+        assert (status, body["code"]) == (502, "signature_invalid"), body
     assert stored(proxy) == []
 
 
 async def test_registry_listing_a_foreign_key(proxy, registry, other_key):
     registry.signing_keys_override = [other_key.armored_public_key]  # signature is by signing_key
     status, body = await proxy.json(ARCHIVE)
-    assert status == 502 and "SHA256SUMS" in body["errors"][0]
+    assert (status, body["code"]) == (502, "signature_invalid")
     assert stored(proxy) == []
 
 
 async def test_corrupt_signature_bytes(proxy, registry):
     release_of(registry).signature = b"\x89garbage, not an OpenPGP packet"
     status, body = await proxy.json(ARCHIVE)
-    assert status == 502 and "signature" in body["errors"][0]
+    assert (status, body["code"]) == (502, "signature_invalid")
 
 
 async def test_modified_shasums_breaks_the_signature(proxy, registry):
     release = release_of(registry)
     release.shasums = release.shasums.replace(b"linux_amd64", b"linux_arm64")
     status, body = await proxy.json(VERSION_DOC)
-    assert status == 502 and "signature" in body["errors"][0]
+    assert (status, body["code"]) == (502, "signature_invalid")
 
 
 async def test_registry_shasum_disagreeing_with_signed_sums(proxy, registry):
     release = release_of(registry)
     release.zips["linux_amd64"] = release.zips["darwin_arm64"]  # registry now reports another digest
     status, body = await proxy.json(ARCHIVE)
-    assert status == 502 and "registry's shasum" in body["errors"][0]
+    assert (status, body["code"]) == (502, "checksum_mismatch")
     assert stored(proxy) == []
 
 
@@ -77,7 +76,7 @@ async def test_signed_archive_that_is_not_a_zip(proxy, registry):
     release.zips["linux_amd64"] = b"this is not a zip file"
     release.resign()
     status, body = await proxy.json(ARCHIVE)
-    assert status == 502 and "not a valid zip" in body["errors"][0]
+    assert (status, body["code"]) == (502, "verification_failed") and "not a valid zip" in body["errors"][0]
     assert stored(proxy) == []
 
 
@@ -86,7 +85,7 @@ async def test_archive_over_the_size_limit(make_settings, client_ssl, registry):
 
     async with serve_proxy(make_settings(limits=Limits(max_archive_bytes=100)), client_ssl) as running:
         status, body = await running.json(ARCHIVE)
-        assert status == 502 and "limit" in body["errors"][0]
+        assert (status, body["code"]) == (502, "upstream_too_large")
         assert stored(running) == []
 
 
@@ -107,4 +106,4 @@ async def test_registry_without_signing_keys_is_refused(proxy, registry):
     }
     registry.faults["/v1/providers/acme/foo/1.0.0/download/linux/amd64"] = Fault(body=json.dumps(doc).encode())
     status, body = await proxy.json(ARCHIVE)
-    assert status == 502 and "no signing keys" in body["errors"][0]
+    assert (status, body["code"]) == (502, "unsigned_refused")

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from proxy.errors import VerificationError
+from proxy.errors import ChecksumMismatchError, VerificationError
 from proxy.metrics import Metrics
 from proxy.verify import check_archive_digest, expected_digest, parse_signed_sums
 from proxy.web.keys import METRICS
@@ -98,7 +98,7 @@ def test_expected_digest_empty_sums() -> None:
 
 
 def test_expected_digest_mismatch_names_file_and_both_digests() -> None:
-    with pytest.raises(VerificationError) as info:
+    with pytest.raises(ChecksumMismatchError) as info:
         expected_digest(SUMS, FILENAME, OTHER)
     message = info.value.message
     assert FILENAME in message
@@ -124,12 +124,11 @@ def test_check_archive_digest_match() -> None:
 
 @pytest.mark.parametrize("actual", [OTHER, hashlib.sha256(ARCHIVE + b"\x00").hexdigest(), "", DIGEST[:-1]])
 def test_check_archive_digest_mismatch(actual: str) -> None:
-    with pytest.raises(VerificationError) as info:
+    with pytest.raises(ChecksumMismatchError) as info:
         check_archive_digest(actual, DIGEST, FILENAME)
     message = info.value.message
-    assert FILENAME in message
-    assert DIGEST in message
-    assert "tampered" in message
+    assert info.value.code == "checksum_mismatch"
+    assert FILENAME in message and DIGEST in message  # names the archive and the digest it should have
 
 
 def test_full_chain_accepts_good_archive_and_refuses_tampered_one() -> None:
