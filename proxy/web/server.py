@@ -40,6 +40,7 @@ from aiohttp.web_response import StreamResponse
 
 from proxy.config import Settings
 from proxy.metrics import Metrics
+from proxy.web.allocator import BurstTrimmer, pin_mmap_threshold
 from proxy.web.eventloop import new_event_loop
 from proxy.web.keys import METRICS
 from proxy.web.middlewares import SERVER
@@ -72,12 +73,14 @@ class ConnectionLimits:
 
 
 class ConnectionGate:
-    """Counts the open connections of a listener against the cap."""
+    """Counts the open connections of a listener against the cap (and has the memory of a burst of them
+    returned to the system once it is over: `proxy.web.allocator`)."""
 
-    def __init__(self, limit: int, metrics: Metrics) -> None:
+    def __init__(self, limit: int, metrics: Metrics, trimmer: BurstTrimmer | None = None) -> None:
         self.limit = limit
         self.open = 0
         self.metrics = metrics
+        self.trimmer = trimmer or BurstTrimmer()
         self._refusing = False
 
     def admit(self) -> bool:
@@ -90,11 +93,13 @@ class ConnectionGate:
         self._refusing = False
         self.open += 1
         self.metrics.connections_open.set(self.open)
+        self.trimmer.opened(self.open)
         return True
 
     def release(self) -> None:
         self.open -= 1
         self.metrics.connections_open.set(self.open)
+        self.trimmer.closed(self.open)
 
 
 def _raw_error(status: int, reason: str, message: str) -> bytes:
@@ -328,6 +333,7 @@ def run_server(
     `on_listening`: called once the listening socket is bound.
     """
     limits = ConnectionLimits.from_settings(settings)
+    pin_mmap_threshold()
 
     async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
         listeners = [

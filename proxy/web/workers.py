@@ -35,6 +35,7 @@ from gunicorn.workers.base import Worker
 from proxy import metrics
 from proxy.cache.factory import open_metadata_store
 from proxy.config import Settings
+from proxy.web.allocator import pin_mmap_threshold
 from proxy.web.app import create_app
 from proxy.web.eventloop import new_event_loop
 from proxy.web.server import BACKLOG, ConnectionLimits, run_until_complete, serve_app, start_listener
@@ -53,6 +54,7 @@ def run_workers(
     """Prepare the data dir once, then serve with `settings.workers` workers until SIGTERM or SIGINT.
     Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start.
     `on_listening` is called in the supervisor once it has bound the listening socket."""
+    pin_mmap_threshold()  # before the fork: the workers inherit it
     asyncio.run(_prepare_metadata_store(settings))
     Supervisor(settings, ssl_context, on_listening).run()
 
