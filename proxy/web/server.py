@@ -306,11 +306,12 @@ async def serve_app(
 ) -> None:
     """Start `app`, `listen`, wait until `stopped()` returns (or, with `handle_signals`, SIGTERM or SIGINT
     raises GracefulExit), then stop listening and shut down gracefully: idle connections are closed,
-    requests in flight get `shutdown_timeout` seconds to finish."""
+    requests in flight get `shutdown_timeout` seconds to finish. A start that fails (or is cancelled) closes
+    the resources the application had opened (its cleanup contexts' exits), then raises."""
     runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
     listeners: list[asyncio.Server] = []
     try:
+        await runner.setup()
         listeners = await listen(runner)
         await stopped()
     finally:
