@@ -138,7 +138,8 @@ async def _command(client: asyncio.subprocess.Process, command: str) -> dict:
     return json.loads(line)
 
 
-async def _soak(args: argparse.Namespace, loop_name: str, root: Path, ca_file: Path) -> dict:
+async def _soak(args: argparse.Namespace, loop_name: str, root: Path, ca_file: Path, result: dict) -> None:
+    """Fill `result` (kept as it is when the time limit stops the run) with the bursts on `loop_name`."""
     flags = ["--log-level", "warning", "--event-loop", loop_name, "--max-connections", str(args.high + 64)]
     # With --close client every connection is held until the client closes it (a loaded machine takes more than
     # the default 10 s for 3,000 handshakes); with --close timeout the proxy drops them.
@@ -162,7 +163,7 @@ async def _soak(args: argparse.Namespace, loop_name: str, root: Path, ca_file: P
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
-        result: dict = {"rss_start_mib": round(probe.rss_mib(), 1), "bursts": []}
+        result.update(rss_start_mib=round(probe.rss_mib(), 1), bursts=[])
         for size in burst_sizes(args.bursts, args.low, args.high):
             opened = await _command(client, f"open {size}")
             held = probe.rss_mib()
@@ -174,7 +175,6 @@ async def _soak(args: argparse.Namespace, loop_name: str, root: Path, ca_file: P
             result["bursts"].append(burst)
             print(f"{loop_name}: {burst}", file=sys.stderr, flush=True)
         result.update(flatness([b["rss_mib"] for b in result["bursts"]]))
-        return result
     finally:
         if client is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -183,7 +183,7 @@ async def _soak(args: argparse.Namespace, loop_name: str, root: Path, ca_file: P
         await proxy.stop()
 
 
-async def _measure(args: argparse.Namespace) -> dict:
+async def _measure(args: argparse.Namespace, result: dict) -> None:
     _raise_fd_limit()  # the proxy inherits it
     import trustme
 
@@ -191,10 +191,8 @@ async def _measure(args: argparse.Namespace) -> dict:
         root = Path(tmp)
         ca_file = root / "upstream-ca.pem"  # no upstream is asked; the proxy wants a CA file all the same
         trustme.CA().cert_pem.write_to_path(str(ca_file))
-        result: dict = {"proxy_args": args.proxy_args, "close": args.close, "loops": {}}
         for loop_name in args.loop or ["uvloop", "asyncio"]:
-            result["loops"][loop_name] = await _soak(args, loop_name, root, ca_file)
-        return result
+            await _soak(args, loop_name, root, ca_file, result["loops"].setdefault(loop_name, {}))
 
 
 def main() -> int:
@@ -207,7 +205,7 @@ def main() -> int:
     parser.add_argument(
         "--header-timeout", type=float, default=2.0, help="--client-header-timeout with --close timeout"
     )
-    parser.add_argument("--time-limit", type=float, default=1200.0, help="abort the whole run after this")
+    parser.add_argument("--time-limit", type=float, default=3600.0, help="abort the whole run after this")
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ca", help=argparse.SUPPRESS)
@@ -217,7 +215,13 @@ def main() -> int:
     if args.client:
         asyncio.run(_client(args))
         return 0
-    result = asyncio.run(asyncio.wait_for(_measure(args), args.time_limit))
+    result: dict = {"proxy_args": args.proxy_args, "close": args.close, "loops": {}}
+    try:
+        asyncio.run(asyncio.wait_for(_measure(args, result), args.time_limit))
+    except TimeoutError:
+        result["aborted"] = f"stopped by --time-limit {args.time_limit:g} s"
+        for loop in result["loops"].values():
+            loop.update(flatness([b["rss_mib"] for b in loop.get("bursts", [])]))
     print(json.dumps(result, indent=2))
     return 0 if all(loop.get("flat") for loop in result["loops"].values()) else 1
 
