@@ -10,6 +10,9 @@ RUN_STAMP := $(VENV)/.installed-runtime
 CONSTRAINTS := constraints.txt
 DEBIAN_PACKAGES := gnupg git redis-server ca-certificates systemd chromium chromium-driver
 BENCH_PACKAGES  := wrk nginx-light curl
+# nginx runs deploy/nginx.conf in front of a proxy in the tests; the package's own server (port 80) is not
+# wanted here: its service is stopped and disabled at once.
+TEST_SERVERS := nginx-light
 # promtool checks and unit-tests deploy/monitoring's alert rules; Debian ships it in `prometheus`, whose own
 # server is not wanted here: installed without recommends, its service stopped and disabled at once.
 MONITORING_PACKAGES := prometheus
@@ -41,9 +44,12 @@ constraints: | $(BIN)/python
 	$(BIN)/python scripts/pin_constraints.py
 
 # Debian packages the tests use for real (gpg, git, redis-server, systemd-analyze, chromium and its driver
-# for the page test, promtool); installed only when missing.
+# for the page test, nginx, promtool); installed only when missing.
 system-deps:
 	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES)"
+	@dpkg -s $(TEST_SERVERS) >/dev/null 2>&1 || { \
+	  $(MAKE) --no-print-directory debian-packages PACKAGES="$(TEST_SERVERS)" \
+	  && { systemctl disable --now nginx >/dev/null 2>&1 || true; }; }
 	@command -v promtool >/dev/null || { \
 	  $(MAKE) --no-print-directory debian-packages PACKAGES="$(MONITORING_PACKAGES)" APT_FLAGS=--no-install-recommends \
 	  && { systemctl disable --now prometheus >/dev/null 2>&1 || true; }; }

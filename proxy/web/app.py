@@ -40,7 +40,7 @@ from proxy.web import discovery, health, lockfile, network_mirror, page, registr
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
-from proxy.web.middlewares import client_address, request_context, server_header
+from proxy.web.middlewares import forwarded, request_context, server_header
 from proxy.web.server import request_arrived
 
 log = structlog.get_logger(__name__)
@@ -54,7 +54,7 @@ def create_app(settings: Settings) -> web.Application:
     reverse order (`proxy.web.server.serve_app`). File and process work runs in threads, off the event loop.
     """
     app = web.Application(
-        middlewares=[request_arrived, client_address, request_context, access_control], client_max_size=64 * 1024
+        middlewares=[request_arrived, forwarded, request_context, access_control], client_max_size=64 * 1024
     )
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
