@@ -263,7 +263,9 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
 
 
 def mirror_url(settings: Settings, scheme: str) -> str:
-    """The network mirror URL of this proxy as clients on this machine reach it."""
+    """The network mirror URL of this proxy: under `--public-url`, else as clients on this machine reach it."""
+    if settings.server.public_url:
+        return settings.server.public_url.rstrip("/") + "/mirror/v1/"
     host = settings.server.listen_host
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"

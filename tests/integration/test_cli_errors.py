@@ -309,3 +309,24 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
         f'provider_installation {{\n  network_mirror {{\n    url = "https://127.0.0.1:{port}/mirror/v1/"\n  }}\n}}\n'
     )
     assert records["proxy.listening"]["mirror_url"] == f"https://127.0.0.1:{port}/mirror/v1/"
+
+
+def test_the_logged_mirror_url_is_the_public_url(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    records = log_until_listening(
+        [
+            "--data-dir",
+            "data",
+            "--workers",
+            "1",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--public-url",
+            "https://lb.example/tf",
+        ],
+        cwd=tmp_path,
+    )
+    assert records["proxy.listening"]["mirror_url"] == "https://lb.example/tf/mirror/v1/"
+    assert 'url = "https://lb.example/tf/mirror/v1/"' in records["tls.local_ca"]["cli_config"]
