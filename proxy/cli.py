@@ -22,6 +22,7 @@ from proxy import __version__
 from proxy.commands import healthcheck
 from proxy.config import ConfigError, Settings, build
 from proxy.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
+from proxy.listener import bind_listener
 from proxy.options import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
 
 log = structlog.get_logger("proxy.cli")
@@ -206,7 +207,10 @@ def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
     try:
         file_tokens = {}
         if args.upstream_credentials:
-            file_tokens = parse_cli_config(args.upstream_credentials.read_text(encoding="utf-8"))
+            file_tokens = parse_cli_config(
+                args.upstream_credentials.read_text(encoding="utf-8"),
+                f"--upstream-credentials {args.upstream_credentials}",
+            )
         upstream = merged(file_tokens, from_environment(os.environ))
     except CredentialsError as exc:
         raise ConfigError(str(exc)) from None
@@ -216,17 +220,23 @@ def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
 
 
 def check_tokens_file(settings: Settings) -> None:
-    """A broken `--auth-tokens` file stops start-up."""
+    """A broken `--auth-tokens` file stops start-up, and so does one without tokens (every client would get 401)."""
     from proxy.auth import AuthConfigError, parse_tokens
 
-    if settings.access.auth_tokens is None:
+    path = settings.access.auth_tokens
+    if path is None:
         return
     try:
-        parse_tokens(settings.access.auth_tokens.read_text(encoding="utf-8"))
+        book = parse_tokens(path.read_text(encoding="utf-8"))
     except AuthConfigError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"--auth-tokens {path}: {exc}") from None
     except OSError as exc:
-        raise ConfigError(f"--auth-tokens {settings.access.auth_tokens}: {exc.strerror or exc}") from None
+        raise ConfigError(f"--auth-tokens {path}: {exc.strerror or exc}") from None
+    if not book.tokens:
+        raise ConfigError(
+            f"--auth-tokens {path}: no tokens in it, so every client would be refused (401); add one "
+            "(`registry-proxy token new NAME` prints its entry), or leave --auth-tokens unset"
+        )
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
@@ -298,33 +308,53 @@ def check_files(settings: Settings) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Check everything that can be checked at once, bind the listening socket (a port in use is one line,
+    exit 2), then prepare the stores and serve."""
+    settings = settings_from_args(args)
+    check_files(settings)
+    listening = bind_listener(settings.server.listen_host, settings.server.listen_port)
+
     from proxy.log import setup_logging
     from proxy.web.app import create_app
     from proxy.web.server import run_server
     from proxy.web.workers import run_workers
 
-    settings = settings_from_args(args)
-    check_files(settings)
     setup_logging(settings.logging.log_format, settings.logging.log_level)
     warn_about_short_timings(settings, below_safe_minimums(args, "serve"))
+    warn_about_plain_http_upstreams(settings)
     context = server_ssl_context(settings, sorted(settings.tls.tls_hostnames))
     url = mirror_url(settings, "http" if context is None else "https")
 
-    def listening() -> None:  # called once the socket is bound
+    def on_listening() -> None:  # called once the application accepts connections
         log.info("proxy.listening", mirror_url=url, workers=settings.server.workers)
 
     warn_about_access(settings)
+    asyncio.run(prepare_metadata_store(settings))
     if settings.server.workers > 1:
-        run_workers(settings, context, on_listening=listening)
+        run_workers(settings, context, listening, on_listening=on_listening)
     else:
         run_server(
             create_app(settings),
             settings,
             context,
+            listening,
             shutdown_timeout=settings.server.shutdown_grace,
-            on_listening=listening,
+            on_listening=on_listening,
         )
     return 0
+
+
+async def prepare_metadata_store(settings: Settings) -> None:
+    """Open the metadata store once before serving: the metadata secret is made and the embedded file checked
+    (records of an older version sealed, a damaged file moved aside) by one process, and a store that does not
+    answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it)."""
+    from proxy.cache.factory import open_metadata_store
+
+    store, _ = await open_metadata_store(settings)
+    try:
+        await store.ping()  # a failure is logged by the store (`redis.down`), once
+    finally:
+        await store.close()
 
 
 def warn_about_short_timings(settings: Settings, lowered: dict) -> None:
@@ -334,6 +364,19 @@ def warn_about_short_timings(settings: Settings, lowered: dict) -> None:
             "config.unsafe_short_timings",
             below_safe_minimum=shown_seconds(lowered),
             effect=UNSAFE_EFFECT,
+        )
+
+
+def warn_about_plain_http_upstreams(settings: Settings) -> None:
+    """One warning naming the `--upstream-map` hosts reached over plain http."""
+    plain = sorted(host for host, base in settings.upstreams.upstream_map.items() if base.scheme == "http")
+    if plain:
+        log.warning(
+            "config.plain_http_upstream",
+            hosts=plain,
+            effect="these registries are reached without TLS: anyone on the network path can change what they "
+            "answer, signing keys included, so nothing from them is authenticated; map them to https:// "
+            "(with --upstream-ca-file for an internal CA)",
         )
 
 

@@ -634,7 +634,7 @@ class LogSettings:
     log_format: str = option(
         "--log-format",
         Choice(("auto", "json", "console")),
-        "auto (JSON unless on a terminal), json or console",
+        "auto (JSON unless on a terminal), json or console (in colour only on a terminal and without NO_COLOR)",
         default="auto",
     )
     log_level: str = option("--log-level", Choice(LOG_LEVELS), "debug, info, warning or error", default="info")
