@@ -336,20 +336,9 @@ def test_a_credentials_file_error_from_the_real_process_names_the_file_and_line(
 
 def log_until_listening(argv: list[str], cwd: Path) -> dict[str, dict]:
     """Run `serve ARGV` with JSON logs until it listens, then stop it: its log records by event."""
-    command = [sys.executable, "-m", "proxy", "serve", "--log-format", "json", *argv]
-    process = subprocess.Popen(command, cwd=cwd, env=_env(), stderr=subprocess.PIPE, text=True)
-    records: dict[str, dict] = {}
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:  # ends when the process exits; the test's timeout bounds it
-            record = json.loads(line) if line.startswith("{") else {}
-            records[record.get("event", "")] = record
-            if "proxy.listening" in records:
-                break
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    return records
+    lines = stderr_until(["--log-format", "json", *argv], cwd, '"proxy.listening"')
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return {record.get("event", ""): record for record in records}
 
 
 def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
