@@ -138,9 +138,7 @@ class Mirror:
             return known.versions
         self._documents.check_allowed(addr.hostname)
         base, discovery_until = await self._documents.service(addr.hostname, "providers.v1")
-        key = keys.versions(addr)
-        entry = await self._versions_entry(addr, base, key, max_age)
-        versions = self._documents.parsed(key, entry, lambda e: providers.parse_versions(e.body, addr))
+        entry, versions = await self._versions_entry(addr, base, max_age)
         until = min(discovery_until, self._documents.fresh_until(entry, self._settings.freshness.versions))
         if len(self._fresh_versions) >= MEMO_ENTRIES and addr not in self._fresh_versions:
             self._fresh_versions.pop(next(iter(self._fresh_versions)))
@@ -151,7 +149,7 @@ class Mirror:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
         self._documents.check_allowed(addr.hostname)
         base = await self._documents.service_url(addr.hostname, "providers.v1")
-        return (await self._versions_entry(addr, base, keys.versions(addr))).body
+        return (await self._versions_entry(addr, base))[0].body
 
     async def download_document(self, addr: ProviderAddr, version: Version, platform: Platform) -> dict[str, Any]:
         """The upstream's download metadata as it sent it, unknown fields included."""
@@ -221,18 +219,17 @@ class Mirror:
         return info
 
     async def _versions_entry(
-        self, addr: ProviderAddr, base: URL, key: str, max_age: float | None = None
-    ) -> CacheEntry:
-        url = providers.versions_url(base, addr)
-        entry = await self._documents.document(
-            key,
-            url,
+        self, addr: ProviderAddr, base: URL, max_age: float | None = None
+    ) -> tuple[CacheEntry, dict[Version, VersionInfo]]:
+        entry, versions = await self._documents.document(
+            keys.versions(addr),
+            providers.versions_url(base, addr),
             ttl=list_ttl(self._settings.freshness.versions, max_age),
-            validate=lambda e: providers.parse_versions(e.body, addr),
+            parse=lambda e: providers.parse_versions(e.body, addr),
         )
-        if entry.negative:
+        if versions is None:
             raise NotFoundError(f"provider {addr} is not known to its registry")
-        return entry
+        return entry, versions
 
     async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
         """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes.
@@ -414,8 +411,7 @@ class Mirror:
         url = providers.download_url(base, addr, version, platform)
         parse = _download_parser(addr, version, platform)
         key = keys.download(addr, version, platform)
-        entry = await self._documents.document(key, url, ttl=None, validate=parse)
-        return None if entry.negative else self._documents.parsed(key, entry, parse)
+        return (await self._documents.document(key, url, ttl=None, parse=parse))[1]
 
     # ---- verification -------------------------------------------------------------------
 
@@ -564,7 +560,7 @@ class Mirror:
         entry = await self._documents.cached(key)
         if entry is None or entry.negative:
             return True
-        d = self._documents.parsed(key, entry, _download_parser(addr, version, platform))
+        d = await self._documents.value(key, entry, _download_parser(addr, version, platform))
         sums_record = await self._documents.record(self._sums_key(addr, d), SumsRecord)
         if sums_record is None:
             return True

@@ -47,6 +47,8 @@ from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
 from proxy.s3store import S3ArchiveStore
+from proxy.safejson import JSONDocumentError
+from proxy.safejson import loads as load_json
 from proxy.storage import ArchiveStorage
 
 FORMAT = "registry-proxy-bundle"
@@ -276,7 +278,7 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
         with _open_for_reading(bundle) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
             for member in tar:
                 if member.name == "manifest.json" and member.isfile():
-                    manifest = json.loads(tar.extractfile(member).read())
+                    manifest = _read_manifest(tar.extractfile(member).read())
                 elif member.name == "metadata.jsonl" and member.isfile():
                     metadata = _read_metadata(tar.extractfile(member).read())
                 elif (match := _ARCHIVE_MEMBER.match(member.name)) and member.isfile():
@@ -294,6 +296,10 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
             f"bundle rejected: format version {manifest.get('version')} is not supported "
             f"(this proxy reads version {FORMAT_VERSION})"
         )
+    for section in ("providers", "modules"):
+        entries = manifest.get(section, [])
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise CommandError(f"bundle rejected: the manifest's {section!r} is not a list of entries")
     return manifest, metadata, files
 
 
@@ -315,7 +321,7 @@ def _arriving_stale(metadata: dict[str, bytes]) -> dict[str, bytes]:
 def _stays_on_host(entry: CacheEntry) -> bool:
     """Every registry service of a discovery document is on the host the document came from."""
     try:
-        services = json.loads(entry.body)
+        services = load_json(entry.body)
         base = URL(entry.url)
         return isinstance(services, dict) and all(
             isinstance(v, str) and (target := base.join(URL(v))).host == base.host and target.port == base.port
@@ -355,16 +361,29 @@ def _covered_keys(manifest: dict[str, Any]) -> set[str]:
     return covered
 
 
+def _read_manifest(data: bytes) -> Any:
+    try:
+        return load_json(data)
+    except JSONDocumentError as exc:
+        raise CommandError(f"bundle rejected: its manifest.json {exc}") from None
+
+
 def _read_metadata(data: bytes) -> dict[str, bytes]:
     result = {}
     for number, line in enumerate(data.decode().splitlines(), 1):
         if not line.strip():
             continue
-        item = json.loads(line)
-        key = item.get("key")
+        try:
+            item = load_json(line)
+        except JSONDocumentError as exc:
+            raise CommandError(f"bundle rejected: metadata line {number} {exc}") from None
+        key = item.get("key") if isinstance(item, dict) else None
         if not isinstance(key, str) or keys.kind_of(key) is None:
             raise CommandError(f"bundle rejected: metadata line {number} has an unknown key {key!r}")
-        result[key] = base64.b64decode(item["value"], validate=True)
+        value = item.get("value")
+        if not isinstance(value, str):
+            raise CommandError(f"bundle rejected: metadata line {number} has no value")
+        result[key] = base64.b64decode(value, validate=True)
     return result
 
 

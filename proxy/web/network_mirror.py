@@ -51,7 +51,7 @@ async def json_document(request: web.Request) -> web.Response:
 
 
 def _index_document(versions: Iterable[Version]) -> dict:
-    return {"versions": {str(v): {} for v in sorted(versions)}}
+    return {"versions": {str(v): {} for v in sorted(versions, key=Version.precedence)}}
 
 
 def _version_document(
