@@ -330,40 +330,72 @@ class Mirror:
         """The verified archive and its file name; while the disk is full, a verified relay of the upstream's.
 
         With `follow`, a cold archive whose download is under way is relayed as it is written, its
-        last chunk held back until it is verified (`proxy.growing`), instead of waited for whole.
+        last chunk held back until it is verified (`proxy.growing`), instead of waited for whole; if the
+        disk fills up meanwhile, the rest is relayed from the upstream.
         """
         try:
             found = await self._archive(addr, version, platform, follow=follow)
             if isinstance(found, GrowingFile):
-                d, _ = await self._release_facts(addr, version, platform)  # cached: the download needed them
-                return found.relay(), d.filename
+                d, expected = await self._expected_digest(addr, version, platform)  # cached: the download needed them
+
+                def rest(sent: int, sent_sha256: str) -> PassThrough:
+                    return self._relay(
+                        addr, version, d, expected, "the disk filled up during the download", sent_sha256, sent
+                    )
+
+                return found.relay(rest), d.filename
             stored, record = found
             return stored, record.filename
         except DiskFullError as exc:
             d, expected = await self._expected_digest(addr, version, platform)
+            return self._relay(addr, version, d, expected, exc.message), d.filename
 
-            def check(actual: str) -> None:
-                try:
-                    verify.check_archive_digest(actual, expected, d.filename)
-                except VerificationError as failure:
-                    self._security_event("archive", addr, version, d, failure.message)
-                    raise
+    def _relay(
+        self,
+        addr: ProviderAddr,
+        version: Version,
+        d: DownloadInfo,
+        expected: str,
+        reason: str,
+        sent_sha256: str = "",
+        sent: int = 0,
+    ) -> PassThrough:
+        """The archive relayed from the upstream unstored, verified on the way; with `sent`, only the bytes
+        after the first `sent` (whose SHA-256 was `sent_sha256`), which a client has already."""
 
-            log.info(
-                "archive.passthrough",
-                provider=str(addr),
-                version=str(version),
-                platform=str(platform),
-                reason=exc.message,
-            )
-            return self._downloader.pass_through(
-                d.download_url,
-                max_bytes=self._settings.limits.max_archive_bytes,
-                algorithm="sha256",
-                kind="provider",
-                check=check,
-                etag=expected,
-            ), d.filename
+        def check(actual: str) -> None:
+            try:
+                verify.check_archive_digest(actual, expected, d.filename)
+            except VerificationError as failure:
+                self._security_event("archive", addr, version, d, failure.message)
+                raise
+
+        def check_sent(actual: str) -> None:
+            if actual != sent_sha256:
+                reason = (
+                    f"the first {sent} bytes of {d.filename} sent from the failed download are not the "
+                    "upstream's first bytes: the download was tampered with or corrupted"
+                )
+                self._security_event("archive", addr, version, d, reason)
+                raise VerificationError(reason)
+
+        log.info(
+            "archive.passthrough",
+            provider=str(addr),
+            version=str(version),
+            platform=str(d.platform),
+            reason=reason,
+            already_sent=sent,
+        )
+        return self._downloader.pass_through(
+            d.download_url,
+            max_bytes=self._settings.limits.max_archive_bytes,
+            algorithm="sha256",
+            kind="provider",
+            check=check,
+            etag=expected,
+            skip=(sent, check_sent) if sent else None,
+        )
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of the metadata store, the data directory and its free space."""
