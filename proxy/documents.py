@@ -33,7 +33,7 @@ from proxy.config import Settings
 from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
 from proxy.flights import Flights
 from proxy.log import note_cache
-from proxy.memo import MEMO_ENTRIES, memoised
+from proxy.memo import Memo, memoised
 from proxy.metrics import Metrics
 from proxy.slots import HostSlots
 from proxy.upstream import discovery
@@ -75,12 +75,12 @@ class DocumentCache:
         # Metadata has slots of its own (archives have theirs, in proxy.downloader), so slow downloads
         # never starve index.json; each upstream host gets a share, so one slow host never takes them all.
         self._slots = HostSlots.for_upstream(settings.limits)
-        self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
-        self._parsed: dict[str, tuple[object, object]] = {}
-        self._values: dict[str, tuple[CacheEntry, Any]] = {}  # each document's parsed value
-        self._malformed: dict[str, tuple[float, str]] = {}  # key → (until when, why), oldest first
-        self._records: dict[str, tuple[bytes, Any]] = {}
-        self._discovery_urls: dict[Hostname, tuple[None, tuple[str, URL]]] = {}  # key and URL per host
+        self._decoded: Memo[str, tuple[bytes, CacheEntry | None]] = Memo()
+        self._parsed: Memo[str, tuple[object, Any]] = Memo()
+        self._values: Memo[str, tuple[CacheEntry, Any]] = Memo()  # each document's parsed value
+        self._malformed: Memo[str, tuple[float, str]] = Memo()  # key → (until when, why)
+        self._records: Memo[str, tuple[bytes, Any]] = Memo()
+        self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
 
     async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object (a big
@@ -179,9 +179,7 @@ class DocumentCache:
         if known is not None and known[0] is entry:
             return known[1]
         value = await asyncio.to_thread(parse, entry) if len(entry.body) > INLINE_PARSE_BYTES else parse(entry)
-        if len(self._values) >= MEMO_ENTRIES and key not in self._values:
-            self._values.pop(next(iter(self._values)))
-        self._values[key] = (entry, value)
+        self._values.put(key, (entry, value))
         return value
 
     async def _fresh_entry(
@@ -294,9 +292,7 @@ class DocumentCache:
             reason = (
                 exc.message if isinstance(exc, UpstreamError) else f"upstream answer at {shown} is malformed: {exc}"
             )
-            if len(self._malformed) >= MEMO_ENTRIES and key not in self._malformed:
-                self._malformed.pop(next(iter(self._malformed)))
-            self._malformed[key] = (self.clock() + self._settings.freshness.negative, reason)
+            self._malformed.put(key, (self.clock() + self._settings.freshness.negative, reason))
             log.warning("upstream.malformed", key=key, url=str(shown), error=reason)
             raise UpstreamError(reason) from None
 
@@ -308,7 +304,7 @@ class DocumentCache:
         until, reason = known
         if 0 < until - self.clock() <= self._settings.freshness.negative:
             return UpstreamError(reason)
-        del self._malformed[key]
+        self._malformed.pop(key)
         return None
 
     def _stale_if_error(self, key: str, cached: CacheEntry | None, exc: UpstreamError) -> tuple[CacheEntry, str]:
@@ -324,7 +320,7 @@ class DocumentCache:
         """A revalidated document (304) has the parsed value of the copy it renews: not parsed again."""
         known = self._values.get(key)
         if known is not None and known[0] is before:
-            self._values[key] = (after, known[1])
+            self._values.put(key, (after, known[1]))
 
     def count_hit(self) -> None:
         """Count a hit answered without asking `document` (in the access log and the metrics)."""

@@ -15,6 +15,7 @@ from yarl import URL
 
 from proxy.addrs import AddressError, Platform, ProviderAddr, Version
 from proxy.errors import UpstreamError
+from proxy.hashes import Hash
 from proxy.safejson import JSONDocumentError, loads
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}\Z")
@@ -33,7 +34,7 @@ class DownloadInfo:
 
     platform: Platform
     filename: str
-    shasum: str
+    shasum: Hash  # the registry's `shasum`: the archive's `zh:` hash
     download_url: URL
     shasums_url: URL
     shasums_signature_url: URL
@@ -156,7 +157,7 @@ def parse_download(
     return DownloadInfo(
         platform,
         filename,
-        shasum.lower(),
+        Hash.zh(shasum.lower()),
         urls["download_url"],
         urls["shasums_url"],
         urls["shasums_signature_url"],

@@ -61,7 +61,7 @@ def _version_document(
         "archives": {
             str(a.platform): {
                 "url": granted(f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}", grant),
-                "hashes": list(a.hashes),
+                "hashes": [str(h) for h in a.hashes],
             }
             for a in archives
         }

@@ -43,7 +43,7 @@ module "net" {{
 
 
 def dir_h1(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 @pytest.fixture
