@@ -489,8 +489,10 @@ def _add_client_commands(commands, default_data: str, serve: OptionParser) -> No
         "verify",
         help="re-hash every archive in a data dir's store",
         description="Hash every stored archive and compare it with its content address; report corrupt files "
-        "and temp dirs left by dead processes; list the provider archives stored unsigned "
-        "(--unsigned-providers). Exits 1 while corruption is found and not repaired.",
+        "and temp dirs left by dead processes; hold every provider archive record to the verification chain "
+        "again (signature, SHA256SUMS line, digest) and list those it refuses; list the provider archives stored "
+        "unsigned (--unsigned-providers). Exits 1 while corruption is found and not repaired, or a record is "
+        "refused.",
     )
     _store_options(verify, default_data, serve)  # the archive store, and the metadata store (to list unsigned archives)
     verify.add_argument(
