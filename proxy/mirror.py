@@ -6,8 +6,8 @@ Handlers call one method here; each job is a service of its own, composed here:
 - `proxy.release_sums`: each release's SHA256SUMS, verified and recorded once;
 - `proxy.provider_archives`: verified archives from the store, or fetched once for the fleet (the one
   place an archive is fetched from an upstream), relayed while the disk is full;
-- `proxy.verify`: the verification chain all of them apply (the one place a provider version and
-  platform is admitted: `VerificationChain.admit`);
+- `proxy.verify`: the verification chain all of them apply (with the one place a provider version and
+  platform is admitted: `VerificationChain._admit`, through `admit` and `admit_stored`);
 - `proxy.readiness`: the stores and the free space, for `/readyz`.
 
 What combines them lives here: a version's archive list for `:version.json` (remembered while

@@ -4,7 +4,8 @@ As the clients apply it (OpenTofu's getproviders/package_authentication.go), in 
 
 1. admission: a release whose registry lists no signing keys is refused, unless `--unsigned-providers`
    admits its host and both its download answer and its SHA256SUMS came over TLS (`proxy.unsigned`).
-   `VerificationChain.admit` is the one place where a provider version and platform is admitted;
+   `admit` (a package before anything of it is fetched) and `admit_stored` (a stored archive before it
+   is served) go through the one place where a provider version and platform is admitted;
 2. the signature: the detached signature over the raw SHA256SUMS bytes verifies with one of the
    registry's signing keys (`proxy.gpg`), and the document parses (`SignedSums`);
 3. the file's line: the signed SHA256SUMS lists the package's file name with the `zh:` hash the
