@@ -18,11 +18,16 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.fakes.redis_server import free_port
+from tests.fakes.ports import PORT_ATTEMPTS, PortTakenError, free_port, listening_ports
+
+__all__ = ["REGISTRY_HOST", "ProxyProcess", "free_port", "terminate", "wait_for", "wait_healthy"]
 
 REGISTRY_HOST = "registry.example.test"
 TERRAFORM = shutil.which("terraform")
 REPO_ROOT = Path(__file__).parents[2]
+# How long a proxy may take to start before a test fails: about a second on a quiet machine, but a
+# machine running parallel test workers (and other test runs) can be far slower; only a hang takes this long.
+START_TIMEOUT = 90.0
 
 
 class ProxyProcess:
@@ -67,17 +72,54 @@ class ProxyProcess:
         return self.data_dir / "tls" / "ca.pem"
 
     async def start(self) -> None:
+        """Start the proxy and wait until it is healthy; on another port if someone took its port first."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                await self._start_once()
+                return
+            except PortTakenError:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self._listen_on(free_port())
+
+    def _listen_on(self, port: int) -> None:
+        listen = self.args.index("--listen") + 1
+        self.args[listen] = self.args[listen].replace(f":{self.port}", f":{port}")
+        self.port = port
+
+    async def _start_once(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
+        log_start = log.tell()
         self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log, cwd=REPO_ROOT)
         log.close()
+        await self._wait_bound(log_start)
         await wait_healthy(
             self.url + "/healthz",
             None if self.plain_http else self.ca_file,
             self.process,
             lambda: self.log_path.read_text()[-2000:],
-            timeout=20,
+            timeout=START_TIMEOUT,
         )
+
+    async def _wait_bound(self, log_start: int) -> None:
+        """Until this process (the supervisor, with workers) listens on its port; PortTakenError if
+        someone else had it (the supervisor of workers would retry it for seconds: it is stopped)."""
+        assert self.process is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        while self.port not in listening_ports(self.process.pid):
+            with open(self.log_path, "rb") as file:  # noqa: ASYNC230 - a small local file
+                file.seek(log_start)
+                taken = b"in use" in file.read()
+            if self.process.returncode is not None or taken:
+                await terminate(self.process, 5)
+                self.process = None
+                if taken:
+                    raise PortTakenError(f"port {self.port} was taken")
+                raise RuntimeError(f"{self.url} exited: {self.log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.url} did not listen: {self.log_path.read_text()[-2000:]}")
+            await asyncio.sleep(0.02)
 
     def events(self, event: str | None = None) -> list[dict]:
         """The proxy's JSON log records so far (those named `event`, if given)."""

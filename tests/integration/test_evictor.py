@@ -18,7 +18,6 @@ from proxy.served import ServedArchives
 from proxy.singleflight import LocalLocks
 from proxy.store import ArchiveStore
 from tests.fakes.process import wait_for
-from tests.fakes.redis_server import free_port
 
 LONG_AGO = 3 * 86400
 WAIT = 10
@@ -108,9 +107,9 @@ async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path
     await metadata.close()
 
 
-async def test_nothing_is_evicted_while_the_fleet_s_served_times_cannot_be_read(store, tmp_path):
+async def test_nothing_is_evicted_while_the_fleet_s_served_times_cannot_be_read(store, tmp_path, refused_port):
     """Redis down: evicting by file times alone could remove what other replicas serve all day."""
-    metadata = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix="nobody-listens")
+    metadata = RedisStore(f"redis://127.0.0.1:{refused_port}/0", prefix="nobody-listens")
     shas = {publish(store, bytes([n]) * 1000, LONG_AGO) for n in range(3)}
     run = await evictor(store, metadata, cap=1000).run()
     assert run.excess == 2000 and run.evicted == ()
