@@ -7,9 +7,11 @@ Shared by `tests/e2e`, `tests/faults` and `bench/`, so nothing imports a conftes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import ssl
 import sys
 import time
@@ -120,6 +122,29 @@ class ProxyProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.url} did not listen: {self.log_path.read_text()[-2000:]}")
             await asyncio.sleep(0.02)
+
+    def fetched_at(self, key: str) -> float | None:
+        """When the document cached under `key` in the proxy's embedded metadata store was fetched (its
+        wall-clock `fetched_at`, by which the proxy judges freshness); None while it is not cached. Read
+        only, while the proxy runs."""
+        path = self.data_dir / "metadata" / "metadata.sqlite"
+        if not path.exists():
+            return None
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT value FROM metadata WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        sealed = bytes(row[0])
+        return float(json.loads(sealed[sealed.index(b"{") :])["fetched_at"])  # the JSON after the seal
+
+    async def wait_stale(self, ttl: float, *keys: str) -> None:
+        """Until every document cached under `keys` is older than `ttl` seconds."""
+
+        def stale() -> bool:
+            times = [self.fetched_at(key) for key in keys]
+            return all(at is not None and time.time() > at + ttl for at in times)
+
+        await wait_for(stale, ttl + 30, f"{', '.join(keys)} to be older than {ttl}s")
 
     def events(self, event: str | None = None) -> list[dict]:
         """The proxy's JSON log records so far (those named `event`, if given)."""

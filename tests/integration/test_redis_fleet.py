@@ -88,16 +88,27 @@ async def test_a_crashed_owners_lock_expires_and_another_takes_over(redis_server
 
 
 async def test_the_owner_renews_its_lock_while_working(redis_server, prefix):
+    """The lock outlives its TTL (0.6 s here, renewed every third of it) for as long as its owner works:
+    watched until Redis has seen it renewed three times and more than twice its TTL has passed."""
+    ttl = 0.6
     store = RedisStore(redis_server.url, prefix=prefix)
-    locks = RedisFleetLocks(store, ttl=2, poll=0.05)
+    locks = RedisFleetLocks(store, ttl=ttl, poll=0.05)
+    key = store.key("lock:k")
+    loop = asyncio.get_running_loop()
 
     async def nothing():
         return None
 
     async with locks.hold("k", nothing):
-        await asyncio.sleep(4.5)  # more than twice the TTL
-        assert await store.client.exists(store.key("lock:k")) == 1
-    assert await store.client.exists(store.key("lock:k")) == 0
+        started, renewals, left = loop.time(), 0, await store.client.pttl(key)
+        async with asyncio.timeout(10):
+            while renewals < 3 or loop.time() - started < 2 * ttl:
+                await asyncio.sleep(ttl / 10)
+                now_left = await store.client.pttl(key)
+                assert now_left > 0, "the lock expired while its owner was working"
+                renewals += now_left > left  # its time to live went up again: renewed
+                left = now_left
+    assert await store.client.exists(key) == 0
     await store.close()
 
 
