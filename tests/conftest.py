@@ -32,6 +32,14 @@ PROCESS_FIXTURES = frozenset({"proxy_process", "terraform"})
 PROCESS_FOLDERS = frozenset({"e2e", "browser"})
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `one_metadata_store` runs over the embedded store only: its own parametrization of
+    `metadata_backend` (a mark, which takes precedence over the fixture's two stores)."""
+    if "metadata_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("one_metadata_store"):
+        metafunc.definition.add_marker(pytest.mark.parametrize("metadata_backend", ["embedded"], indirect=True))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.path.parent.name in PROCESS_FOLDERS:
