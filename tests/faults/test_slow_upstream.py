@@ -41,6 +41,8 @@ def archive_url(host: str, name: str, version: str = "1.0.0", platform: str = "l
 
 FOO_ARCHIVE = archive_url("registry.example.test", "foo")
 BIG_ARCHIVE = archive_url("registry.example.test", "big")
+BIG_VERSION_DOC = "/mirror/v1/registry.example.test/acme/big/1.0.0.json"
+UNKNOWN_INDEX = "/mirror/v1/registry.example.test/acme/unknown/index.json"
 
 
 async def timed(call: Awaitable) -> tuple[float, object]:
@@ -71,6 +73,14 @@ def cached_keys(proc) -> set[str]:
 def big_release(registry: FakeRegistry, signing_key, noise: int = 256 * 1024, name: str = "big") -> Release:
     """A provider whose archive is large enough to trickle for minutes."""
     return registry.add(Release("acme", name, "1.0.0", signing_key, platforms=("linux_amd64",), noise=noise))
+
+
+async def warm(client, path: str, expected: int = 200) -> None:
+    """GET `path` until it answers `expected`: with short deadlines a loaded machine may answer 504 first,
+    while the fetch goes on in the background and lands in the cache."""
+    async with asyncio.timeout(60):
+        while (status := (await client.get(path))[0]) != expected:
+            assert status == 504, f"{path}: {status}"
 
 
 async def request_log(proc, path: str, nth: int) -> dict:
@@ -110,10 +120,12 @@ async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow
 
 
 async def test_background_refresh_lands_without_another_client_wait(proxy_process, connect, registry, signing_key):
-    proc = await proxy_process("--ttl-versions", "1s", "--stale-deadline", "1s")
+    # The refreshed list must still be fresh when the third request comes, after the refresh is seen to land:
+    # 2 s leave room for a loaded machine (1 s did not).
+    proc = await proxy_process("--ttl-versions", "2s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     assert (await client.get(INDEX))[0] == 200
-    await proc.wait_stale(1, VERSIONS_KEY)
+    await proc.wait_stale(2, VERSIONS_KEY)
     registry.add(Release("acme", "foo", "1.2.0", signing_key))
     registry.faults[VERSIONS] = Fault(delay=3)  # slower than the stale deadline, faster than the timeout
 
@@ -131,6 +143,7 @@ async def test_background_refresh_lands_without_another_client_wait(proxy_proces
 async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_deadline(proxy_process, connect, registry):
     proc = await proxy_process("--request-deadline", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
+    await warm(client, UNKNOWN_INDEX, 404)  # discovery is cached: the version list is the one step left
     registry.faults[VERSIONS] = Fault(delay=SLOW)
     elapsed, (status, headers, body) = await timed(client.get(INDEX))
     print(f"\ncold index.json with a {SLOW:g}s-slow upstream: {status} in {elapsed:.2f}s")
@@ -144,14 +157,14 @@ async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_dea
 async def test_cold_version_document_with_serial_slow_steps_is_a_504_at_the_request_deadline(
     proxy_process, connect, registry
 ):
-    proc = await proxy_process("--request-deadline", "2s", "--stale-deadline", "1s")
+    proc = await proxy_process("--request-deadline", "3s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     for path in (DISCOVERY, VERSIONS):
         registry.faults[path] = Fault(delay=0.6)  # each step well within its own timeout ...
     registry.faults[DOWNLOAD_DOC] = Fault(delay=SLOW)  # ... but together with this one far beyond the deadline
     elapsed, (status, _, body) = await timed(client.get(VERSION_DOC))
     print(f"\ncold 1.0.0.json, serial slow steps: {status} in {elapsed:.2f}s")
-    assert status == 504 and elapsed < 2 + MARGIN
+    assert status == 504 and elapsed < 3 + MARGIN
     assert DOWNLOAD_DOC in errors(body)[0]
 
 
@@ -177,12 +190,14 @@ async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(
 ):
     proc = await proxy_process("--request-deadline", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=20)
+    big = big_release(registry, signing_key, noise=1024 * 1024)
+    await warm(client, INDEX)  # the version list is cached: the download document is the one step left
+    await warm(client, BIG_VERSION_DOC)
     registry.faults[DOWNLOAD_DOC] = Fault(delay=SLOW)
     elapsed, (status, _, body) = await timed(client.get(FOO_ARCHIVE))
     assert status == 504 and elapsed < 1 + MARGIN, (status, elapsed)
     assert DOWNLOAD_DOC in errors(body)[0]
 
-    big = big_release(registry, signing_key, noise=1024 * 1024)
     registry.archive_chunk_delay = 0.4  # ~2 s for 1 MiB: far above the minimum rate, longer than the deadline
     elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
     assert status == 200 and body == big.zips["linux_amd64"]
@@ -305,7 +320,7 @@ async def test_sigterm_during_a_trickling_download_exits_within_the_grace(
     proc.process.send_signal(signal.SIGTERM)
     elapsed, code = await timed(asyncio.wait_for(proc.process.wait(), 15))
     print(f"\nSIGTERM with a trickling download in flight: exit {code} after {elapsed:.2f}s (grace 1 s)")
-    assert code == 0 and elapsed < 1 + 3
+    assert code == 0 and elapsed < 1 + 5  # the grace and the clean-up; the trickle alone would take minutes
     assert not part_files(proc.data_dir)
     assert not stored(proc.data_dir, big.sha256("linux_amd64"))
     assert proc.events("proxy.fetches_cancelled")
