@@ -15,7 +15,7 @@ import sqlite3
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -214,6 +214,15 @@ async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Like `wait_for`, for a condition that must be awaited (a store's contents)."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def terminate(process: asyncio.subprocess.Process | None, grace: float) -> None:

@@ -120,12 +120,12 @@ async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow
 
 
 async def test_background_refresh_lands_without_another_client_wait(proxy_process, connect, registry, signing_key):
-    # The refreshed list must still be fresh when the third request comes, after the refresh is seen to land:
-    # 2 s leave room for a loaded machine (1 s did not).
+    # The refreshed list must still be fresh when the third request comes, after the refresh is seen to land.
     proc = await proxy_process("--ttl-versions", "2s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     assert (await client.get(INDEX))[0] == 200
     await proc.wait_stale(2, VERSIONS_KEY)
+    listed_at = proc.fetched_at(VERSIONS_KEY)
     registry.add(Release("acme", "foo", "1.2.0", signing_key))
     registry.faults[VERSIONS] = Fault(delay=3)  # slower than the stale deadline, faster than the timeout
 
@@ -133,6 +133,8 @@ async def test_background_refresh_lands_without_another_client_wait(proxy_proces
     assert status == 200 and "1.2.0" not in json.loads(body)["versions"]
     assert elapsed < 2.9, f"stale answer took {elapsed:.1f}s, it waited for the refresh"
     await wait_for(lambda: registry.completed_count(VERSIONS) == 2, 10, "the background refresh")
+    # (the upstream answered; the proxy stores the answer a moment later)
+    await wait_for(lambda: proc.fetched_at(VERSIONS_KEY) != listed_at, 10, "the refreshed list in the cache")
 
     elapsed, (status, _, body) = await timed(client.get(INDEX))
     assert status == 200 and "1.2.0" in json.loads(body)["versions"]
