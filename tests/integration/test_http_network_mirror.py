@@ -11,6 +11,10 @@ from proxy.hashes import h1_of_zip
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release, provider_zip
 
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
 
 async def test_index_lists_canonical_versions_as_application_json(proxy):
     async with proxy.session.get(f"{proxy.url}/mirror/v1/{PROVIDER}/index.json") as response:

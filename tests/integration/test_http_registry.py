@@ -15,6 +15,11 @@ from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.registry import ModuleRelease
 
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
+
 P = "/registry/registry.example.test/providers/v1/acme/foo"
 M = "/registry/registry.example.test/modules/v1/acme/net/aws"
 

@@ -221,6 +221,7 @@ async def test_unsigned_sums_not_over_https_are_refused(tofu_settings, client_ss
         assert not any(path.endswith("SHA256SUMS") for _, path in unsigned_registry.requests)
 
 
+@pytest.mark.process
 async def test_verify_lists_unsigned_archives(make_local_settings, client_ssl, registry, tmp_path):
     registry.signing_keys_override = []
     settings = make_local_settings(upstream_map={TOFU: URL(registry.url), REGISTRY_HOST: URL(registry.url)})
