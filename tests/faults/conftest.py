@@ -48,7 +48,7 @@ async def in_process_proxy(make_local_settings, client_ssl, ca_file) -> AsyncIte
         async def start(**overrides) -> InProcessProxy:
             settings = make_local_settings(**overrides)
             running = await stack.enter_async_context(serve_proxy(settings, client_ssl))
-            return InProcessProxy(running.url, settings.data_dir, ca_file, settings.plain_http, logs)
+            return InProcessProxy(running.url, settings.data_dir, ca_file, settings.tls.plain_http, logs)
 
         yield start
 
