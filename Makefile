@@ -18,20 +18,25 @@ TEST_SERVERS := nginx-light
 MONITORING_PACKAGES := prometheus
 ARGS   ?=
 
-.PHONY: install install-runtime constraints system-deps debian-packages run test test-unit test-e2e lint bench clean
+.PHONY: install install-runtime constraints system-deps debian-packages run test test-quick test-unit test-e2e lint bench clean
+
+# The installer: uv installs exactly what pip would from the same constraints, in seconds instead of minutes.
+UV_VERSION := 0.13.8
+UV := $(BIN)/uv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+$(UV): | $(BIN)/python
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+
 # `make run` needs the runtime dependencies only; the tests, lint and bench add the [test] extra.
-$(RUN_STAMP): setup.cfg setup.py $(CONSTRAINTS) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e .
+$(RUN_STAMP): setup.cfg setup.py $(CONSTRAINTS) | $(UV)
+	$(UV) pip install --quiet --python $(BIN)/python -c $(CONSTRAINTS) -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): setup.cfg setup.py $(CONSTRAINTS) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+$(STAMP): setup.cfg setup.py $(CONSTRAINTS) | $(UV)
+	$(UV) pip install --quiet --python $(BIN)/python -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP) $(RUN_STAMP)
 
 install-runtime: $(RUN_STAMP)
@@ -67,14 +72,26 @@ debian-packages:
 run: install-runtime
 	$(BIN)/registry-proxy serve $(ARGS)
 
+# The suite runs in parallel (pytest-xdist): two workers per core, since most tests wait on child
+# processes, sockets and timers rather than compute; each test goes to whichever worker is free.
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every worker and every proxy process a
+# test starts would otherwise compile the package (and pytest rewrite the tests) again.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
+
 test: system-deps lint
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m compileall -q -j 0 proxy tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal --durations=15 $(ARGS)
+
+# The fast inner loop: every test that starts no process (no proxy, CLI, terraform or browser).
+test-quick: install
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not process" $(ARGS)
 
 test-unit: install
-	$(BIN)/python -m pytest tests/unit $(ARGS)
+	$(PYTEST) tests/unit $(ARGS)
 
 test-e2e: system-deps install
-	$(BIN)/python -m pytest -m e2e $(ARGS)
+	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m e2e $(ARGS)
 
 # ruff (lint and format), then the import contracts of setup.cfg (the layers; pure modules do no I/O).
 lint: install

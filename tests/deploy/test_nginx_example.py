@@ -18,8 +18,8 @@ from tests.e2e.test_network_mirror_e2e import provider_tf
 from tests.e2e.test_page_e2e import mirror_url, snippet
 from tests.fakes.nginx import NGINX_ADDRESS, Nginx
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
+from tests.fakes.ports import free_port
 from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, TERRAFORM, ProxyProcess, Terraform
-from tests.fakes.redis_server import free_port
 from tests.fakes.registry import ModuleRelease
 
 FORGED = {
@@ -28,6 +28,7 @@ FORGED = {
     "X-Forwarded-Host": "evil.example",
     "Forwarded": "for=6.6.6.6;proto=http;host=evil.example",
 }
+pytestmark = pytest.mark.process
 
 
 def test_nginx_example_sets_the_forwarded_headers_from_its_own_view():

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.fakes.process import REPO_ROOT, terminate, wait_healthy
-from tests.fakes.redis_server import free_port
+from tests.fakes.ports import PORT_ATTEMPTS, free_port, listening_ports
+from tests.fakes.process import REPO_ROOT, terminate, wait_for, wait_healthy
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 # The address nginx connects to the proxy from (`proxy_bind`): the one trusted proxy of the tests, so a client
@@ -80,17 +81,23 @@ class Nginx:
     """nginx with one server block (`server`), listening on `port` (TLS as the block says); the proxy's
     `/healthz` is at `prefix` + `healthz`."""
 
-    def __init__(self, root: Path, server: str, port: int, prefix: str = "/") -> None:
+    def __init__(
+        self, root: Path, server: str, port: int, prefix: str = "/", rebuild: Callable[[int], str] | None = None
+    ) -> None:
         self.root = root
         self.server = server
         self.port = port
         self.prefix = prefix
+        self.rebuild = rebuild  # the server block for another port, if someone took this one first
         self.process: asyncio.subprocess.Process | None = None
 
     @classmethod
     def shipped(cls, root: Path, cert: Path, key: Path, upstream_port: int) -> Nginx:
+        def server(port: int) -> str:
+            return shipped_server(port, cert, key, upstream_port)
+
         port = free_port()
-        return cls(root, shipped_server(port, cert, key, upstream_port), port)
+        return cls(root, server(port), port, rebuild=server)
 
     @classmethod
     def prefixed(cls, root: Path, cert: Path, key: Path, upstream_port: int, prefix: str, port: int) -> Nginx:
@@ -108,6 +115,23 @@ class Nginx:
     async def start(self, ca_file: Path) -> None:
         if NGINX is None:
             raise RuntimeError("nginx is not installed (Debian package nginx-light: `make system-deps`)")
+        for _ in range(PORT_ATTEMPTS if self.rebuild else 1):
+            await self._start_once()
+            await wait_for(self._listening_or_gone, 30, "nginx to listen")
+            if self.process is not None and self.process.returncode is None:
+                break
+            if self.rebuild:
+                self.port = free_port()
+                self.server = self.rebuild(self.port)
+        if self.process is None or self.process.returncode is not None:
+            raise RuntimeError(f"nginx did not start: {self.last_words()}")
+        await wait_healthy(self.url + "healthz", ca_file, self.process, self.last_words, timeout=60)
+
+    def _listening_or_gone(self) -> bool:
+        assert self.process is not None
+        return self.process.returncode is not None or self.port in listening_ports(self.process.pid)
+
+    async def _start_once(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "nginx.conf"
         config.write_text(MAIN.format(root=self.root, workers=1, connections=64, http=self.server))
@@ -116,7 +140,6 @@ class Nginx:
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"), stdout=log, stderr=log
         )
         log.close()
-        await wait_healthy(self.url + "healthz", ca_file, self.process, self.last_words, timeout=20)
 
     def last_words(self) -> str:
         return "".join(

@@ -15,6 +15,7 @@ import pytest
 
 from proxy.cli import main
 from tests.conftest import serve_proxy
+from tests.fakes.ports import PORT_ATTEMPTS, free_port
 from tests.fakes.process import REPO_ROOT, terminate, wait_healthy
 from tests.fakes.redis_server import METADATA_SECRET
 
@@ -113,6 +114,7 @@ def test_serve_configuration_errors(
     assert not (tmp_path / "data" / "tls").exists()  # stopped before anything was made
 
 
+@pytest.mark.process
 def test_serve_configuration_error_from_the_real_process(tmp_path: Path) -> None:
     result = run_cli(
         "serve",
@@ -153,6 +155,7 @@ def test_valid_env_booleans_and_levels_are_accepted(
     assert_one_line(result, 2, "missing-ca.pem")
 
 
+@pytest.mark.process
 def test_export_refuses_an_unknown_suffix(tmp_path: Path) -> None:
     result = run_cli("export", "--data-dir", str(tmp_path / "data"), "--out", "bundle.zip", cwd=tmp_path)
     assert_one_line(result, 1, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
@@ -160,6 +163,7 @@ def test_export_refuses_an_unknown_suffix(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*bundle*"))
 
 
+@pytest.mark.process
 def test_lock_with_a_bad_proxy_url(tmp_path: Path) -> None:
     result = run_cli("lock", str(tmp_path), "--proxy", "not a url", "--platform", "linux_amd64", cwd=tmp_path)
     assert_one_line(result, 1, "invalid --proxy", "base URL")
@@ -195,10 +199,9 @@ def test_lock_with_a_missing_ca_file(
     assert_one_line(result, 1, "nowhere.pem", "--ca-file")
 
 
-def test_warm_with_nothing_listening(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+@pytest.mark.process
+def test_warm_with_nothing_listening(tmp_path: Path, refused_port: int) -> None:
+    port = refused_port
     result = run_cli(
         "warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64", cwd=tmp_path
     )
@@ -220,6 +223,7 @@ async def _cli(*argv: str, cwd: Path, **env: str) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(argv, process.returncode or 0, out.decode(), err.decode())
 
 
+@pytest.mark.process
 async def test_lock_and_warm_with_an_untrusted_proxy_certificate(
     make_local_settings, client_ssl, tmp_path: Path, ca_file: Path
 ) -> None:
@@ -253,6 +257,7 @@ def _taken_port(sock: socket.socket) -> int:
     return sock.getsockname()[1]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_port_in_use_is_refused_at_once_in_one_line(tmp_path: Path, workers: str) -> None:
     """No retries, no supervisor lines, nothing made in the data dir: one line naming the address, exit 2
@@ -275,6 +280,7 @@ def test_a_port_in_use_is_refused_at_once_in_one_line(tmp_path: Path, workers: s
     assert not (tmp_path / "data" / "tls").exists()  # refused before the certificate was made
 
 
+@pytest.mark.process
 def test_an_address_this_host_does_not_have_is_refused_in_one_line(tmp_path: Path) -> None:
     result = run_cli(
         "serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--listen", "192.0.2.1:8443", cwd=tmp_path
@@ -293,6 +299,7 @@ def test_a_tokens_file_without_tokens_is_refused_naming_it(
     assert_one_line(result, 2, f"--auth-tokens {tokens}", "no tokens", "401", "registry-proxy token new")
 
 
+@pytest.mark.process
 def test_a_tokens_file_error_from_the_real_process_names_the_file(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.toml"
     for content, phrase in (("", "no tokens"), ("[tokens.ci\n", "not valid TOML")):
@@ -326,6 +333,7 @@ def test_credentials_file_errors_name_the_file_and_line(
     assert f"--upstream-credentials {credentials}{where}: " in line, line
 
 
+@pytest.mark.process
 def test_a_credentials_file_error_from_the_real_process_names_the_file_and_line(tmp_path: Path) -> None:
     content, where, what = CREDENTIALS_ERRORS[0]
     credentials = tmp_path / "credentials.tfrc"
@@ -334,21 +342,39 @@ def test_a_credentials_file_error_from_the_real_process_names_the_file_and_line(
     assert_one_line(run_cli(*argv, cwd=tmp_path), 2, f"--upstream-credentials {credentials}{where}: {what}")
 
 
-def log_until_listening(argv: list[str], cwd: Path) -> dict[str, dict]:
-    """Run `serve ARGV` with JSON logs until it listens, then stop it: its log records by event."""
-    lines = stderr_until(["--log-format", "json", *argv], cwd, '"proxy.listening"')
+def stderr_until(argv: list[str], cwd: Path, marker: str, host: str = "127.0.0.1", **env: str) -> tuple[int, list[str]]:
+    """Run `serve ARGV --listen HOST:PORT` on a free port until a line of its stderr contains `marker` (it
+    listens), then stop it: the port and its lines. Again on another port if another test took it first."""
+    for _ in range(PORT_ATTEMPTS):
+        port = free_port()
+        command = [sys.executable, "-m", "proxy", "serve", *argv, "--listen", f"{host}:{port}"]
+        process = subprocess.Popen(command, cwd=cwd, env=_env(**env), stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        try:
+            assert process.stderr is not None
+            for line in process.stderr:  # ends when the process exits; the test's timeout bounds it
+                lines.append(line)
+                if marker in line:
+                    break
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+        if not any("address already in use" in line for line in lines):
+            return port, lines
+    raise AssertionError(f"no free port in {PORT_ATTEMPTS} attempts")
+
+
+def log_until_listening(argv: list[str], cwd: Path, host: str = "127.0.0.1") -> tuple[int, dict[str, dict]]:
+    """Run `serve ARGV` with JSON logs until it listens, then stop it: its port and log records by event."""
+    port, lines = stderr_until(["--log-format", "json", *argv], cwd, '"proxy.listening"', host)
     records = [json.loads(line) for line in lines if line.startswith("{")]
-    return {record.get("event", ""): record for record in records}
+    return port, {record.get("event", ""): record for record in records}
 
 
+@pytest.mark.process
 def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
     """A relative --data-dir still gives an absolute CA path; the snippet names this proxy's mirror URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    records = log_until_listening(
-        ["--data-dir", "relative-data", "--workers", "1", "--listen", f"0.0.0.0:{port}"], cwd=tmp_path
-    )
+    port, records = log_until_listening(["--data-dir", "relative-data", "--workers", "1"], tmp_path, "0.0.0.0")
     hint = records["tls.local_ca"]
     ca_path = Path(hint["ca_file"])
     assert ca_path.is_absolute() and ca_path == (tmp_path / "relative-data" / "tls" / "ca.pem").resolve()
@@ -359,120 +385,73 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
     assert records["proxy.listening"]["mirror_url"] == f"https://127.0.0.1:{port}/mirror/v1/"
 
 
+@pytest.mark.process
 def test_the_logged_mirror_url_is_the_public_url(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    records = log_until_listening(
-        [
-            "--data-dir",
-            "data",
-            "--workers",
-            "1",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--public-url",
-            "https://lb.example/tf",
-        ],
-        cwd=tmp_path,
-    )
+    argv = ["--data-dir", "data", "--workers", "1", "--public-url", "https://lb.example/tf"]
+    _, records = log_until_listening(argv, tmp_path)
     assert records["proxy.listening"]["mirror_url"] == "https://lb.example/tf/mirror/v1/"
     assert 'url = "https://lb.example/tf/mirror/v1/"' in records["tls.local_ca"]["cli_config"]
 
 
-def stderr_until(argv: list[str], cwd: Path, marker: str, **env: str) -> list[str]:
-    """Run `serve ARGV` until a line of its stderr contains `marker` (it listens), then stop it: its lines."""
-    command = [sys.executable, "-m", "proxy", "serve", *argv]
-    process = subprocess.Popen(command, cwd=cwd, env=_env(**env), stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:  # ends when the process exits; the test's timeout bounds it
-            lines.append(line)
-            if marker in line:
-                break
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    return lines
-
-
+@pytest.mark.process
 def test_console_logs_into_a_pipe_have_no_colour_codes(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    argv = ["--data-dir", "data", "--plain-http", "--workers", "1", "--listen", f"127.0.0.1:{port}"]
-    lines = stderr_until([*argv, "--log-format", "console"], tmp_path, "proxy.listening")
+    argv = ["--data-dir", "data", "--plain-http", "--workers", "1", "--log-format", "console"]
+    _, lines = stderr_until(argv, tmp_path, "proxy.listening")
     assert any("proxy.listening" in line for line in lines), lines
     assert not [line for line in lines if "\x1b[" in line], lines
 
 
+@pytest.mark.process
 def test_a_plain_http_upstream_is_warned_about_once(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     mapped = [
         "--upstream-map",
         "internal.example=http://10.0.0.5:8080",
         "--upstream-map",
         "safe.example=https://10.0.0.6",
     ]
-    records = [
-        json.loads(line)
-        for line in stderr_until(
-            ["--data-dir", "data", "--plain-http", "--workers", "2", "--listen", f"127.0.0.1:{port}", *mapped],
-            tmp_path,
-            "proxy.listening",
-            REGISTRY_PROXY_LOG_FORMAT="json",
-        )
-    ]
+    argv = ["--data-dir", "data", "--plain-http", "--workers", "2", *mapped]
+    _, lines = stderr_until(argv, tmp_path, "proxy.listening", REGISTRY_PROXY_LOG_FORMAT="json")
+    records = [json.loads(line) for line in lines]
     warnings = [record for record in records if record["event"] == "config.plain_http_upstream"]
     assert len(warnings) == 1 and warnings[0]["hosts"] == ["internal.example"], records
     assert warnings[0]["level"] == "warning" and "without TLS" in warnings[0]["effect"]
 
 
-async def test_an_unreachable_redis_is_one_warning_at_start_and_readyz_says_why(tmp_path: Path) -> None:
-    with socket.socket() as closed, socket.socket() as sock:  # two different ports, both free once closed
-        closed.bind(("127.0.0.1", 0))
-        sock.bind(("127.0.0.1", 0))
-        redis_port, port = closed.getsockname()[1], sock.getsockname()[1]  # nothing will listen on redis_port
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "proxy",
-        "serve",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--plain-http",
-        "--workers",
-        "2",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--redis-url",
-        f"redis://127.0.0.1:{redis_port}/0",
-        "--metadata-secret",
-        METADATA_SECRET,
-        "--log-format",
-        "json",
-        cwd=tmp_path,
-        env=_env(),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stderr is not None
-        before: list[dict] = []
-        while not before or before[-1]["event"] != "proxy.listening":
-            line = await asyncio.wait_for(process.stderr.readline(), 30)
-            assert line, before  # exited
-            before.append(json.loads(line))
-        down = [record for record in before if record["level"] in ("warning", "error")]
-        assert [record["event"] for record in down] == ["redis.down"], before
-        assert f"127.0.0.1:{redis_port}" in down[0]["error"]
-        async with aiohttp.ClientSession() as session:
-            await wait_healthy(f"http://127.0.0.1:{port}/healthz", None, process, lambda: "", timeout=20)
-            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
-                body = await response.json()
-        assert response.status == 200 and body["status"] == "degraded", body
-        assert f"127.0.0.1:{redis_port}" in body["reasons"]["metadata_store"], body
-    finally:
-        await terminate(process, 15)
+@pytest.mark.process
+async def test_an_unreachable_redis_is_one_warning_at_start_and_readyz_says_why(
+    tmp_path: Path, refused_port: int
+) -> None:
+    redis_port = refused_port  # nothing listens there while the test runs
+    argv = ["--data-dir", "data", "--plain-http", "--workers", "2", "--log-format", "json"]
+    argv += ["--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--metadata-secret", METADATA_SECRET]
+    for _ in range(PORT_ATTEMPTS):  # again on another port if another test took this one first
+        port = free_port()
+        process = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "proxy", "serve", *argv, "--listen", f"127.0.0.1:{port}"],
+            cwd=tmp_path,
+            env=_env(),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            before: list[dict] = []
+            while not before or before[-1]["event"] != "proxy.listening":
+                line = await asyncio.wait_for(process.stderr.readline(), 60)
+                assert line, before  # exited
+                if b"address already in use" in line:
+                    break
+                before.append(json.loads(line))
+            else:
+                down = [record for record in before if record["level"] in ("warning", "error")]
+                assert [record["event"] for record in down] == ["redis.down"], before
+                assert f"127.0.0.1:{redis_port}" in down[0]["error"]
+                url = f"http://127.0.0.1:{port}"
+                await wait_healthy(f"{url}/healthz", None, process, lambda: "", timeout=60)
+                async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as response:
+                    body = await response.json()
+                assert response.status == 200 and body["status"] == "degraded", body
+                assert f"127.0.0.1:{redis_port}" in body["reasons"]["metadata_store"], body
+                return
+        finally:
+            await terminate(process, 15)
+    raise AssertionError(f"no free port in {PORT_ATTEMPTS} attempts")
