@@ -9,6 +9,7 @@ token is stored (`registry-proxy token new NAME` makes a token and prints its en
     namespaces = ["hashicorp", "acme-*"]  # optional: only these namespaces (globs); default all
     lock = true                           # may call /lock/v1 (default false)
     metrics = false                       # may read /metrics when it needs a token (default false)
+    admin = false                         # may purge what it may read (DELETE /api/v1/catalog/..., default false)
 
 A presented token is hashed and compared with every stored hash in constant time
 (`hmac.compare_digest`). The clients send tokens only with metadata requests, not when they
@@ -35,7 +36,7 @@ from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
 HASH_PREFIX = "sha256:"
 _HEX_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}\Z")
-_KEYS = frozenset({"hash", "hosts", "namespaces", "lock", "metrics"})
+_KEYS = frozenset({"hash", "hosts", "namespaces", "lock", "metrics", "admin"})
 GRANT_PARAM = "grant"
 # How long a grant lives: the clients fetch what a document lists within milliseconds of its answer (Terraform
 # 1.11, measured with bench/grant_window.py: at most 23 ms for an archive through the network mirror, 1.2 s
@@ -72,6 +73,7 @@ class Token:
     namespaces: tuple[str, ...] | None = None
     lock: bool = False
     metrics: bool = False
+    admin: bool = False
 
     def may_read(self, host: str, namespace: str | None = None) -> bool:
         """May read upstream `host` (and `namespace`, when the request names one)."""
@@ -140,7 +142,7 @@ def _token(name: str, entry: object) -> Token:
         )
     hosts = _patterns(name, "hosts", entry.get("hosts"))
     namespaces = None if "namespaces" not in entry else _patterns(name, "namespaces", entry["namespaces"])
-    flags = {key: entry.get(key, False) for key in ("lock", "metrics")}
+    flags = {key: entry.get(key, False) for key in ("lock", "metrics", "admin")}
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise AuthConfigError(f"token {name!r}: `{key}` must be true or false")
@@ -162,6 +164,7 @@ def token_entry(
     namespaces: list[str] | None = None,
     lock: bool = False,
     metrics: bool = False,
+    admin: bool = False,
 ) -> str:
     """The TOML entry for `token` to add to the tokens file."""
     if not _NAME.match(name):
@@ -174,6 +177,8 @@ def token_entry(
     if namespaces is not None:
         lines.append(f"namespaces = [{', '.join(_toml_string(n) for n in namespaces)}]")
     lines += [f"lock = {str(lock).lower()}", f"metrics = {str(metrics).lower()}"]
+    if admin:
+        lines.append("admin = true")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|healthcheck|token`
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|purge|healthcheck|token`
 (also `python -m proxy`).
 
 Every option is declared once, in `proxy.config`; `proxy.options` makes each a flag, an environment
@@ -81,6 +81,7 @@ def _add_token_command(commands) -> None:
     )
     new.add_argument("--lock", action="store_true", help="may call /lock/v1 (`registry-proxy lock`)")
     new.add_argument("--metrics", action="store_true", help="may read /metrics")
+    new.add_argument("--admin", action="store_true", help="may purge what it may read (DELETE /api/v1/catalog/...)")
 
 
 def _add_client_commands(commands) -> None:
@@ -188,6 +189,20 @@ def _add_store_commands(commands) -> None:
         "never removed. Safe while replicas serve. Use the same store options as `serve`.",
     )
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
+
+    purge = add_command(
+        commands,
+        "purge",
+        config=True,
+        help="remove a cached provider or module (or one version) from every replica",
+        description="Remove the records of ADDRESS (all versions, or @VERSION) from the metadata store and their "
+        "archives from the archive store (an archive another cached address shares by content stays), and make "
+        "every running worker and replica drop its in-memory copies: the next request fetches it from the upstream "
+        "again. Use the same store options as `serve`. Logged as catalog.purged.",
+    )
+    purge.add_argument(
+        "target", metavar="ADDRESS[@VERSION]", help="provider HOST/NS/TYPE or module HOST/NS/NAME/SYSTEM"
+    )
 
 
 _HEALTHCHECK_ABOUT = (
@@ -424,7 +439,7 @@ def _token_new(args: argparse.Namespace) -> int:
     )
     token = new_token()
     try:
-        entry = token_entry(args.name, token, hosts, namespaces, lock=args.lock, metrics=args.metrics)
+        entry = token_entry(args.name, token, hosts, namespaces, lock=args.lock, metrics=args.metrics, admin=args.admin)
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     print(f"token (shown once; give it to the client): {token}\n")

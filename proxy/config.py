@@ -97,7 +97,7 @@ DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # Which commands take an option besides `serve` (they read the same variables and --config file).
-STORE_COMMANDS = ("export", "import", "verify", "gc")  # open the data dir's stores as `serve` does
+STORE_COMMANDS = ("export", "import", "verify", "gc", "purge")  # open the data dir's stores as `serve` does
 CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
 SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
 

@@ -117,9 +117,9 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
     client = access.book.authenticate(presented) if presented is not None else None
     if route == "metrics":  # shows a private host's series only to a token that may read the host
         _check_metrics(access, client, presented)
-    elif route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
+    elif route in ("page", "catalog", "catalog_purge"):  # any valid token; each shows or purges what it may read
         if access.book.enabled and client is None:
-            raise _unauthorized("/", presented)
+            raise _unauthorized(request.path, presented)
     else:
         info = request.match_info
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.cache.memory import MemoryFront
+from proxy.catalog import Catalog
 from proxy.config import Settings
 from proxy.integrity import StoreGuard
 from proxy.inventory import InventoryReader
@@ -21,3 +23,5 @@ GUARD = web.AppKey("guard", StoreGuard)
 RENDERED = web.AppKey("rendered", RenderedDocuments)
 INVENTORY = web.AppKey("inventory", InventoryReader)
 SERVED = web.AppKey("served", ServedArchives)
+CATALOG = web.AppKey("catalog", Catalog)
+MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)

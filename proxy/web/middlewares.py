@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import structlog
@@ -155,6 +156,7 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
                 "remote": request.remote,
                 "user_agent": request.headers.get("User-Agent", ""),
                 "request_id": request_id,
+                "pid": os.getpid(),  # which worker answered (`serve --workers N`)
                 **extra,
             },
         )

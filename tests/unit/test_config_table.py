@@ -93,7 +93,7 @@ VARIABLES = [
     "WORKERS",
 ]
 FLAG_ONLY = {("healthcheck", "--timeout"), ("gc", "--grace")}
-COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "healthcheck", "token"]
+COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "purge", "healthcheck", "token"]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
 
 
