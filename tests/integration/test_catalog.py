@@ -5,14 +5,17 @@ request fetch from the upstream again."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from structlog.testing import capture_logs
 
 from proxy.auth import hash_token
 from proxy.web.app import ARCHIVE_STORE
 from tests.conftest import serve_proxy
-from tests.fakes.packages import Release
+from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST
+from tests.fakes.registry import ModuleRelease
 
 ADMIN, READER, OTHER_NS = "rpt_catalog_admin_0001", "rpt_catalog_reader_002", "rpt_catalog_other_0003"
 TOKENS = f"""
@@ -155,3 +158,61 @@ async def test_purge_removes_records_and_unshared_archives_and_the_next_request_
         assert store.get(same) is None
         status, body = await delete(proxy, f"{REGISTRY_HOST}/other/foo@1.0.0")
         assert status == 404 and body["code"] == "not_cached"
+
+
+MODULE = f"/registry/{REGISTRY_HOST}/modules/v1/acme/net/aws"
+
+
+async def test_modules_are_listed_and_purged(catalog_settings, client_ssl, registry):
+    registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
+    async with serve_proxy(catalog_settings(), client_ssl) as proxy:
+        for _ in range(2):  # the second time from the cache
+            status, _, data = await proxy.get(f"{MODULE}/1.0.0/archive.tar.gz", headers=auth(ADMIN))
+            assert status == 200 and data == registry.static["net-1.0.0.tar.gz"]
+        assert registry.count("/static/net-1.0.0.tar.gz") == 1
+        _, body = await catalog(proxy, ADMIN)
+        [module] = body["modules"]
+        digest = hashlib.sha256(registry.static["net-1.0.0.tar.gz"]).hexdigest()
+        assert module["address"] == f"{REGISTRY_HOST}/acme/net/aws"
+        assert [(v["version"], v["sha256"]) for v in module["versions"]] == [("1.0.0", digest)]
+
+        status, report = await delete(proxy, f"{REGISTRY_HOST}/acme/net/aws")
+        assert status == 200 and report["archives_removed"] == [digest], report
+        assert proxy.app[ARCHIVE_STORE].get(digest) is None
+        assert (await catalog(proxy, ADMIN))[1]["modules"] == []
+        status, _, data = await proxy.get(f"{MODULE}/1.0.0/archive.tar.gz", headers=auth(ADMIN))
+        assert status == 200 and registry.count("/static/net-1.0.0.tar.gz") == 2  # fetched again
+
+
+async def test_a_purge_removes_the_archive_from_object_storage(
+    make_local_settings, s3_server, s3_bucket, tmp_path, client_ssl, registry
+):
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    settings = make_local_settings(auth_tokens=tokens, **s3_server.settings(s3_bucket))
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    async with serve_proxy(settings, client_ssl) as proxy:
+        assert await fetch(proxy, "acme", "1.0.0") == 200
+        store = proxy.app[ARCHIVE_STORE]
+        assert not store.local and store.get(release.sha256("linux_amd64")) is not None
+        status, report = await delete(proxy, f"{REGISTRY_HOST}/acme/foo@1.0.0")
+        assert status == 200 and report["archives_removed"] == [release.sha256("linux_amd64")]
+        assert store.get(release.sha256("linux_amd64")) is None
+        assert await fetch(proxy, "acme", "1.0.0") == 200
+        assert registry.count(registry.archive_path(release, "linux_amd64")) == 2
+
+
+async def test_a_release_published_again_is_served_new_after_its_purge(
+    catalog_settings, client_ssl, registry, signing_key
+):
+    """The upstream replaced 1.0.0's archives (and its SHA256SUMS, at the same URLs): after the purge the new
+    ones are verified against the new SHA256SUMS and served."""
+    async with serve_proxy(catalog_settings(), client_ssl) as proxy:
+        assert await fetch(proxy, "acme", "1.0.0") == 200
+        new = registry.add(Release("acme", "foo", "1.0.0", signing_key, padding=4096))
+        status, _ = await delete(proxy, f"{REGISTRY_HOST}/acme/foo@1.0.0")
+        assert status == 200
+        path = ARCHIVE.format(host=REGISTRY_HOST, ns="acme", v="1.0.0")
+        status, _, data = await proxy.get(path, headers=auth(ADMIN))
+        assert status == 200 and data == new.zips["linux_amd64"]
