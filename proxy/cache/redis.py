@@ -32,17 +32,15 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as ConnectionClosedError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.cache import Refuse
 from proxy.cache.breaker import Breaker
-from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED
+from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.cache.redisclient import RedisConnection
 from proxy.cache.sealed import Seal
+from proxy.config import parse_redis_target
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -50,7 +48,8 @@ T = TypeVar("T")
 DEFAULT_RETENTION = 90 * 86400.0
 # fleet locks and remembered 404s are never exported
 _NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
-FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+# RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
+FAILURES = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
 _POISON = ("WRONGTYPE", "value is not an integer", "value is not a valid float")  # Redis's words for them
 
 
@@ -59,19 +58,9 @@ def is_poison(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and any(words in str(exc) for words in _POISON)  # a pipeline prefixes them
 
 
-def stale_connection_retry() -> Retry:
-    """A command whose pooled connection turns out closed is sent once more, on a new connection.
-
-    After Redis restarts, every connection in the pool is dead and fails the first time it is used;
-    without this each of them, one after the other as the pool rotated, marked Redis down again for
-    the retry interval (`/readyz` flapped for half a minute). Redis really down refuses the new
-    connection at once, so an outage still counts at the first command. Timeouts are not tried again:
-    a Redis that does not answer would only be waited for twice."""
-    return Retry(NoBackoff(), 1, supported_errors=(ConnectionClosedError,))
-
-
 class RedisStore:
-    """MetadataStore on Redis, with a circuit breaker for outages."""
+    """MetadataStore on Redis (one server, Sentinel or Cluster: `url`, see `proxy.cache.redisclient`), with a
+    circuit breaker for outages."""
 
     def __init__(
         self,
@@ -79,23 +68,19 @@ class RedisStore:
         *,
         prefix: str,
         password: str | None = None,
+        sentinel_password: str | None = None,
+        ca_file: str | None = None,
         retention: float = DEFAULT_RETENTION,
         retry_interval: float = 2.0,
-        ca_file: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         refuse: Refuse | None = None,
     ) -> None:
-        options: dict = {
-            "socket_timeout": 2.0,
-            "socket_connect_timeout": 2.0,
-            "health_check_interval": 15,
-            "retry": stale_connection_retry(),
-        }
-        if password:
-            options["password"] = password
-        if ca_file and url.startswith("rediss://"):
-            options["ssl_ca_certs"] = ca_file
-        self.client = aioredis.from_url(url, **options)
+        target = parse_redis_target(url)
+        self._connection = RedisConnection(
+            target, password=password, sentinel_password=sentinel_password, ca_file=ca_file
+        )
+        self.client = self._connection.client
+        self.names = RedisNames(prefix, cluster=target.cluster)
         self.prefix = prefix
         self._retention = retention
         self._breaker = Breaker(retry_interval, clock)
@@ -107,7 +92,8 @@ class RedisStore:
         return self._breaker.problem
 
     def key(self, key: str) -> str:
-        return f"{self.prefix}:{key}"
+        """The Redis name of `key` (`PREFIX:KEY`; see `RedisNames` for a Cluster's)."""
+        return self.names.name(key)
 
     @property
     def available(self) -> bool:
@@ -190,7 +176,7 @@ class RedisStore:
         return True
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self._connection.close()
 
     async def _call(self, command: Awaitable[T], default: T, *, keys: Iterable[str] = ()) -> T:
         """`command`'s result, or `default` while Redis fails (the breaker) or when one of `keys` is poison."""
@@ -233,12 +219,6 @@ class RedisStore:
     def _mark_up(self) -> None:
         if self._breaker.reset():
             log.warning("redis.up", effect="shared metadata store in use again")
-
-
-def _unprefixed(name: bytes | str, prefix: str) -> str:
-    """A key as Redis names it (`PREFIX:KEY`, maybe bytes) without the prefix."""
-    text = name.decode() if isinstance(name, bytes) else name
-    return text.removeprefix(f"{prefix}:")
 
 
 def _discard(command: Awaitable) -> None:
@@ -454,7 +434,7 @@ class RedisNegatives:
             return
         for name in counts[2:]:
             self._seal.refuse(
-                _unprefixed(name, self._store.prefix),
+                self._store.names.key(name.decode() if isinstance(name, bytes) else name),
                 "holds what the proxy never writes there: the bookkeeping of remembered 404s started afresh",
                 "wrong_type",
             )

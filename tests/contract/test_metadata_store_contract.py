@@ -1,4 +1,4 @@
-"""One contract for every metadata store: the embedded SQLite store and Redis."""
+"""One contract for every metadata store: the embedded SQLite store and Redis (one server, Sentinel, Cluster)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,27 @@ import pytest
 from proxy.cache import CacheEntry, decode_record, encode_record
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
-from proxy.cache.redis import RedisStore
 from proxy.cache.sealed import Seal, SealedStore
+from tests.fakes.redis_server import REDIS_SETUPS
 
 
-@pytest.fixture(params=["embedded", "redis", "memory-front", "sealed-embedded", "sealed-redis"])
-def open_store(request, tmp_path):
+@pytest.fixture(
+    params=["embedded", *REDIS_SETUPS, "memory-front", "sealed-embedded", *(f"sealed-{name}" for name in REDIS_SETUPS)]
+)
+def open_store(request, tmp_path, open_redis):
     """A factory that opens the same store again (to check persistence across restarts)."""
     prefix = f"contract-{uuid.uuid4().hex[:10]}"
     opened = []
 
     def open_():
-        if request.param == "redis":
-            store = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
+        if request.param in REDIS_SETUPS:
+            store = open_redis(request.param, prefix=prefix)
         elif request.param == "embedded":
             store = EmbeddedStore(tmp_path / "meta.sqlite")
         elif request.param == "memory-front":
             store = MemoryFront(EmbeddedStore(tmp_path / "meta.sqlite"), max_entries=2)
-        elif request.param == "sealed-redis":
-            inner = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
+        elif request.param.removeprefix("sealed-") in REDIS_SETUPS:
+            inner = open_redis(request.param.removeprefix("sealed-"), prefix=prefix)
             store = SealedStore(inner, Seal(b"contract-secret-0123456789", store="redis"))
         else:
             store = SealedStore(
