@@ -46,6 +46,7 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
             retention=settings.metadata.redis_retention,
             refuse=seal.refuse,
         )
+        redis_store.follow_failovers()
         return (
             SealedStore(redis_store, seal),
             RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),

@@ -95,6 +95,10 @@ class RedisStore:
         """The Redis name of `key` (`PREFIX:KEY`; see `RedisNames` for a Cluster's)."""
         return self.names.name(key)
 
+    def follow_failovers(self) -> None:
+        """On Sentinel, follow a new master as soon as the sentinels announce it (`proxy.cache.redisclient`)."""
+        self._connection.follow_failovers()
+
     @property
     def available(self) -> bool:
         """False while the breaker is open (Redis failed recently)."""

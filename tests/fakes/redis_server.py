@@ -27,6 +27,7 @@ REDIS_SETUPS = {"redis": "redis_server", "redis-sentinel": "redis_sentinel", "re
 # The sentinel's periods, in ms, scaled down from 10 s (INFO) and 2 s (hello): it sees a replica, a promotion
 # and an old master back within a second, and turns the old master into a replica 4 hello periods later.
 SENTINEL_TIMINGS = ("info-period", 500, "publish-period", 250, "ping-period", 250, "ask-period", 250)
+LINGERING_PUBLISH_PERIOD = 60_000  # an old master is demoted 4 minutes after a failover: see `failover()`
 
 
 def free_port() -> int:
@@ -207,8 +208,8 @@ class SentinelSetup(RedisSetup):
     """A master, its replica and one sentinel (quorum 1) watching them as `service`, all on loopback, with
     passwords (the servers' and the sentinel's own) and, given `tls`, only TLS ports.
 
-    `failover()` makes the sentinel promote the replica (`SENTINEL FAILOVER`) and waits until the setup is
-    whole again: the new master known to the sentinel and the old one replicating from it."""
+    The sentinel runs at scaled timings (`SENTINEL_TIMINGS`). `failover()` makes it promote the replica;
+    `settle()` waits until the setup is whole again."""
 
     def __init__(
         self, workdir: Path, *, service: str, password: str, sentinel_password: str, tls: Tls | None = None
@@ -249,9 +250,7 @@ class SentinelSetup(RedisSetup):
             self.sentinel_port = free_port()
         else:
             raise RuntimeError("the sentinel did not start")
-        with self.sentinel_client() as client:  # scaled timings: it looks at the servers every 0.5 s, not 10 s
-            client.execute_command("SENTINEL DEBUG", *SENTINEL_TIMINGS)
-        self.wait_ready_for_failover()
+        self.settle()
 
     def _start_sentinel(self, master: RedisServer) -> None:
         listen = ["port 0", f"tls-port {self.sentinel_port}"] if self.tls else [f"port {self.sentinel_port}"]
@@ -313,35 +312,46 @@ class SentinelSetup(RedisSetup):
         port = self.master_port()
         return next(server for server in self.servers if server.port != port)
 
-    def wait_ready_for_failover(self) -> None:
-        """Until the sentinel knows a replica fit to promote (linked to the master, reported recently)."""
+    def settle(self) -> None:
+        """Until the setup is whole: the sentinel at its scaled timings, and the master's replica replicating
+        and known to the sentinel as fit to promote (after a failover: the old master, turned replica)."""
+        with self.sentinel_client() as client:
+            client.execute_command("SENTINEL DEBUG", *SENTINEL_TIMINGS)
 
-        def fit() -> bool:
-            master = self.master()
+        def whole() -> bool:
+            master, replica = self.master(), self.replica()
             if master.info("replication").get("role") != "master":
                 return False
+            if replica.info("replication").get("master_link_status") != "up":
+                return False
             with self.sentinel_client() as client:
-                replicas = client.sentinel_slaves(self.service)
+                known = client.sentinel_slaves(self.service)
             return any(
-                entry["port"] == self.replica().port
+                entry["port"] == replica.port
                 and entry.get("master-link-status") == "ok"
                 and not entry["is_sdown"]
                 and not entry["is_odown"]
-                for entry in replicas
+                for entry in known
             )
 
-        wait_until(fit, "the sentinel to know a replica it can promote", timeout=30)
+        wait_until(whole, "the sentinel setup to be whole", timeout=30)
 
-    def failover(self) -> RedisServer:
-        """Promote the replica; the new master once the sentinel names it and the old one replicates from it."""
-        self.wait_ready_for_failover()
+    def failover(self, *, old_master_lingers: bool = False) -> RedisServer:
+        """Promote the replica (`SENTINEL FAILOVER`); the new master, once the sentinel names it and it acts
+        as one. The sentinel turns the old master into the new one's replica about a second later (this
+        waits for it) or, with `old_master_lingers`, only at `settle()`: until then the old master still
+        takes writes, as one the sentinels cannot reach would, and what is written there is lost."""
+        self.settle()
         old = self.master()
         with self.sentinel_client() as client:
+            if old_master_lingers:  # it demotes an old master 4 publish periods after seeing it again
+                client.execute_command("SENTINEL DEBUG", "publish-period", LINGERING_PUBLISH_PERIOD)
             client.execute_command("SENTINEL FAILOVER", self.service)
         wait_until(lambda: self.master_port() != old.port, "the sentinel to name the new master", timeout=30)
         new = self.master()
         wait_until(lambda: new.info("replication").get("role") == "master", "the new master to act as one")
-        self._wait_replicating(old)  # the sentinel turns the old master into the new one's replica
+        if not old_master_lingers:
+            self._wait_replicating(old)
         return new
 
     def stop(self) -> None:
