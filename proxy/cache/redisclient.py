@@ -24,10 +24,11 @@ from redis.asyncio import Redis
 from redis.asyncio import from_url as redis_from_url
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as ConnectionClosedError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.config import RedisTarget
 
@@ -52,6 +53,28 @@ def stale_connection_retry() -> Retry:
     return Retry(NoBackoff(), 1, supported_errors=(ConnectionClosedError,))
 
 
+class Sentinels(Sentinel):
+    """redis-py's Sentinel client, but for the error when no sentinel names a master: which sentinel answered
+    what, in words (for `/readyz` and the log), where redis-py prints each sentinel client's whole repr."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[str] = []
+        for number, sentinel in enumerate(self.sentinels):
+            kwargs = sentinel.connection_pool.connection_kwargs
+            address = f"{kwargs.get('host')}:{kwargs.get('port')}"
+            try:
+                masters = await sentinel.sentinel_masters()
+            except (ConnectionClosedError, RedisTimeoutError) as exc:
+                errors.append(f"{address}: {exc or type(exc).__name__}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]  # ask it first next time
+                return state["ip"], state["port"]
+            errors.append(f"{address}: " + ("the master is down" if state else f"no master named {service_name!r}"))
+        raise MasterNotFoundError(f"no master {service_name!r} at the sentinels: {'; '.join(errors)}")
+
+
 class RedisConnection:
     """The client for a `RedisTarget` (`client`: redis.asyncio's `Redis` or `RedisCluster`) and what it
     needs besides (the sentinels and their watcher), closed together by `close()`."""
@@ -65,7 +88,7 @@ class RedisConnection:
         ca_file: str | None = None,
     ) -> None:
         self.target = target
-        self._sentinel: Sentinel | None = None
+        self._sentinel: Sentinels | None = None
         self._watcher: asyncio.Task | None = None
         tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if target.tls and ca_file else {}
         credentials: dict[str, Any] = {
@@ -84,7 +107,7 @@ class RedisConnection:
             )
         elif target.kind == "sentinel":
             tls = {"ssl": True, **tls} if target.tls else {}
-            self._sentinel = Sentinel(
+            self._sentinel = Sentinels(
                 target.nodes,
                 sentinel_kwargs={
                     **TIMEOUTS,
