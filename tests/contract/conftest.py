@@ -19,7 +19,6 @@ def open_redis(redis_setup):
     """`open_redis(name, prefix=..., **options)` → a RedisStore on the session's setup of that name."""
 
     def open_(name: str, **options) -> RedisStore:
-        setup = redis_setup(name)
-        return RedisStore(setup.url, **setup.store_options(), **options)
+        return redis_setup(name).open_store(**options)
 
     return open_

@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 
+from proxy.cache.redis import RedisStore
+
 # Every proxy on a shared Redis needs the fleet's metadata secret (`--metadata-secret`); tests share this one.
 METADATA_SECRET = "test-fleet-metadata-secret-0123456789"
 START_TIMEOUT = 10.0
@@ -95,6 +97,10 @@ class RedisSetup:
         if self.sentinel_password:
             options["sentinel_password"] = self.sentinel_password
         return options
+
+    def open_store(self, **options: Any) -> RedisStore:
+        """A `RedisStore` on this setup (`options`: its keywords, `prefix` first of all)."""
+        return RedisStore(self.url, **self.store_options(), **options)
 
     def proxy_args(self) -> list[str]:
         """The options of `registry-proxy serve` that point it at this setup."""

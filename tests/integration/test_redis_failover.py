@@ -21,7 +21,7 @@ CONNECTIONS = 8
 
 
 def open_store(setup, prefix: str, **options) -> RedisStore:
-    store = RedisStore(setup.url, prefix=prefix, **setup.store_options(), **options)
+    store = setup.open_store(prefix=prefix, **options)
     store.follow_failovers()
     return store
 
