@@ -46,6 +46,10 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 DEFAULT_RETENTION = 90 * 86400.0
+# Commands a store has under way at once; more wait for one to finish. So a burst of requests opens at most
+# this many connections (each pool would open more, or refuse: redis-py 8's refuses its 101st, which
+# counted as Redis failing), the same on one server, Sentinel and Cluster.
+IN_FLIGHT = 64
 # fleet locks and remembered 404s are never exported
 _NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
 # RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
@@ -85,11 +89,23 @@ class RedisStore:
         self._retention = retention
         self._breaker = Breaker(retry_interval, clock)
         self._refuse = refuse
+        self._slots = asyncio.Semaphore(IN_FLIGHT)
 
     @property
     def problem(self) -> str | None:
         """The last error while Redis is marked down (None while it works)."""
         return self._breaker.problem
+
+    async def limited(self, command: Awaitable[T]) -> T:
+        """`command`'s result, once the client is ready and fewer than IN_FLIGHT of this store's commands are
+        under way."""
+        try:
+            await self._connection.ready()
+        except BaseException:
+            _discard(command)
+            raise
+        async with self._slots:
+            return await command
 
     def key(self, key: str) -> str:
         """The Redis name of `key` (`PREFIX:KEY`; see `RedisNames` for a Cluster's)."""
@@ -172,7 +188,7 @@ class RedisStore:
     async def ping(self) -> bool:
         # The readiness probe always asks Redis, so it also closes the breaker early.
         try:
-            await self.client.ping()
+            await self.limited(self.client.ping())
         except FAILURES as exc:
             self._mark_down(exc)
             return False
@@ -188,7 +204,7 @@ class RedisStore:
             _discard(command)
             return default
         try:
-            result = await command
+            result = await self.limited(command)
         except FAILURES as exc:
             if not is_poison(exc):
                 self._mark_down(exc)
@@ -283,7 +299,7 @@ class RedisFleetLocks:
         owned, existing = False, None
         while self._store.available:
             try:
-                taken = await self._take(keys=[lock], args=[token, self._lease_ms])
+                taken = await self._store.limited(self._take(keys=[lock], args=[token, self._lease_ms]))
             except FAILURES as exc:
                 self._store._mark_down(exc)
                 break
@@ -302,13 +318,13 @@ class RedisFleetLocks:
                 renewer.cancel()
             if owned:
                 with contextlib.suppress(*FAILURES):
-                    await self._release(keys=[lock], args=[token])
+                    await self._store.limited(self._release(keys=[lock], args=[token]))
 
     async def _renew(self, lock: str, token: str, key: str) -> None:
         while True:
             await asyncio.sleep(self._lease_ms / 1000 / RENEWALS_PER_LEASE)
             try:
-                renewed = await self._renew_script(keys=[lock], args=[token, self._lease_ms])
+                renewed = await self._store.limited(self._renew_script(keys=[lock], args=[token, self._lease_ms]))
             except FAILURES:
                 continue  # Redis blip: keep working, try again at the next interval
             if not renewed:
@@ -417,9 +433,9 @@ class RedisNegatives:
         TTL; the next write drops up to 512 of them), with their sizes; raises if Redis is unavailable."""
         cutoff = (self._clock() if now is None else now) - self._retention
         zset, sizes = self._keys[0], self._keys[1]
-        members = await self._store.client.zrangebyscore(zset, "-inf", f"({cutoff}")
+        members = await self._store.limited(self._store.client.zrangebyscore(zset, "-inf", f"({cutoff}"))
         names = [m.decode() if isinstance(m, bytes) else m for m in members]
-        found = await self._store.client.hmget(sizes, names) if names else []
+        found = await self._store.limited(self._store.client.hmget(sizes, names)) if names else []
         return [(name, int(size or 0)) for name, size in zip(names, found, strict=True)]
 
     async def _run(self, op: str, key: str, value: bytes) -> None:

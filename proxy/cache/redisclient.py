@@ -11,20 +11,26 @@ Cluster (`proxy.config.RedisTarget`). Each gives the same commands (redis.asynci
   master at once. The sentinels have their own password (`--redis-sentinel-password`).
 - Cluster: the client learns the slot map from the nodes given (any will do) and follows its changes
   (MOVED, ASK, a node lost: the map is read again and the command tried once more).
+
+Pools are unbounded: `proxy.cache.redis.RedisStore` bounds the commands it has under way instead, the
+same way for the three (redis-py's pools refuse a command past their size, and a refusal counted as
+Redis failing). Over TLS every connection of a client shares one SSLContext (see `TlsConnection`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from redis.asyncio import Redis
-from redis.asyncio import from_url as redis_from_url
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelManagedSSLConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as ConnectionClosedError
 from redis.exceptions import RedisError
@@ -36,7 +42,7 @@ log = structlog.get_logger(__name__)
 
 TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 HEALTH_CHECK_INTERVAL = 15
-CLUSTER_CONNECTIONS_PER_NODE = 2**31  # unbounded, as a single server's pool: a burst is not an outage
+UNBOUNDED = 2**31  # connections a pool may open (redis-py 8's default, 100, refuses the 101st command)
 WATCH_RETRY = 1.0  # seconds between rounds of attempts to listen to a sentinel
 WATCH_READ = 5.0  # seconds one read of announcements waits (a sentinel gone silent: TCP keepalive, under a minute)
 
@@ -51,6 +57,31 @@ def stale_connection_retry() -> Retry:
     a Redis that does not answer would only be waited for twice. On Sentinel the new connection asks
     the sentinels for the master first, so a command that met a demoted master goes to the new one."""
     return Retry(NoBackoff(), 1, supported_errors=(ConnectionClosedError,))
+
+
+class _SharedTlsContext:
+    """A redis-py TLS connection that uses its client's one SSLContext. redis-py makes one per connection,
+    which loads the system's CA store every time: some 40 ms of CPU on the event loop for each new
+    connection, so that a burst of them (a pool growing, every connection remade after a failover) held
+    the loop for seconds and ran into the connect timeout."""
+
+    def __init__(self, *args: Any, tls_context: ssl.SSLContext, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ssl_context.context = tls_context  # what RedisSSLContext.get() hands out once it has made one
+
+
+class TlsConnection(_SharedTlsContext, SSLConnection):
+    """A TLS connection to a server, a sentinel or a cluster node, on the client's SSLContext."""
+
+
+class SentinelTlsConnection(_SharedTlsContext, SentinelManagedSSLConnection):
+    """A TLS connection to the master the sentinels name, on the client's SSLContext."""
+
+
+def tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
+    """The SSLContext redis-py makes for each connection with these `ssl_*` options (as a `rediss://` URL's
+    query gives them: `ssl_ca_certs`, `ssl_certfile`...), made once, by redis-py's own code."""
+    return SSLConnection(**options).ssl_context.get()
 
 
 class Sentinels(Sentinel):
@@ -75,6 +106,70 @@ class Sentinels(Sentinel):
         raise MasterNotFoundError(f"no master {service_name!r} at the sentinels: {'; '.join(errors)}")
 
 
+def _options(**more: Any) -> dict[str, Any]:
+    """What every connection pool of every setup is opened with."""
+    return {
+        **TIMEOUTS,
+        "health_check_interval": HEALTH_CHECK_INTERVAL,
+        "retry": stale_connection_retry(),
+        "max_connections": UNBOUNDED,
+        **more,
+    }
+
+
+def server_client(target: RedisTarget, password: str | None, ca: dict[str, Any]) -> Redis:
+    """One server: the URL as redis-py's `from_url` reads it (a `rediss://` query's `ssl_*` options included)."""
+    options = parse_url(target.url)
+    if password:
+        options["password"] = password
+    if target.tls:
+        given = {name: value for name, value in options.items() if name.startswith("ssl_")}
+        options.update(connection_class=TlsConnection, tls_context=tls_context({**given, **ca}))
+    return Redis.from_pool(ConnectionPool(**_options(**options)))
+
+
+def sentinel_client(
+    target: RedisTarget, credentials: dict[str, Any], sentinel_password: str | None, ca: dict[str, Any]
+) -> tuple[Sentinels, Redis]:
+    """The sentinels, and a client of the master they name."""
+    sentinels = Sentinels(target.nodes, sentinel_kwargs=_options(password=sentinel_password))
+    tls: dict[str, Any] = {}
+    if target.tls:
+        tls = {"tls_context": tls_context(ca)}
+        sentinels.sentinels = [
+            Redis.from_pool(
+                ConnectionPool(
+                    **_options(host=host, port=port, password=sentinel_password, connection_class=TlsConnection, **tls)
+                )
+            )
+            for host, port in target.nodes
+        ]
+        tls["connection_class"] = SentinelTlsConnection
+    return sentinels, sentinels.master_for(target.service, **_options(db=target.db, **credentials, **tls))
+
+
+def cluster_client(target: RedisTarget, credentials: dict[str, Any], ca: dict[str, Any]) -> RedisCluster:
+    """A cluster client, starting from the nodes given; it retries itself (after a node is lost: the slot
+    map read again, the command tried once more)."""
+    options = _options(**credentials)
+    del options["retry"]
+    cluster = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        retry=Retry(NoBackoff(), 1),
+        ssl=target.tls,
+        **options,
+    )
+    if target.tls:
+        # Nodes the cluster reveals are made from `connection_kwargs`; those given here are made already and
+        # open their connections when first used (redis-py's maintenance notifications set them up the same).
+        tls = {"tls_context": tls_context(ca)}
+        cluster.connection_kwargs.update(connection_class=TlsConnection, **tls)
+        for node in cluster.nodes_manager.startup_nodes.values():
+            node.connection_class = TlsConnection
+            node.connection_kwargs.update(tls)
+    return cluster
+
+
 class RedisConnection:
     """The client for a `RedisTarget` (`client`: redis.asyncio's `Redis` or `RedisCluster`) and what it
     needs besides (the sentinels and their watcher), closed together by `close()`."""
@@ -90,53 +185,27 @@ class RedisConnection:
         self.target = target
         self._sentinel: Sentinels | None = None
         self._watcher: asyncio.Task | None = None
-        tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if target.tls and ca_file else {}
-        credentials: dict[str, Any] = {
-            "username": target.username,
-            "password": password or target.password,
-        }
+        ca = {"ssl_ca_certs": ca_file} if ca_file else {}
+        credentials = {"username": target.username, "password": password or target.password}
+        self.client: Any
         if target.kind == "server":
-            given = {"password": password} if password else {}
-            self.client: Any = redis_from_url(
-                target.url,
-                **TIMEOUTS,
-                health_check_interval=HEALTH_CHECK_INTERVAL,
-                retry=stale_connection_retry(),
-                **given,
-                **tls,
-            )
+            self.client = server_client(target, password, ca)
         elif target.kind == "sentinel":
-            tls = {"ssl": True, **tls} if target.tls else {}
-            self._sentinel = Sentinels(
-                target.nodes,
-                sentinel_kwargs={
-                    **TIMEOUTS,
-                    "health_check_interval": HEALTH_CHECK_INTERVAL,
-                    "retry": stale_connection_retry(),
-                    "password": sentinel_password,
-                    **tls,
-                },
-            )
-            self.client = self._sentinel.master_for(
-                target.service,
-                db=target.db,
-                **TIMEOUTS,
-                health_check_interval=HEALTH_CHECK_INTERVAL,
-                retry=stale_connection_retry(),
-                **credentials,
-                **tls,
-            )
+            self._sentinel, self.client = sentinel_client(target, credentials, sentinel_password, ca)
         else:
-            self.client = RedisCluster(
-                startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
-                **TIMEOUTS,
-                health_check_interval=HEALTH_CHECK_INTERVAL,
-                retry=Retry(NoBackoff(), 1),  # after a node is lost: the slot map read again, one more try
-                max_connections=CLUSTER_CONNECTIONS_PER_NODE,
-                ssl=target.tls,
-                **credentials,
-                **tls,
-            )
+            self.client = cluster_client(target, credentials, ca)
+        self._unready = target.cluster
+        self._readying = asyncio.Lock()
+
+    async def ready(self) -> None:
+        """Before the first command: a cluster client learns the slot map, once. redis-py's does it on its
+        first commands, and with many at once some of them failed on a connection closed under them
+        (AttributeError on its `_writer`; a later refresh of the map has no such race)."""
+        if self._unready:
+            async with self._readying:
+                if self._unready:
+                    await self.client.initialize()
+                    self._unready = False
 
     def follow_failovers(self) -> None:
         """On Sentinel, start listening to the sentinels' `+switch-master` (see module docstring); a no-op

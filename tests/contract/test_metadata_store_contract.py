@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -153,4 +154,23 @@ async def test_served_times_are_not_metadata_keys(open_store):
     await store.set("versions:registry.example.test/acme/foo", b"x")
     await store.note_served({SHA_A: 1000.0})
     assert [key async for key in store.keys()] == ["versions:registry.example.test/acme/foo"]  # noqa: SIM118 - async
+    await store.close()
+
+
+async def test_a_burst_of_commands_is_answered_in_full(open_store):
+    """Hundreds of reads and writes at once (a busy worker), the first commands of a store among them:
+    every one answered, and the store stays up (redis-py 8's pools refuse their 101st connection, which
+    counted as Redis failing; its cluster client lost some of many first commands to a race)."""
+    store = open_store()
+    assert await asyncio.gather(*(store.get("burst") for _ in range(200))) == [None] * 200
+    await store.set("burst", b"value")
+    found = await asyncio.gather(
+        *(store.get("burst") for _ in range(300)),
+        *(store.get_many(["burst", "other"]) for _ in range(100)),
+        *(store.set(f"burst:{n}", b"v") for n in range(100)),
+    )
+    assert found[:300] == [b"value"] * 300
+    assert found[300:400] == [[b"value", None]] * 100
+    assert await store.get_many([f"burst:{n}" for n in range(100)]) == [b"v"] * 100
+    assert await store.ping() is True and store.problem is None
     await store.close()

@@ -1,5 +1,5 @@
-"""The Sentinel and Cluster URL forms without TLS, the password given apart (`--redis-password`), and what a
-wrong password does: Redis counts as down with the reason, nothing crashes.
+"""The Sentinel and Cluster URL forms without TLS, the password given apart (`--redis-password`), what a
+wrong password does (Redis counts as down with the reason, nothing crashes), and what TLS costs a burst.
 
 (The session's Sentinel and Cluster setups, which the contract suites and the failover tests use, run with
 TLS and the passwords in the URL.)
@@ -7,6 +7,8 @@ TLS and the passwords in the URL.)
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 import uuid
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from proxy.cache import CacheEntry
 from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
 from proxy.cache.sealed import Seal, SealedStore
-from tests.fakes.redis_server import ClusterSetup, SentinelSetup
+from tests.fakes.redis_server import ClusterSetup, RedisServer, SentinelSetup, Tls
 
 SECRET = b"setups-secret-0123456789"
 
@@ -97,4 +99,42 @@ async def test_a_wrong_master_name_is_redis_down_with_the_reason_in_words(plain_
     assert not await store.ping()
     sentinel = f"127.0.0.1:{plain_sentinel.sentinel_port}"
     assert store.problem == f"Redis: no master 'mymaster' at the sentinels: {sentinel}: no master named 'mymaster'"
+    await store.close()
+
+
+@pytest.fixture
+def tls_server(tmp_path, server_cert_files, ca_file) -> RedisServer:
+    server = RedisServer(tmp_path / "tls-redis", password=uuid.uuid4().hex, tls=Tls(*server_cert_files, ca_file))
+    server.start()
+    yield server
+    server.stop()
+
+
+def connected_clients(setup) -> int:
+    servers = setup.nodes if isinstance(setup, ClusterSetup) else [setup] if isinstance(setup, RedisServer) else []
+    servers = servers or [setup.master()]
+    return sum(server.info("clients")["connected_clients"] for server in servers)
+
+
+@pytest.mark.parametrize("name", ["tls_server", "redis_sentinel", "redis_cluster"])
+async def test_a_burst_of_new_tls_connections_makes_no_new_tls_context(request, monkeypatch, name):
+    """redis-py makes an SSLContext per connection, loading the system's CA store each time (some 40 ms of
+    the event loop per connection: a burst of them ran into the connect timeout and counted as Redis
+    failing). The store's client makes one, and its connections share it."""
+    setup = request.getfixturevalue(name)
+    made: list[ssl.SSLContext] = []
+    original = ssl.create_default_context
+
+    def counted(*args, **kwargs) -> ssl.SSLContext:
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    before = connected_clients(setup)
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    store = setup.open_store(prefix=f"tls-{uuid.uuid4().hex[:8]}")
+    await asyncio.gather(*(store.get(f"versions:h/acme/p{n}") for n in range(48)))
+    monkeypatch.undo()
+    assert len(made) == 1, f"{len(made)} TLS contexts made"
+    assert connected_clients(setup) - before >= 16, "the burst should have opened many connections"
+    assert await store.ping() and store.problem is None
     await store.close()
