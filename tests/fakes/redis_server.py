@@ -2,14 +2,14 @@
 it for availability, made of the same processes: Sentinel (a master, its replica and a sentinel watching
 them) and Cluster (three masters sharing the 16384 slots).
 
-Every port is chosen free at start (and chosen again if another process takes it first), so any number
-of test workers can start their own.
+Every port is chosen free at start (`tests.fakes.ports`), and chosen again if another process takes it
+first; a server counts as up only once `/proc` shows that it listens on its ports itself, so parallel test
+workers each start their own and never talk to another's.
 """
 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +20,9 @@ from typing import Any
 import redis
 
 from proxy.cache.redis import RedisStore
+from tests.fakes.ports import PORT_ATTEMPTS, PortTakenError, free_port, listening_ports
+
+__all__ = ["METADATA_SECRET", "REDIS_SETUPS", "ClusterSetup", "RedisServer", "SentinelSetup", "Tls", "free_port"]
 
 # Every proxy on a shared Redis needs the fleet's metadata secret (`--metadata-secret`); tests share this one.
 METADATA_SECRET = "test-fleet-metadata-secret-0123456789"
@@ -30,12 +33,6 @@ REDIS_SETUPS = {"redis": "redis_server", "redis-sentinel": "redis_sentinel", "re
 # and an old master back within a second, and turns the old master into a replica 4 hello periods later.
 SENTINEL_TIMINGS = ("info-period", 500, "publish-period", 250, "ping-period", 250, "ask-period", 250)
 LINGERING_PUBLISH_PERIOD = 60_000  # an old master is demoted 4 minutes after a failover: see `failover()`
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = START_TIMEOUT) -> Any:
@@ -174,20 +171,43 @@ class RedisServer(RedisSetup):
         ]
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):
-            self.process = subprocess.Popen(
-                self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.workdir
-            )
-            with self.client(socket_connect_timeout=0.2) as client:
-                wait_until(lambda c=client: self._exited() or c.ping(), f"redis-server on port {self.port}")
-            if not self._exited():
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start_once()
                 return
-            if self._fixed_port:
-                break
-            self.port = free_port()  # taken meanwhile by another process: other ports
-            self.cluster_port = self.cluster_port and free_port()
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+            except PortTakenError:
+                if self._fixed_port or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()  # taken meanwhile by another process: other ports
+                self.cluster_port = self.cluster_port and free_port()
+
+    def ports(self) -> set[int]:
+        """The ports this server must listen on itself: its client port and, in a cluster, its bus port."""
+        return {self.port, *([self.cluster_port] if self.cluster_port else [])}
+
+    def _start_once(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.workdir
+        )
+        process = self.process
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                return True  # exited: it could not bind a port (someone else has it)
+            return self.ports() <= listening_ports(process.pid)
+
+        try:
+            wait_until(listening, f"redis-server to listen on port {self.port}")
+        except RuntimeError:
+            self.stop()
+            raise
+        if self._exited():
+            self.process = None
+            raise PortTakenError(f"redis-server could not listen on port {self.port}")
+        with self.client(socket_connect_timeout=0.2) as client:
+            wait_until(client.ping, f"redis-server on port {self.port}")
+        self._fixed_port = True  # a restart keeps the port its clients know
 
     def _exited(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -249,7 +269,7 @@ class SentinelSetup(RedisSetup):
         second.options = ["--replicaof", "127.0.0.1", str(first.port)]
         second.start()
         self._wait_replicating(second)
-        for _ in range(5):
+        for _ in range(PORT_ATTEMPTS):
             self._start_sentinel(first)
             if self._sentinel_up():
                 break
@@ -291,14 +311,21 @@ class SentinelSetup(RedisSetup):
         )
 
     def _sentinel_up(self) -> bool:
-        def answers() -> bool:
-            if self.sentinel is None or self.sentinel.poll() is not None:
-                return True  # exited (its port was taken): stop waiting
-            with self.sentinel_client() as client:
-                return bool(client.ping())
+        """Whether the sentinel started listens on its port itself (not another test's process)."""
+        sentinel = self.sentinel
 
-        wait_until(answers, "the sentinel")
-        return self.sentinel is not None and self.sentinel.poll() is None
+        def listening() -> bool:
+            if sentinel is None or sentinel.poll() is not None:
+                return True  # exited (its port was taken): stop waiting
+            return self.sentinel_port in listening_ports(sentinel.pid)
+
+        wait_until(listening, "the sentinel to listen")
+        if sentinel is None or sentinel.poll() is not None:
+            self.sentinel = None
+            return False
+        with self.sentinel_client() as client:
+            wait_until(client.ping, "the sentinel")
+        return True
 
     def _wait_replicating(self, replica: RedisServer) -> None:
         wait_until(
