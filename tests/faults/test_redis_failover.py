@@ -50,7 +50,7 @@ class Traffic:
         status, _, body = await self.client.get(f"/mirror/v1/{PROVIDER}/{version}.json")
         assert status == 200, (version, body)
         entry = json.loads(body)["archives"][PLATFORM]
-        right = {f"zh:{release.sha256(PLATFORM)}", *h1_of_zip(io.BytesIO(release.zips[PLATFORM]))}
+        right = {f"zh:{release.sha256(PLATFORM)}", *map(str, h1_of_zip(io.BytesIO(release.zips[PLATFORM])))}
         assert f"zh:{release.sha256(PLATFORM)}" in entry["hashes"] and set(entry["hashes"]) <= right, entry
         self.answers += 1
 
