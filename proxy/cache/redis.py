@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.cache import Refuse
@@ -53,8 +55,17 @@ IN_FLIGHT = 64
 # fleet locks and remembered 404s are never exported
 _NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
 # RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 FAILURES = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
 _POISON = ("WRONGTYPE", "value is not an integer", "value is not a valid float")  # Redis's words for them
+
+
+def _raised_by_a_library(exc: BaseException) -> bool:
+    """Whether the innermost frame of `exc` lies outside this package (in redis-py or asyncio)."""
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace is not None and not trace.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR)
 
 
 def is_poison(exc: BaseException) -> bool:
@@ -105,7 +116,14 @@ class RedisStore:
             _discard(command)
             raise
         async with self._slots:
-            return await command
+            try:
+                return await command
+            except AttributeError as exc:
+                if not _raised_by_a_library(exc):
+                    raise
+                # redis-py over TLS: a connection closed while a command is written to it raises
+                # AttributeError from asyncio's SSL transport (seen on a loaded Cluster); that is Redis failing
+                raise RedisConnectionError(f"Redis connection lost: {exc}") from exc
 
     def key(self, key: str) -> str:
         """The Redis name of `key` (`PREFIX:KEY`; see `RedisNames` for a Cluster's)."""
