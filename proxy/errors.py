@@ -146,6 +146,25 @@ class TokenInvalidError(UnauthorizedError):
     code = "token_invalid"
 
 
+class OidcTokenInvalidError(TokenInvalidError):
+    """An OIDC token was refused: from an issuer not configured, for another audience, signed with an algorithm
+    or a key the issuer does not use, tampered with, or malformed (the message and the log say which)."""
+
+    code = "oidc_token_invalid"
+
+
+class OidcTokenExpiredError(OidcTokenInvalidError):
+    """The OIDC token has expired: ask the CI system for a fresh one."""
+
+    code = "oidc_token_expired"
+
+
+class OidcTokenNotYetValidError(OidcTokenInvalidError):
+    """The OIDC token is not valid yet (`nbf` or `iat` ahead of the proxy's clock beyond the leeway)."""
+
+    code = "oidc_token_not_yet_valid"
+
+
 class GrantInvalidError(UnauthorizedError):
     """The signed URL's grant is malformed, forged, or made for another URL."""
 
@@ -397,6 +416,15 @@ class StoreUnavailableError(ProxyError):
 
     status = 503
     code = "store_unavailable"
+
+
+class OidcIssuerUnavailableError(ProxyError):
+    """The OIDC token names a signing key the proxy does not hold, and its issuer's keys could not be fetched
+    now (the issuer is unreachable or answers nonsense): retry later."""
+
+    status = 503
+    code = "oidc_issuer_unavailable"
+    expected = True
 
 
 class TooManyConnectionsError(ProxyError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import ssl
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from proxy.auth import Grants, grant_key
 from proxy.backends import archive_store, store_guard
+from proxy.cache import MetadataStore
 from proxy.cache.factory import negative_bound, open_metadata_store
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
@@ -28,6 +30,7 @@ from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
+from proxy.oidc import IssuerKeys, OidcAuthenticator
 from proxy.rendered import RenderedDocuments
 from proxy.served import ServedArchives
 from proxy.upstream.client import UpstreamClient
@@ -41,6 +44,9 @@ from proxy.web.middlewares import client_address, request_context, server_header
 
 log = structlog.get_logger(__name__)
 
+METADATA_BACKEND = web.AppKey("metadata_backend", MetadataStore)  # the sealed store, without the memory front
+OIDC_FETCH_TIMEOUT = 10.0  # seconds: an issuer's discovery document or keys, retry included
+
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown."""
@@ -50,6 +56,7 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
     app.cleanup_ctx.append(_mirror_ctx)
+    app.cleanup_ctx.append(oidc_keys_ctx)
     health.add_routes(app)
     discovery.add_routes(app)
     network_mirror.add_routes(app)
@@ -77,7 +84,8 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     upstream.observe = metrics.observe_upstream
     app[ACCESS] = Access(settings, Grants(grant_key(await asyncio.to_thread(metadata_secret, settings))))
-    reload_on_sighup = settings.access.auth_tokens is not None
+    app[METADATA_BACKEND] = backend
+    reload_on_sighup = settings.access.clients_required
     if reload_on_sighup:  # in every worker: the supervisor passes its SIGHUP on (proxy.web.workers)
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app[ACCESS].reload)
     flights = Flights(locks)
@@ -144,6 +152,30 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         await cache.close()
         store.close()
         await asyncio.to_thread(keyring.close)
+
+
+async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
+    """With --oidc-issuers: the issuers' key cache (shared through the metadata store) and its own upstream
+    session, which never carries upstream credentials, with a short timeout (a token waits on it at most once
+    a minute, when it names a key not held)."""
+    settings, access = app[SETTINGS], app[ACCESS]
+    if settings.access.oidc_issuers is None:
+        yield
+        return
+    limits = dataclasses.replace(
+        settings.limits, metadata_timeout=min(settings.limits.metadata_timeout, OIDC_FETCH_TIMEOUT)
+    )
+    upstream = UpstreamClient.create(
+        AddressPolicy(settings.upstreams.private_host_exceptions), limits, settings.upstreams.upstream_ca_file
+    )
+    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS])
+    access.oidc = OidcAuthenticator(keys, app[METRICS])
+    try:
+        yield
+    finally:
+        access.oidc = None
+        await keys.close()
+        await upstream.close()
 
 
 def write_ca_bundle(settings: Settings) -> Path | None:
