@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,6 +161,7 @@ class IssuerKeys:
         if shared is not None and (held is None or shared.fetched_at > held.fetched_at):
             self._held[name] = shared
             self._failed.pop(name, None)
+            log.info("oidc.keys_shared", issuer=issuer.name, key_ids=sorted(shared.keys.key_ids), pid=os.getpid())
             return shared
         return held
 
@@ -208,7 +210,7 @@ class IssuerKeys:
         self._held[name] = held
         self._failed.pop(name, None)
         self._count(issuer, "ok")
-        log.info("oidc.keys_fetched", issuer=issuer.name, url=jwks_url, key_ids=sorted(keys.key_ids))
+        log.info("oidc.keys_fetched", issuer=issuer.name, url=jwks_url, key_ids=sorted(keys.key_ids), pid=os.getpid())
         if self._store is not None:
             await self._store.set(name, _encode(held, issuer))
         return held
