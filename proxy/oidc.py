@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,8 @@ REFRESH_INTERVAL = 60.0  # seconds: at most one fetch of an issuer's keys per th
 KEYS_MAX_AGE = 15 * 60.0  # seconds: older keys are fetched again (in the background) when used
 STORE_CHECK_INTERVAL = 1.0  # seconds: how often a process looks in the store for keys another one fetched
 MAX_DOCUMENT_BYTES = 1 << 20  # a discovery document or JWKS larger than this is refused
+REMEMBER_FOR = 60.0  # seconds: a token that signed a client in is not checked again for this long
+REMEMBERED_TOKENS = 4096  # tokens remembered at most (the least recently used go first)
 RECORD_VERSION = 1
 
 
@@ -124,6 +127,11 @@ class IssuerKeys:
             why = self._failed.get(name, "no keys fetched yet")
             raise _unavailable(issuer, key_id, f"{why}; the keys are fetched again {self._next_try(name, now)}")
         return held.keys
+
+    def held(self, issuer: Issuer) -> SigningKeys | None:
+        """The keys of `issuer` this process holds now."""
+        held = self._held.get(_record_key(issuer))
+        return held.keys if held is not None else None
 
     async def settled(self) -> None:
         """Wait for the fetches under way (a background refresh, say) to end."""
@@ -303,19 +311,54 @@ def _decode(raw: bytes | None, issuer: Issuer) -> HeldKeys | None:
         return None
 
 
-class OidcAuthenticator:
-    """Signs a client in with an OIDC token of one of the configured issuers."""
+@dataclass(frozen=True)
+class _SignedIn:
+    """A token that signed a client in: the client, until when it is remembered, and what judged it."""
 
-    def __init__(
-        self, keys: IssuerKeys, metrics: Metrics | None = None, *, clock: Callable[[], float] = time.time
-    ) -> None:
-        self.keys = keys
+    client: OidcClient
+    until: float
+    book: IssuerBook
+    issuer: Issuer
+    keys: SigningKeys
+
+
+class OidcAuthenticator:
+    """Signs a client in with an OIDC token of one of the configured issuers.
+
+    A client sends its token with every metadata request; checking one costs about 0.4 ms (parsing, claims,
+    signature: bench/oidc_signin.py), so a token that signed a client in is remembered (by its SHA-256) for
+    `REMEMBER_FOR` at most, never past its `exp` and its issuer's leeway, and only while the issuers in
+    force and the issuer's keys held are those that judged it (a reload, or keys fetched again, check it
+    afresh). Refused tokens are not remembered."""
+
+    def __init__(self, keys: IssuerKeys, metrics: Metrics | None = None) -> None:
+        self.keys = keys  # and its clock, which tells the tokens' times too
         self._metrics = metrics
-        self.clock = clock
+        self._signed_in: OrderedDict[bytes, _SignedIn] = OrderedDict()
 
     async def authenticate(self, token: str, book: IssuerBook) -> OidcClient:
         """The client `token` signs in (its claims judged by its issuer's rules in `book`). Raises
         TokenRefusedError (401: why, for the log and the client) or OidcIssuerUnavailableError (503)."""
+        digest = hashlib.sha256(token.encode()).digest()
+        remembered = self._signed_in.get(digest)
+        if remembered is not None:
+            if (
+                remembered.book is book
+                and self.keys.clock() < remembered.until
+                and self.keys.held(remembered.issuer) is remembered.keys
+            ):
+                self._signed_in.move_to_end(digest)
+                self._count_accepted(remembered.client)
+                return remembered.client
+            del self._signed_in[digest]
+        signed_in = await self._check(token, book)
+        self._count_accepted(signed_in.client)
+        self._signed_in[digest] = signed_in
+        if len(self._signed_in) > REMEMBERED_TOKENS:
+            self._signed_in.popitem(last=False)
+        return signed_in.client
+
+    async def _check(self, token: str, book: IssuerBook) -> _SignedIn:
         try:
             stated = peek(token)
         except JwtError as exc:
@@ -326,7 +369,7 @@ class OidcAuthenticator:
             raise self._refused(
                 "-", JwtError("unknown_issuer", f"the token names {shown}, which this proxy does not trust")
             )
-        now = self.clock()
+        now = self.keys.clock()
         rules = {"issuer": issuer.url, "audiences": issuer.audiences, "leeway": issuer.leeway}
         try:
             if stated.algorithm not in issuer.algorithms:  # before any key is looked up (`none`, HS256, ...)
@@ -344,11 +387,15 @@ class OidcAuthenticator:
             self._count(issuer.name, "issuer_unavailable")
             raise
         client = issuer.client(claims["sub"], claims, int(claims["exp"]))
-        self._count(issuer.name, "accepted" if client.scopes else "no_rule")
+        until = min(claims["exp"] + issuer.leeway, now + REMEMBER_FOR)
+        return _SignedIn(client, until, book, issuer, keys)
+
+    def _count_accepted(self, client: OidcClient) -> None:
+        issuer = client.identity.issuer or "-"
+        self._count(issuer, "accepted" if client.scopes else "no_rule")
         if self._metrics is not None:
             for rule in client.identity.rules:
-                self._metrics.oidc_rules.labels(issuer.name, rule).inc()
-        return client
+                self._metrics.oidc_rules.labels(issuer, rule).inc()
 
     def _refused(self, issuer: str, error: JwtError) -> TokenRefusedError:
         self._count(issuer, error.reason)

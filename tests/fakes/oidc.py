@@ -16,6 +16,7 @@ import json
 import ssl
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -54,6 +55,7 @@ class FakeIssuer:
         self.keys = {alg: _new_key(alg, self._kid(alg)) for alg in KEY_TYPES}
         self.discovery_overrides: dict[str, Any] = {}
         self.status: int | None = None  # every answer this status, when set
+        self.clock: Callable[[], float] = time.time  # the time its tokens are minted at
         self._runner: web.AppRunner | None = None
 
     @property
@@ -85,7 +87,7 @@ class FakeIssuer:
 
     def claims(self, **overrides: Any) -> dict:
         """GitHub Actions-like claims for this issuer and the proxy's audience, valid for five minutes."""
-        now = int(time.time())
+        now = int(self.clock())
         claims = {
             "iss": self.url,
             "aud": AUDIENCE,

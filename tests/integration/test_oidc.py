@@ -190,7 +190,7 @@ async def test_static_tokens_keep_working_alongside(oidc_settings, client_ssl, i
 async def test_a_rotated_key_is_picked_up_and_the_withdrawn_one_refused(oidc_settings, client_ssl, issuer):
     clock = Clock()
     async with serve_proxy(oidc_settings(), client_ssl) as proxy:
-        proxy.app[ACCESS].oidc.keys.clock = clock
+        proxy.app[ACCESS].oidc.keys.clock = issuer.clock = clock
         old = issuer.mint()
         assert (await proxy.get(INDEX, **bearer(old)))[0] == 200
         issuer.rotate()
@@ -208,7 +208,7 @@ async def test_an_issuer_that_goes_down_leaves_its_keys_working_and_a_new_key_is
 ):
     clock = Clock()
     async with serve_proxy(oidc_settings(), client_ssl) as proxy:
-        proxy.app[ACCESS].oidc.keys.clock = clock
+        proxy.app[ACCESS].oidc.keys.clock = issuer.clock = clock
         assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200
         await issuer.stop()
         clock.offset += 20 * 60  # the keys are old enough to be fetched again (in the background): it fails
@@ -230,6 +230,37 @@ async def test_an_issuer_that_goes_down_leaves_its_keys_working_and_a_new_key_is
         await issuer.start()  # back, on the same port
         clock.offset += 61
         assert (await proxy.get(INDEX, **bearer(issuer.mint("ES256"))))[0] == 200
+
+
+async def test_a_token_is_checked_once_a_minute_and_again_after_its_exp_a_reload_or_new_keys(
+    oidc_settings, client_ssl, issuer, issuers_file
+):
+    clock = Clock()
+    async with serve_proxy(oidc_settings(), client_ssl) as proxy:
+        access = proxy.app[ACCESS]
+        access.oidc.keys.clock = issuer.clock = clock
+        assert (await proxy.get(INDEX, **bearer(issuer.mint("ES256"))))[0] == 200  # the keys fetched
+        clock.offset += 30
+        token = issuer.mint()
+        assert (await proxy.get(INDEX, **bearer(token)))[0] == 200
+        issuer.rotate()  # its key withdrawn: the proxy does not know yet
+        clock.offset += 31  # a minute after the fetch, half a minute after the token was checked
+        assert (await proxy.get(INDEX, **bearer(token)))[0] == 200  # remembered, not checked again
+        assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200  # a new kid: the keys fetched again
+        status, _, body = await proxy.get(INDEX, **bearer(token))  # checked again with them: its key is gone
+        assert (status, json.loads(body)["code"]) == (401, "oidc_token_invalid")
+
+        token = issuer.mint(exp=int(clock()) + 30)
+        assert (await proxy.get(INDEX, **bearer(token)))[0] == 200
+        clock.offset += 41  # past its exp and the leeway (10s), within the minute
+        status, _, body = await proxy.get(INDEX, **bearer(token))
+        assert (status, json.loads(body)["code"]) == (401, "oidc_token_expired")
+
+        token = issuer.mint()
+        assert (await proxy.get(INDEX, **bearer(token)))[0] == 200
+        issuers_file.write_text(issuers_toml(issuer, owner="someone-else"))
+        access.reload()
+        assert (await proxy.get(INDEX, **bearer(token)))[0] == 403  # judged by the rules now in force
 
 
 async def test_keys_outlive_a_restart_with_the_issuer_down(make_settings, issuer, issuers_file, client_ssl):
