@@ -42,7 +42,6 @@ from yarl import URL
 from proxy.addrs import AddressError, Hostname
 from proxy.auth import (
     GRANT_PARAM,
-    AuthConfigError,
     Client,
     Grants,
     TokenBook,
@@ -102,7 +101,7 @@ class Access:
         if self.path is not None:
             try:
                 book = load_tokens(self.path)
-            except (OSError, AuthConfigError) as exc:
+            except (OSError, ValueError) as exc:  # AuthConfigError, or a file that is not UTF-8
                 _reload_failed("auth.reload_failed", self.path, exc, "the previous tokens stay")
             else:
                 self._use(book)
@@ -110,7 +109,7 @@ class Access:
         if self.issuers_path is not None:
             try:
                 issuers = load_issuers(self.issuers_path)
-            except (OSError, AuthConfigError) as exc:
+            except (OSError, ValueError) as exc:
                 _reload_failed("oidc.reload_failed", self.issuers_path, exc, "the previous issuers and rules stay")
             else:
                 self.issuers = issuers

@@ -315,3 +315,13 @@ async def test_a_grant_dies_when_its_issuer_is_removed_and_never_outlives_the_to
         assert (status, json.loads(body)["code"]) == (401, "grant_revoked")
         status, _, body = await proxy.get(INDEX, **bearer(issuer.mint()))  # its tokens: issuer `other`, no rule
         assert (status, json.loads(body)["code"]) == (403, "token_scope")
+
+
+async def test_a_reload_of_a_file_that_is_not_text_keeps_the_issuers(oidc_settings, client_ssl, issuer, issuers_file):
+    async with serve_proxy(oidc_settings(), client_ssl) as proxy:
+        issuers_file.write_bytes(b"\xff\xfe[issuers.x]")
+        with capture_logs() as logs:
+            proxy.app[ACCESS].reload()
+        [failed] = events(logs, "oidc.reload_failed")
+        assert "utf-8" in failed["error"] and failed["effect"] == "the previous issuers and rules stay"
+        assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200
