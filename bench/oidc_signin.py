@@ -35,7 +35,7 @@ from proxy.auth import hash_token, parse_tokens  # noqa: E402
 from proxy.config import Limits  # noqa: E402
 from proxy.issuers import parse_issuers  # noqa: E402
 from proxy.oidc import IssuerKeys, OidcAuthenticator  # noqa: E402
-from proxy.upstream.client import UpstreamClient  # noqa: E402
+from proxy.upstream.client import UpstreamClient, create_ssl_context  # noqa: E402
 from proxy.upstream.netguard import AddressPolicy  # noqa: E402
 from tests.fakes.oidc import FakeIssuer  # noqa: E402
 from tests.integration.test_oidc import issuers_toml  # noqa: E402
@@ -54,7 +54,7 @@ async def main() -> None:
     await issuer.start()
     ca_file = Path(tempfile.mkdtemp()) / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
-    upstream = UpstreamClient.create(AddressPolicy(frozenset({issuer.allow})), Limits(), ca_file)
+    upstream = UpstreamClient.create(AddressPolicy(frozenset({issuer.allow})), Limits(), create_ssl_context(ca_file))
     book = parse_issuers(issuers_toml(issuer))
     authenticator = OidcAuthenticator(IssuerKeys(upstream, None))  # the keys are fetched at the first token
     statics = [f"rpt_static_{n:04d}" for n in range(args.tokens)]

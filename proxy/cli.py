@@ -164,8 +164,10 @@ def _add_store_commands(commands) -> None:
         config=True,
         help="re-hash every archive in a data dir's store",
         description="Hash every stored archive and compare it with its content address; report corrupt files "
-        "and temp dirs left by dead processes; list the provider archives stored unsigned "
-        "(--unsigned-providers). Exits 1 while corruption is found and not repaired.",
+        "and temp dirs left by dead processes; hold every provider archive record to the verification chain "
+        "again (signature, SHA256SUMS line, digest) and list those it refuses; list the provider archives stored "
+        "unsigned (--unsigned-providers). Exits 1 while corruption is found and not repaired, or a record is "
+        "refused.",
     )
     verify.add_argument(
         "--repair",

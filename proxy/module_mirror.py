@@ -83,32 +83,33 @@ class ModuleMirror:
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte."""
-        return (await self._versions_entry(addr)).body
+        return (await self._versions_entry(addr))[0].body
 
-    async def _versions_entry(self, addr: ModuleAddr, max_age: float | None = None) -> CacheEntry:
+    async def _versions_entry(
+        self, addr: ModuleAddr, max_age: float | None = None
+    ) -> tuple[CacheEntry, frozenset[Version]]:
         self._documents.check_allowed(addr.hostname)
         base = await self._documents.service_url(addr.hostname, "modules.v1")
-        entry = await self._documents.document(
+        entry, versions = await self._documents.document(
             keys.module_versions(addr),
             modules.versions_url(base, addr),
             ttl=list_ttl(self._settings.freshness.versions, max_age),
-            validate=lambda e: modules.parse_versions(e.body, addr),
+            parse=lambda e: frozenset(modules.parse_versions(e.body, addr)),
         )
-        if entry.negative:
+        if versions is None:
             raise RegistryModuleNotFoundError(f"module {addr} is not known to its registry")
-        return entry
+        return entry, versions
 
     async def _require_version(self, addr: ModuleAddr, version: Version) -> None:
         """404 unless the module's version list has `version`, before any per-version upstream request.
 
         A list missing it is refetched at most once per `--ttl-negative` (it may have been published since).
         """
-        key = keys.module_versions(addr)
 
         async def load(max_age: float | None) -> frozenset[Version]:
-            entry = await self._versions_entry(addr, max_age)
-            return self._documents.parsed(key, entry, lambda e: frozenset(modules.parse_versions(e.body, addr)))
+            return (await self._versions_entry(addr, max_age))[1]
 
+        key = keys.module_versions(addr)
         if version not in await listed(load, lambda versions: version not in versions, self._rechecks, key):
             raise VersionNotFoundError(f"module {addr} has no version {version}")
 
@@ -177,14 +178,13 @@ class ModuleMirror:
         base = await self._documents.service_url(addr.hostname, "modules.v1")
         url = modules.download_url(base, addr, version)
 
-        def parse(entry) -> str:
-            return modules.parse_download(entry.status, entry.terraform_get, entry.body, addr)
+        def parse(entry: CacheEntry) -> ModuleSource:
+            return _classify(modules.parse_download(entry.status, entry.terraform_get, entry.body, addr), url)
 
-        key = keys.module_download(addr, version)
-        entry = await self._documents.document(key, url, ttl=None, validate=parse)
-        if entry.negative:
+        source = (await self._documents.document(keys.module_download(addr, version), url, ttl=None, parse=parse))[1]
+        if source is None:
             raise VersionNotFoundError(f"module {addr} has no version {version}")
-        return self._documents.parsed(key, entry, lambda e: _classify(parse(e), url))
+        return source
 
     async def _stored(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord] | None:
         return await self._downloader.stored(await self._documents.record(keys.module(addr, version), ModuleRecord))

@@ -7,7 +7,6 @@ token (`--token`, for a proxy with `--auth-tokens`) is sent with every request, 
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,8 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.safejson import JSONDocumentError
+from proxy.safejson import loads as load_json
 
 
 class ProxyRequestError(Exception):
@@ -110,9 +111,9 @@ class ProxyClient:
             if response.status != 200:
                 raise ProxyRequestError(response.status, _error_message(response.status, body))
             try:
-                return await response.json(content_type=None)
-            except ValueError:
-                raise ProxyRequestError(response.status, "the proxy answered with invalid JSON") from None
+                return load_json(body)
+            except JSONDocumentError as exc:
+                raise ProxyRequestError(response.status, f"the proxy's answer {exc}") from None
 
     async def provider_versions(self, addr: ProviderAddr) -> list[Version]:
         document = await self.json(f"mirror/v1/{_path(addr)}/index.json")
@@ -184,7 +185,7 @@ def _module_path(addr: ModuleAddr) -> str:
 
 def _error_message(status: int, body: bytes) -> str:
     try:
-        errors = json.loads(body).get("errors")
+        errors = load_json(body).get("errors")
         if errors:
             return "; ".join(str(e) for e in errors)
     except (ValueError, AttributeError):

@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 from typing import IO
 
-from proxy.hashes import h1_forms
+from proxy.hashes import Hash, h1_forms
 
 DEFAULT_MAX_UNPACKED_BYTES = 2 << 30  # the streaming pass stops beyond this (a zip bomb); the fallback decides
 MAX_ENTRIES = 200_000
@@ -315,7 +315,7 @@ class _Member:
         )
 
 
-def h1_of_streamed_zip(hasher: ZipStreamHasher, fileobj: IO[bytes]) -> tuple[str, str]:
+def h1_of_streamed_zip(hasher: ZipStreamHasher, fileobj: IO[bytes]) -> tuple[Hash, Hash]:
     """Both `h1:` forms (as `h1_of_zip`) from the streamed digests, once the central directory of
     the complete archive in `fileobj` confirms every entry; raises StreamedZipMismatchError if it does not."""
     if hasher.failure is not None:

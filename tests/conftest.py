@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from yarl import URL
 
 from proxy.config import Settings
 from proxy.web.app import create_app
+from tests.fakes import ports
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, RedisServer
@@ -26,6 +27,24 @@ from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT,
 from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
+# Tests that use these fixtures, or live in these folders, start child processes: marked `process`
+# here (a test that starts one some other way carries the mark itself).
+PROCESS_FIXTURES = frozenset({"proxy_process", "terraform"})
+PROCESS_FOLDERS = frozenset({"e2e", "browser"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `one_metadata_store` runs over the embedded store only: its own parametrization of
+    `metadata_backend` (a mark, which takes precedence over the fixture's two stores)."""
+    if "metadata_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("one_metadata_store"):
+        metafunc.definition.add_marker(pytest.mark.parametrize("metadata_backend", ["embedded"], indirect=True))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.path.parent.name in PROCESS_FOLDERS:
+            item.add_marker(pytest.mark.process)
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +149,13 @@ def s3_bucket(s3_server, monkeypatch) -> str:
     bucket = s3_server.bucket()
     monkeypatch.setenv(ENV_BUCKET, bucket)
     return bucket
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port where connections are refused for the whole test (no other test can take it)."""
+    with ports.refused_port() as port:
+        yield port
 
 
 @pytest.fixture(params=["embedded", "redis"])

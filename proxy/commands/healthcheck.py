@@ -11,12 +11,12 @@ Exit 0 when `/readyz` answers 200 (ready, or degraded but serving), 1 otherwise;
 from __future__ import annotations
 
 import http.client
-import json
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 from proxy.config import ConfigError, Settings
+from proxy.safejson import loads as load_json
 
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
@@ -90,7 +90,7 @@ def check(probe: Probe) -> tuple[bool, str]:
 
 def _verdict(url: str, status: int, body: bytes) -> tuple[bool, str]:
     try:
-        document = json.loads(body)
+        document = load_json(body)
     except ValueError:
         document = None
     if not isinstance(document, dict):

@@ -20,7 +20,7 @@ from proxy.commands import CommandError
 from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
-from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
+from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.config import FreshnessTtls, Settings, build
 from proxy.gpg import Keyring
@@ -215,11 +215,11 @@ async def _verify(args: argparse.Namespace) -> int:
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
             cache = await _metadata(settings)
             try:
-                report.unsigned = await unsigned_archives(cache)
+                await check_records(report, cache)
             finally:
                 await cache.close()
     finally:
         store.close()
     for line in summary_lines(report):
         print(line)
-    return 1 if report.unrepaired else 0
+    return 1 if report.failed else 0

@@ -95,12 +95,17 @@ class UpstreamClient:
 
     @classmethod
     def create(
-        cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None, credentials: UpstreamCredentials | None = None
+        cls,
+        policy: AddressPolicy,
+        limits: Limits,
+        tls: ssl.SSLContext,
+        credentials: UpstreamCredentials | None = None,
     ) -> UpstreamClient:
-        """Build the session (must run inside the event loop)."""
+        """Build the session (must run inside the event loop); `tls` from `create_ssl_context`, which reads the
+        trust store's files (call it off the loop)."""
         connector = aiohttp.TCPConnector(
             resolver=GuardedResolver(policy),
-            ssl=create_ssl_context(ca_file),
+            ssl=tls,
             limit=limits.upstream_concurrency * 4,
             ttl_dns_cache=60,
         )

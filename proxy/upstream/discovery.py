@@ -8,12 +8,11 @@ how to validate the answer, and how to resolve a service URL against the final
 
 from __future__ import annotations
 
-import json
-
 from yarl import URL
 
 from proxy.addrs import Hostname
 from proxy.errors import ServiceNotFoundError, UpstreamMalformedError
+from proxy.safejson import JSONDocumentError, loads
 
 WELL_KNOWN_PATH = "/.well-known/terraform.json"
 MAX_REDIRECTS = 3  # Terraform's discovery client follows at most three
@@ -34,9 +33,9 @@ def parse_discovery(body: bytes, content_type: str, hostname: Hostname) -> dict[
             f"discovery document of {hostname} has content type {content_type!r}, not application/json"
         )
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise UpstreamMalformedError(f"discovery document of {hostname} is not valid JSON") from None
+        document = loads(body)
+    except JSONDocumentError as exc:
+        raise UpstreamMalformedError(f"discovery document of {hostname} {exc}") from None
     if not isinstance(document, dict):
         raise UpstreamMalformedError(f"discovery document of {hostname} is not a JSON object")
     return document

@@ -26,6 +26,7 @@ relayed as it arrives, whole (no Range), with the upstream's Content-Length when
 else chunked. Headers go out with the first relayed chunk,
 so a refusal before that is a plain JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
+A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
     except BaseException as exc:
         if not response.prepared:
             raise  # nothing sent yet: an ordinary error answer
+        if isinstance(exc, ConnectionError | asyncio.CancelledError):
+            raise  # the client went away: the access log's 499, as on the warm path
         log.warning("archive.passthrough_aborted", filename=filename, error=getattr(exc, "message", repr(exc)))
         _abort(request)  # drop the connection: the withheld end of the body never follows
         if isinstance(exc, Exception):

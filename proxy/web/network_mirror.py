@@ -53,7 +53,7 @@ async def json_document(request: web.Request) -> web.Response:
 
 
 def _index_document(versions: Iterable[Version]) -> dict:
-    return {"versions": {str(v): {} for v in sorted(versions)}}
+    return {"versions": {str(v): {} for v in sorted(versions, key=Version.precedence)}}
 
 
 def _version_document(
@@ -63,7 +63,9 @@ def _version_document(
         relative = f"{version}/{platform}/{archive_filename(addr, version, platform)}"
         return signer.sign(relative) if signer else relative
 
-    return {"archives": {str(a.platform): {"url": url(a.platform), "hashes": list(a.hashes)} for a in archives}}
+    return {
+        "archives": {str(a.platform): {"url": url(a.platform), "hashes": [str(h) for h in a.hashes]} for a in archives}
+    }
 
 
 async def archive(request: web.Request) -> web.StreamResponse:

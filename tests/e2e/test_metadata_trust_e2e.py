@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from proxy.cache.sealed import unseal
-from proxy.hashes import h1_of_zip, zh_hash
+from proxy.hashes import Hash, h1_of_zip
 from tests.conftest import PROVIDER
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config, provider_tf
 from tests.e2e.test_registry_e2e import MAIN_TF as REGISTRY_TF
@@ -44,7 +44,7 @@ def redis_args(redis_server, prefix: str) -> tuple[str, ...]:
 
 
 def h1_dir(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 def installed_files(workdir, version: str) -> list[str]:
@@ -77,7 +77,7 @@ async def test_a_download_answer_planted_among_the_remembered_404s_cannot_downgr
     assert locked_hashes(second) == [h1_dir(new.zips["linux_amd64"])]
     assert await lock_hashes(proxy, "1.1.0") == {
         "h1": h1_dir(new.zips["linux_amd64"]),
-        "zh": zh_hash(new.sha256("linux_amd64")),
+        "zh": str(Hash.zh(new.sha256("linux_amd64"))),
     }
     poisoned = {event["key"] for event in proxy.events("security.metadata_poisoned")}
     assert f"negative:download:{PROVIDER}/1.1.0/linux_amd64" in poisoned

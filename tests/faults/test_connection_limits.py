@@ -219,6 +219,32 @@ async def test_client_abort_mid_archive_is_logged_as_aborted_not_crashed(proxy_p
     assert 'status="500"' not in body.decode()
 
 
+async def test_client_abort_mid_cold_archive_is_logged_as_aborted_too(proxy_process, connect, registry, big_release):
+    """Issue 18, item 11: a cold archive streamed as it downloads was logged `status 200, bytes 0` plus
+    a warning when its client went away; it is a 499 as on the warm path, and the download goes on."""
+    registry.trickle[registry.archive_path(big_release, "linux_amd64")] = 4 * MIB  # about two seconds
+    proc = await proxy_process()
+    client = await _open(proc, receive_buffer=32 * 1024, stop_reading_after=64 * 1024)
+    client.send(request(BIG_ARCHIVE, headers={"X-Request-Id": "abort-cold"}))
+    await asyncio.wait_for(client.got_data.wait(), 20)
+    assert client.status() == 200
+    client.abort()
+
+    def aborted() -> list[dict]:
+        return [e for e in proc.events("request.aborted") if e.get("request_id") == "abort-cold"]
+
+    assert await _until(lambda: bool(aborted()), 15), "the abort was not logged as request.aborted"
+    record = aborted()[0]
+    assert record["status"] == 499 and record["path"] == BIG_ARCHIVE and record["level"] == "info"
+    assert 0 < record["bytes"] < len(big_release.zips["linux_amd64"])
+    assert not [e for e in proc.events("request") if e.get("request_id") == "abort-cold"]
+    assert not [
+        e for e in proc.events() if e.get("level") in ("warning", "error") and e.get("request_id") == "abort-cold"
+    ]
+    await _warm(proc, connect, big_release)  # the download went on: served whole
+    assert proc.events("request.crashed") == []
+
+
 # ---- parser errors ------------------------------------------------------------------------
 
 

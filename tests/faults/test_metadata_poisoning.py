@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from proxy.cache.sealed import seal, unseal
-from proxy.hashes import h1_of_zip, zh_hash
+from proxy.hashes import Hash, h1_of_zip
 
 PROVIDER = "registry.example.test/acme/foo"
 ARCHIVE = "/mirror/v1/" + PROVIDER + "/{v}/{p}/terraform-provider-foo_{v}_{p}.zip"
@@ -23,7 +23,7 @@ SECRET = "test-metadata-secret-0123456789abcdef"
 
 
 def h1_dir(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
     assert status == 200
     platforms = json.loads(body)["platforms"]
     for platform in ("linux_amd64", "darwin_arm64", "windows_amd64"):
-        assert platforms[platform] == {"h1": h1_dir(new.zips[platform]), "zh": zh_hash(new.sha256(platform))}
+        assert platforms[platform] == {"h1": h1_dir(new.zips[platform]), "zh": str(Hash.zh(new.sha256(platform)))}
 
     poisoned = {record["key"] for record in proc.events("security.metadata_poisoned")}
     assert {

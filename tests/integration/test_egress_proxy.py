@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
 from tests.conftest import PROVIDER, serve_proxy
+
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
 
 
 class ConnectProxy:

@@ -12,6 +12,10 @@ from proxy.addrs import AddressError, Hostname, ModuleAddr, Version
 from proxy.errors import ProxyError
 from proxy.web.middlewares import INVALID_REQUEST_ERRORS
 
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
 
 def address_error(parse, *args) -> str:
     with pytest.raises(AddressError) as info:

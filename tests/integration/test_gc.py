@@ -15,13 +15,14 @@ import os
 import sys
 import time
 
+import pytest
+
 from proxy.cache import CacheEntry
 from proxy.cache.factory import open_metadata_store
 from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.store import ArchiveStore
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.process import REPO_ROOT
-from tests.fakes.redis_server import free_port
 from tests.fakes.store_holder import StoreHolder
 
 LONG_AGO = 3 * 86400
@@ -61,6 +62,7 @@ def lines_of(output: str, kind: str) -> list[list[str]]:
     return [line.split() for line in output.splitlines() if len(line.split()) >= 4 and line.split()[-3] == kind]
 
 
+@pytest.mark.process
 async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp_path):
     settings = make_settings()
     async with serve_proxy(settings, client_ssl) as proxy:
@@ -151,6 +153,7 @@ async def check_after_gc(settings, client_ssl, registry, orphan: str, body: byte
     assert code == 0 and lines_of(second, "archive") == [] and "0 item(s), 0 bytes" in second, second
 
 
+@pytest.mark.process
 async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_settings, client_ssl, registry):
     """A wrong secret (or a forged record) must not make every archive look orphaned."""
     settings = make_local_settings()
@@ -170,9 +173,10 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
     assert store.path_for(live).exists()
 
 
-async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path):
+@pytest.mark.process
+async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path, refused_port):
     """Redis down: nothing is known to be unreferenced, so nothing is removed."""
-    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret="s" * 32)
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{refused_port}/0", metadata_secret="s" * 32)
     store = ArchiveStore(settings.archive_dir)
     store.open()
     orphan = publish(store, b"an orphan", time.time() - LONG_AGO)

@@ -12,6 +12,11 @@ from multidict import CIMultiDict
 
 from tests.conftest import PROVIDER, serve_proxy
 
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
+
 WAIT = 10  # seconds for an awaited event: only a broken proxy takes that long
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 

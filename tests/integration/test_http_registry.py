@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import time
 
 import pytest
 from structlog.testing import capture_logs
@@ -13,6 +14,11 @@ from tests.conftest import serve_proxy
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.registry import ModuleRelease
+
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
 
 P = "/registry/registry.example.test/providers/v1/acme/foo"
 M = "/registry/registry.example.test/modules/v1/acme/net/aws"
@@ -240,13 +246,19 @@ async def test_git_clone_failure_is_a_clear_502(proxy, registry, git_module):
     assert (status, body["code"]) == (502, "git_failed")
 
 
-async def test_module_errors(proxy, registry, net_module):
+async def test_module_errors(proxy, registry, net_module, monkeypatch):
+    from proxy.config import FreshnessTtls
+    from proxy.web.keys import MODULES
     from tests.fakes.registry import Fault
 
+    now = [time.time()]
+    monkeypatch.setattr(proxy.app[MODULES]._documents, "clock", lambda: now[0])
     registry.faults["/v1/modules/acme/net/aws/versions"] = Fault(body=json.dumps({"modules": []}).encode())
     status, answer = await proxy.json(f"{M}/versions")
     assert (status, answer["code"]) == (502, "upstream_malformed")
-    del registry.faults["/v1/modules/acme/net/aws/versions"]  # (a malformed answer was not cached)
+    del registry.faults["/v1/modules/acme/net/aws/versions"]  # a malformed answer is not cached, only remembered
+    assert (await proxy.json(f"{M}/9.9.9/download"))[0] == 502
+    now[0] += FreshnessTtls().negative
     for path, status, code in (
         (f"{M}/9.9.9/download", 404, "version_not_found"),
         ("/registry/registry.example.test/modules/v1/acme/none/aws/versions", 404, "module_not_found"),

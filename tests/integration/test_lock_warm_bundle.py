@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 
 import pytest
@@ -42,7 +43,7 @@ module "net" {{
 
 
 def dir_h1(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 @pytest.fixture
@@ -318,6 +319,23 @@ async def test_bundle_with_planted_metadata_is_rejected(exported, tmp_path):
     _rewrite_bundle(exported, planted, plant)
     with pytest.raises(CommandError, match="belongs to no archive"):
         await _import(tmp_path / "d", planted)
+
+
+@pytest.mark.parametrize(
+    ("member", "content", "reason"),
+    [
+        ("manifest.json", b"[" * 200_000, "manifest.json is nested deeper than 64 levels"),
+        ("metadata.jsonl", b"[" * 200_000 + b"\n", "metadata line 1 is nested deeper than 64 levels"),
+        ("metadata.jsonl", b"[]\n", "metadata line 1 has an unknown key"),
+        ("metadata.jsonl", b'{"key": "versions:r/a/b"}\n', "metadata line 1 has no value"),
+        ("manifest.json", b'{"format": "registry-proxy-bundle", "version": 1, "providers": [1]}', "'providers'"),
+    ],
+)
+async def test_bundle_with_malformed_json_is_rejected_naming_the_problem(exported, tmp_path, member, content, reason):
+    broken = tmp_path / "broken.tar"
+    _rewrite_bundle(exported, broken, lambda name, data: content if name == member else data)
+    with pytest.raises(CommandError, match=re.escape(reason)):
+        await _import(tmp_path / "j", broken)
 
 
 async def test_bundle_with_a_forged_signature_is_rejected(exported, tmp_path, other_key):

@@ -12,7 +12,7 @@ from proxy.config import Limits
 from proxy.errors import OidcIssuerUnavailableError
 from proxy.issuers import parse_issuers
 from proxy.oidc import KEYS_MAX_AGE, IssuerKeys
-from proxy.upstream.client import UpstreamClient
+from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.netguard import AddressPolicy
 from tests.integration.test_oidc import Clock, issuer, issuers_toml  # noqa: F401 - the fixture
 
@@ -21,7 +21,7 @@ FETCH = "/keys"
 
 @pytest.fixture
 async def parts(issuer, ca_file, make_local_settings):  # noqa: F811
-    upstream = UpstreamClient.create(AddressPolicy(frozenset({issuer.allow})), Limits(), ca_file)
+    upstream = UpstreamClient.create(AddressPolicy(frozenset({issuer.allow})), Limits(), create_ssl_context(ca_file))
     store, _ = await open_metadata_store(make_local_settings())
     [config] = parse_issuers(issuers_toml(issuer)).issuers
     made: list[IssuerKeys] = []

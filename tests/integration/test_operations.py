@@ -9,7 +9,6 @@ from structlog.testing import capture_logs
 from proxy import __version__
 from proxy.config import parse_networks
 from tests.conftest import METADATA_SECRET, PROVIDER, serve_proxy
-from tests.fakes.redis_server import free_port
 
 INDEX = f"/mirror/v1/{PROVIDER}/index.json"
 
@@ -99,8 +98,8 @@ async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
     assert counters and all(name.endswith("_total") for name in counters)
 
 
-async def test_redis_up_is_0_while_redis_does_not_answer(make_local_settings, client_ssl):
-    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret=METADATA_SECRET)
+async def test_redis_up_is_0_while_redis_does_not_answer(make_local_settings, client_ssl, refused_port):
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{refused_port}/0", metadata_secret=METADATA_SECRET)
     async with serve_proxy(settings, client_ssl) as running:
         samples = _samples((await running.get("/metrics"))[2])
     assert samples["registry_proxy_redis_up"] == 0

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.registry import Fault
+
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 INDEX = f"/mirror/v1/{PROVIDER}/index.json"

@@ -47,7 +47,7 @@ def registry_download(host: str = TOFU) -> str:
 
 
 def dir_h1(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 @pytest.fixture(params=["empty", "missing"])
@@ -89,8 +89,7 @@ async def test_opentofu_default_serves_an_unsigned_provider_checked_against_its_
         stored_events = [e for e in logs if e["event"] == "archive.unsigned_stored"]
         assert len(stored_events) == 1 and stored_events[0]["sha256"] == release.sha256("linux_amd64")
         assert await unsigned_count(proxy) == 1
-        raw = await proxy.app[MIRROR]._cache.get(keys.archive(*ADDRESS))
-        record = records.decode(raw, ArchiveRecord)
+        record = await proxy.app[MIRROR]._documents.record(keys.archive(*ADDRESS), ArchiveRecord)
         assert record is not None and record.unsigned
 
         # The network mirror answer carries only hashes: every platform's zh: and the stored one's h1:.
@@ -222,6 +221,7 @@ async def test_unsigned_sums_not_over_https_are_refused(tofu_settings, client_ss
         assert not any(path.endswith("SHA256SUMS") for _, path in unsigned_registry.requests)
 
 
+@pytest.mark.process
 async def test_verify_lists_unsigned_archives(make_local_settings, client_ssl, registry, tmp_path):
     registry.signing_keys_override = []
     settings = make_local_settings(upstream_map={TOFU: URL(registry.url), REGISTRY_HOST: URL(registry.url)})

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from proxy.config import FreshnessTtls, Limits
+from proxy.web.keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.registry import Fault
 
@@ -19,13 +22,22 @@ async def test_upstream_5xx_is_a_502_naming_the_status(proxy, registry):
     assert registry.count(VERSIONS) == 2  # one retry for an idempotent GET
 
 
-async def test_garbage_json_is_refused_and_not_cached(proxy, registry):
+async def test_garbage_json_is_refused_and_not_cached(proxy, registry, monkeypatch):
+    """Never cached; remembered as malformed for --ttl-negative (retries meanwhile do not reach the
+    upstream), then asked for again."""
+    now = [time.time()]
+    monkeypatch.setattr(proxy.app[MIRROR]._documents, "clock", lambda: now[0])
     registry.faults[VERSIONS] = Fault(body=b"<html>not json</html>", content_type="text/html")
     status, body = await proxy.json(INDEX)
     assert (status, body["code"]) == (502, "upstream_malformed")
     registry.faults.clear()
     status, body = await proxy.json(INDEX)
+    assert status == 502 and "not valid JSON" in body["errors"][0]
+    assert registry.count(VERSIONS) == 1
+    now[0] += FreshnessTtls().negative
+    status, body = await proxy.json(INDEX)
     assert status == 200 and body == {"versions": {"1.0.0": {}, "1.1.0": {}}}
+    assert registry.count(VERSIONS) == 2
 
 
 async def test_wrong_shape_json_is_refused(proxy, registry):
@@ -87,6 +99,23 @@ async def test_stale_metadata_is_served_when_the_upstream_fails(make_settings, c
         await registry.stop()
         for path in (INDEX, VERSION_DOC, ARCHIVE):
             assert (await running.get(path))[0] == 200, path
+
+
+async def test_stale_metadata_is_served_while_the_upstream_answers_malformed_json(proxy, registry, monkeypatch):
+    """A refresh that does not parse leaves the stale copy served, and is asked for again only after
+    --ttl-negative (not on every request)."""
+    now = [time.time()]
+    monkeypatch.setattr(proxy.app[MIRROR]._documents, "clock", lambda: now[0])
+    assert (await proxy.json(INDEX))[0] == 200
+    registry.faults[VERSIONS] = Fault(body=b"[" * 200_000)
+    now[0] += FreshnessTtls().versions + 1
+    for _ in range(3):
+        status, body = await proxy.json(INDEX)
+        assert status == 200 and "1.1.0" in body["versions"]
+    assert registry.count(VERSIONS) == 2
+    now[0] += FreshnessTtls().negative + 1
+    assert (await proxy.json(INDEX))[0] == 200
+    assert registry.count(VERSIONS) == 3
 
 
 async def test_warm_cache_survives_a_restart_with_the_upstream_down(make_settings, client_ssl, registry):

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.store import LOCK_NAME
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
+
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 VERSION_DOC = f"/mirror/v1/{PROVIDER}/1.0.0.json"
@@ -106,4 +112,53 @@ async def test_registry_without_signing_keys_is_refused(proxy, registry):
     }
     registry.faults["/v1/providers/acme/foo/1.0.0/download/linux/amd64"] = Fault(body=json.dumps(doc).encode())
     status, body = await proxy.json(ARCHIVE)
-    assert (status, body["code"]) == (502, "unsigned_refused")
+    assert (status, body["code"]) == (502, "unsigned_refused") and "no signing keys" in body["errors"][0]
+
+
+async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings, client_ssl, registry, other_key):
+    """`registry-proxy verify` checks each provider archive record again: the SHA256SUMS signature (with the
+    keys of its download document), the archive's line and digest. Records rewritten behind the proxy's
+    back (sealed, as an owner of the metadata secret could) are listed and make it exit 1."""
+    from dataclasses import replace
+
+    from proxy import records
+    from proxy.addrs import Platform, ProviderAddr, Version
+    from proxy.cache import keys
+    from proxy.records import ArchiveRecord, SumsRecord
+    from tests.fakes.process import registry_proxy
+    from tests.integration.test_lock_warm_bundle import _stores
+
+    settings = make_local_settings()
+    async with serve_proxy(settings, client_ssl) as proxy:
+        assert (await proxy.get(ARCHIVE))[0] == 200
+        assert (await proxy.get(ARCHIVE.replace("linux_amd64", "darwin_arm64")))[0] == 200
+    code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+    assert code == 0 and "0 refused by the verification chain, 0 not checkable" in output, output
+
+    release = release_of(registry)
+    cache, store = await _stores(settings.data_dir)
+    try:
+        sums_key = next(k for k in [k async for k in cache.keys()] if keys.SUMS.parse(k))  # noqa: SIM118 - async
+        sums = records.decode(await cache.get(sums_key), SumsRecord)
+        forged = SumsRecord(sums.sums, other_key.sign(sums.sums), sums.key_id, sums.fingerprint)
+        await cache.set(sums_key, records.encode(forged))
+        code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+        refused = [line for line in output.splitlines() if line.startswith("REFUSED")]
+        assert code == 1 and len(refused) == 2, output  # both platforms' records hang on that signature
+        assert all("failed verification" in line for line in refused)
+
+        await cache.set(sums_key, records.encode(sums))
+        addr, version = ProviderAddr.parse(*PROVIDER.split("/")), Version.parse("1.0.0")
+        linux, darwin = (keys.archive(addr, version, Platform.parse(p)) for p in ("linux_amd64", "darwin_arm64"))
+        other = records.decode(await cache.get(darwin), ArchiveRecord)
+        record = records.decode(await cache.get(linux), ArchiveRecord)
+        await cache.set(linux, records.encode(replace(record, sha256=other.sha256)))  # another platform's archive
+        code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+        refused = [line for line in output.splitlines() if line.startswith("REFUSED")]
+        assert code == 1 and refused == [
+            f"REFUSED {PROVIDER} 1.0.0 linux_amd64 sha256={release.sha256('darwin_arm64')}: the record disagrees "
+            "with the signed SHA256SUMS of its download (never served; fetched again when asked for)"
+        ], output
+    finally:
+        await cache.close()
+        store.close()

@@ -10,6 +10,7 @@ from yarl import URL
 
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import UpstreamMalformedError
+from proxy.hashes import Hash
 from proxy.upstream.providers import (
     DownloadInfo,
     VersionInfo,
@@ -160,7 +161,7 @@ def test_download_good_document() -> None:
     assert info == DownloadInfo(
         platform=LINUX,
         filename=FILENAME,
-        shasum="a" * 64,
+        shasum=Hash.zh("a" * 64),
         download_url=URL(f"https://releases.example.test/foo/1.2.0/{FILENAME}"),
         shasums_url=URL("https://registry.example.test/v1/providers/files/SHA256SUMS"),
         shasums_signature_url=URL("https://registry.example.test/files/SHA256SUMS.sig"),
