@@ -53,9 +53,16 @@ from proxy.config import Settings
 from proxy.credentials import on_behalf_of
 from proxy.errors import (
     HostNotAllowedError,
+    OidcAlgorithmRefusedError,
+    OidcAudienceError,
+    OidcClaimsInvalidError,
     OidcIssuerUnavailableError,
+    OidcIssuerUnknownError,
+    OidcKeyUnknownError,
+    OidcSignatureInvalidError,
     OidcTokenExpiredError,
     OidcTokenInvalidError,
+    OidcTokenMalformedError,
     OidcTokenNotYetValidError,
     ProxyError,
     TokenInvalidError,
@@ -71,6 +78,22 @@ log = structlog.get_logger("proxy.auth")
 OPEN_ROUTES = frozenset({"healthz", "readyz", "discovery", "ca_pem"})  # the CA certificate is public
 GRANTABLE_ROUTES = frozenset({"mirror_archive", "registry_provider_shasums", "registry_module_archive"})
 REALM = "registry-proxy"
+
+
+# The error of each reason an OIDC token is refused for (`proxy.jose.JwtError.reason`, `proxy.oidc`).
+OIDC_REFUSALS: dict[str, type[OidcTokenInvalidError]] = {
+    "malformed": OidcTokenMalformedError,
+    "missing_claim": OidcClaimsInvalidError,
+    "bad_claim": OidcClaimsInvalidError,
+    "unknown_issuer": OidcIssuerUnknownError,
+    "wrong_issuer": OidcIssuerUnknownError,
+    "wrong_audience": OidcAudienceError,
+    "algorithm_refused": OidcAlgorithmRefusedError,
+    "unknown_key": OidcKeyUnknownError,
+    "bad_signature": OidcSignatureInvalidError,
+    "expired": OidcTokenExpiredError,
+    "not_yet_valid": OidcTokenNotYetValidError,
+}
 
 
 # A refusal kept until the route shows it needs a client: an OIDC token refused, or its issuer's keys unavailable.
@@ -271,9 +294,7 @@ def _unauthorized(what: str, presented: str | None, problem: Problem | None = No
             issuer=problem.issuer,
             subject=problem.subject,
         )
-        error = {"expired": OidcTokenExpiredError, "not_yet_valid": OidcTokenNotYetValidError}.get(
-            problem.reason, OidcTokenInvalidError
-        )
+        error = OIDC_REFUSALS.get(problem.reason, OidcTokenInvalidError)
         return error(f"{what}: the OIDC token was refused: {problem.message}", headers={"WWW-Authenticate": challenge})
     reason = "unknown token" if presented is not None else "no token"
     log.info("auth.refused", what=what, reason=reason)

@@ -122,37 +122,38 @@ async def test_every_refused_token_gets_401_with_its_reason_in_the_answer_and_th
     oidc_settings, client_ssl, issuer
 ):
     now = int(time.time())
-    cases = [
+    cases = [  # what, the token, the code of its 401, the reason in the log
         ("expired", issuer.mint(exp=now - 60, iat=now - 600, nbf=now - 600), "oidc_token_expired", "expired"),
-        ("not yet valid", issuer.mint(nbf=now + 600, iat=now), "oidc_token_not_yet_valid", "not valid before"),
-        ("wrong audience", issuer.mint(aud="https://other.example"), "oidc_token_invalid", "audience"),
-        ("wrong issuer", issuer.mint(iss="https://evil.example"), "oidc_token_invalid", "does not trust"),
-        ("alg none", issuer.unsigned(), "oidc_token_invalid", "'none'"),
-        ("HS256 keyed with the public key", issuer.hmac_with_public_key(), "oidc_token_invalid", "'HS256'"),
-        ("unknown kid", issuer.mint(kid="made-up-key"), "oidc_token_invalid", "'made-up-key'"),
-        ("tampered payload", issuer.tampered(repository_owner="acme", sub="admin"), "oidc_token_invalid", "verify"),
-    ]
-    reasons = [
-        "oidc expired",
-        "oidc not_yet_valid",
-        "oidc wrong_audience",
-        "oidc unknown_issuer",
-        "oidc algorithm_refused",
-        "oidc algorithm_refused",
-        "oidc unknown_key",
-        "oidc bad_signature",
+        ("not yet valid", issuer.mint(nbf=now + 600, iat=now), "oidc_token_not_yet_valid", "not_yet_valid"),
+        ("wrong audience", issuer.mint(aud="https://other.example"), "oidc_wrong_audience", "wrong_audience"),
+        ("wrong issuer", issuer.mint(iss="https://evil.example"), "oidc_issuer_unknown", "unknown_issuer"),
+        ("alg none", issuer.unsigned(), "oidc_algorithm_refused", "algorithm_refused"),
+        (
+            "HS256 keyed with the public key",
+            issuer.hmac_with_public_key(),
+            "oidc_algorithm_refused",
+            "algorithm_refused",
+        ),
+        ("unknown kid", issuer.mint(kid="made-up-key"), "oidc_key_unknown", "unknown_key"),
+        (
+            "tampered payload",
+            issuer.tampered(repository_owner="acme", sub="admin"),
+            "oidc_signature_invalid",
+            "bad_signature",
+        ),
+        ("no subject", issuer.mint(sub=None), "oidc_claims_invalid", "missing_claim"),
+        ("not a JWT", "eyJhbGciOiJSUzI1NiJ9.bm90LWpzb24.c2ln", "oidc_token_malformed", "malformed"),
     ]
     async with serve_proxy(oidc_settings(), client_ssl) as proxy:
         assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200  # the keys are held
-        for (what, token, code, said), reason in zip(cases, reasons, strict=True):
+        for what, token, code, reason in cases:
             with capture_logs() as logs:
                 status, headers, body = await proxy.get(INDEX, **bearer(token))
             document = json.loads(body)
             assert (status, document["code"]) == (401, code), (what, document)
-            assert said in document["errors"][0] and "the OIDC token was refused" in document["errors"][0], what
             assert headers["WWW-Authenticate"] == 'Bearer realm="registry-proxy", error="invalid_token"'
             [refused] = events(logs, "auth.refused")
-            assert refused["reason"] == reason and said in refused["detail"], (what, refused)
+            assert (refused["reason"], refused["detail"] != "") == (f"oidc {reason}", True), (what, refused)
             assert token not in str(logs)
     # none of them made the proxy fetch the keys again (the unknown kid: they were fetched within the minute)
     assert issuer.count("/keys") == 1
@@ -199,7 +200,7 @@ async def test_a_rotated_key_is_picked_up_and_the_withdrawn_one_refused(oidc_set
         assert (await proxy.get(INDEX, **bearer(new)))[0] == 200
         assert issuer.count("/keys") == 2
         status, _, body = await proxy.get(INDEX, **bearer(old))  # signed by the withdrawn key
-        assert status == 401 and "is not one the issuer publishes" in json.loads(body)["errors"][0]
+        assert (status, json.loads(body)["code"]) == (401, "oidc_key_unknown")
         assert issuer.count("/keys") == 2  # and no fetch for it within the minute
 
 
@@ -248,7 +249,7 @@ async def test_a_token_is_checked_once_a_minute_and_again_after_its_exp_a_reload
         assert (await proxy.get(INDEX, **bearer(token)))[0] == 200  # remembered, not checked again
         assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200  # a new kid: the keys fetched again
         status, _, body = await proxy.get(INDEX, **bearer(token))  # checked again with them: its key is gone
-        assert (status, json.loads(body)["code"]) == (401, "oidc_token_invalid")
+        assert (status, json.loads(body)["code"]) == (401, "oidc_key_unknown")
 
         token = issuer.mint(exp=int(clock()) + 30)
         assert (await proxy.get(INDEX, **bearer(token)))[0] == 200
