@@ -80,7 +80,7 @@ async def main() -> None:
         results[f"{alg} first shown"] = await timed(first, args.rounds)
         results[f"{alg} remembered"] = await timed(again, args.rounds)
     await upstream.close()
-    await issuer.stop()
+    await issuer.close()
     base = results["static"]
     for name, seconds in results.items():
         print(f"{name:18} {seconds * 1e6:8.1f} µs per sign-in  ({seconds / base:5.1f} times a static token's)")

@@ -651,6 +651,13 @@ class AccessSettings:
         "beside the --auth-tokens; reloaded on SIGHUP",
         metavar="FILE",
     )
+    oidc_keys_refresh: float = option(
+        "--oidc-keys-refresh",
+        Duration(minimum="1m", why="a stream of tokens naming made-up keys must not make the proxy hammer an issuer"),
+        "fetch an OIDC issuer's keys again for a token naming a key not held at most this often, per process "
+        "(and not while the keys in the store are younger)",
+        default="1m",
+    )
     metrics_token_required: bool = option(
         "--metrics-token-required", Switch(), "/metrics needs a token with metrics = true"
     )

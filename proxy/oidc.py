@@ -5,8 +5,8 @@ through the SSRF-guarded upstream client, lazily (the first token of an issuer),
 and in the shared metadata store (sealed), so every worker and replica uses the keys one of them fetched:
 
 - a token naming a key (`kid`) not held makes the keys be fetched again, at most once per
-  `REFRESH_INTERVAL` per issuer in a process, and not at all while the keys in the store were fetched
-  within it (by any process): a stream of made-up kids costs the issuer nothing;
+  `--oidc-keys-refresh` (`REFRESH_INTERVAL`, a minute) per issuer in a process, and not at all while the
+  keys in the store were fetched within it (by any process): a stream of made-up kids costs the issuer nothing;
 - keys older than `KEYS_MAX_AGE` are fetched again in the background while they go on serving, so a key
   the issuer withdrew stops being accepted; a rotated key is picked up at its first token;
 - an issuer that cannot be reached leaves the keys held working; a token naming a key not held while it is
@@ -122,10 +122,12 @@ class IssuerKeys:
             try:
                 return (await self._fetch(issuer)).keys
             except _FetchFailedError as exc:
-                raise _unavailable(issuer, key_id, exc.message) from None
+                raise _unavailable(issuer, key_id, exc.message, self._interval) from None
         if held is None or name in self._failed:
             why = self._failed.get(name, "no keys fetched yet")
-            raise _unavailable(issuer, key_id, f"{why}; the keys are fetched again {self._next_try(name, now)}")
+            raise _unavailable(
+                issuer, key_id, f"{why}; the keys are fetched again {self._next_try(name, now)}", self._interval
+            )
         return held.keys
 
     def held(self, issuer: Issuer) -> SigningKeys | None:
@@ -265,13 +267,13 @@ class _FetchFailedError(Exception):
         self.message = message
 
 
-def _unavailable(issuer: Issuer, key_id: str | None, why: str) -> OidcIssuerUnavailableError:
+def _unavailable(issuer: Issuer, key_id: str | None, why: str, retry_after: float) -> OidcIssuerUnavailableError:
     key = f"key {key_id[:100]!r}" if key_id else "keys"
     log.warning("oidc.keys_unavailable", issuer=issuer.name, key_id=key_id, error=why)
     return OidcIssuerUnavailableError(
         f"cannot check this token now: the signing {key} of issuer {issuer.name} are not held and could not be "
         f"fetched ({why}); retry later",
-        headers={"Retry-After": str(int(REFRESH_INTERVAL))},
+        headers={"Retry-After": str(max(1, round(retry_after)))},
     )
 
 

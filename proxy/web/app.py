@@ -309,7 +309,7 @@ async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
     upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
-    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS])
+    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh)
     access.oidc = OidcAuthenticator(keys, app[METRICS])
     try:
         yield

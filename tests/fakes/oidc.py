@@ -3,7 +3,8 @@
 Like the issuers of GitHub Actions, GitLab and Kubernetes it publishes its keys at the `jwks_uri` its
 `/.well-known/openid-configuration` names, and signs tokens (RS256, ES256 and EdDSA here, with real keys,
 through joserfc) whose claims look like GitHub Actions' ones. It records every request, can be stopped
-(down) and started again on the same port, can rotate a key (the new key published, the old one withdrawn),
+(down: its port held bound but not listening, so connections are refused and no other test's server can take
+it meanwhile) and started again on the same port, can rotate a key (the new key published, the old one withdrawn),
 and makes the tokens an attacker would try: `alg: none`, HS256 keyed with the public key, a tampered payload.
 """
 
@@ -13,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
 import ssl
 import time
 import warnings
@@ -57,6 +59,7 @@ class FakeIssuer:
         self.status: int | None = None  # every answer this status, when set
         self.clock: Callable[[], float] = time.time  # the time its tokens are minted at
         self._runner: web.AppRunner | None = None
+        self._held_port: socket.socket | None = None  # while down
 
     @property
     def url(self) -> str:
@@ -132,6 +135,9 @@ class FakeIssuer:
         app.router.add_get("/keys", self._jwks)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
+        if self._held_port is not None:
+            self._held_port.close()
+            self._held_port = None
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ssl, reuse_address=True)
         await site.start()
         if not self.port:
@@ -142,6 +148,16 @@ class FakeIssuer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            self._held_port = socket.socket()
+            self._held_port.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._held_port.bind((self.host, self.port))  # refused, and not free for another server
+
+    async def close(self) -> None:
+        """Stopped for good: its port released."""
+        await self.stop()
+        if self._held_port is not None:
+            self._held_port.close()
+            self._held_port = None
 
     @web.middleware
     async def _record(self, request: web.Request, handler):

@@ -66,7 +66,7 @@ async def issuer(upstream_ssl) -> FakeIssuer:
     fake = FakeIssuer(upstream_ssl)
     await fake.start()
     yield fake
-    await fake.stop()
+    await fake.close()
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-"""OIDC with real proxy processes: the workers share the keys one of them fetched (and keep them with the
-issuer down), SIGHUP reloads the issuers file in every worker (a broken one keeps the rules in force), and a
-broken file stops start-up with one line naming the file, the issuer and the key.
+"""OIDC with real proxy processes (two workers): expired and wrong-audience tokens refused, a rotated key
+picked up by every worker and a new key while the issuer is down refused cleanly (the key refresh interval
+scaled to a second), the workers share the keys one of them fetched (and keep them with the issuer down),
+SIGHUP reloads the issuers file in every worker (a broken one keeps the rules in force), and a broken file
+stops start-up with one line naming the file, the issuer and the key.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import json
 import os
 import signal
 import ssl
+import time
 
 import aiohttp
 
@@ -31,9 +34,9 @@ async def get(proxy, path: str, token: str) -> tuple[int, dict]:
         return response.status, json.loads(body) if response.content_type == "application/json" else {}
 
 
-async def start(proxy_process, issuer, issuers_file):  # noqa: F811
+async def start(proxy_process, issuer, issuers_file, *flags: str):  # noqa: F811
     proxy = await proxy_process(
-        "--oidc-issuers", str(issuers_file), "--allow-private-host", issuer.allow, "--workers", str(WORKERS)
+        "--oidc-issuers", str(issuers_file), "--allow-private-host", issuer.allow, "--workers", str(WORKERS), *flags
     )
     await wait_for(lambda: len(proxy.events("worker.started")) == WORKERS, 20, "the workers")
     return proxy, {record["pid"] for record in proxy.events("worker.started")}
@@ -57,6 +60,61 @@ async def test_the_workers_share_the_keys_one_fetched_and_keep_them_with_the_iss
         assert (await get(proxy, INDEX, issuer.mint("ES256")))[0] == 200
     assert holding() == serving
     assert len(proxy.events("oidc.keys_fetched")) == 1 and issuer.count("/keys") == 1
+
+
+def holding(proxy, kid: str) -> set[int]:
+    """The workers (pids) that hold the key `kid`, fetched themselves or read from the store."""
+    events = proxy.events("oidc.keys_fetched") + proxy.events("oidc.keys_shared")
+    return {record["pid"] for record in events if kid in record["key_ids"]}
+
+
+async def test_expired_and_wrong_audience_refused_a_rotated_key_reaches_every_worker_a_new_key_while_down_503(
+    proxy_process,
+    issuer,  # noqa: F811
+    issuers_file,  # noqa: F811
+):
+    proxy, serving = await start(
+        proxy_process, issuer, issuers_file, "--unsafe-short-timings", "--oidc-keys-refresh", "1s"
+    )
+    assert (await get(proxy, INDEX, issuer.mint()))[0] == 200
+    now = int(time.time())
+    status, body = await get(proxy, INDEX, issuer.mint(exp=now - 60, iat=now - 600, nbf=now - 600))
+    assert (status, body["code"]) == (401, "oidc_token_expired")
+    status, body = await get(proxy, INDEX, issuer.mint(aud="https://other.example"))
+    assert (status, body["code"]) == (401, "oidc_wrong_audience")
+    reasons = [record["reason"] for record in proxy.events("auth.refused")]
+    assert reasons == ["oidc expired", "oidc wrong_audience"]
+
+    new = issuer.rotate()
+    deadline = time.monotonic() + 20
+    while holding(proxy, new) != serving:  # fresh connections, new tokens: each worker fetches or reads the store
+        assert time.monotonic() < deadline, f"the workers holding {new}: {holding(proxy, new)} of {serving}"
+        status, body = await get(proxy, INDEX, issuer.mint())
+        assert status == 200 or (status, body["code"]) == (401, "oidc_key_unknown")  # within the refresh second
+    for _ in range(4):
+        assert (await get(proxy, INDEX, issuer.mint()))[0] == 200
+    assert issuer.count("/keys") >= 2
+
+    await issuer.stop()
+    fetched = issuer.count("/keys")
+    newer = issuer.rotate("ES256")
+    deadline = time.monotonic() + 20
+    while True:  # once the refresh second since a worker's last fetch is over, it tries the issuer: down
+        started = time.monotonic()
+        status, body = await get(proxy, INDEX, issuer.mint("ES256"))
+        if status == 503:
+            break
+        assert (status, body["code"]) == (401, "oidc_key_unknown"), body  # within the second: the keys held
+        assert time.monotonic() < deadline, "no worker tried the issuer for the new key"
+    assert body["code"] == "oidc_issuer_unavailable"
+    assert time.monotonic() - started < 8  # refused, not left waiting
+    assert (await get(proxy, INDEX, issuer.mint()))[0] == 200  # the RS256 key held still works
+    await issuer.start()  # back on the same port: the new key is fetched (within the refresh second)
+    deadline = time.monotonic() + 20
+    while (await get(proxy, INDEX, issuer.mint("ES256")))[0] != 200:
+        assert time.monotonic() < deadline, f"{newer} was never picked up once the issuer was back"
+    assert issuer.count("/keys") > fetched
+    assert proxy.process.returncode is None
 
 
 async def test_sighup_reloads_the_issuers_in_every_worker_and_a_broken_file_keeps_them(
