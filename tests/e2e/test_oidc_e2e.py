@@ -1,12 +1,14 @@
-"""The real `terraform init` signing in with an OIDC workload token in `TF_TOKEN_<host>`, as a CI job does:
-against the network mirror (the token of the mirror's host) and through `host` blocks (the token of the
-registry host), with a fake issuer over HTTPS that mints real RS256 and ES256 tokens.
+"""The real `terraform init` signing in with an OIDC workload token in `TF_TOKEN_<host>`, as a CI job does
+(or in a `credentials` block of the CLI config): against the network mirror (the token of the mirror's host)
+and through `host` blocks (the token of the registry host), with a fake issuer over HTTPS that mints real
+RS256 and ES256 tokens.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.e2e.test_auth_e2e import credentials
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config
 from tests.e2e.test_registry_e2e import MAIN_TF, host_config, installed_signed_by
 from tests.fakes.packages import MODULE_FILES
@@ -41,6 +43,12 @@ async def test_network_mirror_with_the_jwt_in_tf_token(registry, oidc_proxy, ter
     # the archive was downloaded with the grant made for the job's identity
     downloads = [r for r in proxy.events("request") if r["path"].endswith(".zip") and r["method"] == "GET"]
     assert downloads and all(r["client"]["subject"] == "repo:acme/infra:ref:refs/heads/main" for r in downloads)
+
+    block = terraform.workdir("mirror-credentials-block", PROVIDER_ONLY)  # the JWT in a credentials block
+    config = mirror_config(proxy) + credentials(mirror_host, issuer.mint("RS256"))
+    code, output = await terraform.init(block, config, proxy.ca_file)
+    assert code == 0, output
+    assert len(locked_hashes(block)) == 1
 
     expired = terraform.workdir("mirror-expired", PROVIDER_ONLY)
     stale = issuer.mint(exp=1_700_000_000, iat=1_699_999_000, nbf=1_699_999_000)
