@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from proxy.auth import hash_token
 from proxy.web.access import ACCESS
+from proxy.web.keys import METRICS
 from tests.conftest import serve_proxy
 from tests.fakes.oidc import AUDIENCE, SUBJECT, FakeIssuer
 from tests.fakes.process import REGISTRY_HOST
@@ -106,6 +107,11 @@ async def test_a_ci_job_signs_in_with_its_oidc_token_and_downloads_through_its_g
             assert (status, data) == (200, release.zips["linux_amd64"])
             status, _, body = await proxy.get(f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0", **bearer(token))
             assert status == 200, body  # the rule for main grants lock
+        sample = proxy.app[METRICS].registry.get_sample_value
+        assert sample("registry_proxy_oidc_tokens_total", {"issuer": "ci", "outcome": "accepted"}) == 5
+        for rule in ("owner", "main"):  # the rules that granted access, by name (never a token or a subject)
+            assert sample("registry_proxy_oidc_rule_matches_total", {"issuer": "ci", "rule": rule}) == 5
+        assert sample("registry_proxy_oidc_key_fetches_total", {"issuer": "ci", "outcome": "ok"}) == 1
     # the keys were fetched once, for all three algorithms and every request
     assert (issuer.count(DISCOVERY), issuer.count("/keys")) == (1, 1)
     requests = events(logs, "request")
@@ -155,6 +161,13 @@ async def test_every_refused_token_gets_401_with_its_reason_in_the_answer_and_th
             [refused] = events(logs, "auth.refused")
             assert (refused["reason"], refused["detail"] != "") == (f"oidc {reason}", True), (what, refused)
             assert token not in str(logs)
+        sample = proxy.app[METRICS].registry.get_sample_value
+        counted = {
+            reason: sample("registry_proxy_oidc_tokens_total", {"issuer": "ci", "outcome": reason})
+            for reason in ("expired", "wrong_audience", "unknown_key", "bad_signature")
+        }
+        assert counted == {"expired": 1, "wrong_audience": 1, "unknown_key": 1, "bad_signature": 1}
+        assert sample("registry_proxy_oidc_tokens_total", {"issuer": "-", "outcome": "unknown_issuer"}) == 1
     # none of them made the proxy fetch the keys again (the unknown kid: they were fetched within the minute)
     assert issuer.count("/keys") == 1
 
