@@ -674,7 +674,7 @@ class LogSettings:
 class AccessSettings:
     """Access control.
 
-    The client tokens a proxy requires, and whether /metrics needs one.
+    The client tokens a proxy requires (static tokens, OIDC workload tokens), and whether /metrics needs one.
     """
 
     auth_tokens: Path | None = option(
@@ -684,13 +684,36 @@ class AccessSettings:
         "need `Authorization: Bearer TOKEN`; reloaded on SIGHUP",
         metavar="FILE",
     )
+    oidc_issuers: Path | None = option(
+        "--oidc-issuers",
+        FILE,
+        "OIDC issuers file (TOML: each issuer's URL, audiences, algorithms, leeway, and rules mapping claims to "
+        "scopes; see docs/oidc.md): CI jobs then sign in with their workload tokens (JWTs) as bearer tokens, "
+        "beside the --auth-tokens; reloaded on SIGHUP",
+        metavar="FILE",
+    )
+    oidc_keys_refresh: float = option(
+        "--oidc-keys-refresh",
+        Duration(minimum="1m", why="a stream of tokens naming made-up keys must not make the proxy hammer an issuer"),
+        "fetch an OIDC issuer's keys again for a token naming a key not held at most this often, per process "
+        "(and not while the keys in the store are younger)",
+        default="1m",
+    )
     metrics_token_required: bool = option(
         "--metrics-token-required", Switch(), "/metrics needs a token with metrics = true"
     )
 
     def __post_init__(self) -> None:
-        if self.metrics_token_required and self.auth_tokens is None:
-            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
+        if self.metrics_token_required and self.auth_tokens is None and self.oidc_issuers is None:
+            raise ConfigError(
+                "--metrics-token-required needs --auth-tokens (a token with metrics = true) or --oidc-issuers "
+                "(a rule with metrics = true)"
+            )
+
+    @property
+    def clients_required(self) -> bool:
+        """Every request naming an upstream needs a client token (static or OIDC)."""
+        return self.auth_tokens is not None or self.oidc_issuers is not None
 
 
 @dataclass(frozen=True, kw_only=True, init=False)

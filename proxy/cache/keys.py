@@ -82,6 +82,10 @@ MODULE_VERSIONS = KeyPattern("module-versions", "host", "namespace", "name", "sy
 MODULE_DOWNLOAD = KeyPattern("module-download", "host", "namespace", "name", "system", "version")
 MODULE = KeyPattern("module", "host", "namespace", "name", "system", "version")
 
+# An OIDC issuer's signing keys (its JWKS), shared by the workers and replicas; not metadata of a registry, so
+# not among STORED_KINDS (bundles carry none). `issuer`: the SHA-256 of the issuer's URL and JWKS URL.
+OIDC_KEYS = KeyPattern("oidc-keys", "issuer")
+
 STORED_KINDS = (DISCOVERY, VERSIONS, DOWNLOAD, SUMS, ARCHIVE, MODULE_VERSIONS, MODULE_DOWNLOAD, MODULE)
 
 # ---- keys that are not metadata ----------------------------------------------------------------

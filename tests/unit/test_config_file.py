@@ -94,6 +94,7 @@ SAMPLES = {
     "--metadata-secret-file": "secret",
     "--public-url": "https://proxy.example/",
     "--auth-tokens": "tokens.toml",
+    "--oidc-issuers": "issuers.toml",
     "--upstream-credentials": "credentials.tfrc",
     "--archive-store": "s3://bucket/prefix",
     "--s3-endpoint-url": "https://minio.internal:9000",
