@@ -1,11 +1,14 @@
 """Integrity of archives served from object storage: never hand out a wrong byte (`proxy.integrity` for S3).
 
 - Every lookup compares the object's size (HEAD) with the verified record.
-- A whole-object read hashes what it streams and hands out the last chunk only once the object
-  matched its content address; a mismatch raises `StoreCorruptionError` before the body is
-  complete (the caller aborts the connection). An object whose ETag was last found intact is not
-  hashed again: reads name that ETag (`If-Match`), so a replaced object is never read under it.
-- A byte range is served only from an object found intact (hashed whole first when needed).
+- Every whole-object read hashes what it streams and hands out the last chunk only once the
+  object matched its content address; a mismatch raises `StoreCorruptionError` before the body
+  is complete (the caller aborts the connection). This holds on every serve: an ETag found intact
+  before says nothing about the bytes of this transfer (a faulty store or path can change them).
+  Reads name the ETag of the object looked up (`If-Match`), so a replaced object is never read
+  under it.
+- A byte range is served only from an object found intact (hashed whole first unless its ETag
+  was last found intact).
 - A corrupt object is moved to `PREFIX/quarantine/` (copied, then deleted), logged as
   `security.store_corruption` and counted; its record still names the SHA-256, so the next
   lookup finds nothing and the archive is fetched and verified from upstream again.
@@ -68,7 +71,7 @@ class S3Guard:
 
     async def open(self, stored: RemoteArchive, start: int, length: int) -> RemoteReader:
         whole = start == 0 and length == stored.size
-        return RemoteReader(self, stored, start, length, check=whole and not self.store.is_verified(stored))
+        return RemoteReader(self, stored, start, length, check=whole)
 
     async def presign(self, stored: RemoteArchive, expires: float) -> str:
         return await self.store.presign(stored, expires)
@@ -105,8 +108,8 @@ class S3Guard:
 
 
 class RemoteReader:
-    """Streams a span of an object; with `check` (the whole object, not known intact), it hashes every
-    chunk and hands out the one that completes the object only once the whole object matched."""
+    """Streams a span of an object; with `check` (the whole object), it hashes every chunk and hands out
+    the one that completes the object only once the whole object matched."""
 
     def __init__(self, guard: S3Guard, stored: RemoteArchive, start: int, length: int, *, check: bool) -> None:
         self._guard = guard

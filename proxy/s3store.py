@@ -118,6 +118,9 @@ class S3ArchiveStore:
         o = self._options
         # Explicit timeouts and one retry (botocore's defaults are 60 s each, and "max_attempts": 3 meant
         # 4 attempts: 4 minutes): a stalled store fails a request within about 2 x timeout, a stalled body is cut off.
+        # Bodies read are checked by their SHA-256 (`proxy.s3integrity`), a mismatch quarantined; botocore's own
+        # check of an object's CRC (only whole objects uploaded in one part have one) would add nothing but a
+        # second, different failure for the same wrong bytes. Uploads still carry a checksum the store verifies.
         config = AioConfig(
             s3={"addressing_style": "path" if o.path_style else "auto"},
             signature_version="s3v4",
@@ -125,6 +128,7 @@ class S3ArchiveStore:
             connect_timeout=o.timeout / 2,
             read_timeout=o.timeout,
             retries={"total_max_attempts": ATTEMPTS, "mode": "standard"},
+            response_checksum_validation="when_required",
         )
         self._client_context = get_session().create_client(
             "s3",
