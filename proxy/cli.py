@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(
         serve,
         "--event-loop",
-        "auto (uvloop when installed, asyncio with --plain-http for sendfile), uvloop or asyncio",
+        "auto (uvloop when installed), uvloop or asyncio",
         default="auto",
     )
     # --- unsigned providers ---

@@ -1,12 +1,12 @@
-"""Integrity of stored archives when they are looked up and served: never hand out a wrong byte.
+"""Integrity of stored archives when they are looked up and served: never hand out a wrong archive whole.
 
 - Every lookup compares the file's size with the verified record (`StoreGuard.lookup`).
-- A whole-file read hashes each chunk in the same worker-thread hop as the read and hands
-  out the last chunk only once the file matched its content address (`StoreGuard.open`,
-  `ArchiveReader.chunks`); a mismatch raises `StoreCorruptionError` before the body is
-  complete, so the caller aborts the connection and the client sees a truncated body, which
-  both CLIs reject. The open file that is the very file (device, inode, size, mtime, ctime)
-  last found intact is not hashed again: it has not changed since.
+- Every whole-file read hashes the very bytes it hands out and hands out the last chunk only
+  once the file matched its content address (`StoreGuard.open`, `ArchiveReader.chunks`); a
+  mismatch raises `StoreCorruptionError` before the body is complete, so the caller aborts the
+  connection and the client sees a truncated body, which both CLIs reject. This holds on every
+  serve, whatever was found before: a file changed in place while it is read (or rotted on the
+  disk since it was last hashed) never goes out whole.
 - A byte range cannot be checked on its own: the whole file is hashed first unless it is
   the very file (device, inode, size, mtime, ctime) last found intact (`StoreGuard.verify`).
 - A file found at a content address without a record is hashed before it is adopted.
@@ -19,6 +19,7 @@ archive is fetched and verified from upstream again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from collections.abc import AsyncGenerator, Callable
@@ -38,7 +39,7 @@ log = structlog.get_logger(__name__)
 class StoreGuard:
     """Size checks, streaming hashes, whole-file verification and quarantine for one archive store."""
 
-    local = True  # local files: sendfile may serve them
+    local = True  # local files (followed across processes while they download)
 
     def __init__(self, store: ArchiveStore, metrics: Metrics) -> None:
         self.store = store
@@ -96,10 +97,8 @@ class StoreGuard:
             handle.close()
             await self.corrupted(stored, "size", ident=identity(st), expected_size=stored.size)
             raise _corrupt(stored)
-        ident = identity(st)
         whole = start == 0 and length == stored.size
-        check = whole and not self.store.was_found_intact(stored.sha256, ident)
-        return ArchiveReader(self, stored, handle, ident, start, length, check=check)
+        return ArchiveReader(self, stored, handle, identity(st), start, length, check=whole)
 
     async def corrupted(
         self,
@@ -138,9 +137,8 @@ class StoreGuard:
 
 
 class ArchiveReader:
-    """Reads a span of a stored archive; with `check` (the whole file, not known intact), it hashes
-    every chunk in the same worker-thread hop as the read and hands out the last chunk only once
-    the whole file matched."""
+    """Reads a span of a stored archive; with `check` (the whole file), it hashes every chunk it hands
+    out and hands out the last one only once the whole file matched its SHA-256."""
 
     def __init__(
         self,
@@ -166,42 +164,33 @@ class ArchiveReader:
         return self._hashed_chunks(size) if self._check else self._plain_chunks(size)
 
     async def _hashed_chunks(self, size: int) -> AsyncGenerator[bytes, None]:
-        stored, ident = self._stored, self._ident
-        digest = hashlib.sha256()
-        offset, end = self._start, self._start + self._length
-        # The next chunk is read and hashed in a worker thread while this one is written (TLS runs
-        # in the event loop): one read in flight at most, so the digest sees the chunks in order.
-        reading: asyncio.Future[bytes] | None = self._read(offset, min(size, end - offset), digest)
-        try:
-            while reading is not None:
-                chunk = await reading
-                offset += len(chunk)
-                reading = self._read(offset, min(size, end - offset), digest) if chunk and offset < end else None
-                if not chunk:
-                    raise await self._shrunk()
-                if offset == end and digest.hexdigest() != stored.sha256:
-                    await self._guard.corrupted(stored, "digest", ident=ident, actual=digest.hexdigest())
+        """Chunks as `_plain_chunks` reads them, each hashed before it is handed out (in the event loop
+        when it came from the page cache, in the reading thread otherwise): the digest covers exactly
+        the bytes sent, whatever happens to the file meanwhile."""
+        stored, digest, sent = self._stored, hashlib.sha256(), 0
+        async with contextlib.aclosing(self._plain_chunks(size, digest)) as chunks:
+            async for chunk in chunks:
+                sent += len(chunk)
+                if sent == self._length and digest.hexdigest() != stored.sha256:
+                    await self._guard.corrupted(stored, "digest", ident=self._ident, actual=digest.hexdigest())
                     raise _corrupt(stored)
                 yield chunk
-        finally:
-            if reading is not None:  # never close the file under a read still running in its thread
-                await asyncio.wait([reading])
-                if not reading.cancelled():
-                    reading.exception()
-        self._guard.store.remember_verified(stored.sha256, ident)
+        self._guard.store.remember_verified(stored.sha256, self._ident)
 
-    async def _plain_chunks(self, size: int) -> AsyncGenerator[bytes, None]:
-        """Chunks read without hashing, one at a time: straight from the page cache in the event
-        loop when they are all there (`RWF_NOWAIT`), else in a worker thread. Either way the event
-        loop runs between chunks: a client fast enough never to pause its writer must not keep the
-        others waiting, and a connection lost in the meantime fails the next write."""
+    async def _plain_chunks(self, size: int, digest: hashlib._Hash | None = None) -> AsyncGenerator[bytes, None]:
+        """Chunks read one at a time (and added to `digest`, if given): straight from the page cache in
+        the event loop when they are all there (`RWF_NOWAIT`), else in a worker thread. Either way the
+        event loop runs between chunks: a client fast enough never to pause its writer must not keep
+        the others waiting, and a connection lost in the meantime fails the next write."""
         fd, offset, end = self._handle.fileno(), self._start, self._start + self._length
         while offset < end:
             want = min(size, end - offset)
             chunk = _read_cached(fd, offset, want)
             if chunk is None:
-                chunk = await _finish_in_thread(os.pread, fd, want, offset)
+                chunk = await _finish_in_thread(_read, fd, offset, want, digest)
             else:
+                if digest is not None:
+                    digest.update(chunk)  # hashlib releases the GIL: a worker thread would only add a hop
                 await asyncio.sleep(0)
             if not chunk:
                 raise await self._shrunk()
@@ -212,9 +201,6 @@ class ArchiveReader:
         stored = self._stored
         await self._guard.corrupted(stored, "size", ident=self._ident, expected_size=stored.size)
         return _corrupt(stored)
-
-    def _read(self, offset: int, size: int, digest: hashlib._Hash) -> asyncio.Future[bytes]:
-        return asyncio.ensure_future(asyncio.to_thread(_read, self._handle.fileno(), offset, size, digest))
 
     def close(self) -> None:
         self._handle.close()
@@ -250,10 +236,11 @@ async def _finish_in_thread(func: Callable[..., bytes], *args: object) -> bytes:
         raise
 
 
-def _read(fd: int, offset: int, size: int, digest: hashlib._Hash) -> bytes:
-    """One read, and the hash update of what was read, in the same worker-thread hop."""
+def _read(fd: int, offset: int, size: int, digest: hashlib._Hash | None) -> bytes:
+    """One read, and the hash update of what was read (if any), in the same worker-thread hop."""
     chunk = os.pread(fd, size, offset)
-    digest.update(chunk)
+    if digest is not None:
+        digest.update(chunk)
     return chunk
 
 

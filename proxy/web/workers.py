@@ -133,7 +133,7 @@ class ProxyWorker(Worker):
 
     def init_process(self) -> None:
         supervisor: Supervisor = self.app  # type: ignore[assignment]
-        self.loop = new_event_loop(supervisor.settings.event_loop, plain_http=supervisor.settings.plain_http)
+        self.loop = new_event_loop(supervisor.settings.event_loop)
         asyncio.set_event_loop(self.loop)
         self._stopping = asyncio.Event()
         super().init_process()  # signals, the application, then run()

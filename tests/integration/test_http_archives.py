@@ -133,7 +133,7 @@ async def test_unknown_platform_is_404(proxy):
     assert status == 404 and b"no package for plan9_mips" in body
 
 
-async def test_plain_http_mode_serves_archives_with_sendfile(make_settings, client_ssl, registry):
+async def test_plain_http_mode_serves_archives(make_settings, client_ssl, registry):
     settings = make_settings(plain_http=True, tls_cert=None, tls_key=None)
     async with serve_proxy(settings, client_ssl) as running:
         assert running.url.startswith("http://")

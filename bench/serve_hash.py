@@ -1,0 +1,149 @@
+"""What hashing every served archive costs: the store's read loop with and without its SHA-256, one run.
+
+```
+.venv/bin/python bench/serve_hash.py [--size-mib 200] [--s3-size-mib 64] [--repeats 5] [--no-s3]
+```
+
+Every whole-body serve of a stored archive is hashed (docs/integrity.md#archive-stores). This measures,
+in one process and interleaved, the reader the server uses (`chunks(256 KiB)`, what `web/archives.py`
+writes to the client) reading a whole archive with the hash (`check=True`, what every full GET does)
+and without it (`check=False`, what a range of a verified copy does), for both backends:
+
+- disk: an archive of `--size-mib` MiB in the page cache (the warm case: the hash is the main cost),
+- S3: an object of `--s3-size-mib` MiB in moto's S3 server over HTTPS (`tests/fakes/s3_server.py`, a
+  child process; moto is slow, so the hash is a small part of the time there).
+
+Reported per mode: medians of this process's CPU seconds per GiB (all its threads) and MiB/s.
+No network to a client and no TLS towards one: those cost the same with and without the hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trustme
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy.config import parse_s3_location
+from proxy.integrity import ArchiveReader, StoreGuard
+from proxy.metrics import Metrics
+from proxy.s3integrity import RemoteReader, S3Guard
+from proxy.s3store import S3ArchiveStore, S3Options
+from proxy.store import ArchiveStore, identity
+from tests.fakes.s3_server import CREDENTIALS, REGION, S3Server
+
+CHUNK = 1 << 18  # proxy.web.archives.CHUNK
+MIB = 1 << 20
+
+
+async def drain(reader: ArchiveReader | RemoteReader, size: int) -> None:
+    total = 0
+    async for chunk in reader.chunks(CHUNK):
+        total += len(chunk)
+    assert total == size, (total, size)
+
+
+async def measure(read: Callable[[bool], Awaitable[None]], size: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median (CPU s per GiB, MiB/s) of `read(check)` for check = True and False, interleaved."""
+    runs: dict[str, list[tuple[float, float]]] = {"hashed": [], "not hashed": []}
+    for _ in range(repeats):
+        for label, check in (("hashed", True), ("not hashed", False)):
+            cpu, wall = time.process_time(), time.perf_counter()
+            await read(check)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            runs[label].append((cpu / (size / 2**30), size / MIB / wall))
+    return {
+        label: (statistics.median(c for c, _ in values), statistics.median(m for _, m in values))
+        for label, values in runs.items()
+    }
+
+
+async def disk(root: Path, size: int, repeats: int) -> dict[str, tuple[float, float]]:
+    store = ArchiveStore(root / "disk")
+    store.open()
+    try:
+        data = os.urandom(size)
+        path = store.temp_path()
+        path.write_bytes(data)
+        stored = store.publish_path(path, hashlib.sha256(data).hexdigest())
+        guard = StoreGuard(store, Metrics())
+
+        async def read(check: bool) -> None:
+            handle = open(stored.path, "rb")  # noqa: ASYNC230, SIM115 - a benchmark; closed by the reader
+            reader = ArchiveReader(guard, stored, handle, identity(os.fstat(handle.fileno())), 0, size, check=check)
+            try:
+                await drain(reader, size)
+            finally:
+                reader.close()
+
+        await read(True)  # into the page cache
+        return await measure(read, size, repeats)
+    finally:
+        store.close()
+
+
+async def s3(root: Path, size: int, repeats: int) -> dict[str, tuple[float, float]]:
+    ca = trustme.CA()
+    ca_file, cert_file, key_file = root / "ca.pem", root / "cert.pem", root / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    os.environ.update(CREDENTIALS)
+    server = await asyncio.to_thread(S3Server, cert_file, key_file, ca_file)
+    bucket = server.bucket()
+    store = S3ArchiveStore(
+        root / "s3",
+        parse_s3_location(f"s3://{bucket}/archives"),
+        S3Options(endpoint_url=server.url, region=REGION, path_style=True, ca_file=ca_file),
+    )
+    try:
+        await asyncio.to_thread(store.open)
+        data = os.urandom(size)
+        path = store.temp_path()
+        path.write_bytes(data)
+        stored = await asyncio.to_thread(store.publish_path, path, hashlib.sha256(data).hexdigest())
+        guard = S3Guard(store, Metrics())
+
+        async def read(check: bool) -> None:
+            await drain(RemoteReader(guard, stored, 0, size, check=check), size)
+
+        return await measure(read, size, repeats)
+    finally:
+        await asyncio.to_thread(store.close)
+        server.stop()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=200, help="the archive on disk (default 200)")
+    parser.add_argument("--s3-size-mib", type=int, default=64, help="the object in S3 (default 64)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 backend")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="serve-hash-") as tmp:
+        root = Path(tmp)
+        backends = [("disk (page cache)", args.size_mib, disk)]
+        if not args.no_s3:
+            backends.append(("S3 (moto over HTTPS)", args.s3_size_mib, s3))
+        for label, mib, run in backends:
+            print(f"{label}, {mib} MiB, {args.repeats} rounds (load {os.getloadavg()[0]:.1f}):")
+            results = await run(root, mib * MIB, args.repeats)
+            for mode, (cpu_gib, mib_s) in results.items():
+                print(f"  {mode:11} CPU {cpu_gib:5.2f} s per GiB  {mib_s:7.0f} MiB/s")
+            extra = results["hashed"][0] - results["not hashed"][0]
+            print(f"  the hash adds {extra:.2f} CPU s per GiB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
