@@ -31,11 +31,24 @@ from typing import Any, TypeVar
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from proxy.config import S3Location
 from proxy.errors import StoreCorruptionError, StoreUnavailableError
 from proxy.objects import QUARANTINE as QUARANTINED
 from proxy.objects import STRAY, TEMP, UPLOAD, Leftover, ObjectInfo, quarantined_at
+from proxy.s3answers import (
+    Upload,
+    body_of,
+    error_of,
+    etag_of,
+    objects_of,
+    parts_size_of,
+    size_of,
+    status_of,
+    text_of,
+    uploads_of,
+)
 from proxy.store import HASH_CHUNK, VERIFIED_FACTS, ArchiveStore, ObjectCheck, PendingArchive, StoredArchive
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -213,7 +226,8 @@ class S3ArchiveStore:
             if _status(exc) == 404:
                 return None
             raise
-        return RemoteArchive(sha256, answer["ContentLength"], key, answer["ETag"])
+        what = f"HEAD {key}"
+        return RemoteArchive(sha256, size_of(answer, what), key, etag_of(answer, what))
 
     def publish(self, pending: PendingArchive, sha256: str) -> RemoteArchive:
         """Upload a finished, verified temp file to its content address, then remove the temp file."""
@@ -236,9 +250,9 @@ class S3ArchiveStore:
         if size <= PART_SIZE:
             body = await asyncio.to_thread(path.read_bytes)
             answer = await self._client.put_object(Bucket=bucket, Key=key, Body=body)
-            return RemoteArchive(sha256, size, key, answer["ETag"])
+            return RemoteArchive(sha256, size, key, etag_of(answer, f"PUT {key}"))
         upload = await self._client.create_multipart_upload(Bucket=bucket, Key=key)
-        upload_id = upload["UploadId"]
+        upload_id = text_of(upload, "UploadId", f"CreateMultipartUpload {key}")
         try:
             parts = []
             with open(path, "rb") as handle:  # noqa: ASYNC230 - each read is one part, in a thread
@@ -247,7 +261,7 @@ class S3ArchiveStore:
                     part = await self._client.upload_part(
                         Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk
                     )
-                    parts.append({"PartNumber": number, "ETag": part["ETag"]})
+                    parts.append({"PartNumber": number, "ETag": etag_of(part, f"UploadPart {number} of {key}")})
                     number += 1
             answer = await self._client.complete_multipart_upload(
                 Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
@@ -255,46 +269,46 @@ class S3ArchiveStore:
         except BaseException:
             await asyncio.shield(self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id))
             raise
-        return RemoteArchive(sha256, size, key, answer["ETag"])
+        return RemoteArchive(sha256, size, key, etag_of(answer, f"CompleteMultipartUpload {key}"))
 
     async def _abort_abandoned_uploads(self) -> None:
         """Abort multipart uploads under the prefix started over a day ago (by a process that died)."""
         for upload in await self._uploads():
-            if time.time() - upload["Initiated"].timestamp() > ABANDONED_UPLOAD_AFTER:
+            if time.time() - upload.initiated > ABANDONED_UPLOAD_AFTER:
                 await self._client.abort_multipart_upload(
-                    Bucket=self.location.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    Bucket=self.location.bucket, Key=upload.key, UploadId=upload.upload_id
                 )
 
     def unfinished_uploads(self) -> list[str]:
         """Keys of multipart uploads under the prefix not yet completed or aborted."""
-        return [upload["Key"] for upload in self._run(self._uploads())]
+        return [upload.key for upload in self._run(self._uploads())]
 
-    async def _uploads(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    async def _uploads(self) -> list[Upload]:
+        found: list[Upload] = []
         paginator = self._client.get_paginator("list_multipart_uploads")
         async for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self.location.prefix):
-            found.extend(page.get("Uploads", []))
+            found.extend(uploads_of(page, f"ListMultipartUploads {self.location.prefix}"))
         return found
 
     async def _uploads_before(self, before: float) -> list[Leftover]:
         """Unfinished multipart uploads under the prefix started before `before`, with the bytes of their parts."""
         found = []
         for upload in await self._uploads():
-            since = upload["Initiated"].timestamp()
-            if since >= before:
+            if upload.initiated >= before:
                 continue
             size = 0
             paginator = self._client.get_paginator("list_parts")
             try:
                 async for page in paginator.paginate(
-                    Bucket=self.location.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    Bucket=self.location.bucket, Key=upload.key, UploadId=upload.upload_id
                 ):
-                    size += sum(part["Size"] for part in page.get("Parts", []))
+                    size += parts_size_of(page, f"ListParts {upload.key}")
             except ClientError as exc:
                 if _status(exc) == 404:  # completed or aborted meanwhile
                     continue
                 raise
-            found.append(Leftover(UPLOAD, f"{self._url(upload['Key'])}?uploadId={upload['UploadId']}", size, since))
+            name = f"{self._url(upload.key)}?uploadId={upload.upload_id}"
+            found.append(Leftover(UPLOAD, name, size, upload.initiated))
         return found
 
     def _url(self, key: str) -> str:
@@ -364,9 +378,7 @@ class S3ArchiveStore:
         found: list[tuple[str, int, float]] = []
         paginator = self._client.get_paginator("list_objects_v2")
         async for page in paginator.paginate(Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"):
-            found.extend(
-                (item["Key"], item["Size"], item["LastModified"].timestamp()) for item in page.get("Contents", [])
-            )
+            found.extend((item.key, item.size, item.modified) for item in objects_of(page, f"ListObjectsV2 {prefix}"))
         return found
 
     def remove(self, sha256: str) -> int:
@@ -402,7 +414,7 @@ class S3ArchiveStore:
             if _status(exc) in (404, 412):  # replaced or removed meanwhile: look again
                 return await self._check(sha256, progress) if _status(exc) == 412 else None
             raise
-        async with answer["Body"] as body:
+        async with body_of(answer, f"GET {present.key}") as body:
             while chunk := await body.read(HASH_CHUNK):
                 digest.update(chunk)
                 if progress is not None:
@@ -467,7 +479,7 @@ class S3ArchiveStore:
         `chunk` bytes, read on the client's loop and handed to the caller's. A replaced object raises
         StoreCorruptionError before the first byte (looked up again by the caller)."""
         answer = await self._call(self._get_range(stored, start, length))
-        body = answer["Body"]
+        body = body_of(answer, f"GET {stored.key}")
         try:
             while data := await self._call(_read_up_to(body, chunk)):
                 yield data
@@ -508,7 +520,7 @@ class S3ArchiveStore:
             return None
         answer = await self._client.get_object(Bucket=self.location.bucket, Key=present.key, IfMatch=present.etag)
         with open(path, "wb") as handle:  # noqa: ASYNC230 - commands only
-            async with answer["Body"] as body:
+            async with body_of(answer, f"GET {present.key}") as body:
                 while chunk := await body.read(HASH_CHUNK):
                     await asyncio.to_thread(handle.write, chunk)
         return present
@@ -525,21 +537,23 @@ async def _read_up_to(body: Any, size: int) -> bytes:
 
 
 async def _translated(coro: Coroutine[Any, Any, T]) -> T:
-    """Connection failures and server errors of the object store as StoreUnavailableError."""
+    """Connection failures, server errors and unreadable answers of the object store as StoreUnavailableError."""
     try:
         return await coro
     except BotoCoreError as exc:
         raise StoreUnavailableError(f"the archive store is not reachable: {_reason(exc)}") from None
     except ClientError as exc:
         raise StoreUnavailableError(f"the archive store refused a request: {_reason(exc)}") from None
+    except ResponseParserError as exc:
+        raise StoreUnavailableError(f"the archive store sent an answer that cannot be read: {exc}") from None
 
 
 def _status(exc: ClientError) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    return status_of(exc.response)
 
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        return f"{error.get('Code', 'error')} ({_status(exc)}): {error.get('Message', '')}".strip()
+        code, message = error_of(exc.response)
+        return f"{code} ({_status(exc)}): {message}".strip()
     return str(exc)

@@ -1,4 +1,5 @@
-"""S3 archive integrity against a real proxy process: wrong bytes from the object store never go out whole.
+"""S3 archive integrity against a real proxy process: wrong bytes from the object store never go out whole,
+and a malformed answer of the object store is a clear JSON error, not a crash.
 
 The proxy reaches the S3 server (moto over HTTPS) through a relay (`tests/fakes/stalling_s3.py`) that flips
 one byte in the middle of object bodies (a faulty store or network path) or leaves headers out of its
@@ -53,6 +54,10 @@ def corrupt(front: StallingFront, sha: str) -> None:
     front.drop_headers = (object_gets(sha), CHECKSUMS)
 
 
+def object_heads(sha: str):
+    return lambda request: request.method == "HEAD" and request.path.endswith("/" + sha)
+
+
 async def get_or_abort(client, path: str) -> tuple[int | None, bytes | None]:
     """(status, body), or (None, None) when the proxy cut the response off."""
     try:
@@ -96,3 +101,24 @@ async def test_corrupted_object_bytes_are_cut_on_every_serve_not_only_the_first(
     front.corrupt_body = front.drop_headers = None
     assert await get_or_abort(client, BIG) == (200, data)
     assert not proc.events("request.crashed")
+
+
+async def test_a_head_answer_without_content_length_is_a_json_error_not_a_crash(
+    proxy_process, connect, registry, big, front, s3_server, s3_bucket
+):
+    data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
+    proc = await proxy_process(*through(front, s3_server, s3_bucket))
+    client = await connect(proc)
+    assert await get_or_abort(client, BIG) == (200, data)
+
+    front.drop_headers = (object_heads(sha), frozenset({"content-length"}))
+    async with client.session.get(proc.url + BIG) as response:
+        status, body = response.status, await response.json(content_type=None)
+    assert status == 503, body
+    assert "malformed answer to HEAD" in body["errors"][0] and "ContentLength missing" in body["errors"][0], body
+    assert not proc.events("request.crashed")
+    assert "Traceback" not in proc.log_path.read_text()
+
+    front.drop_headers = None
+    assert await get_or_abort(client, BIG) == (200, data)
+    assert registry.count(registry.archive_path(big, "linux_amd64")) == 1  # nothing was lost over it
