@@ -5,9 +5,9 @@
 ```
 
 Every whole-body serve of a stored archive is hashed (docs/integrity.md#archive-stores). This measures,
-in one process and interleaved, the reader the server uses (`chunks(256 KiB)`, what `web/archives.py`
-writes to the client) reading a whole archive with the hash (`check=True`, what every full GET does)
-and without it (`check=False`, what a range of a verified copy does), for both backends:
+in one process and interleaved, the reader the server uses (`ArchiveReader.chunks(256 KiB)`, what
+`web/archives.py` writes to the client) reading a whole archive with the hash (`check=True`, what every
+full GET does) and without it (`check=False`, what a range of a verified copy does), for both backends:
 
 - disk: an archive of `--size-mib` MiB in the page cache (the warm case: the hash is the main cost),
 - S3: an object of `--s3-size-mib` MiB in moto's S3 server over HTTPS (`tests/fakes/s3_server.py`, a
@@ -35,22 +35,34 @@ import trustme
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.config import parse_s3_location
-from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.metrics import Metrics
-from proxy.s3integrity import RemoteReader, S3Guard
-from proxy.s3store import S3ArchiveStore, S3Options
-from proxy.store import ArchiveStore, identity
+from proxy.storage import ArchiveGuard, ArchiveReader, ArchiveStore, StoredArchive
+from proxy.storage.disk import DiskStore
+from proxy.storage.s3 import S3Options, S3Store
 from tests.fakes.s3_server import CREDENTIALS, REGION, S3Server
 
 CHUNK = 1 << 18  # proxy.web.archives.CHUNK
 MIB = 1 << 20
 
 
-async def drain(reader: ArchiveReader | RemoteReader, size: int) -> None:
+async def drain(guard: ArchiveGuard, stored: StoredArchive, check: bool) -> None:
+    """Read the whole archive through the guard's reader, hashed or not."""
+    reader = ArchiveReader(
+        guard, stored, await guard.store.open_reader(stored, 0, stored.size), stored.size, check=check
+    )
     total = 0
-    async for chunk in reader.chunks(CHUNK):
-        total += len(chunk)
-    assert total == size, (total, size)
+    try:
+        async for chunk in reader.chunks(CHUNK):
+            total += len(chunk)
+    finally:
+        reader.close()
+    assert total == stored.size, (total, stored.size)
+
+
+async def publish(store: ArchiveStore, data: bytes) -> StoredArchive:
+    path = store.temp_path()
+    path.write_bytes(data)
+    return await store.publish_path(path, hashlib.sha256(data).hexdigest())
 
 
 async def measure(read: Callable[[bool], Awaitable[None]], size: int, repeats: int) -> dict[str, tuple[float, float]]:
@@ -69,27 +81,19 @@ async def measure(read: Callable[[bool], Awaitable[None]], size: int, repeats: i
 
 
 async def disk(root: Path, size: int, repeats: int) -> dict[str, tuple[float, float]]:
-    store = ArchiveStore(root / "disk")
-    store.open()
+    store = DiskStore(root / "disk")
+    await store.open()
     try:
-        data = os.urandom(size)
-        path = store.temp_path()
-        path.write_bytes(data)
-        stored = store.publish_path(path, hashlib.sha256(data).hexdigest())
-        guard = StoreGuard(store, Metrics())
+        stored = await publish(store, os.urandom(size))
+        guard = ArchiveGuard(store, Metrics())
 
         async def read(check: bool) -> None:
-            handle = open(stored.path, "rb")  # noqa: ASYNC230, SIM115 - a benchmark; closed by the reader
-            reader = ArchiveReader(guard, stored, handle, identity(os.fstat(handle.fileno())), 0, size, check=check)
-            try:
-                await drain(reader, size)
-            finally:
-                reader.close()
+            await drain(guard, stored, check)
 
         await read(True)  # into the page cache
         return await measure(read, size, repeats)
     finally:
-        store.close()
+        await store.close()
 
 
 async def s3(root: Path, size: int, repeats: int) -> dict[str, tuple[float, float]]:
@@ -102,25 +106,22 @@ async def s3(root: Path, size: int, repeats: int) -> dict[str, tuple[float, floa
     os.environ.update(CREDENTIALS)
     server = await asyncio.to_thread(S3Server, cert_file, key_file, ca_file)
     bucket = server.bucket()
-    store = S3ArchiveStore(
+    store = S3Store(
         root / "s3",
         parse_s3_location(f"s3://{bucket}/archives"),
         S3Options(endpoint_url=server.url, region=REGION, path_style=True, ca_file=ca_file),
     )
     try:
-        await asyncio.to_thread(store.open)
-        data = os.urandom(size)
-        path = store.temp_path()
-        path.write_bytes(data)
-        stored = await asyncio.to_thread(store.publish_path, path, hashlib.sha256(data).hexdigest())
-        guard = S3Guard(store, Metrics())
+        await store.open()
+        stored = await publish(store, os.urandom(size))
+        guard = ArchiveGuard(store, Metrics())
 
         async def read(check: bool) -> None:
-            await drain(RemoteReader(guard, stored, 0, size, check=check), size)
+            await drain(guard, stored, check)
 
         return await measure(read, size, repeats)
     finally:
-        await asyncio.to_thread(store.close)
+        await store.close()
         server.stop()
 
 

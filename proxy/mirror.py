@@ -27,7 +27,6 @@ from proxy import deadline, verify
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.cache import CacheEntry, MetadataStore, keys
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace, SpaceReport, is_disk_full
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, NotFoundError, OfflineMissError, UpstreamError, VerificationError
@@ -42,8 +41,7 @@ from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_p
 from proxy.passthrough import PassThrough
 from proxy.records import ArchiveRecord, SumsRecord
 from proxy.security import security_event
-from proxy.storage import ArchiveStorage
-from proxy.store import PendingArchive, StoredArchive
+from proxy.storage import ArchiveStore, DiskSpace, PendingArchive, SpaceReport, StoredArchive, is_disk_full
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 from proxy.ziphash import StreamedZipMismatch, ZipStreamHasher, h1_of_streamed_zip
@@ -105,7 +103,7 @@ class Mirror:
         keyring: Keyring,
         *,
         cache: MetadataStore,
-        store: ArchiveStorage,
+        store: ArchiveStore,
         space: DiskSpace,
         metrics: Metrics,
     ) -> None:

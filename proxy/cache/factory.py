@@ -25,9 +25,19 @@ log = structlog.get_logger(__name__)
 
 
 async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
+    """The metadata store and its fleet locks (`open_metadata`, without the served times)."""
+    store, locks, _ = await open_metadata(settings, metrics)
+    return store, locks
+
+
+async def open_metadata(
+    settings: Settings, metrics: Metrics | None = None
+) -> tuple[MetadataStore, FleetLocks, RedisStore | EmbeddedStore]:
     """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store (with
     lock files in the data dir when several workers share it); either sealed with the metadata secret
-    (ConfigError when it cannot be had). The embedded file is checked now, before the first request."""
+    (ConfigError when it cannot be had). The embedded file is checked now, before the first request.
+    Third, the same connection's last-served times of archives (`proxy.storage.ServedTimes`: eviction's
+    bookkeeping, not metadata, so not behind the seal and the other wrappers)."""
     on_reject = None
     if metrics is not None:
 
@@ -45,6 +55,7 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
         return (
             SealedStore(redis_store, secret, name="redis", on_reject=on_reject),
             RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl),
+            redis_store,
         )
     database = settings.cache_dir / "metadata.sqlite"
     upgrading = (
@@ -53,14 +64,15 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
         and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
     )
     secret = await asyncio.to_thread(metadata_secret, settings)
-    sealed = SealedStore(EmbeddedStore(database), secret, name="embedded", on_reject=on_reject)
+    embedded = EmbeddedStore(database)
+    sealed = SealedStore(embedded, secret, name="embedded", on_reject=on_reject)
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
         log.info(
             "metadata.records_sealed",
             records=await sealed.adopt_unsealed(),
             reason="first start with sealed metadata: the existing records of this data dir were sealed",
         )
-    return sealed, FileLocks(settings.lock_dir) if settings.workers > 1 else LocalLocks()
+    return sealed, FileLocks(settings.lock_dir) if settings.workers > 1 else LocalLocks(), embedded
 
 
 def negative_bound(

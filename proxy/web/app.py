@@ -12,16 +12,13 @@ import structlog
 from aiohttp import web
 
 from proxy.auth import Grants, grant_key
-from proxy.backends import archive_store, store_guard
-from proxy.cache.factory import negative_bound, open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
 from proxy.cache.sealed import metadata_secret
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
-from proxy.evictor import Evictor
 from proxy.flights import Flights
 from proxy.gpg import Keyring
 from proxy.inventory import InventoryReader
@@ -29,7 +26,7 @@ from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
-from proxy.served import ServedArchives
+from proxy.storage import ArchiveGuard, DiskSpace, Evictor, ServedArchives, archive_store
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -63,9 +60,9 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = archive_store(settings)
-    store.open()
+    await store.open()
     metrics = app[METRICS]
-    backend, locks = await open_metadata_store(settings, metrics)
+    backend, locks, served_times = await open_metadata(settings, metrics)
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
     policy = AddressPolicy(settings.private_host_exceptions)
@@ -79,7 +76,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app[ACCESS].reload)
     flights = Flights(locks)
     space = DiskSpace(store.root, settings.min_free_space)
-    guard = store_guard(store, metrics)
+    guard = ArchiveGuard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = Downloader(settings, upstream, store, guard, space, metrics)
     keyring = Keyring(settings.gnupg_home)
@@ -87,11 +84,11 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space, metrics=metrics
     )
     app[GUARD] = guard
-    served = app[SERVED] = ServedArchives(backend)
+    served = app[SERVED] = ServedArchives(served_times)
     evictor = Evictor(
         store,
         served,
-        backend,
+        served_times,
         locks,
         space,
         metrics,
@@ -139,7 +136,7 @@ async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
         await flights.close()
         await upstream.close()
         await cache.close()
-        store.close()
+        await store.close()
         await asyncio.to_thread(keyring.close)
 
 

@@ -3,7 +3,7 @@
 Both modes answer conditionals and ranges alike (`proxy.httprange.evaluate`, ETag = SHA-256).
 Over TLS there is no kernel TLS on these hosts, so bytes go through user space anyway; over
 plain HTTP they do too, so that they are checked (no `sendfile`): a loop reads 256 KiB chunks
-(`proxy.integrity.ArchiveReader`, straight from the page cache in the event loop when its pages
+(`proxy.storage.ArchiveReader`, straight from the page cache in the event loop when its pages
 are there) and writes each with `write_paced` (64 KiB slices, waiting for the client in
 between); the loop is about ten times faster than aiohttp's sendfile emulation
 (docs/performance.md#serving-archives-over-tls). A client that stops reading pins about
@@ -35,11 +35,8 @@ from aiohttp import web
 from proxy.auth import GRANT_PARAM
 from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
 from proxy.httprange import evaluate
-from proxy.integrity import ArchiveReader
 from proxy.passthrough import PassThrough
-from proxy.s3integrity import S3Guard
-from proxy.s3store import RemoteArchive
-from proxy.store import StoredArchive
+from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
 from proxy.web.keys import GUARD, METRICS, SERVED, SETTINGS
 from proxy.web.responses import error_response
 from proxy.web.server import write_paced
@@ -101,8 +98,10 @@ async def serve_archive(
     if answer.status == 412:
         return error_response(412, f"precondition failed: the archive's ETag is {etag}")
     guard, settings = request.app[GUARD], request.app[SETTINGS]
-    if settings.archive_redirect and not guard.local and request.method != "HEAD":  # a URL signed for GET only
-        return await _redirect(request, guard, stored)
+    if settings.archive_redirect and request.method != "HEAD":  # a URL signed for GET only
+        redirect = await _redirect(request, guard, stored)
+        if redirect is not None:
+            return redirect
     if answer.status == 416:
         response = error_response(416, f"range not satisfiable: the archive has {stored.size} bytes")
         response.headers["Content-Range"] = f"bytes */{stored.size}"
@@ -180,13 +179,16 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
     return response
 
 
-async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive) -> web.StreamResponse:
-    """`--archive-redirect`: a stored archive answered with a short-lived presigned URL of its object; the
-    client's own hash check (the mirror's `hashes`, the registry's `shasum`) guards what it downloads.
-    The object is looked at once more while the archive is pinned (and noted as served), so one evicted
-    since its lookup is fetched again (`serve_found`) instead of being redirected to."""
+async def _redirect(request: web.Request, guard: ArchiveGuard, stored: StoredArchive) -> web.StreamResponse | None:
+    """`--archive-redirect`: a stored archive answered with a short-lived presigned URL of its object (None
+    where the store has no such URLs: served by the proxy); the client's own hash check (the mirror's
+    `hashes`, the registry's `shasum`) guards what it downloads. The object is looked at once more while
+    the archive is pinned (and noted as served), so one evicted since its lookup is fetched again
+    (`serve_found`) instead of being redirected to."""
     expiry = request.app[SETTINGS].archive_redirect_expiry
     location = await guard.presign(stored, expiry)
+    if location is None:
+        return None
     if not await guard.present(stored):  # evicted (or replaced) since its lookup: never a URL of nothing
         raise StoreCorruptionError(
             f"archive {stored.sha256} left the store before it was redirected to; it is looked up again"

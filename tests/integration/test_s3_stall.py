@@ -20,7 +20,7 @@ from botocore.config import Config
 
 from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
-from proxy.s3store import ATTEMPTS, S3ArchiveStore, S3Options
+from proxy.storage.s3 import ATTEMPTS, S3Options, S3Store
 from tests.conftest import serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION
@@ -41,16 +41,16 @@ def front(s3_server, upstream_ssl, client_ssl):
 
 
 @pytest.fixture
-def store(front, s3_server, s3_bucket, tmp_path):
+async def store(front, s3_server, s3_bucket, tmp_path):
     """An S3 store reaching the bucket through the relay."""
-    opened = S3ArchiveStore(
+    opened = S3Store(
         tmp_path,
         parse_s3_location(f"s3://{s3_bucket}/archives"),
         S3Options(endpoint_url=front.url, region=REGION, path_style=True, ca_file=s3_server.ca_file, timeout=TIMEOUT),
     )
-    opened.open()
+    await opened.open()
     yield opened
-    opened.close()
+    await opened.close()
 
 
 def put_object(s3_server, bucket: str, data: bytes) -> str:
@@ -65,11 +65,11 @@ def for_key(sha: str, method: str | None = None):
 
 async def test_a_store_that_never_answers_fails_after_two_bounded_attempts(store, front, s3_server, s3_bucket):
     sha = put_object(s3_server, s3_bucket, b"archive")
-    assert (await store.head(sha)).size == 7
+    assert (await store.get(sha)).size == 7
     front.stall_requests = for_key(sha)
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError, match=r"(?i)timeout"):
-        await asyncio.wait_for(store.head(sha), LIMIT)
+        await asyncio.wait_for(store.get(sha), LIMIT)
     assert front.stalled.is_set() and front.stalls == ATTEMPTS == 2  # retried once, not more
     assert time.monotonic() - started < LIMIT / 2
 
@@ -77,13 +77,17 @@ async def test_a_store_that_never_answers_fails_after_two_bounded_attempts(store
 async def test_a_body_that_stalls_mid_way_is_cut_off(store, front, s3_server, s3_bucket):
     data = os.urandom(1 << 20)
     sha = put_object(s3_server, s3_bucket, data)
-    stored = await store.head(sha)
+    stored = await store.get(sha)
     front.stall_body_after = (for_key(sha, "GET"), 300_000)
     received = bytearray()
 
     async def read() -> None:
-        async for chunk in store.stream(stored, 0, stored.size, 65536):
-            received.extend(chunk)
+        reader = await store.open_reader(stored, 0, stored.size)
+        try:
+            async for chunk in reader.chunks(65536):
+                received.extend(chunk)
+        finally:
+            reader.close()
 
     with pytest.raises(StoreUnavailableError, match=r"(?i)timeout"):
         await asyncio.wait_for(read(), LIMIT)

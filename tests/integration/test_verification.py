@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.store import LOCK_NAME
+from proxy.storage import LOCK_NAME
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 

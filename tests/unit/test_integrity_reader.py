@@ -1,4 +1,5 @@
-"""ArchiveReader: every whole read is hashed and its last chunk held back until it matched; a range is not hashed."""
+"""ArchiveGuard's reader over the disk store: every whole read is hashed and its last chunk held back until it
+matched; a range of a copy found intact is not hashed; chunks come from the page cache in the event loop."""
 
 from __future__ import annotations
 
@@ -9,22 +10,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from proxy import integrity
 from proxy.errors import StoreCorruptionError
-from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
-from proxy.store import ArchiveStore, StoredArchive
+from proxy.storage import ArchiveGuard, StoredArchive, disk, guard
+from proxy.storage.disk import DiskStore
 
 DATA = os.urandom(5 * 100_000 + 17)  # several chunks and a short last one
 CHUNK = 100_000
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = ArchiveStore(tmp_path)
-    store.open()
+async def store(tmp_path):
+    store = DiskStore(tmp_path)
+    await store.open()
     yield store
-    store.close()
+    await store.close()
 
 
 @pytest.fixture
@@ -36,14 +36,14 @@ def hashes(monkeypatch) -> list[int]:
         started.append(1)
         return hashlib.sha256()
 
-    monkeypatch.setattr(integrity, "hashlib", SimpleNamespace(sha256=sha256))
+    monkeypatch.setattr(guard, "hashlib", SimpleNamespace(sha256=sha256))
     return started
 
 
-def publish(store: ArchiveStore, data: bytes = DATA) -> StoredArchive:
+async def publish(store: DiskStore, data: bytes = DATA) -> StoredArchive:
     path = store.temp_path()
     path.write_bytes(data)
-    return store.publish_path(path, hashlib.sha256(data).hexdigest())
+    return await store.publish_path(path, hashlib.sha256(data).hexdigest())
 
 
 def flip_byte(stored: StoredArchive, offset: int) -> None:
@@ -52,7 +52,7 @@ def flip_byte(stored: StoredArchive, offset: int) -> None:
         handle.write(bytes([DATA[offset] ^ 1]))
 
 
-async def read(guard: StoreGuard, stored: StoredArchive, start: int = 0, length: int | None = None) -> bytes:
+async def read(guard: ArchiveGuard, stored: StoredArchive, start: int = 0, length: int | None = None) -> bytes:
     reader = await guard.open(stored, start, stored.size - start if length is None else length)
     try:
         return b"".join([bytes(chunk) async for chunk in reader.chunks(CHUNK)])
@@ -61,24 +61,24 @@ async def read(guard: StoreGuard, stored: StoredArchive, start: int = 0, length:
 
 
 async def test_every_whole_read_is_hashed_even_of_a_file_found_intact_before(store, hashes):
-    stored = publish(store)  # found intact as it was stored
-    guard = StoreGuard(store, Metrics())
+    stored = await publish(store)  # found intact as it was stored
+    guard = ArchiveGuard(store, Metrics())
     assert await read(guard, stored) == DATA
     assert await read(guard, stored) == DATA
     assert len(hashes) == 2
 
 
 async def test_a_range_of_a_file_found_intact_is_read_without_hashing(store, hashes):
-    stored = publish(store)
-    guard = StoreGuard(store, Metrics())
+    stored = await publish(store)
+    guard = ArchiveGuard(store, Metrics())
     await guard.verify(stored)  # what the server does before a range: nothing to hash for a trusted file
     assert await read(guard, stored, 1000, 300_000) == DATA[1000:301_000]
     assert hashes == []
 
 
 async def test_a_file_changed_in_place_while_it_is_read_raises_before_its_last_chunk(store):
-    stored = publish(store)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     received = bytearray()
     with pytest.raises(StoreCorruptionError):
         async for chunk in reader.chunks(CHUNK):
@@ -91,9 +91,9 @@ async def test_a_file_changed_in_place_while_it_is_read_raises_before_its_last_c
 
 
 async def test_a_changed_file_with_a_flipped_byte_raises_before_its_last_chunk(store):
-    stored = publish(store)
+    stored = await publish(store)
     flip_byte(stored, 10)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     received = bytearray()
     with pytest.raises(StoreCorruptionError):
         async for chunk in reader.chunks(CHUNK):
@@ -104,16 +104,16 @@ async def test_a_changed_file_with_a_flipped_byte_raises_before_its_last_chunk(s
 
 
 async def test_chunks_missing_from_the_page_cache_are_read_in_a_thread(store, monkeypatch):
-    stored = publish(store)
-    monkeypatch.setattr(integrity, "_read_cached", lambda fd, offset, size: None)
-    guard = StoreGuard(store, Metrics())
+    stored = await publish(store)
+    monkeypatch.setattr(disk, "_read_cached", lambda fd, offset, size: None)
+    guard = ArchiveGuard(store, Metrics())
     assert await read(guard, stored) == DATA
     assert await read(guard, stored, 123_456, 200_000) == DATA[123_456:323_456]
 
 
 async def test_a_trusted_file_that_shrank_while_open_raises(store):
-    stored = publish(store)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     os.truncate(stored.path, 250_000)
     with pytest.raises(StoreCorruptionError):
         async for _ in reader.chunks(CHUNK):
@@ -122,8 +122,8 @@ async def test_a_trusted_file_that_shrank_while_open_raises(store):
 
 
 async def test_the_event_loop_runs_between_chunks_read_from_the_page_cache(store):
-    stored = publish(store)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     ticks = 0
 
     async def ticker() -> None:

@@ -33,11 +33,12 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 ) -> None:
     opened: list[Settings] = []
 
-    async def open_metadata_store(settings: Settings, metrics=None):
+    async def open_metadata(settings: Settings, metrics=None):
         opened.append(settings)
-        return EmbeddedStore(tmp_path / "metadata.sqlite"), None
+        store = EmbeddedStore(tmp_path / "metadata.sqlite")
+        return store, None, store
 
-    monkeypatch.setattr(run, "open_metadata_store", open_metadata_store)
+    monkeypatch.setattr(run, "open_metadata", open_metadata)
     args = build_parser().parse_args(
         [
             "export",
@@ -51,13 +52,13 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
             "s" * 32,
         ]
     )
-    cache, store = await run._stores(args)
+    cache, _, store = await run._stores(args)
     try:
         assert opened[0].redis_retention == 7 * 86400
         assert isinstance(cache, NegativeBound)
     finally:
         await cache.close()
-        store.close()
+        await store.close()
 
 
 async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from proxy import s3answers
 from proxy.errors import StoreUnavailableError
+from proxy.storage import s3answers
 
 WHEN = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
 OBJECT = {"Key": "archives/" + "a" * 64, "Size": 12, "LastModified": WHEN}

@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 
 
 class StoredObject(Protocol):
-    """What the store lists about an object (`proxy.objects.ObjectInfo`)."""
+    """What the store lists about an object (`proxy.storage.objects.ObjectInfo`)."""
 
     @property
     def sha256(self) -> str: ...

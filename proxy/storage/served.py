@@ -1,10 +1,11 @@
 """Which archives are in use: pinned while a response streams them, and when each was last served.
 
 `ServedArchives.serving(sha256)` pins an archive in this process for as long as a response sends
-it (eviction never removes a pinned archive) and notes the time. Last-served times go to the
-metadata store (a Redis sorted set for the fleet, a table of the embedded file) at most once per
-`every` seconds per archive and process, so a hot archive costs one write a minute, not one per
-request; eviction's grace window (longer than `every`) covers what is not written yet.
+it (eviction never removes a pinned archive) and notes the time. Last-served times go where the
+metadata's connection is (`ServedTimes`: a Redis sorted set for the fleet, a table of the embedded
+file) at most once per `every` seconds per archive and process, so a hot archive costs one write a
+minute, not one per request; eviction's grace window (longer than `every`) covers what is not
+written yet.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 
-from proxy.cache import MetadataStore
+from proxy.storage.protocol import ServedTimes
 
 WRITE_EVERY = 60.0
 REMEMBERED = 100_000  # archives whose last write time this process keeps (the least recently served are dropped)
@@ -24,9 +25,9 @@ class ServedArchives:
     """Pins and throttled last-served times for one process."""
 
     def __init__(
-        self, metadata: MetadataStore, *, every: float = WRITE_EVERY, clock: Callable[[], float] = time.time
+        self, times: ServedTimes, *, every: float = WRITE_EVERY, clock: Callable[[], float] = time.time
     ) -> None:
-        self._metadata = metadata
+        self._times = times
         self._every = every
         self._clock = clock
         self._pins: Counter[str] = Counter()
@@ -62,12 +63,12 @@ class ServedArchives:
         self._written.move_to_end(sha256)
         while len(self._written) > REMEMBERED:
             self._written.popitem(last=False)
-        await self._metadata.note_served({sha256: now})
+        await self._times.note_served({sha256: now})
 
     async def last_served(self, sha256s: list[str]) -> dict[str, float]:
         """When the fleet last served each of `sha256s` (those never served are absent); the page's inventory."""
         wanted = set(sha256s)
-        return {sha: at for sha, at in (await self._metadata.served_times()).items() if sha in wanted}
+        return {sha: at for sha, at in (await self._times.served_times()).items() if sha in wanted}
 
     def forget(self, sha256: str) -> None:
         """An archive removed from the store: its next serve is written at once."""

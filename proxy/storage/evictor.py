@@ -3,7 +3,7 @@
 `Evictor` lists the store every `--eviction-interval` (which also sets the store's size metrics) and
 right after a stored archive takes the store past the cap. With a cap, a run takes the fleet lock
 `store-eviction` (Redis across replicas, lock files across workers), lists the store again, reads the
-fleet's last-served times and removes the victims `proxy.eviction` chooses until the store is back
+fleet's last-served times and removes the victims `proxy.storage.eviction` chooses until the store is back
 under the cap and the disk above `--min-free-space`. An archive a response of this process is sending
 is never removed (its pin is checked once more right before the removal), nor one served or stored
 within `--eviction-grace` anywhere; a download under way is a temp file, not an object, so it is
@@ -21,15 +21,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from proxy import eviction
-from proxy.cache import MetadataStore
-from proxy.diskspace import DiskSpace
 from proxy.metrics import Metrics
-from proxy.objects import ObjectInfo
-from proxy.served import ServedArchives
 from proxy.singleflight import FleetLocks
-from proxy.storage import ArchiveStorage
-from proxy.store import StoredArchive
+from proxy.storage import eviction
+from proxy.storage.objects import ObjectInfo, StoredArchive
+from proxy.storage.protocol import ArchiveStore, ServedTimes
+from proxy.storage.served import ServedArchives
+from proxy.storage.space import DiskSpace
 
 log = structlog.get_logger(__name__)
 LOCK_KEY = "store-eviction"
@@ -51,9 +49,9 @@ class Evictor:
 
     def __init__(
         self,
-        store: ArchiveStorage,
+        store: ArchiveStore,
         served: ServedArchives,
-        metadata: MetadataStore,
+        times: ServedTimes,
         locks: FleetLocks,
         space: DiskSpace,
         metrics: Metrics,
@@ -65,7 +63,7 @@ class Evictor:
     ) -> None:
         self._store = store
         self._served = served
-        self._metadata = metadata
+        self._times = times
         self._locks = locks
         self._space = space
         self._metrics = metrics
@@ -130,7 +128,7 @@ class Evictor:
 
     async def _list(self) -> list[ObjectInfo]:
         """The store's objects, listed once; the counts and the size metrics follow the listing."""
-        objects = await asyncio.to_thread(lambda: list(self._store.list_objects()))
+        objects = await self._store.list_objects()
         self._objects, self._bytes = len(objects), sum(obj.size for obj in objects)
         self._report()
         return objects
@@ -149,7 +147,7 @@ class Evictor:
         if excess <= 0:
             return EvictionRun(self._objects, self._bytes, 0)
         try:
-            served = await self._metadata.served_times()
+            served = await self._times.served_times()
         except Exception as exc:  # Redis down, the file unreadable: evict nothing rather than blindly
             log.warning("store.eviction_skipped", reason=f"last-served times unreadable: {exc}", excess_bytes=excess)
             return EvictionRun(self._objects, self._bytes, excess)
@@ -173,7 +171,7 @@ class Evictor:
         for obj in chosen:
             if self._served.is_pinned(obj.sha256):  # a response began sending it since the choice
                 continue
-            size = await asyncio.to_thread(self._store.remove, obj.sha256)
+            size = await self._store.remove(obj.sha256)
             if not size:
                 continue  # gone already (another process, or gc)
             evicted.append(obj.sha256)
@@ -185,7 +183,7 @@ class Evictor:
             self._metrics.evicted_bytes.inc(size)
             log.info("store.evicted", sha256=obj.sha256, bytes=size, last_used=last_used[obj.sha256])
         if evicted:
-            await self._metadata.forget_served(evicted)
+            await self._times.forget_served(evicted)
             self._report()
             log.info(
                 "store.eviction_done", evicted=len(evicted), freed_bytes=freed, store_bytes=self._bytes, cap=self._cap
