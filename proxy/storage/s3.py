@@ -103,10 +103,14 @@ class S3Store(Staged):
         ago. Without it (gc, verify: a store only looked at) nothing is changed by opening."""
         if claim:
             await asyncio.to_thread(self.staging.open)
-        await self._start()
-        if claim:
-            with _translated():
-                await self._abort_abandoned_uploads()
+        try:
+            await self._start()
+            if claim:
+                with _translated():
+                    await self._abort_abandoned_uploads()
+        except BaseException:  # nothing stays open when opening fails
+            await self.close()
+            raise
 
     async def close(self) -> None:
         try:
