@@ -172,7 +172,8 @@ class ArchiveReader:
         sent = 0
         async with contextlib.aclosing(self._reader.chunks(size)) as chunks:
             async for chunk in chunks:
-                chunk = chunk[: self._length - sent]
+                if len(chunk) > self._length - sent:  # (a slice copies: only when the reader gave more)
+                    chunk = chunk[: self._length - sent]
                 sent += len(chunk)
                 if digest is not None:
                     digest.update(chunk)  # in the event loop: hashlib releases the GIL, a thread would add a hop
