@@ -28,9 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError
+from aiohttp import ClientPayloadError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    IncompleteReadError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
 from botocore.parsers import ResponseParserError
 
 from proxy.config import S3Location
@@ -63,11 +72,14 @@ from proxy.storage.s3answers import (
 )
 from proxy.storage.staging import HASH_CHUNK, PendingArchive, Staged, Staging
 
+log = structlog.get_logger(__name__)
 PART_SIZE = 16 * 2**20  # above this, a multipart upload in parts of this size (S3's minimum is 5 MiB)
 ABANDONED_UPLOAD_AFTER = 24 * 3600.0
 QUARANTINE = "quarantine/"
 ATTEMPTS = 2  # per request: the first try and one retry (timeouts, connection errors, throttling, 5xx)
 LOOKS = 3  # an object replaced between its HEAD and its GET is looked at again, this many times in all
+RESUMES = 8  # a body cut off before its end is taken up again where it stopped, at most this many times
+EAGER = 1 << 20  # the rest of a body taken up again is read in pieces this large
 
 
 @dataclass(frozen=True)
@@ -233,14 +245,17 @@ class S3Store(Staged):
     async def open_reader(self, stored: StoredArchive, start: int, length: int) -> ObjectReader:
         """A GET of the span from the very object `stored` names (its ETag), answered before this returns:
         a replaced or removed object raises StoreCorruptionError before a byte is sent (looked up again)."""
+        reader = ObjectReader(self, stored, start, length)
+        await reader.get(start)
+        return reader
+
+    async def _get_range(self, stored: StoredArchive, start: int, end: int) -> Any:
+        """The body of bytes `start` to `end` (exclusive) of the very object `stored` names."""
         key = self.key_for(stored.sha256)
         with _translated():
             try:
                 answer = await self._s3.get_object(
-                    Bucket=self.location.bucket,
-                    Key=key,
-                    IfMatch=str(stored.version),
-                    Range=f"bytes={start}-{start + length - 1}",
+                    Bucket=self.location.bucket, Key=key, IfMatch=str(stored.version), Range=f"bytes={start}-{end - 1}"
                 )
             except ClientError as exc:
                 if _status(exc) in (404, 412, 416):
@@ -248,7 +263,7 @@ class S3Store(Staged):
                         f"archive {stored.sha256} changed or vanished in the object store; it is looked up again"
                     ) from None
                 raise
-        return ObjectReader(body_of(answer, f"GET {key}"), stored)
+        return body_of(answer, f"GET {key}")
 
     async def check(self, sha256: str, progress: Callable[[int], None] | None = None) -> ObjectCheck | None:
         """Hash the object at `sha256`'s address (None if there is none). An object replaced between its
@@ -466,33 +481,66 @@ class S3Store(Staged):
 
 
 class ObjectReader:
-    """The body of one ranged GET, read in chunks of the size asked for (a hop per chunk, however small
-    the network's reads are)."""
+    """A span of one object read with ranged GETs naming its ETag, in chunks of the size asked for (a hop
+    per chunk, however small the network's reads are).
 
-    def __init__(self, body: Any, stored: StoredArchive) -> None:
-        self._body = body
+    A body cut off before its end (the connection closed early) is taken up again where it stopped, with
+    another GET of the rest of the span from the same object, up to `RESUMES` times: uvloop drops what
+    it had received but not yet handed on when the store closes the connection while reading is paused
+    for a slow client (MagicStack/uvloop#661), and stores close connections when they like. The rest,
+    once it is small (`EAGER`), is read in one go, so that no pause falls on its end. A stall is not
+    resumed: it fails after `--s3-timeout` as before."""
+
+    def __init__(self, store: S3Store, stored: StoredArchive, start: int, length: int) -> None:
+        self._store = store
+        self._stored = stored
+        self._start = start
+        self._end = start + length
+        self._body: Any = None
         self.size = stored.size  # `If-Match`: the very object looked up
         self.version = stored.version
 
+    async def get(self, offset: int) -> None:
+        """(Re)open the body at `offset` of the span."""
+        self.close()
+        self._body = await self._store._get_range(self._stored, offset, self._end)
+
     async def chunks(self, size: int) -> AsyncGenerator[bytes, None]:
-        while True:
-            with _translated(reading=True):
-                data = await _read_up_to(self._body, size)
+        offset, resumes = self._start, 0
+        while offset < self._end:
+            want = min(size, self._end - offset) if resumes == 0 else min(max(size, EAGER), self._end - offset)
+            parts: list[bytes] = []
+            try:
+                with _translated(reading=True):
+                    await _read_into(self._body, want, parts)
+            except StoreUnavailableError as exc:
+                if not _cut(exc.__cause__) or resumes >= RESUMES:
+                    raise
+                resumes += 1
+                got = sum(map(len, parts))
+                log.info("storage.s3_body_resumed", sha256=self._stored.sha256, at=offset + got, error=str(exc))
+                await self.get(offset + got)
+                if not got:
+                    continue
+            data = b"".join(parts)
             if not data:
-                return
-            yield data
+                return  # the object ended early: the caller sees fewer bytes than it asked for
+            offset += len(data)
+            for at in range(0, len(data), size):
+                yield data[at : at + size] if len(data) > size else data
 
     def close(self) -> None:
-        self._body.close()
+        if self._body is not None:
+            self._body.close()
 
 
-async def _read_up_to(body: Any, size: int) -> bytes:
-    """`size` bytes of a streamed body (fewer only at its end)."""
-    parts, have = [], 0
+async def _read_into(body: Any, size: int, parts: list[bytes]) -> None:
+    """Up to `size` bytes of a streamed body into `parts` (fewer only at its end); what was read before a
+    failure stays in `parts`."""
+    have = 0
     while have < size and (part := await body.read(size - have)):
         parts.append(part)
         have += len(part)
-    return b"".join(parts)
 
 
 @contextlib.contextmanager
@@ -502,6 +550,8 @@ def _translated(*, reading: bool = False) -> Iterator[None]:
     try:
         yield
     except BotoCoreError as exc:
+        if reading and _cut(exc):  # the cause stays: a reader takes up a cut body again
+            raise StoreUnavailableError(f"reading from the archive store failed: {_reason(exc)}") from exc
         raise StoreUnavailableError(f"the archive store is not reachable: {_reason(exc)}") from None
     except ClientError as exc:
         raise StoreUnavailableError(f"the archive store refused a request: {_reason(exc)}") from None
@@ -513,6 +563,15 @@ def _translated(*, reading: bool = False) -> Iterator[None]:
         if not reading:
             raise
         raise StoreUnavailableError(f"reading from the archive store failed: {exc!r}") from exc
+
+
+def _cut(exc: BaseException | None) -> bool:
+    """A body cut off before its end: the connection closed (aiohttp's errors, as they are or as aiobotocore
+    wraps them), or the body ended before its length. A timeout (a stalled store) is not one: some of
+    botocore's are OSErrors too."""
+    if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
+        return False
+    return isinstance(exc, ResponseStreamingError | IncompleteReadError | ConnectionError | ClientPayloadError)
 
 
 def _status(exc: ClientError) -> int:

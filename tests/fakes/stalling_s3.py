@@ -7,9 +7,10 @@ then holds the connection open without sending more. Each stall sets `stalled` (
 lasts until `stop()`; `stalls` counts them (one per attempt of the client). It can also answer wrongly
 without stalling: `corrupt_body` flips one byte in the middle of the matching responses' bodies (a faulty
 store or network), `drop_headers` leaves the named headers out of the matching responses (a malformed
-answer); `corrupted` counts the bodies it changed. The relay runs on an event loop of its own in a
-thread, so it keeps relaying while the test's loop is blocked (a proxy opening its store at start-up,
-for one).
+answer), `cut_body_after` sends only that many bytes of the matching bodies and drops the connection (a
+store closing early); `corrupted` and `cuts` count the bodies it changed and cut. The relay runs on an
+event loop of its own in a thread, so it keeps relaying while the test's loop is blocked (a proxy opening
+its store at start-up, for one).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class StallingFront:
         self.stall_body_after: tuple[Predicate, int] | None = None
         self.corrupt_body: Predicate | None = None
         self.drop_headers: tuple[Predicate, frozenset[str]] | None = None
+        self.cut_body_after: tuple[Predicate, int] | None = None
         self.corrupted = 0
+        self.cuts = 0
         self.stalled = threading.Event()
         self.stalls = 0
         self._release: asyncio.Event | None = None
@@ -110,6 +113,7 @@ class StallingFront:
         limit = cut[1] if cut is not None and cut[0](request) else None
         drop = self.drop_headers[1] if self.drop_headers is not None and self.drop_headers[0](request) else frozenset()
         corrupt = self.corrupt_body is not None and self.corrupt_body(request)
+        cut_at = self.cut_body_after[1] if self.cut_body_after is not None and self.cut_body_after[0](request) else None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         async with self._session.request(
             request.method,
@@ -127,6 +131,12 @@ class StallingFront:
             sent = 0
             flip_at = (upstream.content_length or 0) // 2 if corrupt and upstream.status in (200, 206) else None
             async for chunk in upstream.content.iter_chunked(65536):
+                if cut_at is not None and sent + len(chunk) > cut_at:
+                    await response.write(chunk[: cut_at - sent])
+                    self.cuts += 1
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return response
                 if flip_at is not None and sent <= flip_at < sent + len(chunk):
                     changed = bytearray(chunk)
                     changed[flip_at - sent] ^= 0x01

@@ -8,6 +8,8 @@ answers (a malformed answer), on request of the test.
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 
@@ -122,3 +124,26 @@ async def test_a_head_answer_without_content_length_is_a_json_error_not_a_crash(
     front.drop_headers = None
     assert await get_or_abort(client, BIG) == (200, data)
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 1  # nothing was lost over it
+
+
+async def test_a_slow_client_gets_the_whole_archive_from_an_object_store_that_closes_after_each_answer(
+    proxy_process, connect, registry, signing_key, s3_server, s3_bucket
+):
+    """moto (like any server that closes a connection after its answer) sends the end of a body and closes;
+    uvloop, the proxy's event loop, drops what it had received but not yet handed on when that close arrives
+    while reading is paused for a slow client (its sslproto shuts down at once). The proxy then fetches the
+    rest of the body (the same object, from where it stopped): the client still gets the archive whole."""
+    huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=12 << 20))
+    data = huge.zips["linux_amd64"]
+    proc = await proxy_process(*s3_server.flags(s3_bucket))
+    client = await connect(proc)
+    assert await get_or_abort(client, BIG) == (200, data)  # fetched, verified, uploaded
+    received = bytearray()
+    async with client.session.get(proc.url + BIG) as response:
+        assert response.status == 200
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            received += chunk
+            await asyncio.sleep(0.01)  # a client slower than the object store
+    assert len(received) == len(data) and bytes(received) == data
+    assert registry.count(registry.archive_path(huge, "linux_amd64")) == 1
+    assert not proc.events("request.failed")

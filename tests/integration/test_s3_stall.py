@@ -20,7 +20,7 @@ from botocore.config import Config
 
 from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
-from proxy.storage.s3 import ATTEMPTS, S3Options, S3Store
+from proxy.storage.s3 import ATTEMPTS, RESUMES, S3Options, S3Store
 from tests.conftest import serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION
@@ -127,6 +127,34 @@ async def test_the_proxy_cuts_a_stalled_body_and_answers_503_to_a_stalled_store(
             status, body = await proxy.json(BIG)
         assert status == 503 and "timeout" in body["errors"][0].lower(), body
         assert front.stalled.is_set() and time.monotonic() - started < LIMIT / 2
+
+
+async def test_a_body_cut_off_early_is_taken_up_again_where_it_stopped(store, front, s3_server, s3_bucket):
+    data = os.urandom(3 << 20)
+    sha = put_object(s3_server, s3_bucket, data)
+    stored = await store.get(sha)
+    gets = for_key(sha, "GET")
+    front.cut_body_after = (lambda request: gets(request) and front.cuts < 2, 1_000_000)  # the first two GETs
+    reader = await store.open_reader(stored, 10, stored.size - 10)
+    try:
+        received = b"".join([chunk async for chunk in reader.chunks(256 * 1024)])
+    finally:
+        reader.close()
+    assert front.cuts == 2 and received == data[10:]
+
+
+async def test_a_body_cut_off_again_and_again_fails(store, front, s3_server, s3_bucket):
+    sha = put_object(s3_server, s3_bucket, os.urandom(1 << 20))
+    stored = await store.get(sha)
+    front.cut_body_after = (for_key(sha, "GET"), 1000)
+    reader = await store.open_reader(stored, 0, stored.size)
+    try:
+        with pytest.raises(StoreUnavailableError, match="reading from the archive store failed"):
+            async for _ in reader.chunks(256 * 1024):
+                pass
+    finally:
+        reader.close()
+    assert front.cuts == 1 + RESUMES
 
 
 def test_the_test_s3_server_keeps_answering_however_much_it_was_asked(s3_server, s3_bucket):
