@@ -8,6 +8,7 @@ import hashlib
 import os
 from types import SimpleNamespace
 
+import blake3
 import pytest
 
 from proxy.errors import StoreCorruptionError
@@ -28,15 +29,20 @@ async def store(tmp_path):
 
 
 @pytest.fixture
-def hashes(monkeypatch) -> list[int]:
-    """Counts the SHA-256 digests the reader starts."""
-    started: list[int] = []
+def hashes(monkeypatch) -> list[str]:
+    """The digests the reader starts, by kind ("sha256", "blake3")."""
+    started: list[str] = []
 
     def sha256():
-        started.append(1)
+        started.append("sha256")
         return hashlib.sha256()
 
+    def fingerprint():
+        started.append("blake3")
+        return blake3.blake3()
+
     monkeypatch.setattr(guard, "hashlib", SimpleNamespace(sha256=sha256))
+    monkeypatch.setattr(guard, "blake3", fingerprint)
     return started
 
 
@@ -61,17 +67,29 @@ async def read(guard: ArchiveGuard, stored: StoredArchive, start: int = 0, lengt
 
 
 async def test_every_whole_read_is_hashed_even_of_a_file_found_intact_before(store, hashes):
-    stored = await publish(store)  # found intact as it was stored
+    stored = await publish(store)
     guard = ArchiveGuard(store, Metrics())
     assert await read(guard, stored) == DATA
+    assert hashes == ["sha256", "blake3"]  # the SHA-256, and the content's fingerprint on the way
     assert await read(guard, stored) == DATA
-    assert len(hashes) == 2
+    assert await read(guard, stored) == DATA
+    assert hashes == ["sha256", "blake3", "blake3", "blake3"]  # then the fingerprint alone, every time
+
+
+async def test_a_file_changed_after_its_fingerprint_was_taken_is_caught_by_it(store):
+    stored = await publish(store)
+    guard = ArchiveGuard(store, Metrics())
+    assert await read(guard, stored) == DATA  # SHA-256 checked, fingerprint taken
+    flip_byte(stored, len(DATA) // 2)
+    with pytest.raises(StoreCorruptionError):
+        await read(guard, await store.get(stored.sha256))
+    assert not stored.path.exists()  # quarantined
 
 
 async def test_a_range_of_a_file_found_intact_is_read_without_hashing(store, hashes):
     stored = await publish(store)
     guard = ArchiveGuard(store, Metrics())
-    await guard.verify(stored)  # what the server does before a range: nothing to hash for a trusted file
+    await guard.verify(stored)  # what the server does before a range: the whole file hashed once (the store's check)
     assert await read(guard, stored, 1000, 300_000) == DATA[1000:301_000]
     assert hashes == []
 
