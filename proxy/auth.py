@@ -14,8 +14,9 @@ A presented token is hashed and compared with every stored hash in constant time
 (`hmac.compare_digest`). The clients send tokens only with metadata requests, not when they
 download the archives those documents list (Terraform's `installFromHTTPURL`, `getFile` and
 go-getter send no credentials), so the proxy signs the archive URLs it hands to an
-authorised client (`Grants`): a grant names the exact path, which carries the upstream host,
-and expires within two hours.
+authorised client (`Grants`): a grant names the exact path (which carries the upstream host,
+namespace, provider, version and platform), belongs to the token it was made for (and dies
+with it), and expires after `GRANT_LIFETIME`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,25 @@ import hmac
 import re
 import secrets
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
 
 HASH_PREFIX = "sha256:"
 _HEX_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}\Z")
 _KEYS = frozenset({"hash", "hosts", "namespaces", "lock", "metrics"})
 GRANT_PARAM = "grant"
-GRANT_BUCKET = 3600  # seconds: a grant is valid for one to two buckets
+# How long a grant lives: the clients fetch what a document lists within milliseconds of its answer (Terraform
+# 1.11, measured with bench/grant_window.py: at most 23 ms for an archive through the network mirror, 1.2 s
+# through host blocks, where SHA256SUMS and its signature are fetched in between); OpenTofu's retries of a
+# failed download (2, after 1 s and 2 s, each after a failed attempt) stay within a minute. Ten minutes is
+# that with a wide margin (slow upstreams, long cold downloads before a retry, clock skew between replicas).
+GRANT_LIFETIME = 600  # seconds
+GRANT_STEP = 60  # expiries are rounded up to the minute: a grant lives GRANT_LIFETIME to GRANT_LIFETIME + 60 s
+_TOKEN_ID_DIGITS = 16
+_GRANT_ID = re.compile(rf"^[0-9a-f]{{{_TOKEN_ID_DIGITS}}}\Z")
 
 
 class AuthConfigError(ValueError):
@@ -183,30 +195,52 @@ def bearer_token(header: str | None) -> str | None:
 
 
 class Grants:
-    """Signed, expiring permissions to download the archives of one upstream host and namespace,
-    put into the archive URLs of documents served to an authorised client. Keyed by a secret
-    that every replica shares, so any replica honours them."""
+    """Signed, expiring permissions to download exactly one URL path, made for one client token: put into
+    the URLs of archives, SHA256SUMS and module packages in the documents served to a client that showed
+    the token (`sign`), checked when a client without a token asks for that path (`holder`). A grant is
+    `EXPIRES.TOKENID.MAC`: the HMAC binds the path, the token's hash and the expiry, so it opens nothing
+    else, dies with its token (removed from the tokens file, or given a new hash) and expires after
+    `GRANT_LIFETIME`. Keyed by a secret that every replica shares, so any replica honours them."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key
 
+    def token_id(self, token: Token) -> str:
+        """The token's name in its grants: not its hash, and not linkable to it without the key."""
+        return hmac.new(self._key, b"grant token\0" + token.digest, hashlib.sha256).hexdigest()[:_TOKEN_ID_DIGITS]
+
     @staticmethod
     def expiry(now: float) -> int:
-        """The expiry of a grant made now: the end of the next bucket (documents change hourly, not per request)."""
-        return (int(now) // GRANT_BUCKET + 2) * GRANT_BUCKET
+        """The expiry of a grant made now: `GRANT_LIFETIME` ahead, rounded up to `GRANT_STEP` (so the documents
+        of one client change once a step, not per request)."""
+        return -(-int(now + GRANT_LIFETIME) // GRANT_STEP) * GRANT_STEP
 
-    def sign(self, host: str, namespace: str, now: float) -> str:
-        expires = self.expiry(now)
-        return f"{expires}.{self._mac(host, namespace, expires)}"
+    def sign(self, path: str, token: Token, expires: int) -> str:
+        """A grant to GET `path` (the URL's path, percent-decoded, without its query) until `expires`."""
+        return f"{expires}.{self.token_id(token)}.{self._mac(path, token, expires)}"
 
-    def valid(self, host: str, namespace: str, grant: str, now: float) -> bool:
-        expires_text, _, mac = grant.partition(".")
-        if not expires_text.isdigit() or len(expires_text) > 12 or int(expires_text) < now:
-            return False
-        return hmac.compare_digest(mac.encode(), self._mac(host, namespace, int(expires_text)).encode())
+    def holder(self, path: str, grant: str, now: float, tokens: Mapping[str, Token]) -> Token:
+        """The token `grant` was made for, when it allows `path` at `now`; `tokens` are the tokens in force by
+        their `token_id`. Raises GrantInvalidError (malformed, forged, or made for another path),
+        GrantRevokedError (its token is gone) or GrantExpiredError."""
+        parts = grant.split(".")
+        if len(parts) != 3 or not (parts[0].isdigit() and len(parts[0]) <= 12 and _GRANT_ID.match(parts[1])):
+            raise GrantInvalidError("the grant in this URL is malformed")
+        expires_text, token_id, mac = parts
+        token = tokens.get(token_id)
+        if token is None:
+            raise GrantRevokedError(
+                "the grant in this URL was made for a client token this proxy does not have (removed or changed); "
+                "ask for the document listing this URL again with a valid token"
+            )
+        if not hmac.compare_digest(mac.encode(), self._mac(path, token, int(expires_text)).encode()):
+            raise GrantInvalidError("the grant in this URL was not made for it")
+        if int(expires_text) < now:
+            raise GrantExpiredError("the grant in this URL has expired; ask for the document listing this URL again")
+        return token
 
-    def _mac(self, host: str, namespace: str, expires: int) -> str:
-        message = f"grant\0{host.lower()}\0{namespace.lower()}\0{expires}".encode()
+    def _mac(self, path: str, token: Token, expires: int) -> str:
+        message = f"grant v2\0{path}\0{token.digest.hex()}\0{expires}".encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:40]
 
 

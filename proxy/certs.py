@@ -2,7 +2,10 @@
 
 On first start the proxy creates a CA and a server certificate in `DATA_DIR/tls/` and
 reuses them afterwards; the server certificate is renewed when it nears expiry or when
-the names it must cover change. Users trust `ca.pem` (SSL_CERT_FILE or the OS store).
+the names it must cover change. Users trust `ca.pem` in the OS store, or point SSL_CERT_FILE
+at `ca-bundle.pem`: this host's trusted roots plus the CA, rewritten on every start, so a shell
+that trusts the proxy still trusts every other HTTPS server (SSL_CERT_FILE replaces the
+system's bundle; set to `ca.pem` alone, other registries would fail).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import datetime as dt
 import fcntl
 import ipaddress
 import os
+import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +27,17 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 CA_VALIDITY = dt.timedelta(days=3650)
 SERVER_VALIDITY = dt.timedelta(days=397)
 RENEW_BEFORE = dt.timedelta(days=30)
+BUNDLE_NAME = "ca-bundle.pem"
+# Where systems keep their bundle of trusted roots, in the order Go's crypto/x509 (terraform, tofu) tries them.
+SYSTEM_BUNDLES = (
+    Path("/etc/ssl/certs/ca-certificates.crt"),  # Debian, Ubuntu, Alpine, Arch
+    Path("/etc/pki/tls/certs/ca-bundle.crt"),  # Fedora, RHEL
+    Path("/etc/ssl/ca-bundle.pem"),  # openSUSE
+    Path("/etc/pki/tls/cacert.pem"),  # OpenELEC
+    Path("/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem"),  # CentOS, RHEL 7
+    Path("/etc/ssl/cert.pem"),  # Alpine, the BSDs
+)
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
 
 
 @dataclass(frozen=True)
@@ -30,6 +46,8 @@ class LocalTLS:
     server_cert: Path
     server_key: Path
     created: bool
+    ca_bundle: Path  # the system's roots and the CA: what clients' SSL_CERT_FILE should name
+    system_roots: Path | None  # the bundle the system's roots came from (None: none found, only the CA)
 
 
 def ensure_local_tls(directory: Path, names: list[str]) -> LocalTLS:
@@ -64,7 +82,66 @@ def _ensure_locked(directory: Path, names: list[str]) -> LocalTLS:
             cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM)
         )
         created = True
-    return LocalTLS(ca_cert_path, cert_path, key_path, created)
+    bundle_path, system = directory / BUNDLE_NAME, system_roots(ca_cert_path, directory / BUNDLE_NAME)
+    write_bundle(bundle_path, system, ca_cert_path.read_bytes())
+    return LocalTLS(ca_cert_path, cert_path, key_path, created, bundle_path, system)
+
+
+def pem_certificates(data: bytes) -> list[bytes]:
+    """The PEM certificate blocks of a file, each as it stands (other blocks and comments left out)."""
+    return _PEM_CERTIFICATE.findall(data)
+
+
+def _body(block: bytes) -> bytes:
+    """A PEM block without its line breaks, for comparing two spellings of one certificate."""
+    return b"".join(block.split())
+
+
+def root_bundle_candidates() -> list[str | Path | None]:
+    """Where this host's trusted roots may be, in order: SSL_CERT_FILE (it replaces the system's bundle, for
+    OpenSSL and Go alike), OpenSSL's default file, then SYSTEM_BUNDLES."""
+    paths = ssl.get_default_verify_paths()
+    return [os.environ.get(paths.openssl_cafile_env), paths.openssl_cafile, *SYSTEM_BUNDLES]
+
+
+def system_roots(own_ca: Path, own_bundle: Path, candidates: list[str | Path | None] | None = None) -> Path | None:
+    """The bundle of roots this host trusts by default: the first readable of `candidates`
+    (`root_bundle_candidates()`) that holds a certificate. The proxy's own bundle is skipped, and so is a
+    file holding no certificate but the proxy's CA (an SSL_CERT_FILE set to a copy of `ca.pem`), so the
+    bundle never loses the system's roots."""
+    own = {_body(block) for block in pem_certificates(own_ca.read_bytes())}
+    for candidate in root_bundle_candidates() if candidates is None else candidates:
+        if not candidate:
+            continue
+        path = Path(candidate)
+        try:
+            if path.resolve() == own_bundle.resolve():
+                continue
+            blocks = pem_certificates(path.read_bytes())
+        except OSError:
+            continue
+        if any(_body(block) not in own for block in blocks):
+            return path
+    return None
+
+
+def write_bundle(path: Path, system: Path | None, ca_pem: bytes) -> None:
+    """`path`: every certificate of `system` and then the CA (once), readable by all (certificates are public);
+    replaced atomically, and only when its content changes."""
+    blocks = pem_certificates(system.read_bytes()) if system is not None else []
+    seen = {_body(block) for block in blocks}
+    blocks += [block for block in pem_certificates(ca_pem) if _body(block) not in seen]
+    content = b"".join(block + b"\n" for block in blocks)
+    try:
+        if path.read_bytes() == content:
+            return
+    except OSError:
+        pass
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content)
+    os.replace(temporary, path)
 
 
 def _now() -> dt.datetime:

@@ -1,362 +1,303 @@
-"""Settings: one frozen object built at start-up from defaults < config file < environment < flags.
+"""Settings: one frozen object built at start-up from defaults < config file < environment < flags,
+grouped by area (`settings.server`, `.tls`, `.upstreams`, `.limits`, `.freshness`, `.modules`,
+`.metadata`, `.archives`, `.logging`, `.access`).
 
-Every setting has a flag `--name` and an environment variable `REGISTRY_PROXY_NAME`
-(dashes become underscores); repeatable flags take a comma-separated list in the
-environment. Values are validated here, once; invalid values stop start-up.
+This module is the table of options: each setting is declared once, on its field, with `option()`
+(`proxy.optionspec`): its flag, the kind of value with its bounds, its default and help. The command
+line (`proxy.options`), the `REGISTRY_PROXY_*` variables, the `--config` keys, the checks and the
+reference in docs/configuration.md all come from these declarations.
+
+What a user configures is checked against the declared bounds before a Settings is built (zero,
+negative and below-minimum values stop start-up). Settings built in code (tests) are trusted with any
+value; the areas' `__post_init__` check only what no single option can: how settings fit together.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from yarl import URL
 
-from proxy.addrs import AddressError, Hostname
+from proxy.addrs import Hostname
 from proxy.credentials import UpstreamCredentials
 from proxy.forwarded import Network
-from proxy.unsigned import UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
+from proxy.optionspec import (
+    ENV_PREFIX,
+    REQUIRED,
+    USER_CACHE_DIR,
+    Choice,
+    Count,
+    Duration,
+    Each,
+    Parsed,
+    Size,
+    Switch,
+    Text,
+    Workers,
+    area,
+    build,
+    env_name,
+    nest,
+    option,
+    options_of,
+)
+from proxy.unsigned import UnsignedPolicy, parse_unsigned_policy
+from proxy.values import (
+    ConfigError,
+    Listen,
+    S3Location,
+    SpaceFloor,
+    nonblank,
+    normalise_hosts,
+    normalise_private_hosts,
+    not_a_url,
+    parse_archive_store,
+    parse_duration,
+    parse_hostname,
+    parse_hostname_text,
+    parse_http_url,
+    parse_listen,
+    parse_network,
+    parse_networks,
+    parse_private_host,
+    parse_public_url,
+    parse_redis_url,
+    parse_registry_host,
+    parse_s3_location,
+    parse_size,
+    parse_space_floor,
+    parse_upstream_entry,
+    parse_upstream_map,
+)
 
-ENV_PREFIX = "REGISTRY_PROXY_"
+__all__ = [  # the parsers and value types are imported from here by the rest of the code
+    "ENV_PREFIX",
+    "ConfigError",
+    "Listen",
+    "S3Location",
+    "SpaceFloor",
+    "build",
+    "env_name",
+    "normalise_hosts",
+    "normalise_private_hosts",
+    "not_a_url",
+    "parse_duration",
+    "parse_listen",
+    "parse_networks",
+    "parse_s3_location",
+    "parse_size",
+    "parse_space_floor",
+    "parse_upstream_map",
+]
+
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
 DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
-
 LOG_LEVELS = ("debug", "info", "warning", "error")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)?\s*\Z", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "kib": 2**10,
-    "mb": 10**6,
-    "mib": 2**20,
-    "gb": 10**9,
-    "gib": 2**30,
-    "tb": 10**12,
-    "tib": 2**40,
-    None: 1,
-}
+
+# Which commands take an option besides `serve` (they read the same variables and --config file).
+STORE_COMMANDS = ("export", "import", "verify", "gc")  # open the data dir's stores as `serve` does
+CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
+SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
+
+# Kinds of values several options take.
+FILE = Parsed(lambda text: Path(text).expanduser(), "a file path")
+DIRECTORY = Parsed(lambda text: Path(text).expanduser(), "a directory path")
+HOSTNAME = Parsed(parse_hostname, "a hostname (not a URL), optionally with :port")
+SECONDS = Duration()  # at least 1s: a network operation or a cache's life shorter than that is a mistake
+SIZE = Size()  # at least 1 byte
+COUNT = Count()  # at least 1
+
+_SERVED_TIMES = "replicas record when they served an archive once a minute, so a shorter grace can remove one in use"
 
 
-class ConfigError(ValueError):
-    """A setting has an invalid value."""
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Serving clients.
+
+    Where the proxy listens, its worker processes and event loop, and the limits on client connections.
+    """
+
+    listen: Listen = option(
+        "--listen",
+        Parsed(parse_listen, "HOST:PORT (IPv6 as [::1]:8443; :PORT for every address)"),
+        "address to listen on, HOST:PORT (healthcheck: the address it probes, a wildcard on loopback)",
+        default="127.0.0.1:8443",
+        metavar="HOST:PORT",
+        commands=("serve", "healthcheck"),
+    )
+    workers: int = option(
+        "--workers",
+        Workers(),
+        "worker processes serving the one listening socket, under a supervisor that restarts a crashed "
+        "worker; 'auto': one per available CPU; 1 serves in this process",
+        default="auto",
+        metavar="N|auto",
+        code_default=1,
+    )
+    event_loop: str = option(
+        "--event-loop",
+        Choice(("auto", "uvloop", "asyncio")),
+        "auto (uvloop when installed), uvloop or asyncio",
+        default="auto",
+    )
+    max_connections: int = option(
+        "--max-connections",
+        COUNT,
+        "client connections open at once, per worker; beyond it a new connection gets a 503 and is closed "
+        "(nginx: worker_connections)",
+        default="1024",
+    )
+    client_header_timeout: float = option(
+        "--client-header-timeout",
+        SECONDS,
+        "time from accepting a connection to a complete request head, TLS handshake included "
+        "(nginx: client_header_timeout)",
+        default="10s",
+    )
+    keepalive_timeout: float = option(
+        "--keepalive-timeout",
+        SECONDS,
+        "how long an idle connection is kept open between requests (nginx: keepalive_timeout)",
+        default="15s",
+    )
+    send_timeout: float = option(
+        "--send-timeout",
+        SECONDS,
+        "longest wait for a client to take more of a response; a client that stops reading is dropped after "
+        "it (nginx: send_timeout)",
+        default="60s",
+    )
+    shutdown_grace: float = option(
+        "--shutdown-grace",
+        SECONDS,
+        "on SIGTERM, let requests finish for at most this long, then cancel upstream fetches and exit",
+        default="15s",
+    )
+    public_url: str | None = option(  # the URL clients reach the proxy at (the page at / shows it)
+        "--public-url",
+        Parsed(parse_public_url, "an http(s) URL without credentials, query or fragment"),
+        "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a load balancer), used in "
+        "the configuration the page at / shows; default: the request's scheme and Host",
+        metavar="URL",
+    )
+    trusted_proxies: frozenset[Network] = option(
+        "--trusted-proxies",
+        Each(parse_network, "an IP address or CIDR", frozenset),
+        "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client is the right-most address "
+        "not in this list; from any other peer the header is ignored",
+        metavar="CIDR",
+    )
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.host
+
+    @property
+    def listen_port(self) -> int:
+        return self.listen.port
 
 
-def env_name(flag: str) -> str:
-    """`--upstream-map` → `REGISTRY_PROXY_UPSTREAM_MAP`."""
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+@dataclass(frozen=True, kw_only=True)
+class TlsSettings:
+    """TLS.
 
+    The server's certificate, or the local CA generated in DATA_DIR/tls, or plain HTTP behind a load
+    balancer that terminates TLS.
+    """
 
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `10m`, `1h`, `1d`, `500ms` → seconds."""
-    match = _DURATION_RE.match(str(text))
-    if not match:
-        raise ConfigError(f"invalid duration {text!r}: use e.g. 30s, 10m, 1h")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-
-
-def parse_size(text: str) -> int:
-    """`1048576`, `512MiB`, `2GiB`, `10MB` → bytes."""
-    match = _SIZE_RE.match(str(text))
-    if not match:
-        raise ConfigError(f"invalid size {text!r}: use e.g. 512MiB, 2GiB")
-    unit = match.group(2).lower() if match.group(2) else None
-    return int(match.group(1)) * _SIZE_UNITS[unit]
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:8443`) → (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"invalid --listen {text!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def parse_upstream_map(entries: list[str]) -> dict[str, URL]:
-    """`HOST=BASEURL` entries → {normalised host: base URL}."""
-    mapping: dict[str, URL] = {}
-    for entry in entries:
-        host, sep, base = entry.partition("=")
-        if not sep:
-            raise ConfigError(f"invalid --upstream-map {entry!r}: expected HOST=BASEURL")
-        url = URL(base.strip())
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ConfigError(f"invalid --upstream-map {entry!r}: BASEURL must be an http(s) URL")
-        mapping[str(_hostname(host.strip(), "--upstream-map"))] = url
-    return mapping
-
-
-def _hostname(text: str, flag: str = "") -> Hostname:
-    not_a_url(text, flag)
-    try:
-        return Hostname.parse(text)
-    except AddressError as exc:
-        raise ConfigError(f"invalid {flag}: {exc}" if flag else str(exc)) from None
-
-
-def not_a_url(text: str, flag: str) -> None:
-    """Refuse a URL (`https://host/...`) where a hostname is expected, saying so."""
-    if "://" in text or "/" in text:
-        where = f"{flag} " if flag else ""
-        raise ConfigError(f"invalid {where}{text.strip()!r}: give a hostname, not a URL (e.g. registry.example.com)")
-
-
-@dataclass(frozen=True)
-class SpaceFloor:
-    """Free space to keep on the data directory's filesystem: bytes, or a percentage of its size."""
-
-    bytes: int = 2**30
-    percent: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.bytes < 0 or (self.percent is not None and not 0 <= self.percent < 100):
-            raise ConfigError(f"invalid --min-free-space {self}: a size of 0 or more, or a percentage below 100%")
-
-    def of(self, total: int) -> int:
-        """The floor in bytes on a filesystem of `total` bytes."""
-        return self.bytes if self.percent is None else int(total * self.percent / 100)
-
-    def __str__(self) -> str:
-        return f"{self.percent:g}%" if self.percent is not None else f"{self.bytes} bytes"
-
-
-def parse_space_floor(text: str) -> SpaceFloor:
-    """`1GiB`, `500MB`, `0` (no floor) or `5%` (of the filesystem's size)."""
-    value = str(text).strip()
-    try:
-        if value.endswith("%"):
-            percent = float(value[:-1])
-            if percent != percent:  # NaN
-                raise ValueError(value)
-            return SpaceFloor(0, percent)
-        return SpaceFloor(parse_size(value))
-    except (ConfigError, ValueError):
-        raise ConfigError(
-            f"invalid --min-free-space {text!r}: use a size (e.g. 1GiB, 0 for none) "
-            "or a percentage of the disk (e.g. 5%)"
-        ) from None
-
-
-@dataclass(frozen=True)
-class FreshnessTtls:
-    """How long each kind of upstream metadata is served without asking the upstream again."""
-
-    discovery: float = 3600.0
-    versions: float = 600.0
-    negative: float = 60.0
-    # Per-version download metadata, SHA256SUMS and signatures are immutable: no TTL.
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what the proxy accepts from upstreams."""
-
-    max_archive_bytes: int = 4 * 2**30
-    max_metadata_bytes: int = 8 * 2**20
-    max_discovery_bytes: int = 1 * 2**20
-    connect_timeout: float = 10.0
-    read_timeout: float = 30.0  # a download that sends nothing this long is aborted
-    metadata_timeout: float = 30.0  # one metadata fetch, its retry included
-    max_redirects: int = 5
-    upstream_concurrency: int = 16
-    min_download_rate: int = 32 * 2**10  # bytes/s over download_rate_window (after as long again); 0: off
-    download_rate_window: float = 30.0
-    download_slot_wait: float = 30.0
-    upstream_host_concurrency: int = 8
-
-    def __post_init__(self) -> None:
-        if self.min_download_rate < 0:
-            raise ConfigError("--min-download-rate must not be negative (0 turns it off)")
-        if self.download_rate_window <= 0:
-            raise ConfigError("--download-rate-window must be positive")
-        if self.read_timeout <= 0:
-            raise ConfigError("--download-idle-timeout must be positive")
-        if self.download_slot_wait <= 0:
-            raise ConfigError("--download-slot-wait must be positive")
-        if self.upstream_host_concurrency < 1:
-            raise ConfigError("--upstream-host-concurrency must be a positive integer")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the proxy needs to run; built once by the CLI (or tests) and passed down."""
-
-    data_dir: Path
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 8443
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    plain_http: bool = False
-    allowed_hosts: frozenset[str] = frozenset(DEFAULT_ALLOWED_HOSTS)
-    upstream_map: dict[str, URL] = field(default_factory=dict)
-    upstream_ca_file: Path | None = None
-    allowed_private_hosts: frozenset[str] = frozenset()
-    redis_url: str | None = None
-    redis_password: str | None = None
-    redis_prefix: str = "registry-proxy"
-    redis_retention: float = 90 * 86400.0
-    fleet_lock_ttl: float = 15.0
-    default_upstream: Hostname = DEFAULT_UPSTREAM
-    offline: bool = False
-    module_passthrough: str = "allow"
-    max_module_bytes: int = 512 * 2**20
-    git_timeout: float = 120.0
-    freshness: FreshnessTtls = FreshnessTtls()
-    limits: Limits = Limits()
-    log_format: str = "auto"
-    log_level: str = "info"
-    max_module_unpacked_bytes: int = 1 * 2**30
-    max_module_entries: int = 100_000
-    max_connections: int = 1024
-    client_header_timeout: float = 10.0
-    keepalive_timeout: float = 15.0
-    send_timeout: float = 60.0
-    stale_deadline: float = 2.0
-    request_deadline: float = 8.0
-    shutdown_grace: float = 15.0
-    negative_cache_entries: int = 10_000
-    negative_cache_bytes: int = 16 * 2**20
-    metadata_secret: str | None = field(default=None, repr=False)  # never logged
-    metadata_secret_file: Path | None = None
-    min_free_space: SpaceFloor = SpaceFloor()
-    workers: int = 1
-    event_loop: str = "auto"
-    access_log: str = "all"
-    unsigned_providers: UnsignedPolicy = field(default_factory=UnsignedPolicy)
-    public_url: str | None = None  # the URL clients reach the proxy at (the page at / shows it)
-    # --- access control (client tokens) and upstream credentials ---
-    auth_tokens: Path | None = None
-    metrics_token_required: bool = False
-    upstream_credentials: UpstreamCredentials = field(default_factory=UpstreamCredentials)
-    # --- archive store (local directory, or S3-compatible object storage) ---
-    archive_store: str = ""  # "": ARCHIVE_DIR; "s3://bucket/prefix"
-    s3_endpoint_url: str | None = None
-    s3_region: str | None = None
-    s3_path_style: bool = False
-    s3_ca_file: Path | None = None
-    s3_timeout: float = 20.0  # connect within half of it, each read within it; two attempts per request
-    archive_redirect: bool = False
-    archive_redirect_expiry: float = 300.0
-    # --- archive store size cap and eviction ---
-    max_store_size: int | None = None
-    eviction_grace: float = 600.0
-    eviction_interval: float = 300.0
-    # --- operations ---
-    trusted_proxies: frozenset[Network] = frozenset()
+    tls_cert: Path | None = option(
+        "--tls-cert",
+        FILE,
+        "server certificate (PEM, may include the chain); with neither this nor --plain-http a local CA and "
+        "certificate are generated in DATA_DIR/tls (healthcheck: trusted as it is)",
+        metavar="FILE",
+        commands=("serve", "healthcheck"),
+    )
+    tls_key: Path | None = option("--tls-key", FILE, "private key for --tls-cert (PEM)", metavar="FILE")
+    tls_hostnames: frozenset[str] = option(
+        "--tls-hostname",
+        Each(str.strip, "a name", nonblank),
+        "extra name for the generated server certificate",
+        metavar="NAME",
+    )
+    plain_http: bool = option(
+        "--plain-http",
+        Switch(),
+        "serve plain HTTP (behind a TLS-terminating load balancer)",
+        commands=("serve", "healthcheck"),
+    )
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key must be given together")
         if self.plain_http and self.tls_cert:
             raise ConfigError("--plain-http and --tls-cert exclude each other")
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"invalid --redis-url {self.redis_url!r}: use redis://, rediss:// or unix://")
-        if self.fleet_lock_ttl < 1:
-            raise ConfigError("--fleet-lock-ttl must be at least 1s")
-        if self.module_passthrough not in ("allow", "deny"):
-            raise ConfigError(f"invalid --module-passthrough {self.module_passthrough!r}: allow or deny")
-        if self.max_module_unpacked_bytes < 1:
-            raise ConfigError("--max-module-unpacked-size must be at least 1 byte")
-        if self.max_module_entries < 1:
-            raise ConfigError("--max-module-entries must be a positive integer")
-        if self.log_format not in ("auto", "json", "console"):
-            raise ConfigError(f"invalid --log-format {self.log_format!r}: auto, json or console")
-        if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"invalid --log-level {self.log_level!r}: {', '.join(LOG_LEVELS)}")
-        if self.event_loop not in ("auto", "uvloop", "asyncio"):
-            raise ConfigError(f"invalid --event-loop {self.event_loop!r}: auto, uvloop or asyncio")
-        if self.access_log not in ("all", "errors", "off"):
-            raise ConfigError(f"invalid --access-log {self.access_log!r}: all, errors or off")
-        if self.max_connections < 1:
-            raise ConfigError("--max-connections must be a positive integer")
-        for flag, seconds in (
-            ("--client-header-timeout", self.client_header_timeout),
-            ("--keepalive-timeout", self.keepalive_timeout),
-            ("--send-timeout", self.send_timeout),
-        ):
-            if seconds <= 0:
-                raise ConfigError(f"{flag} must be more than 0s")
-        if self.request_deadline <= 0:
-            raise ConfigError("--request-deadline must be positive")
-        if not 0 <= self.stale_deadline <= self.request_deadline:
-            raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
-        if self.shutdown_grace < 0:
-            raise ConfigError("--shutdown-grace must not be negative")
-        if self.workers < 1:
-            raise ConfigError("--workers must be a positive integer")
-        if self.negative_cache_entries < 1:
-            raise ConfigError("--negative-cache-entries must be a positive integer")
-        if self.negative_cache_bytes < 1024:
-            raise ConfigError("--negative-cache-bytes must be at least 1KiB")
-        if self.metrics_token_required and self.auth_tokens is None:
-            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
-        self._check_eviction()
-        self._check_metadata_secret()
-        self._check_public_url()
-        self._check_archive_store()
 
-    def _check_archive_store(self) -> None:
-        location = self.s3_location  # raises ConfigError when malformed
-        if location is None and (
-            self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file or self.s3_path_style or self.s3_region
-        ):
-            raise ConfigError("--archive-redirect and the --s3-* options need --archive-store s3://BUCKET/PREFIX")
-        if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(("https://", "http://")):
-            raise ConfigError(f"invalid --s3-endpoint-url {self.s3_endpoint_url!r}: an http(s):// URL")
-        if not 0 < self.s3_timeout <= 3600:
-            raise ConfigError("--s3-timeout must be more than 0s and at most 1h")
-        if not 1 <= self.archive_redirect_expiry <= 7 * 86400:
-            raise ConfigError("--archive-redirect-expiry must be between 1s and 7d")
 
-    @property
-    def s3_location(self) -> S3Location | None:
-        """The bucket and key prefix of `--archive-store s3://…`; None for the local directory."""
-        return parse_s3_location(self.archive_store) if self.archive_store else None
+@dataclass(frozen=True, kw_only=True)
+class UpstreamSettings:
+    """Upstream registries.
 
-    def _check_eviction(self) -> None:
-        if self.max_store_size is not None and self.max_store_size < 1:
-            raise ConfigError("--max-store-size must be at least 1 byte")
-        if self.eviction_grace < 0:
-            raise ConfigError("--eviction-grace must not be negative")
-        if self.eviction_interval <= 0:
-            raise ConfigError("--eviction-interval must be positive")
+    Which registries clients may reach through the proxy, how the proxy reaches them, the credentials it
+    sends them, and which providers it accepts without signing keys.
+    """
 
-    def _check_metadata_secret(self) -> None:
-        if self.metadata_secret is not None and self.metadata_secret_file is not None:
-            raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
-        if self.metadata_secret is not None and len(self.metadata_secret.strip().encode()) < 16:
-            raise ConfigError("--metadata-secret must be at least 16 bytes (e.g. `openssl rand -hex 32`)")
-        if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
-            raise ConfigError(
-                "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
-                "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
-                "make the proxy serve other archives or hashes; give every replica the same secret "
-                "(e.g. `openssl rand -hex 32`)"
-            )
-
-    def _check_public_url(self) -> None:
-        if self.public_url is None:
-            return
-        try:
-            url = URL(self.public_url)
-        except ValueError:
-            url = URL()
-        if (
-            url.scheme not in ("http", "https")
-            or not url.host
-            or url.user
-            or url.password
-            or url.query_string
-            or url.fragment
-        ):
-            raise ConfigError(
-                f"invalid --public-url {self.public_url!r}: give an http(s) URL such as "
-                "https://proxy.example.com/, without credentials, query or fragment"
-            )
+    allowed_hosts: frozenset[str] = option(
+        "--allow-host",
+        Each(parse_registry_host, "a registry hostname", nonblank),
+        "registry hostname clients may ask for",
+        default=DEFAULT_ALLOWED_HOSTS,
+        metavar="HOST",
+    )
+    upstream_map: dict[str, URL] = option(
+        "--upstream-map",
+        Each(parse_upstream_entry, "HOST=BASEURL", dict),
+        "discover HOST at BASEURL/.well-known/terraform.json instead of https://HOST/ (internal registries, "
+        "tests); a mapped host is allowed",
+        metavar="HOST=BASEURL",
+    )
+    upstream_ca_file: Path | None = option(
+        "--upstream-ca-file", FILE, "extra CA bundle trusted for upstream TLS", metavar="FILE"
+    )
+    allowed_private_hosts: frozenset[str] = option(
+        "--allow-private-host",
+        Each(parse_private_host, "a host or host:port", nonblank),
+        "upstream host (or host:port) that may resolve to a private or loopback address",
+        metavar="HOST",
+    )
+    default_upstream: Hostname = option(
+        "--default-upstream",
+        HOSTNAME,
+        "registry whose providers.v1 and modules.v1 the proxy's own /.well-known/terraform.json advertises",
+        default="registry.opentofu.org",
+        metavar="HOST",
+    )
+    offline: bool = option(
+        "--offline",
+        Switch(),
+        "never contact an upstream: serve what is cached; a miss answers 404 (air-gapped networks; fill the "
+        "cache with `import`)",
+    )
+    unsigned_providers: UnsignedPolicy = option(
+        "--unsigned-providers",
+        Parsed(parse_unsigned_policy, "refuse, opentofu-default or allow-hosts=HOST,…"),
+        "providers whose registry lists no signing keys: 'opentofu-default' accepts them from "
+        "registry.opentofu.org only (as tofu does), 'allow-hosts=H,…' from the hosts named, 'refuse' from none "
+        "(also when cached); they are still checked against SHA256SUMS fetched over verified TLS and the "
+        "registry's shasum",
+        default="opentofu-default",
+        metavar="refuse|opentofu-default|allow-hosts=H,…",
+    )
+    upstream_credentials_file: Path | None = option(
+        "--upstream-credentials",
+        FILE,
+        'CLI configuration file whose `credentials "HOST" { token = ... }` blocks are sent to those upstream '
+        "hosts (TF_TOKEN_<host> variables too); such hosts are private",
+        metavar="FILE",
+    )
+    upstream_credentials: UpstreamCredentials = field(default_factory=UpstreamCredentials)  # the file and TF_TOKEN_*
 
     @property
     def all_allowed_hosts(self) -> frozenset[str]:
@@ -369,11 +310,393 @@ class Settings:
         mapped = {f"{url.host}:{url.port}" for url in self.upstream_map.values()}
         return self.allowed_private_hosts | frozenset(mapped)
 
+
+@dataclass(frozen=True, kw_only=True)
+class FreshnessTtls:
+    """Freshness of upstream metadata.
+
+    How long each kind of upstream metadata is served without asking the upstream again, and how many
+    upstream 404s are remembered. Per-version download metadata, SHA256SUMS and signatures never change:
+    they have no TTL.
+    """
+
+    discovery: float = option("--ttl-discovery", SECONDS, "how long a discovery document is fresh", default="1h")
+    versions: float = option("--ttl-versions", SECONDS, "how long a version list is fresh", default="10m")
+    negative: float = option("--ttl-negative", SECONDS, "how long an upstream 404 is remembered", default="1m")
+    negative_cache_entries: int = option(
+        "--negative-cache-entries",
+        COUNT,
+        "remembered upstream 404s (made-up names) kept at most, fleet-wide with Redis; the least recently "
+        "written are dropped first",
+        default="10000",
+    )
+    negative_cache_bytes: int = option(
+        "--negative-cache-bytes",
+        Size(minimum="1KiB"),
+        "total size of remembered upstream 404s at most",
+        default="16MiB",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Upstream limits and deadlines.
+
+    Bounds on what the proxy accepts from upstreams, and on how long a client waits for them.
+    """
+
+    max_archive_bytes: int = option("--max-archive-size", SIZE, "largest provider archive accepted", default="4GiB")
+    max_metadata_bytes: int = option(
+        "--max-metadata-size", SIZE, "largest JSON/SHA256SUMS document accepted", default="8MiB"
+    )
+    max_discovery_bytes: int = 1 * 2**20
+    read_timeout: float = option(  # a download that sends nothing this long is aborted
+        "--download-idle-timeout", SECONDS, "abort a download that sends nothing for this long", default="30s"
+    )
+    metadata_timeout: float = option(  # one metadata fetch, its retry included
+        "--upstream-timeout", SECONDS, "timeout for metadata requests (and connect/read of downloads)", default="30s"
+    )
+    max_redirects: int = 5
+    upstream_concurrency: int = option(
+        "--upstream-concurrency", COUNT, "upstream requests in flight at most, per worker", default="16"
+    )
+    min_download_rate: int = option(  # bytes/s over download_rate_window (after as long again); 0: off
+        "--min-download-rate",
+        Size(minimum="0"),
+        "abort a download slower than this per second over --download-rate-window (checked after one window); "
+        "0 turns it off",
+        default="32KiB",
+    )
+    download_rate_window: float = option(
+        "--download-rate-window", SECONDS, "window of the minimum download rate", default="30s"
+    )
+    download_slot_wait: float = option(
+        "--download-slot-wait", SECONDS, "wait at most this long for a download slot, then answer 503", default="30s"
+    )
+    upstream_host_concurrency: int = option(
+        "--upstream-host-concurrency",
+        COUNT,
+        "upstream requests in flight to one host at most (within --upstream-concurrency)",
+        default="8",
+    )
+    stale_deadline: float = option(
+        "--stale-deadline",
+        Duration(minimum="0"),
+        "with a stale cached copy, wait at most this long (from the request's start) for the refresh, then "
+        "answer the stale copy while the refresh goes on (0: answer it at once; at most --request-deadline)",
+        default="2s",
+    )
+    request_deadline: float = option(
+        "--request-deadline",
+        SECONDS,
+        "wait at most this long for upstream metadata the cache lacks, then answer 504 (the fetch goes on; "
+        "downloads themselves are bounded by the rate rules)",
+        default="8s",
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.stale_deadline <= self.request_deadline:
+            raise ConfigError("--stale-deadline must be between 0 and --request-deadline")
+
+    @property
+    def connect_timeout(self) -> float:
+        """Connecting to an upstream: within the metadata timeout, at most 10 s."""
+        return min(self.metadata_timeout, 10.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleSettings:
+    """Modules.
+
+    Module sources the proxy does not cache, and the bounds on module archives and git checkouts.
+    """
+
+    module_passthrough: str = option(
+        "--module-passthrough",
+        Choice(("allow", "deny")),
+        "module sources the proxy does not cache (s3::, gcs::, hg::, git over ssh): 'allow' hands them to the "
+        "client unchanged, 'deny' answers an error",
+        default="allow",
+    )
+    max_module_bytes: int = option(
+        "--max-module-size", SIZE, "largest module archive or git checkout accepted", default="512MiB"
+    )
+    max_module_unpacked_bytes: int = option(
+        "--max-module-unpacked-size",
+        SIZE,
+        "largest total a module archive may unpack to (counted while it is checked, before it is stored)",
+        default="1GiB",
+    )
+    max_module_entries: int = option(
+        "--max-module-entries",
+        COUNT,
+        "most entries (files, directories, links) a module archive may hold",
+        default="100000",
+    )
+    git_timeout: float = option("--git-timeout", SECONDS, "time limit for cloning a git module source", default="120s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetadataSettings:
+    """The metadata store.
+
+    The embedded store in DATA_DIR/metadata, or Redis shared by a fleet of replicas, and the secret that
+    seals every record in it.
+    """
+
+    redis_url: str | None = option(
+        "--redis-url",
+        Parsed(parse_redis_url, "a redis://, rediss:// or unix:// URL"),
+        "shared metadata store for several replicas: redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (TLS); "
+        "without it an embedded SQLite store in DATA_DIR is used",
+        metavar="URL",
+        commands=SERVE_AND_STORE,
+    )
+    redis_password: str | None = option(
+        "--redis-password", Text(), "Redis password, if not in the URL", metavar="PASSWORD", commands=SERVE_AND_STORE
+    )
+    redis_prefix: str = option(
+        "--redis-prefix", Text(), "namespace for every Redis key", default="registry-proxy", commands=SERVE_AND_STORE
+    )
+    redis_retention: float = option(
+        "--redis-retention",
+        Duration(minimum="1h", why="shorter, a fleet forgets what it verified faster than it refreshes it"),
+        "TTL of Redis entries, renewed on every read and write (export and import: pass the fleet's value)",
+        default="90d",
+        commands=SERVE_AND_STORE,
+    )
+    fleet_lock_ttl: float = option(
+        "--fleet-lock-ttl",
+        SECONDS,
+        "lease of the fleet-wide fetch lock (renewed every quarter of it while a fetch runs; a crashed "
+        "replica's lock frees after this, and waiters take over)",
+        default="2s",
+    )
+    metadata_secret: str | None = option(
+        "--metadata-secret",
+        Text(min_bytes=16, hint="e.g. `openssl rand -hex 32`"),
+        "secret that seals every metadata record (HMAC), so a writer to the store cannot make the proxy serve "
+        "other archives or hashes; required with --redis-url, the same on every replica (e.g. "
+        "`openssl rand -hex 32`); without it the embedded store makes its own in DATA_DIR/metadata",
+        metavar="SECRET",
+        commands=SERVE_AND_STORE,
+        secret=True,
+    )
+    metadata_secret_file: Path | None = option(
+        "--metadata-secret-file",
+        FILE,
+        "read --metadata-secret from this file instead",
+        metavar="FILE",
+        commands=SERVE_AND_STORE,
+    )
+
+    def __post_init__(self) -> None:
+        if self.metadata_secret is not None and self.metadata_secret_file is not None:
+            raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
+        if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
+            raise ConfigError(
+                "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
+                "records in a shared Redis are sealed with this secret so that whoever can write to Redis cannot "
+                "make the proxy serve other archives or hashes; give every replica the same secret "
+                "(e.g. `openssl rand -hex 32`)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveSettings:
+    """The archive store.
+
+    Where verified archives are kept (DATA_DIR/archives or S3-compatible object storage), how they are
+    handed out, the store's size cap with eviction, and the free space kept on the disk.
+    """
+
+    archive_store: str = option(  # "": ARCHIVE_DIR; "s3://bucket/prefix"
+        "--archive-store",
+        Parsed(parse_archive_store, "s3://BUCKET/PREFIX"),
+        "s3://BUCKET/PREFIX to keep archives in S3-compatible object storage (credentials from the AWS "
+        "environment/profile chain); default: DATA_DIR/archives",
+        metavar="URL",
+        commands=SERVE_AND_STORE,
+        code_default="",
+    )
+    s3_endpoint_url: str | None = option(
+        "--s3-endpoint-url",
+        Parsed(parse_http_url, "an http(s):// URL"),
+        "S3 API endpoint (MinIO, Ceph RGW, GCS); default: AWS",
+        metavar="URL",
+        commands=SERVE_AND_STORE,
+    )
+    s3_region: str | None = option(
+        "--s3-region",
+        Text(),
+        "S3 region (default: from the AWS configuration)",
+        metavar="REGION",
+        commands=SERVE_AND_STORE,
+    )
+    s3_path_style: bool = option(
+        "--s3-path-style",
+        Switch(),
+        "path-style addressing (https://ENDPOINT/BUCKET/KEY), for MinIO and most non-AWS endpoints",
+        commands=SERVE_AND_STORE,
+    )
+    s3_ca_file: Path | None = option(
+        "--s3-ca-file",
+        FILE,
+        "extra CA bundle trusted for the S3 endpoint's TLS",
+        metavar="FILE",
+        commands=SERVE_AND_STORE,
+    )
+    s3_timeout: float = option(  # connect within half of it, each read within it; two attempts per request
+        "--s3-timeout",
+        Duration(maximum="1h"),
+        "longest wait for the object store to answer a request or send more of a body (connecting gets half "
+        "of it); a request is tried twice at most, then fails with 503, and a body that stalls is cut off",
+        default="20s",
+        commands=SERVE_AND_STORE,
+    )
+    archive_redirect: bool = option(
+        "--archive-redirect",
+        Switch(),
+        "answer archive requests with a short-lived presigned URL of the S3 object (307) instead of streaming "
+        "it; clients must reach the object store",
+    )
+    archive_redirect_expiry: float = option(
+        "--archive-redirect-expiry",
+        Duration(maximum="7d"),
+        "how long a presigned archive URL is valid",
+        default="5m",
+    )
+    max_store_size: int | None = option(
+        "--max-store-size",
+        SIZE,
+        "largest total size of the archive store (e.g. 200GiB); beyond it (and below --min-free-space) the "
+        "least recently served archives are removed, fetched again when asked for (default: no cap)",
+        metavar="SIZE",
+    )
+    eviction_grace: float = option(
+        "--eviction-grace",
+        Duration(minimum="1m", why=_SERVED_TIMES),
+        "never evict an archive served or stored within this long, by any replica",
+        default="10m",
+    )
+    eviction_interval: float = option(
+        "--eviction-interval",
+        SECONDS,
+        "check the store's size this often (also after every store that passes the cap)",
+        default="5m",
+    )
+    min_free_space: SpaceFloor = option(
+        "--min-free-space",
+        Parsed(parse_space_floor, "a size, or a percentage of the disk below 100% (0: none)"),
+        "free space to keep in DATA_DIR (a size, or a percentage of the disk such as 5%; 0: none): below it "
+        "/readyz is 503 and uncached archives are relayed from the upstream, verified, without being stored",
+        default="1GiB",
+        metavar="SIZE|PERCENT",
+    )
+
+    def __post_init__(self) -> None:
+        location = self.s3_location  # raises ConfigError when malformed
+        if location is None and (
+            self.archive_redirect or self.s3_endpoint_url or self.s3_ca_file or self.s3_path_style or self.s3_region
+        ):
+            raise ConfigError("--archive-redirect and the --s3-* options need --archive-store s3://BUCKET/PREFIX")
+
+    @property
+    def s3_location(self) -> S3Location | None:
+        """The bucket and key prefix of `--archive-store s3://…`; None for the local directory."""
+        return parse_s3_location(self.archive_store) if self.archive_store else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogSettings:
+    """Logging.
+
+    The format and level of the log, and which requests get an access-log line.
+    """
+
+    log_format: str = option(
+        "--log-format",
+        Choice(("auto", "json", "console")),
+        "auto (JSON unless on a terminal), json or console",
+        default="auto",
+    )
+    log_level: str = option("--log-level", Choice(LOG_LEVELS), "debug, info, warning or error", default="info")
+    access_log: str = option(
+        "--access-log",
+        Choice(("all", "errors", "off")),
+        "one log line per request: all, errors (status 400 and above, and requests slower than 1 s) or off",
+        default="all",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccessSettings:
+    """Access control.
+
+    The client tokens a proxy requires, and whether /metrics needs one.
+    """
+
+    auth_tokens: Path | None = option(
+        "--auth-tokens",
+        FILE,
+        "client tokens file (TOML, hashed tokens with scopes; see `registry-proxy token new`): clients then "
+        "need `Authorization: Bearer TOKEN`; reloaded on SIGHUP",
+        metavar="FILE",
+    )
+    metrics_token_required: bool = option(
+        "--metrics-token-required", Switch(), "/metrics needs a token with metrics = true"
+    )
+
+    def __post_init__(self) -> None:
+        if self.metrics_token_required and self.auth_tokens is None:
+            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
+
+
+@dataclass(frozen=True, kw_only=True, init=False)
+class Settings:
+    """Everything the proxy needs to run, by area; built once by the CLI (or tests) and passed down.
+
+    Built with any setting by its own name, whichever its area (`Settings(data_dir=..., redis_url=...)`),
+    or with a whole area by the area's name (`limits=Limits(...)`).
+    """
+
+    data_dir: Path = option(
+        "--data-dir",
+        DIRECTORY,
+        "archives, metadata, keyring and generated TLS files",
+        default=USER_CACHE_DIR,
+        metavar="DIR",
+        commands=(*SERVE_AND_STORE, "healthcheck"),
+        code_default=REQUIRED,
+    )
+    server: ServerSettings = area(ServerSettings)
+    tls: TlsSettings = area(TlsSettings)
+    upstreams: UpstreamSettings = area(UpstreamSettings)
+    limits: Limits = area(Limits)
+    freshness: FreshnessTtls = area(FreshnessTtls)
+    modules: ModuleSettings = area(ModuleSettings)
+    metadata: MetadataSettings = area(MetadataSettings)
+    archives: ArchiveSettings = area(ArchiveSettings)
+    logging: LogSettings = area(LogSettings)
+    access: AccessSettings = area(AccessSettings)
+    unsafe_short_timings: bool = option(
+        "--unsafe-short-timings",
+        Switch(),
+        "FOR TESTS ONLY: every duration may be as short as 1ms, below its safe minimum (a loud warning is "
+        "logged at start)",
+        commands=(*SERVE_AND_STORE, "healthcheck"),
+        hidden=True,
+    )
+
+    def __init__(self, **settings: Any) -> None:
+        for name, value in nest(type(self), settings).items():
+            object.__setattr__(self, name, value)
+
     @property
     def sole_metadata_writer(self) -> bool:
         """No other process writes this proxy's metadata store (the embedded store, one worker), so an
         absence it saw stays true until it writes the key itself."""
-        return self.redis_url is None and self.workers == 1
+        return self.metadata.redis_url is None and self.server.workers == 1
 
     @property
     def upstream_ca_bundle(self) -> Path:
@@ -402,86 +725,65 @@ class Settings:
         return self.data_dir / "locks"
 
 
-@dataclass(frozen=True)
-class S3Location:
-    """`s3://BUCKET/PREFIX`: objects are stored at `PREFIX + sha256` (PREFIX is empty or ends in "/")."""
+@dataclass(frozen=True, kw_only=True)
+class ClientOptions:
+    """How `lock` and `warm` reach a running proxy (and which CA `healthcheck` trusts)."""
 
-    bucket: str
-    prefix: str
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
-
-
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z")
-_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/\-]*\Z")
-
-
-def parse_s3_location(text: str) -> S3Location:
-    """Parse `s3://bucket[/prefix]` (bucket rules of S3; prefix of safe key characters, no `..`)."""
-    if not text.startswith("s3://"):
-        raise ConfigError(f"invalid --archive-store {text!r}: s3://BUCKET/PREFIX (or leave it out for the data dir)")
-    bucket, _, prefix = text[len("s3://") :].partition("/")
-    if not _BUCKET.match(bucket):
-        raise ConfigError(f"invalid bucket name {bucket!r} in --archive-store")
-    prefix = prefix.strip("/")
-    if not _PREFIX.match(prefix) or ".." in prefix or "//" in prefix:
-        raise ConfigError(f"invalid key prefix {prefix!r} in --archive-store")
-    return S3Location(bucket, prefix + "/" if prefix else "")
-
-
-def normalise_hosts(hosts: list[str], flag: str = "--allow-host") -> frozenset[str]:
-    """Normalise a list of registry hostnames as the clients would."""
-    return frozenset(str(_hostname(host, flag)) for host in hosts if host.strip())
-
-
-def normalise_private_hosts(hosts: list[str]) -> frozenset[str]:
-    """`--allow-private-host` entries: a hostname or IP, optionally with `:port`, lower-cased."""
-    result = set()
-    for entry in hosts:
-        not_a_url(entry, "--allow-private-host")
-        entry = entry.strip().lower()
-        if entry.startswith("["):  # [v6]:port or [v6]
-            address, _, rest = entry[1:].partition("]")
-            entry = f"{address}:{rest[1:]}" if rest.startswith(":") else address
-        if entry:
-            result.add(entry)
-    return frozenset(result)
+    proxy: str | None = option(
+        "--proxy",
+        Text(),
+        "base URL of the running proxy, e.g. https://127.0.0.1:8443/",
+        metavar="URL",
+        commands=CLIENT_COMMANDS,
+    )
+    ca_file: Path | None = option(
+        "--ca-file",
+        FILE,
+        "CA certificate to trust for the proxy (default: SSL_CERT_FILE or the system store; healthcheck: the "
+        "generated CA in DATA_DIR/tls, else --tls-cert)",
+        metavar="FILE",
+        commands=(*CLIENT_COMMANDS, "healthcheck"),
+    )
+    default_registry: str = option(
+        "--default-registry",
+        Parsed(parse_hostname_text, "a hostname (not a URL)"),
+        "registry host of provider and module sources without one",
+        default="registry.terraform.io",
+        metavar="HOST",
+        commands=CLIENT_COMMANDS,
+    )
+    token: str | None = option(
+        "--token",
+        Text(),
+        "client token for a proxy with --auth-tokens (needs lock = true for `lock`); prefer the environment "
+        "variable, a flag shows in the process list",
+        metavar="TOKEN",
+        commands=CLIENT_COMMANDS,
+        secret=True,
+    )
+    jobs: int = option("--jobs", COUNT, "downloads in parallel", default="4", commands=("warm",))
 
 
-def parse_unsigned_providers(text: str) -> UnsignedPolicy:
-    """`--unsigned-providers`: refuse, opentofu-default or allow-hosts=H,… (see proxy.unsigned)."""
-    try:
-        return parse_unsigned_policy(text)
-    except UnsignedPolicyError as exc:
-        raise ConfigError(str(exc)) from None
+@dataclass(frozen=True, kw_only=True)
+class CheckOptions:
+    """How long `healthcheck` waits, and what `gc` keeps (flags only)."""
+
+    timeout: float = option(
+        "--timeout", SECONDS, "give up after this long", default="5s", commands=("healthcheck",), env=False
+    )
+    grace: float = option(
+        "--grace",
+        Duration(minimum="1m", why=_SERVED_TIMES),
+        "keep unreferenced archives served or stored, uploads started and quarantined files moved, within this long",
+        default="30m",
+        commands=("gc",),
+        env=False,
+    )
 
 
-def archive_store_settings(args: Any) -> dict[str, Any]:
-    """The Settings fields of the archive store flags (`--archive-store`, `--s3-*`) of parsed CLI arguments."""
-    return {
-        "archive_store": args.archive_store or "",
-        "s3_endpoint_url": args.s3_endpoint_url or None,
-        "s3_region": args.s3_region or None,
-        "s3_path_style": bool(args.s3_path_style),
-        "s3_ca_file": Path(args.s3_ca_file) if args.s3_ca_file else None,
-        "s3_timeout": parse_duration(args.s3_timeout),
-    }
+OPTIONS = (*options_of(Settings), *options_of(ClientOptions), *options_of(CheckOptions))
 
 
-def parse_networks(entries: list[str], flag: str) -> frozenset[Network]:
-    """`10.0.0.0/8`, `192.0.2.7`, `fd00::/8` entries → networks (a bare address is a /32 or /128)."""
-    networks = set()
-    for entry in entries:
-        try:
-            networks.add(ipaddress.ip_network(entry.strip(), strict=False))
-        except ValueError:
-            raise ConfigError(
-                f"invalid {flag} {entry.strip()!r}: give an IP address or CIDR, e.g. 10.0.0.0/8"
-            ) from None
-    return frozenset(networks)
-
-
-def metadata_secret_settings(secret: str | None, secret_file: str | None) -> dict[str, str | Path | None]:
-    """The `metadata_secret`/`metadata_secret_file` keywords of Settings from the flags' text (empty is unset)."""
-    return {"metadata_secret": secret or None, "metadata_secret_file": Path(secret_file) if secret_file else None}
+def options_for(command: str) -> tuple[Any, ...]:
+    """The options `command` takes, in the order they are declared."""
+    return tuple(spec for spec in OPTIONS if command in spec.commands)

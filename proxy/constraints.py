@@ -103,5 +103,5 @@ def newest(constraints: list[Constraint], available: list[Version]) -> Version |
 def canonical(constraints: list[Constraint]) -> str:
     """The lock-file form: deduplicated, sorted by boundary then operator, joined by ", "."""
     unique = {(c.kind, c.boundary): c for c in constraints}.values()
-    ordered = sorted(unique, key=lambda c: (c.boundary._key(), c.boundary.build, _PRIORITY[c.kind]))
+    ordered = sorted(unique, key=lambda c: (c.boundary.precedence(), c.boundary.build, _PRIORITY[c.kind]))
     return ", ".join(c.render() for c in ordered)

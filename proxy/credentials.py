@@ -106,6 +106,13 @@ class UpstreamCredentials:
             return None
         return token if _origin(url) in self._origins(host) else None
 
+    def counted_as(self, url: URL) -> str:
+        """The host an upstream request for `url` is counted under (metrics): the registry host the proxy
+        acts for when it is private (so a private registry's origin, or the CDN it sends archives from, is
+        never named, and its series can be shown only to clients that may read it), else `url`'s host."""
+        host = acting_for.get()
+        return host if host is not None and host in self.tokens else url.host or ""
+
     def _origins(self, host: str) -> set[tuple[str, int]]:
         parsed = Hostname.parse(host)
         origins = {(parsed.ascii, parsed.port or 443)}

@@ -5,8 +5,14 @@ one shared upstream fetch (ETag revalidation); on upstream failure the stale cop
 served (stale-if-error); 404s are cached briefly. A request waits for a refresh at most
 its stale deadline (then the stale copy is answered while the refresh goes on) and for a
 missing document at most its request deadline (then 504) — see `proxy.deadline`.
-Derived records (`proxy.records`) are read and written here too, each decoded once per
-stored value. The registry allowlist and service discovery come first for every address.
+
+Each document is parsed once per stored value (the parse of a fresh answer is its validation),
+a big one in a worker thread so the event loop keeps answering meanwhile (`proxy.safejson` parses
+in steps that let it). An answer that does not parse is never stored: it is remembered for
+`--ttl-negative` instead, so retries meanwhile are answered with the same 502 (or the stale copy)
+without asking the upstream again. Derived records (`proxy.records`) are read and written here
+too, each decoded once per stored value. The registry allowlist and service discovery come first
+for every address.
 """
 
 from __future__ import annotations
@@ -24,10 +30,17 @@ from proxy import deadline, records
 from proxy.addrs import Hostname
 from proxy.cache import CacheEntry, Freshness, MetadataStore, decode_record, fresh_until, freshness_of, keys
 from proxy.config import Settings
-from proxy.errors import HostNotAllowedError, NotFoundError, OfflineMissError, UpstreamError
+from proxy.errors import (
+    HostNotAllowedError,
+    OfflineMissError,
+    ServiceNotFoundError,
+    UpstreamError,
+    UpstreamMalformedError,
+    UpstreamStatusError,
+)
 from proxy.flights import Flights
 from proxy.log import note_cache
-from proxy.memo import memoised
+from proxy.memo import Memo, memoised
 from proxy.metrics import Metrics
 from proxy.slots import HostSlots
 from proxy.upstream import discovery
@@ -36,11 +49,14 @@ from proxy.upstream.client import UpstreamClient
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 R = TypeVar("R", bound=records.Record)
+INLINE_PARSE_BYTES = 64 * 1024  # bigger documents are parsed in a worker thread
+# What a parser raises for a shape it did not expect (every one is a malformed answer, never a crash).
+PARSE_ERRORS = (UpstreamError, TypeError, KeyError, AttributeError, ValueError, RecursionError)
 
 
 def require_online(settings: Settings, what: str) -> None:
     """With --offline nothing is fetched: a miss answers 404, which clients treat as "not here"."""
-    if settings.offline:
+    if settings.upstreams.offline:
         raise OfflineMissError(f"the proxy is offline (--offline) and has no cached copy of {what}")
 
 
@@ -66,18 +82,29 @@ class DocumentCache:
         # Metadata has slots of its own (archives have theirs, in proxy.downloader), so slow downloads
         # never starve index.json; each upstream host gets a share, so one slow host never takes them all.
         self._slots = HostSlots.for_upstream(settings.limits)
-        self._decoded: dict[str, tuple[bytes, CacheEntry | None]] = {}
-        self._parsed: dict[str, tuple[object, object]] = {}
-        self._records: dict[str, tuple[bytes, Any]] = {}
-        self._discovery_urls: dict[Hostname, tuple[None, tuple[str, URL]]] = {}  # key and URL per host
+        self._decoded: Memo[str, tuple[bytes, CacheEntry | None]] = Memo()
+        self._parsed: Memo[str, tuple[object, Any]] = Memo()
+        self._values: Memo[str, tuple[CacheEntry, Any]] = Memo()  # each document's parsed value
+        self._malformed: Memo[str, tuple[float, UpstreamError]] = Memo()  # key → (until when, the error)
+        self._records: Memo[str, tuple[bytes, Any]] = Memo()
+        self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
 
-    def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
-        """Decode a cached entry, reusing the last decoding while the stored bytes are the same object."""
-        return None if raw is None else memoised(self._decoded, key, raw, CacheEntry.decode)
+    async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
+        """Decode a cached entry, reusing the last decoding while the stored bytes are the same object (a big
+        one is decoded in a worker thread)."""
+        if raw is None:
+            return None
+        known = self._decoded.get(key)
+        if known is not None and known[0] is raw:
+            return known[1]
+        if len(raw) <= INLINE_PARSE_BYTES:
+            return memoised(self._decoded, key, raw, CacheEntry.decode)
+        entry = await asyncio.to_thread(CacheEntry.decode, raw)
+        return memoised(self._decoded, key, raw, lambda _: entry)
 
     async def cached(self, key: str) -> CacheEntry | None:
         """The cached upstream document under `key`, never fetching it."""
-        return self._decode(key, await self._cache.get(key))
+        return await self._decode(key, await self._cache.get(key))
 
     async def record(self, key: str, kind: type[R]) -> R | None:
         """The record of type `kind` under `key` (None: missing or unreadable), decoded once per stored value."""
@@ -101,10 +128,8 @@ class DocumentCache:
 
     def check_allowed(self, hostname: Hostname) -> None:
         """Refuse registry hostnames outside the allowlist, before any network request."""
-        if str(hostname) not in self._settings.all_allowed_hosts:
-            raise HostNotAllowedError(
-                f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)"
-            )
+        if str(hostname) not in self._settings.upstreams.all_allowed_hosts:
+            raise HostNotAllowedError.for_host(hostname)
 
     async def service_url(self, hostname: Hostname, service: str) -> URL:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
@@ -116,25 +141,24 @@ class DocumentCache:
             self._discovery_urls,
             hostname,
             None,
-            lambda _: (keys.discovery(hostname), discovery.discovery_url(hostname, self._settings.upstream_map)),
+            lambda _: (
+                keys.discovery(hostname),
+                discovery.discovery_url(hostname, self._settings.upstreams.upstream_map),
+            ),
         )
         ttl = self._settings.freshness.discovery
-        entry = await self.document(
+        entry, services = await self.document(
             key,
             url,
             ttl=ttl,
             max_bytes=self._settings.limits.max_discovery_bytes,
             max_redirects=discovery.MAX_REDIRECTS,
-            validate=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname),
+            parse=lambda e: discovery.parse_discovery(e.body, e.content_type, hostname),
         )
-        if entry.negative:
-            raise NotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
+        if services is None:
+            raise ServiceNotFoundError(f"host {hostname} offers no registry services (discovery answered 404)")
         return self.parsed(
-            f"{key} {service}",
-            entry,
-            lambda e: discovery.service_url(
-                discovery.parse_discovery(e.body, e.content_type, hostname), service, URL(e.url), hostname
-            ),
+            f"{key} {service}", entry, lambda e: discovery.service_url(services, service, URL(e.url), hostname)
         ), self.fresh_until(entry, ttl)
 
     def fresh_until(self, entry: CacheEntry, ttl: float | None) -> float:
@@ -147,14 +171,37 @@ class DocumentCache:
         url: URL,
         *,
         ttl: float | None,
-        validate: Callable[[CacheEntry], object],
+        parse: Callable[[CacheEntry], T],
         max_bytes: int | None = None,
         max_redirects: int | None = None,
+    ) -> tuple[CacheEntry, T | None]:
+        """A cached upstream document and `parse(entry)` (None for a remembered 404), refreshed through one
+        shared fetch when not fresh. `parse` raises UpstreamError (or any of `PARSE_ERRORS`) for an answer
+        that cannot be used."""
+        entry = await self._fresh_entry(key, url, ttl, parse, max_bytes, max_redirects)
+        return entry, (None if entry.negative else await self.value(key, entry, parse))
+
+    async def value(self, key: str, entry: CacheEntry, parse: Callable[[CacheEntry], T]) -> T:
+        """`parse(entry)` of the document stored under `key`, once per stored value (a big one in a worker thread)."""
+        known = self._values.get(key)
+        if known is not None and known[0] is entry:
+            return known[1]
+        value = await asyncio.to_thread(parse, entry) if len(entry.body) > INLINE_PARSE_BYTES else parse(entry)
+        self._values.put(key, (entry, value))
+        return value
+
+    async def _fresh_entry(
+        self,
+        key: str,
+        url: URL,
+        ttl: float | None,
+        parse: Callable[[CacheEntry], object],
+        max_bytes: int | None,
+        max_redirects: int | None,
     ) -> CacheEntry:
-        """A cached upstream document, refreshed through one shared fetch when not fresh."""
-        cached = self._decode(key, await self._cache.get(key))
+        cached = await self._decode(key, await self._cache.get(key))
         if cached is not None and (
-            self._settings.offline
+            self._settings.upstreams.offline
             or freshness_of(cached, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH
         ):
             self._count_cache("hit")
@@ -164,13 +211,13 @@ class DocumentCache:
 
         async def refresh() -> tuple[CacheEntry, str]:
             # A flight for this key may have stored a fresh entry since the read above: no second fetch.
-            latest = self._decode(key, await self._cache.get(key))
+            latest = await self._decode(key, await self._cache.get(key))
             if (
                 latest is not None
                 and freshness_of(latest, self.clock(), ttl, self._settings.freshness.negative) is Freshness.FRESH
             ):
                 return latest, "hit"
-            return await self._refresh(key, url, latest or cached, limit, max_redirects, validate)
+            return await self._refresh(key, url, latest or cached, limit, max_redirects, parse)
 
         if cached is None:
             entry, outcome = await self._flights.join(keys.DOCUMENT_FLIGHT.key(key), refresh, str(url.with_query(None)))
@@ -185,7 +232,7 @@ class DocumentCache:
         """The refreshed entry if the shared refresh ends within the stale deadline, else the stale copy
         (the refresh goes on in the background and its result lands in the cache)."""
         try:
-            async with asyncio.timeout(deadline.stale_wait(self._settings.stale_deadline)) as scope:
+            async with asyncio.timeout(deadline.stale_wait(self._settings.limits.stale_deadline)) as scope:
                 return await self._flights.run(keys.DOCUMENT_FLIGHT.key(key), refresh)
         except TimeoutError:
             if not scope.expired():
@@ -205,9 +252,12 @@ class DocumentCache:
         cached: CacheEntry | None,
         max_bytes: int,
         max_redirects: int | None,
-        validate: Callable[[CacheEntry], object],
+        parse: Callable[[CacheEntry], object],
     ) -> tuple[CacheEntry, str]:
         usable = cached if cached is not None and not cached.negative else None
+        malformed = self._malformed_lately(key)
+        if malformed is not None:
+            return self._stale_if_error(key, cached, malformed)
         try:
             async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
                 response = await self._upstream.get(
@@ -216,6 +266,7 @@ class DocumentCache:
             now = self.clock()  # the answer's age counts from its arrival, however slow the upstream was
             if response.status == 304 and usable is not None:
                 entry = replace(usable, fetched_at=now)
+                self._carry_value(key, usable, entry)
             elif response.status in (404, 410):
                 entry = CacheEntry(404, b"", str(response.final_url), now)
             elif response.status in (200, 204):
@@ -228,23 +279,58 @@ class DocumentCache:
                     response.content_type,
                     response.terraform_get,
                 )
-                try:
-                    validate(entry)
-                except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a parser missed a shape
-                    raise UpstreamError(f"upstream answer at {url.with_query(None)} is malformed: {exc}") from None
+                await self._validate(key, url, entry, parse)
             else:
-                raise UpstreamError(f"upstream answered {response.status} for {url}")
+                raise UpstreamStatusError(f"upstream answered {response.status} for {url}")
         except UpstreamError as exc:
             self._metrics.upstream_fetches.labels("metadata", "error").inc()
-            if cached is not None:  # stale-if-error, for remembered 404s too
-                log.warning(
-                    "cache.serve_stale", key=key, error=exc.message, age_seconds=round(self.clock() - cached.fetched_at)
-                )
-                return cached, "stale"
-            raise
+            return self._stale_if_error(key, cached, exc)
         self._metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
-        await self._cache.set(key, entry.encode())
+        encoded = await asyncio.to_thread(entry.encode) if len(entry.body) > INLINE_PARSE_BYTES else entry.encode()
+        await self._cache.set(key, encoded)
         return entry, "miss"
+
+    async def _validate(self, key: str, url: URL, entry: CacheEntry, parse: Callable[[CacheEntry], object]) -> None:
+        """Parse a fresh answer (which `value` then remembers); one that does not parse is remembered as
+        malformed for `--ttl-negative`."""
+        try:
+            await self.value(key, entry, parse)
+        except PARSE_ERRORS as exc:
+            shown = url.with_query(None)
+            error = (
+                exc
+                if isinstance(exc, UpstreamError)
+                else UpstreamMalformedError(f"upstream answer at {shown} is malformed: {exc}")
+            )
+            self._malformed.put(key, (self.clock() + self._settings.freshness.negative, error))
+            log.warning("upstream.malformed", key=key, url=str(shown), error=error.message)
+            raise error from None
+
+    def _malformed_lately(self, key: str) -> UpstreamError | None:
+        """If the upstream's last answer for `key` did not parse, within `--ttl-negative`: its error again."""
+        known = self._malformed.get(key)
+        if known is None:
+            return None
+        until, error = known
+        if 0 < until - self.clock() <= self._settings.freshness.negative:
+            return type(error)(error.message)
+        self._malformed.pop(key)
+        return None
+
+    def _stale_if_error(self, key: str, cached: CacheEntry | None, exc: UpstreamError) -> tuple[CacheEntry, str]:
+        """The stale copy (a remembered 404 too) when the upstream failed; without one, the error."""
+        if cached is None:
+            raise exc
+        log.warning(
+            "cache.serve_stale", key=key, error=exc.message, age_seconds=round(self.clock() - cached.fetched_at)
+        )
+        return cached, "stale"
+
+    def _carry_value(self, key: str, before: CacheEntry, after: CacheEntry) -> None:
+        """A revalidated document (304) has the parsed value of the copy it renews: not parsed again."""
+        known = self._values.get(key)
+        if known is not None and known[0] is before:
+            self._values.put(key, (after, known[1]))
 
     def count_hit(self) -> None:
         """Count a hit answered without asking `document` (in the access log and the metrics)."""
@@ -268,7 +354,7 @@ class DocumentCache:
         async with self._slots.hold(url, self._settings.limits.metadata_timeout, what):
             response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
         if response.status != 200:
-            raise UpstreamError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
+            raise UpstreamStatusError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
         self._metrics.upstream_fetches.labels("checksums", "200").inc()
         return response.body
 

@@ -204,12 +204,24 @@ class Downloader:
         return self._space.full(exc, f"store {what}") if isinstance(exc, OSError) and is_disk_full(exc) else exc
 
     def pass_through(
-        self, url: URL, *, max_bytes: int, algorithm: str, kind: str, check: Callable[[str], None], etag: str | None
+        self,
+        url: URL,
+        *,
+        max_bytes: int,
+        algorithm: str,
+        kind: str,
+        check: Callable[[str], None],
+        etag: str | None,
+        skip: tuple[int, Callable[[str], None]] | None = None,
     ) -> PassThrough:
-        """A relay of `url` that stores nothing; `check(hexdigest)` (raise to refuse) runs before the last chunk."""
+        """A relay of `url` that stores nothing; `check(hexdigest)` (raise to refuse) runs before the last chunk.
+
+        With `skip=(length, check_sent)`, the first `length` bytes are not sent (a client has them already,
+        e.g. from a download that failed midway): `check_sent(hexdigest of them)` runs before anything
+        is (raise if they are not the ones sent)."""
 
         async def stream(begin: Begin, send: Send) -> None:
-            await self._relay(url, max_bytes, algorithm, kind, check, begin, send)
+            await self._relay(url, max_bytes, algorithm, kind, check, skip or (0, _nothing_skipped), begin, send)
 
         return PassThrough(etag, stream)
 
@@ -220,19 +232,30 @@ class Downloader:
         algorithm: str,
         kind: str,
         check: Callable[[str], None],
+        skip: tuple[int, Callable[[str], None]],
         begin: Begin,
         send: Send,
     ) -> None:
         require_online(self._settings, str(url.with_query(None)))
         digest = hashlib.new(algorithm)
+        skipped, check_skipped = skip
+        sent_before = hashlib.new(algorithm)  # of the skipped bytes
         held = b""
         outcome = "error"
         size = 0
 
         async def sink(chunk: bytes) -> None:
-            nonlocal held, size
+            nonlocal held, size, outcome
             digest.update(chunk)
-            size += len(chunk)
+            start, size = size, size + len(chunk)
+            if start < skipped:
+                sent_before.update(chunk[: skipped - start])
+                if size < skipped:
+                    return
+                outcome = "verification_failed"
+                check_skipped(sent_before.hexdigest())
+                outcome = "error"
+                chunk = chunk[skipped - start :]
             if held:
                 await send(held)
             held = chunk  # the newest chunk waits until the digest is known
@@ -243,6 +266,8 @@ class Downloader:
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(size)
             outcome = "verification_failed"
+            if size < skipped:
+                check_skipped(sent_before.hexdigest())  # shorter than what was sent already: never a match
             check(digest.hexdigest())
             outcome = "error"
             if held:
@@ -251,6 +276,10 @@ class Downloader:
         finally:
             self._metrics.passthrough.labels(kind, outcome).inc()
             log.info("archive.passthrough_done", url=str(url.with_query(None)), kind=kind, outcome=outcome)
+
+
+def _nothing_skipped(hexdigest: str) -> None:
+    """`skip`'s check when no bytes are skipped."""
 
 
 class _Tap:

@@ -1,30 +1,182 @@
-"""The proxy's error hierarchy: each error knows its HTTP status and whether it is expected.
+"""The proxy's one error hierarchy: every refusal and failure a client sees is one of these.
 
-Handlers raise these (or let them propagate); one middleware renders them as
-`{"errors": [message]}` with the status. Nothing here imports aiohttp.
+Each class knows its HTTP status, a stable machine-readable code and whether it is expected (an
+expected error is the client's or the world's doing, not logged as a failure). Handlers and the
+access check raise them (or let them propagate); one middleware renders each as the protocols'
+`{"errors": [message]}` with the code next to it, `{"errors": [message], "code": "..."}`, and the
+error's headers (`WWW-Authenticate`, `Allow`, `Content-Range`). Codes are stable: clients and tests
+match on them, and `code_table()` lists them for docs/errors.md. Nothing here imports aiohttp.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 
 class ProxyError(Exception):
-    """Base class: a failure with a user-facing message and an HTTP status."""
+    """Base class: a failure with a user-facing message, an HTTP status and a code."""
 
     status: int = 500
     code: str = "internal_error"
     expected: bool = False
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = dict(headers or {})
+
+    def document(self) -> dict:
+        """The JSON body: the protocols' `errors` list, and the code next to it."""
+        return {"errors": [self.message], "code": self.code}
+
+
+class InternalError(ProxyError):
+    """The proxy failed in a way it did not foresee (a bug): the log has the traceback under the request id."""
+
+    code = "internal_error"
+
+
+# ---- the request ------------------------------------------------------------------------------
 
 
 class InvalidRequestError(ProxyError):
-    """The client asked for something malformed (bad address, version, platform)."""
+    """The client asked for something malformed (a bad query, an archive name that does not fit)."""
 
     status = 400
     code = "invalid_request"
     expected = True
+
+
+class InvalidAddressError(InvalidRequestError):
+    """A hostname, namespace, type, version or platform in the request does not parse."""
+
+    code = "invalid_address"
+
+
+class MalformedRequestError(InvalidRequestError):
+    """The request is not valid HTTP (answered before the application sees it)."""
+
+    code = "malformed_request"
+
+
+class RequestLineTooLongError(InvalidRequestError):
+    """The request line (method, target, version) is longer than the proxy reads."""
+
+    status = 414
+    code = "request_line_too_long"
+
+
+class RequestHeadersTooLargeError(InvalidRequestError):
+    """A header field, or the number of them, is beyond what the proxy reads."""
+
+    status = 431
+    code = "request_headers_too_large"
+
+
+class RequestBodyTooLargeError(InvalidRequestError):
+    """The request carries a body larger than the proxy reads."""
+
+    status = 413
+    code = "request_body_too_large"
+
+
+class HttpVersionNotSupportedError(ProxyError):
+    """The request's HTTP version is not 1.0 or 1.1."""
+
+    status = 505
+    code = "http_version_not_supported"
+    expected = True
+
+
+class MethodNotAllowedError(ProxyError):
+    """The path exists, but not for this method (`Allow` names those it takes)."""
+
+    status = 405
+    code = "method_not_allowed"
+    expected = True
+
+
+class PreconditionFailedError(ProxyError):
+    """`If-Match` names another version of the archive than the one served."""
+
+    status = 412
+    code = "precondition_failed"
+    expected = True
+
+
+class RangeNotSatisfiableError(ProxyError):
+    """The `Range` asked for lies outside the archive (`Content-Range` gives its size)."""
+
+    status = 416
+    code = "range_not_satisfiable"
+    expected = True
+
+
+class HttpRefusalError(ProxyError):
+    """Another HTTP refusal raised by the web framework itself (its status as aiohttp chose it)."""
+
+    code = "http_refusal"
+    expected = True
+
+    def __init__(self, message: str, status: int, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, headers=headers)
+        self.status = status
+
+
+# ---- who may ask --------------------------------------------------------------------------------
+
+
+class UnauthorizedError(ProxyError):
+    """The request needs a client token (or a grant) and carries none that is valid (`WWW-Authenticate`)."""
+
+    status = 401
+    code = "unauthorized"
+    expected = True
+
+
+class TokenRequiredError(UnauthorizedError):
+    """No client token was sent, and this proxy requires one."""
+
+    code = "token_required"
+
+
+class TokenInvalidError(UnauthorizedError):
+    """The client token sent is not one of the proxy's tokens."""
+
+    code = "token_invalid"
+
+
+class GrantInvalidError(UnauthorizedError):
+    """The signed URL's grant is malformed, forged, or made for another URL."""
+
+    code = "grant_invalid"
+
+
+class GrantExpiredError(UnauthorizedError):
+    """The signed URL's grant has expired: ask for the document listing the URL again."""
+
+    code = "grant_expired"
+
+
+class GrantRevokedError(UnauthorizedError):
+    """The token the grant was made for has been removed from the tokens file (or changed)."""
+
+    code = "grant_revoked"
+
+
+class ForbiddenError(ProxyError):
+    """The request is authenticated, but not allowed what it asks for."""
+
+    status = 403
+    code = "forbidden"
+    expected = True
+
+
+class TokenScopeError(ForbiddenError):
+    """The client token (or the token a grant was made for) may not read this host or namespace, or may not
+    call `/lock/v1` or read `/metrics`."""
+
+    code = "token_scope"
 
 
 class NotFoundError(ProxyError):
@@ -41,12 +193,70 @@ class OfflineMissError(NotFoundError):
     code = "offline_miss"
 
 
-class HostNotAllowedError(ProxyError):
-    """The registry hostname is not in the operator's allowlist."""
+class EndpointNotFoundError(NotFoundError):
+    """No route of the proxy matches the path."""
 
-    status = 403
+    code = "endpoint_not_found"
+
+
+class DocumentNotFoundError(NotFoundError):
+    """The path names a document or file the protocol does not have (not `index.json` or `VERSION.json`, not
+    `SHA256SUMS` or its signature, not the module's archive name)."""
+
+    code = "document_not_found"
+
+
+class CaNotFoundError(NotFoundError):
+    """The proxy did not generate its TLS certificate, so it has no CA to hand out at `/ca.pem`."""
+
+    code = "ca_not_found"
+
+
+class ServiceNotFoundError(NotFoundError):
+    """The registry host offers no registry services, or not the one asked for (its discovery document)."""
+
+    code = "service_not_found"
+
+
+class ProviderNotFoundError(NotFoundError):
+    """The provider is not known to its registry."""
+
+    code = "provider_not_found"
+
+
+class RegistryModuleNotFoundError(NotFoundError):
+    """The module is not known to its registry."""
+
+    code = "module_not_found"
+
+
+class VersionNotFoundError(NotFoundError):
+    """The provider or module has no such version."""
+
+    code = "version_not_found"
+
+
+class PackageNotFoundError(NotFoundError):
+    """The provider version has no package for the platform asked for."""
+
+    code = "package_not_found"
+
+
+class ModuleNotCachedError(NotFoundError):
+    """The module's archive is asked for, but its source is not one the proxy caches (it is handed out as is)."""
+
+    code = "module_not_cached"
+
+
+class HostNotAllowedError(ForbiddenError):
+    """The registry hostname is not in the operator's allowlist (or is private, for a proxy without client
+    tokens: refused with the same answer, so that it does not confirm the private host exists)."""
+
     code = "host_not_allowed"
-    expected = True
+
+    @classmethod
+    def for_host(cls, hostname: object) -> HostNotAllowedError:
+        return cls(f"registry host {hostname} is not allowed by this proxy (the operator can add it with --allow-host)")
 
 
 class UpstreamError(ProxyError):
@@ -54,6 +264,36 @@ class UpstreamError(ProxyError):
 
     status = 502
     code = "upstream_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with a status the protocol does not allow there (a 5xx, an unexpected 4xx)."""
+
+    code = "upstream_status"
+
+
+class UpstreamUnreachableError(UpstreamError):
+    """The upstream could not be reached, or the connection failed or timed out."""
+
+    code = "upstream_unreachable"
+
+
+class UpstreamMalformedError(UpstreamError):
+    """The upstream's answer is not what the protocol specifies (not JSON, a field missing or invalid)."""
+
+    code = "upstream_malformed"
+
+
+class UpstreamRedirectError(UpstreamError):
+    """The upstream redirected to an invalid URL, or too many times."""
+
+    code = "upstream_redirect"
+
+
+class GitSourceError(UpstreamError):
+    """A module's git source could not be cloned (git failed or timed out, or the URL is invalid)."""
+
+    code = "git_failed"
 
 
 class UpstreamTooLargeError(UpstreamError):
@@ -68,10 +308,35 @@ class ForbiddenAddressError(UpstreamError):
     code = "forbidden_upstream_address"
 
 
+class ModuleSourceRefusedError(UpstreamError):
+    """The upstream's module source is of a form the proxy will not fetch or hand out."""
+
+    code = "module_source_refused"
+
+
 class VerificationError(UpstreamError):
     """An archive, checksum file or signature failed verification: a security event."""
 
     code = "verification_failed"
+
+
+class SignatureInvalidError(VerificationError):
+    """The release's SHA256SUMS is not validly signed by one of the registry's signing keys."""
+
+    code = "signature_invalid"
+
+
+class ChecksumMismatchError(VerificationError):
+    """An archive's SHA-256 differs from what the signed SHA256SUMS (or the registry's shasum, or a module
+    source's pin) says: tampered with or corrupted."""
+
+    code = "checksum_mismatch"
+
+
+class UnsignedRefusedError(VerificationError):
+    """The registry lists no signing keys for the release, and `--unsigned-providers` does not admit it."""
+
+    code = "unsigned_refused"
 
 
 class FollowedDownloadLostError(UpstreamError):
@@ -132,3 +397,38 @@ class StoreUnavailableError(ProxyError):
 
     status = 503
     code = "store_unavailable"
+
+
+class TooManyConnectionsError(ProxyError):
+    """The proxy holds `--max-connections` client connections already (answered before the application)."""
+
+    status = 503
+    code = "too_many_connections"
+    expected = True
+
+
+# ---- the codes --------------------------------------------------------------------------------
+
+
+def hierarchy() -> Iterator[type[ProxyError]]:
+    """Every error class, depth first in definition order (the base first)."""
+
+    def walk(cls: type[ProxyError]) -> Iterator[type[ProxyError]]:
+        yield cls
+        for sub in cls.__subclasses__():
+            yield from walk(sub)
+
+    return walk(ProxyError)
+
+
+def code_table() -> str:
+    """The Markdown table of every code (docs/errors.md holds it; a test keeps the two equal)."""
+    rows = ["| code | status | error | logged as a failure | meaning |", "| --- | --- | --- | --- | --- |"]
+    for cls in hierarchy():
+        if cls is ProxyError:
+            continue
+        meaning = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
+        status = "as aiohttp chose" if cls is HttpRefusalError else str(cls.status)
+        logged = "no" if cls.expected else "yes"
+        rows.append(f"| `{cls.code}` | {status} | `{cls.__name__}` | {logged} | {meaning} |")
+    return "\n".join(rows) + "\n"

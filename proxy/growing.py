@@ -13,6 +13,11 @@ archive, so the last chunk stays with the proxy until both
 On a failure (tampered bytes, an upstream error, shutdown) the follower raises with the last
 chunk unsent: the web layer aborts the connection, so a client never holds an unverified
 archive whole (`Content-Length` is the expected size, so the short body is detectable).
+A download that fails because the disk filled up is no reason to cut the followers short:
+given a `rest` relay, a follower goes on with the upstream's bytes after those it sent, relayed
+unstored and verified as a whole (the bytes sent must be the relay's first ones too). So does a
+follower of another process's download that ended unverified (the reason stays in that process)
+once it sent some of it; before that, the request looks the archive up again (`web/archives.py`).
 
 Other worker processes and replicas sharing the archive store follow the same temp file
 through the notices of `proxy.download_notices` (`GrowingDownloads`).
@@ -31,8 +36,16 @@ from typing import TypeVar
 import structlog
 
 from proxy.download_notices import DownloadNotices, Notice, owner_alive
-from proxy.errors import FollowedDownloadLostError, ShuttingDownError, VerificationError
+from proxy.errors import (
+    ChecksumMismatchError,
+    DiskFullError,
+    FollowedDownloadLostError,
+    ShuttingDownError,
+    VerificationError,
+)
 from proxy.passthrough import Begin, PassThrough, Send
+
+Rest = Callable[[int, str], PassThrough]  # (bytes sent so far, their SHA-256) → a relay of the bytes after them
 
 HOLD_BACK = 1 << 20  # the end of an archive, sent only once it is verified: the upstream client's largest read
 READ_CHUNK = 1 << 18
@@ -77,11 +90,16 @@ class GrowingFile:
             )
         self._wake()
 
-    def relay(self) -> PassThrough:
-        """The archive for one client, sent as it is written, its end held back until verified."""
-        return PassThrough(self.sha256, self._follow)
+    def relay(self, rest: Rest | None = None) -> PassThrough:
+        """The archive for one client, sent as it is written, its end held back until verified; if the disk
+        fills up, the bytes after those sent come from `rest` instead."""
 
-    async def _follow(self, begin: Begin, send: Send) -> None:
+        async def stream(begin: Begin, send: Send) -> None:
+            await self._follow(begin, send, rest)
+
+        return PassThrough(self.sha256, stream)
+
+    async def _follow(self, begin: Begin, send: Send, rest: Rest | None) -> None:
         await begin(self.size)
         descriptor = await self._open()
         try:
@@ -92,11 +110,15 @@ class GrowingFile:
                 if sent < end:
                     chunk = await asyncio.to_thread(_read_hashed, descriptor, min(end - sent, READ_CHUNK), sent, digest)
                     if sent + len(chunk) == self.size and digest.hexdigest() != self.sha256:
-                        raise VerificationError(f"the downloaded archive does not hash to {self.sha256}")
+                        raise ChecksumMismatchError(f"the downloaded archive does not hash to {self.sha256}")
                     await send(chunk)
                     sent += len(chunk)
                 elif self.error is not None:
-                    raise self.error
+                    if rest is None or not _rest_relayed(self.error, sent):
+                        raise self.error
+                    log.info("archive.rest_relayed", sent_bytes=sent, size=self.size, reason=self.error.message)
+                    await rest(sent, digest.hexdigest()).stream(_begun, send)
+                    return
                 else:
                     await moved.wait()
         finally:
@@ -258,6 +280,15 @@ class GrowingDownloads:
         if growing.done() and not growing.cancelled():
             return growing.result()
         return await result  # re-raises the cancellation
+
+
+def _rest_relayed(error: Exception, sent: int) -> bool:
+    """Whether a follower that sent `sent` bytes goes on with a relay after `error` ended the download."""
+    return isinstance(error, DiskFullError) or (isinstance(error, FollowedDownloadLostError) and sent > 0)
+
+
+async def _begun(length: int | None) -> None:
+    """The answer's length was given already (the archive's, which the rest relay must complete)."""
 
 
 def _read_hashed(descriptor: int, length: int, offset: int, digest: hashlib._Hash) -> bytes:

@@ -27,7 +27,7 @@ _RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)\Z")
 _ETAG_RE = re.compile(r'[ \t]*(?:(W/)?("[\x21\x23-\x7e\x80-\xff]*")[ \t]*)?(?:,|\Z)')
 
 
-class UnsatisfiableRange(ValueError):
+class UnsatisfiableRangeError(ValueError):
     """The range lies outside the file: answer 416."""
 
 
@@ -56,7 +56,7 @@ def evaluate(
     if range_header and (if_range is None or if_range.strip() == etag):  # If-Range: strong comparison
         try:
             span = parse_range(range_header, size)
-        except UnsatisfiableRange:
+        except UnsatisfiableRangeError:
             return Answer(416)
         if span is not None:
             return Answer(206, span)
@@ -83,7 +83,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """`(start, end_inclusive)` for a single satisfiable range; None means "send it all".
 
     Multi-range and malformed headers are ignored (a 200 with the whole file is always a
-    valid answer); a syntactically valid range past the end raises UnsatisfiableRange.
+    valid answer); a syntactically valid range past the end raises UnsatisfiableRangeError.
     Positions of any length are accepted: they are compared, never converted whole.
     """
     if not header:
@@ -92,18 +92,18 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if not match or (not match.group(1) and not match.group(2)):
         return None
     if size == 0:
-        raise UnsatisfiableRange(header)
+        raise UnsatisfiableRangeError(header)
     first, last = match.groups()
     if not first:  # suffix range: the last N bytes
         length = _capped(last, size)
         if length == 0:
-            raise UnsatisfiableRange(header)
+            raise UnsatisfiableRangeError(header)
         return size - length, size - 1
     if last and _magnitude(last) < _magnitude(first):  # invalid (RFC 9110 §14.1.1): ignored
         return None
     start = _capped(first, size)
     if start >= size:
-        raise UnsatisfiableRange(header)
+        raise UnsatisfiableRangeError(header)
     end = _capped(last, size) if last else size - 1
     return start, min(end, size - 1)
 

@@ -4,8 +4,9 @@
 `limit` listed, the rest counted), each with what the store recorded: size, digest, the key that
 signed the release's SHA256SUMS, and when it was last served (`LastServed`, a lookup the
 eviction feature fills in). `InventoryReader.hosts` reports each upstream host's last discovery
-answer. `download_info` and `release_sums_key` (shared with `proxy.commands.bundle`) read a cached
-archive's download answer and find its release's signed SHA256SUMS record.
+answer. Both list only what the caller says the client may see (`visible`). `download_info` and
+`release_sums_key` (shared with `proxy.commands.bundle`) read a cached archive's download answer and
+find its release's signed SHA256SUMS record.
 """
 
 from __future__ import annotations
@@ -248,10 +249,15 @@ class InventoryReader:
             )
         return listed
 
-    async def hosts(self) -> list[HostHealth]:
-        """Every host clients may ask for, with its last discovery answer (never fetched here)."""
+    async def hosts(self, visible: Callable[[str], bool] = lambda host: True) -> list[HostHealth]:
+        """Every host clients may ask for that is `visible` (the client's scope), with its last discovery
+        answer (never fetched here)."""
         settings = self._settings
-        names = sorted(settings.all_allowed_hosts | {str(settings.default_upstream)})
+        names = sorted(
+            name
+            for name in settings.upstreams.all_allowed_hosts | {str(settings.upstreams.default_upstream)}
+            if visible(name)
+        )
         try:
             found = await self._store.get_many([keys.discovery(name) for name in names])
         except Exception as exc:  # the page shows the hosts without their state
@@ -270,21 +276,21 @@ def _with_time(item: A, served: dict[str, float]) -> A:
 
 
 def _roles(settings: Settings, name: str) -> Iterable[str]:
-    if name in settings.allowed_hosts:
+    if name in settings.upstreams.allowed_hosts:
         yield "allowed"
-    if name in settings.upstream_map:
+    if name in settings.upstreams.upstream_map:
         yield "mapped"
-    if name == str(settings.default_upstream):
+    if name == str(settings.upstreams.default_upstream):
         yield "default"
 
 
 def _health(settings: Settings, name: str, entry: CacheEntry | None) -> HostHealth:
-    mapped = settings.upstream_map.get(name)
+    mapped = settings.upstreams.upstream_map.get(name)
     roles = tuple(_roles(settings, name))
     if entry is None:
         detail = (
             "never contacted: the proxy is offline"
-            if settings.offline
+            if settings.upstreams.offline
             else "not contacted yet (discovery runs on the first request for this host)"
         )
         return HostHealth(name, roles, str(mapped) if mapped else None, "unknown", detail, None)

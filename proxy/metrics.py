@@ -1,5 +1,8 @@
 """Prometheus metrics, one registry per application instance (so tests never collide).
 
+Series labelled with a registry `host` can be left out of an exposition (`exposition(shown_host=…)`):
+a client sees a private registry's series only when its token may read that host.
+
 Worker processes (`serve --workers N`) keep their values in files of one directory instead
 (prometheus_client's multiprocess mode, `share_between_processes`), so /metrics answers
 the same totals whichever worker takes the request.
@@ -7,15 +10,18 @@ the same totals whichever worker takes the request.
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+from prometheus_client.metrics_core import Metric
 
 from proxy import __version__
 
@@ -80,6 +86,7 @@ class Metrics:
         self._cache_series: dict[str, Any] = {}
         self._upstream_series: dict[str, Any] = {}
         self._redis_up: Gauge | None = None
+        self._store_max_bytes: Gauge | None = None
         self.build_info = Gauge(
             "registry_proxy_build_info",
             "Always 1; the labels name the running version",
@@ -136,7 +143,7 @@ class Metrics:
         )
         self.metadata_rejected = Counter(
             "registry_proxy_metadata_rejected_total",
-            "Metadata store values refused: no seal or a bad seal (poisoned records)",
+            "Metadata store values refused (poisoned): no seal, a bad seal, or not what their namespace holds",
             ["store", "reason"],
             registry=self.registry,
         )
@@ -244,9 +251,23 @@ class Metrics:
             )
         self._redis_up.set(1 if up else 0)
 
-    def exposition(self) -> bytes:
-        """The text format for /metrics: this instance's values, or every worker's when they are shared."""
-        return generate_latest(self._reported())
+    def store_cap(self, size: int) -> None:
+        """The archive store's size cap, for alerting before it is reached (exported only with a cap)."""
+        if self._store_max_bytes is None:
+            self._store_max_bytes = Gauge(
+                "registry_proxy_store_max_bytes",
+                "The archive store's size cap (--max-store-size)",
+                registry=self.registry,
+                multiprocess_mode="livemax",
+            )
+        self._store_max_bytes.set(size)
+
+    def exposition(self, shown_host: Callable[[str], bool] | None = None) -> bytes:
+        """The text format for /metrics: this instance's values, or every worker's when they are shared;
+        without the series whose `host` label names a host not `shown_host` (a private registry the
+        client may not read)."""
+        reported = self._reported()
+        return generate_latest(reported if shown_host is None else _HostsShown(reported, shown_host))
 
     def _reported(self) -> CollectorRegistry:
         """The registry /metrics reports: this instance's, or one merging every worker's values."""
@@ -273,6 +294,20 @@ class Metrics:
             upstream_bytes=int(sums.get(("registry_proxy_upstream_bytes_total", ""), 0)),
             all_workers=_shared_dir is not None,
         )
+
+
+class _HostsShown:
+    """A collector passing on another's metrics without the samples labelled with a host not shown."""
+
+    def __init__(self, source: CollectorRegistry, shown_host: Callable[[str], bool]) -> None:
+        self._source = source
+        self._shown = shown_host
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            kept = copy.copy(family)
+            kept.samples = [s for s in family.samples if "host" not in s.labels or self._shown(s.labels["host"])]
+            yield kept
 
 
 @dataclass(frozen=True)

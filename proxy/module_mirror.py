@@ -23,7 +23,16 @@ from proxy.cache import CacheEntry, keys
 from proxy.config import Settings
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
-from proxy.errors import DiskFullError, NotFoundError, UpstreamError, UpstreamTooLargeError, VerificationError
+from proxy.errors import (
+    ChecksumMismatchError,
+    DiskFullError,
+    ModuleNotCachedError,
+    ModuleSourceRefusedError,
+    RegistryModuleNotFoundError,
+    UpstreamTooLargeError,
+    VerificationError,
+    VersionNotFoundError,
+)
 from proxy.flights import Flights
 from proxy.log import note_cache
 from proxy.metrics import Metrics
@@ -39,12 +48,6 @@ from proxy.upstream import modules
 from proxy.upstream.git import GitFetcher
 
 log = structlog.get_logger(__name__)
-
-
-class ModuleSourceRefusedError(UpstreamError):
-    """The upstream's module source is of a form the proxy will not fetch or hand out."""
-
-    code = "module_source_refused"
 
 
 class ModuleMirror:
@@ -70,42 +73,43 @@ class ModuleMirror:
         self._store = store
         self._space = space
         self._metrics = metrics
-        self._passthrough = settings.module_passthrough
-        self._max_bytes = settings.max_module_bytes
-        self._max_unpacked_bytes = settings.max_module_unpacked_bytes
-        self._max_entries = settings.max_module_entries
+        self._passthrough = settings.modules.module_passthrough
+        self._max_bytes = settings.modules.max_module_bytes
+        self._max_unpacked_bytes = settings.modules.max_module_unpacked_bytes
+        self._max_entries = settings.modules.max_module_entries
         self._rechecks = RecheckGate(settings.freshness.negative)
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte."""
-        return (await self._versions_entry(addr)).body
+        return (await self._versions_entry(addr))[0].body
 
-    async def _versions_entry(self, addr: ModuleAddr, max_age: float | None = None) -> CacheEntry:
+    async def _versions_entry(
+        self, addr: ModuleAddr, max_age: float | None = None
+    ) -> tuple[CacheEntry, frozenset[Version]]:
         self._documents.check_allowed(addr.hostname)
         base = await self._documents.service_url(addr.hostname, "modules.v1")
-        entry = await self._documents.document(
+        entry, versions = await self._documents.document(
             keys.module_versions(addr),
             modules.versions_url(base, addr),
             ttl=list_ttl(self._settings.freshness.versions, max_age),
-            validate=lambda e: modules.parse_versions(e.body, addr),
+            parse=lambda e: frozenset(modules.parse_versions(e.body, addr)),
         )
-        if entry.negative:
-            raise NotFoundError(f"module {addr} is not known to its registry")
-        return entry
+        if versions is None:
+            raise RegistryModuleNotFoundError(f"module {addr} is not known to its registry")
+        return entry, versions
 
     async def _require_version(self, addr: ModuleAddr, version: Version) -> None:
         """404 unless the module's version list has `version`, before any per-version upstream request.
 
         A list missing it is refetched at most once per `--ttl-negative` (it may have been published since).
         """
-        key = keys.module_versions(addr)
 
         async def load(max_age: float | None) -> frozenset[Version]:
-            entry = await self._versions_entry(addr, max_age)
-            return self._documents.parsed(key, entry, lambda e: frozenset(modules.parse_versions(e.body, addr)))
+            return (await self._versions_entry(addr, max_age))[1]
 
+        key = keys.module_versions(addr)
         if version not in await listed(load, lambda versions: version not in versions, self._rechecks, key):
-            raise NotFoundError(f"module {addr} has no version {version}")
+            raise VersionNotFoundError(f"module {addr} has no version {version}")
 
     async def location(self, addr: ModuleAddr, version: Version) -> str:
         """What the client should download: the proxy's archive URL, or a passed-through source."""
@@ -172,14 +176,13 @@ class ModuleMirror:
         base = await self._documents.service_url(addr.hostname, "modules.v1")
         url = modules.download_url(base, addr, version)
 
-        def parse(entry) -> str:
-            return modules.parse_download(entry.status, entry.terraform_get, entry.body, addr)
+        def parse(entry: CacheEntry) -> ModuleSource:
+            return _classify(modules.parse_download(entry.status, entry.terraform_get, entry.body, addr), url)
 
-        key = keys.module_download(addr, version)
-        entry = await self._documents.document(key, url, ttl=None, validate=parse)
-        if entry.negative:
-            raise NotFoundError(f"module {addr} has no version {version}")
-        return self._documents.parsed(key, entry, lambda e: _classify(parse(e), url))
+        source = (await self._documents.document(keys.module_download(addr, version), url, ttl=None, parse=parse))[1]
+        if source is None:
+            raise VersionNotFoundError(f"module {addr} has no version {version}")
+        return source
 
     async def _stored(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord] | None:
         return await self._downloader.stored(await self._documents.record(keys.module(addr, version), ModuleRecord))
@@ -200,7 +203,9 @@ class ModuleMirror:
             stored, commit = await self._pack_git(addr, source)
             record = ModuleRecord(stored.sha256, stored.size, "tar.gz", f"git::{source.url}?ref={source.ref}", commit)
         else:
-            raise NotFoundError(f"module {addr} {version} is not served by this proxy (its source is not cached)")
+            raise ModuleNotCachedError(
+                f"module {addr} {version} is not served by this proxy (its source is not cached)"
+            )
         await self._documents.put_record(keys.module(addr, version), record)
         log.info(
             "module.stored",
@@ -242,7 +247,9 @@ class ModuleMirror:
         algorithm, expected = checksum
         if actual != expected:
             security_event(self._metrics, "module_checksum", addr, expected=expected, actual=actual)
-            raise VerificationError(f"module {addr}: archive has {algorithm} {actual}, but its source pins {expected}")
+            raise ChecksumMismatchError(
+                f"module {addr}: archive has {algorithm} {actual}, but its source pins {expected}"
+            )
 
     async def _check(self, path, kind: str, addr: ModuleAddr) -> None:
         try:

@@ -1,17 +1,25 @@
-"""Where each CLI option's value comes from: flags > environment > config file > defaults.
+"""The command line, derived from the declared options (`proxy.config`): where each value comes from
+(flags > environment > config file > defaults), how it is read, and the one line when it is wrong.
 
-Every option declared with `option()` has an environment variable `REGISTRY_PROXY_<NAME>` and a
-key in the optional TOML config file (`--config FILE` or `REGISTRY_PROXY_CONFIG`), spelled as
-the long flag with dashes or underscores. The rules are the same for every option, so options
-added later need no code here:
+Every declared option has a flag, an environment variable `REGISTRY_PROXY_<NAME>` and a key in the
+optional TOML config file (`--config FILE` or `REGISTRY_PROXY_CONFIG`), spelled as the long flag with
+dashes or underscores (flag-only options, such as `gc --grace`, have neither). The rules are the same
+for every option:
 
 - switches: a flag, an environment boolean (`1/true/yes/on`, `0/false/no/off` or empty; anything
   else is an error) or a TOML boolean;
 - repeatable options: the flag repeated, a comma-separated variable or a TOML list of strings;
-- values: the flag, the variable, or a TOML string or number.
+- values: the flag, the variable, or a TOML string or number; an empty value leaves an option
+  without a default unset.
 
+Each value is then parsed and checked against its declared bounds, whatever its source: zero,
+negative and below-minimum values are refused with one line naming the option, the value and where
+it came from. `--unsafe-short-timings` (hidden, for tests) lets every duration go down to 1ms.
 Unknown `REGISTRY_PROXY_*` variables and unknown or mistyped file keys are errors that name the
 variable or the key and the file.
+
+Only public argparse API is used: subcommands come from `add_subparsers().add_parser()` and the
+chosen one from the namespace's `command`.
 """
 
 from __future__ import annotations
@@ -21,55 +29,38 @@ import difflib
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.config import ENV_PREFIX, ConfigError, env_name
+import platformdirs
+
+from proxy.config import OPTIONS, ConfigError, options_for
+from proxy.optionspec import MachineValue, Option, env_name
 
 CONFIG_FLAG = "--config"
 CONFIG_ENV = env_name(CONFIG_FLAG)
+UNSAFE_FLAG = "--unsafe-short-timings"
+UNSAFE_EFFECT = (
+    f"{UNSAFE_FLAG}: durations below their safe minimums are accepted, for tests only: never use it in production"
+)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    """One option as declared: its flag, kind and default."""
-
-    flag: str
-    kind: str  # "value", "switch" or "repeat"
-    default: Any
-
-    @property
-    def dest(self) -> str:
-        return dest(self.flag)
-
-    @property
-    def env(self) -> str:
-        return env_name(self.flag)
-
-    @property
-    def key(self) -> str:
-        return self.flag.lstrip("-")
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def dest(flag: str) -> str:
-    """`--upstream-map` → `upstream_map` (argparse's attribute name)."""
-    return flag.lstrip("-").replace("-", "_")
+_MACHINE = {
+    "available-cpus": available_cpus,
+    "user-cache-dir": lambda: Path(platformdirs.user_cache_dir("registry-proxy")),
+}
 
 
 class OptionParser(argparse.ArgumentParser):
-    """An ArgumentParser whose `option()`s are resolved after parsing (flags > env > file > defaults).
-
-    Subcommand parsers made with `add_subparsers` are OptionParsers too; the top-level parser
-    resolves the chosen subcommand's options and refuses unknown `REGISTRY_PROXY_*` variables.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.option_specs: list[OptionSpec] = []
-        self.config_file_options: list[OptionSpec] | None = None  # keys a --config file may name
+    """The top-level parser: once argparse has parsed, the chosen command's declared options are resolved
+    (flags > environment > config file > defaults), parsed and checked (ConfigError)."""
 
     def parse_known_args(
         self,
@@ -77,108 +68,168 @@ class OptionParser(argparse.ArgumentParser):
         namespace: argparse.Namespace | None = None,
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, rest = super().parse_known_args(args, namespace)
-        if self._subcommands() is not None:  # the top-level parser: the subcommand has parsed by now
-            self._resolve(parsed)
+        command = getattr(parsed, "command", None)
+        if command is not None:
+            try:
+                resolve(parsed, command, os.environ)
+            except ConfigError as exc:
+                exc.command = command
+                raise
         return parsed, rest
 
-    def _subcommands(self) -> argparse._SubParsersAction | None:
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return action
-        return None
-
-    def _resolve(self, parsed: argparse.Namespace) -> None:
-        subcommands = self._subcommands()
-        assert subcommands is not None
-        parsers = [p for p in subcommands.choices.values() if isinstance(p, OptionParser)]
-        environ = os.environ
-        check_environment(environ, {spec.env for p in [self, *parsers] for spec in p.option_specs} | {CONFIG_ENV})
-        chosen = subcommands.choices.get(getattr(parsed, subcommands.dest, None) or "")
-        parser = chosen if isinstance(chosen, OptionParser) else self
-        file_values: dict[str, Any] = {}
-        config = getattr(parsed, dest(CONFIG_FLAG), None) or environ.get(CONFIG_ENV)
-        if parser.config_file_options is not None and config:
-            file_values = read_config_file(Path(config), parser.config_file_options, parser.option_specs)
-        for spec in parser.option_specs:
-            if hasattr(parsed, spec.dest):  # given as a flag
-                continue
-            if spec.env in environ:
-                value = _from_env(spec, environ[spec.env])
-            elif spec.dest in file_values:
-                value = file_values[spec.dest]
-            else:
-                value = list(spec.default or []) if spec.kind == "repeat" else spec.default
-                value = bool(value) if spec.kind == "switch" else value
-            setattr(parsed, spec.dest, value)
+    def add_commands(self) -> Any:
+        """The subcommands' action (`add_parser` makes one); the chosen name lands in `command`."""
+        return self.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
 
 
-def option(
-    parser: argparse.ArgumentParser,
-    flag: str,
-    help_text: str,
-    *,
-    default: Any = None,
-    repeat: bool = False,
-    switch: bool = False,
-    metavar: str | None = None,
-) -> None:
-    """Declare `flag` on `parser` with its environment variable and config-file key (resolved after parsing)."""
-    env = env_name(flag)
-    kind = "switch" if switch else "repeat" if repeat else "value"
-    if isinstance(parser, OptionParser):
-        parser.option_specs.append(OptionSpec(flag, kind, default))
-    if switch:
-        parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=f"{help_text} [env: {env}]")
-    elif repeat:
-        shown = ", ".join(default) if default else "none"
+def add_command(commands: Any, name: str, *, config: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of subcommand `name` with its declared options (and `--config FILE` when `config`)."""
+    parser = commands.add_parser(name, **kwargs)
+    if config:
         parser.add_argument(
-            flag,
-            action="append",
-            default=argparse.SUPPRESS,
-            metavar=metavar,
-            help=f"{help_text} (repeatable; default: {shown}) [env: {env}, comma-separated]",
+            CONFIG_FLAG,
+            default=None,
+            metavar="FILE",
+            help="TOML file of settings, keys as the long flags (dashes or underscores); flags and environment "
+            f"variables win over it [env: {CONFIG_ENV}]",
         )
+    for spec in options_for(name):
+        _add_argument(parser, spec)
+    return parser
+
+
+def _add_argument(parser: argparse.ArgumentParser, spec: Option) -> None:
+    text = help_text(spec).replace("%", "%%")  # argparse %-formats help
+    shown = argparse.SUPPRESS if spec.hidden else text
+    metavar = spec.metavar or spec.kind.metavar
+    if spec.kind.switch:
+        parser.add_argument(spec.flag, action="store_true", default=argparse.SUPPRESS, help=shown)
+    elif spec.kind.repeat:
+        parser.add_argument(spec.flag, action="append", default=argparse.SUPPRESS, metavar=metavar, help=shown)
     else:
-        shown = f"; default: {default}" if default is not None else ""
-        parser.add_argument(flag, default=argparse.SUPPRESS, metavar=metavar, help=f"{help_text}{shown} [env: {env}]")
+        parser.add_argument(spec.flag, default=argparse.SUPPRESS, metavar=metavar, help=shown)
 
 
-def config_option(parser: OptionParser, keys: list[OptionSpec] | None = None) -> None:
-    """Give `parser` a `--config FILE` whose keys are its own options, or `keys` (a wider set, e.g. the
-    keys of `serve`, so one file serves several commands; keys this command lacks are then ignored)."""
-    parser.config_file_options = keys if keys is not None else parser.option_specs
-    parser.add_argument(
-        CONFIG_FLAG,
-        default=None,
-        metavar="FILE",
-        help="TOML file of settings, keys as the long flags (dashes or underscores); "
-        f"flags and environment variables win over it [env: {CONFIG_ENV}]",
-    )
+def help_text(spec: Option) -> str:
+    """The option's help as --help shows it: what it does, its bounds, its default and its variable."""
+    details = []
+    if spec.kind.repeat:
+        details.append("repeatable")
+    if spec.kind.limits():
+        details.append(spec.kind.limits())
+    default = spec.shown_default()
+    if default is not None and not spec.kind.switch:
+        details.append(f"default: {default}")
+    text = spec.help + (f" ({'; '.join(details)})" if details else "")
+    if spec.env_name:
+        text += f" [env: {spec.env_name}{', comma-separated' if spec.kind.repeat else ''}]"
+    return text
 
 
-def _from_env(spec: OptionSpec, raw: str) -> Any:
-    if spec.kind == "switch":
+def environment_variables() -> frozenset[str]:
+    """Every REGISTRY_PROXY_* variable some command reads."""
+    return frozenset(spec.env_name for spec in OPTIONS if spec.env_name) | {CONFIG_ENV}
+
+
+def resolve(namespace: argparse.Namespace, command: str, environ: Mapping[str, str]) -> None:
+    """Replace the flags of `command` in `namespace` by the parsed, checked value of each of its options."""
+    check_environment(environ, environment_variables())
+    specs = sorted(options_for(command), key=lambda spec: spec.flag != UNSAFE_FLAG)  # the hatch first
+    file_values: dict[str, tuple[str, Any]] = {}
+    if hasattr(namespace, "config"):  # the command takes --config
+        config = namespace.config or environ.get(CONFIG_ENV)
+        if config:
+            file_values = read_config_file(Path(config), options_for("serve"), specs)
+    unsafe = False
+    for spec in specs:
+        value = _resolved(spec, namespace, environ, file_values, unsafe)
+        setattr(namespace, spec.dest, value)
+        unsafe = unsafe or (spec.flag == UNSAFE_FLAG and value)
+
+
+def _resolved(
+    spec: Option,
+    namespace: argparse.Namespace,
+    environ: Mapping[str, str],
+    file_values: dict[str, tuple[str, Any]],
+    unsafe: bool,
+) -> Any:
+    """The value of one option from the first source that has it (flag, variable, file, default)."""
+    if hasattr(namespace, spec.dest):  # given as a flag (not given, argparse leaves it out)
+        return _parsed(spec, getattr(namespace, spec.dest), "", unsafe)
+    if spec.env_name and spec.env_name in environ:
+        where = f" (from {spec.env_name})"
+        return _parsed(spec, _from_env(spec, environ[spec.env_name], where), where, unsafe)
+    if spec.dest in file_values:
+        where, value = file_values[spec.dest]
+        return _parsed(spec, value, where, unsafe)
+    return _machine(spec.default_value())
+
+
+def _parsed(spec: Option, raw: Any, where: str, unsafe: bool) -> Any:
+    """The value of `raw` (a flag's or variable's text, a file's value), parsed and checked."""
+    if spec.kind.switch:
+        return bool(raw)
+    if spec.kind.repeat:
+        return spec.kind.collect([_checked(spec, item, where, unsafe) for item in raw])
+    if not str(raw).strip() and spec.default is None:
+        return None  # empty: unset
+    return _checked(spec, str(raw), where, unsafe)
+
+
+def _checked(spec: Option, text: str, where: str, unsafe: bool) -> Any:
+    try:
+        value = _machine(spec.kind.parse(text))
+        spec.kind.check(value, unsafe=unsafe)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid {spec.flag} {text!r}{where}: {exc}") from None
+    return value
+
+
+def _machine(value: Any) -> Any:
+    return _MACHINE[value.name]() if isinstance(value, MachineValue) else value
+
+
+def below_safe_minimums(namespace: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The options of `command` whose values passed only because --unsafe-short-timings lowered the minimums."""
+    return {
+        spec.flag: getattr(namespace, spec.dest)
+        for spec in options_for(command)
+        if getattr(namespace, spec.dest, None) is not None
+        and not spec.kind.repeat
+        and spec.kind.below_safe_minimum(getattr(namespace, spec.dest))
+    }
+
+
+def shown_seconds(values: Mapping[str, float]) -> str:
+    """`--eviction-grace 1s, --eviction-interval 0.2s`."""
+    return ", ".join(f"{flag} {seconds:g}s" for flag, seconds in values.items())
+
+
+def _from_env(spec: Option, raw: str, where: str) -> Any:
+    if spec.kind.switch:
         text = raw.strip().lower()
         if text not in _TRUE | _FALSE:
-            raise ConfigError(f"invalid {spec.env}={raw!r}: use true or false (or 1/0, yes/no, on/off)")
+            raise ConfigError(f"invalid {spec.flag} {raw!r}{where}: use true or false (or 1/0, yes/no, on/off)")
         return text in _TRUE
-    if spec.kind == "repeat":
+    if spec.kind.repeat:
         return [item.strip() for item in raw.split(",") if item.strip()]
     return raw
 
 
-def check_environment(environ: Mapping[str, str], known: set[str]) -> None:
+def check_environment(environ: Mapping[str, str], known: frozenset[str]) -> None:
     """Refuse `REGISTRY_PROXY_*` variables no option reads (a typo would otherwise be ignored silently)."""
     for name in sorted(environ):
-        if name.startswith(ENV_PREFIX) and name not in known:
+        if name.startswith("REGISTRY_PROXY_") and name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"unknown environment variable {name}{hint}")
 
 
-def read_config_file(path: Path, accepted: list[OptionSpec], own: list[OptionSpec]) -> dict[str, Any]:
-    """The values of a TOML config file by argparse attribute name, checked against `accepted` (unknown
-    keys and wrong types are errors); only the keys of `own` are returned."""
+def read_config_file(path: Path, accepted: Sequence[Option], own: Sequence[Option]) -> dict[str, tuple[str, Any]]:
+    """The values of a TOML config file by option `dest`, each with where it was found (the key and the
+    file), checked against `accepted` (unknown keys and wrong types are errors); only the keys of `own`
+    are returned."""
     try:
         with path.open("rb") as stream:
             document = tomllib.load(stream)
@@ -188,31 +239,31 @@ def read_config_file(path: Path, accepted: list[OptionSpec], own: list[OptionSpe
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
-    by_key = {spec.key: spec for spec in accepted}
+    by_key = {spec.key: spec for spec in accepted if spec.env}
     own_dests = {spec.dest for spec in own}
-    values: dict[str, Any] = {}
+    values: dict[str, tuple[str, Any]] = {}
+    seen: set[str] = set()
     for raw_key, value in document.items():
-        key = raw_key.replace("_", "-")
-        spec = by_key.get(key)
+        spec = by_key.get(raw_key.replace("_", "-"))
         if spec is None:
-            close = difflib.get_close_matches(key, sorted(by_key), n=1)
+            close = difflib.get_close_matches(raw_key.replace("_", "-"), sorted(by_key), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"config file {path}: unknown key {raw_key!r}{hint}")
-        if spec.dest in values:
+        if spec.dest in seen:
             raise ConfigError(f"config file {path}: key {raw_key!r} given twice")
+        seen.add(spec.dest)
+        checked = _from_file(path, raw_key, spec, value)  # checked even when this command does not use it
         if spec.dest in own_dests:
-            values[spec.dest] = _from_file(path, raw_key, spec, value)
-        else:
-            _from_file(path, raw_key, spec, value)  # still checked
+            values[spec.dest] = (f" (from {raw_key!r} in config file {path})", checked)
     return values
 
 
-def _from_file(path: Path, key: str, spec: OptionSpec, value: Any) -> Any:
-    if spec.kind == "switch":
+def _from_file(path: Path, key: str, spec: Option, value: Any) -> Any:
+    if spec.kind.switch:
         if not isinstance(value, bool):
             raise ConfigError(f"config file {path}: key {key!r} must be true or false, not {_shown(value)}")
         return value
-    if spec.kind == "repeat":
+    if spec.kind.repeat:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):

@@ -7,7 +7,6 @@ token (`--token`, for a proxy with `--auth-tokens`) is sent with every request, 
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,8 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.safejson import JSONDocumentError
+from proxy.safejson import loads as load_json
 
 
 class ProxyRequestError(Exception):
@@ -32,7 +33,7 @@ class ProxyRequestError(Exception):
         self.message = message
 
 
-class ProxyUnreachable(Exception):
+class ProxyUnreachableError(Exception):
     """The proxy cannot be used at all: a bad URL, a CA file that cannot be read, no connection, an
     untrusted certificate. The message is one line for the user."""
 
@@ -47,7 +48,7 @@ class ProxyClient:
             context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
         except (OSError, ssl.SSLError) as exc:
             source = "--ca-file" if ca_file else "SSL_CERT_FILE"
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"cannot read the CA file {cafile} ({source}): {getattr(exc, 'strerror', None) or exc}"
             ) from None
         self._session = aiohttp.ClientSession(
@@ -72,7 +73,7 @@ class ProxyClient:
         async with self._request(self.url("healthz")) as response:
             await response.read()
             if response.status != 200:
-                raise ProxyUnreachable(
+                raise ProxyUnreachableError(
                     f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
                 )
 
@@ -80,21 +81,21 @@ class ProxyClient:
     async def _request(
         self, url: URL, params: list[tuple[str, str]] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """A GET whose connection failures become ProxyUnreachable with one clear line."""
+        """A GET whose connection failures become ProxyUnreachableError with one clear line."""
         try:
             async with self._session.get(url, params=params) as response:
                 yield response
         except aiohttp.ClientConnectorCertificateError as exc:
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"the TLS certificate of {self.base} is not trusted ({exc.certificate_error}); "
                 "give its CA with --ca-file or SSL_CERT_FILE"
             ) from None
         except aiohttp.ClientConnectorError as exc:
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"cannot connect to the proxy at {self.base}: {exc.os_error.strerror or exc}"
             ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise ProxyUnreachable(
+            raise ProxyUnreachableError(
                 f"the connection to the proxy at {self.base} failed: {str(exc) or type(exc).__name__}"
             ) from None
 
@@ -110,9 +111,9 @@ class ProxyClient:
             if response.status != 200:
                 raise ProxyRequestError(response.status, _error_message(response.status, body))
             try:
-                return await response.json(content_type=None)
-            except ValueError:
-                raise ProxyRequestError(response.status, "the proxy answered with invalid JSON") from None
+                return load_json(body)
+            except JSONDocumentError as exc:
+                raise ProxyRequestError(response.status, f"the proxy's answer {exc}") from None
 
     async def provider_versions(self, addr: ProviderAddr) -> list[Version]:
         document = await self.json(f"mirror/v1/{_path(addr)}/index.json")
@@ -163,11 +164,13 @@ def _base_url(text: str) -> URL:
     try:
         url = URL(text.strip().rstrip("/") + "/")
     except ValueError as exc:
-        raise ProxyUnreachable(
+        raise ProxyUnreachableError(
             f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, e.g. https://proxy.example:8443/"
         ) from None
     if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
-        raise ProxyUnreachable(f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/")
+        raise ProxyUnreachableError(
+            f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/"
+        )
     return url
 
 
@@ -182,7 +185,7 @@ def _module_path(addr: ModuleAddr) -> str:
 
 def _error_message(status: int, body: bytes) -> str:
     try:
-        errors = json.loads(body).get("errors")
+        errors = load_json(body).get("errors")
         if errors:
             return "; ".join(str(e) for e in errors)
     except (ValueError, AttributeError):

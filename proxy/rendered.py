@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.memo import memoised
+from proxy.memo import Memo, memoised
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class RenderedDocuments:
     """Rendered answers per document key, each reused while its source object is the same (bounded)."""
 
     def __init__(self) -> None:
-        self._memo: dict[Any, tuple[Any, Rendered]] = {}
+        self._memo: Memo[Any, tuple[Any, Rendered]] = Memo()
         self.renders = 0  # answers rendered (not reused) so far: for tests and profiling
 
     def json(self, key: Any, source: Any, document: Callable[[Any], Any]) -> Rendered:

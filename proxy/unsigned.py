@@ -50,10 +50,10 @@ def parse_unsigned_policy(text: str) -> UnsignedPolicy:
     if value.startswith(_ALLOW_HOSTS):
         names = [name.strip() for name in value[len(_ALLOW_HOSTS) :].split(",") if name.strip()]
         if not names:
-            raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: allow-hosts= needs at least one host")
+            raise UnsignedPolicyError("allow-hosts= needs at least one host")
         try:
             hosts = frozenset(str(Hostname.parse(name)) for name in names)
         except AddressError as exc:
-            raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: {exc}") from None
+            raise UnsignedPolicyError(str(exc)) from None
         return UnsignedPolicy(hosts, "allow-hosts")
-    raise UnsignedPolicyError(f"invalid --unsigned-providers {text!r}: refuse, opentofu-default or allow-hosts=HOST,…")
+    raise UnsignedPolicyError("use refuse, opentofu-default or allow-hosts=HOST,…")

@@ -7,7 +7,7 @@ with SHA-256 and CRC-32 as it goes. `h1_of_streamed_zip` then reads only the cen
 with what the stream saw: same order and count, local header offset, name as `zipfile` would check
 it, method, sizes and CRC-32, the central directory right after the last member, no duplicate
 names. Anything else (a parse failure, encryption, another method, the unpacked-size cap) raises
-`StreamedZipMismatch`; the caller then hashes the file the slow way (`proxy.hashes.h1_of_zip`), so
+`StreamedZipMismatchError`; the caller then hashes the file the slow way (`proxy.hashes.h1_of_zip`), so
 the answer is always the one the central directory gives. Pure: bytes and file-like objects in.
 """
 
@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 from typing import IO
 
-from proxy.hashes import h1_forms
+from proxy.hashes import Hash, h1_forms
 
 DEFAULT_MAX_UNPACKED_BYTES = 2 << 30  # the streaming pass stops beyond this (a zip bomb); the fallback decides
 MAX_ENTRIES = 200_000
@@ -33,7 +33,7 @@ _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _UNSUPPORTED_FLAGS = 0x01 | 0x20 | 0x40  # encrypted, patched, strong encryption: zipfile refuses them too
 
 
-class StreamedZipMismatch(ValueError):
+class StreamedZipMismatchError(ValueError):
     """The streamed digests cannot stand for the archive (the reason says why); hash the file instead."""
 
 
@@ -75,7 +75,7 @@ class ZipStreamHasher:
         self._buf += chunk
         try:
             used = self._consume()
-        except StreamedZipMismatch as exc:
+        except StreamedZipMismatchError as exc:
             self._fail(str(exc))
             return
         except Exception as exc:  # any failure means: hash the file afterwards instead
@@ -128,7 +128,7 @@ class ZipStreamHasher:
             self.end = self._base + pos
             return pos
         if signature != _LOCAL:
-            raise StreamedZipMismatch(f"no local file header at offset {self._base + pos}")
+            raise StreamedZipMismatchError(f"no local file header at offset {self._base + pos}")
         if len(buf) - pos < _LOCAL_HEADER.size:
             return None
         (_, _, flags, method, _, _, crc, compressed, size, name_len, extra_len) = _LOCAL_HEADER.unpack_from(buf, pos)
@@ -136,11 +136,11 @@ class ZipStreamHasher:
         if len(buf) < end:
             return None
         if flags & _UNSUPPORTED_FLAGS:
-            raise StreamedZipMismatch(f"member flags {flags:#x} (encryption) are not streamed")
+            raise StreamedZipMismatchError(f"member flags {flags:#x} (encryption) are not streamed")
         if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise StreamedZipMismatch(f"compression method {method} is not streamed")
+            raise StreamedZipMismatchError(f"compression method {method} is not streamed")
         if len(self.entries) >= MAX_ENTRIES:
-            raise StreamedZipMismatch(f"more than {MAX_ENTRIES} members")
+            raise StreamedZipMismatchError(f"more than {MAX_ENTRIES} members")
         name = bytes(buf[pos + _LOCAL_HEADER.size : pos + _LOCAL_HEADER.size + name_len])
         extra = bytes(buf[pos + _LOCAL_HEADER.size + name_len : end])
         zip64 = _zip64_sizes(extra, size, compressed)
@@ -148,9 +148,9 @@ class ZipStreamHasher:
             size, compressed = zip64
         described = bool(flags & 0x08)
         if described and method == zipfile.ZIP_STORED:
-            raise StreamedZipMismatch("a stored member with a data descriptor has no known end")
+            raise StreamedZipMismatchError("a stored member with a data descriptor has no known end")
         if not described and method == zipfile.ZIP_STORED and compressed != size:
-            raise StreamedZipMismatch("a stored member whose sizes differ")
+            raise StreamedZipMismatchError("a stored member whose sizes differ")
         self._member = _Member(
             self._base + pos,
             name,
@@ -184,7 +184,7 @@ def _zip64_sizes(extra: bytes, size: int, compressed: int) -> tuple[int, int] | 
                 compressed = values.pop(0)
             return size, compressed
         pos += 4 + length
-    raise StreamedZipMismatch("a zip64 size without its zip64 extra field")
+    raise StreamedZipMismatchError("a zip64 size without its zip64 extra field")
 
 
 @dataclass
@@ -228,7 +228,9 @@ class _Member:
             return self._descriptor(buf, pos)
         size, crc = self.declared
         if (size, crc) != (self.unpacked, self.crc):
-            raise StreamedZipMismatch(f"member at offset {self.offset}: its local header's size or CRC-32 is wrong")
+            raise StreamedZipMismatchError(
+                f"member at offset {self.offset}: its local header's size or CRC-32 is wrong"
+            )
         return _Taken(pos, True)
 
     def _data(self, buf: bytearray, pos: int) -> int:
@@ -261,13 +263,15 @@ class _Member:
             self.data_done = True
             used = len(data) - len(inflater.unused_data)
             if self.compressed_left is not None and used != self.compressed_left:
-                raise StreamedZipMismatch(f"member at offset {self.offset}: its deflate stream ends before its size")
+                raise StreamedZipMismatchError(
+                    f"member at offset {self.offset}: its deflate stream ends before its size"
+                )
             return used
         return len(data)
 
     def _out(self, data: bytes | memoryview) -> None:
         if len(data) > self.budget - self.unpacked:
-            raise StreamedZipMismatch("the archive unpacks to more than the streaming pass's limit")
+            raise StreamedZipMismatchError("the archive unpacks to more than the streaming pass's limit")
         self.sha.update(data)
         self.crc = zlib.crc32(data, self.crc)
         self.unpacked += len(data)
@@ -296,7 +300,7 @@ class _Member:
                 following == _LOCAL or following in _ENDS
             ):
                 return _Taken(end, True)
-        raise StreamedZipMismatch(f"member at offset {self.offset}: no data descriptor matches its data")
+        raise StreamedZipMismatchError(f"member at offset {self.offset}: no data descriptor matches its data")
 
     def entry(self) -> StreamedEntry:
         return StreamedEntry(
@@ -311,28 +315,28 @@ class _Member:
         )
 
 
-def h1_of_streamed_zip(hasher: ZipStreamHasher, fileobj: IO[bytes]) -> tuple[str, str]:
+def h1_of_streamed_zip(hasher: ZipStreamHasher, fileobj: IO[bytes]) -> tuple[Hash, Hash]:
     """Both `h1:` forms (as `h1_of_zip`) from the streamed digests, once the central directory of
-    the complete archive in `fileobj` confirms every entry; raises StreamedZipMismatch if it does not."""
+    the complete archive in `fileobj` confirms every entry; raises StreamedZipMismatchError if it does not."""
     if hasher.failure is not None:
-        raise StreamedZipMismatch(hasher.failure)
+        raise StreamedZipMismatchError(hasher.failure)
     if hasher.end is None:
-        raise StreamedZipMismatch("the stream did not reach the central directory")
+        raise StreamedZipMismatchError("the stream did not reach the central directory")
     try:
         with zipfile.ZipFile(fileobj) as archive:
             infos = archive.infolist()
             start_dir = archive.start_dir
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise StreamedZipMismatch(f"unreadable central directory: {exc}") from None
+        raise StreamedZipMismatchError(f"unreadable central directory: {exc}") from None
     if len(infos) != len(hasher.entries):
-        raise StreamedZipMismatch(
+        raise StreamedZipMismatchError(
             f"the central directory lists {len(infos)} entries, the stream had {len(hasher.entries)}"
         )
     if start_dir != hasher.end:
-        raise StreamedZipMismatch(f"the central directory starts at {start_dir}, the members end at {hasher.end}")
+        raise StreamedZipMismatchError(f"the central directory starts at {start_dir}, the members end at {hasher.end}")
     names = [info.filename for info in infos]
     if len(set(names)) != len(names):
-        raise StreamedZipMismatch("duplicate names")
+        raise StreamedZipMismatchError("duplicate names")
     for info, seen in zip(infos, hasher.entries, strict=True):
         _confirm(info, seen)
     return h1_forms(names, {info.filename: seen.sha256 for info, seen in zip(infos, hasher.entries, strict=True)})
@@ -343,7 +347,7 @@ def _confirm(info: zipfile.ZipInfo, seen: StreamedEntry) -> None:
     try:
         local_name = seen.raw_name.decode("utf-8" if seen.flags & 0x800 else "cp437")
     except UnicodeDecodeError:
-        raise StreamedZipMismatch(f"entry {info.filename!r}: its local name is not UTF-8") from None
+        raise StreamedZipMismatchError(f"entry {info.filename!r}: its local name is not UTF-8") from None
     checks = {
         "local header offset": (info.header_offset, seen.offset),
         "name": (info.orig_filename, local_name),
@@ -354,8 +358,8 @@ def _confirm(info: zipfile.ZipInfo, seen: StreamedEntry) -> None:
     }
     for what, (central, local) in checks.items():
         if central != local:
-            raise StreamedZipMismatch(
+            raise StreamedZipMismatchError(
                 f"entry {info.filename!r}: {what} {central!r} in the central directory, {local!r} in the stream"
             )
     if info.flag_bits & _UNSUPPORTED_FLAGS:
-        raise StreamedZipMismatch(f"entry {info.filename!r}: flags {info.flag_bits:#x}")
+        raise StreamedZipMismatchError(f"entry {info.filename!r}: flags {info.flag_bits:#x}")

@@ -5,18 +5,20 @@ from __future__ import annotations
 import contextlib
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
+import redis
 import trustme
 from aiohttp import web
 from yarl import URL
 
 from proxy.config import Settings
 from proxy.web.app import create_app
+from tests.fakes import ports
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, RedisServer
@@ -25,6 +27,24 @@ from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT,
 from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
+# Tests that use these fixtures, or live in these folders, start child processes: marked `process`
+# here (a test that starts one some other way carries the mark itself).
+PROCESS_FIXTURES = frozenset({"proxy_process", "terraform"})
+PROCESS_FOLDERS = frozenset({"e2e", "browser"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `one_metadata_store` runs over the embedded store only: its own parametrization of
+    `metadata_backend` (a mark, which takes precedence over the fixture's two stores)."""
+    if "metadata_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("one_metadata_store"):
+        metafunc.definition.add_marker(pytest.mark.parametrize("metadata_backend", ["embedded"], indirect=True))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.path.parent.name in PROCESS_FOLDERS:
+            item.add_marker(pytest.mark.process)
 
 
 @pytest.fixture(scope="session")
@@ -98,6 +118,14 @@ def redis_server(tmp_path_factory) -> RedisServer:
     server.stop()
 
 
+@pytest.fixture
+def attacker(redis_server) -> redis.Redis:
+    """A plain Redis client on the session's server: whoever else can write to the fleet's Redis."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def s3_server(server_cert_files, ca_file) -> S3Server:
     """One real S3 API server (moto's server mode, over HTTPS) for the session; tests use a fresh bucket each.
@@ -121,6 +149,13 @@ def s3_bucket(s3_server, monkeypatch) -> str:
     bucket = s3_server.bucket()
     monkeypatch.setenv(ENV_BUCKET, bucket)
     return bucket
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port where connections are refused for the whole test (no other test can take it)."""
+    with ports.refused_port() as port:
+        yield port
 
 
 @pytest.fixture(params=["embedded", "redis"])
@@ -199,13 +234,13 @@ async def serve_proxy(
     runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
     await runner.setup()
     server_ssl = None
-    if not settings.plain_http:
+    if not settings.tls.plain_http:
         server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server_ssl.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        server_ssl.load_cert_chain(str(settings.tls.tls_cert), str(settings.tls.tls_key))
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
     await site.start()
     port = runner.addresses[0][1]
-    scheme = "http" if settings.plain_http else "https"
+    scheme = "http" if settings.tls.plain_http else "https"
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ssl, force_close=False))
     try:
         yield RunningProxy(f"{scheme}://127.0.0.1:{port}", session, app)

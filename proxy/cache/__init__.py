@@ -11,12 +11,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
 FORMAT_VERSION = 1
+Refuse = Callable[[str, str, str], None]  # (key, why, reason): a value never used (proxy.cache.sealed.Seal.refuse)
 
 
 class MetadataStore(Protocol):

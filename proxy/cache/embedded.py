@@ -84,7 +84,7 @@ class EmbeddedStore:
 
     async def get(self, key: str) -> bytes | None:
         value = await self._call(lambda cache: _select_value(cache, key), None)
-        return bytes(value) if value is not None else None
+        return _as_bytes(value) if value is not None else None
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         """Several values, `MANY_AT_ONCE` keys per statement (one thread hop each, not one per key)."""
@@ -92,7 +92,7 @@ class EmbeddedStore:
         for start in range(0, len(keys), MANY_AT_ONCE):
             chunk = keys[start : start + MANY_AT_ONCE]
             found.update(await self._call(lambda cache, chunk=chunk: _select_values(cache, chunk), {}))
-        return [bytes(found[key]) if key in found else None for key in keys]
+        return [_as_bytes(found[key]) if key in found else None for key in keys]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         await self._call(lambda cache: cache.write(key, value), None, retry_fresh=True)
@@ -134,11 +134,13 @@ class EmbeddedStore:
             )
 
     async def served_times(self) -> dict[str, float]:
-        """The whole `served` table; raises if the file cannot be read."""
+        """The whole `served` table (a row whose time is not a number, written by anyone but the proxy, reads
+        as never served); raises if the file cannot be read."""
         cache = await self._open()
         async with cache.get_connection() as db:
             await db.execute(_SERVED_SCHEMA)
-            async with db.execute(f"SELECT sha256, at FROM `{SERVED_TABLE}`") as cursor:
+            query = f"SELECT sha256, at FROM `{SERVED_TABLE}` WHERE typeof(at) IN ('integer', 'real')"
+            async with db.execute(query) as cursor:
                 return {str(sha): float(at) for sha, at in await cursor.fetchall()}
 
     async def forget_served(self, sha256s: Iterable[str]) -> None:
@@ -277,6 +279,14 @@ class EmbeddedStore:
     def _mark_up(self) -> None:
         if self._breaker.reset():
             log.warning("metadata_store.up", path=str(self.path), effect="metadata is cached again")
+
+
+def _as_bytes(value: object) -> bytes:
+    """A stored value as bytes, whatever SQLite type it was written as (the proxy writes blobs; text or a
+    number written by anyone else reads as bytes that no seal opens)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode()
 
 
 async def _select_value(cache: SQLiteCache, key: str) -> bytes | None:

@@ -16,7 +16,7 @@ from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.filelocks import FileLocks
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
 from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
-from proxy.cache.sealed import SECRET_FILE, SealedStore, metadata_secret
+from proxy.cache.sealed import SECRET_FILE, Seal, SealedStore, metadata_secret
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks
@@ -24,7 +24,7 @@ from proxy.singleflight import FleetLocks, LocalLocks
 log = structlog.get_logger(__name__)
 
 
-async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[MetadataStore, FleetLocks]:
+async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[SealedStore, FleetLocks]:
     """The metadata store and its fleet locks (`open_metadata`, without the served times)."""
     store, locks, _ = await open_metadata(settings, metrics)
     return store, locks
@@ -32,7 +32,7 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
 
 async def open_metadata(
     settings: Settings, metrics: Metrics | None = None
-) -> tuple[MetadataStore, FleetLocks, RedisStore | EmbeddedStore]:
+) -> tuple[SealedStore, FleetLocks, RedisStore | EmbeddedStore]:
     """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store (with
     lock files in the data dir when several workers share it); either sealed with the metadata secret
     (ConfigError when it cannot be had). The embedded file is checked now, before the first request.
@@ -44,46 +44,50 @@ async def open_metadata(
         def on_reject(store: str, reason: str) -> None:
             metrics.metadata_rejected.labels(store, reason).inc()
 
-    if settings.redis_url:
-        secret = await asyncio.to_thread(metadata_secret, settings)
+    if settings.metadata.redis_url:
+        seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
         redis_store = RedisStore(
-            settings.redis_url,
-            prefix=settings.redis_prefix,
-            password=settings.redis_password,
-            retention=settings.redis_retention,
+            settings.metadata.redis_url,
+            prefix=settings.metadata.redis_prefix,
+            password=settings.metadata.redis_password,
+            retention=settings.metadata.redis_retention,
+            refuse=seal.refuse,
         )
         return (
-            SealedStore(redis_store, secret, name="redis", on_reject=on_reject),
-            RedisFleetLocks(redis_store, ttl=settings.fleet_lock_ttl),
+            SealedStore(redis_store, seal),
+            RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),
             redis_store,
         )
     database = settings.cache_dir / "metadata.sqlite"
     upgrading = (
-        not settings.metadata_secret
-        and not settings.metadata_secret_file
+        not settings.metadata.metadata_secret
+        and not settings.metadata.metadata_secret_file
         and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
     )
-    secret = await asyncio.to_thread(metadata_secret, settings)
+    seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="embedded", on_reject=on_reject)
     embedded = EmbeddedStore(database)
-    sealed = SealedStore(embedded, secret, name="embedded", on_reject=on_reject)
+    sealed = SealedStore(embedded, seal)
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
         log.info(
             "metadata.records_sealed",
             records=await sealed.adopt_unsealed(),
             reason="first start with sealed metadata: the existing records of this data dir were sealed",
         )
-    return sealed, FileLocks(settings.lock_dir) if settings.workers > 1 else LocalLocks(), embedded
+    return sealed, FileLocks(settings.lock_dir) if settings.server.workers > 1 else LocalLocks(), embedded
 
 
 def negative_bound(
-    settings: Settings, backend: MetadataStore, metrics: Metrics | None = None, *, front: MetadataStore | None = None
+    settings: Settings, backend: SealedStore, metrics: Metrics | None = None, *, front: MetadataStore | None = None
 ) -> NegativeBound:
     """`front` (by default the backend itself) with every remembered 404 sent to a store of its own:
-    Redis's for a fleet, else process memory; bounded in count and bytes, each kept `negative_retention`."""
-    return NegativeBound(backend if front is None else front, _negative_store(settings, backend, metrics))
+    Redis's for a fleet (sealed with the backend's seal), else process memory; bounded in count and bytes,
+    each kept `negative_retention`. Anything but a remembered 404 read from it is refused through the seal."""
+    return NegativeBound(
+        backend if front is None else front, _negative_store(settings, backend, metrics), refuse=backend.seal.refuse
+    )
 
 
-def _negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics | None) -> NegativeStore:
+def _negative_store(settings: Settings, backend: SealedStore, metrics: Metrics | None) -> NegativeStore:
     report = None
     if metrics is not None:
 
@@ -92,11 +96,10 @@ def _negative_store(settings: Settings, backend: MetadataStore, metrics: Metrics
             metrics.negative_bytes.set(size)
 
     bounds = (
-        settings.negative_cache_entries,
-        settings.negative_cache_bytes,
+        settings.freshness.negative_cache_entries,
+        settings.freshness.negative_cache_bytes,
         negative_retention(settings.freshness.negative),
     )
-    redis_store = getattr(backend, "inner", backend)  # under the seal
-    if isinstance(redis_store, RedisStore):
-        return RedisNegatives(redis_store, *bounds, report=report)
+    if isinstance(backend.inner, RedisStore):
+        return RedisNegatives(backend.inner, backend.seal, *bounds, report=report)
     return MemoryNegatives(*bounds, report=report)

@@ -9,7 +9,10 @@ written go first), and kept at most `retention` seconds: an hour, or `--ttl-nega
 longer, so a remembered 404 still answers 404 while the upstream fails (stale-if-error).
 
 The embedded store keeps negatives in process memory (`MemoryNegatives`, lost on restart);
-Redis keeps them for the whole fleet (`proxy.cache.redis.RedisNegatives`).
+Redis keeps them for the whole fleet (`proxy.cache.redis.RedisNegatives`, sealed like every value
+the proxy keeps in Redis). Whatever a negative store answers can only ever mean "absent": a value
+read from it that is not a negative entry (e.g. a 200 document planted there) is poison, refused
+and reported, never an answer.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.cache import CacheEntry, MetadataStore, StoreWrapper
+from proxy.cache import CacheEntry, MetadataStore, Refuse, StoreWrapper
+from proxy.cache.keys import NEGATIVE
 
 RETENTION_FLOOR = 3600.0
 MAX_NEGATIVE_VALUE = 16 * 1024  # a negative entry has no body: status, URL and time only
@@ -136,22 +140,39 @@ class NegativeBound(StoreWrapper):
 
     A negative answer replaces what `inner` had under its key (as it did before); a positive one
     replaces the negative. Reads look in `inner` first (warm entries cost nothing extra), then
-    among the negatives. Negatives are not listed by `keys()`: they are never exported.
+    among the negatives, where only a negative entry counts: anything else found there is handed
+    to `refuse` (under its `negative:KEY` name) and read as a miss. Negatives are not listed by
+    `keys()`: they are never exported.
     """
 
-    def __init__(self, inner: MetadataStore, negatives: NegativeStore) -> None:
+    def __init__(self, inner: MetadataStore, negatives: NegativeStore, *, refuse: Refuse) -> None:
         super().__init__(inner)
         self.negatives = negatives
+        self._refuse = refuse
 
     async def get(self, key: str) -> bytes | None:
         value = await self.inner.get(key)
-        return value if value is not None else await self.negatives.get(key)
+        return value if value is not None else self._absence(key, await self.negatives.get(key))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         values = await self.inner.get_many(keys)
         missing = [key for key, value in zip(keys, values, strict=True) if value is None]
         found = dict(zip(missing, await self.negatives.get_many(missing), strict=True)) if missing else {}
-        return [value if value is not None else found[key] for key, value in zip(keys, values, strict=True)]
+        return [
+            value if value is not None else self._absence(key, found[key])
+            for key, value in zip(keys, values, strict=True)
+        ]
+
+    def _absence(self, key: str, value: bytes | None) -> bytes | None:
+        """`value` if it is a negative entry (a remembered 404); anything else is refused."""
+        if value is None or is_negative(value):
+            return value
+        self._refuse(
+            NEGATIVE.key(key),
+            "not a remembered 404 (a document or record planted among the negative entries)",
+            "not_negative",
+        )
+        return None
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         if is_negative(value):

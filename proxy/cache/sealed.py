@@ -9,6 +9,10 @@ download, SHA256SUMS and archive records under 1.1.0's keys and the proxy would 
 and every read checks the MAC against the key it was read under: a record moved to another
 key, edited, forged without the secret, or written by an older version (no seal) is a miss,
 logged once per key as `security.metadata_poisoned`, counted, and re-fetched; never served.
+The key is the value's whole name in its store, namespace included: one `Seal` serves every
+namespace of a store (the records and documents through `SealedStore`, Redis's remembered 404s
+under `negative:KEY` through `proxy.cache.redis.RedisNegatives`), and a value moved from one
+namespace to another fails it like one moved between keys.
 
 The secret is the operator's (`--metadata-secret` or `--metadata-secret-file`, the same on
 every replica); for the embedded store without one, a random secret is made in the data dir.
@@ -61,27 +65,65 @@ def unseal(secret: bytes, key: str, stored: bytes) -> tuple[bytes | None, str]:
     return value, ""
 
 
-class SealedStore(StoreWrapper):
-    """MetadataStore wrapper that seals what it writes and refuses what it cannot verify."""
+class Seal:
+    """One store's secret: seals values under the keys they are written to, opens what is read, and reports
+    (once per key, counting every time) each value it refuses."""
 
-    def __init__(
-        self, inner: MetadataStore, secret: bytes, *, name: str, on_reject: Callable[[str, str], None] | None = None
-    ) -> None:
-        super().__init__(inner)
+    def __init__(self, secret: bytes, *, store: str, on_reject: Callable[[str, str], None] | None = None) -> None:
         self._secret = secret
-        self._name = name
+        self.store = store
         self._on_reject = on_reject
         self._reported: OrderedDict[str, None] = OrderedDict()
 
+    def close(self, key: str, value: bytes) -> bytes:
+        """`value` sealed to be stored under `key` (the full name it is stored under, namespace included)."""
+        self._reported.pop(key, None)
+        return seal(self._secret, key, value)
+
+    def open(self, key: str, stored: bytes | None) -> bytes | None:
+        """The value sealed under `key`, or None: nothing stored, or a value refused (and reported)."""
+        if stored is None:
+            return None
+        value, why = unseal(self._secret, key, stored)
+        if value is None:
+            self.refuse(key, why, "no_seal" if why.startswith("no seal") else "bad_seal")
+        elif key in self._reported:
+            del self._reported[key]
+        return value
+
+    def refuse(self, key: str, why: str, reason: str) -> None:
+        """Report a value found under `key` that is never used: counted by `reason`, logged once per key."""
+        if self._on_reject is not None:
+            self._on_reject(self.store, reason)
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        while len(self._reported) > _REPORTED_KEYS:
+            self._reported.popitem(last=False)
+        log.error(
+            "security.metadata_poisoned",
+            key=key,
+            store=self.store,
+            reason=why,
+            effect="treated as a miss and fetched again; never served",
+        )
+
+
+class SealedStore(StoreWrapper):
+    """MetadataStore wrapper that seals what it writes and refuses what it cannot verify."""
+
+    def __init__(self, inner: MetadataStore, seal: Seal) -> None:
+        super().__init__(inner)
+        self.seal = seal
+
     async def get(self, key: str) -> bytes | None:
-        return self._open(key, await self.inner.get(key))
+        return self.seal.open(key, await self.inner.get(key))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return [self._open(key, raw) for key, raw in zip(keys, await self.inner.get_many(keys), strict=True)]
+        return [self.seal.open(key, raw) for key, raw in zip(keys, await self.inner.get_many(keys), strict=True)]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        self._reported.pop(key, None)
-        await self.inner.set(key, seal(self._secret, key, value), ttl)
+        await self.inner.set(key, self.seal.close(key, value), ttl)
 
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
@@ -94,55 +136,29 @@ class SealedStore(StoreWrapper):
         for key in keys:
             raw = await self.inner.get(key)
             if raw is not None and not raw.startswith(MAGIC):
-                await self.inner.set(key, seal(self._secret, key, raw))
+                await self.inner.set(key, self.seal.close(key, raw))
                 adopted += 1
         return adopted
-
-    def _open(self, key: str, stored: bytes | None) -> bytes | None:
-        if stored is None:
-            return None
-        value, why = unseal(self._secret, key, stored)
-        if value is None:
-            self._reject(key, why)
-        elif key in self._reported:
-            del self._reported[key]
-        return value
-
-    def _reject(self, key: str, why: str) -> None:
-        if self._on_reject is not None:
-            self._on_reject(self._name, "no_seal" if why.startswith("no seal") else "bad_seal")
-        if key in self._reported:
-            return
-        self._reported[key] = None
-        while len(self._reported) > _REPORTED_KEYS:
-            self._reported.popitem(last=False)
-        log.error(
-            "security.metadata_poisoned",
-            key=key,
-            store=self._name,
-            reason=why,
-            effect="treated as a miss and fetched again; never served",
-        )
 
 
 def metadata_secret(settings: Settings) -> bytes:
     """The operator's secret, or (embedded store only) the data dir's own, made on first start."""
-    if settings.metadata_secret:
-        return settings.metadata_secret.strip().encode()
-    if settings.metadata_secret_file is not None:
+    if settings.metadata.metadata_secret:
+        return settings.metadata.metadata_secret.strip().encode()
+    if settings.metadata.metadata_secret_file is not None:
         try:
-            secret = settings.metadata_secret_file.read_bytes().strip()
+            secret = settings.metadata.metadata_secret_file.read_bytes().strip()
         except OSError as exc:
             raise ConfigError(
-                f"cannot read --metadata-secret-file {settings.metadata_secret_file}: {exc.strerror or exc}"
+                f"cannot read --metadata-secret-file {settings.metadata.metadata_secret_file}: {exc.strerror or exc}"
             ) from None
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(
-                f"--metadata-secret-file {settings.metadata_secret_file} must hold at least "
+                f"--metadata-secret-file {settings.metadata.metadata_secret_file} must hold at least "
                 f"{MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)"
             )
         return secret
-    if settings.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
+    if settings.metadata.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
         raise ConfigError("a shared Redis store needs --metadata-secret or --metadata-secret-file")
     return _local_secret(settings.cache_dir / SECRET_FILE)
 

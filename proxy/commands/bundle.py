@@ -36,17 +36,20 @@ from typing import IO, Any
 import zstandard
 from yarl import URL
 
-from proxy import __version__, records, verify
+from proxy import __version__, records
 from proxy.addrs import AddressError, ModuleAddr
 from proxy.cache import CacheEntry, MetadataStore, keys
 from proxy.commands import CommandError
 from proxy.errors import ProxyError
-from proxy.gpg import Keyring, SignatureError
-from proxy.hashes import h1_of_zip
+from proxy.gpg import Keyring
 from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
+from proxy.safejson import JSONDocumentError
+from proxy.safejson import loads as load_json
 from proxy.storage import ArchiveStore
+from proxy.unsigned import parse_unsigned_policy
+from proxy.verify import VerificationChain
 
 FORMAT = "registry-proxy-bundle"
 FORMAT_VERSION = 1
@@ -208,8 +211,9 @@ async def import_bundle(
     try:
         manifest, metadata, files = _unpack(bundle, staging)
         records: dict[str, bytes] = {}
+        chain = VerificationChain(keyring, parse_unsigned_policy("refuse"))  # a bundle carries no TLS across
         for entry in manifest.get("providers", []):
-            key, raw, fingerprint = _verify_provider(entry, metadata, files, keyring)
+            key, raw, fingerprint = _verify_provider(entry, metadata, files, chain)
             report.signing_keys.add(fingerprint)
             if trusted_keys is not None and fingerprint not in trusted_keys:
                 raise CommandError(
@@ -219,7 +223,7 @@ async def import_bundle(
             records[key] = raw
             report.providers.append(keys.ARCHIVE.subject(key))
             for sibling in entry.get("other_platforms", []):
-                _verify_sibling(entry, sibling, metadata)
+                _verify_sibling(entry, sibling, metadata, chain)
         for entry in manifest.get("modules", []):
             _verify_module(entry, metadata, files)
             report.modules.append(keys.MODULE.subject(entry["module_key"]))
@@ -259,7 +263,7 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
         with _open_for_reading(bundle) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
             for member in tar:
                 if member.name == "manifest.json" and member.isfile():
-                    manifest = json.loads(tar.extractfile(member).read())
+                    manifest = _read_manifest(tar.extractfile(member).read())
                 elif member.name == "metadata.jsonl" and member.isfile():
                     metadata = _read_metadata(tar.extractfile(member).read())
                 elif (match := _ARCHIVE_MEMBER.match(member.name)) and member.isfile():
@@ -277,6 +281,10 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
             f"bundle rejected: format version {manifest.get('version')} is not supported "
             f"(this proxy reads version {FORMAT_VERSION})"
         )
+    for section in ("providers", "modules"):
+        entries = manifest.get(section, [])
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise CommandError(f"bundle rejected: the manifest's {section!r} is not a list of entries")
     return manifest, metadata, files
 
 
@@ -298,7 +306,7 @@ def _arriving_stale(metadata: dict[str, bytes]) -> dict[str, bytes]:
 def _stays_on_host(entry: CacheEntry) -> bool:
     """Every registry service of a discovery document is on the host the document came from."""
     try:
-        services = json.loads(entry.body)
+        services = load_json(entry.body)
         base = URL(entry.url)
         return isinstance(services, dict) and all(
             isinstance(v, str) and (target := base.join(URL(v))).host == base.host and target.port == base.port
@@ -338,16 +346,29 @@ def _covered_keys(manifest: dict[str, Any]) -> set[str]:
     return covered
 
 
+def _read_manifest(data: bytes) -> Any:
+    try:
+        return load_json(data)
+    except JSONDocumentError as exc:
+        raise CommandError(f"bundle rejected: its manifest.json {exc}") from None
+
+
 def _read_metadata(data: bytes) -> dict[str, bytes]:
     result = {}
     for number, line in enumerate(data.decode().splitlines(), 1):
         if not line.strip():
             continue
-        item = json.loads(line)
-        key = item.get("key")
+        try:
+            item = load_json(line)
+        except JSONDocumentError as exc:
+            raise CommandError(f"bundle rejected: metadata line {number} {exc}") from None
+        key = item.get("key") if isinstance(item, dict) else None
         if not isinstance(key, str) or keys.kind_of(key) is None:
             raise CommandError(f"bundle rejected: metadata line {number} has an unknown key {key!r}")
-        result[key] = base64.b64decode(item["value"], validate=True)
+        value = item.get("value")
+        if not isinstance(value, str):
+            raise CommandError(f"bundle rejected: metadata line {number} has no value")
+        result[key] = base64.b64decode(value, validate=True)
     return result
 
 
@@ -368,8 +389,10 @@ def _extract_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, sha: str, s
 
 
 def _verify_provider(
-    entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path], keyring: Keyring
+    entry: dict[str, Any], metadata: dict[str, bytes], files: dict[str, Path], chain: VerificationChain
 ) -> tuple[str, bytes, str]:
+    """The chain, applied to a provider archive of the bundle: signature, the file's line, the archive (named
+    by its digest, checked when it was unpacked) and its `h1:` hashes, recomputed."""
     name = f"{entry.get('filename')} (archives/{entry.get('sha256')})"
     try:
         parts = keys.ARCHIVE.parse(entry["archive_key"])
@@ -377,6 +400,7 @@ def _verify_provider(
             raise ValueError("the manifest names no provider archive")
         if entry["download_key"] != keys.DOWNLOAD.key_for(parts):
             raise ValueError("the manifest pairs the archive with another provider's download metadata")
+        addr, version, _ = provider_of(parts)
         info = download_info(parts, CacheEntry.decode(metadata[entry["download_key"]]))
         if info.unsigned:
             raise ValueError(
@@ -385,46 +409,43 @@ def _verify_provider(
             )
         if entry["sums_key"] != keys.sums(info):
             raise ValueError("the manifest pairs the archive with another release's SHA256SUMS")
-        sums, signature = _sums_record(metadata, entry["sums_key"])
-        signed = keyring.verify_detached(sums, signature, list(info.signing_keys))
-        expected = verify.expected_digest(verify.parse_signed_sums(sums, "bundle"), info.filename, info.shasum)
-        path = files[expected]
-        with open(path, "rb") as handle:
-            h1_zip, h1_dir = h1_of_zip(handle)
-    except SignatureError as exc:
-        raise CommandError(f"bundle rejected: {name}: SHA256SUMS signature: {exc}") from None
+        carried = _sums_record(metadata, entry["sums_key"])
+        sums = chain.verify_sums(addr, version, info, carried.sums, carried.signature)
+        expected = chain.expected(addr, version, info, sums)
+        path = files[expected.sha256]
+        hashes = chain.archive_hashes(addr, version, info, path, expected)
     except KeyError as exc:
         raise CommandError(f"bundle rejected: {name}: missing {exc}") from None
     except (ProxyError, ValueError, TypeError, AttributeError, OSError) as exc:
         message = exc.message if isinstance(exc, ProxyError) else str(exc)
         raise CommandError(f"bundle rejected: {name}: {message}") from None
-    if expected != entry["sha256"]:
+    if expected.sha256 != entry["sha256"]:
         raise CommandError(f"bundle rejected: {name}: the manifest's digest disagrees with the signed SHA256SUMS")
-    record = ArchiveRecord(expected, path.stat().st_size, info.filename, h1_zip, h1_dir)
-    return entry["archive_key"], records.encode(record), signed.fingerprint
+    record = hashes.record(path.stat().st_size, info.filename, unsigned=False)
+    return entry["archive_key"], records.encode(record), sums.fingerprint
 
 
-def _sums_record(metadata: dict[str, bytes], key: str) -> tuple[bytes, bytes]:
+def _sums_record(metadata: dict[str, bytes], key: str) -> SumsRecord:
     """The SHA256SUMS and signature a bundle carries under `key` (KeyError when missing, ValueError when
     unreadable)."""
     record = records.decode(metadata[key], SumsRecord)
     if record is None:
         raise ValueError(f"the SHA256SUMS record {key} is unreadable")
-    return record.sums, record.signature
+    return record
 
 
-def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes]) -> None:
+def _verify_sibling(entry: dict[str, Any], key: str, metadata: dict[str, bytes], chain: VerificationChain) -> None:
     """Download metadata of another platform of a verified release: it must belong to the same signed
     SHA256SUMS (same URLs and keys) and its shasum must be the one the signed file lists."""
     parts = keys.DOWNLOAD.parse(key)
     try:
         if not _same_release(parts, keys.ARCHIVE.parse(entry["archive_key"])):
             raise ValueError("it is not a platform of the same provider version")
+        addr, version, _ = provider_of(parts)
         info = download_info(parts, CacheEntry.decode(metadata[key]))
         if keys.sums(info) != entry["sums_key"]:
             raise ValueError("it does not belong to the release's signed SHA256SUMS")
-        sums = verify.parse_signed_sums(_sums_record(metadata, entry["sums_key"])[0], "bundle")
-        verify.expected_digest(sums, info.filename, info.shasum)
+        chain.expected(addr, version, info, chain.recorded_sums(info, _sums_record(metadata, entry["sums_key"])))
     except (KeyError, ValueError, TypeError, AttributeError, ProxyError) as exc:
         message = exc.message if isinstance(exc, ProxyError) else str(exc)
         raise CommandError(f"bundle rejected: metadata entry {key!r}: {message}") from None

@@ -11,12 +11,12 @@ Exit 0 when `/readyz` answers 200 (ready, or degraded but serving), 1 otherwise;
 from __future__ import annotations
 
 import http.client
-import json
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.config import ConfigError, Settings, parse_duration, parse_listen
+from proxy.config import ConfigError, Settings
+from proxy.safejson import loads as load_json
 
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
@@ -38,17 +38,12 @@ class Probe:
 
 
 def probe_from_args(args) -> Probe:
-    """The probe for the parsed healthcheck flags (raises ConfigError)."""
-    listen_host, port = parse_listen(args.listen)
-    host = _WILDCARDS.get(listen_host, listen_host)
-    timeout = parse_duration(args.timeout)
+    """The probe for the parsed healthcheck options (raises ConfigError)."""
+    host = _WILDCARDS.get(args.listen.host, args.listen.host)
     if args.plain_http:
-        return Probe(host, port, None, timeout)
-    tls_dir = Settings(data_dir=Path(args.data_dir).expanduser()).tls_dir
-    context = _client_context(
-        tls_dir, Path(args.tls_cert) if args.tls_cert else None, Path(args.ca_file) if args.ca_file else None
-    )
-    return Probe(host, port, context, timeout)
+        return Probe(host, args.listen.port, None, args.timeout)
+    context = _client_context(Settings(data_dir=args.data_dir).tls_dir, args.tls_cert, args.ca_file)
+    return Probe(host, args.listen.port, context, args.timeout)
 
 
 def _client_context(tls_dir: Path, tls_cert: Path | None, ca_file: Path | None) -> ssl.SSLContext:
@@ -95,7 +90,7 @@ def check(probe: Probe) -> tuple[bool, str]:
 
 def _verdict(url: str, status: int, body: bytes) -> tuple[bool, str]:
     try:
-        document = json.loads(body)
+        document = load_json(body)
     except ValueError:
         document = None
     if not isinstance(document, dict):
@@ -115,6 +110,12 @@ def run(args) -> int:
     try:
         healthy, line = check(probe_from_args(args))
     except ConfigError as exc:
-        healthy, line = False, f"unhealthy: {exc}"
+        return refused(exc)
     print(f"registry-proxy healthcheck: {line}")
     return 0 if healthy else 1
+
+
+def refused(exc: ConfigError) -> int:
+    """A bad setting: the one unhealthy line, and exit 1 (Docker reserves 2)."""
+    print(f"registry-proxy healthcheck: unhealthy: {exc}")
+    return 1

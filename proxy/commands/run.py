@@ -18,18 +18,11 @@ from proxy.commands import CommandError
 from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
-from proxy.commands.verify import summary_lines, unsigned_archives, verify_store
+from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import (
-    FreshnessTtls,
-    Settings,
-    archive_store_settings,
-    metadata_secret_settings,
-    not_a_url,
-    parse_duration,
-)
+from proxy.config import FreshnessTtls, Settings, build
 from proxy.gpg import Keyring
-from proxy.proxyclient import ProxyClient, ProxyUnreachable
+from proxy.proxyclient import ProxyClient, ProxyUnreachableError
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
 T = TypeVar("T")
@@ -54,8 +47,7 @@ async def dispatch(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> ProxyClient:
     if not args.proxy:
         raise CommandError("--proxy URL is required (or REGISTRY_PROXY_PROXY)")
-    not_a_url(args.default_registry, "--default-registry")
-    return ProxyClient(args.proxy, Path(args.ca_file) if args.ca_file else None, token=args.token or None)
+    return ProxyClient(args.proxy, args.ca_file, token=args.token)
 
 
 async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], Awaitable[T]]) -> T:
@@ -63,7 +55,7 @@ async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], A
     try:
         async with _client(args) as client:
             return await work(client)
-    except ProxyUnreachable as exc:
+    except ProxyUnreachableError as exc:
         raise CommandError(str(exc)) from None
 
 
@@ -93,9 +85,6 @@ async def _lock(args: argparse.Namespace) -> int:
 
 async def _warm(args: argparse.Namespace) -> int:
     platforms = _platforms(args, required=True)
-    jobs = int(args.jobs) if str(args.jobs).isdigit() and int(args.jobs) > 0 else 0
-    if not jobs:
-        raise CommandError("--jobs must be a positive integer")
     report = await _with_client(
         args,
         lambda client: run_warm(
@@ -103,7 +92,7 @@ async def _warm(args: argparse.Namespace) -> int:
             platforms,
             directory=Path(args.directory) if args.directory else None,
             lock_file=Path(args.lock_file) if args.lock_file else None,
-            jobs=jobs,
+            jobs=args.jobs,
             default_host=args.default_registry,
         ),
     )
@@ -120,15 +109,7 @@ async def _warm(args: argparse.Namespace) -> int:
 
 def _store_settings(args: argparse.Namespace) -> Settings:
     """The settings of the data dir's stores, as `serve` reads them from the same options."""
-    return Settings(
-        data_dir=Path(args.data_dir).expanduser(),
-        redis_url=args.redis_url or None,
-        redis_password=args.redis_password or None,
-        redis_prefix=args.redis_prefix,
-        redis_retention=parse_duration(args.redis_retention),
-        **metadata_secret_settings(args.metadata_secret, args.metadata_secret_file),
-        **archive_store_settings(args),
-    )
+    return build(Settings, vars(args))
 
 
 async def _metadata(settings: Settings) -> tuple[NegativeBound, ServedTimes]:
@@ -177,7 +158,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 async def _import(args: argparse.Namespace) -> int:
     cache, _, store = await _stores(args)
-    keyring = Keyring(Path(args.data_dir).expanduser() / "gnupg")
+    keyring = Keyring(args.data_dir / "gnupg")
     try:
         if not args.trust_key and not args.trust_bundle_keys:
             raise CommandError(
@@ -201,7 +182,6 @@ async def _import(args: argparse.Namespace) -> int:
 
 
 async def _gc(args: argparse.Namespace) -> int:
-    grace = parse_duration(args.grace)
     cache, times, store = await _stores(args, claim=False)  # gc removes dead processes' temp dirs itself, or not
     try:
         if store.local and not (store.root / "sha256").is_dir():
@@ -211,7 +191,7 @@ async def _gc(args: argparse.Namespace) -> int:
                 cache,
                 store,
                 times,
-                grace=grace,
+                grace=args.grace,
                 dry_run=args.dry_run,
                 negative_retention=negative_retention(FreshnessTtls().negative),
             )
@@ -230,7 +210,7 @@ async def _gc(args: argparse.Namespace) -> int:
 async def _verify(args: argparse.Namespace) -> int:
     settings = _store_settings(args)
     root = settings.archive_dir
-    if settings.s3_location is None and not (root / "sha256").is_dir():
+    if settings.archives.s3_location is None and not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
     store = archive_store(settings)
     await store.open(claim=False)  # nothing is written without --repair, not even by opening the store
@@ -239,11 +219,11 @@ async def _verify(args: argparse.Namespace) -> int:
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
             cache, _ = await _metadata(settings)
             try:
-                report.unsigned = await unsigned_archives(cache)
+                await check_records(report, cache)
             finally:
                 await cache.close()
     finally:
         await store.close()
     for line in summary_lines(report):
         print(line)
-    return 1 if report.unrepaired else 0
+    return 1 if report.failed else 0

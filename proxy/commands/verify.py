@@ -5,23 +5,37 @@ An object is intact when its content hashes to its name (`sha256/ab/cd/<sha256>`
 `--repair` corrupt objects are moved to the quarantine (a running proxy fetches and
 verifies them again on the next request) and abandoned temp dirs are removed. Safe to run
 next to a running proxy: nothing is written without `--repair`, and a live process's temp
-dir is recognised by its lock. With the data dir's metadata store (or the fleet's Redis), it also
-lists the provider archives stored unsigned (`--unsigned-providers`: their registry lists no signing
-keys), so an operator sees what was admitted on TLS and checksums alone.
+dir is recognised by its lock.
+
+With the data dir's metadata store (or the fleet's Redis), every provider archive record is held to
+the verification chain again (`proxy.verify`), from what the store recorded: the release's SHA256SUMS
+signature verified anew with the keys of its download document (in a keyring of its own, so the
+proxy's is not written), the archive's line, its digest and its signing state; a record that fails
+is listed (a running proxy would not serve it). It also lists the provider archives stored unsigned
+(`--unsigned-providers`: their registry lists no signing keys), so an operator sees what was
+admitted on TLS and checksums alone; whether they are still served is that option's decision, so
+their records are checked against their SHA256SUMS (fetched over TLS) and `shasum` only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from proxy import records
-from proxy.cache import MetadataStore, keys
-from proxy.records import ArchiveRecord
+from proxy.cache import CacheEntry, MetadataStore, keys
+from proxy.errors import UpstreamError, VerificationError
+from proxy.gpg import Keyring
+from proxy.inventory import download_info, provider_of
+from proxy.records import ArchiveRecord, SumsRecord
 from proxy.storage import ArchiveStore
+from proxy.unsigned import UnsignedPolicy
+from proxy.verify import VerificationChain
 
 
 @dataclass(frozen=True, order=True)
@@ -33,6 +47,17 @@ class UnsignedArchive:
     platform: str
     filename: str
     sha256: str
+
+
+@dataclass(frozen=True, order=True)
+class RefusedArchive:
+    """A provider archive record that fails the verification chain, and why."""
+
+    provider: str  # HOST/NAMESPACE/TYPE
+    version: str
+    platform: str
+    sha256: str
+    reason: str
 
 
 @dataclass
@@ -47,10 +72,17 @@ class VerifyReport:
     live_temp_dirs: int = 0
     quarantine_files: int = 0
     unsigned: list[UnsignedArchive] = field(default_factory=list)
+    refused: list[RefusedArchive] = field(default_factory=list)  # records the chain refuses
+    unchecked: int = 0  # records whose download document or SHA256SUMS is not recorded
 
     @property
     def unrepaired(self) -> int:
         return len(set(self.corrupt) - set(self.quarantined))
+
+    @property
+    def failed(self) -> bool:
+        """Whether anything found is wrong and left so: corrupt objects, or records the chain refuses."""
+        return bool(self.unrepaired or self.refused)
 
 
 async def verify_store(store: ArchiveStore, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
@@ -83,25 +115,61 @@ async def verify_store(store: ArchiveStore, *, repair: bool = False, progress: b
     return report
 
 
-async def unsigned_archives(cache: MetadataStore) -> list[UnsignedArchive]:
-    """Every provider archive record of the metadata store marked unsigned, sorted."""
-    found = []
-    async for key in cache.keys():
-        parts = keys.ARCHIVE.parse(key)
-        if parts is None:
-            continue
-        record = records.decode(await cache.get(key), ArchiveRecord)
-        if record is not None and record.unsigned:
-            found.append(
-                UnsignedArchive(
-                    f"{parts['host']}/{parts['namespace']}/{parts['type']}",
-                    parts["version"],
-                    parts["platform"],
-                    record.filename,
-                    record.sha256,
-                )
-            )
-    return sorted(found)
+async def check_records(report: VerifyReport, cache: MetadataStore) -> None:
+    """Hold every provider archive record of the metadata store to the verification chain; list those it
+    refuses and those stored unsigned (sorted) in `report`."""
+    with tempfile.TemporaryDirectory(prefix="registry-proxy-verify-") as home:
+        keyring = Keyring(Path(home) / "gnupg")
+        try:
+            async for key in cache.keys():
+                parts = keys.ARCHIVE.parse(key)
+                record = None if parts is None else records.decode(await cache.get(key), ArchiveRecord)
+                if parts is None or record is None:
+                    continue
+                provider = f"{parts['host']}/{parts['namespace']}/{parts['type']}"
+                if record.unsigned:
+                    report.unsigned.append(
+                        UnsignedArchive(provider, parts["version"], parts["platform"], record.filename, record.sha256)
+                    )
+                reason = await _refusal(keyring, cache, parts, record)
+                if reason is None:
+                    continue
+                if reason:
+                    report.refused.append(
+                        RefusedArchive(provider, parts["version"], parts["platform"], record.sha256, reason)
+                    )
+                else:
+                    report.unchecked += 1
+        finally:
+            await asyncio.to_thread(keyring.close)
+    report.unsigned.sort()
+    report.refused.sort()
+
+
+async def _refusal(keyring: Keyring, cache: MetadataStore, parts: dict[str, str], record: ArchiveRecord) -> str | None:
+    """Why the chain refuses a stored archive's record (None: it holds; "": what it needs is not recorded)."""
+    entry = CacheEntry.decode(await cache.get(keys.DOWNLOAD.key_for(parts)))
+    if entry is None or entry.negative:
+        return ""
+    try:
+        addr, version, _ = provider_of(parts)
+        d = download_info(parts, entry)
+    except (UpstreamError, ValueError) as exc:
+        return f"its download document does not parse: {getattr(exc, 'message', exc)}"
+    host = str(addr.hostname)
+    found = await cache.get_many([keys.sums(d), keys.sums(d, scope=host)])  # a private host's has its own
+    recorded = next((r for r in (records.decode(raw, SumsRecord) for raw in found) if r is not None), None)
+    if recorded is None:
+        return ""
+    # Unsigned records are checked as the policy that stored them admitted them (listed as UNSIGNED).
+    chain = VerificationChain(keyring, UnsignedPolicy(frozenset({host}), "allow-hosts"))
+    try:
+        sums = await asyncio.to_thread(chain.verify_sums, addr, version, d, recorded.sums, recorded.signature)
+    except VerificationError as exc:
+        return exc.message
+    if not chain.agrees(record, d, sums):
+        return "the record disagrees with the signed SHA256SUMS of its download"
+    return None
 
 
 async def _inventory(store: ArchiveStore) -> tuple[list[tuple[str, int]], list[Path | str]]:
@@ -123,10 +191,16 @@ def summary_lines(report: VerifyReport) -> list[str]:
         "no signing keys; checked against SHA256SUMS and the registry's shasum only"
         for a in report.unsigned
     )
+    lines.extend(
+        f"REFUSED {a.provider} {a.version} {a.platform} sha256={a.sha256}: {a.reason} (never served; fetched "
+        "again when asked for)"
+        for a in report.refused
+    )
     lines.append(
         f"verify: {report.objects} objects ({report.bytes} bytes), {len(report.corrupt)} corrupt, "
         f"{len(report.quarantined)} quarantined, {len(report.strays)} stray, "
         f"{len(report.abandoned_temp_dirs)} abandoned temp dir(s), {report.live_temp_dirs} in use, "
-        f"{report.quarantine_files} file(s) in quarantine, {len(report.unsigned)} unsigned"
+        f"{report.quarantine_files} file(s) in quarantine, {len(report.unsigned)} unsigned, "
+        f"{len(report.refused)} refused by the verification chain, {report.unchecked} not checkable"
     )
     return lines

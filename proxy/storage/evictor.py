@@ -77,6 +77,8 @@ class Evictor:
         self._wake = asyncio.Event()
         self._loop: asyncio.Task | None = None
         self._closing = False
+        if cap is not None:
+            metrics.store_cap(cap)
 
     def start(self) -> None:
         """Run in the background: a run now, then every interval and whenever `stored` passes the cap."""

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def archive_store(settings: Settings) -> ArchiveStore:
     """The archive store the settings name (not opened yet); staging is always under ARCHIVE_DIR."""
-    location = settings.s3_location
+    location = settings.archives.s3_location
     if location is None:
         return DiskStore(settings.archive_dir)
     from proxy.storage.s3 import S3Store  # aiobotocore (a second to import) only for a proxy that uses S3
@@ -27,11 +27,11 @@ def s3_options(settings: Settings) -> S3Options:
     """How to reach the object storage the settings name."""
     from proxy.storage.s3 import S3Options
 
-    ca_file = Path(settings.s3_ca_file) if settings.s3_ca_file else None
+    ca_file = Path(settings.archives.s3_ca_file) if settings.archives.s3_ca_file else None
     return S3Options(
-        endpoint_url=settings.s3_endpoint_url,
-        region=settings.s3_region,
-        path_style=settings.s3_path_style,
+        endpoint_url=settings.archives.s3_endpoint_url,
+        region=settings.archives.s3_region,
+        path_style=settings.archives.s3_path_style,
         ca_file=ca_file,
-        timeout=settings.s3_timeout,
+        timeout=settings.archives.s3_timeout,
     )

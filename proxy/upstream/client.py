@@ -22,11 +22,19 @@ from yarl import URL
 from proxy import __version__
 from proxy.config import Limits
 from proxy.credentials import UpstreamCredentials
-from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, UpstreamTooSlowError
+from proxy.errors import (
+    ForbiddenAddressError,
+    UpstreamError,
+    UpstreamRedirectError,
+    UpstreamStatusError,
+    UpstreamTooLargeError,
+    UpstreamTooSlowError,
+    UpstreamUnreachableError,
+)
 from proxy.upstream.netguard import (
     AddressPolicy,
-    ForbiddenAddress,
     GuardedResolver,
+    RefusedAddressError,
     check_resolved,
     uses_egress_proxy,
 )
@@ -87,12 +95,17 @@ class UpstreamClient:
 
     @classmethod
     def create(
-        cls, policy: AddressPolicy, limits: Limits, ca_file: Path | None, credentials: UpstreamCredentials | None = None
+        cls,
+        policy: AddressPolicy,
+        limits: Limits,
+        tls: ssl.SSLContext,
+        credentials: UpstreamCredentials | None = None,
     ) -> UpstreamClient:
-        """Build the session (must run inside the event loop)."""
+        """Build the session (must run inside the event loop); `tls` from `create_ssl_context`, which reads the
+        trust store's files (call it off the loop)."""
         connector = aiohttp.TCPConnector(
             resolver=GuardedResolver(policy),
-            ssl=create_ssl_context(ca_file),
+            ssl=tls,
             limit=limits.upstream_concurrency * 4,
             ttl_dns_cache=60,
         )
@@ -158,7 +171,7 @@ class UpstreamClient:
 
         async def stream(response: aiohttp.ClientResponse) -> None:
             if response.status != 200:
-                raise UpstreamError(f"upstream answered {response.status} for {_show(url)}")
+                raise UpstreamStatusError(f"upstream answered {response.status} for {_show(url)}")
             if response.content_length is not None and response.content_length > max_bytes:
                 raise UpstreamTooLargeError(f"{_show(url)} is larger than the {max_bytes}-byte limit")
             if on_response is not None:
@@ -223,25 +236,25 @@ class UpstreamClient:
                     current, headers=hop_headers, timeout=timeout, allow_redirects=False
                 ) as response:
                     if self.observe is not None:
-                        self.observe(current.host or "", time.monotonic() - started)
+                        self.observe(self._credentials.counted_as(current), time.monotonic() - started)
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
                         try:
                             current = current.join(URL(response.headers["Location"]))
                         except ValueError:
-                            raise UpstreamError(f"{_show(current)} redirected to an invalid URL") from None
+                            raise UpstreamRedirectError(f"{_show(current)} redirected to an invalid URL") from None
                         continue
                     return await handle(response)
-            except ForbiddenAddress as exc:
+            except RefusedAddressError as exc:
                 raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc}") from None
             except aiohttp.ClientConnectorError as exc:
-                if isinstance(exc.os_error, ForbiddenAddress):
+                if isinstance(exc.os_error, RefusedAddressError):
                     raise ForbiddenAddressError(f"refused to fetch {_show(current)}: {exc.os_error}") from None
-                raise UpstreamError(f"cannot connect to {current.host}: {exc.os_error or exc}") from None
+                raise UpstreamUnreachableError(f"cannot connect to {current.host}: {exc.os_error or exc}") from None
             except TimeoutError:
-                raise UpstreamError(f"timed out fetching {_show(current)}") from None
+                raise UpstreamUnreachableError(f"timed out fetching {_show(current)}") from None
             except aiohttp.ClientError as exc:
-                raise UpstreamError(f"fetching {_show(current)} failed: {exc}") from None
-        raise UpstreamError(f"too many redirects fetching {_show(url)}")
+                raise UpstreamUnreachableError(f"fetching {_show(current)} failed: {exc}") from None
+        raise UpstreamRedirectError(f"too many redirects fetching {_show(url)}")
 
     async def _check_url(self, url: URL) -> None:
         if not url.host or url.scheme not in ("https", "http"):
@@ -257,7 +270,7 @@ class UpstreamClient:
             self._policy.check_literal(url)
             if uses_egress_proxy(url):  # the proxy connects, so our resolver would never see the name
                 await check_resolved(url.host, url.port, self._policy)
-        except ForbiddenAddress as exc:
+        except RefusedAddressError as exc:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
 
 
@@ -300,7 +313,7 @@ async def _read_bounded(response: aiohttp.ClientResponse, max_bytes: int, url: U
 
 def _raise_for_status(result: UpstreamResponse, url: URL) -> UpstreamResponse:
     if result.status not in PASS_STATUSES:
-        raise UpstreamError(f"upstream answered {result.status} for {_show(url)}")
+        raise UpstreamStatusError(f"upstream answered {result.status} for {_show(url)}")
     return result
 
 

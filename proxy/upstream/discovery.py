@@ -8,12 +8,11 @@ how to validate the answer, and how to resolve a service URL against the final
 
 from __future__ import annotations
 
-import json
-
 from yarl import URL
 
 from proxy.addrs import Hostname
-from proxy.errors import NotFoundError, UpstreamError
+from proxy.errors import ServiceNotFoundError, UpstreamMalformedError
+from proxy.safejson import JSONDocumentError, loads
 
 WELL_KNOWN_PATH = "/.well-known/terraform.json"
 MAX_REDIRECTS = 3  # Terraform's discovery client follows at most three
@@ -30,13 +29,15 @@ def discovery_url(hostname: Hostname, upstream_map: dict[str, URL]) -> URL:
 def parse_discovery(body: bytes, content_type: str, hostname: Hostname) -> dict[str, object]:
     """Validate a discovery document: `application/json`, a JSON object."""
     if content_type.split(";")[0].strip().lower() != "application/json":
-        raise UpstreamError(f"discovery document of {hostname} has content type {content_type!r}, not application/json")
+        raise UpstreamMalformedError(
+            f"discovery document of {hostname} has content type {content_type!r}, not application/json"
+        )
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise UpstreamError(f"discovery document of {hostname} is not valid JSON") from None
+        document = loads(body)
+    except JSONDocumentError as exc:
+        raise UpstreamMalformedError(f"discovery document of {hostname} {exc}") from None
     if not isinstance(document, dict):
-        raise UpstreamError(f"discovery document of {hostname} is not a JSON object")
+        raise UpstreamMalformedError(f"discovery document of {hostname} is not a JSON object")
     return document
 
 
@@ -47,15 +48,15 @@ def service_url(services: dict[str, object], service: str, final_url: URL, hostn
         name = service.split(".", 1)[0]
         others = sorted(key for key in services if key.startswith(name + "."))
         detail = f" (it offers {', '.join(others)})" if others else ""
-        raise NotFoundError(f"host {hostname} does not provide a {service} service{detail}")
+        raise ServiceNotFoundError(f"host {hostname} does not provide a {service} service{detail}")
     if not isinstance(value, str):
-        raise UpstreamError(f"discovery document of {hostname}: {service} is not a string")
+        raise UpstreamMalformedError(f"discovery document of {hostname}: {service} is not a string")
     try:
         url = final_url.join(URL(value)).with_fragment(None)
     except ValueError:
-        raise UpstreamError(f"discovery document of {hostname}: {service} is not a URL") from None
+        raise UpstreamMalformedError(f"discovery document of {hostname}: {service} is not a URL") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise UpstreamError(f"discovery document of {hostname}: {service} must be an http(s) URL")
+        raise UpstreamMalformedError(f"discovery document of {hostname}: {service} must be an http(s) URL")
     if url.user or url.password:
-        raise UpstreamError(f"discovery document of {hostname}: {service} URL must not carry credentials")
+        raise UpstreamMalformedError(f"discovery document of {hostname}: {service} URL must not carry credentials")
     return url

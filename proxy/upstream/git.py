@@ -24,9 +24,9 @@ import structlog
 from yarl import URL
 
 from proxy.credentials import UpstreamCredentials
-from proxy.errors import ForbiddenAddressError, UpstreamError, UpstreamTooLargeError, VerificationError
+from proxy.errors import ForbiddenAddressError, GitSourceError, UpstreamError, UpstreamTooLargeError, VerificationError
 from proxy.packing import DEFAULT_MAX_ENTRIES, ArchiveError, deterministic_tar_gz
-from proxy.upstream.netguard import AddressPolicy, ForbiddenAddress, check_resolved
+from proxy.upstream.netguard import AddressPolicy, RefusedAddressError, check_resolved
 
 log = structlog.get_logger(__name__)
 
@@ -191,10 +191,10 @@ class GitFetcher:
         except TimeoutError:
             process.kill()
             await process.wait()
-            raise UpstreamError(f"git {args[0]} timed out after {self._timeout:.0f}s") from None
+            raise GitSourceError(f"git {args[0]} timed out after {self._timeout:.0f}s") from None
         if process.returncode != 0:
             message = err.decode(errors="replace").strip().splitlines()
-            raise UpstreamError(f"git {args[0]} failed: {message[-1] if message else process.returncode}")
+            raise GitSourceError(f"git {args[0]} failed: {message[-1] if message else process.returncode}")
         return out.decode(errors="replace")
 
     async def _check_host(self, url: str) -> list[str]:
@@ -204,12 +204,12 @@ class GitFetcher:
             parts = urlsplit(url)
             host, port = parts.hostname or "", parts.port or 443
         except ValueError:
-            raise UpstreamError(f"invalid git URL {url!r}") from None
+            raise GitSourceError(f"invalid git URL {url!r}") from None
         if parts.scheme != "https" and not (parts.scheme == "http" and self._policy.is_exempt(host, port)):
             raise ForbiddenAddressError(f"refused to fetch {url}: git sources are fetched over https only")
         try:
             addresses = await check_resolved(host, port, self._policy)
-        except ForbiddenAddress as exc:
+        except RefusedAddressError as exc:
             raise ForbiddenAddressError(f"refused to fetch {url}: {exc}") from None
         if not addresses:
             return []

@@ -8,13 +8,13 @@ See docs/protocol.md#module-registry-protocol.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from yarl import URL
 
 from proxy.addrs import AddressError, ModuleAddr, Version
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamMalformedError
+from proxy.safejson import JSONDocumentError, loads
 
 MAX_LOCATION_LENGTH = 4096
 
@@ -35,15 +35,15 @@ def download_url(base: URL, addr: ModuleAddr, version: Version) -> URL:
 def parse_versions(body: bytes, addr: ModuleAddr) -> list[Version]:
     """`{"modules": [{"versions": [{"version": "1.0.0"}, ...]}]}` → versions (unparseable ones skipped)."""
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise UpstreamError(f"upstream version list of module {addr} is not valid JSON") from None
+        document = loads(body)
+    except JSONDocumentError as exc:
+        raise UpstreamMalformedError(f"upstream version list of module {addr} {exc}") from None
     modules = document.get("modules") if isinstance(document, dict) else None
     if not isinstance(modules, list) or not modules or not isinstance(modules[0], dict):
-        raise UpstreamError(f"upstream version list of module {addr} has no 'modules' entry")
+        raise UpstreamMalformedError(f"upstream version list of module {addr} has no 'modules' entry")
     entries = modules[0].get("versions") or []
     if not isinstance(entries, list):
-        raise UpstreamError(f"upstream version list of module {addr} has no 'versions' array")
+        raise UpstreamMalformedError(f"upstream version list of module {addr} has no 'versions' array")
     versions = []
     for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("version"), str):
@@ -57,19 +57,20 @@ def parse_versions(body: bytes, addr: ModuleAddr) -> list[Version]:
 def parse_download(status: int, header: str | None, body: bytes, addr: ModuleAddr) -> str:
     """The source location of a download answer (200 with JSON and/or header, or 204 with header)."""
     location: Any = None
+    unreadable = ""  # why a JSON body gave no location (the header may still give one)
     if status == 200 and body.strip():
         try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            document = None
+            document = loads(body)
+        except JSONDocumentError as exc:
+            document, unreadable = None, f" (its JSON body {exc})"
         if isinstance(document, dict):
             location = document.get("location")
     if not location:
         location = header
     if not isinstance(location, str) or not location.strip():
-        raise UpstreamError(f"upstream download answer for module {addr} has no location")
+        raise UpstreamMalformedError(f"upstream download answer for module {addr} has no location{unreadable}")
     if len(location) > MAX_LOCATION_LENGTH or any(ord(ch) < 32 for ch in location):
-        raise UpstreamError(f"upstream download location for module {addr} is malformed")
+        raise UpstreamMalformedError(f"upstream download location for module {addr} is malformed")
     return location.strip()
 
 

@@ -21,7 +21,7 @@ from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
 
-class ForbiddenAddress(OSError):
+class RefusedAddressError(OSError):
     """Raised inside the connector when every address of a host is refused."""
 
 
@@ -105,10 +105,10 @@ async def check_resolved(host: str, port: int | None, policy: AddressPolicy) -> 
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise ForbiddenAddress(f"cannot resolve {host}: {exc}") from None
+        raise RefusedAddressError(f"cannot resolve {host}: {exc}") from None
     addresses = {info[4][0] for info in infos}
     if not addresses or not all(is_public_address(a) for a in addresses):
-        raise ForbiddenAddress(f"{host} resolves to a non-public address")
+        raise RefusedAddressError(f"{host} resolves to a non-public address")
     return sorted(addresses)
 
 
@@ -130,7 +130,7 @@ class AddressPolicy:
         except ValueError:
             return
         if not self.is_exempt(host, url.port) and not is_public_address(host):
-            raise ForbiddenAddress(f"{host} is not a public address")
+            raise RefusedAddressError(f"{host} is not a public address")
 
 
 class GuardedResolver(AbstractResolver):
@@ -149,7 +149,7 @@ class GuardedResolver(AbstractResolver):
         allowed = [r for r in results if is_public_address(r["host"])]
         if not allowed:
             refused = ", ".join(sorted({r["host"] for r in results}))
-            raise ForbiddenAddress(f"{host} resolves only to non-public addresses ({refused})")
+            raise RefusedAddressError(f"{host} resolves only to non-public addresses ({refused})")
         return allowed
 
     async def close(self) -> None:

@@ -7,7 +7,6 @@ See docs/protocol.md#provider-registry-protocol.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +14,9 @@ from typing import Any
 from yarl import URL
 
 from proxy.addrs import AddressError, Platform, ProviderAddr, Version
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamMalformedError
+from proxy.hashes import Hash
+from proxy.safejson import JSONDocumentError, loads
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}\Z")
@@ -33,7 +34,7 @@ class DownloadInfo:
 
     platform: Platform
     filename: str
-    shasum: str
+    shasum: Hash  # the registry's `shasum`: the archive's `zh:` hash
     download_url: URL
     shasums_url: URL
     shasums_signature_url: URL
@@ -58,11 +59,11 @@ def download_url(base: URL, addr: ProviderAddr, version: Version, platform: Plat
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise UpstreamError(f"upstream {what} is not valid JSON") from None
+        document = loads(body)
+    except JSONDocumentError as exc:
+        raise UpstreamMalformedError(f"upstream {what} {exc}") from None
     if not isinstance(document, dict):
-        raise UpstreamError(f"upstream {what} is not a JSON object")
+        raise UpstreamMalformedError(f"upstream {what} is not a JSON object")
     return document
 
 
@@ -74,8 +75,9 @@ def parse_versions(body: bytes, addr: ProviderAddr) -> dict[Version, VersionInfo
     document = _json_object(body, f"version list of {addr}")
     entries = document.get("versions")
     if not isinstance(entries, list):
-        raise UpstreamError(f"upstream version list of {addr} has no 'versions' array")
+        raise UpstreamMalformedError(f"upstream version list of {addr} has no 'versions' array")
     result: dict[Version, VersionInfo] = {}
+    known: dict[tuple[str, str], Platform | None] = {}  # each platform parsed once per list (lists repeat them)
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("version"), str):
             continue
@@ -86,13 +88,22 @@ def parse_versions(body: bytes, addr: ProviderAddr) -> dict[Version, VersionInfo
         platforms = []
         for item in entry.get("platforms") or []:
             if isinstance(item, dict) and isinstance(item.get("os"), str) and isinstance(item.get("arch"), str):
-                try:
-                    platforms.append(Platform.of(item["os"], item["arch"]))
-                except AddressError:
-                    continue
+                pair = (item["os"], item["arch"])
+                if pair not in known:
+                    known[pair] = _platform(*pair)
+                if known[pair] is not None:
+                    platforms.append(known[pair])
         protocols = tuple(p for p in entry.get("protocols") or [] if isinstance(p, str))
         result[version] = VersionInfo(protocols, tuple(dict.fromkeys(platforms)))
     return result
+
+
+def _platform(os_: str, arch: str) -> Platform | None:
+    """The platform, or None if it does not parse (skipped, as the clients skip it)."""
+    try:
+        return Platform.of(os_, arch)
+    except AddressError:
+        return None
 
 
 def _signing_keys(keys_doc: Any, what: str) -> tuple[str, ...]:
@@ -108,7 +119,7 @@ def _signing_keys(keys_doc: Any, what: str) -> tuple[str, ...]:
         else ()
     )
     if not keys:
-        raise UpstreamError(f"upstream {what} lists no usable signing keys: the archive cannot be verified")
+        raise UpstreamMalformedError(f"upstream {what} lists no usable signing keys: the archive cannot be verified")
     return keys
 
 
@@ -123,30 +134,30 @@ def parse_download(
     what = f"download metadata of {addr} {version} {platform}"
     document = _json_object(body, what)
     if document.get("os") != platform.os or document.get("arch") != platform.arch:
-        raise UpstreamError(f"upstream {what} is for another platform")
+        raise UpstreamMalformedError(f"upstream {what} is for another platform")
     filename, shasum = document.get("filename"), document.get("shasum")
     if not isinstance(filename, str) or not _FILENAME.match(filename) or filename in (".", ".."):
-        raise UpstreamError(f"upstream {what} has an invalid filename")
+        raise UpstreamMalformedError(f"upstream {what} has an invalid filename")
     if not isinstance(shasum, str) or not _HEX64.match(shasum):
-        raise UpstreamError(f"upstream {what} has an invalid shasum")
+        raise UpstreamMalformedError(f"upstream {what} has an invalid shasum")
     urls = {}
     for name in ("download_url", "shasums_url", "shasums_signature_url"):
         value = document.get(name)
         if not isinstance(value, str) or not value:
-            raise UpstreamError(f"upstream {what} lacks {name}")
+            raise UpstreamMalformedError(f"upstream {what} lacks {name}")
         try:
             url = final_url.join(URL(value))
         except ValueError:
-            raise UpstreamError(f"upstream {what} has an invalid {name}") from None
+            raise UpstreamMalformedError(f"upstream {what} has an invalid {name}") from None
         if url.scheme not in ("http", "https") or not url.host:
-            raise UpstreamError(f"upstream {what}: {name} must be an http(s) URL")
+            raise UpstreamMalformedError(f"upstream {what}: {name} must be an http(s) URL")
         urls[name] = url
     keys = _signing_keys(document.get("signing_keys"), what)
     protocols = tuple(p for p in document.get("protocols") or [] if isinstance(p, str))
     return DownloadInfo(
         platform,
         filename,
-        shasum.lower(),
+        Hash.zh(shasum.lower()),
         urls["download_url"],
         urls["shasums_url"],
         urls["shasums_signature_url"],

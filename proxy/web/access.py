@@ -6,14 +6,20 @@ client may read depends only on its token, never on what another client fetched:
 
 - with a tokens file: no or an unknown token is `401` with `WWW-Authenticate: Bearer`; a token
   whose scope lacks the host (or namespace, or `/lock/v1`) is `403`;
-- a host the proxy has upstream credentials for is private: anonymous access to it is always `403`;
+- a host the proxy has upstream credentials for is private: anonymous access to it is always `403`, the
+  answer for a host the proxy does not serve (it does not confirm that the private host exists);
 - archives, SHA256SUMS and module archives are also served to a request carrying a valid grant
   (`proxy.auth.Grants`), which the proxy puts into the URLs of the documents it serves to an
-  authorised client, because the clients send no token when they download those.
+  authorised client (`url_signer`), because the clients send no token when they download those: a
+  grant opens the one URL it is in, only while the token it was made for is in force and may read
+  the host and namespace, for `GRANT_LIFETIME`.
 
 `/healthz`, `/readyz`, `/ca.pem` and the discovery document stay open; `/metrics` needs a token with
-`metrics = true` under `--metrics-token-required`; the page at `/` needs any valid token and lists only
-what that token may read (anonymous: no private host). The tokens file is read again on SIGHUP.
+`metrics = true` under `--metrics-token-required`; the page at `/` needs any valid token. What the proxy
+lists of itself shows only what the client may read: the page lists the hosts (their upstream URL,
+discovery time, `host` blocks) and archives of the token's scope, `/metrics` names a private host (in its
+`host` labels) only to a token that may read it, and without client tokens neither names a private host
+(`readable`, `shown_host`). The tokens file is read again on SIGHUP.
 Tokens are never logged: only a token's name appears in `auth.refused`.
 """
 
@@ -22,16 +28,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 from aiohttp import web
+from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
 from proxy.auth import GRANT_PARAM, AuthConfigError, Grants, Token, TokenBook, bearer_token, parse_tokens, with_grant
 from proxy.config import Settings
 from proxy.credentials import on_behalf_of
-from proxy.web.responses import error_response
+from proxy.errors import (
+    HostNotAllowedError,
+    TokenInvalidError,
+    TokenRequiredError,
+    TokenScopeError,
+    UnauthorizedError,
+)
 
 log = structlog.get_logger("proxy.auth")
 
@@ -41,14 +55,15 @@ REALM = "registry-proxy"
 
 
 class Access:
-    """The tokens in force (replaced whole on reload), the private hosts, and the grant signer."""
+    """The tokens in force (replaced whole on reload, and with them the tokens grants may name), the private
+    hosts, and the grant signer."""
 
     def __init__(self, settings: Settings, grants: Grants) -> None:
-        self.path: Path | None = settings.auth_tokens
-        self.private = settings.upstream_credentials.private_hosts
-        self.metrics_token_required = settings.metrics_token_required
+        self.path: Path | None = settings.access.auth_tokens
+        self.private = settings.upstreams.upstream_credentials.private_hosts
+        self.metrics_token_required = settings.access.metrics_token_required
         self.grants = grants
-        self.book = load_tokens(self.path) if self.path is not None else TokenBook()
+        self._use(load_tokens(self.path) if self.path is not None else TokenBook())
         # Anything to check at all: without tokens, private hosts or a metrics token every request passes as is
         # (and no request pays for parsing its host here).
         self.active = self.path is not None or bool(self.private) or self.metrics_token_required
@@ -58,7 +73,7 @@ class Access:
         if self.path is None:
             return
         try:
-            self.book = load_tokens(self.path)
+            book = load_tokens(self.path)
         except (OSError, AuthConfigError) as exc:
             log.error(
                 "auth.reload_failed",
@@ -68,7 +83,17 @@ class Access:
                 pid=os.getpid(),
             )
             return
+        self._use(book)
         log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
+
+    def _use(self, book: TokenBook) -> None:
+        """Put `book` in force: its tokens, and the grants made for them (a grant of a token not in it is refused)."""
+        self.book = book
+        self._grant_holders = {self.grants.token_id(token): token for token in book.tokens}
+
+    def grant_holder(self, path: str, grant: str, now: float) -> Token:
+        """The token in force that `grant` was made for, if it allows `path` now (else a 401 is raised)."""
+        return self.grants.holder(path, grant, now, self._grant_holders)
 
 
 def load_tokens(path: Path) -> TokenBook:
@@ -82,60 +107,69 @@ CLIENT = web.RequestKey("client_token", Token)
 
 @web.middleware
 async def access_control(request: web.Request, handler) -> web.StreamResponse:
-    """Authenticate and authorise the request; fetches it causes act for the host it names."""
+    """Authenticate and authorise the request (refusals are errors of `proxy.errors`: 401, 403); fetches it
+    causes act for the host it names."""
     route = request.match_info.route.name
     access = request.app.get(ACCESS)
     if access is None or not access.active or route is None or route in OPEN_ROUTES:
         return await handler(request)
     presented = bearer_token(request.headers.get("Authorization"))
     client = access.book.authenticate(presented) if presented is not None else None
-    if route == "metrics":
-        refused = _metrics_refusal(access, client, presented)
-        return refused if refused is not None else await handler(request)
-    if route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
+    if route == "metrics":  # shows a private host's series only to a token that may read the host
+        _check_metrics(access, client, presented)
+    elif route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
         if access.book.enabled and client is None:
-            return _unauthorized("/", presented)
+            raise _unauthorized("/", presented)
+    else:
+        info = request.match_info
+        try:
+            host = str(Hostname.parse(info["hostname"])) if "hostname" in info else None
+        except AddressError:
+            return await handler(request)  # the handler answers 400 for the malformed address
+        if host is None:
+            return await handler(request)
+        _check_route(request, access, route, host, info.get("namespace"), client, presented)
         if client is not None:
             request[CLIENT] = client
-        return await handler(request)
-    info = request.match_info
-    try:
-        host = str(Hostname.parse(info["hostname"])) if "hostname" in info else None
-    except AddressError:
-        return await handler(request)  # the handler answers 400 for the malformed address
-    if host is None:
-        return await handler(request)
-    namespace = info.get("namespace")
-    refused = _refusal(request, access, route, host, namespace, client, presented)
-    if refused is not None:
-        return refused
+        with on_behalf_of(host):
+            return await handler(request)
     if client is not None:
         request[CLIENT] = client
-    with on_behalf_of(host):
-        return await handler(request)
+    return await handler(request)
 
 
-def readable(request: web.Request) -> Callable[[str, str], bool]:
-    """Which upstream host and namespace this request may see listed (the page's inventory)."""
+def readable(request: web.Request) -> Callable[[str, str | None], bool]:
+    """Which upstream hosts (and namespaces, when named) this request may see listed: the page's hosts and
+    inventory. A token's scope; anonymous clients (only without client tokens) every host but the private."""
     access = request.app.get(ACCESS)
     client = request.get(CLIENT)
     if client is not None:
         return client.may_read
     private = access.private if access is not None else frozenset()
-    return lambda host, namespace: host not in private
+    return lambda host, namespace=None: host not in private
 
 
-def _metrics_refusal(access: Access, client: Token | None, presented: str | None) -> web.Response | None:
-    if not access.metrics_token_required:
+def shown_host(request: web.Request) -> Callable[[str], bool] | None:
+    """Which hosts this request may see named in /metrics: every public host, and a private one only with a
+    token that may read it (None: no private hosts, nothing to hide)."""
+    access = request.app.get(ACCESS)
+    if access is None or not access.private:
         return None
+    client = request.get(CLIENT)
+    private = access.private
+    return lambda host: host not in private or (client is not None and client.may_read(host))
+
+
+def _check_metrics(access: Access, client: Token | None, presented: str | None) -> None:
+    if not access.metrics_token_required:
+        return
     if client is None:
-        return _unauthorized("/metrics", presented)
+        raise _unauthorized("/metrics", presented)
     if not client.metrics:
-        return _forbidden(client, "/metrics", "this token may not read /metrics")
-    return None
+        raise _forbidden(client, "/metrics", "this token may not read /metrics")
 
 
-def _refusal(
+def _check_route(
     request: web.Request,
     access: Access,
     route: str,
@@ -143,64 +177,74 @@ def _refusal(
     namespace: str | None,
     client: Token | None,
     presented: str | None,
-) -> web.Response | None:
+) -> None:
+    """Raise the refusal of a request naming upstream `host` (and `namespace`), if it is refused."""
     if access.book.enabled:
         grant = request.query.get(GRANT_PARAM)
-        if (
-            client is None
-            and grant is not None
-            and route in GRANTABLE_ROUTES
-            and namespace is not None
-            and access.grants.valid(host, namespace, grant, time.time())
-        ):
-            return None
+        if client is None and grant is not None and route in GRANTABLE_ROUTES:
+            holder = access.grant_holder(request.path, grant, time.time())
+            if not holder.may_read(host, namespace):
+                raise _forbidden(holder, host, f"the token this URL's grant was made for may not read {host} now")
+            return
         if client is None:
-            return _unauthorized(host, presented)
+            raise _unauthorized(host, presented)
         if not client.may_read(host, namespace):
-            return _forbidden(
+            raise _forbidden(
                 client,
                 host,
                 f"this token may not read {host}" + (f"/{namespace}" if namespace and client.may_read(host) else ""),
             )
         if route == "lock" and not client.lock:
-            return _forbidden(client, host, "this token may not call /lock/v1")
-        return None
-    if host in access.private:
+            raise _forbidden(client, host, "this token may not call /lock/v1")
+    elif host in access.private:  # answered as a host the proxy does not serve: the answer does not confirm it
         log.info("auth.refused", host=host, reason="private host, no client tokens configured")
-        return error_response(
-            403,
-            f"registry host {host} is private: it is served only to clients with a token "
-            "granting it, and this proxy has no --auth-tokens",
-        )
-    return None
+        raise HostNotAllowedError.for_host(host)
 
 
-def _unauthorized(what: str, presented: str | None) -> web.Response:
+def _unauthorized(what: str, presented: str | None) -> UnauthorizedError:
     reason = "unknown token" if presented is not None else "no token"
     log.info("auth.refused", what=what, reason=reason)
-    response = error_response(
-        401,
+    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
+    error = TokenInvalidError if presented is not None else TokenRequiredError
+    return error(
         f"{what}: a client token is required ({reason}); send "
         "`Authorization: Bearer TOKEN` (a credentials block or TF_TOKEN_<host> in the CLI)",
+        headers={"WWW-Authenticate": challenge},
     )
-    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
-    response.headers["WWW-Authenticate"] = challenge
-    return response
 
 
-def _forbidden(client: Token, what: str, message: str) -> web.Response:
+def _forbidden(client: Token, what: str, message: str) -> TokenScopeError:
     log.info("auth.refused", token=client.name, what=what, reason=message)
-    return error_response(403, message)
+    return TokenScopeError(message)
 
 
-def granted(url: str, grant: str | None) -> str:
-    """`url` with the request's grant, if it has one."""
-    return url if grant is None else with_grant(url, grant)
+@dataclass(frozen=True)
+class UrlSigner:
+    """Puts grants into the URLs of one request's document: each for exactly the path the URL names (resolved
+    against the request's own URL, as the client resolves it), for the request's token, with one expiry."""
+
+    grants: Grants
+    token: Token
+    expires: int
+    base: URL  # the request's URL, which relative URLs resolve against
+
+    @property
+    def key(self) -> tuple:
+        """What the signed URLs depend on besides the document: part of its rendered answer's key."""
+        return (self.grants.token_id(self.token), self.expires, self.base.path)
+
+    def sign(self, url: str) -> str:
+        """`url` (relative, or root-relative) with the grant for its path; a go-getter `//subdir` and the query
+        are not part of the path the client requests."""
+        location = url.partition("?")[0]
+        path = self.base.join(URL(location.partition("//")[0] if location.startswith("/") else location)).path
+        return with_grant(url, self.grants.sign(path, self.token, self.expires))
 
 
-def current_grant(request: web.Request, host: str, namespace: str) -> str | None:
-    """The grant for the archive URLs in this request's documents (None for anonymous requests, whose
-    documents stay as they were); part of the rendered document's key."""
-    if CLIENT not in request:
+def url_signer(request: web.Request) -> UrlSigner | None:
+    """The signer of this request's document URLs (None for anonymous requests, whose documents stay as they
+    are)."""
+    client = request.get(CLIENT)
+    if client is None:
         return None
-    return request.app[ACCESS].grants.sign(host, namespace, time.time())
+    return UrlSigner(request.app[ACCESS].grants, client, Grants.expiry(time.time()), request.rel_url)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import structlog
 from aiohttp import web
 
 from proxy.auth import Grants, grant_key
+from proxy.cache import MetadataStore
 from proxy.cache.factory import negative_bound, open_metadata
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
@@ -26,8 +27,9 @@ from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
-from proxy.storage import ArchiveGuard, DiskSpace, Evictor, ServedArchives, archive_store
-from proxy.upstream.client import UpstreamClient
+from proxy.singleflight import FleetLocks
+from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
+from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, page, registry
@@ -35,18 +37,39 @@ from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
 from proxy.web.middlewares import client_address, request_context, server_header
+from proxy.web.server import request_arrived
 
 log = structlog.get_logger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
-    """A ready-to-run application; resources open on start-up and close on shutdown."""
-    app = web.Application(middlewares=[client_address, request_context, access_control], client_max_size=64 * 1024)
+    """A ready-to-run application; resources open on start-up and close on shutdown.
+
+    Each resource has its own cleanup context, in the order they open. When one fails to open (or start-up
+    is cancelled, a stop signal while booting), the runner's cleanup closes every one opened before it, in
+    reverse order (`proxy.web.server.serve_app`). File and process work runs in threads, off the event loop.
+    """
+    app = web.Application(
+        middlewares=[request_arrived, client_address, request_context, access_control], client_max_size=64 * 1024
+    )
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
-    app.cleanup_ctx.append(_mirror_ctx)
+    app.cleanup_ctx.extend(
+        [
+            archive_store_ctx,
+            metadata_store_ctx,
+            upstream_ctx,
+            access_ctx,
+            keyring_ctx,
+            flights_ctx,
+            services_ctx,
+            evictor_ctx,
+        ]
+    )
+    app.on_startup.append(_log_started)  # after every cleanup context has opened its resource
+    app.on_shutdown.append(_begin_shutdown)
     health.add_routes(app)
     discovery.add_routes(app)
     network_mirror.add_routes(app)
@@ -56,97 +79,214 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
-async def _mirror_ctx(app: web.Application) -> AsyncIterator[None]:
+# Resources handed from one cleanup context to the next (handlers use the keys of proxy.web.keys).
+ARCHIVE_STORE = web.AppKey("archive_store", ArchiveStore)
+DISK_SPACE = web.AppKey("disk_space", DiskSpace)
+SERVED_TIMES = web.AppKey("served_times", ServedTimes)
+METADATA_CACHE = web.AppKey("metadata_cache", MetadataStore)
+FLEET_LOCKS = web.AppKey("fleet_locks", FleetLocks)
+UPSTREAM = web.AppKey("upstream", UpstreamClient)
+KEYRING = web.AppKey("keyring", Keyring)
+FLIGHTS = web.AppKey("flights", Flights)
+DOWNLOADER = web.AppKey("downloader", Downloader)
+
+
+async def archive_store_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The archive store: its layout, this process's temp dir (removed on close)."""
     settings = app[SETTINGS]
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = archive_store(settings)
-    await store.open()
-    metrics = app[METRICS]
+    await asyncio.to_thread(settings.data_dir.mkdir, parents=True, exist_ok=True)
+    await store.open()  # (a store that fails to open closes what it had opened)
+    app[ARCHIVE_STORE] = store
+    app[DISK_SPACE] = DiskSpace(store.root, settings.archives.min_free_space)
+    try:
+        yield
+    finally:
+        await store.close()
+
+
+async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The metadata store (embedded or Redis) and the fleet's locks, behind the memory front and the 404 store."""
+    settings, metrics = app[SETTINGS], app[METRICS]
     backend, locks, served_times = await open_metadata(settings, metrics)
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
-    policy = AddressPolicy(settings.private_host_exceptions)
-    upstream = UpstreamClient.create(
-        policy, settings.limits, settings.upstream_ca_file, credentials=settings.upstream_credentials
-    )
-    upstream.observe = metrics.observe_upstream
-    app[ACCESS] = Access(settings, Grants(grant_key(await asyncio.to_thread(metadata_secret, settings))))
-    reload_on_sighup = settings.auth_tokens is not None
-    if reload_on_sighup:  # in every worker: the supervisor passes its SIGHUP on (proxy.web.workers)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app[ACCESS].reload)
-    flights = Flights(locks)
-    space = DiskSpace(store.root, settings.min_free_space)
-    guard = ArchiveGuard(store, metrics)
+    app[METADATA_CACHE], app[FLEET_LOCKS], app[SERVED_TIMES] = cache, locks, served_times
+    try:
+        yield
+    finally:
+        await cache.close()
+
+
+async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The upstream HTTP session (its trust store read off the loop)."""
+    settings = app[SETTINGS]
+    tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
+    policy = AddressPolicy(settings.upstreams.private_host_exceptions)
+    upstream = UpstreamClient.create(policy, settings.limits, tls, credentials=settings.upstreams.upstream_credentials)
+    upstream.observe = app[METRICS].observe_upstream
+    app[UPSTREAM] = upstream
+    try:
+        yield
+    finally:
+        await upstream.close()
+
+
+async def access_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Client tokens and archive grants. With a tokens file, SIGHUP reads it again in every worker (the
+    supervisor passes its SIGHUP on: proxy.web.workers), off the loop."""
+    settings = app[SETTINGS]
+    secret = await asyncio.to_thread(metadata_secret, settings)
+    access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
+    if settings.access.auth_tokens is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    reloads = Reloads(access.reload)
+    loop.add_signal_handler(signal.SIGHUP, reloads.request)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        await reloads.close()
+
+
+class Reloads:
+    """Runs a blocking `reload` in a thread on request, one at a time (a request while one runs: once more after)."""
+
+    def __init__(self, reload: Callable[[], None]) -> None:
+        self._reload = reload
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def request(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        self._again = True
+        while self._again:
+            self._again = False
+            await asyncio.to_thread(self._reload)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._again = False
+            await self._task
+
+
+async def keyring_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The GnuPG home that verifies signatures (its daemons stopped on close)."""
+    keyring = await asyncio.to_thread(Keyring, app[SETTINGS].gnupg_home)
+    app[KEYRING] = keyring
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(keyring.close)
+
+
+async def flights_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The process's shared fetches (cancelled, and their clean-up awaited, on close)."""
+    flights = app[FLIGHTS] = Flights(app[FLEET_LOCKS])
+    try:
+        yield
+    finally:
+        await flights.close()
+
+
+async def services_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The services the handlers call, over the resources above; the downloader stops following other
+    processes' downloads on close."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+    store, space, cache, flights = app[ARCHIVE_STORE], app[DISK_SPACE], app[METADATA_CACHE], app[FLIGHTS]
+    upstream = app[UPSTREAM]
+    ca_bundle = await asyncio.to_thread(write_ca_bundle, settings)
+    guard = app[GUARD] = ArchiveGuard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
-    downloader = Downloader(settings, upstream, store, guard, space, metrics)
-    keyring = Keyring(settings.gnupg_home)
-    app[MIRROR] = Mirror(
-        settings, documents, downloader, flights, keyring, cache=cache, store=store, space=space, metrics=metrics
-    )
-    app[GUARD] = guard
-    served = app[SERVED] = ServedArchives(served_times)
+    downloader = app[DOWNLOADER] = Downloader(settings, upstream, store, guard, space, metrics)
+    try:
+        app[MIRROR] = Mirror(
+            settings,
+            documents,
+            downloader,
+            flights,
+            app[KEYRING],
+            cache=cache,
+            store=store,
+            space=space,
+            metrics=metrics,
+        )
+        served = app[SERVED] = ServedArchives(app[SERVED_TIMES])
+        app[INVENTORY] = InventoryReader(settings, cache, served)
+        git = GitFetcher(
+            AddressPolicy(settings.upstreams.private_host_exceptions),
+            store.temp_dir / "git",
+            ca_bundle=ca_bundle,
+            timeout=settings.modules.git_timeout,
+            max_bytes=settings.modules.max_module_bytes,
+            max_entries=settings.modules.max_module_entries,
+            credentials=settings.upstreams.upstream_credentials,
+        )
+        app[MODULES] = ModuleMirror(
+            settings, documents, downloader, flights, git, store=store, space=space, metrics=metrics
+        )
+        yield
+    finally:
+        await downloader.close()
+
+
+async def evictor_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The evictor's loop, which keeps the store under --max-store-size and the free-space floor."""
+    settings = app[SETTINGS]
     evictor = Evictor(
-        store,
-        served,
-        served_times,
-        locks,
-        space,
-        metrics,
-        cap=settings.max_store_size,
-        grace=settings.eviction_grace,
-        interval=settings.eviction_interval,
+        app[ARCHIVE_STORE],
+        app[SERVED],
+        app[SERVED_TIMES],
+        app[FLEET_LOCKS],
+        app[DISK_SPACE],
+        app[METRICS],
+        cap=settings.archives.max_store_size,
+        grace=settings.archives.eviction_grace,
+        interval=settings.archives.eviction_interval,
     )
-    downloader.on_stored = evictor.stored
-    app[INVENTORY] = InventoryReader(settings, cache, served)
-    git = GitFetcher(
-        policy,
-        store.temp_dir / "git",
-        ca_bundle=write_ca_bundle(settings),
-        timeout=settings.git_timeout,
-        max_bytes=settings.max_module_bytes,
-        max_entries=settings.max_module_entries,
-        credentials=settings.upstream_credentials,
-    )
-    app[MODULES] = ModuleMirror(
-        settings, documents, downloader, flights, git, store=store, space=space, metrics=metrics
-    )
-
-    async def begin_shutdown(_: web.Application) -> None:
-        flights.begin_shutdown(settings.shutdown_grace)  # the server gives requests the same grace
-
-    app.on_shutdown.append(begin_shutdown)
-    log.info(
-        "proxy.started",
-        data_dir=str(settings.data_dir),
-        allowed_hosts=sorted(settings.all_allowed_hosts),
-        metadata_store="redis" if settings.redis_url else "embedded",
-        offline=settings.offline,
-        event_loop=loop_name(asyncio.get_running_loop()),
-        access_log=settings.access_log,
-        max_store_size=settings.max_store_size,
-    )
+    app[DOWNLOADER].on_stored = evictor.stored
     evictor.start()
     try:
         yield
     finally:
-        if reload_on_sighup:
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await evictor.close()
-        await downloader.close()
-        await flights.close()
-        await upstream.close()
-        await cache.close()
-        await store.close()
-        await asyncio.to_thread(keyring.close)
+
+
+async def _log_started(app: web.Application) -> None:
+    settings = app[SETTINGS]
+    log.info(
+        "proxy.started",
+        data_dir=str(settings.data_dir),
+        allowed_hosts=sorted(settings.upstreams.all_allowed_hosts),
+        metadata_store="redis" if settings.metadata.redis_url else "embedded",
+        offline=settings.upstreams.offline,
+        event_loop=loop_name(asyncio.get_running_loop()),
+        access_log=settings.logging.access_log,
+        max_store_size=settings.archives.max_store_size,
+    )
+
+
+async def _begin_shutdown(app: web.Application) -> None:
+    """Requests in flight may wait for the shared fetches as long as the server gives them (--shutdown-grace)."""
+    if FLIGHTS in app:
+        app[FLIGHTS].begin_shutdown(app[SETTINGS].server.shutdown_grace)
 
 
 def write_ca_bundle(settings: Settings) -> Path | None:
-    """A single CA file for git: the system bundle plus the operator's extra CAs (None: git's default)."""
-    if settings.upstream_ca_file is None:
+    """A single CA file for git: the system bundle plus the operator's extra CAs (None: git's default).
+    Blocking: call it off the loop."""
+    if settings.upstreams.upstream_ca_file is None:
         return None
     system = ssl.get_default_verify_paths().cafile
     parts = [Path(system).read_bytes()] if system and Path(system).exists() else []
-    parts.append(settings.upstream_ca_file.read_bytes())
+    parts.append(settings.upstreams.upstream_ca_file.read_bytes())
     bundle = settings.upstream_ca_bundle
     bundle.parent.mkdir(parents=True, exist_ok=True)
     bundle.write_bytes(b"\n".join(parts))

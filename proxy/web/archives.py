@@ -22,10 +22,12 @@ relayed as it arrives, whole (no Range), with the upstream's Content-Length when
 else chunked. Headers go out with the first relayed chunk,
 so a refusal before that is a plain JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
+A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
@@ -33,12 +35,17 @@ import structlog
 from aiohttp import web
 
 from proxy.auth import GRANT_PARAM
-from proxy.errors import FollowedDownloadLostError, StoreCorruptionError, StoreUnavailableError
+from proxy.errors import (
+    FollowedDownloadLostError,
+    PreconditionFailedError,
+    RangeNotSatisfiableError,
+    StoreCorruptionError,
+    StoreUnavailableError,
+)
 from proxy.httprange import evaluate
 from proxy.passthrough import PassThrough
 from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
 from proxy.web.keys import GUARD, METRICS, SERVED, SETTINGS
-from proxy.web.responses import error_response
 from proxy.web.server import write_paced
 
 CHUNK = 1 << 18
@@ -96,16 +103,17 @@ async def serve_archive(
     if answer.status == 304:
         return web.Response(status=304, headers=headers)
     if answer.status == 412:
-        return error_response(412, f"precondition failed: the archive's ETag is {etag}")
+        raise PreconditionFailedError(f"precondition failed: the archive's ETag is {etag}")
     guard, settings = request.app[GUARD], request.app[SETTINGS]
-    if settings.archive_redirect and request.method != "HEAD":  # a URL signed for GET only
+    if settings.archives.archive_redirect and request.method != "HEAD":  # a URL signed for GET only
         redirect = await _redirect(request, guard, stored)
         if redirect is not None:
             return redirect
     if answer.status == 416:
-        response = error_response(416, f"range not satisfiable: the archive has {stored.size} bytes")
-        response.headers["Content-Range"] = f"bytes */{stored.size}"
-        return response
+        raise RangeNotSatisfiableError(
+            f"range not satisfiable: the archive has {stored.size} bytes",
+            headers={"Content-Range": f"bytes */{stored.size}"},
+        )
     span = answer.span
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
@@ -167,6 +175,8 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
     except BaseException as exc:
         if not response.prepared:
             raise  # nothing sent yet: an ordinary error answer
+        if isinstance(exc, ConnectionError | asyncio.CancelledError):
+            raise  # the client went away: the access log's 499, as on the warm path
         log.warning("archive.passthrough_aborted", filename=filename, error=getattr(exc, "message", repr(exc)))
         _abort(request)  # drop the connection: the withheld end of the body never follows
         if isinstance(exc, Exception):
@@ -185,7 +195,7 @@ async def _redirect(request: web.Request, guard: ArchiveGuard, stored: StoredArc
     `hashes`, the registry's `shasum`) guards what it downloads. The object is looked at once more while
     the archive is pinned (and noted as served), so one evicted since its lookup is fetched again
     (`serve_found`) instead of being redirected to."""
-    expiry = request.app[SETTINGS].archive_redirect_expiry
+    expiry = request.app[SETTINGS].archives.archive_redirect_expiry
     location = await guard.presign(stored, expiry)
     if location is None:
         return None

@@ -15,7 +15,7 @@ from proxy.web.responses import json_response
 
 
 async def well_known(request: web.Request) -> web.Response:
-    upstream = request.app[SETTINGS].default_upstream
+    upstream = request.app[SETTINGS].upstreams.default_upstream
     return json_response(
         {"providers.v1": registry_base(upstream, "providers"), "modules.v1": registry_base(upstream, "modules")}
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from proxy.web.access import shown_host
 from proxy.web.keys import METRICS, MIRROR, SETTINGS
 from proxy.web.responses import json_response
 
@@ -36,11 +37,12 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """The exposition (the store's size as the evictor last listed it) and, with Redis, whether it answers."""
+    """The exposition (the store's size as the evictor last listed it) and, with Redis, whether it answers;
+    a private registry's series only for a token that may read it."""
     registry, mirror = request.app[METRICS], request.app[MIRROR]
-    if request.app[SETTINGS].redis_url:
+    if request.app[SETTINGS].metadata.redis_url:
         registry.redis_up(await mirror.metadata_store_up())
-    body = registry.exposition()
+    body = registry.exposition(shown_host(request))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

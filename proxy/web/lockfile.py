@@ -32,9 +32,9 @@ async def lock_hashes(request: web.Request) -> web.Response:
         {
             "provider": str(addr),
             "version": str(version),
-            "platforms": {p: {"h1": result.h1[p], "zh": result.zh[p]} for p in result.h1},
-            "signed_zh": result.signed,
-            "hashes": result.all,
+            "platforms": {p: {"h1": str(result.h1[p]), "zh": str(result.zh[p])} for p in result.h1},
+            "signed_zh": [str(h) for h in result.signed],
+            "hashes": [str(h) for h in result.all],
         }
     )
 

@@ -1,4 +1,4 @@
-"""Request id, time budget, access log, metrics, and rendering of every error as `{"errors": [...]}`.
+"""Request id, time budget, access log, metrics, and rendering of every error as `{"errors": [...], "code": ...}`.
 
 Every request gets its budget for waiting on upstreams (`proxy.deadline`: --request-deadline and
 --stale-deadline) here, in the one middleware every request passes through.
@@ -7,9 +7,11 @@ The access log (`--access-log`) has a line per request (`all`), only for errors 
 (`errors`: status 400 and above, or slower than `SLOW_REQUEST` seconds), or none (`off`); the
 request metrics are kept in every mode.
 
-Errors of the proxy's hierarchy (`proxy.errors`) carry their own status; the pure modules
-raise neutral errors, and those that mean the request named something malformed
-(`INVALID_REQUEST_ERRORS`) are answered here as 400, like `InvalidRequestError`.
+Every error answer is an error of the proxy's hierarchy (`proxy.errors`), rendered as
+`{"errors": [message], "code": ...}` with its status and headers: the pure modules raise neutral
+errors, and those that mean the request named something malformed (`INVALID_REQUEST_ERRORS`) are
+answered as `InvalidAddressError`; aiohttp's own refusals (no route, another method) and crashes are
+turned into errors of the hierarchy here too.
 
 Behind trusted reverse proxies (`--trusted-proxies`), `client_address` puts the client's address
 from `X-Forwarded-For` in `request.remote` first, so the log and everything else that uses the peer
@@ -32,7 +34,16 @@ from aiohttp import web
 
 from proxy.addrs import AddressError
 from proxy.deadline import request_budget
-from proxy.errors import InvalidRequestError, ProxyError
+from proxy.errors import (
+    EndpointNotFoundError,
+    HttpRefusalError,
+    HttpVersionNotSupportedError,
+    InternalError,
+    InvalidAddressError,
+    MethodNotAllowedError,
+    ProxyError,
+    RequestBodyTooLargeError,
+)
 from proxy.forwarded import client_address as forwarded_client
 from proxy.log import access, begin_request, new_request_id, request_cache_status
 from proxy.web.keys import METRICS, SETTINGS
@@ -54,9 +65,11 @@ INVALID_REQUEST_ERRORS: tuple[type[Exception], ...] = (AddressError,)
 async def client_address(request: web.Request, handler) -> web.StreamResponse:
     """With --trusted-proxies, the request as seen from the client's address (`request.remote`)."""
     settings = request.app.get(SETTINGS)
-    if settings is None or not settings.trusted_proxies:
+    if settings is None or not settings.server.trusted_proxies:
         return await handler(request)
-    remote = forwarded_client(request.remote, request.headers.getall("X-Forwarded-For", ()), settings.trusted_proxies)
+    remote = forwarded_client(
+        request.remote, request.headers.getall("X-Forwarded-For", ()), settings.server.trusted_proxies
+    )
     return await handler(request if remote == request.remote else request.clone(remote=remote))
 
 
@@ -76,7 +89,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     settings = request.app.get(SETTINGS)
     try:
         with (
-            request_budget(settings.request_deadline, settings.stale_deadline)
+            request_budget(settings.limits.request_deadline, settings.limits.stale_deadline)
             if settings is not None
             else contextlib.nullcontext()
         ):
@@ -104,7 +117,7 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     route = request.match_info.route.name or "unmatched"
     request.app[METRICS].count_request(route, status, duration)
     settings = request.app.get(SETTINGS)
-    mode = settings.access_log if settings is not None else "all"
+    mode = settings.logging.access_log if settings is not None else "all"
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
@@ -127,30 +140,42 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
 
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:
     if (request.version.major, request.version.minor) not in SUPPORTED_VERSIONS:
-        return error_response(505, f"HTTP version not supported: HTTP/{request.version.major}.{request.version.minor}")
+        version = f"HTTP/{request.version.major}.{request.version.minor}"
+        return _proxy_error_response(HttpVersionNotSupportedError(f"HTTP version not supported: {version}"))
     try:
         return await handler(request)
     except INVALID_REQUEST_ERRORS as exc:
-        return _proxy_error_response(InvalidRequestError(str(exc)))
+        return _proxy_error_response(InvalidAddressError(str(exc)))
     except ProxyError as exc:
         return _proxy_error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        reason = "no such endpoint" if exc.status == 404 else exc.reason
-        return error_response(exc.status, f"{reason}: {request.method} {request.path}")
+        return _proxy_error_response(_framework_error(request, exc))
     except Exception as exc:
         if isinstance(exc, ConnectionError) and _client_gone(request):
             raise
         log.exception("request.crashed")
-        return error_response(500, "internal error; see the proxy log for the request id")
+        return error_response(InternalError("internal error; see the proxy log for the request id"))  # logged above
+
+
+def _framework_error(request: web.Request, exc: web.HTTPException) -> ProxyError:
+    """A refusal aiohttp raised itself (no route, another method, a body too large) as an error of the hierarchy."""
+    what = f"{request.method} {request.path}"
+    if exc.status == 404:
+        return EndpointNotFoundError(f"no such endpoint: {what}")
+    if exc.status == 405:
+        return MethodNotAllowedError(f"{exc.reason}: {what}", headers={"Allow": exc.headers.get("Allow", "")})
+    if exc.status == 413:
+        return RequestBodyTooLargeError(f"{exc.reason}: {what}")
+    return HttpRefusalError(f"{exc.reason}: {what}", exc.status)
 
 
 def _proxy_error_response(exc: ProxyError) -> web.Response:
-    """`{"errors": [message]}` with the error's status; unexpected errors are logged."""
+    """The error as JSON with its status and headers; unexpected errors are logged."""
     if not exc.expected:
         log.warning("request.failed", error=exc.message, code=exc.code, status=exc.status)
-    return error_response(exc.status, exc.message)
+    return error_response(exc)
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from proxy.addrs import Platform, ProviderAddr, Version
-from proxy.errors import InvalidRequestError, NotFoundError
+from proxy.errors import DocumentNotFoundError, InvalidRequestError
 from proxy.mirror import PlatformArchive
 from proxy.rewrite import archive_filename
-from proxy.web.access import current_grant, granted
+from proxy.web.access import UrlSigner, url_signer
 from proxy.web.archives import Found, may_follow, serve_found
 from proxy.web.keys import MIRROR, RENDERED
 from proxy.web.responses import rendered_response
@@ -34,37 +34,37 @@ async def json_document(request: web.Request) -> web.Response:
     addr = _addr(request)
     name = request.match_info["document"]
     if not name.endswith(".json"):
-        raise NotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
+        raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
     mirror, rendered = request.app[MIRROR], request.app[RENDERED]
     if name == "index.json":
         versions = await mirror.provider_versions(addr)
         return rendered_response(request, rendered.json(("index.json", addr), versions, _index_document))
     version = Version.parse(name.removesuffix(".json"))
     archives = await mirror.version_archives(addr, version)
-    grant = current_grant(request, str(addr.hostname), addr.namespace)
+    signer = url_signer(request)
     return rendered_response(
         request,
         rendered.json(
-            ("version.json", addr, version, grant), archives, lambda a: _version_document(addr, version, a, grant)
+            ("version.json", addr, version, signer and signer.key),
+            archives,
+            lambda a: _version_document(addr, version, a, signer),
         ),
     )
 
 
 def _index_document(versions: Iterable[Version]) -> dict:
-    return {"versions": {str(v): {} for v in sorted(versions)}}
+    return {"versions": {str(v): {} for v in sorted(versions, key=Version.precedence)}}
 
 
 def _version_document(
-    addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive], grant: str | None
+    addr: ProviderAddr, version: Version, archives: Iterable[PlatformArchive], signer: UrlSigner | None
 ) -> dict:
+    def url(platform: Platform) -> str:
+        relative = f"{version}/{platform}/{archive_filename(addr, version, platform)}"
+        return signer.sign(relative) if signer else relative
+
     return {
-        "archives": {
-            str(a.platform): {
-                "url": granted(f"{version}/{a.platform}/{archive_filename(addr, version, a.platform)}", grant),
-                "hashes": list(a.hashes),
-            }
-            for a in archives
-        }
+        "archives": {str(a.platform): {"url": url(a.platform), "hashes": [str(h) for h in a.hashes]} for a in archives}
     }
 
 

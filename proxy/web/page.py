@@ -12,7 +12,7 @@ import time
 from aiohttp import web
 
 from proxy import __version__, page
-from proxy.errors import NotFoundError
+from proxy.errors import CaNotFoundError
 from proxy.web.access import readable
 from proxy.web.keys import INVENTORY, METRICS, MIRROR, SETTINGS
 
@@ -31,17 +31,18 @@ async def index(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     inventory = request.app[INVENTORY]
     query = request.query.get("q", "")[:MAX_QUERY].strip()
-    fallback = page.listen_address(settings.listen_host, settings.listen_port)
+    fallback = page.listen_address(settings.server.listen_host, settings.server.listen_port)
     nonce = secrets.token_urlsafe(18)
+    visible = readable(request)
     data = page.PageData(
         version=__version__,
-        base=page.base_url(settings.public_url, request.scheme, request.headers.get("Host"), fallback),
+        base=page.base_url(settings.server.public_url, request.scheme, request.headers.get("Host"), fallback),
         ca_url="ca.pem" if _generated_ca(request) else None,
-        hosts=await inventory.hosts(),
-        inventory=await inventory.scan(query, visible=readable(request)),
+        hosts=await inventory.hosts(visible=lambda host: visible(host, None)),
+        inventory=await inventory.scan(query, visible=visible),
         query=query,
         totals=request.app[METRICS].totals(),
-        offline=settings.offline,
+        offline=settings.upstreams.offline,
         metadata_problem=request.app[MIRROR].metadata_problem(),
         nonce=nonce,
         now=time.time(),
@@ -62,13 +63,13 @@ async def index(request: web.Request) -> web.Response:
 
 def _generated_ca(request: web.Request) -> bool:
     settings = request.app[SETTINGS]
-    return settings.tls_cert is None and not settings.plain_http and (settings.tls_dir / "ca.pem").is_file()
+    return settings.tls.tls_cert is None and not settings.tls.plain_http and (settings.tls_dir / "ca.pem").is_file()
 
 
 async def ca_pem(request: web.Request) -> web.FileResponse:
     """The local CA certificate (never its key), only when the proxy serves TLS with the certificate it made."""
     if not _generated_ca(request):
-        raise NotFoundError(
+        raise CaNotFoundError(
             "this proxy did not generate its certificate: there is no CA to download "
             "(ask its operator which CA signed it)"
         )

@@ -12,9 +12,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
-from proxy.errors import NotFoundError
+from proxy.errors import DocumentNotFoundError
 from proxy.rewrite import rewrite_download_document
-from proxy.web.access import current_grant, granted
+from proxy.web.access import url_signer
 from proxy.web.archives import Found, serve_found
 from proxy.web.keys import MIRROR, MODULES, RENDERED
 from proxy.web.responses import rendered_response
@@ -51,13 +51,14 @@ async def provider_versions(request: web.Request) -> web.Response:
 async def provider_download(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
     document = await request.app[MIRROR].download_document(addr, version, platform)
-    grant = current_grant(request, str(addr.hostname), addr.namespace)
+    signer = url_signer(request)
 
     def render(d: dict) -> dict:
         rewritten = rewrite_download_document(d, addr, version, platform)
-        return {**rewritten, **{name: granted(rewritten[name], grant) for name in _FILE_URLS}}
+        return rewritten if signer is None else {**rewritten, **{n: signer.sign(rewritten[n]) for n in _FILE_URLS}}
 
-    rendered = request.app[RENDERED].json(("provider download", addr, version, platform, grant), document, render)
+    key = ("provider download", addr, version, platform, signer and signer.key)
+    rendered = request.app[RENDERED].json(key, document, render)
     return rendered_response(request, rendered)
 
 
@@ -68,7 +69,7 @@ async def provider_shasums(request: web.Request) -> web.Response:
         return web.Response(body=sums, headers={"Content-Type": "text/plain; charset=utf-8"})
     if request.match_info["file"] == "SHA256SUMS.sig":
         return web.Response(body=signature, headers={"Content-Type": "application/octet-stream"})
-    raise NotFoundError("expected SHA256SUMS or SHA256SUMS.sig")
+    raise DocumentNotFoundError("expected SHA256SUMS or SHA256SUMS.sig")
 
 
 async def module_versions(request: web.Request) -> web.Response:
@@ -79,8 +80,9 @@ async def module_versions(request: web.Request) -> web.Response:
 async def module_download(request: web.Request) -> web.Response:
     addr = _module(request)
     location = await request.app[MODULES].location(addr, Version.parse(request.match_info["version"]))
-    if location.startswith("/"):  # the proxy's own archive URL (a passed-through source is left alone)
-        location = granted(location, current_grant(request, str(addr.hostname), addr.namespace))
+    signer = url_signer(request)
+    if location.startswith("/") and signer is not None:  # the proxy's own archive URL (not a passed-through source)
+        location = signer.sign(location)
     # The answer depends on the location alone: it is the key, and the source is always the same (None).
     rendered = request.app[RENDERED].json(("module download", location), None, lambda _: {"location": location})
     return rendered_response(request, rendered, headers={"X-Terraform-Get": location})
@@ -92,7 +94,7 @@ async def module_archive(request: web.Request) -> web.StreamResponse:
     async def find() -> Found:
         stored, record = await request.app[MODULES].archive(addr, version)
         if request.match_info["file"] != f"archive{record.extension}":
-            raise NotFoundError(f"this module's archive is archive{record.extension}")
+            raise DocumentNotFoundError(f"this module's archive is archive{record.extension}")
         return (
             stored,
             f"{addr.name}-{version}{record.extension}",

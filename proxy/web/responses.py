@@ -1,4 +1,4 @@
-"""JSON answers with the exact media type the clients require (`application/json`).
+"""JSON answers with the exact media type the clients require (`application/json`), and errors as JSON.
 
 Metadata answers (`proxy.rendered`) carry a strong ETag and are answered `304 Not Modified`
 when `If-None-Match` names it (weak comparison, RFC 9110 §13.1.2).
@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.errors import ProxyError
 from proxy.httprange import evaluate
 from proxy.rendered import Rendered, encode_json
 
@@ -35,5 +36,7 @@ def rendered_response(
     return web.Response(body=rendered.body, headers=fields)
 
 
-def error_response(status: int, *messages: str) -> web.Response:
-    return json_response({"errors": list(messages)}, status=status)
+def error_response(error: ProxyError) -> web.Response:
+    """An error of the hierarchy as the clients read it: `{"errors": [message], "code": ...}`, its status and
+    its headers."""
+    return json_response(error.document(), status=error.status, headers=error.headers)

@@ -4,14 +4,20 @@ aiohttp's `web.run_app` has no connection cap, no request-head or send timeout, 
 handshake timeout below 60 s, and answers protocol errors in plain text. This module keeps
 `run_app`'s life cycle (graceful shutdown on a signal, `shutdown_timeout` for requests in
 flight) but builds the listener itself with `loop.create_server`, and each connection is a
-`LimitedRequestHandler` (aiohttp's `RequestHandler` plus the limits below). `serve_app` is that
-life cycle: `run_server` runs it in this process, `proxy.web.workers` in each worker process.
+`LimitedConnection`: an asyncio protocol that enforces the limits below and passes every event on
+to aiohttp's own protocol for the connection (composition over the public asyncio protocol interface;
+the one subclass of an aiohttp internal, for the JSON protocol errors, is in
+`proxy.web.aiohttp_internals`). `serve_app` is that life cycle: `run_server` runs it in this process,
+`proxy.web.workers` in each worker process.
 
 - `--max-connections`: an admitted connection holds a slot until it closes; beyond the cap
   a new connection gets a 503 JSON answer and is closed at once (counted, logged once per
-  burst). TLS costs about 0.3 MiB per open connection, so the cap bounds memory.
+  burst). An idle TLS connection costs about 0.02 MiB on uvloop and 0.3 MiB on asyncio (its
+  zero-filled 256 KiB read buffer), so the cap bounds memory; once a burst of connections has
+  closed, their memory goes back to the system (`proxy.web.allocator`).
 - `--client-header-timeout`: from accept (the TLS handshake included) to the first complete
-  request head; then `--keepalive-timeout` bounds the idle time between requests.
+  request head (the `request_arrived` middleware says when); then `--keepalive-timeout` bounds the
+  idle time between requests.
 - `--send-timeout`: the longest time the connection may stay write-blocked (its send buffer
   above the high-water mark) without the client taking more; then it is aborted, which
   fails the handler's next write so it unwinds (files closed). Write buffers are kept small
@@ -30,16 +36,24 @@ import struct
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import structlog
-from aiohttp import http_exceptions, web
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import StreamResponse
+from aiohttp import web
 
 from proxy.config import Settings
+from proxy.errors import (
+    HttpRefusalError,
+    InternalError,
+    MalformedRequestError,
+    ProxyError,
+    RequestHeadersTooLargeError,
+    RequestLineTooLongError,
+    TooManyConnectionsError,
+)
 from proxy.metrics import Metrics
+from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
+from proxy.web.allocator import BurstTrimmer, pin_mmap_threshold
 from proxy.web.eventloop import new_event_loop
 from proxy.web.keys import METRICS
 from proxy.web.middlewares import SERVER
@@ -67,17 +81,22 @@ class ConnectionLimits:
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
         return cls(
-            settings.max_connections, settings.client_header_timeout, settings.keepalive_timeout, settings.send_timeout
+            settings.server.max_connections,
+            settings.server.client_header_timeout,
+            settings.server.keepalive_timeout,
+            settings.server.send_timeout,
         )
 
 
 class ConnectionGate:
-    """Counts the open connections of a listener against the cap."""
+    """Counts the open connections of a listener against the cap (and has the memory of a burst of them
+    returned to the system once it is over: `proxy.web.allocator`)."""
 
-    def __init__(self, limit: int, metrics: Metrics) -> None:
+    def __init__(self, limit: int, metrics: Metrics, trimmer: BurstTrimmer | None = None) -> None:
         self.limit = limit
         self.open = 0
         self.metrics = metrics
+        self.trimmer = trimmer or BurstTrimmer()
         self._refusing = False
 
     def admit(self) -> bool:
@@ -90,96 +109,112 @@ class ConnectionGate:
         self._refusing = False
         self.open += 1
         self.metrics.connections_open.set(self.open)
+        self.trimmer.opened(self.open)
         return True
 
     def release(self) -> None:
         self.open -= 1
         self.metrics.connections_open.set(self.open)
+        self.trimmer.closed(self.open)
 
 
-def _raw_error(status: int, reason: str, message: str) -> bytes:
+def _raw_error(error: ProxyError, reason: str) -> bytes:
     """A whole HTTP/1.1 error response as bytes, for a connection that never reaches the application."""
-    body = error_response(status, message).body
+    body = error_response(error).body
     head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"HTTP/1.1 {error.status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
-TOO_MANY_CONNECTIONS = _raw_error(503, "Service Unavailable", "too many connections; retry later")
+TOO_MANY_CONNECTIONS = _raw_error(TooManyConnectionsError("too many connections; retry later"), "Service Unavailable")
 
 
-class LimitedRequestHandler(RequestHandler):
-    """aiohttp's per-connection protocol with a connection cap, timeouts and JSON protocol errors."""
+class LimitedConnection(asyncio.Protocol):
+    """One client connection: admitted against the cap (else answered 503 and closed), dropped when its
+    first request head has not arrived `header_timeout` after accept or when it stays write-blocked for
+    `send_timeout`. Everything else is aiohttp's protocol for the connection, made once it is admitted,
+    which gets every event."""
 
     def __init__(
-        self, manager: web.Server, *, gate: ConnectionGate, limits: ConnectionLimits, loop: asyncio.AbstractEventLoop
+        self,
+        gate: ConnectionGate,
+        limits: ConnectionLimits,
+        new_handler: Callable[[], asyncio.Protocol],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
-        super().__init__(
-            manager,
-            loop=loop,
-            access_log=None,
-            keepalive_timeout=limits.keepalive_timeout,
-            max_line_size=MAX_REQUEST_LINE,
-            max_field_size=MAX_HEADER_LINE,
-            max_headers=MAX_HEADERS,
-        )
         self._gate = gate
         self._limits = limits
-        self._accepted_at = loop.time()  # the protocol is made on accept, before the TLS handshake
-        self._admitted = False
+        self._new_handler = new_handler
+        self._loop = loop
+        self._accepted_at = loop.time()  # made on accept, before the TLS handshake
+        self._transport: asyncio.Transport | None = None
+        self._handler: asyncio.Protocol | None = None
         self._header_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
 
     # ---- connection cap and request-head timeout -------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports do not derive from asyncio's
         if not self._gate.admit():
-            transport.write(TOO_MANY_CONNECTIONS)  # type: ignore[attr-defined]
+            transport.write(TOO_MANY_CONNECTIONS)
             transport.close()
             return
-        self._admitted = True
-        super().connection_made(transport)
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)  # type: ignore[attr-defined]
+        self._transport = transport
+        self._handler = self._new_handler()
+        self._handler.connection_made(transport)
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self._header_timer = self._loop.call_at(
             self._accepted_at + self._limits.header_timeout, self._drop, "header_timeout"
         )
 
-    def data_received(self, data: bytes) -> None:
-        if not self._admitted:
-            return
-        super().data_received(data)
-        if self._header_timer is not None and self._request_count:  # a whole head (or a parse error) arrived
+    def request_arrived(self) -> None:
+        """A whole request head arrived (the first one stops the request-head timer)."""
+        if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
+    def data_received(self, data: bytes) -> None:
+        if self._handler is not None:
+            self._handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._handler.eof_received() if self._handler is not None else None
+
     def connection_lost(self, exc: BaseException | None) -> None:
-        if not self._admitted:
+        handler, self._handler = self._handler, None
+        if handler is None:  # refused at the cap, or already lost
             return
-        self._admitted = False
         self._gate.release()
         for timer in (self._header_timer, self._send_timer):
             if timer is not None:
                 timer.cancel()
-        super().connection_lost(exc)
+        self._header_timer = self._send_timer = None
+        self._transport = None
+        handler.connection_lost(exc)
 
     # ---- send timeout -----------------------------------------------------------------------
 
     def pause_writing(self) -> None:
-        super().pause_writing()
-        self._send_timer = self._loop.call_later(self._limits.send_timeout, self._drop, "send_timeout")
+        if self._handler is None:
+            return
+        self._handler.pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self._loop.call_later(self._limits.send_timeout, self._drop, "send_timeout")
 
     def resume_writing(self) -> None:
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
-        super().resume_writing()
+        if self._handler is not None:
+            self._handler.resume_writing()
 
     def _drop(self, reason: str) -> None:
         """Reset the connection: no graceful TLS close, and the kernel discards what the client
         did not take (nginx's `reset_timedout_connection`), else the FIN waits behind it."""
-        transport = self.transport
+        transport = self._transport
         if transport is None:
             return
         self._gate.metrics.connections_dropped.labels(reason).inc()
@@ -194,44 +229,56 @@ class LimitedRequestHandler(RequestHandler):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         transport.abort()
 
-    # ---- protocol errors --------------------------------------------------------------------
 
-    def handle_error(
-        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
-    ) -> StreamResponse:
-        """The answer to a request the application never saw, as JSON; a client gone is not an error."""
-        if isinstance(exc, ConnectionError) or request.writer.output_size > 0:
-            raise exc if isinstance(exc, ConnectionError) else ConnectionError("response already started")
-        status, text = self._describe(status, exc)
-        self._gate.metrics.requests.labels("unmatched", str(status)).inc()
-        log.info("request.rejected", status=status, error=text, remote=request.remote)
-        response = error_response(status, text)
+@web.middleware
+async def request_arrived(request: web.Request, handler) -> web.StreamResponse:
+    """The first middleware: tells the connection that a whole request head has arrived (its request-head
+    timer stops). Through the transport's protocol, which is the connection's `LimitedConnection`."""
+    transport = request.transport
+    connection = transport.get_protocol() if transport is not None else None
+    if isinstance(connection, LimitedConnection):
+        connection.request_arrived()
+    return await handler(request)
+
+
+_PARSE_ERRORS: dict[int, type[ProxyError]] = {
+    414: RequestLineTooLongError,
+    431: RequestHeadersTooLargeError,
+    400: MalformedRequestError,
+}
+
+
+def _describe(status: int, exc: BaseException | None) -> ProxyError:
+    """The error of the hierarchy, with a fixed message: the client's own bytes are never echoed back."""
+    described = describe_parse_error(exc, max_line=MAX_REQUEST_LINE, max_field=MAX_HEADER_LINE, max_headers=MAX_HEADERS)
+    if described is not None:
+        parsed_status, text = described
+        return _PARSE_ERRORS.get(parsed_status, MalformedRequestError)(text)
+    if status == 500:
+        return InternalError("internal error; see the proxy log")
+    return HttpRefusalError(f"request refused (HTTP {status}); see the proxy log", status)
+
+
+def rejecter(metrics: Metrics) -> Callable[[web.BaseRequest, int, BaseException | None], web.StreamResponse]:
+    """The answer to a request the application never saw (unparsable, or failing outside it), as JSON."""
+
+    def reject(request: web.BaseRequest, status: int, exc: BaseException | None) -> web.StreamResponse:
+        error = _describe(status, exc)
+        metrics.requests.labels("unmatched", str(error.status)).inc()
+        log.info("request.rejected", status=error.status, error=error.message, code=error.code, remote=request.remote)
+        response = error_response(error)
         response.headers["Server"] = SERVER
         response.force_close()
         return response
 
-    def _describe(self, status: int, exc: BaseException | None) -> tuple[int, str]:
-        """Status and a fixed message: the client's own bytes are never echoed back."""
-        if isinstance(exc, http_exceptions.LineTooLong):
-            if exc.args[1:2] == (MAX_REQUEST_LINE,):
-                return 414, f"request line too long: at most {MAX_REQUEST_LINE} bytes"
-            return 431, f"request header fields too large: at most {MAX_HEADER_LINE} bytes each"
-        if isinstance(exc, http_exceptions.BadHttpMessage) and "Too many headers" in exc.message:
-            return 431, f"request header fields too large: at most {MAX_HEADERS} fields"
-        if isinstance(exc, http_exceptions.BadHttpMethod):
-            return 400, "malformed request: invalid method"
-        if isinstance(exc, http_exceptions.BadStatusLine):
-            return 400, "malformed request: invalid request line or HTTP version"
-        if isinstance(exc, http_exceptions.HttpProcessingError):
-            return 400, f"malformed request: {type(exc).__name__}"
-        return status, "internal error; see the proxy log"
+    return reject
 
 
 def _host(peer: object) -> str | None:
     return peer[0] if isinstance(peer, tuple) else None
 
 
-async def write_paced(response: StreamResponse, data: bytes) -> None:
+async def write_paced(response: web.StreamResponse, data: bytes) -> None:
     """Write `data` in slices no larger than the write buffer's high-water mark, waiting for the
     client between slices: a client that stops reading then pins at most about two slices of
     this connection's memory instead of a whole chunk several times over (TLS copies it)."""
@@ -270,15 +317,27 @@ async def start_listener(
     port: int | None = None,
     sock: socket.socket | None = None,
 ) -> asyncio.Server:
-    """Listen on host:port (or on the listening socket `sock`); every connection is a
-    LimitedRequestHandler of `runner`'s server."""
+    """Listen on host:port (or on the listening socket `sock`); every connection is a LimitedConnection
+    around a protocol of `runner`'s server."""
     loop = asyncio.get_running_loop()
     server = runner.server
     assert server is not None, "runner.setup() first"
     gate = ConnectionGate(limits.max_connections, runner.app[METRICS])
-    factory: Callable[[], LimitedRequestHandler] = lambda: LimitedRequestHandler(  # noqa: E731
-        server, gate=gate, limits=limits, loop=loop
-    )
+    reject = rejecter(gate.metrics)
+
+    def new_handler() -> asyncio.Protocol:
+        return new_request_handler(
+            server,
+            reject,
+            keepalive_timeout=limits.keepalive_timeout,
+            max_line_size=MAX_REQUEST_LINE,
+            max_field_size=MAX_HEADER_LINE,
+            max_headers=MAX_HEADERS,
+        )
+
+    def factory() -> LimitedConnection:
+        return LimitedConnection(gate, limits, new_handler, loop)
+
     tls = (
         {}
         if ssl_context is None
@@ -301,11 +360,12 @@ async def serve_app(
 ) -> None:
     """Start `app`, `listen`, wait until `stopped()` returns (or, with `handle_signals`, SIGTERM or SIGINT
     raises GracefulExit), then stop listening and shut down gracefully: idle connections are closed,
-    requests in flight get `shutdown_timeout` seconds to finish."""
+    requests in flight get `shutdown_timeout` seconds to finish. A start that fails (or is cancelled) closes
+    the resources the application had opened (its cleanup contexts' exits), then raises."""
     runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
     listeners: list[asyncio.Server] = []
     try:
+        await runner.setup()
         listeners = await listen(runner)
         await stopped()
     finally:
@@ -328,16 +388,19 @@ def run_server(
     `on_listening`: called once the listening socket is bound.
     """
     limits = ConnectionLimits.from_settings(settings)
+    pin_mmap_threshold()
 
     async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
         listeners = [
-            await start_listener(runner, ssl_context, limits, host=settings.listen_host, port=settings.listen_port)
+            await start_listener(
+                runner, ssl_context, limits, host=settings.server.listen_host, port=settings.server.listen_port
+            )
         ]
         if on_listening is not None:
             on_listening()
         return listeners
 
-    loop = new_event_loop(settings.event_loop)
+    loop = new_event_loop(settings.server.event_loop)
     asyncio.set_event_loop(loop)
     run_until_complete(
         loop,

@@ -12,6 +12,10 @@ and the embedded file checked, sealed or moved aside by one process), and makes 
 directory where the workers' metrics meet (`proxy.metrics.share_between_processes`). The
 workers share the embedded SQLite store (WAL, busy timeout) and fetch each artifact once
 between them (`proxy.cache.filelocks.FileLocks`, or Redis locks with --redis-url).
+
+This module uses gunicorn's public interfaces only (an application configured through `cfg.set`, server
+hooks, a worker class); SIGHUP passed on to the workers and the workers' sockets need gunicorn's
+internals, kept in `proxy.web.gunicorn_internals`.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ import structlog
 from aiohttp import web
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
-from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
 from proxy import metrics
 from proxy.cache.factory import open_metadata_store
 from proxy.config import Settings
+from proxy.web.allocator import pin_mmap_threshold
 from proxy.web.app import create_app
 from proxy.web.eventloop import new_event_loop
+from proxy.web.gunicorn_internals import listening_socket, run_arbiter
 from proxy.web.server import BACKLOG, ConnectionLimits, run_until_complete, serve_app, start_listener
 
 log = structlog.get_logger("proxy.workers")
@@ -50,9 +55,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 def run_workers(
     settings: Settings, ssl_context: ssl.SSLContext | None, *, on_listening: Callable[[], None] | None = None
 ) -> None:
-    """Prepare the data dir once, then serve with `settings.workers` workers until SIGTERM or SIGINT.
+    """Prepare the data dir once, then serve with `settings.server.workers` workers until SIGTERM or SIGINT.
     Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start.
     `on_listening` is called in the supervisor once it has bound the listening socket."""
+    pin_mmap_threshold()  # before the fork: the workers inherit it
     asyncio.run(_prepare_metadata_store(settings))
     Supervisor(settings, ssl_context, on_listening).run()
 
@@ -78,26 +84,27 @@ class Supervisor(BaseApplication):
 
     def load_config(self) -> None:
         settings = self.settings
-        host = f"[{settings.listen_host}]" if ":" in settings.listen_host else settings.listen_host
+        host = f"[{settings.server.listen_host}]" if ":" in settings.server.listen_host else settings.server.listen_host
         options = {
-            "bind": [f"{host}:{settings.listen_port}"],
-            "workers": settings.workers,
+            "bind": [f"{host}:{settings.server.listen_port}"],
+            "workers": settings.server.workers,
             "worker_class": ProxyWorker,
             "backlog": BACKLOG,
             "timeout": WORKER_TIMEOUT,
-            "graceful_timeout": math.ceil(settings.shutdown_grace + UNWIND),
+            "graceful_timeout": math.ceil(settings.server.shutdown_grace + UNWIND),
             "logger_class": SupervisorLog,
             "proc_name": "registry-proxy",
             "control_socket_disable": True,
             "child_exit": lambda _arbiter, worker: metrics.forget_process(self.metrics_dir, worker.pid),
             "on_exit": lambda _arbiter: metrics.remove_shared_dir(self.metrics_dir),
             "when_ready": lambda _arbiter: self.on_listening and self.on_listening(),  # after the bind
+            "pre_fork": StopSignalsBlockedAcrossFork().pre_fork,
         }
         for name, value in options.items():
             self.cfg.set(name, value)
 
     def run(self) -> None:
-        ForwardingArbiter(self).run()
+        run_arbiter(self)  # gunicorn's arbiter, with SIGHUP passed on to the workers
 
     def load(self) -> web.Application:
         """In each worker, after the fork: its own application (its stores open when it starts)."""
@@ -105,27 +112,24 @@ class Supervisor(BaseApplication):
         return create_app(self.settings)
 
 
-class ForwardingArbiter(Arbiter):
-    """gunicorn's arbiter, except that SIGHUP is passed on to the workers, each of which reloads its
-    tokens file (`proxy.web.access`), instead of gunicorn's reload that replaces every worker (and
-    with them the downloads they run)."""
+class StopSignalsBlockedAcrossFork:
+    """Workers are forked with the stop signals blocked: one that arrives before a worker has its own
+    handlers stays pending until it has them (else it reaches the arbiter's handler inherited by the child
+    and is lost, and the worker serves on until it is killed). Blocked in gunicorn's `pre_fork` hook;
+    restored in the supervisor right after the fork (`os.register_at_fork`, which runs after a failed fork
+    too); the worker unblocks them once its loop runs (`ProxyWorker.init_signals`)."""
 
-    def spawn_worker(self) -> int:
-        """Fork a worker with the stop signals blocked: one that arrives before the worker has its own
-        handlers stays pending until it has them (else it reaches the arbiter's handler in the child and is
-        lost, and the worker serves on until it is killed)."""
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            return super().spawn_worker()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    def __init__(self) -> None:
+        self._previous: set[signal.Signals] | None = None
+        os.register_at_fork(after_in_parent=self._restore)
 
-    def handle_hup(self) -> None:
-        workers = list(self.WORKERS)
-        log.info("supervisor.reload", effect="SIGHUP passed on to the workers", workers=len(workers))
-        for pid in workers:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGHUP)
+    def pre_fork(self, _arbiter: object, _worker: object) -> None:
+        self._previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
+            self._previous = None
 
 
 class ProxyWorker(Worker):
@@ -133,7 +137,7 @@ class ProxyWorker(Worker):
 
     def init_process(self) -> None:
         supervisor: Supervisor = self.app  # type: ignore[assignment]
-        self.loop = new_event_loop(supervisor.settings.event_loop)
+        self.loop = new_event_loop(supervisor.settings.server.event_loop)
         asyncio.set_event_loop(self.loop)
         self._stopping = asyncio.Event()
         super().init_process()  # signals, the application, then run()
@@ -159,7 +163,7 @@ class ProxyWorker(Worker):
 
         async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
             listeners = [
-                await start_listener(runner, supervisor.ssl_context, limits, sock=listening.sock)
+                await start_listener(runner, supervisor.ssl_context, limits, sock=listening_socket(listening))
                 for listening in self.sockets
             ]
             self.booted = True
@@ -168,7 +172,8 @@ class ProxyWorker(Worker):
 
         self._heartbeat_task = self.loop.create_task(self._heartbeat())  # cancelled with the loop's other tasks
         run_until_complete(
-            self.loop, serve_app(self.wsgi, listen, self._until_stopped, shutdown_timeout=settings.shutdown_grace)
+            self.loop,
+            serve_app(self.wsgi, listen, self._until_stopped, shutdown_timeout=settings.server.shutdown_grace),
         )
         log.info("worker.stopped", pid=os.getpid())
 

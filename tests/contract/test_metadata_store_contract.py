@@ -10,7 +10,7 @@ from proxy.cache import CacheEntry, decode_record, encode_record
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
 from proxy.cache.redis import RedisStore
-from proxy.cache.sealed import SealedStore
+from proxy.cache.sealed import Seal, SealedStore
 
 
 @pytest.fixture(params=["embedded", "redis", "memory-front", "sealed-embedded", "sealed-redis"])
@@ -28,9 +28,11 @@ def open_store(request, tmp_path):
             store = MemoryFront(EmbeddedStore(tmp_path / "meta.sqlite"), max_entries=2)
         elif request.param == "sealed-redis":
             inner = RedisStore(request.getfixturevalue("redis_server").url, prefix=prefix)
-            store = SealedStore(inner, b"contract-secret-0123456789", name="redis")
+            store = SealedStore(inner, Seal(b"contract-secret-0123456789", store="redis"))
         else:
-            store = SealedStore(EmbeddedStore(tmp_path / "meta.sqlite"), b"contract-secret-0123456789", name="embedded")
+            store = SealedStore(
+                EmbeddedStore(tmp_path / "meta.sqlite"), Seal(b"contract-secret-0123456789", store="embedded")
+            )
         opened.append(store)
         return store
 

@@ -12,6 +12,7 @@ from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound, is_negative
 from proxy.cache.redis import RedisNegatives, RedisStore
+from proxy.cache.sealed import Seal, seal
 
 
 class Clock:
@@ -22,8 +23,18 @@ class Clock:
         return self.now
 
 
+SECRET = b"negative-contract-secret-0123456789"
+SEAL_OVERHEAD = len(seal(SECRET, "k", b""))  # what the seal adds to every value Redis keeps
+
+
 @pytest.fixture(params=["memory", "redis"])
-async def make_negatives(request):
+def overhead(request) -> int:
+    """Bytes a store adds to each value it counts (Redis seals them)."""
+    return SEAL_OVERHEAD if request.param == "redis" else 0
+
+
+@pytest.fixture
+async def make_negatives(request, overhead):
     """`make(max_entries, max_bytes, retention)` → (negatives, clock, reports, raw redis client or None)."""
     opened = []
 
@@ -33,12 +44,14 @@ async def make_negatives(request):
         def report(entries: int, size: int) -> None:
             reports.append((entries, size))
 
-        if request.param == "memory":
+        if not overhead:
             return MemoryNegatives(max_entries, max_bytes, retention, report=report, clock=clock), clock, reports, None
         url = request.getfixturevalue("redis_server").url
         store, client = RedisStore(url, prefix=f"neg-{uuid.uuid4().hex[:10]}"), redis.Redis.from_url(url)
         opened.append((store, client))
-        negatives = RedisNegatives(store, max_entries, max_bytes, retention, report=report, clock=clock)
+        negatives = RedisNegatives(
+            store, Seal(SECRET, store="redis"), max_entries, max_bytes, retention, report=report, clock=clock
+        )
         return negatives, clock, reports, (client, store.prefix)
 
     yield make
@@ -47,15 +60,15 @@ async def make_negatives(request):
         client.close()
 
 
-async def test_put_get_discard(make_negatives):
+async def test_put_get_discard(make_negatives, overhead):
     negatives, _, reports, _ = make_negatives()
     assert await negatives.get("versions:a") is None
     await negatives.put("versions:a", b"404-a")
     assert await negatives.get("versions:a") == b"404-a"
     assert await negatives.get_many(["versions:a", "versions:b"]) == [b"404-a", None]
-    assert reports[-1] == (1, len("versions:a") + len(b"404-a"))
+    assert reports[-1] == (1, len("versions:a") + len(b"404-a") + overhead)
     await negatives.put("versions:a", b"404-again")  # replacing does not count twice
-    assert reports[-1] == (1, len("versions:a") + len(b"404-again"))
+    assert reports[-1] == (1, len("versions:a") + len(b"404-again") + overhead)
     await negatives.discard("versions:a")
     assert await negatives.get("versions:a") is None and reports[-1] == (0, 0)
 
@@ -74,15 +87,16 @@ async def test_the_count_bound_drops_the_oldest(make_negatives):
         assert [key async for key in negatives._store.keys()] == []  # noqa: SIM118 - never listed, never exported
 
 
-async def test_the_byte_bound_drops_the_oldest(make_negatives):
-    negatives, clock, reports, _ = make_negatives(max_bytes=100)
+async def test_the_byte_bound_drops_the_oldest(make_negatives, overhead):
+    each = 30 + overhead  # key, value and seal
+    negatives, clock, reports, _ = make_negatives(max_bytes=3 * each + 10)
     for number in range(10):
         clock.now += 1
-        await negatives.put(f"k{number}", b"x" * 28)  # 30 bytes each
-    assert reports[-1] == (3, 90)
+        await negatives.put(f"k{number}", b"x" * 28)
+    assert reports[-1] == (3, 3 * each)
     assert [await negatives.get(f"k{n}") for n in (6, 7, 8, 9)] == [None, b"x" * 28, b"x" * 28, b"x" * 28]
-    await negatives.put("huge", b"x" * 200)  # larger than the whole bound: not kept, nothing else lost
-    assert await negatives.get("huge") is None and reports[-1] == (3, 90)
+    await negatives.put("huge", b"x" * 4 * each)  # larger than the whole bound: not kept, nothing else lost
+    assert await negatives.get("huge") is None and reports[-1] == (3, 3 * each)
 
 
 async def test_entries_older_than_the_retention_are_dropped(make_negatives):
@@ -93,6 +107,11 @@ async def test_entries_older_than_the_retention_are_dropped(make_negatives):
     assert await negatives.get("old") is None
     assert await negatives.get("new") == b"v"
     assert reports[-1][0] == 1
+
+
+def refused_into(refused: list[tuple[str, str]]):
+    """A `refuse` callback of NegativeBound that notes (key, reason)."""
+    return lambda key, why, reason: refused.append((key, reason))
 
 
 def negative(url: str = "https://r.example/v1/x") -> bytes:
@@ -109,7 +128,7 @@ def test_is_negative_tells_remembered_404s_from_everything_else():
 
 async def test_negative_bound_keeps_negatives_out_of_the_persistent_store(tmp_path):
     inner = MemoryFront(EmbeddedStore(tmp_path / "meta.sqlite"), remember_absence=True)
-    store = NegativeBound(inner, MemoryNegatives(2, 1 << 20, 3600))
+    store = NegativeBound(inner, MemoryNegatives(2, 1 << 20, 3600), refuse=refused_into([]))
     positive = CacheEntry(200, b"{}", "u", 1.0).encode()
     await store.set("versions:warm", positive)
     for number in range(50):
@@ -125,4 +144,38 @@ async def test_negative_bound_keeps_negatives_out_of_the_persistent_store(tmp_pa
     assert await store.get("versions:warm") == positive and await store.negatives.get("versions:warm") is None
     await store.delete("versions:made-up-49")
     assert await store.get("versions:made-up-49") is None
+    await store.close()
+
+
+async def test_a_negative_store_only_ever_answers_absent(make_negatives, tmp_path):
+    """Whatever is found among the negatives that is not a remembered 404 is refused, never an answer."""
+    negatives, _, _, _ = make_negatives()
+    refused: list[tuple[str, str]] = []
+    store = NegativeBound(EmbeddedStore(tmp_path / "meta.sqlite"), negatives, refuse=refused_into(refused))
+    document = CacheEntry(200, b'{"version": "1.0.0"}', "https://r.example/v1/x", 1.0).encode()
+    await negatives.put("download:a", document)  # as if planted: NegativeBound never writes one there
+    await negatives.put("download:b", negative())
+    assert await store.get("download:a") is None
+    assert await store.get_many(["download:a", "download:b", "download:c"]) == [None, negative(), None]
+    assert refused == [("negative:download:a", "not_negative")] * 2
+    await store.close()
+
+
+async def test_redis_negatives_refuse_what_the_fleet_did_not_seal(redis_server):
+    """A remembered 404 written by anyone without the secret, or moved from another key, is a miss."""
+    store, client = (
+        RedisStore(redis_server.url, prefix=f"neg-{uuid.uuid4().hex[:10]}"),
+        redis.Redis(port=redis_server.port),
+    )
+    refused: list[tuple[str, str]] = []
+    negatives = RedisNegatives(
+        store, Seal(SECRET, store="redis", on_reject=lambda s, r: refused.append((s, r))), 10, 1 << 20, 3600
+    )
+    await negatives.put("versions:a", negative())
+    assert await negatives.get("versions:a") == negative()
+    client.set(f"{store.prefix}:negative:versions:b", negative())  # no seal
+    client.set(f"{store.prefix}:negative:versions:c", client.get(f"{store.prefix}:negative:versions:a"))  # moved
+    assert await negatives.get_many(["versions:a", "versions:b", "versions:c"]) == [negative(), None, None]
+    assert refused == [("redis", "no_seal"), ("redis", "bad_seal")]
+    client.close()
     await store.close()

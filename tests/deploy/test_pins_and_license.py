@@ -6,6 +6,9 @@ from __future__ import annotations
 import configparser
 import hashlib
 import re
+import shlex
+import shutil
+import subprocess
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -57,18 +60,48 @@ def test_the_project_itself_is_not_pinned():
     assert canonicalize_name(setup_cfg()["metadata"]["name"]) not in pins()
 
 
-def test_make_installs_runtime_only_for_run_and_everything_with_the_constraints():
-    makefile = (REPO_ROOT / "Makefile").read_text()
+def make_dry_run(tmp_path, target: str) -> list[list[str]]:
+    """The commands `make TARGET` runs on a machine without the virtualenv (make's own dry run: nothing
+    is executed), each split into its arguments."""
+    make = shutil.which("make")
+    assert make, "make is not installed"
+    result = subprocess.run(
+        [make, "--no-print-directory", "-n", "-C", str(REPO_ROOT), f"VENV={tmp_path / 'venv'}", target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [shlex.split(line) for line in result.stdout.splitlines() if line.strip()]
 
-    def recipe(target: str) -> str:
-        return re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
 
-    assert re.search(r"^run: (.+)$", makefile, re.MULTILINE).group(1).split() == ["install-runtime"]
-    assert re.search(r"^install-runtime: (.+)$", makefile, re.MULTILINE).group(1).split() == ["$(RUN_STAMP)"]
-    runtime, everything = recipe("$(RUN_STAMP)"), recipe("$(STAMP)")
-    assert "-c $(CONSTRAINTS) -e .\n" in runtime and "[test]" not in runtime
-    assert "-c $(CONSTRAINTS) -e '.[test]'" in everything
-    assert re.search(r"^CONSTRAINTS := constraints.txt$", makefile, re.MULTILINE)
+def option(argv: list[str], flag: str) -> str | None:
+    """The value after `flag` in `argv` (None without the flag)."""
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def installs(commands: list[list[str]]) -> list[list[str]]:
+    return [argv for argv in commands if "install" in argv and ("pip" in argv or "-m" in argv)]
+
+
+def test_make_run_installs_the_runtime_only_with_the_constraints_then_serves(tmp_path):
+    commands = make_dry_run(tmp_path, "run")
+    project = [argv for argv in installs(commands) if "-e" in argv]
+    assert len(project) == 1, commands
+    (argv,) = project
+    assert option(argv, "-e") == "." and option(argv, "-c") == "constraints.txt", argv
+    assert commands[-1][0] == str(tmp_path / "venv" / "bin" / "registry-proxy") and commands[-1][1] == "serve"
+
+
+def test_make_install_installs_the_test_extra_with_the_constraints(tmp_path):
+    project = [argv for argv in installs(make_dry_run(tmp_path, "install")) if "-e" in argv]
+    assert len(project) == 1, project
+    (argv,) = project
+    assert option(argv, "-e") == ".[test]" and option(argv, "-c") == "constraints.txt", argv
+    # every other install is of a pinned tool (the installer itself), never of an unpinned package
+    for other in installs(make_dry_run(tmp_path, "install")):
+        if "-e" not in other:
+            assert all("==" in word for word in other[other.index("install") + 1 :] if not word.startswith("-"))
 
 
 def test_license_is_the_official_mpl_2_0_named_in_setup_cfg():

@@ -122,6 +122,7 @@ def mdwe_supported() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.process
 async def test_the_proxy_serves_and_verifies_with_write_xor_execute_enforced(tmp_path, registry, ca_file):
     """MemoryDenyWriteExecute=yes breaks Pythons that need writable+executable memory; this build does not."""
     if not hasattr(ctypes.CDLL(None), "prctl") or not mdwe_supported():

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.auth import hash_token
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config
-from tests.e2e.test_registry_e2e import MAIN_TF, git_modules, host_config, installed_signed_by  # noqa: F401
+from tests.e2e.test_registry_e2e import MAIN_TF, host_config, installed_signed_by
 from tests.fakes.packages import MODULE_FILES
 from tests.fakes.process import REGISTRY_HOST
 
@@ -60,7 +60,7 @@ async def test_network_mirror_with_a_credentials_block(registry, proxy_process, 
 
 async def test_host_blocks_with_a_credentials_block_for_the_registry_host(
     registry,
-    git_modules,  # noqa: F811
+    git_modules,
     proxy_process,
     terraform,
     tokens_file,

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import PROVIDER, REGISTRY_HOST
 from tests.e2e.test_network_mirror_e2e import mirror_config, provider_tf, stored_files
-from tests.e2e.test_registry_e2e import git_modules, host_config  # noqa: F401 - fixture reused
+from tests.e2e.test_registry_e2e import host_config
 from tests.fakes.packages import Release
 from tests.fakes.process import registry_proxy
 
@@ -66,7 +66,7 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
     assert (ours / ".terraform.lock.hcl").read_text() == written
 
 
-async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, proxy_process, terraform):  # noqa: F811
+async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, proxy_process, terraform):
     from tests.e2e.test_registry_e2e import MAIN_TF as CONFIG_WITH_MODULES
 
     proxy = await proxy_process()

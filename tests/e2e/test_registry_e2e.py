@@ -8,10 +8,8 @@ import shutil
 import pytest
 
 from tests.e2e.test_network_mirror_e2e import locked_hashes, provider_tf, stored_files
-from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES
 from tests.fakes.process import REGISTRY_HOST
-from tests.fakes.registry import ModuleRelease
 
 pytestmark = pytest.mark.e2e
 
@@ -42,18 +40,6 @@ def host_config(proxy) -> str:
     return (
         f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
         f'    "providers.v1" = "{base}/providers/v1/"\n    "modules.v1" = "{base}/modules/v1/"\n  }}\n}}\n'
-    )
-
-
-@pytest.fixture
-def git_modules(registry, tmp_path):
-    bare, _ = make_bare_repo(tmp_path / "repos", "net", MODULE_FILES, "v1.2.0")
-    registry.git_root = bare.parent
-    registry.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0"))
-    registry.add_module(
-        ModuleRelease(
-            "acme", "subnet", "aws", "1.2.0", "git::{base}/git/net.git//modules/subnet?ref=v1.2.0", answer="json"
-        )
     )
 
 

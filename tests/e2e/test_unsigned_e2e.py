@@ -34,7 +34,7 @@ async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(unsig
     assert code == 0, output
     assert f"Installed {TOFU_PROVIDER} v1.0.0" in output, output
     release = unsigned_registry.releases[("acme", "foo")]["1.0.0"]
-    assert locked_hashes(workdir) == [h1_of_zip(io.BytesIO(release.zips["linux_amd64"]))[1]]
+    assert locked_hashes(workdir) == [str(h1_of_zip(io.BytesIO(release.zips["linux_amd64"]))[1])]
     stored = proxy.events("archive.unsigned_stored")
     assert [(e["provider"], e["sha256"]) for e in stored] == [(TOFU_PROVIDER, release.sha256("linux_amd64"))]
 

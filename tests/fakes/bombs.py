@@ -9,6 +9,7 @@ zeros as repeats of one compressed 64 MiB block (~1030:1), and the end-of-archiv
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import tarfile
@@ -32,9 +33,15 @@ def gzip_tar_bomb(unpacked: int, name: str = "main.tf", *, lying: bool = False) 
     info = tarfile.TarInfo(name)
     info.size = 0 if lying else unpacked
     header = info.tobuf(format=tarfile.GNU_FORMAT)
-    zeros = gzip.compress(bytes(BLOCK), compresslevel=9, mtime=0)
+    zeros = _compressed_zeros()
     end = gzip.compress(bytes(2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE), mtime=0)
     return gzip.compress(header, mtime=0) + zeros * (unpacked // BLOCK) + end
+
+
+@functools.cache
+def _compressed_zeros() -> bytes:
+    """One gzip member of BLOCK zero bytes (compressing 64 MiB takes a good fraction of a second)."""
+    return gzip.compress(bytes(BLOCK), compresslevel=9, mtime=0)
 
 
 def many_entries_tar_gz(count: int) -> bytes:

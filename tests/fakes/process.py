@@ -7,22 +7,29 @@ Shared by `tests/e2e`, `tests/faults` and `bench/`, so nothing imports a conftes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 
-from tests.fakes.redis_server import free_port
+from tests.fakes.ports import PORT_ATTEMPTS, PortTakenError, free_port, listening_ports
+
+__all__ = ["REGISTRY_HOST", "ProxyProcess", "free_port", "terminate", "wait_for", "wait_healthy"]
 
 REGISTRY_HOST = "registry.example.test"
 TERRAFORM = shutil.which("terraform")
 REPO_ROOT = Path(__file__).parents[2]
+# How long a proxy may take to start before a test fails: about a second on a quiet machine, but a
+# machine running parallel test workers (and other test runs) can be far slower; only a hang takes this long.
+START_TIMEOUT = 90.0
 
 
 class ProxyProcess:
@@ -67,17 +74,77 @@ class ProxyProcess:
         return self.data_dir / "tls" / "ca.pem"
 
     async def start(self) -> None:
+        """Start the proxy and wait until it is healthy; on another port if someone took its port first."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                await self._start_once()
+                return
+            except PortTakenError:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self._listen_on(free_port())
+
+    def _listen_on(self, port: int) -> None:
+        listen = self.args.index("--listen") + 1
+        self.args[listen] = self.args[listen].replace(f":{self.port}", f":{port}")
+        self.port = port
+
+    async def _start_once(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
+        log_start = log.tell()
         self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log, cwd=REPO_ROOT)
         log.close()
+        await self._wait_bound(log_start)
         await wait_healthy(
             self.url + "/healthz",
             None if self.plain_http else self.ca_file,
             self.process,
             lambda: self.log_path.read_text()[-2000:],
-            timeout=20,
+            timeout=START_TIMEOUT,
         )
+
+    async def _wait_bound(self, log_start: int) -> None:
+        """Until this process (the supervisor, with workers) listens on its port; PortTakenError if
+        someone else had it (the supervisor of workers would retry it for seconds: it is stopped)."""
+        assert self.process is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        while self.port not in listening_ports(self.process.pid):
+            with open(self.log_path, "rb") as file:  # noqa: ASYNC230 - a small local file
+                file.seek(log_start)
+                taken = b"in use" in file.read()
+            if self.process.returncode is not None or taken:
+                await terminate(self.process, 5)
+                self.process = None
+                if taken:
+                    raise PortTakenError(f"port {self.port} was taken")
+                raise RuntimeError(f"{self.url} exited: {self.log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.url} did not listen: {self.log_path.read_text()[-2000:]}")
+            await asyncio.sleep(0.02)
+
+    def fetched_at(self, key: str) -> float | None:
+        """When the document cached under `key` in the proxy's embedded metadata store was fetched (its
+        wall-clock `fetched_at`, by which the proxy judges freshness); None while it is not cached. Read
+        only, while the proxy runs."""
+        path = self.data_dir / "metadata" / "metadata.sqlite"
+        if not path.exists():
+            return None
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT value FROM metadata WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        sealed = bytes(row[0])
+        return float(json.loads(sealed[sealed.index(b"{") :])["fetched_at"])  # the JSON after the seal
+
+    async def wait_stale(self, ttl: float, *keys: str) -> None:
+        """Until every document cached under `keys` is older than `ttl` seconds."""
+
+        def stale() -> bool:
+            times = [self.fetched_at(key) for key in keys]
+            return all(at is not None and time.time() > at + ttl for at in times)
+
+        await wait_for(stale, ttl + 30, f"{', '.join(keys)} to be older than {ttl}s")
 
     def events(self, event: str | None = None) -> list[dict]:
         """The proxy's JSON log records so far (those named `event`, if given)."""
@@ -147,6 +214,15 @@ async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Like `wait_for`, for a condition that must be awaited (a store's contents)."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def terminate(process: asyncio.subprocess.Process | None, grace: float) -> None:

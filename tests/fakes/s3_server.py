@@ -1,6 +1,7 @@
 """A real S3 API server for tests: moto's server mode over HTTPS (a trustme certificate), in a child process.
 
-Run as `python -m tests.fakes.s3_server PORT CERT KEY`; it serves until killed. `S3Server` starts it,
+Run as `python -m tests.fakes.s3_server CERT KEY`; it binds a free port, writes the port as the one line of
+its standard output, and serves until killed. `S3Server` starts it,
 and hands out a fresh bucket per test (`bucket()`), the serve flags pointing at it (`flags()`), and a
 boto3 client for the test's own inspection. One test-only endpoint besides the S3 API: `age()` moves an
 object's LastModified into the past (S3 sets it on every write, so nothing in the API can make an old
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.fakes.process import REPO_ROOT
-from tests.fakes.redis_server import free_port
 
 REGION = "us-east-1"
 CREDENTIALS = {
@@ -48,17 +48,25 @@ class S3Server:
     """moto_server behind TLS on a free port of 127.0.0.1."""
 
     def __init__(self, cert: Path, key: Path, ca_file: Path) -> None:
-        self.port = free_port()
         self.ca_file = ca_file
-        self.url = f"https://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open while the server runs, closed by stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.s3_server", str(self.port), str(cert), str(key)],
+            [sys.executable, "-m", "tests.fakes.s3_server", str(cert), str(key)],
             cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=self.log,
             env={**os.environ, **CREDENTIALS},
         )
+        assert self.process.stdout is not None
+        with self.process.stdout:  # one line, then the server's standard output is /dev/null
+            port = self.process.stdout.readline().strip()
+        if not port.isdigit():
+            self.process.wait(10)
+            error = self.errors()[-2000:]
+            self.log.close()
+            raise RuntimeError(f"moto server did not start: {error}")
+        self.port = int(port)
+        self.url = f"https://127.0.0.1:{self.port}"
         self.client = self._client()
         deadline = time.monotonic() + 30
         while True:
@@ -183,15 +191,18 @@ def _with_age_endpoint(app: Any) -> Any:
     return wsgi
 
 
-def main(port: str, cert: str, key: str) -> None:
+def main(cert: str, key: str) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     app = _with_age_endpoint(DomainDispatcherApplication(create_backend_app))
     server = make_server(
-        "127.0.0.1", int(port), app, threaded=True, request_handler=MotoRequestHandler, ssl_context=(cert, key)
+        "127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler, ssl_context=(cert, key)
     )
+    print(server.server_port, flush=True)
+    with open(os.devnull, "wb") as devnull:  # nobody reads the pipe after that line
+        os.dup2(devnull.fileno(), sys.stdout.fileno())
     server.serve_forever()
 
 

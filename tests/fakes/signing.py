@@ -32,18 +32,25 @@ class SigningKey:
         self.fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
         self.key_id = self.fingerprint[-16:]
         self.armored_public_key = self._gpg("--armor", "--export", self.fingerprint).decode()
+        self._signatures: dict[bytes, bytes] = {}
 
     def close(self) -> None:
         """Stop the gpg-agent that signing started for this home."""
         stop_gpg_agent(self.home)
 
     def sign(self, data: bytes) -> bytes:
-        return self._gpg("--detach-sign", "--local-user", self.fingerprint, input_=data)
+        """A detached signature of `data`. The same bytes signed again get the first signature (as valid
+        as a new one): the session's keys sign the same few SHA256SUMS in hundreds of tests, and a gpg
+        run costs tens of milliseconds."""
+        if data not in self._signatures:
+            self._signatures[data] = self._gpg("--detach-sign", "--local-user", self.fingerprint, input_=data)
+        return self._signatures[data]
 
     def revoke(self) -> None:
         """Revoke the key with the certificate gpg made with it; `armored_public_key` then carries it."""
         certificate = (self.home / "openpgp-revocs.d" / f"{self.fingerprint}.rev").read_text()
         self._gpg("--import", input_=certificate.replace(":-----BEGIN", "-----BEGIN").encode())
+        self._signatures.clear()  # a signature asked for from now on is made by the revoked key
         self.armored_public_key = self._gpg("--armor", "--export", self.fingerprint).decode()
 
     def _gpg(self, *args: str, input_: bytes | None = None) -> bytes:

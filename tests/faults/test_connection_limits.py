@@ -132,7 +132,7 @@ async def test_connections_beyond_the_cap_are_refused_while_admitted_ones_keep_w
     await asyncio.wait_for(asyncio.gather(*(asyncio.shield(c.closed) for c in extra)), 10)
     for client in extra:
         assert client.status() == 503
-        assert json.loads(client.body())["errors"][0].startswith("too many connections")
+        assert json.loads(client.body())["code"] == "too_many_connections"
 
     admitted[0].send(request("/metrics"))  # an admitted keep-alive connection still gets answers
     status, body = await admitted[0].response()
@@ -219,31 +219,62 @@ async def test_client_abort_mid_archive_is_logged_as_aborted_not_crashed(proxy_p
     assert 'status="500"' not in body.decode()
 
 
+async def test_client_abort_mid_cold_archive_is_logged_as_aborted_too(proxy_process, connect, registry, big_release):
+    """Issue 18, item 11: a cold archive streamed as it downloads was logged `status 200, bytes 0` plus
+    a warning when its client went away; it is a 499 as on the warm path, and the download goes on."""
+    registry.trickle[registry.archive_path(big_release, "linux_amd64")] = 4 * MIB  # about two seconds
+    proc = await proxy_process()
+    client = await _open(proc, receive_buffer=32 * 1024, stop_reading_after=64 * 1024)
+    client.send(request(BIG_ARCHIVE, headers={"X-Request-Id": "abort-cold"}))
+    await asyncio.wait_for(client.got_data.wait(), 20)
+    assert client.status() == 200
+    client.abort()
+
+    def aborted() -> list[dict]:
+        return [e for e in proc.events("request.aborted") if e.get("request_id") == "abort-cold"]
+
+    assert await _until(lambda: bool(aborted()), 15), "the abort was not logged as request.aborted"
+    record = aborted()[0]
+    assert record["status"] == 499 and record["path"] == BIG_ARCHIVE and record["level"] == "info"
+    assert 0 < record["bytes"] < len(big_release.zips["linux_amd64"])
+    assert not [e for e in proc.events("request") if e.get("request_id") == "abort-cold"]
+    assert not [
+        e for e in proc.events() if e.get("level") in ("warning", "error") and e.get("request_id") == "abort-cold"
+    ]
+    await _warm(proc, connect, big_release)  # the download went on: served whole
+    assert proc.events("request.crashed") == []
+
+
 # ---- parser errors ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("name", "data", "status", "message"),
+    ("name", "data", "status", "code"),
     [
-        ("oversized header", request("/healthz", headers={"X-Big": "a" * 65536}), 431, "request header"),
-        ("too many headers", request("/healthz", headers={f"X-{i}": "1" for i in range(200)}), 431, "request header"),
-        ("oversized request line", request("/" + "a" * 65536), 414, "request line too long"),
-        ("bad method", b"G(T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request"),
-        ("unknown method", b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request"),
-        ("bad version", request("/healthz", version="HTTP/9.9"), 400, "malformed request"),
-        ("HTTP/2 in an HTTP/1 head", request("/healthz", version="HTTP/2.0"), 505, "HTTP version not supported"),
-        ("binary garbage", b"\x00\x01\x02\x03\r\n\r\n", 400, "malformed request"),
+        ("oversized header", request("/healthz", headers={"X-Big": "a" * 65536}), 431, "request_headers_too_large"),
+        (
+            "too many headers",
+            request("/healthz", headers={f"X-{i}": "1" for i in range(200)}),
+            431,
+            "request_headers_too_large",
+        ),
+        ("oversized request line", request("/" + "a" * 65536), 414, "request_line_too_long"),
+        ("bad method", b"G(T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed_request"),
+        ("unknown method", b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed_request"),
+        ("bad version", request("/healthz", version="HTTP/9.9"), 400, "malformed_request"),
+        ("HTTP/2 in an HTTP/1 head", request("/healthz", version="HTTP/2.0"), 505, "http_version_not_supported"),
+        ("binary garbage", b"\x00\x01\x02\x03\r\n\r\n", 400, "malformed_request"),
     ],
 )
-async def test_parser_errors_get_a_json_error_body(proxy_process, name, data, status, message):
+async def test_parser_errors_get_a_json_error_body(proxy_process, name, data, status, code):
     proc = await proxy_process()
     client = await exchange("127.0.0.1", proc.port, _context(proc), data)
     assert client.status() == status, bytes(client.head[:300])
     head = bytes(client.head).partition(b"\r\n\r\n")[0].decode().lower()
     assert "content-type: application/json" in head
-    errors = json.loads(client.body())["errors"]
-    assert len(errors) == 1 and errors[0].startswith(message), errors
-    assert "aaaa" not in errors[0] and "G(T" not in errors[0]  # the client's bytes are not echoed
+    document = json.loads(client.body())
+    assert document["code"] == code and len(document["errors"]) == 1, document
+    assert "aaaa" not in document["errors"][0] and "G(T" not in document["errors"][0]  # the bytes are not echoed
     assert proc.events("request.crashed") == []
 
 
@@ -253,4 +284,5 @@ async def test_wrong_method_on_a_known_route_is_a_json_405(proxy_process):
         "127.0.0.1", proc.port, _context(proc), request("/healthz", method="DELETE", headers={"Connection": "close"})
     )
     assert client.status() == 405
-    assert json.loads(client.body()) == {"errors": ["Method Not Allowed: DELETE /healthz"]}
+    assert json.loads(client.body())["code"] == "method_not_allowed"
+    assert b"\r\nAllow: GET,HEAD\r\n" in bytes(client.head).partition(b"\r\n\r\n")[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import json
 import os
 import subprocess
 import time
@@ -21,6 +22,7 @@ import aiohttp
 import pytest
 
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
+from tests.fakes.process import wait_for
 from tests.fakes.registry import ModuleRelease
 
 MiB = 2**20
@@ -149,7 +151,7 @@ async def test_below_the_floor_archives_are_relayed_verified_and_not_stored(
     registry.tampered.clear()
 
     status, _, body = await client.get("/lock/v1/registry.example.test/acme/foo/1.0.0?platform=linux_amd64")
-    assert status == 503 and b"disk" in body, body
+    assert (status, json.loads(body)["code"]) == (503, "disk_full"), body
 
     filler.unlink()
     assert (await readyz(client, 200))["checks"]["disk_space"] is True
@@ -199,12 +201,45 @@ async def test_enospc_while_downloading_and_failed_metadata_writes(
     assert len(skipped) == 1, skipped
 
     status, headers, body = await client.get(f"{MIRROR}/foo/1.0.0.json")
-    assert status == 503 and headers["Content-Type"] == "application/json" and b"disk is full" in body, body
+    assert status == 503 and headers["Content-Type"] == "application/json", body
+    assert json.loads(body)["code"] == "disk_full", body
     assert not [e for e in proc.events("security.verification_failed") if e["check"] == "signature"]
     assert not stored(small_disk) and not temp_files(small_disk)
 
     filler.unlink()
     more.unlink()
+    status, _, data = await client.get(BIG)
+    assert status == 200 and hashlib.sha256(data).hexdigest() == big.sha256("linux_amd64")
+    assert stored(small_disk) == {big.sha256("linux_amd64")}
+
+
+async def test_a_client_following_a_cold_download_gets_it_whole_when_the_disk_fills(
+    small_disk, proxy_process, connect, registry, big, monkeypatch
+):
+    """The disk fills while a cold archive downloads (issue 18, item 8): the client that follows the
+    download (the first, with the Content-Length announced) gets the rest relayed from the upstream and
+    verified, not a cut body; nothing is stored."""
+    monkeypatch.setenv(FLOOR_ENV, "0")  # only the failing write tells the proxy the disk is full
+    hold = registry.hold(registry.archive_path(big, "linux_amd64"))
+    proc = await proxy_process(data_dir=small_disk)
+    client = await connect(proc)
+    await readyz(client, 200)
+
+    first = asyncio.ensure_future(client.get(BIG))
+    notices = small_disk / "archives" / "growing"
+    await wait_for(lambda: any(notices.glob("*.json")), 15, "the download to be announced for followers")
+    filler = fill(small_disk, leave=2 * MiB)  # about half of the 4 MiB archive fits
+    hold.release.set()
+    status, headers, data = await first
+    assert status == 200, data[:300]
+    assert int(headers["Content-Length"]) == len(data)
+    assert hashlib.sha256(data).hexdigest() == big.sha256("linux_amd64")
+    assert proc.events("storage.disk_full")  # the write did fail midway
+    assert [e["sent_bytes"] > 0 for e in proc.events("archive.rest_relayed")] == [True]  # after what was written
+    assert await passthrough_count(client, "provider", "complete") == 1
+    assert not stored(small_disk) and not temp_files(small_disk)
+
+    filler.unlink()
     status, _, data = await client.get(BIG)
     assert status == 200 and hashlib.sha256(data).hexdigest() == big.sha256("linux_amd64")
     assert stored(small_disk) == {big.sha256("linux_amd64")}
@@ -228,11 +263,11 @@ async def test_modules_are_relayed_only_with_a_checksum_pin(small_disk, proxy_pr
 
     status, headers, body = await client.get(f"{MODULES}/net/aws/1.1.0/archive.tar.gz")
     assert status == 503 and headers["Content-Type"] == "application/json", body
-    assert b"disk" in body and b"checksum" in body
+    assert json.loads(body)["code"] == "disk_full" and b"checksum" in body  # says a ?checksum= pin would do
     assert not stored(small_disk) and not temp_files(small_disk)
 
     # a tampered archive of one chunk is withheld whole: nothing was sent, so the answer is a clean 502
     registry.static["net.tar.gz"] = archive[:-1] + bytes([archive[-1] ^ 1])
     status, _, body = await client.get(f"{MODULES}/net/aws/1.0.0/archive.tar.gz")
-    assert status == 502 and b"pins" in body, body
+    assert (status, json.loads(body)["code"]) == (502, "checksum_mismatch"), body
     assert await passthrough_count(client, "module", "verification_failed") == 1

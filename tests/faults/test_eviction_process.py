@@ -23,7 +23,9 @@ async def test_an_archive_over_the_cap_is_evicted_after_its_grace_and_fetched_ag
     proxy_process, connect, registry, signing_key
 ):
     registry.add(Release("acme", "big", "1.0.0", signing_key, platforms=("linux_amd64",), noise=64 * 1024))
-    proc = await proxy_process("--max-store-size", "1KiB", "--eviction-grace", "1s", "--eviction-interval", "200ms")
+    proc = await proxy_process(
+        "--unsafe-short-timings", "--max-store-size", "1KiB", "--eviction-grace", "1s", "--eviction-interval", "200ms"
+    )
     client = await connect(proc)
     objects = proc.data_dir / "archives" / "sha256"
 

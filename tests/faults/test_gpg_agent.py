@@ -62,7 +62,9 @@ async def test_no_gpg_agent_outlives_the_proxy(proxy_process, connect, registry,
 
 async def test_an_agent_left_in_the_data_dir_is_stopped_at_shutdown(proxy_process, connect, tmp_path):
     """An agent started earlier for the data dir's keyring (by an older version) goes with the proxy."""
-    data_dir = tmp_path / "proxy-data"
+    # A short path: the agent's sockets (S.gpg-agent.browser the longest) must fit in 107 bytes, and a
+    # parallel worker's tmp_path is longer (".../popen-gw2/test_an_agent_left_in_the_data0/").
+    data_dir = tmp_path / "d"
     home = data_dir / "gnupg"
     home.mkdir(parents=True, mode=0o700)
     starter = await asyncio.create_subprocess_exec(

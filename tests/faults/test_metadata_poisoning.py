@@ -13,10 +13,9 @@ import sqlite3
 import uuid
 
 import pytest
-import redis
 
 from proxy.cache.sealed import seal, unseal
-from proxy.hashes import h1_of_zip, zh_hash
+from proxy.hashes import Hash, h1_of_zip
 
 PROVIDER = "registry.example.test/acme/foo"
 ARCHIVE = "/mirror/v1/" + PROVIDER + "/{v}/{p}/terraform-provider-foo_{v}_{p}.zip"
@@ -24,19 +23,12 @@ SECRET = "test-metadata-secret-0123456789abcdef"
 
 
 def h1_dir(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 @pytest.fixture
 def prefix() -> str:
     return f"poison-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def attacker(redis_server):
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def redis_args(redis_server, prefix: str, secret: str = SECRET) -> tuple[str, ...]:
@@ -108,7 +100,7 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
     assert status == 200
     platforms = json.loads(body)["platforms"]
     for platform in ("linux_amd64", "darwin_arm64", "windows_amd64"):
-        assert platforms[platform] == {"h1": h1_dir(new.zips[platform]), "zh": zh_hash(new.sha256(platform))}
+        assert platforms[platform] == {"h1": h1_dir(new.zips[platform]), "zh": str(Hash.zh(new.sha256(platform)))}
 
     poisoned = {record["key"] for record in proc.events("security.metadata_poisoned")}
     assert {

@@ -60,6 +60,7 @@ def assert_json_error(status: int, headers: CIMultiDict, body: bytes, expected: 
     assert headers["Content-Type"].startswith("application/json")
     document = json.loads(body)
     assert isinstance(document["errors"], list) and document["errors"] and all(document["errors"])
+    assert document["code"] == {412: "precondition_failed", 416: "range_not_satisfiable"}.get(expected), document
 
 
 async def test_range_with_thousands_of_digits_is_never_a_server_error(served: Served) -> None:

@@ -33,6 +33,7 @@ async def test_the_least_recently_served_object_leaves_the_bucket_and_comes_back
     # a grace long enough that nothing goes before the test ages the objects; two archives exceed the cap
     proc = await proxy_process(
         *s3_server.flags(s3_bucket),
+        "--unsafe-short-timings",
         "--max-store-size",
         "100KiB",
         "--eviction-grace",

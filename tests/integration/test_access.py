@@ -16,6 +16,7 @@ from yarl import URL
 
 from proxy.auth import hash_token
 from proxy.credentials import UpstreamCredentials
+from proxy.errors import HostNotAllowedError
 from tests.conftest import serve_proxy
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES, Release
@@ -163,11 +164,15 @@ async def test_nothing_private_leaks_to_anonymous_or_other_scoped_clients_even_w
             f"/lock/v1/{PRIVATE}/acme/foo/1.0.0?platform=linux_amd64",
         ]
         for path in probes:
-            for who, expected in ((None, 401), ("rpt_forged", 401), (PUBLIC, 403), (OTHER_NS, 403)):
+            for who, expected in (
+                (None, "token_required"),
+                ("rpt_forged", "token_invalid"),
+                (PUBLIC, "token_scope"),
+                (OTHER_NS, "token_scope"),
+            ):
                 status, headers, body = await proxy.get(path, **(bearer(who) if who else {}))
-                assert status == expected, (path, who)
-                assert headers["Content-Type"] == "application/json"
-                assert list(json.loads(body)) == ["errors"] and secret_bytes not in body
+                assert (status, json.loads(body)["code"]) == (403 if expected == "token_scope" else 401, expected)
+                assert headers["Content-Type"] == "application/json" and secret_bytes not in body
         for who in (None, PUBLIC):
             async with proxy.session.head(proxy.url + ARCHIVE, **(bearer(who) if who else {})) as response:
                 assert response.status in (401, 403) and "ETag" not in response.headers
@@ -180,7 +185,8 @@ async def test_nothing_private_leaks_to_anonymous_or_other_scoped_clients_even_w
     async with serve_proxy(access_settings(auth_tokens=None), client_ssl) as proxy:
         for path in (f"{PRIVATE_MIRROR}/1.0.0.json", ARCHIVE, f"{ARCHIVE}?{grant_url.partition('?')[2]}"):
             status, _, body = await proxy.get(path, **bearer(ALL))
-            assert status == 403 and "private" in json.loads(body)["errors"][0] and secret_bytes not in body
+            assert status == 403 and secret_bytes not in body
+            assert json.loads(body) == HostNotAllowedError.for_host(PRIVATE).document()  # as if unknown
         assert (await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json"))[0] == 200  # public: anonymous
 
 
@@ -188,21 +194,26 @@ async def test_401_and_403_answers(access_settings, client_ssl):
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         status, headers, body = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json")
         assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="registry-proxy"'
-        assert "token is required (no token)" in json.loads(body)["errors"][0]
-        status, headers, _ = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", **bearer("nope"))
+        assert json.loads(body)["code"] == "token_required"
+        assert "`Authorization: Bearer TOKEN`" in json.loads(body)["errors"][0]  # the message says what to send
+        status, headers, body = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", **bearer("nope"))
         assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="registry-proxy", error="invalid_token"'
-        status, headers, _ = await proxy.get(
+        assert json.loads(body)["code"] == "token_invalid"
+        status, headers, body = await proxy.get(
             f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", headers={"Authorization": f"Basic {PUBLIC}"}
         )
-        assert status == 401
+        assert (status, json.loads(body)["code"]) == (401, "token_required")
         status, headers, body = await proxy.get(f"{PRIVATE_MIRROR}/index.json", **bearer(PUBLIC))
         assert status == 403 and "WWW-Authenticate" not in headers
-        assert json.loads(body) == {"errors": [f"this token may not read {PRIVATE}"]}
+        assert json.loads(body) == {"errors": [f"this token may not read {PRIVATE}"], "code": "token_scope"}
         assert (await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json", **bearer(PUBLIC)))[0] == 200
         status, _, body = await proxy.get(
             f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0?platform=linux_amd64", **bearer(PUBLIC)
         )
-        assert status == 403 and json.loads(body) == {"errors": ["this token may not call /lock/v1"]}
+        assert status == 403 and json.loads(body) == {
+            "errors": ["this token may not call /lock/v1"],
+            "code": "token_scope",
+        }
         status, _, body = await proxy.get(
             f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.0.0?platform=linux_amd64", **bearer(ALL)
         )
@@ -336,7 +347,9 @@ async def test_the_page_needs_a_token_and_lists_only_what_the_token_may_read(
         assert (await proxy.get(ARCHIVE, **bearer(ALL)))[0] == 200
         assert (await proxy.get(public_archive, **bearer(ALL)))[0] == 200
         status, headers, body = await proxy.get("/")
-        assert status == 401 and "Bearer" in headers["WWW-Authenticate"] and "errors" in json.loads(body)
+        assert (
+            status == 401 and "Bearer" in headers["WWW-Authenticate"] and json.loads(body)["code"] == "token_required"
+        )
         _, _, everything = await proxy.get("/", **bearer(ALL))
         _, _, public_only = await proxy.get("/", **bearer(PUBLIC))
         assert PRIVATE.encode() in everything and b"hashicorp" in everything

@@ -14,6 +14,7 @@ import pytest
 
 from proxy.cli import main
 from tests.conftest import serve_proxy
+from tests.fakes.ports import PORT_ATTEMPTS, free_port
 from tests.fakes.process import REPO_ROOT
 
 
@@ -111,6 +112,7 @@ def test_serve_configuration_errors(
     assert not (tmp_path / "data" / "tls").exists()  # stopped before anything was made
 
 
+@pytest.mark.process
 def test_serve_configuration_error_from_the_real_process(tmp_path: Path) -> None:
     result = run_cli(
         "serve",
@@ -151,6 +153,7 @@ def test_valid_env_booleans_and_levels_are_accepted(
     assert_one_line(result, 2, "missing-ca.pem")
 
 
+@pytest.mark.process
 def test_export_refuses_an_unknown_suffix(tmp_path: Path) -> None:
     result = run_cli("export", "--data-dir", str(tmp_path / "data"), "--out", "bundle.zip", cwd=tmp_path)
     assert_one_line(result, 1, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
@@ -158,6 +161,7 @@ def test_export_refuses_an_unknown_suffix(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*bundle*"))
 
 
+@pytest.mark.process
 def test_lock_with_a_bad_proxy_url(tmp_path: Path) -> None:
     result = run_cli("lock", str(tmp_path), "--proxy", "not a url", "--platform", "linux_amd64", cwd=tmp_path)
     assert_one_line(result, 1, "invalid --proxy", "base URL")
@@ -193,10 +197,9 @@ def test_lock_with_a_missing_ca_file(
     assert_one_line(result, 1, "nowhere.pem", "--ca-file")
 
 
-def test_warm_with_nothing_listening(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+@pytest.mark.process
+def test_warm_with_nothing_listening(tmp_path: Path, refused_port: int) -> None:
+    port = refused_port
     result = run_cli(
         "warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64", cwd=tmp_path
     )
@@ -218,6 +221,7 @@ async def _cli(*argv: str, cwd: Path, **env: str) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(argv, process.returncode or 0, out.decode(), err.decode())
 
 
+@pytest.mark.process
 async def test_lock_and_warm_with_an_untrusted_proxy_certificate(
     make_local_settings, client_ssl, tmp_path: Path, ca_file: Path
 ) -> None:
@@ -245,6 +249,7 @@ async def _untrusted_then_trusted(proxy, tmp_path: Path, ca_file: Path) -> None:
     assert trusted.returncode == 0, trusted.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_listening_is_logged_only_after_the_bind(tmp_path: Path, workers: str) -> None:
     """With the port taken, the bind fails: no `proxy.listening` before it, exit 1 (one error line from a
@@ -275,46 +280,38 @@ def test_listening_is_logged_only_after_the_bind(tmp_path: Path, workers: str) -
         assert len(errors) == 1 and "in use" in errors[0], result.stderr
 
 
-def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
-    """A relative --data-dir still gives an absolute CA path; the snippet names this proxy's mirror URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--data-dir",
-            "relative-data",
-            "--workers",
-            "1",
-            "--listen",
-            f"0.0.0.0:{port}",
-            "--log-format",
-            "json",
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def log_until_listening(argv: list[str], cwd: Path) -> dict[str, dict]:
+    """Run `serve ARGV` with JSON logs until it listens, then stop it: its log records by event."""
+    command = [sys.executable, "-m", "proxy", "serve", "--log-format", "json", *argv]
+    process = subprocess.Popen(command, cwd=cwd, env=_env(), stderr=subprocess.PIPE, text=True)
     records: dict[str, dict] = {}
     try:
         assert process.stderr is not None
         for line in process.stderr:  # ends when the process exits; the test's timeout bounds it
-            record = json.loads(line) if line.startswith("{") else {}
+            record = json.loads(line) if line.startswith("{") else {"line": line}
             records[record.get("event", "")] = record
             if "proxy.listening" in records:
                 break
     finally:
         process.terminate()
         process.wait(timeout=30)
+    return records
+
+
+@pytest.mark.process
+def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
+    """A relative --data-dir still gives an absolute CA path; the snippet names this proxy's mirror URL."""
+    for _ in range(PORT_ATTEMPTS):  # again on another port if another test took this one first
+        port = free_port()
+        records = log_until_listening(
+            ["--data-dir", "relative-data", "--workers", "1", "--listen", f"0.0.0.0:{port}"], cwd=tmp_path
+        )
+        if "proxy.listening" in records or "in use" not in str(records.get("", "")):
+            break
     hint = records["tls.local_ca"]
     ca_path = Path(hint["ca_file"])
     assert ca_path.is_absolute() and ca_path == (tmp_path / "relative-data" / "tls" / "ca.pem").resolve()
-    assert f"SSL_CERT_FILE={ca_path}" in hint["hint"]
+    assert f"SSL_CERT_FILE={ca_path.with_name('ca-bundle.pem')} " in hint["hint"]
     assert hint["cli_config"] == (
         f'provider_installation {{\n  network_mirror {{\n    url = "https://127.0.0.1:{port}/mirror/v1/"\n  }}\n}}\n'
     )

@@ -162,7 +162,7 @@ async def test_the_h1_of_a_cold_archive_is_hashed_as_it_streams(proxy, registry,
     assert [e["members"] for e in logs if e["event"] == "archive.h1_streamed"] == [2]
     assert not [e for e in logs if e["event"] == "archive.h1_not_streamed"]
     status, _, doc = await proxy.get(BIG_VERSION)
-    assert status == 200 and version_hashes(doc) == set(h1_of_zip(io.BytesIO(body)))
+    assert status == 200 and version_hashes(doc) == set(map(str, h1_of_zip(io.BytesIO(body))))
 
 
 async def test_an_archive_the_stream_cannot_vouch_for_is_hashed_from_its_central_directory(proxy, registry, big):
@@ -178,4 +178,4 @@ async def test_an_archive_the_stream_cannot_vouch_for_is_hashed_from_its_central
         "no local file header at offset 0"
     ]
     status, _, doc = await proxy.get(BIG_VERSION)
-    assert status == 200 and version_hashes(doc) == set(h1_of_zip(io.BytesIO(zipped)))
+    assert status == 200 and version_hashes(doc) == set(map(str, h1_of_zip(io.BytesIO(zipped))))

@@ -12,6 +12,10 @@ from proxy.addrs import AddressError, Hostname, ModuleAddr, Version
 from proxy.errors import ProxyError
 from proxy.web.middlewares import INVALID_REQUEST_ERRORS
 
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
 
 def address_error(parse, *args) -> str:
     with pytest.raises(AddressError) as info:
@@ -38,5 +42,5 @@ def test_address_errors_are_neutral_and_mapped_by_the_web_layer() -> None:
 async def test_a_malformed_address_answers_400_with_its_message(proxy, path, message) -> None:
     with capture_logs() as logs:
         status, body = await proxy.json(path)
-    assert (status, body) == (400, {"errors": [message()]})
+    assert (status, body) == (400, {"errors": [message()], "code": "invalid_address"})
     assert not [e for e in logs if e["event"] in ("request.failed", "request.crashed")]  # expected, as before

@@ -15,8 +15,7 @@ from proxy.metrics import Metrics
 from proxy.singleflight import LocalLocks
 from proxy.storage import ArchiveStore, DiskSpace, Evictor, ServedArchives
 from proxy.storage.disk import DiskStore
-from tests.fakes.process import wait_for
-from tests.fakes.redis_server import free_port
+from tests.fakes.process import wait_for, wait_until
 
 LONG_AGO = 3 * 86400
 WAIT = 10
@@ -95,10 +94,15 @@ async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path
     now = time.time()
     await metadata.note_served({first: now - 3000, second: now - 9000, third: now - 1000})
     job = evictor(store, metadata, cap=2000, interval=0.05)
+
+    async def forgotten() -> bool:
+        return second not in await metadata.served_times()
+
     job.start()
     try:
-        # no publish wakes it: only the interval does
+        # no publish wakes it: only the interval does; the run removes the file, then forgets its served time
         await wait_for(lambda: not store.path_for(second).exists(), WAIT, "the periodic run to evict")
+        await wait_until(forgotten, WAIT, "the periodic run to forget the evicted archive's served time")
     finally:
         await job.close()
     assert await present(store) == {first, third}
@@ -106,9 +110,9 @@ async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path
     await metadata.close()
 
 
-async def test_nothing_is_evicted_while_the_fleet_s_served_times_cannot_be_read(store, tmp_path):
+async def test_nothing_is_evicted_while_the_fleet_s_served_times_cannot_be_read(store, tmp_path, refused_port):
     """Redis down: evicting by file times alone could remove what other replicas serve all day."""
-    metadata = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix="nobody-listens")
+    metadata = RedisStore(f"redis://127.0.0.1:{refused_port}/0", prefix="nobody-listens")
     shas = {await publish(store, bytes([n]) * 1000, LONG_AGO) for n in range(3)}
     run = await evictor(store, metadata, cap=1000).run()
     assert run.excess == 2000 and run.evicted == ()

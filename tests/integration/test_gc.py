@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from proxy.cache import CacheEntry
 from proxy.cache.factory import open_metadata
 from proxy.cache.redis import RedisNegatives, RedisStore
@@ -22,7 +24,6 @@ from proxy.storage import ArchiveStore
 from proxy.storage.disk import DiskStore
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.process import REPO_ROOT
-from tests.fakes.redis_server import free_port
 from tests.fakes.store_holder import StoreHolder
 
 LONG_AGO = 3 * 86400
@@ -42,14 +43,14 @@ async def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
 
 async def gc(settings, *extra: str) -> tuple[int, str]:
     args = [sys.executable, "-m", "proxy", "gc", "--data-dir", str(settings.data_dir), *extra]
-    if settings.redis_url:
+    if settings.metadata.redis_url:
         args += [
             "--redis-url",
-            settings.redis_url,
+            settings.metadata.redis_url,
             "--redis-prefix",
-            settings.redis_prefix,
+            settings.metadata.redis_prefix,
             "--metadata-secret",
-            settings.metadata_secret,
+            settings.metadata.metadata_secret,
         ]
     process = await asyncio.create_subprocess_exec(
         *args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
@@ -62,6 +63,7 @@ def lines_of(output: str, kind: str) -> list[list[str]]:
     return [line.split() for line in output.splitlines() if len(line.split()) >= 4 and line.split()[-3] == kind]
 
 
+@pytest.mark.process
 async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp_path):
     settings = make_settings()
     async with serve_proxy(settings, client_ssl) as proxy:
@@ -88,9 +90,9 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
     await times.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
     expired = CacheEntry(404, b"", f"{registry.url}/v1/providers/acme/gone/versions", now - 7200)
     await metadata.set(GONE_KEY, expired.encode())  # as versions before the negative bound wrote them
-    if settings.redis_url:
-        redis = RedisStore(settings.redis_url, prefix=settings.redis_prefix)
-        old_clock = RedisNegatives(redis, 100, 1 << 20, 3600.0, clock=lambda: now - 7200)
+    if settings.metadata.redis_url:
+        redis = RedisStore(settings.metadata.redis_url, prefix=settings.metadata.redis_prefix)
+        old_clock = RedisNegatives(redis, metadata.seal, 100, 1 << 20, 3600.0, clock=lambda: now - 7200)
         await old_clock.put("versions:registry.example.test/acme/forgotten", expired.encode())
         await redis.close()
     await metadata.close()
@@ -109,7 +111,7 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
         assert [int(line[-2]) for line in lines_of(dry, "temp")] == [4096]
         assert [line[-1] for line in lines_of(dry, "quarantine")] == [str(old_quarantined)]
         assert GONE_KEY in [line[-1] for line in lines_of(dry, "old-negative")]
-        if settings.redis_url:
+        if settings.metadata.redis_url:
             assert [line[-1] for line in lines_of(dry, "negative")] == ["versions:registry.example.test/acme/forgotten"]
         total = sum(int(line.split()[-2]) for line in dry.splitlines()[:-1] if line.startswith("would remove"))
         assert total >= 9000 + 4096 + 777
@@ -152,6 +154,7 @@ async def check_after_gc(settings, client_ssl, registry, orphan: str, body: byte
     assert code == 0 and lines_of(second, "archive") == [] and "0 item(s), 0 bytes" in second, second
 
 
+@pytest.mark.process
 async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_settings, client_ssl, registry):
     """A wrong secret (or a forged record) must not make every archive look orphaned."""
     settings = make_local_settings()
@@ -171,9 +174,10 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
     assert store.path_for(live).exists()
 
 
-async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path):
+@pytest.mark.process
+async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path, refused_port):
     """Redis down: nothing is known to be unreferenced, so nothing is removed."""
-    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret="s" * 32)
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{refused_port}/0", metadata_secret="s" * 32)
     store = DiskStore(settings.archive_dir)
     await store.open()
     orphan = await publish(store, b"an orphan", time.time() - LONG_AGO)

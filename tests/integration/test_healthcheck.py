@@ -13,7 +13,6 @@ import pytest
 import trustme
 
 from tests.fakes.process import REPO_ROOT, ProxyProcess
-from tests.fakes.redis_server import free_port
 
 PREFIX = "registry-proxy healthcheck: "
 
@@ -94,6 +93,7 @@ async def configured_cert_proxy(tmp_path, registry, ca_file, server_cert_files):
     await proxy.stop()
 
 
+@pytest.mark.process
 async def test_a_configured_certificate_is_trusted_as_it_is(configured_cert_proxy, server_cert_files, tmp_path):
     proxy = configured_cert_proxy
     cert, _ = server_cert_files
@@ -107,8 +107,9 @@ async def test_a_configured_certificate_is_trusted_as_it_is(configured_cert_prox
     assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in line, line
 
 
-async def test_a_dead_port_is_unhealthy():
-    port = free_port()
+@pytest.mark.process
+async def test_a_dead_port_is_unhealthy(refused_port):
+    port = refused_port
     code, line = await healthcheck({"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{port}", "REGISTRY_PROXY_PLAIN_HTTP": "1"})
     assert code == 1
     assert line.startswith(f"{PREFIX}unhealthy: cannot reach http://127.0.0.1:{port}/readyz"), line
@@ -122,6 +123,7 @@ async def test_not_ready_below_the_free_space_floor(proxy_process):
     assert "disk_space" in line
 
 
+@pytest.mark.process
 async def test_a_bad_setting_exits_1_not_docker_reserved_2(tmp_path):
     code, line = await healthcheck({"REGISTRY_PROXY_LISTEN": "no-port-here"})
     assert code == 1

@@ -11,6 +11,10 @@ from proxy.hashes import h1_of_zip
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release, provider_zip
 
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
 
 async def test_index_lists_canonical_versions_as_application_json(proxy):
     async with proxy.session.get(f"{proxy.url}/mirror/v1/{PROVIDER}/index.json") as response:
@@ -40,7 +44,7 @@ async def test_version_document_gains_both_h1_forms_once_archive_is_verified(pro
     status, _, _ = await proxy.get(f"/mirror/v1/{PROVIDER}/2.0.0/linux_amd64/{name}")
     assert status == 200
     status, body = await proxy.json(f"/mirror/v1/{PROVIDER}/2.0.0.json")
-    zip_form, dir_form = h1_of_zip(io.BytesIO(release.zips["linux_amd64"]))
+    zip_form, dir_form = map(str, h1_of_zip(io.BytesIO(release.zips["linux_amd64"])))
     assert zip_form != dir_form  # the zip has a directory entry
     zh = f"zh:{release.sha256('linux_amd64')}"
     assert body["archives"]["linux_amd64"]["hashes"] == sorted([zip_form, dir_form, zh])
@@ -49,31 +53,30 @@ async def test_version_document_gains_both_h1_forms_once_archive_is_verified(pro
 
 
 @pytest.mark.parametrize(
-    "path, status",
+    "path, status, code",
     [
-        (f"/mirror/v1/{PROVIDER.replace('foo', 'nope')}/index.json", 404),
-        (f"/mirror/v1/{PROVIDER}/9.9.9.json", 404),
-        (f"/mirror/v1/{PROVIDER}/index.txt", 404),
-        ("/mirror/v1/registry.example.test/acme/../index.json", 404),
-        ("/mirror/v1/registry.example.test/ac%2fme/foo/index.json", 400),
-        ("/mirror/v1/registry.example.test/-acme/foo/index.json", 400),
-        ("/mirror/v1/registry.example.test/acme/" + "f" * 65 + "/index.json", 400),
-        ("/mirror/v1/registry.example.test/acme/foo/1.0.json", 400),
-        ("/mirror/v1/registry.example.test/acme/foo/not-a-version.json", 400),
-        ("/mirror/v1/bad_host!/acme/foo/index.json", 400),
-        ("/nothing/here", 404),
+        (f"/mirror/v1/{PROVIDER.replace('foo', 'nope')}/index.json", 404, "provider_not_found"),
+        (f"/mirror/v1/{PROVIDER}/9.9.9.json", 404, "version_not_found"),
+        (f"/mirror/v1/{PROVIDER}/index.txt", 404, "document_not_found"),
+        ("/mirror/v1/registry.example.test/acme/../index.json", 404, "endpoint_not_found"),
+        ("/mirror/v1/registry.example.test/ac%2fme/foo/index.json", 400, "invalid_address"),
+        ("/mirror/v1/registry.example.test/-acme/foo/index.json", 400, "invalid_address"),
+        ("/mirror/v1/registry.example.test/acme/" + "f" * 65 + "/index.json", 400, "invalid_address"),
+        ("/mirror/v1/registry.example.test/acme/foo/1.0.json", 400, "invalid_address"),
+        ("/mirror/v1/registry.example.test/acme/foo/not-a-version.json", 400, "invalid_address"),
+        ("/mirror/v1/bad_host!/acme/foo/index.json", 400, "invalid_address"),
+        ("/nothing/here", 404, "endpoint_not_found"),
     ],
 )
-async def test_errors_have_the_right_status_and_a_json_body(proxy, path, status):
+async def test_errors_have_the_right_status_and_a_json_body(proxy, path, status, code):
     got, body = await proxy.json(path)
-    assert got == status, body
+    assert (got, body["code"]) == (status, code), body
     assert isinstance(body["errors"], list) and body["errors"] and all(isinstance(m, str) for m in body["errors"])
 
 
 async def test_disallowed_host_is_refused_without_any_upstream_request(proxy, registry):
     got, body = await proxy.json("/mirror/v1/registry.terraform.io/hashicorp/aws/index.json")
-    assert got == 403
-    assert "not allowed" in body["errors"][0]
+    assert (got, body["code"]) == (403, "host_not_allowed")
     assert registry.requests == []
 
 
@@ -90,7 +93,8 @@ async def test_default_allowlist_names_the_public_registries(make_settings, clie
         make_settings(allowed_hosts=frozenset(DEFAULT_ALLOWED_HOSTS), upstream_map={}), client_ssl
     ) as running:
         got, body = await running.json("/mirror/v1/evil.example.com/acme/foo/index.json")
-        assert got == 403 and "--allow-host" in body["errors"][0]
+        assert (got, body["code"]) == (403, "host_not_allowed")
+        assert "--allow-host" in body["errors"][0]  # says how the operator allows it
 
 
 async def test_health_ready_and_metrics(proxy):

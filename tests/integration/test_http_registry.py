@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import time
 
 import pytest
 from structlog.testing import capture_logs
@@ -13,6 +14,11 @@ from tests.conftest import serve_proxy
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.registry import ModuleRelease
+
+# The metadata store does not matter to what these tests check (the contract suites, the warm-path,
+# freshness and failure tests run over both): the embedded store only.
+pytestmark = pytest.mark.one_metadata_store
+
 
 P = "/registry/registry.example.test/providers/v1/acme/foo"
 M = "/registry/registry.example.test/modules/v1/acme/net/aws"
@@ -62,7 +68,7 @@ async def test_shasums_and_signature_are_byte_identical(proxy, registry):
 async def test_unverifiable_shasums_are_not_served(proxy, registry, other_key):
     release_of(registry).signature = other_key.sign(release_of(registry).shasums)
     status, body = await proxy.json(f"{P}/1.0.0/download/linux/amd64/SHA256SUMS")
-    assert status == 502 and "signature" in body["errors"][0]
+    assert (status, body["code"]) == (502, "signature_invalid")
 
 
 async def test_registry_and_mirror_share_one_verified_archive(proxy, registry):
@@ -77,11 +83,13 @@ async def test_registry_and_mirror_share_one_verified_archive(proxy, registry):
 
 
 async def test_registry_errors(proxy, registry):
-    assert (await proxy.json(f"{P}/9.9.9/download/linux/amd64"))[0] == 404
-    assert (await proxy.json("/registry/registry.example.test/providers/v1/acme/nope/versions"))[0] == 404
+    status, body = await proxy.json(f"{P}/9.9.9/download/linux/amd64")
+    assert (status, body["code"]) == (404, "version_not_found")
+    status, body = await proxy.json("/registry/registry.example.test/providers/v1/acme/nope/versions")
+    assert (status, body["code"]) == (404, "provider_not_found")
     before = len(registry.requests)
     status, body = await proxy.json("/registry/registry.terraform.io/providers/v1/hashicorp/aws/versions")
-    assert status == 403 and "not allowed" in body["errors"][0]
+    assert (status, body["code"]) == (403, "host_not_allowed")
     assert len(registry.requests) == before
 
 
@@ -151,7 +159,7 @@ async def test_subdir_is_preserved(proxy, net_module):
 async def test_refused_module_sources(proxy, net_module, location, reason):
     net_module.location = location
     status, body = await proxy.json(f"{M}/1.0.0/download")
-    assert status == 502 and reason in body["errors"][0]
+    assert (status, body["code"]) == (502, "module_source_refused") and reason in body["errors"][0]  # says why
 
 
 async def test_unproxied_sources_pass_through_unless_denied(make_settings, client_ssl, registry, net_module):
@@ -161,7 +169,8 @@ async def test_unproxied_sources_pass_through_unless_denied(make_settings, clien
         assert (status, body["location"]) == (200, "s3::https://s3.amazonaws.com/bucket/net.zip")
     async with serve_proxy(make_settings(module_passthrough="deny"), client_ssl) as running:
         status, body = await running.json(f"{M}/1.0.0/download")
-        assert status == 502 and "--module-passthrough=deny" in body["errors"][0]
+        assert (status, body["code"]) == (502, "module_source_refused")
+        assert "--module-passthrough=deny" in body["errors"][0]  # names the option that refuses it
 
 
 def escaping_tar_gz() -> bytes:
@@ -177,7 +186,7 @@ def escaping_tar_gz() -> bytes:
 async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, net_module):
     registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
-    assert status == 502 and "outside the module directory" in body["errors"][0]
+    assert (status, body["code"]) == (502, "verification_failed")
     from proxy.web.keys import SETTINGS
 
     assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]
@@ -186,12 +195,12 @@ async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, 
 async def test_module_archive_on_a_private_address_is_refused(proxy, net_module):
     net_module.location = "https://169.254.169.254/net.tar.gz"
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
-    assert status == 502 and "not a public address" in body["errors"][0]
+    assert (status, body["code"]) == (502, "forbidden_upstream_address")
 
 
 async def test_module_archive_name_must_match(proxy, net_module):
     status, body = await proxy.json(f"{M}/1.0.0/archive.zip")
-    assert status == 404 and "archive.tar.gz" in body["errors"][0]
+    assert (status, body["code"]) == (404, "document_not_found") and "archive.tar.gz" in body["errors"][0]
 
 
 # ---- git sources ----------------------------------------------------------------------------
@@ -234,19 +243,29 @@ async def test_git_packing_is_deterministic_across_proxies(make_settings, client
 async def test_git_clone_failure_is_a_clear_502(proxy, registry, git_module):
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.3.0", "git::{base}/git/net.git?ref=v9.9.9"))
     status, body = await proxy.json(f"{M}/1.3.0/archive.tar.gz")
-    assert status == 502 and "git" in body["errors"][0]
+    assert (status, body["code"]) == (502, "git_failed")
 
 
-async def test_module_errors(proxy, registry, net_module):
+async def test_module_errors(proxy, registry, net_module, monkeypatch):
+    from proxy.config import FreshnessTtls
+    from proxy.web.keys import MODULES
     from tests.fakes.registry import Fault
 
+    now = [time.time()]
+    monkeypatch.setattr(proxy.app[MODULES]._documents, "clock", lambda: now[0])
     registry.faults["/v1/modules/acme/net/aws/versions"] = Fault(body=json.dumps({"modules": []}).encode())
     status, answer = await proxy.json(f"{M}/versions")
-    assert status == 502 and "modules" in answer["errors"][0]
-    del registry.faults["/v1/modules/acme/net/aws/versions"]  # (a malformed answer was not cached)
-    assert (await proxy.json(f"{M}/9.9.9/download"))[0] == 404
-    assert (await proxy.json("/registry/registry.example.test/modules/v1/acme/none/aws/versions"))[0] == 404
-    assert (await proxy.json("/registry/registry.example.test/modules/v1/acme/net/AWS/versions"))[0] == 400
+    assert (status, answer["code"]) == (502, "upstream_malformed")
+    del registry.faults["/v1/modules/acme/net/aws/versions"]  # a malformed answer is not cached, only remembered
+    assert (await proxy.json(f"{M}/9.9.9/download"))[0] == 502
+    now[0] += FreshnessTtls().negative
+    for path, status, code in (
+        (f"{M}/9.9.9/download", 404, "version_not_found"),
+        ("/registry/registry.example.test/modules/v1/acme/none/aws/versions", 404, "module_not_found"),
+        ("/registry/registry.example.test/modules/v1/acme/net/AWS/versions", 400, "invalid_address"),
+    ):
+        got, answer = await proxy.json(path)
+        assert (got, answer["code"]) == (status, code), path
 
 
 async def test_module_checksum_is_verified(proxy, registry, net_module):
@@ -262,7 +281,7 @@ async def test_module_checksum_is_verified(proxy, registry, net_module):
 async def test_module_checksum_mismatch_is_refused_and_not_stored(proxy, registry, net_module):
     net_module.location = "{base}/static/net-1.0.0.tar.gz?checksum=sha256:" + "0" * 64
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
-    assert status == 502 and "pins" in body["errors"][0]
+    assert (status, body["code"]) == (502, "checksum_mismatch")
     from proxy.web.keys import SETTINGS
 
     assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]
@@ -271,11 +290,11 @@ async def test_module_checksum_mismatch_is_refused_and_not_stored(proxy, registr
 # ---- one error model for module archives ------------------------------------------------------
 
 
-async def refused_archive(running, path: str) -> tuple[int, str, list[dict]]:
-    """Status, message and the proxy's log events of a refused module archive."""
+async def refused_archive(running, path: str) -> tuple[int, dict, list[dict]]:
+    """Status, body and the proxy's log events of a refused module archive."""
     with capture_logs() as logs:
         status, body = await running.json(path)
-    return status, body["errors"][0], logs
+    return status, body, logs
 
 
 def logged(logs: list[dict], event: str) -> list[dict]:
@@ -284,16 +303,16 @@ def logged(logs: list[dict], event: str) -> list[dict]:
 
 async def test_module_checksum_mismatch_is_a_verification_failure(proxy, net_module):
     net_module.location = "{base}/static/net-1.0.0.tar.gz?checksum=sha256:" + "0" * 64
-    status, message, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
-    assert status == 502 and "pins" in message
-    assert [e["code"] for e in logged(logs, "request.failed")] == ["verification_failed"]
+    status, body, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
+    assert (status, body["code"]) == (502, "checksum_mismatch")
+    assert [e["code"] for e in logged(logs, "request.failed")] == ["checksum_mismatch"]
     assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_checksum"]
 
 
 async def test_unsafe_module_archive_is_a_verification_failure(proxy, registry, net_module):
     registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
-    status, message, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
-    assert status == 502 and "outside the module directory" in message
+    status, body, logs = await refused_archive(proxy, f"{M}/1.0.0/archive.tar.gz")
+    assert (status, body["code"]) == (502, "verification_failed")
     assert [e["code"] for e in logged(logs, "request.failed")] == ["verification_failed"]
     assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_archive"]
 
@@ -307,7 +326,7 @@ async def test_unsafe_module_archive_is_a_verification_failure(proxy, registry, 
 )
 async def test_module_archive_over_the_limits_is_too_large(make_settings, client_ssl, net_module, limits, words):
     async with serve_proxy(make_settings(**limits), client_ssl) as running:
-        status, message, logs = await refused_archive(running, f"{M}/1.0.0/archive.tar.gz")
-    assert status == 502 and words in message
+        status, body, logs = await refused_archive(running, f"{M}/1.0.0/archive.tar.gz")
+    assert (status, body["code"]) == (502, "upstream_too_large") and words in body["errors"][0]  # names the limit
     assert [e["code"] for e in logged(logs, "request.failed")] == ["upstream_too_large"]
     assert [e["check"] for e in logged(logs, "security.verification_failed")] == ["module_archive"]

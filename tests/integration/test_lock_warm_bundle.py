@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 
 import pytest
@@ -42,7 +43,7 @@ module "net" {{
 
 
 def dir_h1(data: bytes) -> str:
-    return h1_of_zip(io.BytesIO(data))[1]
+    return str(h1_of_zip(io.BytesIO(data))[1])
 
 
 @pytest.fixture
@@ -72,16 +73,16 @@ async def test_lock_endpoint_gives_h1_per_platform_and_every_signed_zh(proxy, re
 
 
 @pytest.mark.parametrize(
-    "path, status",
+    "path, status, code",
     [
-        (f"/lock/v1/{PROVIDER}/1.0.0?platform=plan9_mips", 404),
-        (f"/lock/v1/{PROVIDER}/7.7.7?platform=linux_amd64", 404),
-        (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400),
+        (f"/lock/v1/{PROVIDER}/1.0.0?platform=plan9_mips", 404, "package_not_found"),
+        (f"/lock/v1/{PROVIDER}/7.7.7?platform=linux_amd64", 404, "version_not_found"),
+        (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400, "invalid_address"),
     ],
 )
-async def test_lock_endpoint_errors(proxy, path, status):
+async def test_lock_endpoint_errors(proxy, path, status, code):
     got, body = await proxy.json(path)
-    assert got == status and body["errors"]
+    assert (got, body["code"]) == (status, code) and body["errors"]
 
 
 # ---- offline -----------------------------------------------------------------------------------
@@ -97,9 +98,9 @@ async def test_offline_serves_the_cache_and_misses_are_404(make_settings, client
         assert (await offline.json(f"/mirror/v1/{PROVIDER}/index.json"))[0] == 200
         name = "terraform-provider-foo_1.1.0_linux_amd64.zip"
         status, body = await offline.json(f"/mirror/v1/{PROVIDER}/1.1.0/linux_amd64/{name}")
-        assert status == 404 and "offline" in body["errors"][0]
+        assert (status, body["code"]) == (404, "offline_miss")
         status, body = await offline.json(f"/mirror/v1/{REGISTRY_HOST}/acme/other/index.json")
-        assert status == 404 and "offline" in body["errors"][0]
+        assert (status, body["code"]) == (404, "offline_miss")
     assert len(registry.requests) == seen
 
 
@@ -318,6 +319,23 @@ async def test_bundle_with_planted_metadata_is_rejected(exported, tmp_path):
     _rewrite_bundle(exported, planted, plant)
     with pytest.raises(CommandError, match="belongs to no archive"):
         await _import(tmp_path / "d", planted)
+
+
+@pytest.mark.parametrize(
+    ("member", "content", "reason"),
+    [
+        ("manifest.json", b"[" * 200_000, "manifest.json is nested deeper than 64 levels"),
+        ("metadata.jsonl", b"[" * 200_000 + b"\n", "metadata line 1 is nested deeper than 64 levels"),
+        ("metadata.jsonl", b"[]\n", "metadata line 1 has an unknown key"),
+        ("metadata.jsonl", b'{"key": "versions:r/a/b"}\n', "metadata line 1 has no value"),
+        ("manifest.json", b'{"format": "registry-proxy-bundle", "version": 1, "providers": [1]}', "'providers'"),
+    ],
+)
+async def test_bundle_with_malformed_json_is_rejected_naming_the_problem(exported, tmp_path, member, content, reason):
+    broken = tmp_path / "broken.tar"
+    _rewrite_bundle(exported, broken, lambda name, data: content if name == member else data)
+    with pytest.raises(CommandError, match=re.escape(reason)):
+        await _import(tmp_path / "j", broken)
 
 
 async def test_bundle_with_a_forged_signature_is_rejected(exported, tmp_path, other_key):

@@ -9,7 +9,6 @@ from structlog.testing import capture_logs
 from proxy import __version__
 from proxy.config import parse_networks
 from tests.conftest import METADATA_SECRET, PROVIDER, serve_proxy
-from tests.fakes.redis_server import free_port
 
 INDEX = f"/mirror/v1/{PROVIDER}/index.json"
 
@@ -24,13 +23,13 @@ async def test_x_forwarded_for_is_believed_only_from_trusted_proxies(make_local_
         with capture_logs() as logs:
             await untrusting.get(INDEX, headers=forged)
     assert _remotes(logs) == ["127.0.0.1"]
-    trusted = parse_networks(["127.0.0.0/8"], "--trusted-proxies")
+    trusted = parse_networks(["127.0.0.0/8"])
     async with serve_proxy(make_local_settings(trusted_proxies=trusted), client_ssl) as behind_proxy:
         with capture_logs() as logs:
             await behind_proxy.get(INDEX, headers=forged)
             await behind_proxy.get(INDEX)
     assert _remotes(logs) == ["203.0.113.9", "127.0.0.1"]
-    other = parse_networks(["10.0.0.0/8"], "--trusted-proxies")
+    other = parse_networks(["10.0.0.0/8"])
     async with serve_proxy(make_local_settings(trusted_proxies=other), client_ssl) as elsewhere:
         with capture_logs() as logs:
             await elsewhere.get(INDEX, headers=forged)
@@ -99,8 +98,8 @@ async def test_metric_names_follow_the_conventions(proxy, metadata_backend):
     assert counters and all(name.endswith("_total") for name in counters)
 
 
-async def test_redis_up_is_0_while_redis_does_not_answer(make_local_settings, client_ssl):
-    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", metadata_secret=METADATA_SECRET)
+async def test_redis_up_is_0_while_redis_does_not_answer(make_local_settings, client_ssl, refused_port):
+    settings = make_local_settings(redis_url=f"redis://127.0.0.1:{refused_port}/0", metadata_secret=METADATA_SECRET)
     async with serve_proxy(settings, client_ssl) as running:
         samples = _samples((await running.get("/metrics"))[2])
     assert samples["registry_proxy_redis_up"] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import ssl
 from html import unescape
@@ -122,7 +123,7 @@ async def test_head_headers_and_content_security_policy(proxy):
 async def test_no_ca_download_when_the_operator_gave_the_certificate(proxy):
     status, headers, body = await proxy.get("/ca.pem")
     assert status == 404 and headers["Content-Type"] == "application/json"
-    assert b'"errors"' in body and b"did not generate" in body
+    assert json.loads(body)["code"] == "ca_not_found"
     assert b'href="ca.pem"' not in (await proxy.get("/"))[2]
 
 
@@ -131,7 +132,7 @@ async def test_the_host_header_becomes_the_snippet_url_only_when_it_is_a_plain_h
     assert 'url = "https://proxy.example.com:9443/mirror/v1/"' in unescape(html)
     html = (await proxy.get("/", headers={"Host": 'x"><script>alert(1)</script>'}))[2].decode()
     settings = proxy.app[INVENTORY]._settings
-    assert f'url = "https://{settings.listen_host}:{settings.listen_port}/mirror/v1/"' in unescape(html)
+    assert f'url = "https://{settings.server.listen_host}:{settings.server.listen_port}/mirror/v1/"' in unescape(html)
     assert "<script>alert" not in html
 
 
@@ -190,7 +191,7 @@ async def test_plain_http_has_no_ca_and_warns_that_clients_need_https(proxy_proc
     process = await proxy_process("--plain-http")
     async with aiohttp.ClientSession() as session:
         async with session.get(process.url + "/ca.pem") as response:
-            assert response.status == 404 and (await response.json())["errors"]
+            assert response.status == 404 and (await response.json())["code"] == "ca_not_found"
         async with session.get(process.url + "/") as response:
             html = await response.text()
     assert "accept only <code>https:</code>" in html and 'href="ca.pem"' not in html

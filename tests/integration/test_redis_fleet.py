@@ -11,7 +11,8 @@ from structlog.testing import capture_logs
 
 from proxy.cache.redis import RedisFleetLocks, RedisStore
 from tests.conftest import PROVIDER, serve_proxy
-from tests.fakes.redis_server import METADATA_SECRET, RedisServer, free_port
+from tests.fakes import ports
+from tests.fakes.redis_server import METADATA_SECRET, RedisServer
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
 ARCHIVE_110 = f"/mirror/v1/{PROVIDER}/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip"
@@ -45,15 +46,15 @@ async def test_every_key_has_a_ttl_and_the_prefix(redis_server, prefix):
 
 
 async def test_outage_is_logged_once_and_recovers_without_restart(tmp_path, prefix):
-    port = free_port()
     now = [0.0]
-    store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix=prefix, retry_interval=5, clock=lambda: now[0])
     with capture_logs() as logs:
-        assert await store.get("k") is None
-        await store.set("k", b"v")
-        assert await store.get("k") is None
-        assert store.available is False
-        assert await store.ping() is False
+        with ports.refused_port() as port:  # nobody can take it while Redis is "down"
+            store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix=prefix, retry_interval=5, clock=lambda: now[0])
+            assert await store.get("k") is None
+            await store.set("k", b"v")
+            assert await store.get("k") is None
+            assert store.available is False
+            assert await store.ping() is False
         server = RedisServer(tmp_path / "r", port=port)
         server.start()
         try:
@@ -87,21 +88,51 @@ async def test_a_crashed_owners_lock_expires_and_another_takes_over(redis_server
 
 
 async def test_the_owner_renews_its_lock_while_working(redis_server, prefix):
+    """The lock outlives its TTL (0.6 s here, renewed every third of it) for as long as its owner works:
+    watched until Redis has seen it renewed three times and more than twice its TTL has passed."""
+    ttl = 0.6
     store = RedisStore(redis_server.url, prefix=prefix)
-    locks = RedisFleetLocks(store, ttl=2, poll=0.05)
+    locks = RedisFleetLocks(store, ttl=ttl, poll=0.05)
+    key = store.key("lock:k")
+    loop = asyncio.get_running_loop()
 
     async def nothing():
         return None
 
     async with locks.hold("k", nothing):
-        await asyncio.sleep(4.5)  # more than twice the TTL
-        assert await store.client.exists(store.key("lock:k")) == 1
-    assert await store.client.exists(store.key("lock:k")) == 0
+        started, renewals, left = loop.time(), 0, await store.client.pttl(key)
+        async with asyncio.timeout(10):
+            while renewals < 3 or loop.time() - started < 2 * ttl:
+                await asyncio.sleep(ttl / 10)
+                now_left = await store.client.pttl(key)
+                assert now_left > 0, "the lock expired while its owner was working"
+                renewals += now_left > left  # its time to live went up again: renewed
+                left = now_left
+    assert await store.client.exists(key) == 0
     await store.close()
 
 
-async def test_fleet_lock_with_redis_down_lets_the_caller_work(prefix):
-    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix=prefix)
+async def test_a_planted_lock_that_never_expires_is_cut_to_one_lease(redis_server, prefix):
+    refused: list[tuple[str, str]] = []
+    store = RedisStore(redis_server.url, prefix=prefix, refuse=lambda key, why, reason: refused.append((key, reason)))
+    await store.client.set(store.key("lock:k"), "planted")  # no expiry: no proxy wrote it
+    locks = RedisFleetLocks(store, ttl=1, poll=0.05)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def nothing():
+        return None
+
+    async with asyncio.timeout(10), locks.hold("k", nothing) as existing:
+        assert existing is None
+        waited = loop.time() - started
+    assert 0.5 < waited < 3
+    assert ("lock:k", "wrong_type") in refused
+    await store.close()
+
+
+async def test_fleet_lock_with_redis_down_lets_the_caller_work(prefix, refused_port):
+    store = RedisStore(f"redis://127.0.0.1:{refused_port}/0", prefix=prefix)
 
     async def nothing():
         return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from tests.conftest import PROVIDER, REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
 from tests.fakes.process import registry_proxy
@@ -33,6 +35,7 @@ def add_module(registry) -> None:
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net.tar.gz"))
 
 
+@pytest.mark.process
 async def test_warm_export_import_and_verify_on_s3(
     make_local_settings, client_ssl, registry, s3_server, tmp_path, ca_file, signing_key
 ):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import time
 
+import pytest
+
 from proxy.cache import CacheEntry
 from proxy.cache.factory import open_metadata
 from tests.conftest import serve_proxy
@@ -36,6 +38,7 @@ def uploads(s3_server, bucket: str) -> list[str]:
     return [u["UploadId"] for u in s3_server.client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
+@pytest.mark.process
 async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registry, s3_server, s3_bucket):
     settings = make_settings(**s3_server.settings(s3_bucket))
     flags = s3_server.flags(s3_bucket)
@@ -110,6 +113,7 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
     await check_after_gc(settings, client_ssl, registry, orphan, body, *flags)
 
 
+@pytest.mark.process
 async def test_verify_without_repair_changes_nothing_on_s3(make_local_settings, s3_server, s3_bucket):
     """Opening the store to look at it aborts no upload and reaps no temp dir: that is --repair's (and gc's)."""
     settings = make_local_settings(**s3_server.settings(s3_bucket))

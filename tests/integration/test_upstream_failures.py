@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from proxy.config import FreshnessTtls, Limits
+from proxy.web.keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.registry import Fault
 
@@ -15,37 +18,46 @@ VERSIONS = "/v1/providers/acme/foo/versions"
 async def test_upstream_5xx_is_a_502_naming_the_status(proxy, registry):
     registry.faults[VERSIONS] = Fault(status=503, body=b"down")
     status, body = await proxy.json(INDEX)
-    assert status == 502 and "503" in body["errors"][0]
+    assert (status, body["code"]) == (502, "upstream_status") and "503" in body["errors"][0]  # names the status
     assert registry.count(VERSIONS) == 2  # one retry for an idempotent GET
 
 
-async def test_garbage_json_is_refused_and_not_cached(proxy, registry):
+async def test_garbage_json_is_refused_and_not_cached(proxy, registry, monkeypatch):
+    """Never cached; remembered as malformed for --ttl-negative (retries meanwhile do not reach the
+    upstream), then asked for again."""
+    now = [time.time()]
+    monkeypatch.setattr(proxy.app[MIRROR]._documents, "clock", lambda: now[0])
     registry.faults[VERSIONS] = Fault(body=b"<html>not json</html>", content_type="text/html")
     status, body = await proxy.json(INDEX)
-    assert status == 502 and "not valid JSON" in body["errors"][0]
+    assert (status, body["code"]) == (502, "upstream_malformed")
     registry.faults.clear()
     status, body = await proxy.json(INDEX)
+    assert status == 502 and "not valid JSON" in body["errors"][0]
+    assert registry.count(VERSIONS) == 1
+    now[0] += FreshnessTtls().negative
+    status, body = await proxy.json(INDEX)
     assert status == 200 and body == {"versions": {"1.0.0": {}, "1.1.0": {}}}
+    assert registry.count(VERSIONS) == 2
 
 
 async def test_wrong_shape_json_is_refused(proxy, registry):
     registry.faults[VERSIONS] = Fault(body=b'{"versions": "many"}')
     status, body = await proxy.json(INDEX)
-    assert status == 502 and "versions" in body["errors"][0]
+    assert (status, body["code"]) == (502, "upstream_malformed")
 
 
 async def test_oversized_metadata_is_refused(make_settings, client_ssl, registry):
     registry.faults[VERSIONS] = Fault(body=b'{"versions": []}' + b" " * 5000)
     async with serve_proxy(make_settings(limits=Limits(max_metadata_bytes=4096)), client_ssl) as running:
         status, body = await running.json(INDEX)
-        assert status == 502 and "limit" in body["errors"][0]
+        assert (status, body["code"]) == (502, "upstream_too_large")
 
 
 async def test_upstream_timeout(make_settings, client_ssl, registry):
     registry.faults[VERSIONS] = Fault(delay=2.0)
     async with serve_proxy(make_settings(limits=Limits(metadata_timeout=0.3)), client_ssl) as running:
         status, body = await running.json(INDEX)
-        assert status == 502 and "timed out" in body["errors"][0]
+        assert (status, body["code"]) == (502, "upstream_unreachable") and "timed out" in body["errors"][0]
 
 
 async def test_discovery_with_wrong_content_type(proxy, registry):
@@ -53,25 +65,26 @@ async def test_discovery_with_wrong_content_type(proxy, registry):
         body=b'{"providers.v1": "/v1/providers/"}', content_type="text/plain"
     )
     status, body = await proxy.json(INDEX)
-    assert status == 502 and "application/json" in body["errors"][0]
+    assert (status, body["code"]) == (502, "upstream_malformed")
 
 
 async def test_discovery_without_providers_service(proxy, registry):
     registry.discovery = {"modules.v1": "/v1/modules/"}
     status, body = await proxy.json(INDEX)
-    assert status == 404 and "providers.v1" in body["errors"][0]
+    assert (status, body["code"]) == (404, "service_not_found")
 
 
 async def test_upstream_down_cold_is_a_502(proxy, registry):
     await registry.stop()
     status, body = await proxy.json(INDEX)
-    assert status == 502 and "cannot connect" in body["errors"][0]
+    assert (status, body["code"]) == (502, "upstream_unreachable")
 
 
 async def test_not_found_is_cached_briefly(proxy, registry):
     path = f"/mirror/v1/{PROVIDER.replace('foo', 'missing')}/index.json"
-    assert (await proxy.json(path))[0] == 404
-    assert (await proxy.json(path))[0] == 404
+    for _ in range(2):
+        status, body = await proxy.json(path)
+        assert (status, body["code"]) == (404, "provider_not_found")
     assert registry.count("/v1/providers/acme/missing/versions") == 1
 
 
@@ -86,6 +99,23 @@ async def test_stale_metadata_is_served_when_the_upstream_fails(make_settings, c
         await registry.stop()
         for path in (INDEX, VERSION_DOC, ARCHIVE):
             assert (await running.get(path))[0] == 200, path
+
+
+async def test_stale_metadata_is_served_while_the_upstream_answers_malformed_json(proxy, registry, monkeypatch):
+    """A refresh that does not parse leaves the stale copy served, and is asked for again only after
+    --ttl-negative (not on every request)."""
+    now = [time.time()]
+    monkeypatch.setattr(proxy.app[MIRROR]._documents, "clock", lambda: now[0])
+    assert (await proxy.json(INDEX))[0] == 200
+    registry.faults[VERSIONS] = Fault(body=b"[" * 200_000)
+    now[0] += FreshnessTtls().versions + 1
+    for _ in range(3):
+        status, body = await proxy.json(INDEX)
+        assert status == 200 and "1.1.0" in body["versions"]
+    assert registry.count(VERSIONS) == 2
+    now[0] += FreshnessTtls().negative + 1
+    assert (await proxy.json(INDEX))[0] == 200
+    assert registry.count(VERSIONS) == 3
 
 
 async def test_warm_cache_survives_a_restart_with_the_upstream_down(make_settings, client_ssl, registry):
@@ -131,7 +161,7 @@ async def test_version_document_leaves_out_a_platform_the_upstream_fails_for(pro
         registry.faults[f"/v1/providers/acme/foo/1.1.0/download/{platform}"] = Fault(status=500)
     registry.faults["/v1/providers/acme/foo/1.1.0/download/darwin/arm64"] = Fault(status=500)
     status, body = await proxy.json(f"/mirror/v1/{PROVIDER}/1.1.0.json")
-    assert status == 502 and "500" in body["errors"][0]
+    assert (status, body["code"]) == (502, "upstream_status")
 
 
 async def test_slow_downloads_do_not_starve_metadata(make_settings, client_ssl, registry, signing_key):

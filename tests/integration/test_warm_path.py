@@ -116,9 +116,10 @@ async def test_a_fresh_version_list_is_answered_from_memory_and_revalidated_once
     assert (await proxy.get(VERSION_DOC))[0] == 200
     assert registry.count(versions_path) == 1
     asked: list[str] = []
-    versions_entry = mirror._versions_entry
+    metadata = mirror._metadata
+    versions_entry = metadata._versions_entry
     monkeypatch.setattr(
-        mirror, "_versions_entry", lambda addr, *a, **k: (asked.append(str(addr)), versions_entry(addr, *a, **k))[1]
+        metadata, "_versions_entry", lambda addr, *a, **k: (asked.append(str(addr)), versions_entry(addr, *a, **k))[1]
     )
     for path in (VERSION_DOC, INDEX) * 3:
         assert (await proxy.get(path))[0] == 200

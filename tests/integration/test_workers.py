@@ -157,6 +157,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
+@pytest.mark.process
 async def test_the_embedded_store_takes_writers_from_two_processes_at_once(tmp_path):
     database = tmp_path / "metadata.sqlite"
     writers = [
@@ -185,6 +186,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("attempt", range(3))  # the stop must land while a worker boots: a few tries
 async def test_a_stop_signal_while_the_workers_boot_ends_every_process_promptly(tmp_path, registry, ca_file, attempt):
     """Found in the suite: a SIGTERM that reached a worker before its own handlers were installed was lost

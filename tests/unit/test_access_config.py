@@ -40,7 +40,7 @@ def test_upstream_credentials_from_the_file_and_the_environment(tmp_path, monkey
     made = settings(
         tmp_path, "--upstream-credentials", str(config), "--upstream-map", "file.example.com=https://10.0.0.1:8443"
     )
-    creds = made.upstream_credentials
+    creds = made.upstreams.upstream_credentials
     assert dict(creds.tokens) == {
         "env.example.com": "from-env",
         "both.example.com": "env-wins",
@@ -64,7 +64,7 @@ def test_a_broken_file_stops_start_up(tmp_path):
 def test_the_env_variable_names_the_tokens_file(tmp_path, monkeypatch):
     (tmp_path / "tokens.toml").write_text(f"[tokens.a]\nhash = '{hash_token('t')}'\nhosts = ['*']\n")
     monkeypatch.setenv("REGISTRY_PROXY_AUTH_TOKENS", str(tmp_path / "tokens.toml"))
-    assert settings(tmp_path).auth_tokens == tmp_path / "tokens.toml"
+    assert settings(tmp_path).access.auth_tokens == tmp_path / "tokens.toml"
 
 
 def test_one_warning_when_anonymous_beyond_loopback(tmp_path):

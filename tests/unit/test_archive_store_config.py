@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, S3Location, Settings, archive_store_settings, parse_s3_location
+from proxy.config import ConfigError, S3Location, Settings, parse_s3_location
 from proxy.storage import s3_options
 
 
@@ -47,7 +47,7 @@ def test_parse_s3_location_rejects(text: str) -> None:
 
 def test_the_default_store_is_the_data_dir() -> None:
     settings = Settings(data_dir=Path("/d"))
-    assert settings.s3_location is None and settings.archive_dir == Path("/d/archives")
+    assert settings.archives.s3_location is None and settings.archive_dir == Path("/d/archives")
 
 
 @pytest.mark.parametrize(
@@ -67,9 +67,9 @@ def test_s3_options_need_an_s3_store(extra: dict) -> None:
 
 def test_endpoint_and_redirect_expiry_are_checked() -> None:
     with pytest.raises(ConfigError, match="--s3-endpoint-url"):
-        Settings(data_dir=Path("/d"), archive_store="s3://bucket", s3_endpoint_url="minio:9000")
+        build_parser().parse_args(["serve", "--archive-store", "s3://bucket", "--s3-endpoint-url", "minio:9000"])
     with pytest.raises(ConfigError, match="--archive-redirect-expiry"):
-        Settings(data_dir=Path("/d"), archive_store="s3://bucket", archive_redirect=True, archive_redirect_expiry=0)
+        build_parser().parse_args(["serve", "--archive-store", "s3://bucket", "--archive-redirect-expiry", "0"])
 
 
 def test_flags_and_environment(monkeypatch) -> None:
@@ -90,14 +90,19 @@ def test_flags_and_environment(monkeypatch) -> None:
         ]
     )
     settings = settings_from_args(args)
-    assert settings.s3_location == S3Location("bucket", "archives/")
-    assert (settings.s3_endpoint_url, settings.s3_region, settings.s3_path_style, settings.s3_ca_file) == (
+    assert settings.archives.s3_location == S3Location("bucket", "archives/")
+    assert (
+        settings.archives.s3_endpoint_url,
+        settings.archives.s3_region,
+        settings.archives.s3_path_style,
+        settings.archives.s3_ca_file,
+    ) == (
         "https://minio.internal:9000",
         "eu-central-1",
         True,
         Path("/etc/ca.pem"),
     )
-    assert (settings.archive_redirect, settings.archive_redirect_expiry) == (True, 120.0)
+    assert (settings.archives.archive_redirect, settings.archives.archive_redirect_expiry) == (True, 120.0)
 
 
 @pytest.mark.parametrize("command", ["export", "import", "verify"])
@@ -108,17 +113,20 @@ def test_the_commands_take_the_archive_store_flags(command: str) -> None:
 
 
 def test_s3_timeout_flag_environment_and_default(monkeypatch) -> None:
-    assert Settings(data_dir=Path("/d")).s3_timeout == 20.0
+    assert Settings(data_dir=Path("/d")).archives.s3_timeout == 20.0
     args = build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x", "--s3-timeout", "5s"])
     settings = settings_from_args(args)
-    assert settings.s3_timeout == 5.0 and s3_options(settings).timeout == 5.0
+    assert settings.archives.s3_timeout == 5.0 and s3_options(settings).timeout == 5.0
     monkeypatch.setenv("REGISTRY_PROXY_S3_TIMEOUT", "1m")
-    assert settings_from_args(build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x"])).s3_timeout == 60
+    assert (
+        settings_from_args(build_parser().parse_args(["serve", "--archive-store", "s3://bucket/x"])).archives.s3_timeout
+        == 60
+    )
     args = build_parser().parse_args(["verify", "--archive-store", "s3://bucket/x", "--s3-timeout", "7s"])
-    assert archive_store_settings(args)["s3_timeout"] == 7.0
+    assert args.s3_timeout == 7.0
 
 
-@pytest.mark.parametrize("seconds", [0, -1, 3601])
-def test_s3_timeout_is_checked(seconds: float) -> None:
+@pytest.mark.parametrize("timeout", ["0", "-1s", "3601s"])
+def test_s3_timeout_is_checked(timeout: str) -> None:
     with pytest.raises(ConfigError, match="--s3-timeout"):
-        Settings(data_dir=Path("/d"), archive_store="s3://bucket", s3_timeout=seconds)
+        build_parser().parse_args(["serve", "--archive-store", "s3://bucket", f"--s3-timeout={timeout}"])

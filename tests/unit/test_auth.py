@@ -8,7 +8,8 @@ import pytest
 from yarl import URL
 
 from proxy.auth import (
-    GRANT_BUCKET,
+    GRANT_LIFETIME,
+    GRANT_STEP,
     AuthConfigError,
     Grants,
     bearer_token,
@@ -28,6 +29,7 @@ from proxy.credentials import (
     on_behalf_of,
     parse_cli_config,
 )
+from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
 
 CI, READER = "rpt_ci-token", "rpt_reader-token"
 TOKENS = (
@@ -104,19 +106,55 @@ def test_bearer_header(header, token):
     assert bearer_token(header) == token
 
 
-def test_grants_are_bound_to_host_namespace_and_time():
+ARCHIVE_PATH = "/mirror/v1/private.example/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+
+
+def two_tokens():
+    book = parse_tokens(
+        f'[tokens.a]\nhash = "{hash_token("rpt_a")}"\nhosts = ["*"]\n'
+        f'[tokens.b]\nhash = "{hash_token("rpt_b")}"\nhosts = ["*"]\n'
+    )
+    return book.tokens
+
+
+def test_a_grant_is_for_one_path_one_token_and_its_lifetime():
     grants, now = Grants(b"k" * 32), 1_000_000.0
-    grant = grants.sign("private.example", "acme", now)
-    assert grants.valid("private.example", "acme", grant, now + GRANT_BUCKET)
-    assert grants.valid("PRIVATE.example", "Acme", grant, now)
-    assert not grants.valid("public.example", "acme", grant, now)
-    assert not grants.valid("private.example", "other", grant, now)
-    assert not grants.valid("private.example", "acme", grant, now + 2 * GRANT_BUCKET + 1)
-    assert not Grants(b"x" * 32).valid("private.example", "acme", grant, now)
-    expires, _, mac = grant.partition(".")
-    assert not grants.valid("private.example", "acme", f"{int(expires) + GRANT_BUCKET}.{mac}", now)
-    assert not grants.valid("private.example", "acme", "garbage", now)
-    assert grants.sign("private.example", "acme", now + 1) == grant  # stable within the hour
+    a, b = two_tokens()
+    holders = {grants.token_id(a): a, grants.token_id(b): b}
+    expires = Grants.expiry(now)
+    assert now + GRANT_LIFETIME <= expires < now + GRANT_LIFETIME + GRANT_STEP and expires % GRANT_STEP == 0
+    grant = grants.sign(ARCHIVE_PATH, a, expires)
+    assert grants.holder(ARCHIVE_PATH, grant, now, holders) is a
+    assert grants.holder(ARCHIVE_PATH, grant, expires, holders) is a  # valid through its expiry second
+    with pytest.raises(GrantExpiredError):
+        grants.holder(ARCHIVE_PATH, grant, expires + 1, holders)
+    for other in (
+        ARCHIVE_PATH.replace("/foo/", "/big/").replace("-foo_", "-big_"),
+        ARCHIVE_PATH.replace("1.0.0", "1.1.0"),
+        ARCHIVE_PATH.replace("linux_amd64", "darwin_arm64"),
+        ARCHIVE_PATH.replace("private.example", "public.example"),
+    ):
+        with pytest.raises(GrantInvalidError):
+            grants.holder(other, grant, now, holders)
+    with pytest.raises(GrantRevokedError):  # its token is not in force (removed from the tokens file)
+        grants.holder(ARCHIVE_PATH, grant, now, {grants.token_id(b): b})
+    expires_text, token_id, mac = grant.split(".")
+    forged = [
+        f"{int(expires_text) + GRANT_STEP}.{token_id}.{mac}",  # a longer life
+        f"{expires_text}.{grants.token_id(b)}.{mac}",  # another token's
+        "garbage",
+        f"{expires_text}.{token_id}",
+        f"{expires_text}.nothex0000000000.{mac}",
+    ]
+    for bad in forged:
+        with pytest.raises((GrantInvalidError, GrantRevokedError)):
+            grants.holder(ARCHIVE_PATH, bad, now, holders)
+    other_fleet = Grants(b"x" * 32)  # another key (another fleet's secret), the same token
+    with pytest.raises((GrantInvalidError, GrantRevokedError)):
+        other_fleet.holder(ARCHIVE_PATH, grant, now, {other_fleet.token_id(a): a})
+    with pytest.raises(GrantInvalidError):
+        other_fleet.holder(ARCHIVE_PATH, grant, now, {token_id: a})
+    assert grants.token_id(a) != grants.token_id(b) and grants.token_id(a) != Grants(b"x" * 32).token_id(a)
 
 
 def test_a_grant_goes_after_a_module_subdirectory():
@@ -182,3 +220,13 @@ async def test_tasks_started_for_a_request_act_for_its_host():
     with on_behalf_of("private.example"):
         task = asyncio.create_task(asyncio.sleep(0, creds.token_for(URL("https://private.example/x"))))
     assert await task == "T"
+
+
+def test_upstream_requests_for_a_private_host_are_counted_under_its_name_only():
+    creds = UpstreamCredentials({"private.example": "T"}, {"private.example": URL("https://10.1.2.3:9000")})
+    assert creds.counted_as(URL("https://cdn.example/file.zip")) == "cdn.example"
+    with on_behalf_of("private.example"):  # its origin and its CDN are never named
+        assert creds.counted_as(URL("https://10.1.2.3:9000/v1/")) == "private.example"
+        assert creds.counted_as(URL("https://cdn.example/file.zip")) == "private.example"
+    with on_behalf_of("public.example"):
+        assert creds.counted_as(URL("https://cdn.example/file.zip")) == "cdn.example"

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -223,3 +224,99 @@ def _handshake(server_context: ssl.SSLContext, client_context: ssl.SSLContext, s
         client_sock.close()
         thread.join(timeout=10)
         server_sock.close()
+
+
+# The bundle for clients' SSL_CERT_FILE: this host's roots plus the CA.
+
+
+@pytest.fixture
+def system_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[trustme.CA]]:
+    """A stand-in for the system's bundle (two public CAs), the only place the proxy looks for roots."""
+    roots = [trustme.CA(), trustme.CA()]
+    path = tmp_path / "system" / "ca-certificates.crt"
+    path.parent.mkdir()
+    path.write_bytes(b"# a comment, as some bundles have\n" + b"".join(ca.cert_pem.bytes() for ca in roots))
+    monkeypatch.setattr(certs, "root_bundle_candidates", lambda: [None, tmp_path / "missing.pem", path])
+    return path, roots
+
+
+def _bodies(path: Path) -> list[bytes]:
+    return [b"".join(block.split()) for block in certs.pem_certificates(path.read_bytes())]
+
+
+def test_the_bundle_is_the_system_roots_then_the_ca(tmp_path: Path, system_bundle) -> None:
+    system, _ = system_bundle
+    local = ensure_local_tls(tmp_path / "tls", NAMES)
+    assert local.ca_bundle == tmp_path / "tls" / "ca-bundle.pem"
+    assert local.system_roots == system
+    assert _bodies(local.ca_bundle) == _bodies(system) + _bodies(local.ca_cert)
+    assert len(_certs(local.ca_bundle)) == 3
+    assert _mode(local.ca_bundle) & 0o044 == 0o044  # certificates are public: anyone may read them
+
+
+def test_the_bundle_verifies_the_proxy_and_every_system_trusted_server(tmp_path: Path, system_bundle) -> None:
+    _, roots = system_bundle
+    local = ensure_local_tls(tmp_path / "tls", NAMES)
+    client = ssl.create_default_context(cafile=str(local.ca_bundle))
+    proxy_server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    proxy_server.load_cert_chain(str(local.server_cert), str(local.server_key))
+    assert _handshake(proxy_server, client, "localhost")
+    for root in roots:
+        elsewhere = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        root.issue_cert("registry.example.org").configure_cert(elsewhere)
+        assert _handshake(elsewhere, client, "registry.example.org")
+    # what SSL_CERT_FILE=ca.pem gives instead: the proxy only
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(elsewhere, ssl.create_default_context(cafile=str(local.ca_cert)), "registry.example.org")
+
+
+def test_the_bundle_follows_the_system_roots_and_is_rewritten_only_when_they_change(
+    tmp_path: Path, system_bundle
+) -> None:
+    system, _ = system_bundle
+    first = ensure_local_tls(tmp_path / "tls", NAMES)
+    before = first.ca_bundle.stat()
+    again = ensure_local_tls(tmp_path / "tls", NAMES)
+    assert (again.ca_bundle.stat().st_ino, again.ca_bundle.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    added = trustme.CA()
+    system.write_bytes(system.read_bytes() + added.cert_pem.bytes())
+    updated = ensure_local_tls(tmp_path / "tls", NAMES)
+    assert _bodies(updated.ca_bundle) == _bodies(system) + _bodies(updated.ca_cert)
+    assert [p.name for p in (tmp_path / "tls").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_ca_already_in_the_system_roots_is_listed_once(tmp_path: Path, system_bundle) -> None:
+    system, _ = system_bundle
+    local = ensure_local_tls(tmp_path / "tls", NAMES)
+    system.write_bytes(system.read_bytes() + local.ca_cert.read_bytes().replace(b"\n", b"\r\n"))
+    again = ensure_local_tls(tmp_path / "tls", NAMES)
+    assert len(_certs(again.ca_bundle)) == 3
+
+
+def test_ssl_cert_file_names_the_system_roots_unless_it_is_the_proxys_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corporate = tmp_path / "corporate.pem"
+    corporate.write_bytes(trustme.CA().cert_pem.bytes())
+    monkeypatch.setenv("SSL_CERT_FILE", str(corporate))
+    assert certs.root_bundle_candidates()[0] == str(corporate)
+    assert certs.root_bundle_candidates()[2:] == list(certs.SYSTEM_BUNDLES)
+
+    local = ensure_local_tls(tmp_path / "tls", NAMES)
+    fallback = tmp_path / "os-bundle.pem"
+    fallback.write_bytes(trustme.CA().cert_pem.bytes())
+    copy_of_ca = tmp_path / "registry-proxy-ca.pem"
+    copy_of_ca.write_bytes(local.ca_cert.read_bytes())
+    # a shell that followed the old advice (SSL_CERT_FILE=ca.pem), or already uses the bundle
+    for own in (copy_of_ca, local.ca_cert, local.ca_bundle):
+        assert certs.system_roots(local.ca_cert, local.ca_bundle, [str(own), None, fallback]) == fallback
+    assert certs.system_roots(local.ca_cert, local.ca_bundle, [corporate, fallback]) == corporate
+
+
+def test_without_system_roots_the_bundle_is_the_ca_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty.pem"
+    empty.write_text("no certificates here\n")
+    monkeypatch.setattr(certs, "root_bundle_candidates", lambda: [str(tmp_path / "missing.pem"), empty])
+    local = ensure_local_tls(tmp_path / "tls", NAMES)
+    assert local.system_roots is None
+    assert _bodies(local.ca_bundle) == _bodies(local.ca_cert)

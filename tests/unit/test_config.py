@@ -253,9 +253,9 @@ def test_normalised_private_hosts_exempt_in_address_policy(
 
 def test_settings_defaults(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
-    assert settings.allowed_hosts == frozenset(DEFAULT_ALLOWED_HOSTS)
-    assert settings.all_allowed_hosts == frozenset(DEFAULT_ALLOWED_HOSTS)
-    assert settings.private_host_exceptions == frozenset()
+    assert settings.upstreams.allowed_hosts == frozenset(DEFAULT_ALLOWED_HOSTS)
+    assert settings.upstreams.all_allowed_hosts == frozenset(DEFAULT_ALLOWED_HOSTS)
+    assert settings.upstreams.private_host_exceptions == frozenset()
     assert settings.cache_dir == tmp_path / "metadata"
     assert settings.archive_dir == tmp_path / "archives"
     assert settings.gnupg_home == tmp_path / "gnupg"
@@ -264,7 +264,7 @@ def test_settings_defaults(tmp_path: Path) -> None:
 
 def test_settings_tls_cert_and_key_together(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, tls_cert=tmp_path / "c.pem", tls_key=tmp_path / "k.pem")
-    assert settings.tls_cert == tmp_path / "c.pem"
+    assert settings.tls.tls_cert == tmp_path / "c.pem"
 
 
 @pytest.mark.parametrize(
@@ -273,19 +273,24 @@ def test_settings_tls_cert_and_key_together(tmp_path: Path) -> None:
         {"tls_cert": Path("cert.pem")},
         {"tls_key": Path("key.pem")},
         {"plain_http": True, "tls_cert": Path("cert.pem"), "tls_key": Path("key.pem")},
-        {"log_format": "xml"},
-        {"log_format": "JSON"},
-        {"log_format": ""},
+        {"stale_deadline": 9.0, "request_deadline": 8.0},
     ],
 )
-def test_settings_validation(tmp_path: Path, kwargs: dict) -> None:
+def test_settings_that_do_not_fit_together_are_refused(tmp_path: Path, kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         Settings(data_dir=tmp_path, **kwargs)
 
 
-@pytest.mark.parametrize("log_format", ["auto", "json", "console"])
-def test_settings_log_formats(tmp_path: Path, log_format: str) -> None:
-    assert Settings(data_dir=tmp_path, log_format=log_format).log_format == log_format
+@pytest.mark.parametrize(("given", "log_format"), [("auto", "auto"), ("json", "json"), ("Console", "console")])
+def test_cli_log_formats(tmp_path: Path, given: str, log_format: str) -> None:
+    args = build_parser().parse_args(["serve", "--log-format", given])
+    assert settings_from_args(args).logging.log_format == log_format
+
+
+@pytest.mark.parametrize("log_format", ["xml", "", "plain"])
+def test_cli_refuses_other_log_formats(tmp_path: Path, log_format: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid --log-format {log_format!r}: use one of auto, json, console"):
+        build_parser().parse_args(["serve", "--log-format", log_format])
 
 
 def test_settings_mapped_hosts(tmp_path: Path) -> None:
@@ -301,8 +306,13 @@ def test_settings_mapped_hosts(tmp_path: Path) -> None:
         ),
         allowed_private_hosts=frozenset({"10.0.0.9"}),
     )
-    assert settings.all_allowed_hosts == {"registry.opentofu.org", "reg.example", "other.example:8443", "v6.example"}
-    exceptions = settings.private_host_exceptions
+    assert settings.upstreams.all_allowed_hosts == {
+        "registry.opentofu.org",
+        "reg.example",
+        "other.example:8443",
+        "v6.example",
+    }
+    exceptions = settings.upstreams.private_host_exceptions
     assert "127.0.0.1:8080" in exceptions
     assert "mirror.internal:443" in exceptions
     assert "10.0.0.9" in exceptions
@@ -359,11 +369,11 @@ def _settings(tmp_path: Path, *flags: str) -> Settings:
 
 def test_cli_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    assert (settings.listen_host, settings.listen_port) == ("127.0.0.1", 8443)
+    assert (settings.server.listen_host, settings.server.listen_port) == ("127.0.0.1", 8443)
     assert settings.data_dir == tmp_path
-    assert settings.allowed_hosts == frozenset(DEFAULT_ALLOWED_HOSTS)
-    assert settings.upstream_map == {}
-    assert settings.plain_http is False
+    assert settings.upstreams.allowed_hosts == frozenset(DEFAULT_ALLOWED_HOSTS)
+    assert settings.upstreams.upstream_map == {}
+    assert settings.tls.plain_http is False
     assert settings.freshness.discovery == 3600
     assert settings.freshness.versions == 600
     assert settings.freshness.negative == 60
@@ -375,18 +385,18 @@ def test_cli_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_cli_env_listen(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_LISTEN", "[::1]:9443")
     settings = _settings(tmp_path)
-    assert (settings.listen_host, settings.listen_port) == ("::1", 9443)
+    assert (settings.server.listen_host, settings.server.listen_port) == ("::1", 9443)
 
 
 def test_cli_env_allow_host_comma_separated(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_ALLOW_HOST", "Registry.Example, other.example:8443,, ")
     settings = _settings(tmp_path)
-    assert settings.allowed_hosts == {"registry.example", "other.example:8443"}
+    assert settings.upstreams.allowed_hosts == {"registry.example", "other.example:8443"}
 
 
 def test_cli_env_replaces_default_allow_hosts(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_ALLOW_HOST", "only.example")
-    assert _settings(tmp_path).allowed_hosts == {"only.example"}
+    assert _settings(tmp_path).upstreams.allowed_hosts == {"only.example"}
 
 
 def test_cli_flags_override_env(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -404,8 +414,8 @@ def test_cli_flags_override_env(clean_env: pytest.MonkeyPatch, tmp_path: Path) -
         "--ttl-versions",
         "5m",
     )
-    assert (settings.listen_host, settings.listen_port) == ("127.0.0.2", 7000)
-    assert settings.allowed_hosts == {"flag-a.example", "flag-b.example"}
+    assert (settings.server.listen_host, settings.server.listen_port) == ("127.0.0.2", 7000)
+    assert settings.upstreams.allowed_hosts == {"flag-a.example", "flag-b.example"}
     assert settings.freshness.versions == 300
 
 
@@ -418,15 +428,15 @@ def test_cli_env_other_settings(clean_env: pytest.MonkeyPatch, tmp_path: Path) -
     clean_env.setenv("REGISTRY_PROXY_MAX_ARCHIVE_SIZE", "1GiB")
     clean_env.setenv("REGISTRY_PROXY_LOG_FORMAT", "json")
     settings = _settings(tmp_path)
-    assert settings.upstream_map == {
+    assert settings.upstreams.upstream_map == {
         "reg.example": URL("http://127.0.0.1:8080"),
         "other.example": URL("https://m.internal"),
     }
-    assert settings.plain_http is True
+    assert settings.tls.plain_http is True
     assert settings.freshness.negative == 5
     assert settings.limits.max_archive_bytes == 2**30
-    assert settings.log_format == "json"
-    assert "reg.example" in settings.all_allowed_hosts
+    assert settings.logging.log_format == "json"
+    assert "reg.example" in settings.upstreams.all_allowed_hosts
 
 
 @pytest.mark.parametrize(
@@ -434,11 +444,11 @@ def test_cli_env_other_settings(clean_env: pytest.MonkeyPatch, tmp_path: Path) -
 )
 def test_cli_env_switch(clean_env: pytest.MonkeyPatch, tmp_path: Path, raw: str, expected: bool) -> None:
     clean_env.setenv("REGISTRY_PROXY_PLAIN_HTTP", raw)
-    assert _settings(tmp_path).plain_http is expected
+    assert _settings(tmp_path).tls.plain_http is expected
 
 
 def test_cli_switch_flag(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert _settings(tmp_path, "--plain-http").plain_http is True
+    assert _settings(tmp_path, "--plain-http").tls.plain_http is True
 
 
 @pytest.mark.parametrize(
@@ -482,13 +492,13 @@ def no_module_limit_env(clean_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_cli_module_unpack_limits(no_module_limit_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (2**30, 100_000)
+    assert (settings.modules.max_module_unpacked_bytes, settings.modules.max_module_entries) == (2**30, 100_000)
     settings = _settings(tmp_path, "--max-module-unpacked-size", "64MiB", "--max-module-entries", "500")
-    assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (64 * 2**20, 500)
+    assert (settings.modules.max_module_unpacked_bytes, settings.modules.max_module_entries) == (64 * 2**20, 500)
     no_module_limit_env.setenv("REGISTRY_PROXY_MAX_MODULE_UNPACKED_SIZE", "2GiB")
     no_module_limit_env.setenv("REGISTRY_PROXY_MAX_MODULE_ENTRIES", " 7 ")
     settings = _settings(tmp_path)
-    assert (settings.max_module_unpacked_bytes, settings.max_module_entries) == (2 * 2**30, 7)
+    assert (settings.modules.max_module_unpacked_bytes, settings.modules.max_module_entries) == (2 * 2**30, 7)
 
 
 @pytest.mark.parametrize(
@@ -511,23 +521,23 @@ def test_cli_invalid_module_unpack_limits(
 
 def test_cli_negative_cache_bounds(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (10_000, 16 * 2**20)
+    assert (settings.freshness.negative_cache_entries, settings.freshness.negative_cache_bytes) == (10_000, 16 * 2**20)
     clean_env.setenv("REGISTRY_PROXY_NEGATIVE_CACHE_ENTRIES", "500")
     clean_env.setenv("REGISTRY_PROXY_NEGATIVE_CACHE_BYTES", "1MiB")
     settings = _settings(tmp_path)
-    assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (500, 2**20)
+    assert (settings.freshness.negative_cache_entries, settings.freshness.negative_cache_bytes) == (500, 2**20)
     settings = _settings(tmp_path, "--negative-cache-entries", "7", "--negative-cache-bytes", "64KiB")
-    assert (settings.negative_cache_entries, settings.negative_cache_bytes) == (7, 64 * 2**10)
+    assert (settings.freshness.negative_cache_entries, settings.freshness.negative_cache_bytes) == (7, 64 * 2**10)
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--negative-cache-entries", "0"], "--negative-cache-entries must be a positive integer"),
-        (["--negative-cache-entries", "-5"], "--negative-cache-entries must be a positive integer"),
-        (["--negative-cache-entries", "many"], "--negative-cache-entries must be a positive integer"),
-        (["--negative-cache-bytes", "100"], "--negative-cache-bytes must be at least 1KiB"),
-        (["--negative-cache-bytes", "lots"], "invalid size 'lots'"),
+        (["--negative-cache-entries", "0"], "invalid --negative-cache-entries '0': must be at least 1"),
+        (["--negative-cache-entries=-5"], "invalid --negative-cache-entries '-5': not a whole number"),
+        (["--negative-cache-entries", "many"], "invalid --negative-cache-entries 'many': not a whole number"),
+        (["--negative-cache-bytes", "100"], "invalid --negative-cache-bytes '100': must be at least 1KiB"),
+        (["--negative-cache-bytes", "lots"], "invalid --negative-cache-bytes 'lots': not a size"),
     ],
 )
 def test_cli_negative_cache_bounds_are_validated(
@@ -541,13 +551,17 @@ def test_cli_store_size_cap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     for name in ("MAX_STORE_SIZE", "EVICTION_GRACE", "EVICTION_INTERVAL"):
         monkeypatch.delenv("REGISTRY_PROXY_" + name, raising=False)
     default = _settings(tmp_path)
-    assert (default.max_store_size, default.eviction_grace, default.eviction_interval) == (None, 600.0, 300.0)
+    assert (default.archives.max_store_size, default.archives.eviction_grace, default.archives.eviction_interval) == (
+        None,
+        600.0,
+        300.0,
+    )
     settings = _settings(tmp_path, "--max-store-size", "200GiB", "--eviction-grace", "15m")
-    assert (settings.max_store_size, settings.eviction_grace) == (200 * 2**30, 900.0)
+    assert (settings.archives.max_store_size, settings.archives.eviction_grace) == (200 * 2**30, 900.0)
     monkeypatch.setenv("REGISTRY_PROXY_MAX_STORE_SIZE", "1GiB")
     monkeypatch.setenv("REGISTRY_PROXY_EVICTION_INTERVAL", "1m")
     settings = _settings(tmp_path)
-    assert (settings.max_store_size, settings.eviction_interval) == (2**30, 60.0)
+    assert (settings.archives.max_store_size, settings.archives.eviction_interval) == (2**30, 60.0)
     for flags in (("--max-store-size", "lots"), ("--max-store-size", "0"), ("--eviction-interval", "0s")):
         with pytest.raises(ConfigError):
             _settings(tmp_path, *flags)

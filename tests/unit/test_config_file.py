@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, main, settings_from_args
-from proxy.config import ConfigError
-from proxy.options import OptionParser
+from proxy.config import ConfigError, options_for
 
 
 @pytest.fixture
@@ -43,12 +42,12 @@ min-free-space = "5%"
 """,
     )
     settings = settings_from_args(_args("serve", "--config", str(config), "--data-dir", str(tmp_path)))
-    assert (settings.listen_host, settings.listen_port) == ("0.0.0.0", 9443)
-    assert settings.plain_http is True
-    assert settings.allowed_hosts == {"registry.example", "other.example"}
+    assert (settings.server.listen_host, settings.server.listen_port) == ("0.0.0.0", 9443)
+    assert settings.tls.plain_http is True
+    assert settings.upstreams.allowed_hosts == {"registry.example", "other.example"}
     assert settings.freshness.versions == 300
     assert settings.limits.upstream_concurrency == 4
-    assert settings.min_free_space.percent == 5
+    assert settings.archives.min_free_space.percent == 5
 
 
 def test_precedence_flags_then_env_then_file_then_defaults(clean_env, tmp_path: Path) -> None:
@@ -66,27 +65,78 @@ def test_precedence_flags_then_env_then_file_then_defaults(clean_env, tmp_path: 
     assert settings.freshness.negative == 11  # flag over env over file
     assert settings.freshness.discovery == 3 * 3600  # env over file
     assert settings.freshness.versions == 300  # file over default
-    assert settings.allowed_hosts == {"file.example"}  # file replaces the default list
-    assert settings.plain_http is False  # an env false beats a file true
+    assert settings.upstreams.allowed_hosts == {"file.example"}  # file replaces the default list
+    assert settings.tls.plain_http is False  # an env false beats a file true
     assert settings.limits.max_archive_bytes == 4 * 2**30  # default
 
 
 def test_config_file_from_the_environment(clean_env, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_CONFIG", str(_file(tmp_path, 'log-level = "debug"\n')))
-    assert settings_from_args(_args("serve", "--data-dir", str(tmp_path))).log_level == "debug"
+    assert settings_from_args(_args("serve", "--data-dir", str(tmp_path))).logging.log_level == "debug"
 
 
-def test_every_serve_option_can_come_from_the_file(clean_env, tmp_path: Path) -> None:
-    """Generic: the file reaches every option `serve` declares, including ones added later."""
+# A valid value of each `serve` option without a default (or one the machine decides); the others are
+# given their default's text.
+SAMPLES = {
+    "--data-dir": "data",
+    "--workers": "3",
+    "--tls-cert": "cert.pem",
+    "--tls-key": "key.pem",
+    "--tls-hostname": ["proxy.example"],
+    "--upstream-map": ["reg.example=https://10.0.0.5/"],
+    "--upstream-ca-file": "ca.pem",
+    "--allow-private-host": ["artifacts.internal:8443"],
+    "--redis-url": "redis://127.0.0.1:6379/0",
+    "--redis-password": "hunter2",
+    "--metadata-secret": "0123456789abcdef0123",
+    "--metadata-secret-file": "secret",
+    "--public-url": "https://proxy.example/",
+    "--auth-tokens": "tokens.toml",
+    "--upstream-credentials": "credentials.tfrc",
+    "--archive-store": "s3://bucket/prefix",
+    "--s3-endpoint-url": "https://minio.internal:9000",
+    "--s3-region": "eu-west-1",
+    "--s3-ca-file": "s3-ca.pem",
+    "--max-store-size": "200GiB",
+    "--trusted-proxies": ["10.0.0.0/8"],
+}
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return f'"{value}"'
+
+
+def test_every_serve_option_comes_the_same_from_a_flag_the_environment_and_the_file(clean_env, tmp_path) -> None:
+    """Generic: the file and the environment reach every option `serve` declares, including ones added
+    later, and give it the value the flag gives."""
     parser = build_parser()
-    serve = parser._subcommands().choices["serve"]  # type: ignore[union-attr]
-    assert isinstance(serve, OptionParser) and len(serve.option_specs) > 40
-    for spec in serve.option_specs:
-        value = {"switch": "true", "repeat": '["x.example"]', "value": '"some-value"'}[spec.kind]
-        config = _file(tmp_path, f"{spec.key.replace('-', '_')} = {value}\n")
-        args = parser.parse_args(["serve", "--config", str(config)])
-        expected = {"switch": True, "repeat": ["x.example"], "value": "some-value"}[spec.kind]
-        assert getattr(args, spec.dest) == expected, spec.flag
+    specs = [spec for spec in options_for("serve") if spec.env]
+    assert len(specs) > 60
+    for spec in specs:
+        sample = SAMPLES.get(spec.flag, True if spec.kind.switch else spec.default)
+        assert sample is not None, f"give {spec.flag} a sample value"
+        if spec.kind.switch:
+            flags = [spec.flag]
+            env = "true"
+        elif spec.kind.repeat:
+            flags = [item for value in sample for item in (spec.flag, value)]
+            env = ",".join(sample)
+        else:
+            flags = [spec.flag, str(sample)]
+            env = str(sample)
+        from_flag = getattr(parser.parse_args(["serve", *flags]), spec.dest)
+        clean_env.setenv(spec.env_name, env)
+        from_env = getattr(parser.parse_args(["serve"]), spec.dest)
+        clean_env.delenv(spec.env_name)
+        config = _file(tmp_path, f"{spec.key.replace('-', '_')} = {_toml(sample)}\n")
+        from_file = getattr(parser.parse_args(["serve", "--config", str(config)]), spec.dest)
+        assert from_flag == from_env == from_file, spec.flag
+        if spec.flag not in SAMPLES and not spec.kind.switch:
+            assert from_flag == spec.default_value(), spec.flag
 
 
 @pytest.mark.parametrize(
@@ -122,9 +172,9 @@ def test_a_missing_file_is_named(clean_env, tmp_path: Path) -> None:
 def test_data_commands_take_the_serve_file(clean_env, tmp_path: Path) -> None:
     """`verify`/`export`/`import` read the same file as `serve`: the keys they have, the rest checked, unused."""
     config = _file(tmp_path, f'data-dir = "{tmp_path / "from-file"}"\nplain-http = true\nredis-prefix = "p"\n')
-    assert _args("verify", "--config", str(config)).data_dir == str(tmp_path / "from-file")
+    assert _args("verify", "--config", str(config)).data_dir == tmp_path / "from-file"
     exported = _args("export", "--config", str(config), "--out", "b.tar")
-    assert (exported.data_dir, exported.redis_prefix) == (str(tmp_path / "from-file"), "p")
+    assert (exported.data_dir, exported.redis_prefix) == (tmp_path / "from-file", "p")
     with pytest.raises(ConfigError, match="unknown key 'dta-dir'"):
         _args("verify", "--config", str(_file(tmp_path, 'dta-dir = "x"\n')))
     with pytest.raises(ConfigError, match="'plain-http' must be true or false"):
@@ -138,4 +188,4 @@ def test_unknown_environment_variables_are_refused_for_every_command(clean_env, 
             _args(*argv)
     clean_env.delenv("REGISTRY_PROXY_DATADIR")
     clean_env.setenv("REGISTRY_PROXY_PROXY", "https://p.example/")  # a variable of another command is known
-    assert _args("serve", "--data-dir", str(tmp_path)).data_dir == str(tmp_path)
+    assert _args("serve", "--data-dir", str(tmp_path)).data_dir == tmp_path

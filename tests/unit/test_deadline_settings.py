@@ -36,8 +36,8 @@ def _settings(tmp_path: Path, *flags: str) -> Settings:
 
 def test_defaults_fit_the_clients_and_kubernetes(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    assert (settings.stale_deadline, settings.request_deadline) == (2, 8)  # terraform gives up after 10 s
-    assert settings.shutdown_grace == 15  # below Kubernetes' default 30 s terminationGracePeriodSeconds
+    assert (settings.limits.stale_deadline, settings.limits.request_deadline) == (2, 8)  # terraform gives up after 10 s
+    assert settings.server.shutdown_grace == 15  # below Kubernetes' default 30 s terminationGracePeriodSeconds
     limits = settings.limits
     assert (limits.read_timeout, limits.min_download_rate, limits.download_rate_window) == (30, 32 * 1024, 30)
     assert (limits.download_slot_wait, limits.upstream_host_concurrency, limits.upstream_concurrency) == (30, 8, 16)
@@ -61,7 +61,11 @@ def test_flags_and_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) ->
         "--download-idle-timeout",
         "1m",
     )
-    assert (settings.stale_deadline, settings.request_deadline, settings.shutdown_grace) == (0.5, 9, 5)
+    assert (settings.limits.stale_deadline, settings.limits.request_deadline, settings.server.shutdown_grace) == (
+        0.5,
+        9,
+        5,
+    )
     limits = settings.limits
     assert (limits.min_download_rate, limits.download_rate_window, limits.download_slot_wait) == (2**20, 10, 3)
     assert (limits.upstream_host_concurrency, limits.read_timeout) == (2, 60)
@@ -76,12 +80,12 @@ def test_rate_zero_turns_the_minimum_off(clean_env: pytest.MonkeyPatch, tmp_path
     [
         (["--request-deadline", "0s"], "--request-deadline"),
         (["--stale-deadline", "9s"], "--stale-deadline"),
-        (["--stale-deadline", "soon"], "invalid duration"),
-        (["--shutdown-grace", "never"], "invalid duration"),
+        (["--stale-deadline", "soon"], "not a duration"),
+        (["--shutdown-grace", "never"], "not a duration"),
         (["--download-rate-window", "0s"], "--download-rate-window"),
         (["--download-slot-wait", "0s"], "--download-slot-wait"),
         (["--download-idle-timeout", "0s"], "--download-idle-timeout"),
-        (["--min-download-rate", "fast"], "invalid size"),
+        (["--min-download-rate", "fast"], "not a size"),
         (["--upstream-host-concurrency", "0"], "--upstream-host-concurrency"),
         (["--upstream-host-concurrency", "lots"], "--upstream-host-concurrency"),
     ],

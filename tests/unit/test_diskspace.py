@@ -37,7 +37,7 @@ def test_floor_is_a_size_or_a_percentage(text, floor):
 
 @pytest.mark.parametrize("text", ["", "abc", "-1", "100%", "150%", "-5%", "nan%", "5 %%", "1GiB%"])
 def test_invalid_floor_is_a_clear_config_error(text):
-    with pytest.raises(ConfigError, match="--min-free-space"):
+    with pytest.raises(ConfigError, match="a percentage of the disk below 100%"):
         parse_space_floor(text)
 
 
@@ -49,14 +49,14 @@ def test_floor_in_bytes_of_a_filesystem():
 def test_flag_and_environment(monkeypatch, tmp_path: Path):
     monkeypatch.delenv("REGISTRY_PROXY_MIN_FREE_SPACE", raising=False)
     default = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
-    assert default.min_free_space == SpaceFloor(2**30)
+    assert default.archives.min_free_space == SpaceFloor(2**30)
     monkeypatch.setenv("REGISTRY_PROXY_MIN_FREE_SPACE", "7%")
     from_env = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
-    assert from_env.min_free_space == SpaceFloor(0, 7.0)
+    assert from_env.archives.min_free_space == SpaceFloor(0, 7.0)
     flag = settings_from_args(
         build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--min-free-space", "3MiB"])
     )
-    assert flag.min_free_space == SpaceFloor(3 * MiB)
+    assert flag.archives.min_free_space == SpaceFloor(3 * MiB)
     with pytest.raises(ConfigError, match="--min-free-space"):
         settings_from_args(
             build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--min-free-space", "lots"])

@@ -8,7 +8,7 @@ from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, parse_networks
 from proxy.forwarded import client_address
 
-TRUSTED = parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8"], "--trusted-proxies")
+TRUSTED = parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8"])
 
 
 @pytest.mark.parametrize(
@@ -40,9 +40,11 @@ def test_without_trusted_proxies_the_header_is_ignored() -> None:
 def test_flag_and_env(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("REGISTRY_PROXY_TRUSTED_PROXIES", raising=False)
     parse = build_parser().parse_args
-    assert settings_from_args(parse(["serve", "--data-dir", str(tmp_path)])).trusted_proxies == frozenset()
+    assert settings_from_args(parse(["serve", "--data-dir", str(tmp_path)])).server.trusted_proxies == frozenset()
     monkeypatch.setenv("REGISTRY_PROXY_TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.7")
-    assert {str(n) for n in settings_from_args(parse(["serve", "--data-dir", str(tmp_path)])).trusted_proxies} == {
+    assert {
+        str(n) for n in settings_from_args(parse(["serve", "--data-dir", str(tmp_path)])).server.trusted_proxies
+    } == {
         "10.0.0.0/8",
         "192.0.2.7/32",
     }

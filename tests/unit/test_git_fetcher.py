@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.errors import ForbiddenAddressError, UpstreamError
+from proxy.errors import ForbiddenAddressError, GitSourceError
 from proxy.upstream import git as git_module
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -54,6 +54,6 @@ async def test_loopback_name_is_refused():
         await fetcher()._check_host("https://localhost/r.git")
 
 
-async def test_invalid_port_is_an_upstream_error():
-    with pytest.raises(UpstreamError, match="invalid git URL"):
+async def test_invalid_port_is_a_git_source_error():
+    with pytest.raises(GitSourceError):
         await fetcher()._check_host("https://git.example.com:99999999/r.git")

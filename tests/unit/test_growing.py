@@ -9,8 +9,15 @@ import os
 import pytest
 
 from proxy.download_notices import DownloadNotices, Notice
-from proxy.errors import FollowedDownloadLostError, ShuttingDownError, UpstreamError, VerificationError
+from proxy.errors import (
+    DiskFullError,
+    FollowedDownloadLostError,
+    ShuttingDownError,
+    UpstreamError,
+    VerificationError,
+)
 from proxy.growing import HOLD_BACK, GrowingDownloads, GrowingFile
+from proxy.passthrough import PassThrough
 
 WAIT = 10
 BODY = os.urandom(3 * HOLD_BACK + 1000)
@@ -81,6 +88,47 @@ async def test_a_failure_withholds_the_end(temp):
     with pytest.raises(UpstreamError):
         await asyncio.wait_for(follower, WAIT)
     assert client.received == BODY[:-HOLD_BACK]
+
+
+def upstream_rest(body: bytes, asked: list[tuple[int, str]]):
+    """A `rest` relay of `body` after the bytes sent (its first ones must hash to what the follower sent)."""
+
+    def rest(sent: int, sent_sha256: str) -> PassThrough:
+        asked.append((sent, sent_sha256))
+
+        async def stream(begin, send) -> None:
+            if hashlib.sha256(body[:sent]).hexdigest() != sent_sha256:
+                raise VerificationError("not the bytes sent")
+            await send(body[sent:])
+
+        return PassThrough(None, stream)
+
+    return rest
+
+
+async def test_a_full_disk_hands_the_rest_to_the_relay(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    client = Client()
+    asked: list[tuple[int, str]] = []
+    follower = asyncio.create_task(growing.relay(upstream_rest(BODY, asked)).stream(client.begin, client.send))
+    _, handle = temp
+    write(handle, growing, BODY[: 2 * HOLD_BACK])
+    await client.has(HOLD_BACK)
+    growing.fail(DiskFullError("the proxy's disk is full"))
+    await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY and client.length == len(BODY)
+    assert asked == [(2 * HOLD_BACK, hashlib.sha256(BODY[: 2 * HOLD_BACK]).hexdigest())]  # all it had, then the rest
+
+
+async def test_other_failures_are_not_relayed(temp):
+    path, _ = temp
+    growing = GrowingFile(path, len(BODY), SHA)
+    asked: list[tuple[int, str]] = []
+    growing.fail(UpstreamError("tampered"))
+    with pytest.raises(UpstreamError):
+        await growing.relay(upstream_rest(BODY, asked)).stream(Client().begin, Client().send)
+    assert asked == []
 
 
 async def test_cancelled_downloads_tell_followers_the_proxy_is_shutting_down(temp):
@@ -171,6 +219,26 @@ async def test_another_process_aborts_when_the_download_ends_unpublished(tmp_pat
     with pytest.raises(FollowedDownloadLostError):
         await asyncio.wait_for(follower, WAIT)
     assert client.received == BODY[:-HOLD_BACK]
+    await other.close()
+
+
+async def test_a_download_lost_in_another_process_hands_the_rest_to_the_relay(tmp_path, temp):
+    """Why it ended stays in the other process (a full disk there, most likely); the rest relay is
+    verified as a whole, so relaying is safe whatever it was."""
+    path, handle = temp
+    owner, other = two_processes(tmp_path)
+    growing = GrowingFile(path, len(BODY), SHA)
+    owner.announce("key", growing)
+    followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
+    client, asked = Client(), []
+    relay = followed.relay(upstream_rest(BODY, asked))
+    follower = asyncio.create_task(relay.stream(client.begin, client.send))
+    write(handle, growing, BODY[:HOLD_BACK])
+    await client.has(HOLD_BACK)
+    growing.fail(DiskFullError("the proxy's disk is full"))
+    owner.withdraw("key", growing)
+    await asyncio.wait_for(follower, WAIT)
+    assert client.received == BODY and [sent for sent, _ in asked] == [HOLD_BACK]
     await other.close()
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.hashes: zh:/h1: hashes and SHA256SUMS parsing.
+"""Unit tests for proxy.hashes: the Hash type, zh:/h1: hashes and SHA256SUMS parsing.
 
 The h1: vectors come from Go's golang.org/x/mod/sumdb/dirhash tests and OpenTofu's
 getproviders hash tests.
@@ -15,17 +15,18 @@ import pytest
 
 from proxy.hashes import (
     MAX_SHASUMS_LINES,
+    Hash,
     HashFormatError,
+    HashScheme,
     h1_from_digests,
     h1_of_files,
     h1_of_zip,
     parse_shasums,
-    zh_hash,
 )
 
-EMPTY_H1 = "h1:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
-ABC_XYZ_H1 = "h1:EP6WfDoQTSk9klnxcjriWJOGztueJUywHNmWeq+efB8="
-PREFIXED_H1 = "h1:rLyfpGMAgqOnGE2aKOY5Xb6cOc0/YQhPjHBHBwkblhs="
+EMPTY_H1 = Hash.parse("h1:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=")
+ABC_XYZ_H1 = Hash.parse("h1:EP6WfDoQTSk9klnxcjriWJOGztueJUywHNmWeq+efB8=")
+PREFIXED_H1 = Hash.parse("h1:rLyfpGMAgqOnGE2aKOY5Xb6cOc0/YQhPjHBHBwkblhs=")
 
 ABC_XYZ = {"abc": b"data for abc", "xyz": b"data for xyz"}
 PREFIXED = {"prefix/abc": b"data for abc", "prefix/xyz": b"data for xyz"}
@@ -57,7 +58,7 @@ def test_h1_empty_vector() -> None:
     assert h1_from_digests([]) == EMPTY_H1
     assert h1_of_files({}) == EMPTY_H1
     # Independently: the empty summary is SHA-256 of nothing.
-    assert "h1:" + base64.b64encode(hashlib.sha256(b"").digest()).decode() == EMPTY_H1
+    assert "h1:" + base64.b64encode(hashlib.sha256(b"").digest()).decode() == str(EMPTY_H1)
 
 
 def test_h1_abc_xyz_vector() -> None:
@@ -73,8 +74,8 @@ def test_h1_summary_format_matches_dirhash_definition() -> None:
     # dirhash Hash1: SHA-256 over "<hex>  <name>\n" lines sorted by name, base64 with "h1:" prefix.
     summary = "".join(f"{_sha(ABC_XYZ[name])}  {name}\n" for name in sorted(ABC_XYZ))
     expected = "h1:" + base64.b64encode(hashlib.sha256(summary.encode()).digest()).decode()
-    assert expected == ABC_XYZ_H1
-    assert h1_of_files(ABC_XYZ) == expected
+    assert expected == str(ABC_XYZ_H1)
+    assert str(h1_of_files(ABC_XYZ)) == expected
 
 
 def test_h1_order_of_input_does_not_matter() -> None:
@@ -88,7 +89,7 @@ def test_h1_sorts_by_bytes_not_by_locale_or_case() -> None:
     files = {"a": b"1", "B": b"2", "é": b"3"}
     summary = "".join(f"{_sha(files[name])}  {name}\n" for name in ("B", "a", "é"))
     expected = "h1:" + base64.b64encode(hashlib.sha256(summary.encode()).digest()).decode()
-    assert h1_of_files(files) == expected
+    assert str(h1_of_files(files)) == expected
 
 
 def test_h1_depends_on_content_and_names() -> None:
@@ -169,14 +170,15 @@ def test_h1_of_zip_not_a_zip() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# zh_hash
+# Hash
 # ---------------------------------------------------------------------------------------------
 
 
 def test_zh_hash_valid() -> None:
     digest = _sha(b"archive bytes")
-    assert zh_hash(digest) == "zh:" + digest
-    assert zh_hash("0" * 64) == "zh:" + "0" * 64
+    assert str(Hash.zh(digest)) == "zh:" + digest
+    assert Hash.zh(digest).sha256 == digest
+    assert Hash.zh("0" * 64) == Hash.parse("zh:" + "0" * 64) == Hash(HashScheme.ZH, "0" * 64)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +199,44 @@ def test_zh_hash_valid() -> None:
 )
 def test_zh_hash_invalid(given: str) -> None:
     with pytest.raises(HashFormatError):
-        zh_hash(given)
+        Hash.zh(given)
+
+
+def test_hashes_parse_and_print_as_the_clients_write_them() -> None:
+    for text in (str(EMPTY_H1), "zh:" + _sha(b"x")):
+        assert str(Hash.parse(text)) == text
+    assert Hash.parse(str(ABC_XYZ_H1)).scheme is HashScheme.H1
+    assert Hash.parse("zh:" + _sha(b"x")).scheme is HashScheme.ZH
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "h1:",
+        "zh:",
+        "h1" + str(EMPTY_H1)[2:].replace(":", ""),  # no colon
+        "h2:" + str(EMPTY_H1)[3:],  # an unknown scheme
+        "H1:" + str(EMPTY_H1)[3:],
+        "h1:" + _sha(b"x"),  # hex where base64 belongs
+        "zh:" + str(EMPTY_H1)[3:],  # base64 where hex belongs
+        str(EMPTY_H1)[:-1],
+        str(EMPTY_H1) + "=",
+        str(EMPTY_H1) + "\n",
+        " " + str(EMPTY_H1),
+    ],
+)
+def test_malformed_hashes_are_refused(text: str) -> None:
+    with pytest.raises(HashFormatError):
+        Hash.parse(text)
+
+
+def test_hashes_compare_and_sort_as_values() -> None:
+    zh = Hash.zh(_sha(b"x"))
+    assert Hash.parse(str(zh)) == zh and len({zh, Hash.parse(str(zh))}) == 1
+    assert sorted([zh, ABC_XYZ_H1, EMPTY_H1]) == [Hash.parse(t) for t in sorted(map(str, [zh, ABC_XYZ_H1, EMPTY_H1]))]
+    with pytest.raises(HashFormatError):
+        _ = EMPTY_H1.sha256  # an h1: hash is no archive digest
 
 
 def test_zip_with_a_newline_in_a_member_name_is_refused_as_a_value_error() -> None:
@@ -248,7 +287,7 @@ F3 = "terraform-provider-x_1.0.0_manifest.json"
     ],
 )
 def test_parse_shasums_valid(document: bytes, expected: dict[str, str]) -> None:
-    assert parse_shasums(document) == expected
+    assert parse_shasums(document) == {name: Hash.zh(digest) for name, digest in expected.items()}
 
 
 @pytest.mark.parametrize(
@@ -303,12 +342,12 @@ def test_parse_shasums_invalid(document: bytes) -> None:
 
 def test_parse_shasums_returns_lowercase_digests() -> None:
     sums = parse_shasums(f"{D1.upper()}  {F1}\n{D2}  {F2}\n".encode())
-    assert sums[F1] == D1
-    assert all(digest == digest.lower() for digest in sums.values())
+    assert sums[F1] == Hash.zh(D1)
+    assert all(h.value == h.value.lower() for h in sums.values())
 
 
 def test_parse_shasums_duplicate_case_insensitive_digest_ok() -> None:
-    assert parse_shasums(f"{D1}  {F1}\n{D1.upper()}  {F1}\n".encode()) == {F1: D1}
+    assert parse_shasums(f"{D1}  {F1}\n{D1.upper()}  {F1}\n".encode()) == {F1: Hash.zh(D1)}
 
 
 def test_parse_shasums_messages() -> None:

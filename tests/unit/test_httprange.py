@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.httprange import Answer, UnsatisfiableRange, evaluate, parse_range
+from proxy.httprange import Answer, UnsatisfiableRangeError, evaluate, parse_range
 
 SIZE = 1000
 
@@ -63,7 +63,7 @@ def test_parse_range_satisfiable(header: str | None, size: int, expected: tuple[
     ],
 )
 def test_parse_range_unsatisfiable(header: str, size: int) -> None:
-    with pytest.raises(UnsatisfiableRange):
+    with pytest.raises(UnsatisfiableRangeError):
         parse_range(header, size)
 
 
@@ -72,7 +72,7 @@ def test_parse_range_suffix_of_empty_file_is_not_a_bogus_span() -> None:
     # ignoring the header) as the answers; a span (0, -1) would produce `Content-Range: bytes 0--1/0`.
     try:
         result = parse_range("bytes=-100", 0)
-    except UnsatisfiableRange:
+    except UnsatisfiableRangeError:
         return
     assert result is None
 
@@ -141,7 +141,7 @@ def test_parse_range_long_numbers_satisfiable(header: str, expected: tuple[int, 
     "header", [f"bytes={MANY}-", f"bytes={MANY}-{MANY}", "bytes=-" + "0" * 5000, "bytes=" + "0" * 4998 + "1000-"]
 )
 def test_parse_range_long_numbers_unsatisfiable(header: str) -> None:
-    with pytest.raises(UnsatisfiableRange):
+    with pytest.raises(UnsatisfiableRangeError):
         parse_range(header, SIZE)
 
 

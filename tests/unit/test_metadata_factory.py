@@ -12,9 +12,18 @@ from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.factory import negative_bound
 from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound
+from proxy.cache.sealed import Seal, SealedStore
 from proxy.cli import build_parser
 from proxy.commands import run
 from proxy.config import Settings
+
+
+def sealed_embedded(folder: Path) -> SealedStore:
+    """The embedded store as `open_metadata_store` gives it: sealed."""
+    return SealedStore(
+        EmbeddedStore(folder / "metadata.sqlite"), Seal(b"factory-test-secret-0123456789", store="embedded")
+    )
+
 
 NEGATIVE = CacheEntry(404, b"", "https://registry.example.test/v1/providers/acme/nope/versions", 1.0).encode()
 
@@ -24,8 +33,8 @@ def test_export_and_import_take_the_redis_retention_serve_has(
     command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("REGISTRY_PROXY_REDIS_RETENTION", raising=False)
-    assert build_parser().parse_args(command).redis_retention == "90d"
-    assert build_parser().parse_args([*command, "--redis-retention", "7d"]).redis_retention == "7d"
+    assert build_parser().parse_args(command).redis_retention == 90 * 86400
+    assert build_parser().parse_args([*command, "--redis-retention", "7d"]).redis_retention == 7 * 86400
 
 
 async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
@@ -35,8 +44,8 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 
     async def open_metadata(settings: Settings, metrics=None):
         opened.append(settings)
-        store = EmbeddedStore(tmp_path / "metadata.sqlite")
-        return store, None, store
+        embedded = EmbeddedStore(tmp_path / "metadata.sqlite")
+        return SealedStore(embedded, Seal(b"factory-test-secret-0123456789", store="embedded")), None, embedded
 
     monkeypatch.setattr(run, "open_metadata", open_metadata)
     args = build_parser().parse_args(
@@ -54,7 +63,7 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
     )
     cache, _, store = await run._stores(args)
     try:
-        assert opened[0].redis_retention == 7 * 86400
+        assert opened[0].metadata.redis_retention == 7 * 86400
         assert isinstance(cache, NegativeBound)
     finally:
         await cache.close()
@@ -62,7 +71,7 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 
 
 async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path: Path) -> None:
-    backend = EmbeddedStore(tmp_path / "metadata.sqlite")
+    backend = sealed_embedded(tmp_path)
     defaults = Settings(data_dir=tmp_path)
     settings = replace(defaults, freshness=replace(defaults.freshness, negative=7200.0))
     cache = negative_bound(settings, backend)
@@ -76,6 +85,6 @@ async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path:
 
 
 def test_negative_bound_wraps_the_front_it_is_given(tmp_path: Path) -> None:
-    backend = EmbeddedStore(tmp_path / "metadata.sqlite")
+    backend = sealed_embedded(tmp_path)
     front = MemoryFront(backend)
     assert negative_bound(Settings(data_dir=tmp_path), backend, front=front).inner is front

@@ -11,8 +11,8 @@ from yarl import URL
 
 from proxy.upstream.netguard import (
     AddressPolicy,
-    ForbiddenAddress,
     GuardedResolver,
+    RefusedAddressError,
     is_public_address,
     proxy_hosts_from_environment,
 )
@@ -146,13 +146,13 @@ def test_is_public_address_judges_embedded_ipv4(address: str, public: bool) -> N
     ],
 )
 def test_check_literal_refuses_embedded_private_ipv4(url: str) -> None:
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         AddressPolicy(frozenset()).check_literal(URL(url))
 
 
 async def test_resolver_refuses_names_resolving_to_embedded_private_ipv4() -> None:
     table = {"nat64.example": ["64:ff9b::a00:1", "2002:7f00:1::1"]}
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         await GuardedResolver(AddressPolicy(frozenset()), FakeResolver(table)).resolve("nat64.example", 443)
 
 
@@ -197,7 +197,7 @@ def test_policy_exempts_egress_proxy_host(monkeypatch: pytest.MonkeyPatch) -> No
     ],
 )
 def test_check_literal_refuses_private_literals(url: str) -> None:
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         AddressPolicy(frozenset()).check_literal(URL(url))
 
 
@@ -219,11 +219,11 @@ def test_check_literal_exemption_is_per_port() -> None:
     policy = AddressPolicy(frozenset({"127.0.0.1:8443"}))
     policy.check_literal(URL("https://127.0.0.1:8443/"))
     policy.check_literal(URL("http://127.0.0.1:8443/discovery"))
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         policy.check_literal(URL("https://127.0.0.1/"))  # port 443
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         policy.check_literal(URL("https://127.0.0.1:8444/"))
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         policy.check_literal(URL("https://10.0.0.1:8443/"))
 
 
@@ -231,14 +231,14 @@ def test_check_literal_host_exemption_covers_all_ports() -> None:
     policy = AddressPolicy(frozenset({"10.0.0.5"}))
     for url in ("https://10.0.0.5/", "http://10.0.0.5:8080/", "https://10.0.0.5:1/"):
         policy.check_literal(URL(url))
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         policy.check_literal(URL("https://10.0.0.6/"))
 
 
 def test_check_literal_ipv6_exemption() -> None:
     policy = AddressPolicy(frozenset({"::1:8443"}))
     policy.check_literal(URL("https://[::1]:8443/"))
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         policy.check_literal(URL("https://[::1]:9443/"))
 
 
@@ -306,13 +306,13 @@ async def test_resolver_filters_private_addresses() -> None:
 @pytest.mark.parametrize("host", ["private.example", "metadata.example", "internal.example", "empty.example"])
 async def test_resolver_refuses_when_nothing_is_left(host: str) -> None:
     resolver = GuardedResolver(AddressPolicy(frozenset()), FakeResolver(TABLE))
-    with pytest.raises(ForbiddenAddress, match=host):
+    with pytest.raises(RefusedAddressError, match=host):
         await resolver.resolve(host, 443)
 
 
 async def test_resolver_error_lists_refused_addresses() -> None:
     resolver = GuardedResolver(AddressPolicy(frozenset()), FakeResolver(TABLE))
-    with pytest.raises(ForbiddenAddress) as info:
+    with pytest.raises(RefusedAddressError) as info:
         await resolver.resolve("metadata.example", 80)
     assert "169.254.169.254" in str(info.value)
 
@@ -329,7 +329,7 @@ async def test_refusal_reaches_aiohttp_callers_as_the_connector_error_cause() ->
     async with aiohttp.ClientSession(connector=connector) as session:
         with pytest.raises(aiohttp.ClientConnectorError) as info:
             await session.get("https://metadata.example/latest/meta-data/")
-    assert isinstance(info.value.os_error, ForbiddenAddress)
+    assert isinstance(info.value.os_error, RefusedAddressError)
     assert "169.254.169.254" in str(info.value.os_error)
 
 
@@ -337,13 +337,13 @@ async def test_resolver_exempt_host_port_only_on_that_port() -> None:
     resolver = GuardedResolver(AddressPolicy(frozenset({"internal.example:8443"})), FakeResolver(TABLE))
     results = await resolver.resolve("internal.example", 8443)
     assert [r["host"] for r in results] == ["10.0.0.5", "127.0.0.1"]
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         await resolver.resolve("internal.example", 443)
 
 
 async def test_resolver_exemption_does_not_leak_to_other_hosts() -> None:
     resolver = GuardedResolver(AddressPolicy(frozenset({"internal.example"})), FakeResolver(TABLE))
-    with pytest.raises(ForbiddenAddress):
+    with pytest.raises(RefusedAddressError):
         await resolver.resolve("private.example", 443)
     assert [r["host"] for r in await resolver.resolve("mixed.example", 443)] == ["8.8.4.4", "2606:4700:4700::1111"]
 

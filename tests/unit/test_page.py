@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 from html.parser import HTMLParser
 
 import pytest
@@ -179,6 +180,15 @@ def test_plain_http_says_the_clients_need_https_and_no_ca_link_without_a_generat
     assert 'href="ca.pem"' in page.render(data())
 
 
+def test_the_ca_steps_build_a_bundle_with_the_systems_roots_instead_of_replacing_them():
+    text = " ".join(unescape(re.sub(r"<[^>]+>", "", page.render(data()))).split())
+    downloaded = next(a["download"] for tag, a in parse(page.render(data())).tags if a.get("href") == "ca.pem")
+    bundle = f"cat /etc/ssl/certs/ca-certificates.crt {downloaded} > registry-proxy-bundle.pem"
+    assert f"{bundle} && export SSL_CERT_FILE=$PWD/registry-proxy-bundle.pem" in text
+    assert f"SSL_CERT_FILE=$PWD/{downloaded}" not in text  # the CA alone would replace the system's roots
+    assert "/etc/pki/tls/certs/ca-bundle.crt" in text and "macOS and Windows" in text
+
+
 # ---- escaping: upstream strings are attacker-controlled ----------------------------------------
 
 
@@ -326,3 +336,28 @@ async def test_a_store_that_cannot_be_read_gives_an_empty_inventory_with_its_pro
     html = page.render(data(inventory=inventory, metadata_problem=BrokenStore.problem))
     assert "The metadata store cannot be read now: Redis: connection refused" in html
     assert "degraded: metadata store" in html
+
+
+async def test_the_hosts_listed_are_only_the_visible_ones():
+    from pathlib import Path
+
+    from proxy.config import Settings
+    from proxy.inventory import InventoryReader, NoAccessTimes
+
+    reader = InventoryReader(Settings(data_dir=Path("unused")), BrokenStore(), NoAccessTimes())
+    listed = await reader.hosts(visible=lambda host: host != "registry.terraform.io")
+    assert [h.host for h in listed] == ["registry.opentofu.org"]
+
+
+def test_metrics_leave_out_the_series_of_hosts_not_shown():
+    from proxy.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.observe_upstream("public.example", 0.1)
+    metrics.observe_upstream("private.example", 0.2)
+    metrics.unsigned_archives.labels("private.example").inc()
+    everything = metrics.exposition().decode()
+    assert 'host="private.example"' in everything and 'host="public.example"' in everything
+    shown = metrics.exposition(lambda host: host != "private.example").decode()
+    assert "private.example" not in shown and 'host="public.example"' in shown
+    assert "registry_proxy_build_info{" in shown  # series without a host label stay

@@ -16,10 +16,13 @@ def settings(tmp_path: Path, *flags: str):
 
 def test_public_url_from_the_flag_or_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("REGISTRY_PROXY_PUBLIC_URL", raising=False)
-    assert settings(tmp_path).public_url is None
-    assert settings(tmp_path, "--public-url", "https://proxy.example.com/").public_url == "https://proxy.example.com/"
+    assert settings(tmp_path).server.public_url is None
+    assert (
+        settings(tmp_path, "--public-url", "https://proxy.example.com/").server.public_url
+        == "https://proxy.example.com/"
+    )
     monkeypatch.setenv("REGISTRY_PROXY_PUBLIC_URL", "https://mirror.example.org:8443/tf/")
-    assert settings(tmp_path).public_url == "https://mirror.example.org:8443/tf/"
+    assert settings(tmp_path).server.public_url == "https://mirror.example.org:8443/tf/"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from proxy.cache import encode_record
 from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.sealed import SealedStore, metadata_secret, seal, unseal
+from proxy.cache.sealed import Seal, SealedStore, metadata_secret, seal, unseal
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, Settings
 
@@ -51,7 +51,7 @@ def test_key_and_value_boundary_is_unambiguous():
 async def test_sealed_store_reports_a_poisoned_key_once_and_counts_every_refusal(tmp_path):
     inner = EmbeddedStore(tmp_path / "m.sqlite")
     refused: list[tuple[str, str]] = []
-    store = SealedStore(inner, SECRET, name="embedded", on_reject=lambda s, r: refused.append((s, r)))
+    store = SealedStore(inner, Seal(SECRET, store="embedded", on_reject=lambda s, r: refused.append((s, r))))
     await store.set(KEY, VALUE)
     assert await inner.get(KEY) != VALUE  # what is stored is sealed
     assert await store.get(KEY) == VALUE
@@ -131,6 +131,6 @@ def test_cli_takes_the_secret_from_the_environment(monkeypatch, tmp_path):
     settings = _serve_settings(
         monkeypatch, tmp_path, "--redis-url", "redis://127.0.0.1:6379/0", METADATA_SECRET="from-the-environment-0123"
     )
-    assert settings.metadata_secret == "from-the-environment-0123"
+    assert settings.metadata.metadata_secret == "from-the-environment-0123"
     settings = _serve_settings(monkeypatch, tmp_path, METADATA_SECRET_FILE=str(tmp_path / "s"))
-    assert (settings.metadata_secret, settings.metadata_secret_file) == (None, tmp_path / "s")
+    assert (settings.metadata.metadata_secret, settings.metadata.metadata_secret_file) == (None, tmp_path / "s")

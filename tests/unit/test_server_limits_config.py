@@ -25,30 +25,30 @@ def _settings(tmp_path: Path, *flags: str) -> Settings:
 
 def test_defaults_are_nginx_like(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    assert settings.max_connections == 1024
-    assert settings.client_header_timeout == 10.0
-    assert settings.keepalive_timeout == 15.0
-    assert settings.send_timeout == 60.0
+    assert settings.server.max_connections == 1024
+    assert settings.server.client_header_timeout == 10.0
+    assert settings.server.keepalive_timeout == 15.0
+    assert settings.server.send_timeout == 60.0
 
 
 def test_flags_and_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("REGISTRY_PROXY_MAX_CONNECTIONS", "64")
     clean_env.setenv("REGISTRY_PROXY_SEND_TIMEOUT", "2m")
-    settings = _settings(tmp_path, "--client-header-timeout", "500ms", "--keepalive-timeout", "5s")
-    assert (settings.max_connections, settings.send_timeout) == (64, 120.0)
-    assert (settings.client_header_timeout, settings.keepalive_timeout) == (0.5, 5.0)
-    assert _settings(tmp_path, "--max-connections", "8").max_connections == 8  # the flag wins
+    settings = _settings(tmp_path, "--client-header-timeout", "1500ms", "--keepalive-timeout", "5s")
+    assert (settings.server.max_connections, settings.server.send_timeout) == (64, 120.0)
+    assert (settings.server.client_header_timeout, settings.server.keepalive_timeout) == (1.5, 5.0)
+    assert _settings(tmp_path, "--max-connections", "8").server.max_connections == 8  # the flag wins
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--max-connections", "0"), "--max-connections must be a positive integer"),
-        (("--max-connections", "-5"), "--max-connections must be a positive integer"),
-        (("--max-connections", "lots"), "--max-connections must be a positive integer"),
-        (("--send-timeout", "0s"), "--send-timeout must be more than 0s"),
-        (("--keepalive-timeout", "0"), "--keepalive-timeout must be more than 0s"),
-        (("--client-header-timeout", "soon"), "invalid duration"),
+        (("--max-connections", "0"), "invalid --max-connections '0': must be at least 1"),
+        (("--max-connections", "-5"), "invalid --max-connections '-5': not a whole number"),
+        (("--max-connections", "lots"), "invalid --max-connections 'lots': not a whole number"),
+        (("--send-timeout", "0s"), "invalid --send-timeout '0s': must be at least 1s"),
+        (("--keepalive-timeout", "0"), "invalid --keepalive-timeout '0': must be at least 1s"),
+        (("--client-header-timeout", "soon"), "not a duration"),
     ],
 )
 def test_invalid_values_stop_start_up(

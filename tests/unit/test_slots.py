@@ -40,23 +40,28 @@ async def test_the_global_cap_stays() -> None:
 
 async def test_a_waiter_gets_the_slot_when_it_frees_and_hosts_are_forgotten() -> None:
     slots = HostSlots(total=1, per_host=1)
-    release, got_it = asyncio.Event(), asyncio.Event()
+    release, holding = asyncio.Event(), asyncio.Event()
+    order: list[str] = []
 
-    async def hold(event: asyncio.Event | None) -> None:
+    async def first_holder() -> None:
         async with slots.hold(A, 5, "a"):
-            if event is None:
-                got_it.set()
-            else:
-                await event.wait()
+            order.append("first in")
+            holding.set()
+            await release.wait()
+            order.append("first out")
 
-    first = asyncio.create_task(hold(release))
-    await asyncio.sleep(0.01)
-    second = asyncio.create_task(hold(None))
-    await asyncio.sleep(0.01)
-    assert not got_it.is_set()
+    async def waiter() -> None:
+        async with slots.hold(A, 5, "a"):
+            order.append("second in")
+
+    first = asyncio.create_task(first_holder())
+    await holding.wait()
+    second = asyncio.create_task(waiter())
+    await asyncio.sleep(0)  # the second runs until it waits for the slot (or takes it, were the cap broken)
+    assert slots._hosts[f"{A.host}:{A.port}"][1] == 2  # it asked for the slot
     release.set()
     await asyncio.wait_for(asyncio.gather(first, second), 1)
-    assert got_it.is_set()
+    assert order == ["first in", "first out", "second in"]  # never both in at once
     assert not slots._hosts  # no holder and no waiter: the host is forgotten
 
 

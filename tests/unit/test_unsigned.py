@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings, parse_unsigned_providers
+from proxy.config import ConfigError, Settings
 from proxy.unsigned import OPENTOFU_DEFAULT_REGISTRY, UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
 
 
@@ -50,7 +50,7 @@ def test_invalid_values_are_refused(text: str) -> None:
     with pytest.raises(UnsignedPolicyError):
         parse_unsigned_policy(text)
     with pytest.raises(ConfigError, match="--unsigned-providers"):
-        parse_unsigned_providers(text)
+        build_parser().parse_args(["serve", "--unsigned-providers", text])
 
 
 def _settings(tmp_path: Path, *flags: str) -> Settings:
@@ -59,11 +59,13 @@ def _settings(tmp_path: Path, *flags: str) -> Settings:
 
 def test_flag_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("REGISTRY_PROXY_UNSIGNED_PROVIDERS", raising=False)
-    assert _settings(tmp_path).unsigned_providers == UnsignedPolicy()
-    assert Settings(data_dir=tmp_path).unsigned_providers == UnsignedPolicy()
-    assert _settings(tmp_path, "--unsigned-providers", "refuse").unsigned_providers.hosts == frozenset()
+    assert _settings(tmp_path).upstreams.unsigned_providers == UnsignedPolicy()
+    assert Settings(data_dir=tmp_path).upstreams.unsigned_providers == UnsignedPolicy()
+    assert _settings(tmp_path, "--unsigned-providers", "refuse").upstreams.unsigned_providers.hosts == frozenset()
     monkeypatch.setenv("REGISTRY_PROXY_UNSIGNED_PROVIDERS", "allow-hosts=a.example,b.example")
-    assert _settings(tmp_path).unsigned_providers.hosts == {"a.example", "b.example"}
-    assert _settings(tmp_path, "--unsigned-providers", "opentofu-default").unsigned_providers == UnsignedPolicy()
+    assert _settings(tmp_path).upstreams.unsigned_providers.hosts == {"a.example", "b.example"}
+    assert (
+        _settings(tmp_path, "--unsigned-providers", "opentofu-default").upstreams.unsigned_providers == UnsignedPolicy()
+    )
     with pytest.raises(ConfigError):
         _settings(tmp_path, "--unsigned-providers", "sometimes")

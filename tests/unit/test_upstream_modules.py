@@ -8,7 +8,7 @@ import pytest
 from yarl import URL
 
 from proxy.addrs import ModuleAddr, Version
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, UpstreamMalformedError
 from proxy.upstream.modules import (
     MAX_LOCATION_LENGTH,
     download_url,
@@ -136,7 +136,7 @@ def test_parse_versions(body: bytes, expected: list[str]) -> None:
     ],
 )
 def test_parse_versions_refuses(body: bytes) -> None:
-    with pytest.raises(UpstreamError):
+    with pytest.raises(UpstreamMalformedError):
         parse_versions(body, ADDR)
 
 
@@ -226,7 +226,7 @@ def test_parse_download(status: int, header: str | None, body: bytes, expected: 
     ],
 )
 def test_parse_download_refuses(status: int, header: str | None, body: bytes) -> None:
-    with pytest.raises(UpstreamError):
+    with pytest.raises(UpstreamMalformedError):
         parse_download(status, header, body, ADDR)
 
 

@@ -9,7 +9,8 @@ import pytest
 from yarl import URL
 
 from proxy.addrs import Platform, ProviderAddr, Version
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamMalformedError
+from proxy.hashes import Hash
 from proxy.upstream.providers import (
     DownloadInfo,
     VersionInfo,
@@ -131,7 +132,7 @@ def test_versions_missing_fields_mean_nothing_offered() -> None:
     ],
 )
 def test_versions_malformed_document_is_an_upstream_error(body: bytes, message: str) -> None:
-    with pytest.raises(UpstreamError, match=message) as info:
+    with pytest.raises(UpstreamMalformedError, match=message) as info:
         parse_versions(body, ADDR)
     assert str(ADDR) in info.value.message
 
@@ -160,7 +161,7 @@ def test_download_good_document() -> None:
     assert info == DownloadInfo(
         platform=LINUX,
         filename=FILENAME,
-        shasum="a" * 64,
+        shasum=Hash.zh("a" * 64),
         download_url=URL(f"https://releases.example.test/foo/1.2.0/{FILENAME}"),
         shasums_url=URL("https://registry.example.test/v1/providers/files/SHA256SUMS"),
         shasums_signature_url=URL("https://registry.example.test/files/SHA256SUMS.sig"),
@@ -174,7 +175,7 @@ def test_download_good_document() -> None:
     "changes", [{"os": "darwin"}, {"arch": "arm64"}, {"os": None}, {"arch": None}, {"os": ["linux"]}]
 )
 def test_download_for_another_platform_is_refused(changes: dict) -> None:
-    with pytest.raises(UpstreamError, match="another platform"):
+    with pytest.raises(UpstreamMalformedError, match="another platform"):
         parse(download_doc(**changes))
 
 
@@ -199,7 +200,7 @@ def test_download_for_another_platform_is_refused(changes: dict) -> None:
     ],
 )
 def test_download_with_a_hostile_or_missing_filename_is_refused(filename: Any) -> None:
-    with pytest.raises(UpstreamError, match="invalid filename"):
+    with pytest.raises(UpstreamMalformedError, match="invalid filename"):
         parse(download_doc(filename=filename))
 
 
@@ -209,14 +210,14 @@ def test_download_filename_at_the_length_limit_is_fine() -> None:
 
 @pytest.mark.parametrize("shasum", [None, "", 1, "a" * 63, "a" * 65, "g" * 64, "a" * 63 + "\n", ["a" * 64]])
 def test_download_with_an_invalid_shasum_is_refused(shasum: Any) -> None:
-    with pytest.raises(UpstreamError, match="invalid shasum"):
+    with pytest.raises(UpstreamMalformedError, match="invalid shasum"):
         parse(download_doc(shasum=shasum))
 
 
 @pytest.mark.parametrize("name", ["download_url", "shasums_url", "shasums_signature_url"])
 @pytest.mark.parametrize("value", [None, "", 42, ["https://x.example/a"], {"url": "https://x.example/a"}])
 def test_download_without_a_url_is_refused(name: str, value: Any) -> None:
-    with pytest.raises(UpstreamError, match=f"lacks {name}"):
+    with pytest.raises(UpstreamMalformedError, match=f"lacks {name}"):
         parse(download_doc(**{name: value}))
 
 
@@ -233,7 +234,7 @@ def test_download_without_a_url_is_refused(name: str, value: Any) -> None:
     ],
 )
 def test_download_with_a_hostile_url_is_refused(name: str, value: str, message: str) -> None:
-    with pytest.raises(UpstreamError, match=message) as info:
+    with pytest.raises(UpstreamMalformedError, match=message) as info:
         parse(download_doc(**{name: value}))
     assert name in info.value.message
 
@@ -270,7 +271,7 @@ def test_download_listing_no_keys_is_unsigned(document: dict[str, Any]) -> None:
 )
 def test_download_with_malformed_signing_keys_is_refused(signing_keys: Any) -> None:
     """Keys that are there but unusable are no unsigned provider: OpenTofu fails on them too."""
-    with pytest.raises(UpstreamError, match="no usable signing keys"):
+    with pytest.raises(UpstreamMalformedError, match="no usable signing keys"):
         parse(download_doc(signing_keys=signing_keys))
 
 
@@ -282,6 +283,6 @@ def test_download_keeps_only_usable_keys_of_a_huge_list() -> None:
 
 @pytest.mark.parametrize("body", [b"", b"not json", b"[]", b"null", b"\xff"])
 def test_download_malformed_document_is_an_upstream_error(body: bytes) -> None:
-    with pytest.raises(UpstreamError) as info:
+    with pytest.raises(UpstreamMalformedError) as info:
         parse_download(body, FINAL_URL, ADDR, VERSION, LINUX)
     assert "download metadata of registry.example.test/acme/foo 1.2.0 linux_amd64" in info.value.message

@@ -13,7 +13,7 @@ import pytest
 
 from proxy import log
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings
+from proxy.config import ConfigError
 from proxy.rendered import RenderedDocuments, strong_etag
 from proxy.web.eventloop import loop_name, new_event_loop
 
@@ -79,17 +79,20 @@ def test_flags(monkeypatch, tmp_path: Path, flag, value):
     for name in ("ACCESS_LOG", "EVENT_LOOP"):
         monkeypatch.delenv("REGISTRY_PROXY_" + name, raising=False)
     default = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
-    assert (default.access_log, default.event_loop) == ("all", "auto")
+    assert (default.logging.access_log, default.server.event_loop) == ("all", "auto")
     given = settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path), flag, value]))
-    assert getattr(given, flag.removeprefix("--").replace("-", "_")) == value
+    assert (given.logging.access_log if flag == "--access-log" else given.server.event_loop) == value
 
 
 def test_access_log_from_the_environment(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("REGISTRY_PROXY_ACCESS_LOG", "off")
-    assert settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])).access_log == "off"
+    assert (
+        settings_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])).logging.access_log
+        == "off"
+    )
 
 
-@pytest.mark.parametrize("field, value", [("access_log", "some"), ("event_loop", "trio")])
-def test_invalid_choices(tmp_path: Path, field, value):
-    with pytest.raises(ConfigError):
-        Settings(data_dir=tmp_path, **{field: value})
+@pytest.mark.parametrize("flag, value", [("--access-log", "some"), ("--event-loop", "trio")])
+def test_invalid_choices(tmp_path: Path, flag, value):
+    with pytest.raises(ConfigError, match=flag):
+        build_parser().parse_args(["serve", "--data-dir", str(tmp_path), flag, value])

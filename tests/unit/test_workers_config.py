@@ -20,12 +20,12 @@ def _settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) -> S
 
 
 def test_the_default_is_one_worker_per_available_cpu(monkeypatch, tmp_path) -> None:
-    assert _settings(monkeypatch, tmp_path).workers == len(os.sched_getaffinity(0))
+    assert _settings(monkeypatch, tmp_path).server.workers == len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize(("flag", "workers"), [("1", 1), ("4", 4), ("auto", len(os.sched_getaffinity(0)))])
 def test_workers_flag(monkeypatch, tmp_path, flag: str, workers: int) -> None:
-    assert _settings(monkeypatch, tmp_path, "--workers", flag).workers == workers
+    assert _settings(monkeypatch, tmp_path, "--workers", flag).server.workers == workers
 
 
 @pytest.mark.parametrize("flag", ["0", "-1", "two", ""])
@@ -34,9 +34,10 @@ def test_workers_flag_rejects(monkeypatch, tmp_path, flag: str) -> None:
         _settings(monkeypatch, tmp_path, "--workers", flag)
 
 
-def test_settings_refuse_no_workers(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="--workers"):
-        Settings(data_dir=tmp_path, workers=0)
+def test_no_workers_are_refused_from_the_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("REGISTRY_PROXY_WORKERS", "0")
+    with pytest.raises(ConfigError, match=r"--workers '0' \(from REGISTRY_PROXY_WORKERS\): must be at least 1"):
+        build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
 
 
 def test_only_one_worker_on_the_embedded_store_may_remember_absences(tmp_path) -> None:

@@ -4,7 +4,7 @@ Generated zips (Python's writer, seekable and not, stored and deflated, zip64, d
 and unicode names, any chunking) must stream to exactly `h1_of_zip`'s answer. Hand-built zips add
 what Python does not write (Go-style data descriptors) and what an attacker would: local headers that
 disagree with the central directory, prepended junk, duplicate names, hidden members, a zip bomb.
-Those must raise StreamedZipMismatch, so the caller hashes from the central directory instead.
+Those must raise StreamedZipMismatchError, so the caller hashes from the central directory instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.hashes import h1_of_zip
-from proxy.ziphash import StreamedZipMismatch, ZipStreamHasher, h1_of_streamed_zip
+from proxy.ziphash import StreamedZipMismatchError, ZipStreamHasher, h1_of_streamed_zip
 
 
 def streamed_h1(data: bytes, chunk: int = 1 << 20, *, max_unpacked: int | None = None) -> tuple[str, str]:
@@ -104,7 +104,7 @@ def test_generated_streamed_zips_with_data_descriptors(entries, chunk):
         return
     stored = any(m == zipfile.ZIP_STORED or d for _, _, m, d, _ in entries)
     if stored:
-        with pytest.raises(StreamedZipMismatch):
+        with pytest.raises(StreamedZipMismatchError):
             streamed_h1(data, chunk)
     else:
         assert streamed_h1(data, chunk) == reference(data)
@@ -252,7 +252,7 @@ ADVERSARIAL = {
 def test_disagreements_are_refused_for_the_central_directory_answer(case):
     members, options = ADVERSARIAL[case]
     data = build(members, **options)
-    with pytest.raises(StreamedZipMismatch):
+    with pytest.raises(StreamedZipMismatchError):
         streamed_h1(data, 7)
     with contextlib.suppress(zipfile.BadZipFile, RuntimeError):  # the fallback's answer, or its refusal
         reference(data)
@@ -268,7 +268,7 @@ def test_a_zip_bomb_stops_the_streaming_pass():
     bomb = Member(b"bomb", bytes(50 << 20))
     data = build([bomb])
     assert len(data) < 100_000
-    with pytest.raises(StreamedZipMismatch, match="limit"):
+    with pytest.raises(StreamedZipMismatchError, match="limit"):
         streamed_h1(data, max_unpacked=10 << 20)
     assert streamed_h1(data, max_unpacked=60 << 20) == reference(data)
 
@@ -279,7 +279,7 @@ def test_a_truncated_stream_is_refused():
     hasher.feed(data[: len(data) // 2])
     hasher.finish()
     assert hasher.failure == "the archive ended inside a member"
-    with pytest.raises(StreamedZipMismatch):
+    with pytest.raises(StreamedZipMismatchError):
         h1_of_streamed_zip(hasher, io.BytesIO(data))
 
 

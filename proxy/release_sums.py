@@ -1,0 +1,117 @@
+"""Each provider release's SHA256SUMS: fetched once per fleet, verified by the chain, recorded only once verified.
+
+A release (a provider version) has one SHA256SUMS and detached signature for all its packages,
+named by their download documents. Both are fetched in metadata slots while the registry's keys are
+imported, the signature is verified (`proxy.verify`, in a worker thread: gpg blocks), and only then
+is the pair recorded in the metadata store as fetched (byte-identical for the clients). Releases of
+a private host are recorded under a key of their own (`--upstream-credentials`): a public release
+never shares a record with a private one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from proxy.addrs import ProviderAddr, Version
+from proxy.cache import keys
+from proxy.config import Settings
+from proxy.storage import DiskSpace, is_disk_full
+from proxy.documents import DocumentCache
+from proxy.flights import Flights
+from proxy.gpg import Keyring
+from proxy.records import SumsRecord
+from proxy.upstream.providers import DownloadInfo
+from proxy.verify import SignedSums, VerificationChain
+
+log = structlog.get_logger(__name__)
+
+
+def sums_key(addr: ProviderAddr, d: DownloadInfo, private_hosts: frozenset[str]) -> str:
+    """The metadata-store key of a release's SHA256SUMS record, scoped to its host when the host is private."""
+    host = str(addr.hostname)
+    return keys.sums(d, scope=host if host in private_hosts else "")
+
+
+class ReleaseSums:
+    """The verified SHA256SUMS of provider releases."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        documents: DocumentCache,
+        flights: Flights,
+        keyring: Keyring,
+        chain: VerificationChain,
+        space: DiskSpace,
+    ) -> None:
+        self._settings = settings
+        self._documents = documents
+        self._flights = flights
+        self._keyring = keyring
+        self._chain = chain
+        self._space = space
+        self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
+
+    def key(self, addr: ProviderAddr, d: DownloadInfo) -> str:
+        """The metadata-store key of the release's record (`sums_key`)."""
+        return sums_key(addr, d, self._private_hosts)
+
+    async def verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SignedSums:
+        """The release's SHA256SUMS once verified (fetched and verified once, for the whole fleet, if not yet)."""
+        return self._signed(addr, d, await self.record(addr, version, d))
+
+    async def recorded(self, addr: ProviderAddr, d: DownloadInfo) -> SignedSums | None:
+        """The release's verified SHA256SUMS if it is recorded, never fetching it."""
+        record = await self._documents.record(self.key(addr, d), SumsRecord)
+        return None if record is None else self._signed(addr, d, record)
+
+    def _signed(self, addr: ProviderAddr, d: DownloadInfo, record: SumsRecord) -> SignedSums:
+        return self._documents.parsed(self.key(addr, d), record, lambda r: self._chain.recorded_sums(d, r))
+
+    async def record(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
+        """SHA256SUMS and signature as fetched, recorded (and so cached) only once verified."""
+        self._chain.admit(addr, version, d)
+        key = self.key(addr, d)
+
+        async def recorded() -> SumsRecord | None:
+            return await self._documents.record(key, SumsRecord)
+
+        record = await recorded()
+        if record is None:
+            record = await self._flights.once_for_the_fleet(
+                key,
+                recorded,
+                lambda: self._fetch(key, addr, version, d),
+                str(d.shasums_url.with_query(None)),
+            )
+        return record
+
+    async def _fetch(self, key: str, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
+        limit = self._settings.limits.max_metadata_bytes
+        # The keys are imported while the documents they verify arrive (a gpg process less to wait for).
+        document, signature, _ = await asyncio.gather(
+            self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
+            self._documents.blob(d.shasums_signature_url, limit, "SHA256SUMS signature"),
+            asyncio.to_thread(self._keyring.import_quietly, list(d.signing_keys)),
+        )
+        try:
+            sums = await asyncio.to_thread(self._chain.verify_sums, addr, version, d, document, signature)
+        except OSError as exc:  # gpg needs a little room in DATA_DIR/gnupg: a full disk is no forgery
+            if not is_disk_full(exc):
+                raise
+            raise self._space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
+        record = self._chain.sums_record(sums, document, signature)
+        await self._documents.put_record(key, record)
+        if sums.unsigned:  # admitted by --unsigned-providers; the signature is kept as sent, for the clients
+            log.info(
+                "verify.signature_skipped",
+                provider=str(addr),
+                version=str(version),
+                reason="the registry lists no signing keys",
+                policy=str(self._chain.policy),
+            )
+        else:
+            log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=sums.key_id)
+        return record

@@ -1,0 +1,168 @@
+"""What proxy/web/aiohttp_internals.py and proxy/web/gunicorn_internals.py rely on still holds in the
+installed aiohttp and gunicorn (pinned in constraints.txt). A failure here names what a new release changed:
+review that module before upgrading."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import signal
+import socket
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from gunicorn.arbiter import Arbiter
+from gunicorn.config import Config
+from gunicorn.sock import TCPSocket
+
+from proxy.web import aiohttp_internals, gunicorn_internals
+from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
+
+AIOHTTP = f"aiohttp {version('aiohttp')} changed what proxy/web/aiohttp_internals.py relies on"
+GUNICORN = f"gunicorn {version('gunicorn')} changed what proxy/web/gunicorn_internals.py relies on"
+MAX_LINE, MAX_FIELD, MAX_HEADERS = 200, 100, 8
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pinned(name: str) -> str:
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.split("==", 1)[1]
+    raise AssertionError(f"{name} is not pinned in constraints.txt")
+
+
+@pytest.mark.parametrize("name", ["aiohttp", "gunicorn"])
+def test_the_libraries_whose_internals_are_used_are_pinned(name):
+    assert _pinned(name)  # the modules were reviewed against the pinned versions
+
+
+def test_aiohttps_protocol_takes_the_options_and_calls_handle_error_as_before():
+    options = inspect.signature(RequestHandler.__init__).parameters
+    for name in ("manager", "loop", "keepalive_timeout", "max_line_size", "max_field_size", "max_headers"):
+        assert name in options, f"{AIOHTTP}: RequestHandler() has no parameter {name!r}"
+    assert list(inspect.signature(RequestHandler.handle_error).parameters) == [
+        "self",
+        "request",
+        "status",
+        "exc",
+        "message",
+    ], f"{AIOHTTP}: RequestHandler.handle_error's parameters"
+
+
+class LowLevelServer:
+    """aiohttp's low-level server with the proxy's protocol; records what `reject` was given."""
+
+    def __init__(self) -> None:
+        self.rejected: list[tuple[int, BaseException | None]] = []
+
+    def reject(self, request: web.BaseRequest, status: int, exc: BaseException | None) -> web.StreamResponse:
+        self.rejected.append((status, exc))
+        described = describe_parse_error(exc, max_line=MAX_LINE, max_field=MAX_FIELD, max_headers=MAX_HEADERS)
+        status, text = described or (status, "internal error")
+        response = web.json_response({"errors": [text]}, status=status)
+        response.force_close()
+        return response
+
+    async def __aenter__(self) -> LowLevelServer:
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            return web.Response(text="application")
+
+        server = web.Server(handle)
+        self.listener = await asyncio.get_running_loop().create_server(
+            lambda: new_request_handler(
+                server,
+                self.reject,
+                keepalive_timeout=5,
+                max_line_size=MAX_LINE,
+                max_field_size=MAX_FIELD,
+                max_headers=MAX_HEADERS,
+            ),
+            "127.0.0.1",
+            0,
+        )
+        self.port = self.listener.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.listener.close()
+        await self.listener.wait_closed()
+
+    async def exchange(self, data: bytes) -> tuple[int, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            writer.write(data)
+            answer = await asyncio.wait_for(reader.read(), 5)  # every answer here closes the connection
+        finally:
+            writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        return int(head.split()[1]), body
+
+
+HEADERS = "".join(f"X-{i}: {i}\r\n" for i in range(MAX_HEADERS + 1))
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "message"),
+    [
+        (f"GET /{'a' * MAX_LINE} HTTP/1.1\r\n\r\n", 414, "request line too long"),
+        (f"GET / HTTP/1.1\r\nX-Long: {'b' * MAX_FIELD}\r\n\r\n", 431, f"at most {MAX_FIELD} bytes each"),
+        (f"GET / HTTP/1.1\r\n{HEADERS}\r\n", 431, f"at most {MAX_HEADERS} fields"),
+        ("G(T / HTTP/1.1\r\n\r\n", 400, "invalid method"),
+        ("GET / HTTP/9\r\n\r\n", 400, "malformed request"),
+    ],
+    ids=["request line", "header field", "header count", "method", "version"],
+)
+async def test_aiohttp_hands_its_parse_errors_to_handle_error(data, status, message):
+    async with LowLevelServer() as server:
+        answered, body = await server.exchange(data.encode())
+    assert len(server.rejected) == 1, f"{AIOHTTP}: a request it could not parse never reached handle_error"
+    assert answered == status, f"{AIOHTTP}: {server.rejected[0][1]!r} is no longer told apart ({body!r})"
+    assert message in json.loads(body)["errors"][0]
+
+
+async def test_a_request_aiohttp_parsed_reaches_the_application_and_not_handle_error():
+    async with LowLevelServer() as server:
+        answered, body = await server.exchange(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    assert (answered, body, server.rejected) == (200, b"application", [])
+
+
+def test_gunicorns_arbiter_dispatches_sighup_to_handle_hup_and_knows_its_workers():
+    assert Arbiter.SIG_NAMES.get(signal.SIGHUP) == "hup", f"{GUNICORN}: SIGHUP's name"
+    assert signal.SIGHUP in Arbiter.SIGNALS, f"{GUNICORN}: the arbiter no longer queues SIGHUP"
+    assert '"handle_%s"' in inspect.getsource(Arbiter.run), f"{GUNICORN}: signals are no longer dispatched by name"
+    assert callable(getattr(Arbiter, "handle_hup", None)), f"{GUNICORN}: Arbiter.handle_hup"
+    assert isinstance(Arbiter.WORKERS, dict), f"{GUNICORN}: Arbiter.WORKERS (pid -> worker)"
+    assert gunicorn_internals.ForwardingArbiter.handle_hup is not Arbiter.handle_hup
+
+
+def test_gunicorns_listener_wraps_a_real_socket():
+    class Quiet:
+        def info(self, *args, **kwargs) -> None:
+            pass
+
+        debug = warning = error = info
+
+    listener = TCPSocket(("127.0.0.1", 0), Config(), Quiet())
+    try:
+        sock = gunicorn_internals.listening_socket(listener)
+        assert isinstance(sock, socket.socket), f"{GUNICORN}: a worker's listener has no `sock`"
+        assert sock.fileno() == listener.fileno()
+    finally:
+        listener.close()
+
+
+def test_only_the_internals_modules_import_those_internals():
+    private = {"aiohttp.web_protocol", "aiohttp.http_exceptions", "gunicorn.arbiter", "gunicorn.sock"}
+    allowed = {Path(aiohttp_internals.__file__).resolve(), Path(gunicorn_internals.__file__).resolve()}
+    offenders = []
+    for path in sorted((REPO / "proxy").rglob("*.py")):
+        if path.resolve() in allowed:
+            continue
+        text = path.read_text()
+        offenders += [f"{path.relative_to(REPO)}: {name}" for name in private if f"{name} import" in text]
+        offenders += [f"{path.relative_to(REPO)}: {name}" for name in private if f"import {name}" in text]
+    assert offenders == []
