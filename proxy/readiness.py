@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 from proxy.cache import MetadataStore
-
 from proxy.storage import ArchiveStore, DiskSpace, SpaceReport
 
 
