@@ -161,4 +161,4 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
         ], output
     finally:
         await cache.close()
-        store.close()
+        await store.close()
