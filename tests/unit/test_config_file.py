@@ -88,6 +88,8 @@ SAMPLES = {
     "--allow-private-host": ["artifacts.internal:8443"],
     "--redis-url": "redis://127.0.0.1:6379/0",
     "--redis-password": "hunter2",
+    "--redis-sentinel-password": "hunter3",
+    "--redis-ca-file": "redis-ca.pem",
     "--metadata-secret": "0123456789abcdef0123",
     "--metadata-secret-file": "secret",
     "--public-url": "https://proxy.example/",
