@@ -13,7 +13,8 @@ it by content, writes a new purge mark so that every worker and replica drops it
 `catalog.purged` event naming who purged what. A request that arrives after the purge returns fetches
 the purged versions from their upstream again, in every process.
 
-Written against the archive store interface of `proxy.storage` (`remove`); a download under way when
+Uses only the public face of the archive storage package, `proxy.storage` (`ArchiveStore.remove`,
+`ServedTimes.forget_served`); a download under way when
 the purge runs may write its record again afterwards (as after an eviction, the proxy then fetches the
 archive again when it is asked for).
 """
@@ -37,7 +38,7 @@ from proxy.cache.memory import PURGE_CHECK_INTERVAL
 from proxy.errors import InvalidAddressError, InvalidRequestError, NotCachedError, UpstreamError
 from proxy.inventory import COUNT_LIMIT, CachedModule, CachedProvider, InventoryReader, download_info
 from proxy.records import ArchiveRecord, ModuleRecord
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveStore, ServedTimes
 
 log = structlog.get_logger(__name__)
 
@@ -229,7 +230,8 @@ class Catalog:
     def __init__(
         self,
         metadata: MetadataStore,
-        archives: ArchiveStorage,
+        archives: ArchiveStore,
+        served: ServedTimes,
         inventory: InventoryReader,
         *,
         settle: float = PURGE_CHECK_INTERVAL,
@@ -237,6 +239,7 @@ class Catalog:
     ) -> None:
         self._metadata = metadata
         self._archives = archives
+        self._served = served
         self._inventory = inventory
         self._settle = settle  # how long every process may take to see a new purge mark
         self._sleep = sleep
@@ -299,12 +302,12 @@ class Catalog:
             if unreadable or sha256 in referenced:
                 kept.append(sha256)
                 continue
-            size = await asyncio.to_thread(self._archives.remove, sha256)
+            size = await self._archives.remove(sha256)
             if size:
                 removed.append(sha256)
                 freed += size
         if removed:
-            await self._metadata.forget_served(removed)
+            await self._served.forget_served(removed)
         await self._sleep(self._settle)  # every process reads the new mark before its next request
         report = PurgeReport(str(target), who, sorted(doomed), removed, kept, freed, unreadable)
         log.info(

@@ -46,14 +46,13 @@ async def catalog_page(request: web.Request) -> web.Response:
 
 async def purge(request: web.Request) -> web.Response:
     client = request.get(CLIENT)
-    if client is None or not client.admin:
-        raise AdminScopeError(
-            "purging needs a client token with `admin = true` (without client tokens: `registry-proxy purge`)"
-        )
     target = PurgeTarget.parse(request.match_info["target"])
-    if not client.may_read(target.host, target.namespace):
-        raise AdminScopeError(f"this token may not read {target.host}/{target.namespace}, so it may not purge it")
-    report = await request.app[CATALOG].purge(target, who=f"token:{client.name}")
+    if client is None or not client.may_purge(target.host, target.namespace):
+        raise AdminScopeError(
+            f"purging {target.host}/{target.namespace} needs a client token with `admin = true` that may read it "
+            "(without client tokens: `registry-proxy purge`)"
+        )
+    report = await request.app[CATALOG].purge(target, who=f"token:{client.name}")  # static tokens only purge
     return web.json_response(report.document(), headers=NO_STORE)
 
 

@@ -137,25 +137,25 @@ async def test_purge_removes_records_and_unshared_archives_and_the_next_request_
         acme_110 = registry.releases[("acme", "foo")]["1.1.0"]
         same, own = shared.sha256("linux_amd64"), acme_110.sha256("linux_amd64")
         upstream = registry.archive_path(acme_110, "linux_amd64")
-        assert store.get(same) is not None and store.get(own) is not None and registry.count(upstream) == 1
+        assert await store.get(same) is not None and await store.get(own) is not None and registry.count(upstream) == 1
 
         with capture_logs() as logs:
             status, report = await delete(proxy, f"{REGISTRY_HOST}/acme/foo")  # every version
         assert status == 200, report
         assert report["purged"] == f"{REGISTRY_HOST}/acme/foo" and report["by"] == "token:admin"
         assert own in report["archives_removed"] and same in report["archives_kept"]  # other/foo has the same bytes
-        assert store.get(own) is None and store.get(same) is not None
+        assert await store.get(own) is None and await store.get(same) is not None
         purged = [record for record in logs if record["event"] == "catalog.purged"]
         assert len(purged) == 1 and purged[0]["who"] == "token:admin" and purged[0]["what"] == report["purged"]
 
         _, body = await catalog(proxy, ADMIN)
         assert [p["address"] for p in body["providers"]] == [f"{REGISTRY_HOST}/other/foo"]
         assert await fetch(proxy, "acme", "1.1.0") == 200  # fetched from the upstream again
-        assert registry.count(upstream) == 2 and store.get(own) is not None
+        assert registry.count(upstream) == 2 and await store.get(own) is not None
 
         status, report = await delete(proxy, f"{REGISTRY_HOST}/other/foo@1.0.0")
         assert status == 200 and report["archives_removed"] == [same]  # nothing refers to it any more
-        assert store.get(same) is None
+        assert await store.get(same) is None
         status, body = await delete(proxy, f"{REGISTRY_HOST}/other/foo@1.0.0")
         assert status == 404 and body["code"] == "not_cached"
 
@@ -179,7 +179,7 @@ async def test_modules_are_listed_and_purged(catalog_settings, client_ssl, regis
 
         status, report = await delete(proxy, f"{REGISTRY_HOST}/acme/net/aws")
         assert status == 200 and report["archives_removed"] == [digest], report
-        assert proxy.app[ARCHIVE_STORE].get(digest) is None
+        assert await proxy.app[ARCHIVE_STORE].get(digest) is None
         assert (await catalog(proxy, ADMIN))[1]["modules"] == []
         status, _, data = await proxy.get(f"{MODULE}/1.0.0/archive.tar.gz", headers=auth(ADMIN))
         assert status == 200 and registry.count("/static/net-1.0.0.tar.gz") == 2  # fetched again
@@ -195,10 +195,10 @@ async def test_a_purge_removes_the_archive_from_object_storage(
     async with serve_proxy(settings, client_ssl) as proxy:
         assert await fetch(proxy, "acme", "1.0.0") == 200
         store = proxy.app[ARCHIVE_STORE]
-        assert not store.local and store.get(release.sha256("linux_amd64")) is not None
+        assert not store.local and await store.get(release.sha256("linux_amd64")) is not None
         status, report = await delete(proxy, f"{REGISTRY_HOST}/acme/foo@1.0.0")
         assert status == 200 and report["archives_removed"] == [release.sha256("linux_amd64")]
-        assert store.get(release.sha256("linux_amd64")) is None
+        assert await store.get(release.sha256("linux_amd64")) is None
         assert await fetch(proxy, "acme", "1.0.0") == 200
         assert registry.count(registry.archive_path(release, "linux_amd64")) == 2
 

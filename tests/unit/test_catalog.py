@@ -94,7 +94,7 @@ def test_a_provider_entry_groups_platforms_under_versions_newest_first():
 
 def test_the_admin_scope_is_read_from_the_tokens_file_and_written_by_token_new():
     book = parse_tokens(token_entry("ops", "rpt_x", ["*"], admin=True) + token_entry("ci", "rpt_y", ["*"]))
-    assert [(t.name, t.admin) for t in book.tokens] == [("ops", True), ("ci", False)]
+    assert [(t.name, t.scope.admin) for t in book.tokens] == [("ops", True), ("ci", False)]
     with pytest.raises(AuthConfigError, match="admin"):
         parse_tokens(f'[tokens.x]\nhash = "{hash_token("t")}"\nhosts = ["*"]\nadmin = "yes"\n')
 
