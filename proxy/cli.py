@@ -251,7 +251,7 @@ def check_tokens_file(settings: Settings) -> None:
         try:
             parsed = parse(path.read_text(encoding="utf-8"))
         except AuthConfigError as exc:
-            raise ConfigError(str(exc) if parse is parse_tokens else f"{flag} {path}: {exc}") from None
+            raise ConfigError(f"{flag} {path}: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from None
         if parse is parse_tokens and not parsed.tokens:
