@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 from bench.static import StaticServer
+from tests.fakes.nginx import MAIN, NGINX
 from tests.fakes.process import wait_healthy
 
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
-
-CONFIG = """\
-user root;
-worker_processes auto;
-daemon off;
-pid {root}/nginx.pid;
-error_log {root}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {root}/tmp-body;
-    proxy_temp_path {root}/tmp-proxy;
-    fastcgi_temp_path {root}/tmp-fastcgi;
-    uwsgi_temp_path {root}/tmp-uwsgi;
-    scgi_temp_path {root}/tmp-scgi;
+SERVER = """\
     types {{ application/json json; application/zip zip; }}
     default_type application/octet-stream;
     sendfile on;
@@ -36,9 +21,7 @@ http {{
         ssl_certificate {cert};
         ssl_certificate_key {key};
         root {www};
-    }}
-}}
-"""
+    }}"""
 
 
 class Nginx(StaticServer):
@@ -50,7 +33,8 @@ class Nginx(StaticServer):
         self.www.mkdir(parents=True, exist_ok=True)
         (self.www / "healthz").write_text("ok\n")
         config = self.root / "nginx.conf"
-        config.write_text(CONFIG.format(root=self.root, port=self.port, cert=self._cert, key=self._key, www=self.www))
+        server = SERVER.format(port=self.port, cert=self._cert, key=self._key, www=self.www)
+        config.write_text(MAIN.format(root=self.root, workers="auto", connections=4096, http=server))
         log = open(self.root / "stderr.log", "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"), stdout=log, stderr=log

@@ -47,7 +47,7 @@ _HEX_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}\Z")
 SCOPE_KEYS = frozenset({"hosts", "namespaces", "lock", "metrics"})  # of a token and of an OIDC rule
 _FLAGS = ("lock", "metrics")
-_KEYS = frozenset({"hash"}) | SCOPE_KEYS
+_KEYS = frozenset({"hash", "admin"}) | SCOPE_KEYS  # `admin` (purging): static tokens only
 GRANT_PARAM = "grant"
 # How long a grant lives: the clients fetch what a document lists within milliseconds of its answer (Terraform
 # 1.11, measured with bench/grant_window.py: at most 23 ms for an archive through the network mirror, 1.2 s
@@ -82,12 +82,14 @@ def hash_token(token: str) -> str:
 @dataclass(frozen=True)
 class Scope:
     """What a client may do: read upstream `hosts` (globs), only `namespaces` of them (globs; None: all), call
-    `/lock/v1`, read `/metrics`. The keys of a token's entry and of an OIDC rule (`SCOPE_KEYS`)."""
+    `/lock/v1`, read `/metrics`, purge what it may read (`admin`: a static token's only). The keys of a token's
+    entry and of an OIDC rule (`SCOPE_KEYS`)."""
 
     hosts: tuple[str, ...] = ()
     namespaces: tuple[str, ...] | None = None
     lock: bool = False
     metrics: bool = False
+    admin: bool = False
 
     def may_read(self, host: str, namespace: str | None = None) -> bool:
         """May read upstream `host` (and `namespace`, when the request names one)."""
@@ -98,13 +100,13 @@ class Scope:
         return any(fnmatch.fnmatchcase(namespace.lower(), pattern) for pattern in self.namespaces)
 
 
-def parse_scope(where: str, entry: Mapping[str, Any]) -> Scope:
+def parse_scope(where: str, entry: Mapping[str, Any], flags_read: tuple[str, ...] = _FLAGS) -> Scope:
     """The scope keys of a token's entry or an OIDC rule (`where` names it in errors); AuthConfigError."""
     hosts = _patterns(where, "hosts", entry.get("hosts"), _HOST_GLOB)
     namespaces = (
         None if "namespaces" not in entry else _patterns(where, "namespaces", entry["namespaces"], _NAMESPACE_GLOB)
     )
-    flags = {key: entry.get(key, False) for key in _FLAGS}
+    flags = {key: entry.get(key, False) for key in flags_read}
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise AuthConfigError(f"{where}: `{key}` must be true or false")
@@ -187,6 +189,10 @@ class Token:
         """May call `/lock/v1` for `host` (and `namespace`)."""
         return self.scope.lock and self.scope.may_read(host, namespace)
 
+    def may_purge(self, host: str, namespace: str | None = None) -> bool:
+        """May purge what is cached of `host` (and `namespace`): the `admin` scope."""
+        return self.scope.admin and self.scope.may_read(host, namespace)
+
 
 @dataclass(frozen=True)
 class OidcClient:
@@ -210,6 +216,9 @@ class OidcClient:
 
     def may_lock(self, host: str, namespace: str | None = None) -> bool:
         return any(scope.lock and scope.may_read(host, namespace) for scope in self.scopes)
+
+    def may_purge(self, host: str, namespace: str | None = None) -> bool:
+        return any(scope.admin and scope.may_read(host, namespace) for scope in self.scopes)
 
 
 Client = Token | OidcClient
@@ -273,7 +282,8 @@ def _token(name: str, entry: object) -> Token:
         raise AuthConfigError(
             f'token {name!r}: `hash` must be "sha256:<64 hex digits>" (see `registry-proxy token new`)'
         )
-    return Token(name, bytes.fromhex(stored[len(HASH_PREFIX) :]), parse_scope(f"token {name!r}", entry))
+    scope = parse_scope(f"token {name!r}", entry, (*_FLAGS, "admin"))
+    return Token(name, bytes.fromhex(stored[len(HASH_PREFIX) :]), scope)
 
 
 def _patterns(where: str, key: str, value: object, allowed: re.Pattern[str]) -> tuple[str, ...]:
@@ -299,6 +309,7 @@ def token_entry(
     namespaces: list[str] | None = None,
     lock: bool = False,
     metrics: bool = False,
+    admin: bool = False,
 ) -> str:
     """The TOML entry for `token` to add to the tokens file."""
     if not _NAME.match(name):
@@ -311,6 +322,8 @@ def token_entry(
     if namespaces is not None:
         lines.append(f"namespaces = [{', '.join(_toml_string(n) for n in namespaces)}]")
     lines += [f"lock = {str(lock).lower()}", f"metrics = {str(metrics).lower()}"]
+    if admin:
+        lines.append("admin = true")
     return "\n".join(lines) + "\n"
 
 

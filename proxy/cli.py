@@ -1,4 +1,4 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|healthcheck|token`
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|purge|healthcheck|token`
 (also `python -m proxy`).
 
 Every option is declared once, in `proxy.config`; `proxy.options` makes each a flag, an environment
@@ -22,6 +22,7 @@ from proxy import __version__
 from proxy.commands import healthcheck
 from proxy.config import ConfigError, Settings, build
 from proxy.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
+from proxy.listener import bind_listener
 from proxy.options import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
 
 log = structlog.get_logger("proxy.cli")
@@ -80,6 +81,7 @@ def _add_token_command(commands) -> None:
     )
     new.add_argument("--lock", action="store_true", help="may call /lock/v1 (`registry-proxy lock`)")
     new.add_argument("--metrics", action="store_true", help="may read /metrics")
+    new.add_argument("--admin", action="store_true", help="may purge what it may read (DELETE /api/v1/catalog/...)")
 
 
 def _add_client_commands(commands) -> None:
@@ -188,6 +190,20 @@ def _add_store_commands(commands) -> None:
     )
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
 
+    purge = add_command(
+        commands,
+        "purge",
+        config=True,
+        help="remove a cached provider or module (or one version) from every replica",
+        description="Remove the records of ADDRESS (all versions, or @VERSION) from the metadata store and their "
+        "archives from the archive store (an archive another cached address shares by content stays), and make "
+        "every running worker and replica drop its in-memory copies: the next request fetches it from the upstream "
+        "again. Use the same store options as `serve`. Logged as catalog.purged.",
+    )
+    purge.add_argument(
+        "target", metavar="ADDRESS[@VERSION]", help="provider HOST/NS/TYPE or module HOST/NS/NAME/SYSTEM"
+    )
+
 
 _HEALTHCHECK_ABOUT = (
     "Ask the proxy started with the same settings (the same flags or REGISTRY_PROXY_* variables: listen address, "
@@ -208,7 +224,10 @@ def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
     try:
         file_tokens = {}
         if args.upstream_credentials:
-            file_tokens = parse_cli_config(args.upstream_credentials.read_text(encoding="utf-8"))
+            file_tokens = parse_cli_config(
+                args.upstream_credentials.read_text(encoding="utf-8"),
+                f"--upstream-credentials {args.upstream_credentials}",
+            )
         upstream = merged(file_tokens, from_environment(os.environ))
     except CredentialsError as exc:
         raise ConfigError(str(exc)) from None
@@ -219,7 +238,7 @@ def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
 
 def check_tokens_file(settings: Settings) -> None:
     """A broken `--auth-tokens` or `--oidc-issuers` file stops start-up, in one line naming the file and what
-    in it is wrong."""
+    in it is wrong; so does a tokens file without tokens (every client would get 401)."""
     from proxy.auth import AuthConfigError, parse_tokens
     from proxy.issuers import parse_issuers
 
@@ -230,11 +249,16 @@ def check_tokens_file(settings: Settings) -> None:
         if path is None:
             continue
         try:
-            parse(path.read_text(encoding="utf-8"))
+            parsed = parse(path.read_text(encoding="utf-8"))
         except AuthConfigError as exc:
-            raise ConfigError(str(exc) if parse is parse_tokens else f"{flag} {path}: {exc}") from None
+            raise ConfigError(f"{flag} {path}: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        if parse is parse_tokens and not parsed.tokens:
+            raise ConfigError(
+                f"--auth-tokens {path}: no tokens in it, so every client would be refused (401); add one "
+                "(`registry-proxy token new NAME` prints its entry), or leave --auth-tokens unset"
+            )
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
@@ -271,7 +295,9 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
 
 
 def mirror_url(settings: Settings, scheme: str) -> str:
-    """The network mirror URL of this proxy as clients on this machine reach it."""
+    """The network mirror URL of this proxy: under `--public-url`, else as clients on this machine reach it."""
+    if settings.server.public_url:
+        return settings.server.public_url.rstrip("/") + "/mirror/v1/"
     host = settings.server.listen_host
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
@@ -304,33 +330,53 @@ def check_files(settings: Settings) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Check everything that can be checked at once, bind the listening socket (a port in use is one line,
+    exit 2), then prepare the stores and serve."""
+    settings = settings_from_args(args)
+    check_files(settings)
+    listening = bind_listener(settings.server.listen_host, settings.server.listen_port)
+
     from proxy.log import setup_logging
     from proxy.web.app import create_app
     from proxy.web.server import run_server
     from proxy.web.workers import run_workers
 
-    settings = settings_from_args(args)
-    check_files(settings)
     setup_logging(settings.logging.log_format, settings.logging.log_level)
     warn_about_short_timings(settings, below_safe_minimums(args, "serve"))
+    warn_about_plain_http_upstreams(settings)
     context = server_ssl_context(settings, sorted(settings.tls.tls_hostnames))
     url = mirror_url(settings, "http" if context is None else "https")
 
-    def listening() -> None:  # called once the socket is bound
+    def on_listening() -> None:  # called once the application accepts connections
         log.info("proxy.listening", mirror_url=url, workers=settings.server.workers)
 
     warn_about_access(settings)
+    asyncio.run(prepare_metadata_store(settings))
     if settings.server.workers > 1:
-        run_workers(settings, context, on_listening=listening)
+        run_workers(settings, context, listening, on_listening=on_listening)
     else:
         run_server(
             create_app(settings),
             settings,
             context,
+            listening,
             shutdown_timeout=settings.server.shutdown_grace,
-            on_listening=listening,
+            on_listening=on_listening,
         )
     return 0
+
+
+async def prepare_metadata_store(settings: Settings) -> None:
+    """Open the metadata store once before serving: the metadata secret is made and the embedded file checked
+    (records of an older version sealed, a damaged file moved aside) by one process, and a store that does not
+    answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it)."""
+    from proxy.cache.factory import open_metadata_store
+
+    store, _ = await open_metadata_store(settings)
+    try:
+        await store.ping()  # a failure is logged by the store (`redis.down`), once
+    finally:
+        await store.close()
 
 
 def warn_about_short_timings(settings: Settings, lowered: dict) -> None:
@@ -340,6 +386,19 @@ def warn_about_short_timings(settings: Settings, lowered: dict) -> None:
             "config.unsafe_short_timings",
             below_safe_minimum=shown_seconds(lowered),
             effect=UNSAFE_EFFECT,
+        )
+
+
+def warn_about_plain_http_upstreams(settings: Settings) -> None:
+    """One warning naming the `--upstream-map` hosts reached over plain http."""
+    plain = sorted(host for host, base in settings.upstreams.upstream_map.items() if base.scheme == "http")
+    if plain:
+        log.warning(
+            "config.plain_http_upstream",
+            hosts=plain,
+            effect="these registries are reached without TLS: anyone on the network path can change what they "
+            "answer, signing keys included, so nothing from them is authenticated; map them to https:// "
+            "(with --upstream-ca-file for an internal CA)",
         )
 
 
@@ -386,7 +445,7 @@ def _token_new(args: argparse.Namespace) -> int:
     )
     token = new_token()
     try:
-        entry = token_entry(args.name, token, hosts, namespaces, lock=args.lock, metrics=args.metrics)
+        entry = token_entry(args.name, token, hosts, namespaces, lock=args.lock, metrics=args.metrics, admin=args.admin)
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     print(f"token (shown once; give it to the client): {token}\n")

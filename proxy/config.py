@@ -101,7 +101,7 @@ DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # Which commands take an option besides `serve` (they read the same variables and --config file).
-STORE_COMMANDS = ("export", "import", "verify", "gc")  # open the data dir's stores as `serve` does
+STORE_COMMANDS = ("export", "import", "verify", "gc", "purge")  # open the data dir's stores as `serve` does
 CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
 SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
 
@@ -179,20 +179,37 @@ class ServerSettings:
         "on SIGTERM, let requests finish for at most this long, then cancel upstream fetches and exit",
         default="15s",
     )
-    public_url: str | None = option(  # the URL clients reach the proxy at (the page at / shows it)
+    public_url: str | None = option(  # the URL clients reach the proxy at: every URL the proxy writes uses it
         "--public-url",
         Parsed(parse_public_url, "an http(s) URL without credentials, query or fragment"),
-        "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a load balancer), used in "
-        "the configuration the page at / shows; default: the request's scheme and Host",
+        "the URL clients reach this proxy at (e.g. https://proxy.example.com/ behind a load balancer, or "
+        "https://lb.example.com/tf/ under a path the balancer strips); wins over the forwarding headers; default: "
+        "the request's scheme and Host (from a trusted proxy, its forwarding headers)",
         metavar="URL",
     )
     trusted_proxies: frozenset[Network] = option(
         "--trusted-proxies",
         Each(parse_network, "an IP address or CIDR", frozenset),
-        "reverse proxies (IP or CIDR) whose X-Forwarded-For is believed: the client is the right-most address "
-        "not in this list; from any other peer the header is ignored",
+        "reverse proxies (IP or CIDR) whose forwarding headers (--forwarded-headers) are believed: the client "
+        "is the right-most address not in this list, its scheme and host the ones those proxies say; from any "
+        "other peer the headers are ignored",
         metavar="CIDR",
     )
+    forwarded_headers: str = option(
+        "--forwarded-headers",
+        Choice(("x-forwarded", "forwarded")),
+        "which headers the --trusted-proxies set: x-forwarded (X-Forwarded-For, -Proto and -Host: nginx, "
+        "ingress-nginx, Traefik, AWS ALB) or forwarded (RFC 7239 Forwarded: HAProxy's option forwarded); "
+        "the other kind is ignored, since a proxy passes on unchanged what it does not set",
+        default="x-forwarded",
+    )
+
+    @property
+    def public_path(self) -> str:
+        """The path clients reach the proxy under, ending in `/`: `--public-url`'s (a prefix the balancer
+        strips), else `/`."""
+        path = URL(self.public_url).raw_path if self.public_url else "/"
+        return path.rstrip("/") + "/"
 
     @property
     def listen_host(self) -> str:
@@ -658,7 +675,7 @@ class LogSettings:
     log_format: str = option(
         "--log-format",
         Choice(("auto", "json", "console")),
-        "auto (JSON unless on a terminal), json or console",
+        "auto (JSON unless on a terminal), json or console (in colour only on a terminal and without NO_COLOR)",
         default="auto",
     )
     log_level: str = option("--log-level", Choice(LOG_LEVELS), "debug, info, warning or error", default="info")

@@ -16,6 +16,7 @@ private host (the proxy would otherwise be a confused deputy).
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,21 +61,48 @@ def _host(text: str, where: str) -> str:
         raise CredentialsError(f"{where}: {exc}") from None
 
 
-def parse_cli_config(text: str) -> dict[str, str]:
-    """The `credentials "HOST" { token = "…" }` blocks of a CLI configuration → {host: token}."""
+def parse_cli_config(text: str, source: str = "credentials file") -> dict[str, str]:
+    """The `credentials "HOST" { token = "…" }` blocks of a CLI configuration → {host: token}; a CredentialsError
+    names `source` and the line (`SOURCE:LINE:COLUMN: …`, as compilers do) of what is wrong."""
     try:
         data = hcl2.loads(text, serialization_options=_HCL_OPTIONS)
     except Exception as exc:  # python-hcl2 raises lark errors of several kinds
-        raise CredentialsError(f"credentials file is not valid HCL: {type(exc).__name__}") from None
+        raise CredentialsError(f"{source}{_position(exc)}: not valid HCL{_unexpected(exc)}") from None
     tokens: dict[str, str] = {}
     for block in data.get("credentials", []):
         for host, body in block.items():
             host = host.strip('"')
+            where = f'{source}{_block_line(text, host)}: credentials "{host}"'
             token = body.get("token") if isinstance(body, dict) else None
             if not isinstance(token, str) or not token:
-                raise CredentialsError(f'credentials "{host}": needs token = "…"')
-            tokens[_host(host, f'credentials "{host}"')] = token
+                raise CredentialsError(f'{where}: needs token = "…"')
+            tokens[_host(host, where)] = token
     return tokens
+
+
+def _position(exc: Exception) -> str:
+    """`:LINE:COLUMN` of a parse error that knows where it is (lark's do), else nothing."""
+    line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+    if not isinstance(line, int) or line < 1:
+        return ""
+    return f":{line}:{column}" if isinstance(column, int) and column > 0 else f":{line}"
+
+
+def _unexpected(exc: Exception) -> str:
+    """What the parser did not expect, shortly (lark's own message lists every token it would have taken)."""
+    token = getattr(exc, "token", None)
+    if token is None:
+        return ""
+    if getattr(token, "type", "") == "$END":
+        return " (unexpected end of file)"
+    shown = str(token).splitlines()[0].strip() if str(token).strip() else ""
+    return f" (unexpected {shown[:20]!r})" if shown else " (unexpected end of line)"
+
+
+def _block_line(text: str, host: str) -> str:
+    """`:LINE` of the first `credentials "HOST"` block in `text` (nothing if it cannot be found)."""
+    found = re.search(rf'^[ \t]*credentials\s+"{re.escape(host)}"', text, re.MULTILINE)
+    return f":{text.count(chr(10), 0, found.start()) + 1}" if found else ""
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -242,6 +242,13 @@ class TokenScopeError(ForbiddenError):
     code = "token_scope"
 
 
+class AdminScopeError(TokenScopeError):
+    """Only a client token with `admin = true` may purge cached providers and modules (and with no tokens file
+    there is none: purge with the `registry-proxy purge` command)."""
+
+    code = "admin_scope"
+
+
 class NotFoundError(ProxyError):
     """The upstream (or the cache) does not have what was asked for."""
 
@@ -303,6 +310,12 @@ class PackageNotFoundError(NotFoundError):
     """The provider version has no package for the platform asked for."""
 
     code = "package_not_found"
+
+
+class NotCachedError(NotFoundError):
+    """A purge names a provider or module (or version) of which nothing is cached."""
+
+    code = "not_cached"
 
 
 class ModuleNotCachedError(NotFoundError):

@@ -157,15 +157,19 @@ class InventoryReader:
         problem)."""
         try:
             wanted, more, complete = await self._matching_keys(query, limit, visible)
-            providers = await self._providers([k for k in wanted if k.startswith(keys.ARCHIVE.prefix)])
-            modules = await self._modules([k for k in wanted if k.startswith(keys.MODULE.prefix)])
-            served = await self._access.last_served([a.sha256 for a in [*providers, *modules]])
+            providers, modules = await self.load(wanted)
         except Exception as exc:  # the page shows the problem instead of failing
             log.warning("inventory.unavailable", error=str(exc) or type(exc).__name__)
             return Inventory(problem=self._store.problem or str(exc) or type(exc).__name__)
-        return Inventory(
-            [_with_time(p, served) for p in providers], [_with_time(m, served) for m in modules], more, complete
-        )
+        return Inventory(providers, modules, more, complete)
+
+    async def load(self, record_keys: list[str]) -> tuple[list[CachedProvider], list[CachedModule]]:
+        """The cached archives that these `archive:` and `module:` keys name (with when each was last served);
+        keys whose record is gone or unreadable are left out. Raises when the store cannot be read."""
+        providers = await self._providers([k for k in record_keys if k.startswith(keys.ARCHIVE.prefix)])
+        modules = await self._modules([k for k in record_keys if k.startswith(keys.MODULE.prefix)])
+        served = await self._access.last_served([a.sha256 for a in [*providers, *modules]])
+        return [_with_time(p, served) for p in providers], [_with_time(m, served) for m in modules]
 
     async def _matching_keys(
         self, query: str, limit: int, visible: Callable[[str, str], bool]

@@ -1,4 +1,5 @@
-"""Logging: structlog set-up (JSON when not on a terminal), request ids and cache status.
+"""Logging: structlog set-up (JSON when not on a terminal; console lines in colour only on one), request ids and
+cache status.
 
 A request id (from `X-Request-Id` or a new one) lives in a context variable and is bound
 to every log line of the request. The cache outcome of a request (hit, miss, stale) is
@@ -30,8 +31,11 @@ _access_writer: Callable[[str, dict[str, Any]], None] | None = None  # set up by
 
 def setup_logging(fmt: str = "auto", level: str = "info") -> None:
     """Configure structlog and stdlib logging once, at start-up."""
-    as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+    terminal = sys.stderr.isatty()
+    as_json = fmt == "json" or (fmt == "auto" and not terminal)
+    # Colour codes only for a terminal (never into a pipe or a file) and not under NO_COLOR (no-color.org).
+    colors = terminal and not os.environ.get("NO_COLOR")
+    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=colors)
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     structlog.configure(
         processors=[

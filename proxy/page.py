@@ -3,35 +3,33 @@
 Rendered on the server from `templates/index.html` with Jinja2, autoescaping everything (names,
 versions and module sources come from upstream registries: attacker-controlled). The CLI
 configuration is built here for the URL clients reach the proxy at: `--public-url` when set,
-else the request's scheme and `Host` (accepted only when it is a plain host[:port]).
+else the scheme and host the client used (`proxy.forwarded`; the host accepted only when it is a
+plain host[:port]).
 No I/O but reading the template once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from dataclasses import dataclass, field
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
+from proxy.forwarded import plain_host
 from proxy.inventory import CachedModule, CachedProvider, HostHealth, Inventory
 from proxy.metrics import Totals
 from proxy.rewrite import registry_base
 
-_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(?::[0-9]{1,5})?")
 CLIENTS = (("Terraform", "~/.terraformrc"), ("OpenTofu", "~/.tofurc"))
 
 
 def base_url(public_url: str | None, scheme: str, host: str | None, fallback: str) -> str:
-    """The proxy's URL as clients reach it, ending in `/`: the configured public URL, else the request's
-    scheme and Host header; `fallback` (the listen address) when the header is not a plain host[:port]."""
+    """The proxy's URL as clients reach it, ending in `/`: the configured public URL, else the scheme and
+    host the client used; `fallback` (the listen address) when the host is not a plain host[:port]."""
     if public_url:
         return public_url.rstrip("/") + "/"
-    if not host or not _HOST.fullmatch(host):
-        host = fallback
-    return f"{'https' if scheme == 'https' else 'http'}://{host.lower()}/"
+    return f"{'https' if scheme == 'https' else 'http'}://{plain_host(host) or fallback}/"
 
 
 def listen_address(host: str, port: int) -> str:

@@ -1,7 +1,9 @@
 """The proxy's own URLs for what it serves, and rewriting of upstream documents to point at them. Pure.
 
 All URLs are root-relative paths: the clients resolve them against the URL of the answer
-that carried them (the proxy), so they work whatever host name or port clients use.
+that carried them (the proxy), so they work whatever scheme, host name or port clients use, also
+behind a load balancer (no forwarded header enters a document). Under a path prefix the balancer
+strips (`--public-url https://lb.example.com/tf/`), `under` puts the prefix in front of them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from proxy.addrs import Hostname, ModuleAddr, Platform, ProviderAddr, Version
 
 def _seg(text: str) -> str:
     return quote(text, safe="")
+
+
+def under(prefix: str, url: str) -> str:
+    """A root-relative `url` as clients reach it under the public path `prefix` (`/`, or `/tf/`); any other
+    URL (relative, absolute, a go-getter source) unchanged."""
+    if prefix == "/" or not url.startswith("/") or url.startswith("//"):
+        return url
+    return prefix.rstrip("/") + url
 
 
 def archive_filename(addr: ProviderAddr, version: Version, platform: Platform) -> str:

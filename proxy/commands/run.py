@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from proxy.cache.embedded import FAILURES as EMBEDDED_FAILURES
 from proxy.cache.factory import negative_bound, open_metadata
 from proxy.cache.negative import NegativeBound, negative_retention
 from proxy.cache.redis import FAILURES as REDIS_FAILURES
+from proxy.catalog import Catalog, PurgeTarget
 from proxy.commands import CommandError
 from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
 from proxy.commands.gc import collect, report_lines
@@ -21,7 +23,10 @@ from proxy.commands.lock import run_lock
 from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.config import FreshnessTtls, Settings, build
+from proxy.errors import ProxyError
 from proxy.gpg import Keyring
+from proxy.inventory import InventoryReader, NoAccessTimes
+from proxy.log import setup_logging
 from proxy.proxyclient import ProxyClient, ProxyUnreachableError
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
@@ -41,6 +46,8 @@ async def dispatch(args: argparse.Namespace) -> int:
         return await _verify(args)
     if args.command == "gc":
         return await _gc(args)
+    if args.command == "purge":
+        return await _purge(args)
     raise CommandError(f"unknown command {args.command}")
 
 
@@ -204,6 +211,33 @@ async def _gc(args: argparse.Namespace) -> int:
         await store.close()
     for line in report_lines(report, dry_run=args.dry_run):
         print(line)
+    return 0
+
+
+async def _purge(args: argparse.Namespace) -> int:
+    setup_logging("auto", "info")  # the catalog.purged record on stderr: JSON unless on a terminal
+    try:
+        target = PurgeTarget.parse(args.target)
+    except ProxyError as exc:
+        raise CommandError(exc.message) from None
+    cache, times, store = await _stores(args, claim=False)  # removing archives needs no temp dir of its own
+    try:
+        catalog = Catalog(cache, store, times, InventoryReader(_store_settings(args), cache, NoAccessTimes()))
+        try:
+            report = await catalog.purge(target, who=f"cli:{getpass.getuser()}")
+        except ProxyError as exc:
+            raise CommandError(exc.message) from None
+        except (*REDIS_FAILURES, *EMBEDDED_FAILURES) as exc:
+            raise CommandError(f"purge stopped: the metadata store could not be used ({exc})") from None
+    finally:
+        await cache.close()
+        await store.close()
+    print(
+        f"purged {report.target}: {len(report.records)} records, {len(report.archives_removed)} archives removed "
+        f"({report.freed_bytes} bytes), {len(report.archives_kept)} kept (shared by content with another address)"
+    )
+    if report.unreadable:
+        print(f"{len(report.unreadable)} records could not be read (a wrong --metadata-secret?): no archive removed")
     return 0
 
 

@@ -198,9 +198,9 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
         request[CLIENT] = client
     if route == "metrics":  # shows a private host's series only to a token that may read the host
         _check_metrics(access, client, presented, problem)
-    elif route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
+    elif route in ("page", "catalog", "catalog_purge"):  # any valid token; each shows or purges what it may read
         if access.required and client is None:
-            raise _unauthorized("/", presented, problem)
+            raise _unauthorized(request.path, presented, problem)
     else:
         info = request.match_info
         try:

@@ -18,6 +18,7 @@ from proxy.cache.factory import negative_bound, open_metadata
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
 from proxy.cache.sealed import metadata_secret
+from proxy.catalog import Catalog
 from proxy.config import Settings
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
@@ -34,11 +35,12 @@ from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, Served
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
-from proxy.web import discovery, health, lockfile, network_mirror, page, registry
+from proxy.web import catalog, discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.access import ACCESS, Access, access_control
+from proxy.web.catalog import purges_followed
 from proxy.web.eventloop import loop_name
-from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
-from proxy.web.middlewares import client_address, request_context, server_header
+from proxy.web.keys import CATALOG, GUARD, INVENTORY, MEMORY_FRONT, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
+from proxy.web.middlewares import forwarded, request_context, server_header
 from proxy.web.server import request_arrived
 
 log = structlog.get_logger(__name__)
@@ -54,7 +56,8 @@ def create_app(settings: Settings) -> web.Application:
     reverse order (`proxy.web.server.serve_app`). File and process work runs in threads, off the event loop.
     """
     app = web.Application(
-        middlewares=[request_arrived, client_address, request_context, access_control], client_max_size=64 * 1024
+        middlewares=[request_arrived, forwarded, request_context, purges_followed, access_control],
+        client_max_size=64 * 1024,
     )
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
@@ -81,6 +84,7 @@ def create_app(settings: Settings) -> web.Application:
     registry.add_routes(app)
     lockfile.add_routes(app)
     page.add_routes(app)
+    catalog.add_routes(app)
     return app
 
 
@@ -115,7 +119,8 @@ async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The metadata store (embedded or Redis) and the fleet's locks, behind the memory front and the 404 store."""
     settings, metrics = app[SETTINGS], app[METRICS]
     backend, locks, served_times = await open_metadata(settings, metrics)
-    front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
+    front = app[MEMORY_FRONT] = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
+    await front.follow_purges()  # the purge mark as of now: later purges make this process forget
     cache = negative_bound(settings, backend, metrics, front=front)
     app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
     app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
@@ -226,7 +231,8 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             metrics=metrics,
         )
         served = app[SERVED] = ServedArchives(app[SERVED_TIMES])
-        app[INVENTORY] = InventoryReader(settings, cache, served)
+        inventory = app[INVENTORY] = InventoryReader(settings, cache, served)
+        app[CATALOG] = Catalog(cache, store, app[SERVED_TIMES], inventory)
         git = GitFetcher(
             AddressPolicy(settings.upstreams.private_host_exceptions),
             store.temp_dir / "git",

@@ -2,23 +2,24 @@
 
 With it, `source = "PROXYHOST/namespace/name/system"` works for modules without any CLI
 configuration (module registry hosts must contain a dot or be an IP address, e.g.
-`127.0.0.1:8443/...`).
+`127.0.0.1:8443/...`). The service URLs are root-relative, under `--public-url`'s path when it has one.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.rewrite import registry_base
+from proxy.rewrite import registry_base, under
 from proxy.web.keys import SETTINGS
 from proxy.web.responses import json_response
 
+SERVICES = {"providers.v1": "providers", "modules.v1": "modules"}
+
 
 async def well_known(request: web.Request) -> web.Response:
-    upstream = request.app[SETTINGS].upstreams.default_upstream
-    return json_response(
-        {"providers.v1": registry_base(upstream, "providers"), "modules.v1": registry_base(upstream, "modules")}
-    )
+    settings = request.app[SETTINGS]
+    upstream, prefix = settings.upstreams.default_upstream, settings.server.public_path
+    return json_response({service: under(prefix, registry_base(upstream, name)) for service, name in SERVICES.items()})
 
 
 def add_routes(app: web.Application) -> None:

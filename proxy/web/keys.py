@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.cache.memory import MemoryFront
+from proxy.catalog import Catalog
 from proxy.config import Settings
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
@@ -20,3 +22,5 @@ GUARD = web.AppKey("guard", ArchiveGuard)
 RENDERED = web.AppKey("rendered", RenderedDocuments)
 INVENTORY = web.AppKey("inventory", InventoryReader)
 SERVED = web.AppKey("served", ServedArchives)
+CATALOG = web.AppKey("catalog", Catalog)
+MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)

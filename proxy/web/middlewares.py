@@ -13,9 +13,10 @@ errors, and those that mean the request named something malformed (`INVALID_REQU
 answered as `InvalidAddressError`; aiohttp's own refusals (no route, another method) and crashes are
 turned into errors of the hierarchy here too.
 
-Behind trusted reverse proxies (`--trusted-proxies`), `client_address` puts the client's address
-from `X-Forwarded-For` in `request.remote` first, so the log and everything else that uses the peer
-sees the client. Health probes (`/healthz`, `/readyz`) are logged at debug, not in the access log.
+Behind trusted reverse proxies (`--trusted-proxies`), `forwarded` puts the client's address from the
+forwarding headers (`proxy.forwarded`) in `request.remote` first, so the log and everything else that
+uses the peer sees the client, and keeps the scheme and host the client used for the URLs the proxy
+writes (`client_origin`). Health probes (`/healthz`, `/readyz`) are logged at debug, not in the access log.
 Every answer says `Server: registry-proxy`, without versions (`server_header`).
 
 A client that goes away mid-request is not a server error: it is logged as `request.aborted`
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import structlog
@@ -44,7 +46,7 @@ from proxy.errors import (
     ProxyError,
     RequestBodyTooLargeError,
 )
-from proxy.forwarded import client_address as forwarded_client
+from proxy.forwarded import ClientView, client_view
 from proxy.log import access, begin_request, new_request_id, request_cache_status
 from proxy.web.access import CLIENT
 from proxy.web.keys import METRICS, SETTINGS
@@ -62,16 +64,37 @@ SUPPORTED_VERSIONS = ((1, 0), (1, 1))
 INVALID_REQUEST_ERRORS: tuple[type[Exception], ...] = (AddressError,)
 
 
+FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host")
+CLIENT_VIEW = web.RequestKey("client_view", ClientView)
+
+
 @web.middleware
-async def client_address(request: web.Request, handler) -> web.StreamResponse:
-    """With --trusted-proxies, the request as seen from the client's address (`request.remote`)."""
+async def forwarded(request: web.Request, handler) -> web.StreamResponse:
+    """With --trusted-proxies, the request as the client made it: its address in `request.remote`, and the
+    scheme and host it used for `client_origin`."""
     settings = request.app.get(SETTINGS)
     if settings is None or not settings.server.trusted_proxies:
         return await handler(request)
-    remote = forwarded_client(
-        request.remote, request.headers.getall("X-Forwarded-For", ()), settings.server.trusted_proxies
+    view = client_view(
+        request.remote,
+        {name: request.headers.getall(name, ()) for name in FORWARDING_HEADERS},
+        settings.server.trusted_proxies,
+        rfc7239=settings.server.forwarded_headers == "forwarded",
     )
-    return await handler(request if remote == request.remote else request.clone(remote=remote))
+    if view.remote != request.remote:
+        request = request.clone(remote=view.remote)
+    request[CLIENT_VIEW] = view
+    return await handler(request)
+
+
+def client_origin(request: web.Request) -> tuple[str, str | None]:
+    """The scheme and host (its `Host` header; None without one) the client used for this request, as a trusted
+    proxy forwarded them, else as this server received it. The URL the proxy writes for a client is
+    `--public-url` when set, else this origin."""
+    view = request.get(CLIENT_VIEW)
+    scheme = (view.scheme if view else None) or request.scheme
+    host = (view.host if view else None) or request.headers.get("Host")
+    return scheme, host
 
 
 async def server_header(request: web.Request, response: web.StreamResponse) -> None:
@@ -134,6 +157,7 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
                 "remote": request.remote,
                 "user_agent": request.headers.get("User-Agent", ""),
                 "request_id": request_id,
+                "pid": os.getpid(),  # which worker answered (`serve --workers N`)
                 **_client(request),
                 **extra,
             },

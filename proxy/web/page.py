@@ -15,6 +15,7 @@ from proxy import __version__, page
 from proxy.errors import CaNotFoundError
 from proxy.web.access import readable
 from proxy.web.keys import INVENTORY, METRICS, MIRROR, SETTINGS
+from proxy.web.middlewares import client_origin
 
 MAX_QUERY = 200  # characters of a search kept
 CA_FILE_NAME = "registry-proxy-ca.pem"
@@ -36,7 +37,7 @@ async def index(request: web.Request) -> web.Response:
     visible = readable(request)
     data = page.PageData(
         version=__version__,
-        base=page.base_url(settings.server.public_url, request.scheme, request.headers.get("Host"), fallback),
+        base=page.base_url(settings.server.public_url, *client_origin(request), fallback),
         ca_url="ca.pem" if _generated_ca(request) else None,
         hosts=await inventory.hosts(visible=lambda host: visible(host, None)),
         inventory=await inventory.scan(query, visible=visible),

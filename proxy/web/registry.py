@@ -5,6 +5,8 @@ of a download answer pointing at the proxy; SHA256SUMS and its signature byte-id
 served only once verified; archives from the same verified store as the network mirror.
 Modules: `versions` as sent; `download` answers `200` with `{"location": X}` *and*
 `X-Terraform-Get: X` (Terraform reads the header, OpenTofu the body); the cached archive.
+The proxy's own URLs in these answers are root-relative, signed (grants) for the path the proxy
+receives and then put under `--public-url`'s path (`proxy.rewrite.under`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from aiohttp import web
 
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import DocumentNotFoundError
-from proxy.rewrite import rewrite_download_document
+from proxy.rewrite import rewrite_download_document, under
 from proxy.web.access import url_signer
 from proxy.web.archives import Found, serve_found
-from proxy.web.keys import MIRROR, MODULES, RENDERED
+from proxy.web.keys import MIRROR, MODULES, RENDERED, SETTINGS
 from proxy.web.responses import rendered_response
 
 _FILE_URLS = ("download_url", "shasums_url", "shasums_signature_url")
@@ -52,10 +54,15 @@ async def provider_download(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
     document = await request.app[MIRROR].download_document(addr, version, platform)
     signer = url_signer(request)
+    prefix = request.app[SETTINGS].server.public_path
 
     def render(d: dict) -> dict:
         rewritten = rewrite_download_document(d, addr, version, platform)
-        return rewritten if signer is None else {**rewritten, **{n: signer.sign(rewritten[n]) for n in _FILE_URLS}}
+        # Signed for the path the proxy receives, then put under the prefix the client uses.
+        return {
+            **rewritten,
+            **{n: under(prefix, signer.sign(rewritten[n]) if signer else rewritten[n]) for n in _FILE_URLS},
+        }
 
     key = ("provider download", addr, version, platform, signer and signer.key)
     rendered = request.app[RENDERED].json(key, document, render)
@@ -81,8 +88,8 @@ async def module_download(request: web.Request) -> web.Response:
     addr = _module(request)
     location = await request.app[MODULES].location(addr, Version.parse(request.match_info["version"]))
     signer = url_signer(request)
-    if location.startswith("/") and signer is not None:  # the proxy's own archive URL (not a passed-through source)
-        location = signer.sign(location)
+    if location.startswith("/"):  # the proxy's own archive URL (not a passed-through source)
+        location = under(request.app[SETTINGS].server.public_path, signer.sign(location) if signer else location)
     # The answer depends on the location alone: it is the key, and the source is always the same (None).
     rendered = request.app[RENDERED].json(("module download", location), None, lambda _: {"location": location})
     return rendered_response(request, rendered, headers={"X-Terraform-Get": location})

@@ -8,7 +8,8 @@ flight) but builds the listener itself with `loop.create_server`, and each conne
 to aiohttp's own protocol for the connection (composition over the public asyncio protocol interface;
 the one subclass of an aiohttp internal, for the JSON protocol errors, is in
 `proxy.web.aiohttp_internals`). `serve_app` is that life cycle: `run_server` runs it in this process,
-`proxy.web.workers` in each worker process.
+`proxy.web.workers` in each worker process. The listening socket is bound at start, before anything
+else is set up (`proxy.listener`): a port in use is one line and exit 2, not retries.
 
 - `--max-connections`: an admitted connection holds a slot until it closes; beyond the cap
   a new connection gets a 503 JSON answer and is closed at once (counted, logged once per
@@ -51,6 +52,7 @@ from proxy.errors import (
     RequestLineTooLongError,
     TooManyConnectionsError,
 )
+from proxy.listener import BACKLOG
 from proxy.metrics import Metrics
 from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
 from proxy.web.allocator import BurstTrimmer, pin_mmap_threshold
@@ -65,7 +67,6 @@ WRITE_BUFFER_HIGH = 64 * 1024  # bytes queued per connection before writers wait
 MAX_REQUEST_LINE = 8192  # method, target and version (414 beyond)
 MAX_HEADER_LINE = 8190  # one header field (431 beyond; aiohttp's default); must differ from MAX_REQUEST_LINE
 MAX_HEADERS = 128  # header fields per request (431 beyond)
-BACKLOG = 511  # nginx's listen backlog
 SPARE_FILES = 256  # file descriptors beyond one per connection: archives, stores, upstream sockets
 
 
@@ -313,12 +314,10 @@ async def start_listener(
     ssl_context: ssl.SSLContext | None,
     limits: ConnectionLimits,
     *,
-    host: str | None = None,
-    port: int | None = None,
-    sock: socket.socket | None = None,
+    sock: socket.socket,
 ) -> asyncio.Server:
-    """Listen on host:port (or on the listening socket `sock`); every connection is a LimitedConnection
-    around a protocol of `runner`'s server."""
+    """Accept connections on the listening socket `sock`; every connection is a LimitedConnection around a
+    protocol of `runner`'s server."""
     loop = asyncio.get_running_loop()
     server = runner.server
     assert server is not None, "runner.setup() first"
@@ -344,7 +343,7 @@ async def start_listener(
         else {"ssl_handshake_timeout": limits.header_timeout, "ssl_shutdown_timeout": min(limits.send_timeout, 30.0)}
     )
     _ensure_file_limit(limits.max_connections + SPARE_FILES)
-    return await loop.create_server(factory, host, port, sock=sock, ssl=ssl_context, backlog=BACKLOG, **tls)
+    return await loop.create_server(factory, sock=sock, ssl=ssl_context, backlog=BACKLOG, **tls)
 
 
 Listen = Callable[[web.AppRunner], Awaitable[list[asyncio.Server]]]
@@ -378,24 +377,22 @@ def run_server(
     app: web.Application,
     settings: Settings,
     ssl_context: ssl.SSLContext | None,
+    sock: socket.socket,
     *,
     shutdown_timeout: float,
     on_listening: Callable[[], None] | None = None,
 ) -> None:
-    """Serve `app` in this process until SIGTERM or SIGINT, then shut down gracefully (like `web.run_app`).
+    """Serve `app` on the listening socket `sock` (`proxy.listener.bind_listener`) in this process until SIGTERM or
+    SIGINT, then shut down gracefully (like `web.run_app`).
 
     `shutdown_timeout`: how long requests in flight may take to finish after the signal;
-    `on_listening`: called once the listening socket is bound.
+    `on_listening`: called once the application listens.
     """
     limits = ConnectionLimits.from_settings(settings)
     pin_mmap_threshold()
 
     async def listen(runner: web.AppRunner) -> list[asyncio.Server]:
-        listeners = [
-            await start_listener(
-                runner, ssl_context, limits, host=settings.server.listen_host, port=settings.server.listen_port
-            )
-        ]
+        listeners = [await start_listener(runner, ssl_context, limits, sock=sock)]
         if on_listening is not None:
             on_listening()
         return listeners

@@ -1,14 +1,15 @@
 """`serve --workers N`: N worker processes behind one listening socket, supervised by gunicorn.
 
-gunicorn's arbiter (the supervisor) binds the listening socket, forks the workers, restarts a
-worker that dies, and on SIGTERM (or SIGINT) stops listening and lets every worker drain. Each
+gunicorn's arbiter (the supervisor) takes the listening socket bound at start (`fd://N`, gunicorn's
+own way of being handed a socket: it never binds, so never retries a port in use), forks the
+workers, restarts a worker that dies, and on SIGTERM (or SIGINT) stops listening and lets every worker drain. Each
 worker (`ProxyWorker`) runs the application exactly as the single-process server does
 (`proxy.web.server.serve_app`): the same connection limits and timeouts, TLS with the context
 the supervisor made (certificates are generated once, before the fork), and the graceful
 shutdown of requests in flight (`--shutdown-grace`).
 
-Before forking, the supervisor opens the metadata store once (the metadata secret is made
-and the embedded file checked, sealed or moved aside by one process), and makes the
+Before forking, the metadata store has been opened once (`proxy.cli`: the metadata secret is made
+and the embedded file checked, sealed or moved aside by one process), and the supervisor makes the
 directory where the workers' metrics meet (`proxy.metrics.share_between_processes`). The
 workers share the embedded SQLite store (WAL, busy timeout) and fetch each artifact once
 between them (`proxy.cache.filelocks.FileLocks`, or Redis locks with --redis-url).
@@ -25,6 +26,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import ssl
 from collections.abc import Callable
 from contextlib import suppress
@@ -36,13 +38,13 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base import Worker
 
 from proxy import metrics
-from proxy.cache.factory import open_metadata_store
 from proxy.config import Settings
+from proxy.listener import BACKLOG
 from proxy.web.allocator import pin_mmap_threshold
 from proxy.web.app import create_app
 from proxy.web.eventloop import new_event_loop
 from proxy.web.gunicorn_internals import listening_socket, run_arbiter
-from proxy.web.server import BACKLOG, ConnectionLimits, run_until_complete, serve_app, start_listener
+from proxy.web.server import ConnectionLimits, run_until_complete, serve_app, start_listener
 
 log = structlog.get_logger("proxy.workers")
 
@@ -53,40 +55,41 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 def run_workers(
-    settings: Settings, ssl_context: ssl.SSLContext | None, *, on_listening: Callable[[], None] | None = None
+    settings: Settings,
+    ssl_context: ssl.SSLContext | None,
+    sock: socket.socket,
+    *,
+    on_listening: Callable[[], None] | None = None,
 ) -> None:
-    """Prepare the data dir once, then serve with `settings.server.workers` workers until SIGTERM or SIGINT.
-    Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker could not start.
-    `on_listening` is called in the supervisor once it has bound the listening socket."""
+    """Serve on the listening socket `sock` (`proxy.web.server.bind_listener`) with `settings.server.workers`
+    workers until SIGTERM or SIGINT. Exits the process (SystemExit): 0 after a graceful stop, 3 when a worker
+    could not start. `on_listening` is called in the supervisor once it listens. The caller has prepared the
+    metadata store once (`proxy.cli`), so the workers find the secret made and the embedded file checked."""
     pin_mmap_threshold()  # before the fork: the workers inherit it
-    asyncio.run(_prepare_metadata_store(settings))
-    Supervisor(settings, ssl_context, on_listening).run()
-
-
-async def _prepare_metadata_store(settings: Settings) -> None:
-    """Open the metadata store once in the supervisor: the workers then find the secret made and the
-    embedded file checked (records of an older version sealed once, a damaged file moved aside once)."""
-    store, _ = await open_metadata_store(settings)
-    await store.close()
+    Supervisor(settings, ssl_context, sock.detach(), on_listening).run()
 
 
 class Supervisor(BaseApplication):
     """gunicorn's arbiter configured from our Settings (no gunicorn command line or config file)."""
 
     def __init__(
-        self, settings: Settings, ssl_context: ssl.SSLContext | None, on_listening: Callable[[], None] | None = None
+        self,
+        settings: Settings,
+        ssl_context: ssl.SSLContext | None,
+        listening_fd: int,
+        on_listening: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.ssl_context = ssl_context
+        self.listening_fd = listening_fd  # handed to gunicorn, which owns (and closes) it from then on
         self.on_listening = on_listening
         self.metrics_dir = metrics.new_shared_dir(settings.data_dir / "metrics")
         super().__init__()
 
     def load_config(self) -> None:
         settings = self.settings
-        host = f"[{settings.server.listen_host}]" if ":" in settings.server.listen_host else settings.server.listen_host
         options = {
-            "bind": [f"{host}:{settings.server.listen_port}"],
+            "bind": [f"fd://{self.listening_fd}"],  # the socket bound at start: gunicorn binds nothing itself
             "workers": settings.server.workers,
             "worker_class": ProxyWorker,
             "backlog": BACKLOG,
@@ -97,7 +100,7 @@ class Supervisor(BaseApplication):
             "control_socket_disable": True,
             "child_exit": lambda _arbiter, worker: metrics.forget_process(self.metrics_dir, worker.pid),
             "on_exit": lambda _arbiter: metrics.remove_shared_dir(self.metrics_dir),
-            "when_ready": lambda _arbiter: self.on_listening and self.on_listening(),  # after the bind
+            "when_ready": lambda _arbiter: self.on_listening and self.on_listening(),
             "pre_fork": StopSignalsBlockedAcrossFork().pre_fork,
         }
         for name, value in options.items():

@@ -208,6 +208,16 @@ def test_selectors_and_ports_meet(target):
     assert backend["name"] == "registry-proxy" and backend["port"]["name"] in service_ports
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_public_url_is_the_ingress_host_over_https(target):
+    """Behind the Ingress (TLS there, plain HTTP to the pod) the proxy writes its URLs for the Ingress's host."""
+    docs = render(target)
+    ingress = by_kind(docs, "Ingress")["spec"]
+    host = ingress["rules"][0]["host"]
+    assert host in ingress["tls"][0]["hosts"]
+    assert settings(docs)["REGISTRY_PROXY_PUBLIC_URL"] == f"https://{host}/"
+
+
 def test_single_keeps_everything_on_one_persistent_volume():
     docs = render("overlays/single")
     deployment = by_kind(docs, "Deployment", "registry-proxy")

@@ -1,109 +1,177 @@
-"""deploy/nginx.conf, run by the real nginx in front of a backend that records what it receives: the
-client's address, scheme and a request id are passed on, and a client-forged X-Forwarded-For is not."""
+"""deploy/nginx.conf in front of a real proxy process: the client's address, scheme and host reach the
+proxy, which writes its URLs for them; a client-forged forwarding header never does (real nginx-light)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import re
-import shutil
-from functools import partial
+import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from tests.fakes.ports import PORT_ATTEMPTS, free_port, listening_ports
-from tests.fakes.process import REPO_ROOT, terminate, wait_for
+from proxy.auth import hash_token
+from tests.e2e.test_auth_e2e import credentials
+from tests.e2e.test_network_mirror_e2e import provider_tf
+from tests.e2e.test_page_e2e import mirror_url, snippet
+from tests.fakes.nginx import NGINX_ADDRESS, Nginx
+from tests.fakes.packages import MODULE_FILES, module_tar_gz
+from tests.fakes.ports import free_port
+from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, TERRAFORM, ProxyProcess, Terraform
+from tests.fakes.registry import ModuleRelease
 
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+FORGED = {
+    "X-Forwarded-For": "6.6.6.6",
+    "X-Forwarded-Proto": "http",
+    "X-Forwarded-Host": "evil.example",
+    "Forwarded": "for=6.6.6.6;proto=http;host=evil.example",
+}
 pytestmark = pytest.mark.process
 
-WRAPPER = """
-daemon off;
-master_process off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log;
-events {{}}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    include {tmp}/site.conf;
-}}
-"""
 
-
-def site_conf(port: int, backend: int, cert: Path, key: Path) -> str:
-    """deploy/nginx.conf as it ships, with this test's port, certificate and backend in place of the
-    example's."""
+def test_nginx_example_sets_the_forwarded_headers_from_its_own_view():
     text = (REPO_ROOT / "deploy" / "nginx.conf").read_text()
-    replaced = re.sub(r"listen 443 ssl;", f"listen 127.0.0.1:{port} ssl;", text)
-    replaced = re.sub(r"ssl_certificate\s+\S+;", f"ssl_certificate {cert};", replaced)
-    replaced = re.sub(r"ssl_certificate_key\s+\S+;", f"ssl_certificate_key {key};", replaced)
-    replaced = replaced.replace("proxy_pass http://127.0.0.1:8080;", f"proxy_pass http://127.0.0.1:{backend};")
-    assert replaced.count(str(port)) == 1 and replaced.count(str(backend)) == 1, "deploy/nginx.conf changed shape"
-    return replaced
+    headers = dict(re.findall(r"^\s*proxy_set_header\s+(\S+)\s+(\S+);", text, re.MULTILINE))
+    assert headers["X-Forwarded-For"] == "$remote_addr"  # not $proxy_add_x_forwarded_for: the edge overwrites
+    assert headers["X-Forwarded-Proto"] == "$scheme"
+    assert headers["X-Forwarded-Host"] == "$http_host"  # the host:port the client used, never one it forged
+    assert headers["X-Request-Id"] == "$request_id"
+    assert "--public-url https://mirror.example.internal/" in text  # how the proxy behind it is started
 
 
-async def start_nginx(tmp_path: Path, backend: int, cert: Path, key: Path) -> tuple[asyncio.subprocess.Process, int]:
-    """nginx serving the example on a free port (another one if a parallel test took it first)."""
-    (tmp_path / "nginx.conf").write_text(WRAPPER.format(tmp=tmp_path))
-    for _ in range(PORT_ATTEMPTS):
-        port = free_port()
-        (tmp_path / "site.conf").write_text(site_conf(port, backend, cert, key))
-        process = await asyncio.create_subprocess_exec(
-            NGINX, "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path), stderr=asyncio.subprocess.DEVNULL
-        )
-        await wait_for(partial(_up_or_gone, process, port), 30, "nginx to listen")
-        if process.returncode is None:
-            return process, port
-    raise RuntimeError(f"nginx did not start: {(tmp_path / 'error.log').read_text()[-2000:]}")
+class BehindNginx:
+    """A proxy process (plain HTTP, trusting only nginx's address) behind the shipped nginx.conf."""
 
+    def __init__(self, proxy: ProxyProcess, nginx: Nginx, ca_file: Path) -> None:
+        self.proxy, self.nginx = proxy, nginx
+        self.tls = ssl.create_default_context(cafile=str(ca_file))
 
-def _up_or_gone(process: asyncio.subprocess.Process, port: int) -> bool:
-    return process.returncode is not None or port in listening_ports(process.pid)
+    async def get(self, url: str, **headers: str) -> tuple[int, str]:
+        """GET `url` (through nginx, or straight to the proxy) with `headers`: its status and text."""
+        async with aiohttp.ClientSession() as session, session.get(url, headers=headers, ssl=self.tls) as response:
+            return response.status, await response.text()
+
+    def remotes(self, path: str) -> list[str]:
+        """The client addresses the proxy logged for `path`."""
+        return [record["remote"] for record in self.proxy.events("request") if record["path"] == path]
 
 
 @pytest.fixture
-async def backend():
-    """An HTTP server on a free port recording the headers of every request it gets."""
-    seen: list = []  # CIMultiDictProxy copies: header names in any case
+async def behind_nginx(tmp_path, registry, ca_file, server_cert_files) -> AsyncIterator:
+    """Start a proxy process behind nginx: the shipped nginx.conf, or with `prefix` one that serves it under that
+    path (stripped), the proxy given `--public-url https://localhost:PORT/PREFIX`."""
+    started: list = []
 
-    async def record(request: web.Request) -> web.Response:
-        seen.append(request.headers.copy())
-        return web.Response(text="ok")
+    async def start(*extra: str, prefix: str | None = None) -> BehindNginx:
+        port = free_port()
+        public = ["--public-url", f"https://localhost:{port}{prefix}"] if prefix else []
+        proxy = ProxyProcess(
+            tmp_path / "proxy-data",
+            registry.url,
+            ca_file,
+            "--plain-http",
+            "--trusted-proxies",
+            NGINX_ADDRESS,
+            *public,
+            *extra,
+        )
+        await proxy.start()
+        started.append(proxy)
+        nginx = (
+            Nginx.prefixed(tmp_path / "nginx", *server_cert_files, proxy.port, prefix, port)
+            if prefix
+            else Nginx.shipped(tmp_path / "nginx", *server_cert_files, proxy.port)
+        )
+        await nginx.start(ca_file)
+        started.append(nginx)
+        return BehindNginx(proxy, nginx, ca_file)
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", record)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield runner.addresses[0][1], seen
-    await runner.cleanup()
+    yield start
+    for process in reversed(started):
+        await process.stop()
 
 
-async def test_nginx_example_sets_the_forwarded_headers_from_its_own_view(
-    backend, server_cert_files, client_ssl, tmp_path
-):
-    if NGINX is None:
-        pytest.skip("nginx NOT FOUND: the nginx example is NOT checked (make test installs nginx-light)")
-    backend_port, seen = backend
-    process, port = await start_nginx(tmp_path, backend_port, *server_cert_files)
-    try:
-        forged = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "http", "X-Request-Id": "forged"}
-        async with aiohttp.ClientSession() as session:
-            for headers in ({}, forged):
-                async with session.get(f"https://127.0.0.1:{port}/healthz", ssl=client_ssl, headers=headers) as answer:
-                    assert answer.status == 200 and await answer.text() == "ok"
-    finally:
-        await terminate(process, 10)
-    assert len(seen) == 2
-    for received in seen:
-        assert received["X-Forwarded-For"] == "127.0.0.1"  # the edge's own view, never the client's list
-        assert received["X-Forwarded-Proto"] == "https"
-        assert re.fullmatch(r"[0-9a-f]{32}", received["X-Request-Id"])  # nginx's $request_id
+async def test_behind_nginx_the_page_shows_the_url_the_client_used_and_forged_headers_are_not_believed(
+    behind_nginx,
+) -> None:
+    setup = await behind_nginx()
+    status, html = await setup.get(setup.nginx.url)
+    assert status == 200
+    assert mirror_url(html) == f"https://localhost:{setup.nginx.port}/mirror/v1/"  # not http://, not nginx's view
+    host_block = snippet(html, "hosts-terraform")
+    assert f'"providers.v1" = "https://localhost:{setup.nginx.port}/registry/' in host_block
+    assert setup.remotes("/") == ["127.0.0.1"]  # the client, not nginx (127.0.0.2)
+
+    # A client forging the headers through nginx: nginx replaces them (Forwarded is not read by default).
+    status, html = await setup.get(setup.nginx.url + "?via=nginx", **FORGED)
+    assert status == 200 and mirror_url(html) == f"https://localhost:{setup.nginx.port}/mirror/v1/"
+    assert "evil.example" not in html
+    # The same headers sent straight to the proxy, from a peer that is not a trusted proxy: ignored.
+    status, html = await setup.get(setup.proxy.url + "/", **FORGED)
+    assert status == 200 and mirror_url(html) == f"http://127.0.0.1:{setup.proxy.port}/mirror/v1/"
+    assert "evil.example" not in html
+    assert setup.remotes("/") == ["127.0.0.1"] * 3  # never 6.6.6.6
+
+
+async def test_the_public_url_wins_over_the_forwarding_headers(behind_nginx) -> None:
+    setup = await behind_nginx("--public-url", "https://mirror.example.internal/")
+    _, html = await setup.get(setup.nginx.url)
+    assert mirror_url(html) == "https://mirror.example.internal/mirror/v1/"
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(TERRAFORM is None, reason="terraform binary NOT FOUND on PATH: this end-to-end test is SKIPPED")
+async def test_terraform_init_behind_nginx_with_the_pages_snippet(behind_nginx, tmp_path, ca_file) -> None:
+    """The page's snippet as a client behind the load balancer sees it is one terraform accepts (https) and that
+    installs through nginx."""
+    terraform = Terraform(tmp_path / "tf")
+    setup = await behind_nginx()
+    _, html = await setup.get(setup.nginx.url)
+    workdir = terraform.workdir("root", provider_tf("1.0.0"))
+    code, output = await terraform.init(workdir, snippet(html, "mirror-terraform"), ca_file)
+    assert code == 0, output
+    assert f"- Installed {REGISTRY_HOST}/acme/foo v1.0.0" in output, output
+
+
+TOKEN = "rpt_prefix-client-token-0123456789"
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(TERRAFORM is None, reason="terraform binary NOT FOUND on PATH: this end-to-end test is SKIPPED")
+async def test_terraform_init_under_a_path_prefix_the_balancer_strips(
+    behind_nginx, registry, tmp_path, ca_file
+) -> None:
+    """`--public-url https://HOST/tf/` behind a balancer that strips `/tf`: the page's snippets, the discovery
+    document, the download URLs and module locations of the documents, and their grants (a token is required)
+    all work for terraform under the prefix."""
+    registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[tokens.ci]\nhash = "{hash_token(TOKEN)}"\nhosts = ["{REGISTRY_HOST}"]\n')
+    setup = await behind_nginx("--auth-tokens", str(tokens), "--default-upstream", REGISTRY_HOST, prefix="/tf/")
+    status, html = await setup.get(setup.nginx.url, Authorization=f"Bearer {TOKEN}")
+    assert status == 200
+    root = f"https://localhost:{setup.nginx.port}"
+    assert mirror_url(html) == f"{root}/tf/mirror/v1/"
+    status, discovery = await setup.get(f"{root}/.well-known/terraform.json")
+    assert status == 200 and json.loads(discovery) == {
+        "providers.v1": f"/tf/registry/{REGISTRY_HOST}/providers/v1/",
+        "modules.v1": f"/tf/registry/{REGISTRY_HOST}/modules/v1/",
+    }
+
+    terraform = Terraform(tmp_path / "tf")
+    module = f'module "net" {{\n  source  = "{REGISTRY_HOST}/acme/net/aws"\n  version = "1.0.0"\n}}\n'
+    hosts = terraform.workdir("hosts", provider_tf("1.0.0") + module)
+    config = snippet(html, "hosts-terraform") + credentials(REGISTRY_HOST, TOKEN)
+    code, output = await terraform.init(hosts, config, ca_file)
+    assert code == 0, output
+    assert f"- Installed {REGISTRY_HOST}/acme/foo v1.0.0" in output, output
+    assert (hosts / ".terraform/modules/net/main.tf").read_text() == MODULE_FILES["main.tf"]
+
+    mirror = terraform.workdir("mirror", provider_tf("1.1.0"))
+    config = snippet(html, "mirror-terraform") + credentials(f"localhost:{setup.nginx.port}", TOKEN)
+    code, output = await terraform.init(mirror, config, ca_file)
+    assert code == 0, output
+    assert f"- Installed {REGISTRY_HOST}/acme/foo v1.1.0" in output, output

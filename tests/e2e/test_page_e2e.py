@@ -33,6 +33,13 @@ def snippet(html: str, name: str) -> str:
     return unescape(found.group(1))
 
 
+def mirror_url(html: str) -> str:
+    """The network mirror URL the page's Terraform snippet names."""
+    found = re.search(r'network_mirror \{\s+url = "([^"]+)"', snippet(html, "mirror-terraform"))
+    assert found, html
+    return found.group(1)
+
+
 @pytest.mark.parametrize("name", ["hosts-terraform", "mirror-terraform"])
 async def test_init_with_the_pages_snippet_then_the_page_lists_it(registry, proxy_process, terraform, name):
     registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)

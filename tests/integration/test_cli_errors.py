@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from proxy.cli import main
 from tests.conftest import serve_proxy
 from tests.fakes.ports import PORT_ATTEMPTS, free_port
-from tests.fakes.process import REPO_ROOT
+from tests.fakes.process import REPO_ROOT, terminate, wait_healthy
+from tests.fakes.redis_server import METADATA_SECRET
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -249,20 +251,23 @@ async def _untrusted_then_trusted(proxy, tmp_path: Path, ca_file: Path) -> None:
     assert trusted.returncode == 0, trusted.stderr
 
 
+def _taken_port(sock: socket.socket) -> int:
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock.getsockname()[1]
+
+
 @pytest.mark.process
 @pytest.mark.parametrize("workers", ["1", "2"])
-def test_listening_is_logged_only_after_the_bind(tmp_path: Path, workers: str) -> None:
-    """With the port taken, the bind fails: no `proxy.listening` before it, exit 1 (one error line from a
-    single process; the supervisor of workers logs its own attempts)."""
+def test_a_port_in_use_is_refused_at_once_in_one_line(tmp_path: Path, workers: str) -> None:
+    """No retries, no supervisor lines, nothing made in the data dir: one line naming the address, exit 2
+    (before: about 9 s, 14 JSON lines from gunicorn's attempts, exit 1)."""
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+        port = _taken_port(taken)
         result = run_cli(
             "serve",
             "--data-dir",
             str(tmp_path / "data"),
-            "--plain-http",
             "--workers",
             workers,
             "--listen",
@@ -271,43 +276,105 @@ def test_listening_is_logged_only_after_the_bind(tmp_path: Path, workers: str) -
             "json",
             cwd=tmp_path,
         )
-    assert "proxy.listening" not in result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.returncode == 1
-    assert "in use" in result.stderr
-    if workers == "1":
-        errors = [line for line in result.stderr.splitlines() if line.startswith("registry-proxy: error:")]
-        assert len(errors) == 1 and "in use" in errors[0], result.stderr
+    assert_one_line(result, 2, f"--listen 127.0.0.1:{port}", "address already in use")
+    assert not (tmp_path / "data" / "tls").exists()  # refused before the certificate was made
 
 
-def log_until_listening(argv: list[str], cwd: Path) -> dict[str, dict]:
-    """Run `serve ARGV` with JSON logs until it listens, then stop it: its log records by event."""
-    command = [sys.executable, "-m", "proxy", "serve", "--log-format", "json", *argv]
-    process = subprocess.Popen(command, cwd=cwd, env=_env(), stderr=subprocess.PIPE, text=True)
-    records: dict[str, dict] = {}
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:  # ends when the process exits; the test's timeout bounds it
-            record = json.loads(line) if line.startswith("{") else {"line": line}
-            records[record.get("event", "")] = record
-            if "proxy.listening" in records:
-                break
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    return records
+@pytest.mark.process
+def test_an_address_this_host_does_not_have_is_refused_in_one_line(tmp_path: Path) -> None:
+    result = run_cli(
+        "serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--listen", "192.0.2.1:8443", cwd=tmp_path
+    )
+    assert_one_line(result, 2, "--listen 192.0.2.1:8443", "this host has no such address")
+
+
+@pytest.mark.parametrize("content", ["", "# nobody yet\n", "[tokens]\n"])
+def test_a_tokens_file_without_tokens_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(content)
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--auth-tokens", str(tokens)]
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
+    assert_one_line(result, 2, f"--auth-tokens {tokens}", "no tokens", "401", "registry-proxy token new")
+
+
+@pytest.mark.process
+def test_a_tokens_file_error_from_the_real_process_names_the_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    for content, phrase in (("", "no tokens"), ("[tokens.ci\n", "not valid TOML")):
+        tokens.write_text(content)
+        argv = ["serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--auth-tokens", str(tokens)]
+        assert_one_line(run_cli(*argv, cwd=tmp_path), 2, f"--auth-tokens {tokens}", phrase)
+
+
+CREDENTIALS_ERRORS = [
+    ('credentials "a.example" {\n  token = "x"\n', ":3:1", "not valid HCL (unexpected end of file)"),
+    ('credentials "a.example" {\n  token = "x" $\n}\n', ":2:15", "not valid HCL (unexpected '$')"),
+    ('credentials "a.example" {\n  token = \n}\n', ":2:11", "not valid HCL (unexpected end of line)"),
+    ('# ci\n\ncredentials "a.example" {\n  user = "x"\n}\n', ":3", 'credentials "a.example": needs token'),
+    ('credentials "a.example" {\n  token = "x"\n}\ncredentials "b..x" {\n  token = "y"\n}\n', ":4", "b..x"),
+]
+
+
+@pytest.mark.parametrize(("content", "where", "what"), CREDENTIALS_ERRORS)
+def test_credentials_file_errors_name_the_file_and_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    where: str,
+    what: str,
+) -> None:
+    credentials = tmp_path / "credentials.tfrc"
+    credentials.write_text(content)
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--upstream-credentials", str(credentials)]
+    line = assert_one_line(main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path), 2, what)
+    assert f"--upstream-credentials {credentials}{where}: " in line, line
+
+
+@pytest.mark.process
+def test_a_credentials_file_error_from_the_real_process_names_the_file_and_line(tmp_path: Path) -> None:
+    content, where, what = CREDENTIALS_ERRORS[0]
+    credentials = tmp_path / "credentials.tfrc"
+    credentials.write_text(content)
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--upstream-credentials", str(credentials)]
+    assert_one_line(run_cli(*argv, cwd=tmp_path), 2, f"--upstream-credentials {credentials}{where}: {what}")
+
+
+def stderr_until(argv: list[str], cwd: Path, marker: str, host: str = "127.0.0.1", **env: str) -> tuple[int, list[str]]:
+    """Run `serve ARGV --listen HOST:PORT` on a free port until a line of its stderr contains `marker` (it
+    listens), then stop it: the port and its lines. Again on another port if another test took it first."""
+    for _ in range(PORT_ATTEMPTS):
+        port = free_port()
+        command = [sys.executable, "-m", "proxy", "serve", *argv, "--listen", f"{host}:{port}"]
+        process = subprocess.Popen(command, cwd=cwd, env=_env(**env), stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        try:
+            assert process.stderr is not None
+            for line in process.stderr:  # ends when the process exits; the test's timeout bounds it
+                lines.append(line)
+                if marker in line:
+                    break
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+        if not any("address already in use" in line for line in lines):
+            return port, lines
+    raise AssertionError(f"no free port in {PORT_ATTEMPTS} attempts")
+
+
+def log_until_listening(argv: list[str], cwd: Path, host: str = "127.0.0.1") -> tuple[int, dict[str, dict]]:
+    """Run `serve ARGV` with JSON logs until it listens, then stop it: its port and log records by event."""
+    port, lines = stderr_until(["--log-format", "json", *argv], cwd, '"proxy.listening"', host)
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return port, {record.get("event", ""): record for record in records}
 
 
 @pytest.mark.process
 def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> None:
     """A relative --data-dir still gives an absolute CA path; the snippet names this proxy's mirror URL."""
-    for _ in range(PORT_ATTEMPTS):  # again on another port if another test took this one first
-        port = free_port()
-        records = log_until_listening(
-            ["--data-dir", "relative-data", "--workers", "1", "--listen", f"0.0.0.0:{port}"], cwd=tmp_path
-        )
-        if "proxy.listening" in records or "in use" not in str(records.get("", "")):
-            break
+    port, records = log_until_listening(["--data-dir", "relative-data", "--workers", "1"], tmp_path, "0.0.0.0")
     hint = records["tls.local_ca"]
     ca_path = Path(hint["ca_file"])
     assert ca_path.is_absolute() and ca_path == (tmp_path / "relative-data" / "tls" / "ca.pem").resolve()
@@ -316,3 +383,75 @@ def test_ca_hint_has_an_absolute_path_and_the_cli_snippet(tmp_path: Path) -> Non
         f'provider_installation {{\n  network_mirror {{\n    url = "https://127.0.0.1:{port}/mirror/v1/"\n  }}\n}}\n'
     )
     assert records["proxy.listening"]["mirror_url"] == f"https://127.0.0.1:{port}/mirror/v1/"
+
+
+@pytest.mark.process
+def test_the_logged_mirror_url_is_the_public_url(tmp_path: Path) -> None:
+    argv = ["--data-dir", "data", "--workers", "1", "--public-url", "https://lb.example/tf"]
+    _, records = log_until_listening(argv, tmp_path)
+    assert records["proxy.listening"]["mirror_url"] == "https://lb.example/tf/mirror/v1/"
+    assert 'url = "https://lb.example/tf/mirror/v1/"' in records["tls.local_ca"]["cli_config"]
+
+
+@pytest.mark.process
+def test_console_logs_into_a_pipe_have_no_colour_codes(tmp_path: Path) -> None:
+    argv = ["--data-dir", "data", "--plain-http", "--workers", "1", "--log-format", "console"]
+    _, lines = stderr_until(argv, tmp_path, "proxy.listening")
+    assert any("proxy.listening" in line for line in lines), lines
+    assert not [line for line in lines if "\x1b[" in line], lines
+
+
+@pytest.mark.process
+def test_a_plain_http_upstream_is_warned_about_once(tmp_path: Path) -> None:
+    mapped = [
+        "--upstream-map",
+        "internal.example=http://10.0.0.5:8080",
+        "--upstream-map",
+        "safe.example=https://10.0.0.6",
+    ]
+    argv = ["--data-dir", "data", "--plain-http", "--workers", "2", *mapped]
+    _, lines = stderr_until(argv, tmp_path, "proxy.listening", REGISTRY_PROXY_LOG_FORMAT="json")
+    records = [json.loads(line) for line in lines]
+    warnings = [record for record in records if record["event"] == "config.plain_http_upstream"]
+    assert len(warnings) == 1 and warnings[0]["hosts"] == ["internal.example"], records
+    assert warnings[0]["level"] == "warning" and "without TLS" in warnings[0]["effect"]
+
+
+@pytest.mark.process
+async def test_an_unreachable_redis_is_one_warning_at_start_and_readyz_says_why(
+    tmp_path: Path, refused_port: int
+) -> None:
+    redis_port = refused_port  # nothing listens there while the test runs
+    argv = ["--data-dir", "data", "--plain-http", "--workers", "2", "--log-format", "json"]
+    argv += ["--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--metadata-secret", METADATA_SECRET]
+    for _ in range(PORT_ATTEMPTS):  # again on another port if another test took this one first
+        port = free_port()
+        process = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "proxy", "serve", *argv, "--listen", f"127.0.0.1:{port}"],
+            cwd=tmp_path,
+            env=_env(),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            before: list[dict] = []
+            while not before or before[-1]["event"] != "proxy.listening":
+                line = await asyncio.wait_for(process.stderr.readline(), 60)
+                assert line, before  # exited
+                if b"address already in use" in line:
+                    break
+                before.append(json.loads(line))
+            else:
+                down = [record for record in before if record["level"] in ("warning", "error")]
+                assert [record["event"] for record in down] == ["redis.down"], before
+                assert f"127.0.0.1:{redis_port}" in down[0]["error"]
+                url = f"http://127.0.0.1:{port}"
+                await wait_healthy(f"{url}/healthz", None, process, lambda: "", timeout=60)
+                async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as response:
+                    body = await response.json()
+                assert response.status == 200 and body["status"] == "degraded", body
+                assert f"127.0.0.1:{redis_port}" in body["reasons"]["metadata_store"], body
+                return
+        finally:
+            await terminate(process, 15)
+    raise AssertionError(f"no free port in {PORT_ATTEMPTS} attempts")

@@ -213,10 +213,9 @@ def test_other_commands_print_the_warning(tmp_path: Path, monkeypatch, capsys) -
 
 def test_the_real_process_logs_a_loud_warning_at_start(tmp_path: Path) -> None:
     """With the hatch, `serve` starts with a below-minimum grace and says so in its log before it listens."""
-    argv = ["--plain-http", "--workers", "1", "--listen", f"127.0.0.1:{free_port()}"]
-    argv += ["--data-dir", str(tmp_path / "data")]
+    argv = ["--plain-http", "--workers", "1", "--data-dir", str(tmp_path / "data")]
     argv += ["--unsafe-short-timings", "--eviction-grace", "1s", "--eviction-interval", "200ms"]
-    records = log_until_listening(argv, cwd=tmp_path)
+    _, records = log_until_listening(argv, tmp_path)  # on a free port
     warning = records["config.unsafe_short_timings"]
     assert warning["level"] == "warning"
     assert warning["below_safe_minimum"] == "--eviction-grace 1s, --eviction-interval 0.2s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.auth import hash_token
+from proxy.auth import hash_token, token_entry
 from proxy.cli import build_parser, settings_from_args, warn_about_access
 from proxy.config import ConfigError
 
@@ -71,7 +71,7 @@ def test_one_warning_when_anonymous_beyond_loopback(tmp_path):
     assert [w["event"] for w in warnings(settings(tmp_path, "--listen", "0.0.0.0:8443"))] == ["auth.anonymous"]
     assert warnings(settings(tmp_path, "--listen", "127.0.0.1:8443")) == []
     assert warnings(settings(tmp_path, "--listen", "[::1]:8443")) == []
-    (tmp_path / "tokens.toml").write_text("")
+    (tmp_path / "tokens.toml").write_text(token_entry("ci", "rpt_anything", ["*"]))  # an empty file is refused
     assert (
         warnings(settings(tmp_path, "--listen", "0.0.0.0:8443", "--auth-tokens", str(tmp_path / "tokens.toml"))) == []
     )

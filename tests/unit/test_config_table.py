@@ -35,6 +35,7 @@ VARIABLES = [
     "EVICTION_GRACE",
     "EVICTION_INTERVAL",
     "FLEET_LOCK_TTL",
+    "FORWARDED_HEADERS",
     "GIT_TIMEOUT",
     "JOBS",
     "KEEPALIVE_TIMEOUT",
@@ -96,7 +97,7 @@ VARIABLES = [
     "WORKERS",
 ]
 FLAG_ONLY = {("healthcheck", "--timeout"), ("gc", "--grace")}
-COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "healthcheck", "token"]
+COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "purge", "healthcheck", "token"]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
 
 

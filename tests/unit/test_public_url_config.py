@@ -41,3 +41,19 @@ def test_a_public_url_that_is_not_a_plain_http_url_is_refused(tmp_path, monkeypa
     monkeypatch.delenv("REGISTRY_PROXY_PUBLIC_URL", raising=False)
     with pytest.raises(ConfigError, match="invalid --public-url"):
         settings(tmp_path, "--public-url", url)
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        (None, "/"),
+        ("https://proxy.example.com", "/"),
+        ("https://proxy.example.com/", "/"),
+        ("https://lb.example.com/tf", "/tf/"),
+        ("https://lb.example.com/a/b/", "/a/b/"),
+        ("https://lb.example.com/t%20f/", "/t%20f/"),  # as written in URLs
+    ],
+)
+def test_the_public_path_clients_reach_the_proxy_under(tmp_path, monkeypatch, url, path):
+    monkeypatch.delenv("REGISTRY_PROXY_PUBLIC_URL", raising=False)
+    assert settings(tmp_path, *(["--public-url", url] if url else [])).server.public_path == path

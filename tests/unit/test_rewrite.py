@@ -14,6 +14,7 @@ from proxy.rewrite import (
     registry_base,
     registry_download_path,
     rewrite_download_document,
+    under,
 )
 
 LINUX = Platform("linux", "amd64")
@@ -213,3 +214,19 @@ def test_rewrite_download_document_adds_missing_urls() -> None:
 )
 def test_module_archive_path(addr: ModuleAddr, version: str, extension: str, expected: str) -> None:
     assert module_archive_path(addr, Version.parse(version), extension) == expected
+
+
+@pytest.mark.parametrize(
+    ("prefix", "url", "expected"),
+    [
+        ("/", "/mirror/v1/x.zip", "/mirror/v1/x.zip"),
+        ("/tf/", "/mirror/v1/x.zip?grant=abc", "/tf/mirror/v1/x.zip?grant=abc"),
+        ("/a/b/", "/registry/h/modules/v1/", "/a/b/registry/h/modules/v1/"),
+        ("/tf/", "1.0.0/linux_amd64/x.zip", "1.0.0/linux_amd64/x.zip"),  # relative: resolved under the prefix already
+        ("/tf/", "https://cdn.example.com/x.zip", "https://cdn.example.com/x.zip"),
+        ("/tf/", "git::https://example.com/x.git?ref=v1", "git::https://example.com/x.git?ref=v1"),
+        ("/tf/", "//cdn.example.com/x.zip", "//cdn.example.com/x.zip"),
+    ],
+)
+def test_under_a_public_path_prefix(prefix: str, url: str, expected: str) -> None:
+    assert under(prefix, url) == expected
