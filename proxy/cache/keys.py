@@ -81,6 +81,10 @@ MODULE_VERSIONS = KeyPattern("module-versions", "host", "namespace", "name", "sy
 MODULE_DOWNLOAD = KeyPattern("module-download", "host", "namespace", "name", "system", "version")
 MODULE = KeyPattern("module", "host", "namespace", "name", "system", "version")
 
+# When each version was first seen by any replica (the policy's min-age), per provider or module.
+FIRST_SEEN = KeyPattern("first-seen", "host", "namespace", "type")
+MODULE_FIRST_SEEN = KeyPattern("module-first-seen", "host", "namespace", "name", "system")
+
 STORED_KINDS = (DISCOVERY, VERSIONS, DOWNLOAD, SUMS, ARCHIVE, MODULE_VERSIONS, MODULE_DOWNLOAD, MODULE)
 
 # ---- keys that are not metadata ----------------------------------------------------------------
@@ -120,6 +124,12 @@ def archive(addr: ProviderAddr, version: Version, platform: Platform) -> str:
 
 def module_versions(addr: ModuleAddr) -> str:
     return MODULE_VERSIONS.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
+
+
+def first_seen(addr: ProviderAddr | ModuleAddr) -> str:
+    if isinstance(addr, ModuleAddr):
+        return MODULE_FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
+    return FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
 
 
 def module_download(addr: ModuleAddr, version: Version) -> str:

@@ -103,6 +103,7 @@ def load_tokens(path: Path) -> TokenBook:
 
 ACCESS = web.AppKey("access", Access)
 CLIENT = web.RequestKey("client_token", Token)
+GRANT_HOLDER = web.RequestKey("grant_holder", Token)  # the token a download's grant was made for
 
 
 @web.middleware
@@ -185,6 +186,7 @@ def _check_route(
             holder = access.grant_holder(request.path, grant, time.time())
             if not holder.may_read(host, namespace):
                 raise _forbidden(holder, host, f"the token this URL's grant was made for may not read {host} now")
+            request[GRANT_HOLDER] = holder  # the client, for the policy and the audit trail
             return
         if client is None:
             raise _unauthorized(host, presented)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import structlog
 from aiohttp import web
 
+from proxy.audit import AuditLog
 from proxy.auth import Grants, grant_key
 from proxy.backends import archive_store, store_guard
 from proxy.cache import MetadataStore
@@ -24,6 +26,7 @@ from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.evictor import Evictor
 from proxy.flights import Flights
+from proxy.gatekeeper import FirstSeen, Gatekeeper, load_policy
 from proxy.gpg import Keyring
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
@@ -39,7 +42,7 @@ from proxy.upstream.netguard import AddressPolicy
 from proxy.web import discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.eventloop import loop_name
-from proxy.web.keys import GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
+from proxy.web.keys import GATEKEEPER, GUARD, INVENTORY, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
 from proxy.web.middlewares import client_address, request_context, server_header
 from proxy.web.server import request_arrived
 
@@ -60,6 +63,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
+    app[ON_SIGHUP] = []
     app.cleanup_ctx.extend(
         [
             archive_store_ctx,
@@ -69,6 +73,8 @@ def create_app(settings: Settings) -> web.Application:
             keyring_ctx,
             flights_ctx,
             services_ctx,
+            policy_ctx,
+            reload_ctx,
             evictor_ctx,
         ]
     )
@@ -93,6 +99,7 @@ UPSTREAM = web.AppKey("upstream", UpstreamClient)
 KEYRING = web.AppKey("keyring", Keyring)
 FLIGHTS = web.AppKey("flights", Flights)
 DOWNLOADER = web.AppKey("downloader", Downloader)
+ON_SIGHUP = web.AppKey("on_sighup", list)  # what SIGHUP reads again (`reload_ctx`)
 
 
 async def archive_store_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -145,16 +152,44 @@ async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def access_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Client tokens and archive grants. With a tokens file, SIGHUP reads it again in every worker (the
-    supervisor passes its SIGHUP on: proxy.web.workers), off the loop."""
+    """Client tokens and archive grants; with a tokens file, SIGHUP reads it again (`reload_ctx`)."""
     settings = app[SETTINGS]
     secret = await asyncio.to_thread(metadata_secret, settings)
     access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
-    if settings.access.auth_tokens is None:
+    if settings.access.auth_tokens is not None:
+        app[ON_SIGHUP].append(access.reload)
+    yield
+
+
+async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The policy (`--policy`, read again on SIGHUP) and the audit trail (`--audit-log`), closed on shutdown."""
+    settings = app[SETTINGS]
+    path = settings.policy.policy_file
+    policy = await asyncio.to_thread(load_policy, path) if path is not None else None
+    audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
+    first_seen = FirstSeen(app[METADATA_BACKEND], app[FLIGHTS], time.time)
+    gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
+    if audit.enabled:
+        app[MIRROR].on_fetched(gate.fetched)
+        app[MODULES].on_fetched = gate.fetched
+    if path is not None:
+        app[ON_SIGHUP].append(gate.reload)
+        log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
+    try:
+        yield
+    finally:
+        audit.close()
+
+
+async def reload_ctx(app: web.Application) -> AsyncIterator[None]:
+    """SIGHUP reads the tokens file and the policy again, in every worker (the supervisor passes its SIGHUP on:
+    proxy.web.workers), off the loop."""
+    reloaders = list(app[ON_SIGHUP])
+    if not reloaders:
         yield
         return
     loop = asyncio.get_running_loop()
-    reloads = Reloads(access.reload)
+    reloads = Reloads(lambda: [reload() for reload in reloaders])
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     try:
         yield
@@ -166,7 +201,7 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
 class Reloads:
     """Runs a blocking `reload` in a thread on request, one at a time (a request while one runs: once more after)."""
 
-    def __init__(self, reload: Callable[[], None]) -> None:
+    def __init__(self, reload: Callable[[], object]) -> None:
         self._reload = reload
         self._task: asyncio.Task[None] | None = None
         self._again = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.gatekeeper import Gatekeeper
 from proxy.integrity import StoreGuard
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
@@ -21,3 +22,4 @@ GUARD = web.AppKey("guard", StoreGuard)
 RENDERED = web.AppKey("rendered", RenderedDocuments)
 INVENTORY = web.AppKey("inventory", InventoryReader)
 SERVED = web.AppKey("served", ServedArchives)
+GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)

@@ -92,6 +92,8 @@ SAMPLES = {
     "--metadata-secret-file": "secret",
     "--public-url": "https://proxy.example/",
     "--auth-tokens": "tokens.toml",
+    "--policy": "policy.toml",
+    "--audit-log": "audit.jsonl",
     "--upstream-credentials": "credentials.tfrc",
     "--archive-store": "s3://bucket/prefix",
     "--s3-endpoint-url": "https://minio.internal:9000",

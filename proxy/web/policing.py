@@ -1,0 +1,52 @@
+"""The policy in the handlers: who the client is, and the checks each route makes before its service call.
+
+`client_identity` is the one place the audit trail and the policy's `clients` globs learn who asked (the
+token's name, the address; an OIDC subject once the client identity carries one). The checks raise
+`PolicyDeniedError` (403 naming the rule and its reason) before the service is asked for anything, so
+nothing denied is fetched from an upstream.
+"""
+
+from __future__ import annotations
+
+import structlog
+from aiohttp import web
+
+from proxy.addrs import Version
+from proxy.audit import ClientIdentity
+from proxy.gatekeeper import Address, Gatekeeper
+from proxy.web.access import CLIENT, GRANT_HOLDER
+from proxy.web.keys import GATEKEEPER
+
+ANONYMOUS = ClientIdentity()
+
+
+def client_identity(request: web.Request) -> ClientIdentity:
+    """Who sent `request`: its token's name (`anonymous` without one), its address, its request id."""
+    token = request.get(CLIENT) or request.get(GRANT_HOLDER)
+    subject = getattr(token, "subject", None)  # an OIDC identity carries its subject
+    return ClientIdentity(
+        token.name if token is not None else ANONYMOUS.name,
+        request.remote,
+        subject,
+        structlog.contextvars.get_contextvars().get("request_id"),
+    )
+
+
+def gatekeeper(request: web.Request) -> Gatekeeper | None:
+    """The gatekeeper when a policy is in force (None: every request passes without a look)."""
+    gate = request.app.get(GATEKEEPER)
+    return gate if gate is not None and gate.active else None
+
+
+def note_served(
+    request: web.Request, response: web.StreamResponse, addr: Address, version: Version, platform: str | None
+) -> None:
+    """The audit trail's `served` event for an archive answered (once per client, artifact and hour)."""
+    gate = request.app.get(GATEKEEPER)
+    if gate is not None and gate.audit.enabled and response.status < 300 and request.method == "GET":
+        gate.served(addr, version, platform, client_identity(request))
+
+
+def terraform_client(request: web.Request) -> bool:
+    """Whether the request comes from Terraform or OpenTofu (which show a refused SHA256SUMS's status line)."""
+    return request.headers.get("User-Agent", "").startswith(("Terraform/", "OpenTofu/"))

@@ -1,0 +1,192 @@
+"""The policy through the real application: filtered lists, 403s naming the rule, no upstream request for
+anything denied, min-age with an injected clock, warn mode, the audit trail and the metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.addrs import ProviderAddr
+from proxy.web.keys import GATEKEEPER, METRICS
+from proxy.web.keys import MIRROR as MIRROR_SERVICE
+from tests.conftest import serve_proxy
+from tests.fakes.packages import Release
+from tests.fakes.process import REGISTRY_HOST
+
+pytestmark = pytest.mark.one_metadata_store
+
+MIRROR = f"/mirror/v1/{REGISTRY_HOST}/acme"
+REGISTRY = f"/registry/{REGISTRY_HOST}/providers/v1/acme"
+FOO = ProviderAddr.parse(REGISTRY_HOST, "acme", "foo")
+TERRAFORM = {"User-Agent": "Terraform/1.11.0"}
+POLICY = f"""
+[[rule]]
+name = "unvetted"
+providers = ["{REGISTRY_HOST}/evilcorp/*", "*/acme/bar"]
+action = "deny"
+reason = "namespace not approved (SEC-123)"
+
+[[rule]]
+name = "foo-known-bad"
+providers = ["{REGISTRY_HOST}/acme/foo"]
+versions = "= 1.1.0"
+action = "deny"
+reason = "breaks IAM policies"
+
+[[rule]]
+name = "cooldown"
+providers = ["*/*/*"]
+min-age = "72h"
+
+[[rule]]
+name = "platforms"
+providers = ["*/*/*"]
+platforms = ["linux_amd64", "darwin_arm64"]
+
+[default]
+action = "allow"
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_900_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def policy_file(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY)
+    return path
+
+
+@pytest.fixture
+async def policed(make_settings, client_ssl, policy_file, tmp_path, registry, signing_key):
+    registry.add(Release("acme", "foo", "1.0.1", signing_key))
+    audit = tmp_path / "audit.jsonl"
+    settings = make_settings(policy_file=policy_file, audit_log=str(audit), versions=600.0)
+    async with serve_proxy(settings, client_ssl) as running:
+        running.audit = audit
+        yield running
+
+
+def audit_events(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def upstream_paths(registry) -> list[str]:
+    return [path for _, path in registry.requests]
+
+
+async def test_lists_leave_out_denied_versions_so_constraints_resolve_to_allowed_ones(policed, registry):
+    status, index = await policed.json(f"{MIRROR}/foo/index.json")
+    assert status == 200 and set(index["versions"]) == {"1.0.0", "1.0.1"}
+    status, versions = await policed.json(f"{REGISTRY}/foo/versions")
+    assert status == 200
+    assert {v["version"] for v in versions["versions"]} == {"1.0.0", "1.0.1"}
+    assert any("1.1.0" in w and "foo-known-bad" in w and "breaks IAM policies" in w for w in versions["warnings"])
+
+
+async def test_a_denied_version_is_refused_with_rule_and_reason_and_never_fetched(policed, registry):
+    before = len(registry.requests)
+    for path in (
+        f"{MIRROR}/foo/1.1.0.json",
+        f"{MIRROR}/foo/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip",
+        f"{REGISTRY}/foo/1.1.0/download/linux/amd64",
+        f"{REGISTRY}/foo/1.1.0/download/linux/amd64/SHA256SUMS",
+        f"/lock/v1/{REGISTRY_HOST}/acme/foo/1.1.0?platform=linux_amd64",
+    ):
+        status, _, body = await policed.get(path)
+        document = json.loads(body)
+        assert status == 403, path
+        assert (document["code"], document["rule"], document["reason"]) == (
+            "policy_denied",
+            "foo-known-bad",
+            "breaks IAM policies",
+        )
+    assert not [p for p in upstream_paths(registry)[before:] if "1.1.0" in p]
+    async with policed.session.get(policed.url + f"{REGISTRY}/foo/1.1.0/download/linux/amd64/SHA256SUMS") as response:
+        assert response.reason == "Denied by policy rule foo-known-bad: breaks IAM policies"
+    denied = [e for e in audit_events(policed.audit) if e["event"] == "denied"]
+    assert denied and denied[0]["rule"] == "foo-known-bad" and denied[0]["artifact"]["version"] == "1.1.0"
+    assert denied[0]["client"] == "anonymous" and denied[0]["request_id"]
+    metrics = policed.app[METRICS].exposition().decode()
+    assert 'registry_proxy_policy_decisions_total{decision="deny",rule="foo-known-bad"} 6.0' in metrics
+
+
+async def test_a_denied_namespace_is_refused_without_any_upstream_request(policed, registry):
+    before = len(registry.requests)
+    status, body = await policed.json(f"/mirror/v1/{REGISTRY_HOST}/evilcorp/thing/index.json")
+    assert status == 403 and body["rule"] == "unvetted"
+    status, body = await policed.json(f"{REGISTRY}/bar/versions")
+    assert status == 403 and body["code"] == "policy_denied"
+    assert registry.requests[before:] == []
+
+
+async def test_terraform_reads_the_reason_of_a_denied_provider_in_its_versions_and_sha256sums(policed, registry):
+    before = len(registry.requests)
+    status, _, body = await policed.get(f"{REGISTRY}/bar/versions", headers=TERRAFORM)
+    document = json.loads(body)
+    assert status == 200 and "namespace not approved (SEC-123)" in document["warnings"][0]
+    placeholder = document["versions"][0]["version"]
+    status, _, body = await policed.get(f"{REGISTRY}/bar/{placeholder}/download/linux/amd64", headers=TERRAFORM)
+    assert status == 200
+    sums = json.loads(body)["shasums_url"]
+    async with policed.session.get(policed.url + sums, headers=TERRAFORM) as response:
+        assert response.status == 403
+        assert response.reason == "Denied by policy rule unvetted: namespace not approved (SEC-123)"
+    assert registry.requests[before:] == []
+
+
+async def test_a_platform_outside_the_list_is_refused_without_any_upstream_request(policed, registry):
+    path = f"{MIRROR}/foo/1.0.0/windows_amd64/terraform-provider-foo_1.0.0_windows_amd64.zip"
+    status, _, body = await policed.get(path)
+    assert status == 403 and json.loads(body)["rule"] == "platforms"
+    assert not [p for p in upstream_paths(registry) if "windows" in p]
+    status, document = await policed.json(f"{MIRROR}/foo/1.0.0.json")
+    assert status == 200 and set(document["archives"]) == {"linux_amd64", "darwin_arm64"}
+    assert not [p for p in upstream_paths(registry) if "windows" in p]  # nothing about it fetched
+
+
+async def test_min_age_holds_new_versions_back_until_the_injected_clock_passes_it(policed, registry, signing_key):
+    clock = Clock()
+    gate = policed.app[GATEKEEPER]
+    gate.clock = gate.first_seen.clock = clock
+    status, index = await policed.json(f"{MIRROR}/foo/index.json")
+    assert set(index["versions"]) == {"1.0.0", "1.0.1"}  # seen on the first listing: old
+    registry.add(Release("acme", "foo", "1.2.0", signing_key))
+    clock.now += 3600
+    await policed.app[MIRROR_SERVICE].provider_versions(FOO, max_age=0.0)  # the list refreshed: 1.2.0 seen now
+    status, index = await policed.json(f"{MIRROR}/foo/index.json")
+    assert set(index["versions"]) == {"1.0.0", "1.0.1"}
+    status, body = await policed.json(f"{MIRROR}/foo/1.2.0.json")
+    assert status == 403 and body["code"] == "policy_held_back" and body["available_at"]
+    assert not [p for p in upstream_paths(registry) if "1.2.0" in p]
+    clock.now += 72 * 3600
+    status, index = await policed.json(f"{MIRROR}/foo/index.json")
+    assert set(index["versions"]) == {"1.0.0", "1.0.1", "1.2.0"}
+    status, _ = await policed.json(f"{MIRROR}/foo/1.2.0.json")
+    assert status == 200
+
+
+async def test_warn_mode_denies_nothing_and_records_what_it_would_have(
+    make_settings, client_ssl, tmp_path, registry, policy_file
+):
+    policy_file.write_text('mode = "warn"\n' + POLICY)
+    audit = tmp_path / "warn.jsonl"
+    async with serve_proxy(make_settings(policy_file=policy_file, audit_log=str(audit)), client_ssl) as running:
+        status, index = await running.json(f"{MIRROR}/foo/index.json")
+        assert status == 200 and set(index["versions"]) == {"1.0.0", "1.1.0"}
+        status, _ = await running.json(f"{MIRROR}/foo/1.1.0.json")
+        assert status == 200
+        status, _, _ = await running.get(f"{MIRROR}/foo/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip")
+        assert status == 200
+        events = audit_events(audit)
+    would = [e for e in events if e["event"] == "denied"]
+    assert {e["decision"] for e in would} == {"would-deny"} and len(would) == 2
+    assert {e["rule"] for e in would} == {"foo-known-bad"}
+    assert [e["event"] for e in events if e["event"] != "denied"] == ["fetched", "served"]
