@@ -3,7 +3,8 @@
 Events (`event`):
 - `fetched`: an artifact (provider archive, module) was fetched from its upstream;
 - `served`: an archive was served to a client (once per client, artifact and hour in each worker process);
-- `denied`: the policy refused a request (`decision`: `deny`), or would have in warn mode (`would-deny`).
+- `denied`: the policy refused a request (`decision`: `deny`), or would have in warn mode (`would-deny`), or
+  left a version out of a list (`withheld`: once per client, version and hour, when the list is filtered anew).
 
 Every event has `time` (UTC, ISO 8601), `event`, `artifact` (address, version, platform), and where there
 is a client its identity (`client`: token name or `anonymous`, `address`, later an OIDC `subject`) and
@@ -29,6 +30,7 @@ import structlog
 
 log = structlog.get_logger(__name__)
 RECENT_DENIALS = 50
+MAX_REMEMBERED = 100_000
 SERVED_PERIOD = 3600  # seconds: a `served` event per client and artifact at most once in each of these
 
 
@@ -113,22 +115,38 @@ class AuditLog:
         """A `served` event, unless this client was already recorded for this artifact in this hour."""
         if self._stream is None:
             return
+        if not self._once_this_hour((client.name, client.address or "", json.dumps(artifact, sort_keys=True))):
+            return
+        self.write("served", artifact=artifact, **client.fields())
+
+    def withheld(self, artifact: dict[str, Any], client: ClientIdentity, *, rule: str, reason: str) -> None:
+        """A version left out of a list (once per client, version and hour): `denied` with `withheld`."""
+        if not self._once_this_hour((client.name, "withheld", json.dumps(artifact, sort_keys=True))):
+            return
+        self._remember(artifact, client, rule, reason, "withheld")
+        self.write("denied", artifact=artifact, decision="withheld", rule=rule, reason=reason, **client.fields())
+
+    def _once_this_hour(self, key: tuple) -> bool:
         period = int(self.clock() // SERVED_PERIOD)
         if period != self._served_period:
             self._served.clear()
             self._served_period = period
-        key = (client.name, client.address or "", hash(json.dumps(artifact, sort_keys=True)))
         if key in self._served:
-            return
+            return False
+        if len(self._served) >= MAX_REMEMBERED:  # bounded: at worst an event is written twice in an hour
+            self._served.clear()
         self._served.add(key)
-        self.write("served", artifact=artifact, **client.fields())
+        return True
+
+    def _remember(self, artifact: dict[str, Any], client: ClientIdentity, rule: str, reason: str, decision: str):
+        text = " ".join(str(artifact[k]) for k in ("address", "version", "platform") if artifact.get(k))
+        self.recent.appendleft(Denial(self.clock(), text, client.name, rule, reason, decision))
+        self.blocked[rule] += 1
 
     def denied(
         self, artifact: dict[str, Any], client: ClientIdentity, *, rule: str, reason: str, decision: str
     ) -> None:
-        text = " ".join(str(artifact[k]) for k in ("address", "version", "platform") if artifact.get(k))
-        self.recent.appendleft(Denial(self.clock(), text, client.name, rule, reason, decision))
-        self.blocked[rule] += 1
+        self._remember(artifact, client, rule, reason, decision)
         self.write("denied", artifact=artifact, decision=decision, rule=rule, reason=reason, **client.fields())
 
 

@@ -18,6 +18,7 @@ installation); versions that appear in a later refresh of the list are held back
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
@@ -135,10 +136,16 @@ class Gatekeeper:
         try:
             policy = load_policy(self.path)
         except (OSError, PolicyError) as exc:
-            log.error("policy.reload_failed", file=str(self.path), error=str(exc), effect="the previous policy stays")
+            log.error(
+                "policy.reload_failed",
+                file=str(self.path),
+                error=str(exc),
+                effect="the previous policy stays",
+                pid=os.getpid(),
+            )
             return
         self.policy = policy
-        log.info("policy.reloaded", file=str(self.path), rules=len(policy.rules), mode=policy.mode)
+        log.info("policy.reloaded", file=str(self.path), rules=len(policy.rules), mode=policy.mode, pid=os.getpid())
 
     def client_key(self, client: ClientIdentity) -> str:
         """The part of the client a decision depends on (its name only when some rule names clients)."""
@@ -187,6 +194,12 @@ class Gatekeeper:
         withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
         filtered = Filtered(frozenset(allowed), tuple(withheld), until)
         self._filtered.put(memo_key, (source, policy, filtered))
+        for version, decision in withheld:  # recorded when a list is filtered anew, not on every request
+            self.audit.withheld(
+                artifact_of(subject_of(addr, version)), client, rule=decision.rule, reason=decision.reason
+            )
+            if self.metrics is not None:
+                self.metrics.policy_decisions.labels(decision.rule, "withheld").inc()
         return filtered
 
     async def check(

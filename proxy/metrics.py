@@ -216,7 +216,7 @@ class Metrics:
         self.policy_decisions = Counter(
             "registry_proxy_policy_decisions_total",
             "Policy decisions that refused (deny) or would have refused (would-deny, warn mode) a request, and "
-            "versions withheld from lists (withheld), by rule",
+            "versions withheld from a list when it was filtered anew (withheld), by rule",
             ["rule", "decision"],
             registry=self.registry,
         )
