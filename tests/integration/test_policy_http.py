@@ -190,3 +190,16 @@ async def test_warn_mode_denies_nothing_and_records_what_it_would_have(
     assert {e["decision"] for e in would} == {"would-deny"} and len(would) == 2
     assert {e["rule"] for e in would} == {"foo-known-bad"}
     assert [e["event"] for e in events if e["event"] != "denied"] == ["fetched", "served"]
+
+
+async def test_the_page_shows_recent_denials_and_what_each_rule_blocked(policed):
+    await policed.json(f"{MIRROR}/foo/1.1.0.json")
+    await policed.json(f"/mirror/v1/{REGISTRY_HOST}/evilcorp/thing/index.json")
+    status, _, body = await policed.get("/")
+    html = body.decode()
+    assert status == 200 and 'id="policy"' in html
+    rules = html[html.index('id="policy-rules"') : html.index("</table>", html.index('id="policy-rules"'))]
+    assert "foo-known-bad" in rules and "unvetted" in rules
+    denials = html[html.index('id="policy-denials"') :]
+    assert "evilcorp" in denials and "namespace not approved (SEC-123)" in denials
+    assert "breaks IAM policies" in denials
