@@ -95,13 +95,23 @@ class FirstSeen:
         return found
 
     async def _read(self, key: str) -> dict[Version, float] | None:
-        data = decode_record(await self._store.get(key))
-        if data is None or data.get("v") != 1 or not isinstance(data.get("seen"), dict):
-            return None
-        try:
-            return {Version.parse(text): float(when) for text, when in data["seen"].items()}
-        except (ValueError, TypeError):
-            return None
+        return read_first_seen(await self._store.get(key))
+
+
+def read_first_seen(raw: bytes | None) -> dict[Version, float] | None:
+    """A stored first-seen record (None: missing or unreadable)."""
+    data = decode_record(raw)
+    if data is None or data.get("v") != 1 or not isinstance(data.get("seen"), dict):
+        return None
+    try:
+        return {Version.parse(text): float(when) for text, when in data["seen"].items()}
+    except (ValueError, TypeError):
+        return None
+
+
+def first_seen_in(raw: bytes | None, version: Version) -> float:
+    """When `version` was first seen by the record `raw` (a version without one: long ago, `BASELINE`)."""
+    return (read_first_seen(raw) or {}).get(version, BASELINE)
 
 
 class Gatekeeper:

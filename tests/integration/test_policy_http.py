@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from proxy.addrs import ProviderAddr
+from proxy.addrs import Platform, ProviderAddr
+from proxy.cache.factory import open_metadata_store
+from proxy.commands.bundle import export_bundle
+from proxy.commands.warm import run_warm
+from proxy.gatekeeper import load_policy
+from proxy.proxyclient import ProxyClient
+from proxy.store import ArchiveStore
 from proxy.web.keys import GATEKEEPER, METRICS
 from proxy.web.keys import MIRROR as MIRROR_SERVICE
 from tests.conftest import serve_proxy
@@ -18,6 +24,7 @@ pytestmark = pytest.mark.one_metadata_store
 
 MIRROR = f"/mirror/v1/{REGISTRY_HOST}/acme"
 REGISTRY = f"/registry/{REGISTRY_HOST}/providers/v1/acme"
+LINUX = Platform.parse("linux_amd64")
 FOO = ProviderAddr.parse(REGISTRY_HOST, "acme", "foo")
 TERRAFORM = {"User-Agent": "Terraform/1.11.0"}
 POLICY = f"""
@@ -203,3 +210,32 @@ async def test_the_page_shows_recent_denials_and_what_each_rule_blocked(policed)
     denials = html[html.index('id="policy-denials"') :]
     assert "evilcorp" in denials and "namespace not approved (SEC-123)" in denials
     assert "breaks IAM policies" in denials
+
+
+async def test_warm_obeys_the_policy_and_names_the_rule(policed, ca_file, registry, tmp_path):
+    lock = tmp_path / ".terraform.lock.hcl"  # pinned before the rule existed
+    lock.write_text(f'provider "{REGISTRY_HOST}/acme/foo" {{\n  version = "1.1.0"\n}}\n')
+    async with ProxyClient(policed.url, ca_file) as client:
+        report = await run_warm(client, [LINUX], lock_file=lock, progress=False, say=lambda _: None)
+    assert report.done == []
+    [(what, why)] = report.failed.items()
+    assert "1.1.0" in what and "foo-known-bad" in why and "breaks IAM policies" in why
+    assert not [p for p in upstream_paths(registry) if "1.1.0" in p]
+
+
+async def test_export_leaves_out_what_the_policy_denies(make_local_settings, client_ssl, tmp_path, policy_file):
+    settings = make_local_settings(data_dir=tmp_path / "a")
+    async with serve_proxy(settings, client_ssl) as running:  # cached before the rule: no policy yet
+        for version in ("1.0.0", "1.1.0"):
+            path = f"{MIRROR}/foo/{version}/linux_amd64/terraform-provider-foo_{version}_linux_amd64.zip"
+            assert (await running.get(path))[0] == 200
+    cache, store = (await open_metadata_store(settings))[0], ArchiveStore(settings.data_dir / "archives")
+    store.open()
+    try:
+        report = await export_bundle(cache, store, tmp_path / "b.tar", [], load_policy(policy_file))
+    finally:
+        await cache.close()
+        store.close()
+    assert [p.split()[1] for p in report.providers] == ["1.0.0"]
+    assert len(report.denied_left_out) == 1 and "1.1.0" in report.denied_left_out[0]
+    assert "foo-known-bad: breaks IAM policies" in report.denied_left_out[0]
