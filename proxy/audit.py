@@ -34,7 +34,7 @@ MAX_REMEMBERED = 100_000
 SERVED_PERIOD = 3600  # seconds: a `served` event per client and artifact at most once in each of these
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per request, and a frozen dataclass is slower to make
 class ClientIdentity:
     """Who asked: the token's name (`anonymous` without one), the client's address, and an OIDC subject."""
 
@@ -47,8 +47,9 @@ class ClientIdentity:
         found: dict[str, Any] = {"client": self.name, "address": self.address}
         if self.subject is not None:
             found["subject"] = self.subject
-        if self.request_id is not None:
-            found["request_id"] = self.request_id
+        request_id = self.request_id or structlog.contextvars.get_contextvars().get("request_id")
+        if request_id is not None:  # the access log's, of the request being answered
+            found["request_id"] = request_id
         return found
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,6 +40,24 @@ log = structlog.get_logger(__name__)
 Address = ProviderAddr | ModuleAddr
 BASELINE = 0.0  # first-seen time of the versions of a list seen for the first time: long ago
 _FOREVER = float("inf")
+_FACTS_PER_ADDRESS = 4096
+
+
+@dataclass
+class _AddressFacts:
+    """The policy's decisions about one address for one client key (`Gatekeeper._facts`)."""
+
+    policy: Policy
+    decision: Decision | None  # about every version at once (None: it depends on the version)
+    ages: bool  # a min-age rule may decide about some version
+    versions: dict[tuple[Version, str | None], tuple[object, Decision]] = field(default_factory=dict)
+    platforms: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
+
+    @staticmethod
+    def remember(memo: dict, key: object, value: object) -> None:
+        if len(memo) >= _FACTS_PER_ADDRESS:
+            memo.clear()
+        memo[key] = value
 
 
 def load_policy(path: Path) -> Policy:
@@ -134,6 +153,11 @@ class Gatekeeper:
         self.metrics = metrics
         self.clock = clock
         self._filtered: Memo[tuple, tuple[object, Policy, Filtered]] = Memo()
+        # Decisions per address and client key, then per version and platform: reused while the policy and
+        # their source (the version list, the offered platforms) are the same objects. Precompiled rules are
+        # cheap, but 50 of them per request are not free on the warm path (bench/policy.py).
+        self._addresses: Memo[tuple, _AddressFacts] = Memo()
+        self._last: tuple[Address, str, _AddressFacts] | None = None
 
     @property
     def active(self) -> bool:
@@ -160,7 +184,7 @@ class Gatekeeper:
     def client_key(self, client: ClientIdentity) -> str:
         """The part of the client a decision depends on (its name only when some rule names clients)."""
         policy = self.policy
-        return client.name if policy is not None and any(r.clients is not None for r in policy.rules) else ""
+        return client.name if policy is not None and policy.names_clients else ""
 
     # ---- decisions -----------------------------------------------------------------------------
 
@@ -169,9 +193,27 @@ class Gatekeeper:
         policy = self.policy
         if policy is None:
             return
-        decision = policy.decide_address(subject_of(addr), client.name)
-        if decision is not None and not decision.allowed:
-            self._refuse(subject_of(addr), client, decision)
+        facts = self._facts(policy, addr, client)
+        if facts.decision is not None and not facts.decision.allowed:
+            self._refuse(subject_of(addr), client, facts.decision)
+
+    def _facts(self, policy: Policy, addr: Address, client: ClientIdentity) -> _AddressFacts:
+        """What the policy says about `addr` for this client, and its memo of version and platform decisions:
+        one lookup per request on the warm path."""
+        client_key = client.name if policy.names_clients else ""
+        last = self._last
+        if last is not None and last[0] is addr and last[1] == client_key and last[2].policy is policy:
+            return last[2]  # the same request asks again (its version, then its platforms)
+        key = (addr, client_key)
+        facts = self._addresses.get(key)
+        if facts is None or facts.policy is not policy:
+            subject = subject_of(addr)
+            facts = _AddressFacts(
+                policy, policy.decide_address(subject, client.name), policy.needs_age(subject, client.name)
+            )
+            self._addresses.put(key, facts)
+        self._last = (addr, client_key, facts)
+        return facts
 
     async def filter(
         self,
@@ -225,17 +267,26 @@ class Gatekeeper:
         policy = self.policy
         if policy is None:
             return
-        self.check_address(addr, client)
-        published: dict[Version, float] = {}
-        if policy.needs_age(subject_of(addr), client.name):
-            versions = list(await listed())
-            if version not in versions:
-                return  # not in the upstream's list: the service answers 404
-            published = await self._published(policy, addr, versions, client)
-        subject = subject_of(addr, version, platform)
-        decision = policy.decide(subject, client.name, published=published.get(version), now=self.clock())
+        facts = self._facts(policy, addr, client)
+        if facts.decision is not None and not facts.decision.allowed:
+            self._refuse(subject_of(addr), client, facts.decision)
+        source = await listed() if facts.ages else None  # the same object while the list is unchanged
+        now = self.clock()
+        known = facts.versions.get((version, platform))
+        if known is not None and known[0] is source and (known[1].until is None or now < known[1].until):
+            decision = known[1]  # a held-back version is decided again once its time has come
+        else:
+            published: dict[Version, float] = {}
+            if source is not None:
+                versions = list(source)
+                if version not in versions:
+                    return  # not in the upstream's list: the service answers 404
+                published = await self._published(policy, addr, versions, client)
+            subject = subject_of(addr, version, platform)
+            decision = policy.decide(subject, client.name, published=published.get(version), now=now)
+            facts.remember(facts.versions, (version, platform), (source, decision))
         if not decision.allowed:
-            self._refuse(subject, client, decision)
+            self._refuse(subject_of(addr, version, platform), client, decision)
 
     def platforms(
         self, addr: Address, version: Version, offered: Iterable[Platform], client: ClientIdentity
@@ -245,13 +296,19 @@ class Gatekeeper:
         policy = self.policy
         if policy is None:
             return None
-        offered = tuple(offered)
+        facts = self._facts(policy, addr, client)
+        known = facts.platforms.get(version)
+        if known is not None and known[0] is offered:
+            return known[1]
+        source, offered = offered, tuple(offered)
         allowed = frozenset(
             p
             for p in offered
             if policy.decide(subject_of(addr, version, str(p)), client.name, published=0, now=_FOREVER).allowed
         )
-        return None if len(allowed) == len(offered) or policy.mode == "warn" else allowed
+        result = None if len(allowed) == len(offered) or policy.mode == "warn" else allowed
+        facts.remember(facts.platforms, version, (source, result))
+        return result
 
     async def _published(
         self, policy: Policy, addr: Address, versions: list[Version], client: ClientIdentity

@@ -166,9 +166,11 @@ class Policy:
     mode: str = "enforce"
     source: str = ""
     ages: bool = field(init=False)  # any rule with a min-age (else no publish times are needed)
+    names_clients: bool = field(init=False)  # any rule limited to some clients (decisions depend on the client)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ages", any(rule.min_age is not None for rule in self.rules))
+        object.__setattr__(self, "names_clients", any(rule.clients is not None for rule in self.rules))
 
     def decide(
         self, subject: Subject, client: str = ANONYMOUS, *, published: float | None = None, now: float = 0

@@ -52,9 +52,15 @@ async def json_document(request: web.Request) -> web.Response:
     only = None
     if gate is not None:
         client = client_identity(request)
-        await gate.check(addr, version, None, client, lambda: mirror.provider_versions(addr))
-        offered = (await mirror.offered(addr, version, [])).platforms
-        only = gate.platforms(addr, version, offered, client)
+        listed: list[dict] = []
+
+        async def versions() -> dict:
+            listed.append(await mirror.provider_versions(addr))
+            return listed[-1]
+
+        await gate.check(addr, version, None, client, versions)
+        info = (listed[-1] if listed else await mirror.provider_versions(addr)).get(version)
+        only = None if info is None else gate.platforms(addr, version, info.platforms, client)
     archives = await mirror.version_archives(addr, version, only)
     signer = url_signer(request)
     return rendered_response(

@@ -8,7 +8,6 @@ nothing denied is fetched from an upstream.
 
 from __future__ import annotations
 
-import structlog
 from aiohttp import web
 
 from proxy.addrs import Version
@@ -21,15 +20,12 @@ ANONYMOUS = ClientIdentity()
 
 
 def client_identity(request: web.Request) -> ClientIdentity:
-    """Who sent `request`: its token's name (`anonymous` without one), its address, its request id."""
+    """Who sent `request`: its token's name (`anonymous` without one), its address (the audit trail adds the
+    request id of the log)."""
     token = request.get(CLIENT) or request.get(GRANT_HOLDER)
-    subject = getattr(token, "subject", None)  # an OIDC identity carries its subject
-    return ClientIdentity(
-        token.name if token is not None else ANONYMOUS.name,
-        request.remote,
-        subject,
-        structlog.contextvars.get_contextvars().get("request_id"),
-    )
+    if token is None:
+        return ClientIdentity(ANONYMOUS.name, request.remote)
+    return ClientIdentity(token.name, request.remote, getattr(token, "subject", None))  # OIDC: its subject
 
 
 def gatekeeper(request: web.Request) -> Gatekeeper | None:
