@@ -36,13 +36,17 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
 
     if settings.metadata.redis_url:
         seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
+        ca_file = settings.metadata.redis_ca_file
         redis_store = RedisStore(
             settings.metadata.redis_url,
             prefix=settings.metadata.redis_prefix,
             password=settings.metadata.redis_password,
+            sentinel_password=settings.metadata.redis_sentinel_password,
+            ca_file=str(ca_file) if ca_file is not None else None,
             retention=settings.metadata.redis_retention,
             refuse=seal.refuse,
         )
+        redis_store.follow_failovers()
         return (
             SealedStore(redis_store, seal),
             RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import ssl
 import time
@@ -32,6 +33,7 @@ from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
+from proxy.oidc import IssuerKeys, OidcAuthenticator
 from proxy.rendered import RenderedDocuments
 from proxy.served import ServedArchives
 from proxy.singleflight import FleetLocks
@@ -47,6 +49,8 @@ from proxy.web.middlewares import client_address, request_context, server_header
 from proxy.web.server import request_arrived
 
 log = structlog.get_logger(__name__)
+
+OIDC_FETCH_TIMEOUT = 10.0  # seconds: an issuer's discovery document or keys, retry included
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -70,6 +74,7 @@ def create_app(settings: Settings) -> web.Application:
             metadata_store_ctx,
             upstream_ctx,
             access_ctx,
+            oidc_keys_ctx,
             keyring_ctx,
             flights_ctx,
             services_ctx,
@@ -152,11 +157,12 @@ async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def access_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Client tokens and archive grants; with a tokens file, SIGHUP reads it again (`reload_ctx`)."""
+    """Client tokens, OIDC issuers and archive grants; with a tokens or issuers file, SIGHUP reads them again
+    (`reload_ctx`)."""
     settings = app[SETTINGS]
     secret = await asyncio.to_thread(metadata_secret, settings)
     access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
-    if settings.access.auth_tokens is not None:
+    if settings.access.clients_required:
         app[ON_SIGHUP].append(access.reload)
     yield
 
@@ -324,6 +330,29 @@ async def _begin_shutdown(app: web.Application) -> None:
     """Requests in flight may wait for the shared fetches as long as the server gives them (--shutdown-grace)."""
     if FLIGHTS in app:
         app[FLIGHTS].begin_shutdown(app[SETTINGS].server.shutdown_grace)
+
+
+async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
+    """With --oidc-issuers: the issuers' key cache (shared through the metadata store) and its own upstream
+    session, which never carries upstream credentials, with a short timeout (a token waits on it at most once
+    a minute, when it names a key not held)."""
+    settings, access = app[SETTINGS], app[ACCESS]
+    if settings.access.oidc_issuers is None:
+        yield
+        return
+    limits = dataclasses.replace(
+        settings.limits, metadata_timeout=min(settings.limits.metadata_timeout, OIDC_FETCH_TIMEOUT)
+    )
+    tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
+    upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
+    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh)
+    access.oidc = OidcAuthenticator(keys, app[METRICS])
+    try:
+        yield
+    finally:
+        access.oidc = None
+        await keys.close()
+        await upstream.close()
 
 
 def write_ca_bundle(settings: Settings) -> Path | None:

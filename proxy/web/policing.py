@@ -13,7 +13,7 @@ from aiohttp import web
 from proxy.addrs import Version
 from proxy.audit import ClientIdentity
 from proxy.gatekeeper import Address, Gatekeeper
-from proxy.web.access import CLIENT, GRANT_HOLDER
+from proxy.web.access import CLIENT
 from proxy.web.keys import GATEKEEPER
 
 ANONYMOUS = ClientIdentity()
@@ -22,10 +22,12 @@ ANONYMOUS = ClientIdentity()
 def client_identity(request: web.Request) -> ClientIdentity:
     """Who sent `request`: its token's name (`anonymous` without one), its address (the audit trail adds the
     request id of the log)."""
-    token = request.get(CLIENT) or request.get(GRANT_HOLDER)
-    if token is None:
+    client = request.get(CLIENT)  # also the holder of a download's grant
+    if client is None:
         return ClientIdentity(ANONYMOUS.name, request.remote)
-    return ClientIdentity(token.name, request.remote, getattr(token, "subject", None))  # OIDC: its subject
+    identity = getattr(client, "identity", None)  # an OIDC client: its issuer and subject
+    subject = identity.name if identity is not None and identity.kind == "oidc" else None
+    return ClientIdentity(client.name, request.remote, subject)
 
 
 def gatekeeper(request: web.Request) -> Gatekeeper | None:
