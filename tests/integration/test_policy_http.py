@@ -17,8 +17,9 @@ from proxy.store import ArchiveStore
 from proxy.web.keys import GATEKEEPER, METRICS
 from proxy.web.keys import MIRROR as MIRROR_SERVICE
 from tests.conftest import serve_proxy
-from tests.fakes.packages import Release
+from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST
+from tests.fakes.registry import ModuleRelease
 
 pytestmark = pytest.mark.one_metadata_store
 
@@ -239,3 +240,38 @@ async def test_export_leaves_out_what_the_policy_denies(make_local_settings, cli
     assert [p.split()[1] for p in report.providers] == ["1.0.0"]
     assert len(report.denied_left_out) == 1 and "1.1.0" in report.denied_left_out[0]
     assert "foo-known-bad: breaks IAM policies" in report.denied_left_out[0]
+
+
+async def test_a_version_denied_after_it_was_cached_is_refused_at_once(make_settings, client_ssl, tmp_path, registry):
+    policy = tmp_path / "later.toml"
+    policy.write_text('mode = "enforce"\n')
+    archive = f"{MIRROR}/foo/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip"
+    async with serve_proxy(make_settings(policy_file=policy), client_ssl) as running:
+        assert (await running.get(archive))[0] == 200
+        policy.write_text(POLICY)
+        running.app[GATEKEEPER].reload()  # what SIGHUP does
+        before = len(registry.requests)
+        status, _, body = await running.get(archive)
+        assert status == 403 and json.loads(body)["rule"] == "foo-known-bad"
+        assert registry.requests[before:] == []
+
+
+async def test_modules_are_filtered_and_refused_by_their_rules(
+    make_settings, client_ssl, tmp_path, registry, policy_file
+):
+    registry.static["net.tar.gz"] = module_tar_gz(MODULE_FILES)
+    for version in ("1.0.0", "1.1.0"):
+        registry.add_module(ModuleRelease("acme", "net", "aws", version, "{base}/static/net.tar.gz"))
+    policy_file.write_text(
+        f'[[rule]]\nname = "net-bad"\nmodules = ["{REGISTRY_HOST}/acme/net/*"]\nversions = ">= 1.1.0"\n'
+        'action = "deny"\nreason = "unreviewed"\n'
+    )
+    modules = f"/registry/{REGISTRY_HOST}/modules/v1/acme/net/aws"
+    async with serve_proxy(make_settings(policy_file=policy_file), client_ssl) as running:
+        status, document = await running.json(f"{modules}/versions")
+        assert status == 200 and [v["version"] for v in document["modules"][0]["versions"]] == ["1.0.0"]
+        for path in (f"{modules}/1.1.0/download", f"{modules}/1.1.0/archive.tar.gz"):
+            status, body = await running.json(path)
+            assert status == 403 and (body["rule"], body["reason"]) == ("net-bad", "unreviewed")
+        assert (await running.get(f"{modules}/1.0.0/download"))[0] in (200, 204)
+    assert not [path for _, path in registry.requests if "1.1.0" in path]
