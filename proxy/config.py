@@ -143,7 +143,7 @@ class ServerSettings:
     event_loop: str = option(
         "--event-loop",
         Choice(("auto", "uvloop", "asyncio")),
-        "auto (uvloop when installed, asyncio with --plain-http for sendfile), uvloop or asyncio",
+        "auto (uvloop when installed), uvloop or asyncio",
         default="auto",
     )
     max_connections: int = option(

@@ -15,17 +15,14 @@ from aiohttp import web
 
 from proxy.audit import AuditLog
 from proxy.auth import Grants, grant_key
-from proxy.backends import archive_store, store_guard
 from proxy.cache import MetadataStore
-from proxy.cache.factory import negative_bound, open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
 from proxy.cache.sealed import metadata_secret
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
-from proxy.evictor import Evictor
 from proxy.flights import Flights
 from proxy.gatekeeper import FirstSeen, Gatekeeper, load_policy
 from proxy.gpg import Keyring
@@ -35,9 +32,8 @@ from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.oidc import IssuerKeys, OidcAuthenticator
 from proxy.rendered import RenderedDocuments
-from proxy.served import ServedArchives
 from proxy.singleflight import FleetLocks
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -95,9 +91,10 @@ def create_app(settings: Settings) -> web.Application:
 
 
 # Resources handed from one cleanup context to the next (handlers use the keys of proxy.web.keys).
-ARCHIVE_STORE = web.AppKey("archive_store", ArchiveStorage)
+ARCHIVE_STORE = web.AppKey("archive_store", ArchiveStore)
 DISK_SPACE = web.AppKey("disk_space", DiskSpace)
-METADATA_BACKEND = web.AppKey("metadata_backend", MetadataStore)
+SERVED_TIMES = web.AppKey("served_times", ServedTimes)
+METADATA_BACKEND = web.AppKey("metadata_backend", MetadataStore)  # sealed, without the memory front
 METADATA_CACHE = web.AppKey("metadata_cache", MetadataStore)
 FLEET_LOCKS = web.AppKey("fleet_locks", FleetLocks)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
@@ -111,31 +108,24 @@ async def archive_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The archive store: its layout, this process's temp dir (removed on close)."""
     settings = app[SETTINGS]
     store = archive_store(settings)
-    await asyncio.to_thread(_open_archive_store, settings, store)
+    await asyncio.to_thread(settings.data_dir.mkdir, parents=True, exist_ok=True)
+    await store.open()  # (a store that fails to open closes what it had opened)
     app[ARCHIVE_STORE] = store
     app[DISK_SPACE] = DiskSpace(store.root, settings.archives.min_free_space)
     try:
         yield
     finally:
-        await asyncio.to_thread(store.close)
-
-
-def _open_archive_store(settings: Settings, store: ArchiveStorage) -> None:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        store.open()
-    except BaseException:
-        store.close()  # what the failed opening left behind: a claimed temp dir, an object-store client
-        raise
+        await store.close()
 
 
 async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The metadata store (embedded or Redis) and the fleet's locks, behind the memory front and the 404 store."""
     settings, metrics = app[SETTINGS], app[METRICS]
-    backend, locks = await open_metadata_store(settings, metrics)
+    backend, locks, served_times = await open_metadata(settings, metrics)
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
-    app[METADATA_BACKEND], app[METADATA_CACHE], app[FLEET_LOCKS] = backend, cache, locks
+    app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
+    app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
     try:
         yield
     finally:
@@ -256,7 +246,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
     store, space, cache, flights = app[ARCHIVE_STORE], app[DISK_SPACE], app[METADATA_CACHE], app[FLIGHTS]
     upstream = app[UPSTREAM]
     ca_bundle = await asyncio.to_thread(write_ca_bundle, settings)
-    guard = app[GUARD] = store_guard(store, metrics)
+    guard = app[GUARD] = ArchiveGuard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = app[DOWNLOADER] = Downloader(settings, upstream, store, guard, space, metrics)
     try:
@@ -271,7 +261,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             space=space,
             metrics=metrics,
         )
-        served = app[SERVED] = ServedArchives(app[METADATA_BACKEND])
+        served = app[SERVED] = ServedArchives(app[SERVED_TIMES])
         app[INVENTORY] = InventoryReader(settings, cache, served)
         git = GitFetcher(
             AddressPolicy(settings.upstreams.private_host_exceptions),
@@ -296,7 +286,7 @@ async def evictor_ctx(app: web.Application) -> AsyncIterator[None]:
     evictor = Evictor(
         app[ARCHIVE_STORE],
         app[SERVED],
-        app[METADATA_BACKEND],
+        app[SERVED_TIMES],
         app[FLEET_LOCKS],
         app[DISK_SPACE],
         app[METRICS],

@@ -128,35 +128,6 @@ async def test_keys_with_a_prefix_are_exactly_those_starting_with_it(open_store)
     await store.close()
 
 
-# ---- last-served times of archives (eviction and gc) ---------------------------------------------
-
-SHA_A, SHA_B = "a" * 64, "b" * 64
-
-
-async def test_served_times_keep_the_latest_and_survive_reopening(open_store):
-    store = open_store()
-    assert await store.served_times() == {}
-    await store.note_served({SHA_A: 1000.0, SHA_B: 2000.5})
-    await store.note_served({SHA_A: 3000.0})
-    await store.note_served({SHA_B: 1500.0})  # an earlier time (a slower replica's) never moves it back
-    await store.note_served({})
-    await store.close()
-    store = open_store()
-    assert await store.served_times() == {SHA_A: 3000.0, SHA_B: 2000.5}
-    await store.forget_served([SHA_A, "c" * 64])
-    assert await store.served_times() == {SHA_B: 2000.5}
-    await store.close()
-
-
-async def test_served_times_are_not_metadata_keys(open_store):
-    """Export lists keys: the served times must not show up there (nor break the listing)."""
-    store = open_store()
-    await store.set("versions:registry.example.test/acme/foo", b"x")
-    await store.note_served({SHA_A: 1000.0})
-    assert [key async for key in store.keys()] == ["versions:registry.example.test/acme/foo"]  # noqa: SIM118 - async
-    await store.close()
-
-
 async def test_a_burst_of_commands_is_answered_in_full(open_store):
     """Hundreds of reads and writes at once (a busy worker), the first commands of a store among them:
     every one answered, and the store stays up (redis-py 8's pools refuse their 101st connection, which

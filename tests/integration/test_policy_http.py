@@ -8,18 +8,17 @@ import json
 import pytest
 
 from proxy.addrs import Platform, ProviderAddr
-from proxy.cache.factory import open_metadata_store
 from proxy.commands.bundle import export_bundle
 from proxy.commands.warm import run_warm
 from proxy.gatekeeper import load_policy
 from proxy.proxyclient import ProxyClient
-from proxy.store import ArchiveStore
 from proxy.web.keys import GATEKEEPER, METRICS
 from proxy.web.keys import MIRROR as MIRROR_SERVICE
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST
 from tests.fakes.registry import ModuleRelease
+from tests.integration.test_lock_warm_bundle import _stores
 
 pytestmark = pytest.mark.one_metadata_store
 
@@ -230,13 +229,12 @@ async def test_export_leaves_out_what_the_policy_denies(make_local_settings, cli
         for version in ("1.0.0", "1.1.0"):
             path = f"{MIRROR}/foo/{version}/linux_amd64/terraform-provider-foo_{version}_linux_amd64.zip"
             assert (await running.get(path))[0] == 200
-    cache, store = (await open_metadata_store(settings))[0], ArchiveStore(settings.data_dir / "archives")
-    store.open()
+    cache, store = await _stores(settings.data_dir)
     try:
         report = await export_bundle(cache, store, tmp_path / "b.tar", [], load_policy(policy_file))
     finally:
         await cache.close()
-        store.close()
+        await store.close()
     assert [p.split()[1] for p in report.providers] == ["1.0.0"]
     assert len(report.denied_left_out) == 1 and "1.1.0" in report.denied_left_out[0]
     assert "foo-known-bad: breaks IAM policies" in report.denied_left_out[0]
