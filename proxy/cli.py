@@ -52,7 +52,41 @@ def build_parser() -> OptionParser:
         description=_HEALTHCHECK_ABOUT,
     )
     _add_token_command(commands)
+    _add_policy_command(commands)
     return parser
+
+
+def _add_policy_command(commands) -> None:
+    policy = add_command(commands, "policy", help="check a --policy file, or explain its decision")
+    actions = policy.add_subparsers(dest="policy_command", required=True)
+    check = actions.add_parser(
+        "check",
+        help="validate a policy file offline (exit 0 and its rules, or 2 and what is wrong)",
+        description="Validate a policy file without a running proxy: exit 0 and list its rules, or exit 2 with "
+        "one line naming the file, the rule and the key.",
+    )
+    check.add_argument("file", help="the policy file (TOML)")
+    explain = actions.add_parser(
+        "explain",
+        help="print which rule decides about a provider or module, and why",
+        description="Print, rule by rule, which rule of the policy decides about ADDRESS (a provider "
+        "HOST/NAMESPACE/TYPE or a module HOST/NAMESPACE/NAME/SYSTEM), and the decision.",
+    )
+    explain.add_argument("address", help="HOST/NAMESPACE/TYPE[@VERSION] or HOST/NAMESPACE/NAME/SYSTEM[@VERSION]")
+    explain.add_argument(
+        "--policy",
+        dest="policy_path",
+        default=os.environ.get("REGISTRY_PROXY_POLICY"),
+        metavar="FILE",
+        help="the policy file (default: REGISTRY_PROXY_POLICY)",
+    )
+    explain.add_argument("--platform", metavar="OS_ARCH", help="the platform asked for (e.g. linux_amd64)")
+    explain.add_argument("--client", default="anonymous", metavar="NAME", help="the client token's name")
+    explain.add_argument(
+        "--age",
+        metavar="DURATION",
+        help="how long ago the version was published or first seen (for min-age rules; default: unknown)",
+    )
 
 
 def _add_token_command(commands) -> None:
@@ -216,7 +250,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """The Settings of parsed `serve` options (raises ConfigError); reads the tokens and credentials files."""
     settings = build(Settings, vars(args), upstream_credentials=upstream_credentials(args))
     check_tokens_file(settings)
+    check_policy_file(settings.policy.policy_file)
     return settings
+
+
+def check_policy_file(path) -> None:
+    """A broken `--policy` file stops start-up with one line naming the file, the rule and the key."""
+    from proxy.gatekeeper import load_policy
+    from proxy.policy import PolicyError
+
+    if path is None:
+        return
+    try:
+        load_policy(path)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"--policy {path}: {exc.strerror or exc}") from None
 
 
 def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
@@ -473,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
             return healthcheck.run(args)
         if args.command == "token":
             return _token_new(args)
+        if args.command == "policy":
+            from proxy.commands import policy
+
+            return policy.run(args)
         from proxy.commands import run
 
         return asyncio.run(run.dispatch(args))

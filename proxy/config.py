@@ -733,6 +733,32 @@ class AccessSettings:
         return self.auth_tokens is not None or self.oidc_issuers is not None
 
 
+@dataclass(frozen=True, kw_only=True)
+class PolicySettings:
+    """Policy and audit trail.
+
+    Which providers, modules, versions and platforms may enter (docs/policy.md), and the stream of
+    decisions that matter: what was fetched, served and denied, to whom.
+    """
+
+    policy_file: Path | None = option(
+        "--policy",
+        FILE,
+        "policy file (TOML, see docs/policy.md): ordered rules that deny or hold back providers and modules by "
+        "address, version, platform, age and client; reloaded on SIGHUP (a broken file keeps the old policy); "
+        "`export` leaves out what it denies",
+        metavar="FILE",
+        commands=("serve", "export"),
+    )
+    audit_log: str | None = option(
+        "--audit-log",
+        Text(),
+        "write the audit trail (JSON lines: fetched from upstream, served per client and hour, every denial) "
+        "to FILE (appended) or to stdout; separate from the access log",
+        metavar="FILE|stdout",
+    )
+
+
 @dataclass(frozen=True, kw_only=True, init=False)
 class Settings:
     """Everything the proxy needs to run, by area; built once by the CLI (or tests) and passed down.
@@ -760,6 +786,7 @@ class Settings:
     archives: ArchiveSettings = area(ArchiveSettings)
     logging: LogSettings = area(LogSettings)
     access: AccessSettings = area(AccessSettings)
+    policy: PolicySettings = area(PolicySettings)
     unsafe_short_timings: bool = option(
         "--unsafe-short-timings",
         Switch(),

@@ -29,6 +29,11 @@ class ProxyError(Exception):
         """The JSON body: the protocols' `errors` list, and the code next to it."""
         return {"errors": [self.message], "code": self.code}
 
+    @property
+    def reason_phrase(self) -> str | None:
+        """The status line's reason phrase, when not the standard one for the status."""
+        return None
+
 
 class InternalError(ProxyError):
     """The proxy failed in a way it did not foresee (a bug): the log has the traceback under the request id."""
@@ -247,6 +252,39 @@ class AdminScopeError(TokenScopeError):
     there is none: purge with the `registry-proxy purge` command)."""
 
     code = "admin_scope"
+
+
+class PolicyDeniedError(ForbiddenError):
+    """The policy (`--policy`) denies this provider, module, version or platform: the body names the rule and its
+    reason, and so does the status line's reason phrase (which Terraform prints for a refused SHA256SUMS)."""
+
+    code = "policy_denied"
+
+    def __init__(self, message: str, *, rule: str, reason: str, available_at: str | None = None) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.reason = reason
+        self.available_at = available_at
+
+    def document(self) -> dict:
+        extra = {"available_at": self.available_at} if self.available_at else {}
+        return {**super().document(), "rule": self.rule, "reason": self.reason, **extra}
+
+    @property
+    def reason_phrase(self) -> str:
+        return status_reason(f"Denied by policy rule {self.rule}: {self.reason}")
+
+
+class PolicyHeldBackError(PolicyDeniedError):
+    """The version is younger than a min-age rule of the policy allows; `available_at` says when it will not be."""
+
+    code = "policy_held_back"
+
+
+def status_reason(text: str) -> str:
+    """`text` as an HTTP reason phrase: one line of printable ASCII, at most 200 characters."""
+    cleaned = "".join(c if " " <= c <= "~" else "?" for c in " ".join(text.split()))
+    return cleaned[:200]
 
 
 class NotFoundError(ProxyError):

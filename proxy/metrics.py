@@ -232,6 +232,13 @@ class Metrics:
         self.evicted_bytes = Counter(
             "registry_proxy_store_evicted_bytes_total", "Bytes freed by evicting archives", registry=self.registry
         )
+        self.policy_decisions = Counter(
+            "registry_proxy_policy_decisions_total",
+            "Policy decisions that refused (deny) or would have refused (would-deny, warn mode) a request, and "
+            "versions withheld from a list when it was filtered anew (withheld), by rule",
+            ["rule", "decision"],
+            registry=self.registry,
+        )
 
     def count_request(self, route: str, status: int, seconds: float) -> None:
         """One request served: its count by route and status, its duration by route (runs per request, so the

@@ -16,7 +16,8 @@ nothing it was made from changed) and the hashes of `/lock/v1`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.addrs import Platform, ProviderAddr, Version
@@ -28,7 +29,7 @@ from proxy.errors import DiskFullError, UpstreamError
 from proxy.flights import Flights, gather_bounded
 from proxy.gpg import Keyring
 from proxy.hashes import Hash
-from proxy.memo import Memo
+from proxy.memo import Memo, memoised
 from proxy.metrics import Metrics
 from proxy.passthrough import PassThrough
 from proxy.provider_archives import ProviderArchives
@@ -100,7 +101,8 @@ class Mirror:
             settings, documents, downloader, flights, self._metadata, self._sums, chain, metrics
         )
         self._readiness = Readiness(cache, store, space)
-        self._archive_lists: Memo[tuple[ProviderAddr, Version], _ArchiveList] = Memo()
+        self._archive_lists: Memo[tuple[ProviderAddr, Version, frozenset[Platform] | None], _ArchiveList] = Memo()
+        self._narrowed: Memo[tuple, tuple[VersionInfo, VersionInfo]] = Memo()
 
     # ---- metadata ---------------------------------------------------------------------------
 
@@ -133,15 +135,20 @@ class Mirror:
         await self._metadata.offered(addr, version, [platform])
         return await self._metadata.download(addr, version, platform)
 
-    async def version_archives(self, addr: ProviderAddr, version: Version) -> list[PlatformArchive]:
-        """Every platform of a version with its `zh:` (signed SHA256SUMS) and known `h1:` hashes.
+    async def version_archives(
+        self, addr: ProviderAddr, version: Version, only: frozenset[Platform] | None = None
+    ) -> list[PlatformArchive]:
+        """Every platform of a version (of `only`, when given: nothing about the others is fetched) with its
+        `zh:` (signed SHA256SUMS) and known `h1:` hashes.
 
         The same list object as last time while nothing it was made from changed: the version's entry
         in the version list (the same object while the list is unchanged) and the stored download
         documents, SHA256SUMS records and archive records (compared in one store round trip).
         """
         info = await self._metadata.offered(addr, version, [])
-        memo_key = (addr, version)
+        memo_key = (addr, version, only)
+        if only is not None:  # the same narrowed object while the list's entry is the same
+            info = memoised(self._narrowed, memo_key, info, lambda i: _only(i, only))
         known = self._archive_lists.get(memo_key)
         if known is not None and known.info is info and await self._documents.stored(known.keys) == known.values:
             return known.archives
@@ -181,6 +188,10 @@ class Mirror:
         return downloads, result
 
     # ---- archives ---------------------------------------------------------------------------
+
+    def on_fetched(self, note: Callable[[ProviderAddr, Version, str | None], None]) -> None:
+        """Call `note` whenever an archive is fetched from its upstream (the audit trail)."""
+        self._archives.on_fetched = note
 
     async def archive(
         self, addr: ProviderAddr, version: Version, platform: Platform
@@ -238,6 +249,11 @@ class Mirror:
     def metadata_problem(self) -> str | None:
         """Why the metadata store is unusable now (for /readyz), or None."""
         return self._readiness.metadata_problem()
+
+
+def _only(info: VersionInfo, only: frozenset[Platform]) -> VersionInfo:
+    """`info` with only the platforms in `only`."""
+    return replace(info, platforms=tuple(p for p in info.platforms if p in only))
 
 
 def _archive_hashes(listed: Hash, record: ArchiveRecord | None) -> tuple[Hash, ...]:

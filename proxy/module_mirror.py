@@ -13,6 +13,7 @@ its last chunk held back until the pin matched); any other answers 503.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import structlog
 from yarl import URL
@@ -78,6 +79,11 @@ class ModuleMirror:
         self._max_unpacked_bytes = settings.modules.max_module_unpacked_bytes
         self._max_entries = settings.modules.max_module_entries
         self._rechecks = RecheckGate(settings.freshness.negative)
+        self.on_fetched: Callable[[ModuleAddr, Version, str | None], None] | None = None  # the audit trail
+
+    async def versions(self, addr: ModuleAddr) -> frozenset[Version]:
+        """The module's versions in its registry's list."""
+        return (await self._versions_entry(addr))[1]
 
     async def versions_document(self, addr: ModuleAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte."""
@@ -189,6 +195,8 @@ class ModuleMirror:
 
     async def _make(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive, ModuleRecord]:
         source = await self._source(addr, version)
+        if self.on_fetched is not None and isinstance(source, HttpArchive | GitSource):
+            self.on_fetched(addr, version, None)
         if isinstance(source, HttpArchive):
 
             async def check(pending, sha: str) -> None:

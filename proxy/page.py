@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
@@ -140,6 +141,17 @@ class PageData:
     metadata_problem: str | None
     nonce: str
     now: float
+    policy: PolicyView | None = None
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """The policy in force for the page: its mode, each rule with what it blocked, and the recent denials
+    (of this server process; the audit trail has them all)."""
+
+    mode: str
+    rules: list[tuple[str, str, int]]  # name, action, blocked since start
+    denials: list[Any]  # proxy.audit.Denial, newest first
 
 
 def human_size(size: int | float) -> str:

@@ -16,6 +16,7 @@ during a download, its followers get the rest that way.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import structlog
 
@@ -67,6 +68,7 @@ class ProviderArchives:
         self._chain = chain
         self._metrics = metrics
         self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
+        self.on_fetched: Callable[[ProviderAddr, Version, str | None], None] | None = None  # the audit trail
 
     async def records(
         self, addr: ProviderAddr, version: Version, platforms: list[Platform]
@@ -194,6 +196,8 @@ class ProviderArchives:
         async def record(stored: StoredArchive, hashes: PackageHashes) -> None:
             await self._record(addr, version, d, stored, hashes)  # before the followers get the end
 
+        if self.on_fetched is not None:
+            self.on_fetched(addr, version, str(d.platform))
         stored, hashes = await self._downloader.download(
             d.download_url,
             self._settings.limits.max_archive_bytes,
@@ -244,6 +248,8 @@ class ProviderArchives:
         """The archive relayed from the upstream unstored, verified on the way; with `sent=(length, sha256)`,
         only the bytes after the first `length`, which a client has already (their SHA-256 `sha256`)."""
         length, sent_sha256 = sent
+        if self.on_fetched is not None:
+            self.on_fetched(addr, version, str(d.platform))
         log.info(
             "archive.passthrough",
             provider=str(addr),

@@ -82,6 +82,9 @@ MODULE_VERSIONS = KeyPattern("module-versions", "host", "namespace", "name", "sy
 MODULE_DOWNLOAD = KeyPattern("module-download", "host", "namespace", "name", "system", "version")
 MODULE = KeyPattern("module", "host", "namespace", "name", "system", "version")
 
+# When each version was first seen by any replica (the policy's min-age), per provider or module.
+FIRST_SEEN = KeyPattern("first-seen", "host", "namespace", "type")
+MODULE_FIRST_SEEN = KeyPattern("module-first-seen", "host", "namespace", "name", "system")
 # An OIDC issuer's signing keys (its JWKS), shared by the workers and replicas; not metadata of a registry, so
 # not among STORED_KINDS (bundles carry none). `issuer`: the SHA-256 of the issuer's URL and JWKS URL.
 OIDC_KEYS = KeyPattern("oidc-keys", "issuer")
@@ -162,6 +165,12 @@ def archive(addr: ProviderAddr, version: Version, platform: Platform) -> str:
 
 def module_versions(addr: ModuleAddr) -> str:
     return MODULE_VERSIONS.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
+
+
+def first_seen(addr: ProviderAddr | ModuleAddr) -> str:
+    if isinstance(addr, ModuleAddr):
+        return MODULE_FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
+    return FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
 
 
 def module_download(addr: ModuleAddr, version: Version) -> str:

@@ -27,6 +27,7 @@ import json
 import re
 import shutil
 import tarfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -37,13 +38,15 @@ import zstandard
 from yarl import URL
 
 from proxy import __version__, records
-from proxy.addrs import AddressError, ModuleAddr
+from proxy.addrs import AddressError, ModuleAddr, ProviderAddr, Version
 from proxy.cache import CacheEntry, MetadataStore, keys
 from proxy.commands import CommandError
 from proxy.errors import ProxyError
+from proxy.gatekeeper import first_seen_in, subject_of
 from proxy.gpg import Keyring
 from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
+from proxy.policy import Policy
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
 from proxy.safejson import JSONDocumentError
 from proxy.safejson import loads as load_json
@@ -68,13 +71,17 @@ class BundleReport:
     already_present: int = 0
     replaced_corrupt: int = 0  # files at a content address that did not hash to it: quarantined, replaced
     unsigned_left_out: list[str] = field(default_factory=list)  # export: no signature to carry them across
+    denied_left_out: list[str] = field(default_factory=list)  # export: what the policy denies, with rule and reason
 
 
 # ---- export ----------------------------------------------------------------------------------
 
 
-async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str]) -> BundleReport:
-    """Write every cached provider archive and module (or those matching `only`) with their metadata."""
+async def export_bundle(
+    cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str], policy: Policy | None = None
+) -> BundleReport:
+    """Write every cached provider archive and module (or those matching `only`) with their metadata; what
+    `policy` denies is left out (and listed in the report)."""
     check_bundle_name(out)
     names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
     values = {key: value for key in names if (value := await cache.get(key)) is not None}
@@ -101,6 +108,10 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
                 report.unsigned_left_out.append(keys.ARCHIVE.subject(key))
                 continue
             addr, version, platform = provider_of(parts)
+            refusal = _denied(policy, addr, version, str(platform), values)
+            if refusal is not None:
+                report.denied_left_out.append(f"{addr} {version} {platform}: {refusal}")
+                continue
             sums_key = release_sums_key(parts, entry)
             related = [key, download_key, sums_key, keys.versions(addr), keys.discovery(addr.hostname)]
             wanted.update(k for k in related if k in values)
@@ -126,6 +137,11 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
             stored = await store.get(record.sha256) if record else None
             if record is None or stored is None:
                 continue
+            module = ModuleAddr.parse(parts["host"], parts["namespace"], parts["name"], parts["system"])
+            refusal = _denied(policy, module, Version.parse(parts["version"]), None, values)
+            if refusal is not None:
+                report.denied_left_out.append(f"{module} {parts['version']}: {refusal}")
+                continue
             versions_key = keys.MODULE_VERSIONS.key_for(parts)
             related = [key, keys.MODULE_DOWNLOAD.key_for(parts), versions_key, keys.DISCOVERY.key_for(parts)]
             wanted.update(k for k in related if k in values)
@@ -148,6 +164,18 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, on
                 report.bytes += path.stat().st_size
     report.entries, report.archives = len(wanted), len(files)
     return report
+
+
+def _denied(
+    policy: Policy | None, addr: ProviderAddr | ModuleAddr, version: Version, platform: str | None, values: dict
+) -> str | None:
+    """Why `policy` denies the artifact (rule: reason), or None. Its age: the fleet's first-seen time (an artifact
+    cached before any was recorded counts as old, as in the proxy)."""
+    if policy is None:
+        return None
+    published = first_seen_in(values.get(keys.first_seen(addr)), version)
+    decision = policy.decide(subject_of(addr, version, platform), published=published, now=time.time())
+    return None if not decision.denied else f"denied by policy rule {decision.rule}: {decision.reason}"
 
 
 def _selected(subject: str, only: list[str]) -> bool:

@@ -24,9 +24,11 @@ from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.config import FreshnessTtls, Settings, build
 from proxy.errors import ProxyError
+from proxy.gatekeeper import load_policy
 from proxy.gpg import Keyring
 from proxy.inventory import InventoryReader, NoAccessTimes
 from proxy.log import setup_logging
+from proxy.policy import PolicyError
 from proxy.proxyclient import ProxyClient, ProxyUnreachableError
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
@@ -143,9 +145,15 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
 
 async def _export(args: argparse.Namespace) -> int:
     check_bundle_name(Path(args.out))
+    policy = None
+    if getattr(args, "policy", None):
+        try:
+            policy = load_policy(Path(args.policy))
+        except PolicyError as exc:
+            raise CommandError(str(exc)) from None
     cache, _, store = await _stores(args)
     try:
-        report = await export_bundle(cache, store, Path(args.out), args.only)
+        report = await export_bundle(cache, store, Path(args.out), args.only, policy)
     finally:
         await cache.close()
         await store.close()
@@ -155,6 +163,8 @@ async def _export(args: argparse.Namespace) -> int:
     )
     for fingerprint in sorted(report.signing_keys):
         print(f"signing key: {fingerprint}  (import with --trust-key {fingerprint})")
+    for refused in report.denied_left_out:
+        print(f"left out {refused}")
     for subject in report.unsigned_left_out:
         print(
             f"left out {subject}: unsigned (its registry lists no signing keys), so nothing in a bundle can "

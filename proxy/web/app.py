@@ -6,12 +6,14 @@ import asyncio
 import dataclasses
 import signal
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import structlog
 from aiohttp import web
 
+from proxy.audit import AuditLog
 from proxy.auth import Grants, grant_key
 from proxy.cache import MetadataStore
 from proxy.cache.factory import negative_bound, open_metadata
@@ -23,6 +25,7 @@ from proxy.config import Settings
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.flights import Flights
+from proxy.gatekeeper import FirstSeen, Gatekeeper, load_policy
 from proxy.gpg import Keyring
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
@@ -39,7 +42,19 @@ from proxy.web import catalog, discovery, health, lockfile, network_mirror, page
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.catalog import purges_followed
 from proxy.web.eventloop import loop_name
-from proxy.web.keys import CATALOG, GUARD, INVENTORY, MEMORY_FRONT, METRICS, MIRROR, MODULES, RENDERED, SERVED, SETTINGS
+from proxy.web.keys import (
+    CATALOG,
+    GATEKEEPER,
+    GUARD,
+    INVENTORY,
+    MEMORY_FRONT,
+    METRICS,
+    MIRROR,
+    MODULES,
+    RENDERED,
+    SERVED,
+    SETTINGS,
+)
 from proxy.web.middlewares import forwarded, request_context, server_header
 from proxy.web.server import request_arrived
 
@@ -63,6 +78,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERED] = RenderedDocuments()
+    app[ON_SIGHUP] = []
     app.cleanup_ctx.extend(
         [
             archive_store_ctx,
@@ -73,6 +89,8 @@ def create_app(settings: Settings) -> web.Application:
             keyring_ctx,
             flights_ctx,
             services_ctx,
+            policy_ctx,
+            reload_ctx,
             evictor_ctx,
         ]
     )
@@ -99,6 +117,7 @@ UPSTREAM = web.AppKey("upstream", UpstreamClient)
 KEYRING = web.AppKey("keyring", Keyring)
 FLIGHTS = web.AppKey("flights", Flights)
 DOWNLOADER = web.AppKey("downloader", Downloader)
+ON_SIGHUP = web.AppKey("on_sighup", list)  # what SIGHUP reads again (`reload_ctx`)
 
 
 async def archive_store_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -145,16 +164,45 @@ async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def access_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Client tokens, OIDC issuers and archive grants. With a tokens or issuers file, SIGHUP reads them again in
-    every worker (the supervisor passes its SIGHUP on: proxy.web.workers), off the loop."""
+    """Client tokens, OIDC issuers and archive grants; with a tokens or issuers file, SIGHUP reads them again
+    (`reload_ctx`)."""
     settings = app[SETTINGS]
     secret = await asyncio.to_thread(metadata_secret, settings)
     access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
-    if not settings.access.clients_required:
+    if settings.access.clients_required:
+        app[ON_SIGHUP].append(access.reload)
+    yield
+
+
+async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The policy (`--policy`, read again on SIGHUP) and the audit trail (`--audit-log`), closed on shutdown."""
+    settings = app[SETTINGS]
+    path = settings.policy.policy_file
+    policy = await asyncio.to_thread(load_policy, path) if path is not None else None
+    audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
+    first_seen = FirstSeen(app[METADATA_BACKEND], app[FLIGHTS], time.time)
+    gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
+    if audit.enabled:
+        app[MIRROR].on_fetched(gate.fetched)
+        app[MODULES].on_fetched = gate.fetched
+    if path is not None:
+        app[ON_SIGHUP].append(gate.reload)
+        log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
+    try:
+        yield
+    finally:
+        audit.close()
+
+
+async def reload_ctx(app: web.Application) -> AsyncIterator[None]:
+    """SIGHUP reads the tokens file and the policy again, in every worker (the supervisor passes its SIGHUP on:
+    proxy.web.workers), off the loop."""
+    reloaders = list(app[ON_SIGHUP])
+    if not reloaders:
         yield
         return
     loop = asyncio.get_running_loop()
-    reloads = Reloads(access.reload)
+    reloads = Reloads(lambda: [reload() for reload in reloaders])
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     try:
         yield
@@ -166,7 +214,7 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
 class Reloads:
     """Runs a blocking `reload` in a thread on request, one at a time (a request while one runs: once more after)."""
 
-    def __init__(self, reload: Callable[[], None]) -> None:
+    def __init__(self, reload: Callable[[], object]) -> None:
         self._reload = reload
         self._task: asyncio.Task[None] | None = None
         self._again = False

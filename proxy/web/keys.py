@@ -7,6 +7,7 @@ from aiohttp import web
 from proxy.cache.memory import MemoryFront
 from proxy.catalog import Catalog
 from proxy.config import Settings
+from proxy.gatekeeper import Gatekeeper
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
@@ -24,3 +25,4 @@ INVENTORY = web.AppKey("inventory", InventoryReader)
 SERVED = web.AppKey("served", ServedArchives)
 CATALOG = web.AppKey("catalog", Catalog)
 MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
+GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)

@@ -14,6 +14,7 @@ from aiohttp import web
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.errors import InvalidRequestError
 from proxy.web.keys import MIRROR
+from proxy.web.policing import client_identity, gatekeeper
 from proxy.web.responses import json_response
 
 MAX_PLATFORMS = 64
@@ -27,7 +28,13 @@ async def lock_hashes(request: web.Request) -> web.Response:
     if len(requested) > MAX_PLATFORMS:
         raise InvalidRequestError(f"at most {MAX_PLATFORMS} platforms per request")
     platforms = list(dict.fromkeys(Platform.parse(p) for p in requested))
-    result = await request.app[MIRROR].lock_hashes(addr, version, platforms)
+    mirror = request.app[MIRROR]
+    gate = gatekeeper(request)
+    if gate is not None:  # `registry-proxy lock` obeys the policy: a denied version or platform is refused
+        client = client_identity(request)
+        for platform in platforms or [None]:
+            await gate.check(addr, version, platform and str(platform), client, lambda: mirror.provider_versions(addr))
+    result = await mirror.lock_hashes(addr, version, platforms)
     return json_response(
         {
             "provider": str(addr),

@@ -19,6 +19,7 @@ from proxy.rewrite import archive_filename
 from proxy.web.access import UrlSigner, url_signer
 from proxy.web.archives import Found, may_follow, serve_found
 from proxy.web.keys import MIRROR, RENDERED
+from proxy.web.policing import client_identity, gatekeeper, note_served
 from proxy.web.responses import rendered_response
 
 PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
@@ -36,16 +37,36 @@ async def json_document(request: web.Request) -> web.Response:
     if not name.endswith(".json"):
         raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
     mirror, rendered = request.app[MIRROR], request.app[RENDERED]
+    gate = gatekeeper(request)
     if name == "index.json":
+        if gate is None:
+            versions = await mirror.provider_versions(addr)
+            return rendered_response(request, rendered.json(("index.json", addr), versions, _index_document))
+        client = client_identity(request)
+        gate.check_address(addr, client)
         versions = await mirror.provider_versions(addr)
-        return rendered_response(request, rendered.json(("index.json", addr), versions, _index_document))
+        filtered = await gate.filter(addr, versions, client, versions)
+        key = ("index.json", addr, gate.client_key(client))
+        return rendered_response(request, rendered.json(key, filtered, lambda f: _index_document(f.allowed)))
     version = Version.parse(name.removesuffix(".json"))
-    archives = await mirror.version_archives(addr, version)
+    only = None
+    if gate is not None:
+        client = client_identity(request)
+        listed: list[dict] = []
+
+        async def versions() -> dict:
+            listed.append(await mirror.provider_versions(addr))
+            return listed[-1]
+
+        await gate.check(addr, version, None, client, versions)
+        info = (listed[-1] if listed else await mirror.provider_versions(addr)).get(version)
+        only = None if info is None else gate.platforms(addr, version, info.platforms, client)
+    archives = await mirror.version_archives(addr, version, only)
     signer = url_signer(request)
     return rendered_response(
         request,
         rendered.json(
-            ("version.json", addr, version, signer and signer.key),
+            ("version.json", addr, version, signer and signer.key, only),
             archives,
             lambda a: _version_document(addr, version, a, signer),
         ),
@@ -76,13 +97,21 @@ async def archive(request: web.Request) -> web.StreamResponse:
     if request.match_info["filename"] != archive_filename(addr, version, platform):
         raise InvalidRequestError(f"archive name must be {archive_filename(addr, version, platform)}")
 
+    gate = gatekeeper(request)
+    if gate is not None:
+        client = client_identity(request)
+        mirror = request.app[MIRROR]
+        await gate.check(addr, version, str(platform), client, lambda: mirror.provider_versions(addr))
+
     async def find() -> Found:
         archive_or_relay, filename = await request.app[MIRROR].archive_for_client(
             addr, version, platform, follow=may_follow(request)
         )
         return archive_or_relay, filename, "application/zip"
 
-    return await serve_found(request, find)
+    response = await serve_found(request, find)
+    note_served(request, response, addr, version, str(platform))
+    return response
 
 
 def add_routes(app: web.Application) -> None:

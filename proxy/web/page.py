@@ -14,7 +14,7 @@ from aiohttp import web
 from proxy import __version__, page
 from proxy.errors import CaNotFoundError
 from proxy.web.access import readable
-from proxy.web.keys import INVENTORY, METRICS, MIRROR, SETTINGS
+from proxy.web.keys import GATEKEEPER, INVENTORY, METRICS, MIRROR, SETTINGS
 from proxy.web.middlewares import client_origin
 
 MAX_QUERY = 200  # characters of a search kept
@@ -47,6 +47,7 @@ async def index(request: web.Request) -> web.Response:
         metadata_problem=request.app[MIRROR].metadata_problem(),
         nonce=nonce,
         now=time.time(),
+        policy=_policy_view(request, visible),
     )
     return web.Response(
         text=page.render(data),
@@ -60,6 +61,22 @@ async def index(request: web.Request) -> web.Response:
             "X-Frame-Options": "DENY",
         },
     )
+
+
+def _policy_view(request: web.Request, visible) -> page.PolicyView | None:
+    """The policy's rules and recent denials, of the hosts (and namespaces) this client may read."""
+    gate = request.app.get(GATEKEEPER)
+    if gate is None or gate.policy is None:
+        return None
+    audit = gate.audit
+    rules = [(rule.name, rule.action, audit.blocked[rule.name]) for rule in gate.policy.rules]
+    rules.append(("default", gate.policy.default_action, audit.blocked["default"]))
+
+    def shown(artifact: str) -> bool:
+        host, _, rest = artifact.partition("/")
+        return visible(host, rest.partition("/")[0])
+
+    return page.PolicyView(gate.policy.mode, rules, [d for d in audit.recent if shown(d.artifact)])
 
 
 def _generated_ca(request: web.Request) -> bool:

@@ -14,12 +14,19 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
-from proxy.errors import DocumentNotFoundError
+from proxy.errors import DocumentNotFoundError, PolicyDeniedError
+from proxy.policy_documents import (
+    denied_download_document,
+    denied_versions_document,
+    filtered_module_versions,
+    filtered_versions_document,
+)
 from proxy.rewrite import rewrite_download_document, under
 from proxy.web.access import url_signer
 from proxy.web.archives import Found, serve_found
 from proxy.web.keys import MIRROR, MODULES, RENDERED, SETTINGS
-from proxy.web.responses import rendered_response
+from proxy.web.policing import client_identity, gatekeeper, note_served, terraform_client
+from proxy.web.responses import json_response, rendered_response
 
 _FILE_URLS = ("download_url", "shasums_url", "shasums_signature_url")
 PROVIDERS = "/registry/{hostname}/providers/v1/{namespace}/{type}"
@@ -46,12 +53,43 @@ def _raw_json(request: web.Request, key: tuple, body: bytes) -> web.Response:
 
 
 async def provider_versions(request: web.Request) -> web.Response:
-    addr = _provider(request)
-    return _raw_json(request, ("provider versions", addr), await request.app[MIRROR].versions_document(addr))
+    addr, mirror = _provider(request), request.app[MIRROR]
+    gate = gatekeeper(request)
+    if gate is None:
+        return _raw_json(request, ("provider versions", addr), await mirror.versions_document(addr))
+    client = client_identity(request)
+    try:
+        gate.check_address(addr, client)
+    except PolicyDeniedError as exc:
+        if not terraform_client(request):
+            raise
+        return json_response(denied_versions_document(str(addr), exc))
+    versions = await mirror.provider_versions(addr)
+    filtered = await gate.filter(addr, versions, client, versions)
+    body = await mirror.versions_document(addr)
+    key = ("provider versions", addr, gate.client_key(client))
+    rendered = request.app[RENDERED].json(key, filtered, lambda f: filtered_versions_document(body, f, str(addr)))
+    return rendered_response(request, rendered)
+
+
+async def _provider_allowed(request: web.Request, addr: ProviderAddr, version: Version, platform: Platform) -> None:
+    """Refuse a provider version or platform the policy denies (before anything about it is fetched)."""
+    gate = gatekeeper(request)
+    if gate is not None:
+        mirror = request.app[MIRROR]
+        await gate.check(addr, version, str(platform), client_identity(request), lambda: mirror.provider_versions(addr))
 
 
 async def provider_download(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
+    try:
+        await _provider_allowed(request, addr, version, platform)
+    except PolicyDeniedError:
+        if not terraform_client(request):
+            raise
+        # Terraform shows no reason for a refused download document, but prints the status line of a refused
+        # SHA256SUMS: this answer, made here without asking the upstream, sends it there to read the reason.
+        return json_response(denied_download_document(addr, version, platform))
     document = await request.app[MIRROR].download_document(addr, version, platform)
     signer = url_signer(request)
     prefix = request.app[SETTINGS].server.public_path
@@ -71,6 +109,7 @@ async def provider_download(request: web.Request) -> web.Response:
 
 async def provider_shasums(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
+    await _provider_allowed(request, addr, version, platform)
     sums, signature = await request.app[MIRROR].signed_sums(addr, version, platform)
     if request.match_info["file"] == "SHA256SUMS":
         return web.Response(body=sums, headers={"Content-Type": "text/plain; charset=utf-8"})
@@ -80,13 +119,32 @@ async def provider_shasums(request: web.Request) -> web.Response:
 
 
 async def module_versions(request: web.Request) -> web.Response:
-    addr = _module(request)
-    return _raw_json(request, ("module versions", addr), await request.app[MODULES].versions_document(addr))
+    addr, modules = _module(request), request.app[MODULES]
+    gate = gatekeeper(request)
+    if gate is None:
+        return _raw_json(request, ("module versions", addr), await modules.versions_document(addr))
+    client = client_identity(request)
+    gate.check_address(addr, client)
+    versions = await modules.versions(addr)
+    filtered = await gate.filter(addr, versions, client, versions)
+    body = await modules.versions_document(addr)
+    key = ("module versions", addr, gate.client_key(client))
+    rendered = request.app[RENDERED].json(key, filtered, lambda f: filtered_module_versions(body, f))
+    return rendered_response(request, rendered)
+
+
+async def _module_allowed(request: web.Request, addr: ModuleAddr, version: Version) -> None:
+    gate = gatekeeper(request)
+    if gate is not None:
+        modules = request.app[MODULES]
+        await gate.check(addr, version, None, client_identity(request), lambda: modules.versions(addr))
 
 
 async def module_download(request: web.Request) -> web.Response:
     addr = _module(request)
-    location = await request.app[MODULES].location(addr, Version.parse(request.match_info["version"]))
+    version = Version.parse(request.match_info["version"])
+    await _module_allowed(request, addr, version)
+    location = await request.app[MODULES].location(addr, version)
     signer = url_signer(request)
     if location.startswith("/"):  # the proxy's own archive URL (not a passed-through source)
         location = under(request.app[SETTINGS].server.public_path, signer.sign(location) if signer else location)
@@ -97,6 +155,7 @@ async def module_download(request: web.Request) -> web.Response:
 
 async def module_archive(request: web.Request) -> web.StreamResponse:
     addr, version = _module(request), Version.parse(request.match_info["version"])
+    await _module_allowed(request, addr, version)
 
     async def find() -> Found:
         stored, record = await request.app[MODULES].archive(addr, version)
@@ -108,7 +167,9 @@ async def module_archive(request: web.Request) -> web.StreamResponse:
             _CONTENT_TYPES.get(record.archive, "application/octet-stream"),
         )
 
-    return await serve_found(request, find)
+    response = await serve_found(request, find)
+    note_served(request, response, addr, version, None)
+    return response
 
 
 _CONTENT_TYPES = {

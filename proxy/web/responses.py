@@ -18,8 +18,10 @@ from proxy.rendered import Rendered, encode_json
 JSON = "application/json"
 
 
-def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    response = web.Response(body=encode_json(document), status=status, headers=headers)
+def json_response(
+    document: Any, status: int = 200, headers: dict[str, str] | None = None, reason: str | None = None
+) -> web.Response:
+    response = web.Response(body=encode_json(document), status=status, headers=headers, reason=reason)
     response.headers["Content-Type"] = JSON
     return response
 
@@ -39,4 +41,4 @@ def rendered_response(
 def error_response(error: ProxyError) -> web.Response:
     """An error of the hierarchy as the clients read it: `{"errors": [message], "code": ...}`, its status and
     its headers."""
-    return json_response(error.document(), status=error.status, headers=error.headers)
+    return json_response(error.document(), status=error.status, headers=error.headers, reason=error.reason_phrase)

@@ -19,7 +19,7 @@ DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # Written by other branches, linked ahead of their merge: a link to them is not checked until they exist.
 PENDING = {"docs/configuration.md", "docs/integrity.md"}
 # Guides that must open with their contents.
-GUIDES = ["usage", "deployment", "operations", "security", "performance", "development", "protocol"]
+GUIDES = ["usage", "deployment", "operations", "security", "performance", "development", "protocol", "policy"]
 # Flags of other programs the docs show, and where they belong.
 FOREIGN = {
     "--entrypoint": "docker run",

@@ -94,6 +94,8 @@ SAMPLES = {
     "--metadata-secret-file": "secret",
     "--public-url": "https://proxy.example/",
     "--auth-tokens": "tokens.toml",
+    "--policy": "policy.toml",
+    "--audit-log": "audit.jsonl",
     "--oidc-issuers": "issuers.toml",
     "--upstream-credentials": "credentials.tfrc",
     "--archive-store": "s3://bucket/prefix",

@@ -1,0 +1,54 @@
+"""`registry-proxy policy check FILE` and `registry-proxy policy explain ADDRESS[@VERSION]`: the policy offline."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.config import ConfigError
+from proxy.gatekeeper import explain, load_policy, subject_of
+from proxy.policy import Policy, PolicyError, describe
+from proxy.values import parse_duration
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.policy_command == "check":
+        policy = _load(args.file)
+        for line in describe(policy):
+            print(line)
+        print(f"{args.file}: OK")
+        return 0
+    if not args.policy_path:
+        raise ConfigError("policy explain needs the policy file: --policy FILE or REGISTRY_PROXY_POLICY")
+    policy = _load(args.policy_path)
+    address, _, version_text = args.address.partition("@")
+    try:
+        parts = address.split("/")
+        if len(parts) == 3:
+            addr: ProviderAddr | ModuleAddr = ProviderAddr.parse(*parts)
+        elif len(parts) == 4:
+            addr = ModuleAddr.parse(*parts)
+        else:
+            raise AddressError(f"{address!r}: expected HOST/NAMESPACE/TYPE or HOST/NAMESPACE/NAME/SYSTEM")
+        version = Version.parse(version_text) if version_text else None
+        platform = str(Platform.parse(args.platform)) if args.platform else None
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
+    now = time.time()
+    published = now - parse_duration(args.age) if args.age else None
+    subject = subject_of(addr, version, platform)
+    print(f"{subject.kind} {subject} asked for by {args.client}, policy {args.policy_path} ({policy.mode} mode):")
+    for line in explain(policy, subject, args.client, published, now):
+        print(f"  {line}")
+    return 0
+
+
+def _load(path: str) -> Policy:
+    try:
+        return load_policy(Path(path))
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None

@@ -1,0 +1,381 @@
+"""The policy at work: what the handlers and commands ask before anything is fetched, and what they record.
+
+`Gatekeeper` holds the policy in force (`--policy`, read again by `reload` on SIGHUP; a broken file keeps
+the old one), decides with it (`proxy.policy`, pure), refuses with `PolicyDeniedError` (403 naming the rule
+and its reason) and writes every refusal to the audit trail (`proxy.audit`) and the metrics. The order of a
+request: the address alone first (a denied namespace is refused before any upstream request, its version
+list included), then, when a min-age rule may apply, the version list and the first-seen times, then the
+version and platform. Version lists are filtered (`filter`), so a constraint resolves to the newest allowed
+version; the filtered list is the same object while the list, the policy and the held-back times are.
+
+First-seen times (`FirstSeen`) are the publish times the min-age rules go by: the upstream protocols give
+none, so the first time any replica saw a version in its upstream's list is recorded, sealed in the metadata
+store (Redis for a fleet, so replicas agree: written once for the fleet under its lock). The versions of a
+list the proxy had never seen before count as seen long ago (the proxy cannot tell how old they are, and
+holding back every version of every provider for the min-age after the first start would stop every
+installation); versions that appear in a later refresh of the list are held back from then on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+
+from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.audit import AuditLog, ClientIdentity
+from proxy.cache import MetadataStore, decode_record, encode_record, keys
+from proxy.errors import PolicyDeniedError, PolicyHeldBackError
+from proxy.flights import Flights
+from proxy.memo import Memo
+from proxy.metrics import Metrics
+from proxy.policy import MODULE, PROVIDER, Decision, Filtered, Policy, PolicyError, Subject, parse_policy
+
+log = structlog.get_logger(__name__)
+Address = ProviderAddr | ModuleAddr
+BASELINE = 0.0  # first-seen time of the versions of a list seen for the first time: long ago
+_FOREVER = float("inf")
+_FACTS_PER_ADDRESS = 4096
+
+
+@dataclass
+class _AddressFacts:
+    """The policy's decisions about one address for one client key (`Gatekeeper._facts`)."""
+
+    policy: Policy
+    decision: Decision | None  # about every version at once (None: it depends on the version)
+    ages: bool  # a min-age rule may decide about some version
+    versions: dict[tuple[Version, str | None], tuple[object, Decision]] = field(default_factory=dict)
+    platforms: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
+
+    @staticmethod
+    def remember(memo: dict, key: object, value: object) -> None:
+        if len(memo) >= _FACTS_PER_ADDRESS:
+            memo.clear()
+        memo[key] = value
+
+
+def load_policy(path: Path) -> Policy:
+    """The policy file, parsed (raises OSError or PolicyError)."""
+    return parse_policy(path.read_text(encoding="utf-8"), str(path))
+
+
+def subject_of(addr: Address, version: Version | None = None, platform: str | None = None) -> Subject:
+    return Subject(MODULE if isinstance(addr, ModuleAddr) else PROVIDER, str(addr), version, platform)
+
+
+def artifact_of(subject: Subject) -> dict:
+    """The audit trail's `artifact`."""
+    found: dict = {"kind": subject.kind, "address": subject.address}
+    if subject.version is not None:
+        found["version"] = str(subject.version)
+    if subject.platform:
+        found["platform"] = subject.platform
+    return found
+
+
+class FirstSeen:
+    """When each version of a provider or module was first seen by any replica, sealed in the metadata store."""
+
+    def __init__(self, store: MetadataStore, flights: Flights, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._flights = flights
+        self.clock = clock
+        self._known: Memo[str, dict[Version, float]] = Memo()
+
+    async def times(self, addr: Address, versions: Iterable[Version]) -> dict[Version, float]:
+        """The first-seen time of every one of `versions` (recording now for those never seen before)."""
+        wanted = frozenset(versions)
+        key = keys.first_seen(addr)
+        known = self._known.get(key)
+        if known is not None and wanted <= known.keys():
+            return known
+
+        async def recheck() -> dict[Version, float] | None:
+            stored = await self._read(key)
+            return stored if stored is not None and wanted <= stored.keys() else None
+
+        async def record() -> dict[Version, float]:
+            stored = await self._read(key)
+            now = self.clock()
+            merged = dict(stored) if stored is not None else {}
+            for version in wanted - merged.keys():
+                merged[version] = now if stored is not None else BASELINE
+            await self._store.set(key, encode_record({"v": 1, "seen": {str(v): t for v, t in merged.items()}}))
+            return merged
+
+        found = await recheck() or await self._flights.once_for_the_fleet(key, recheck, record)
+        self._known.put(key, found)
+        return found
+
+    async def _read(self, key: str) -> dict[Version, float] | None:
+        return read_first_seen(await self._store.get(key))
+
+
+def read_first_seen(raw: bytes | None) -> dict[Version, float] | None:
+    """A stored first-seen record (None: missing or unreadable)."""
+    data = decode_record(raw)
+    if data is None or data.get("v") != 1 or not isinstance(data.get("seen"), dict):
+        return None
+    try:
+        return {Version.parse(text): float(when) for text, when in data["seen"].items()}
+    except (ValueError, TypeError):
+        return None
+
+
+def first_seen_in(raw: bytes | None, version: Version) -> float:
+    """When `version` was first seen by the record `raw` (a version without one: long ago, `BASELINE`)."""
+    return (read_first_seen(raw) or {}).get(version, BASELINE)
+
+
+class Gatekeeper:
+    """The policy in force, its decisions, and the audit trail of them."""
+
+    def __init__(
+        self,
+        policy: Policy | None,
+        *,
+        path: Path | None = None,
+        first_seen: FirstSeen | None = None,
+        audit: AuditLog | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.path = path
+        self.first_seen = first_seen
+        self.audit = audit or AuditLog()
+        self.metrics = metrics
+        self.clock = clock
+        self._filtered: Memo[tuple, tuple[object, Policy, Filtered]] = Memo()
+        # Decisions per address and client key, then per version and platform: reused while the policy and
+        # their source (the version list, the offered platforms) are the same objects. Precompiled rules are
+        # cheap, but 50 of them per request are not free on the warm path (bench/policy.py).
+        self._addresses: Memo[tuple, _AddressFacts] = Memo()
+        self._last: tuple[Address, str, _AddressFacts] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.policy is not None
+
+    def reload(self) -> None:
+        """Read the policy file again; a broken file keeps the policy in force (and the log says why)."""
+        if self.path is None:
+            return
+        try:
+            policy = load_policy(self.path)
+        except (OSError, PolicyError) as exc:
+            log.error(
+                "policy.reload_failed",
+                file=str(self.path),
+                error=str(exc),
+                effect="the previous policy stays",
+                pid=os.getpid(),
+            )
+            return
+        self.policy = policy
+        log.info("policy.reloaded", file=str(self.path), rules=len(policy.rules), mode=policy.mode, pid=os.getpid())
+
+    def client_key(self, client: ClientIdentity) -> str:
+        """The part of the client a decision depends on (its name only when some rule names clients)."""
+        policy = self.policy
+        return client.name if policy is not None and policy.names_clients else ""
+
+    # ---- decisions -----------------------------------------------------------------------------
+
+    def check_address(self, addr: Address, client: ClientIdentity) -> None:
+        """Refuse now when the policy denies every version of `addr` (nothing is fetched for it)."""
+        policy = self.policy
+        if policy is None:
+            return
+        facts = self._facts(policy, addr, client)
+        if facts.decision is not None and not facts.decision.allowed:
+            self._refuse(subject_of(addr), client, facts.decision)
+
+    def _facts(self, policy: Policy, addr: Address, client: ClientIdentity) -> _AddressFacts:
+        """What the policy says about `addr` for this client, and its memo of version and platform decisions:
+        one lookup per request on the warm path."""
+        client_key = client.name if policy.names_clients else ""
+        last = self._last
+        if last is not None and last[0] is addr and last[1] == client_key and last[2].policy is policy:
+            return last[2]  # the same request asks again (its version, then its platforms)
+        key = (addr, client_key)
+        facts = self._addresses.get(key)
+        if facts is None or facts.policy is not policy:
+            subject = subject_of(addr)
+            facts = _AddressFacts(
+                policy, policy.decide_address(subject, client.name), policy.needs_age(subject, client.name)
+            )
+            self._addresses.put(key, facts)
+        self._last = (addr, client_key, facts)
+        return facts
+
+    async def filter(
+        self,
+        addr: Address,
+        versions: Iterable[Version],
+        client: ClientIdentity,
+        source: object,
+    ) -> Filtered | None:
+        """The versions of `addr` the client may see (None: no policy, every version). `source`: the object
+        the versions come from, the same while they are unchanged (the result is too)."""
+        policy = self.policy
+        if policy is None:
+            return None
+        memo_key = (addr, self.client_key(client))
+        known = self._filtered.get(memo_key)
+        now = self.clock()
+        if known is not None and known[0] is source and known[1] is policy and now < known[2].valid_until:
+            return known[2]
+        versions = list(versions)
+        published = await self._published(policy, addr, versions, client)
+        allowed, withheld, until = set(), [], _FOREVER
+        for version in versions:
+            decision = policy.decide(subject_of(addr, version), client.name, published=published.get(version), now=now)
+            if decision.allowed or not decision.enforced:
+                allowed.add(version)
+            else:
+                withheld.append((version, decision))
+                if decision.until is not None:
+                    until = min(until, decision.until)
+        withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
+        filtered = Filtered(frozenset(allowed), tuple(withheld), until)
+        self._filtered.put(memo_key, (source, policy, filtered))
+        for version, decision in withheld:  # recorded when a list is filtered anew, not on every request
+            self.audit.withheld(
+                artifact_of(subject_of(addr, version)), client, rule=decision.rule, reason=decision.reason
+            )
+            if self.metrics is not None:
+                self.metrics.policy_decisions.labels(decision.rule, "withheld").inc()
+        return filtered
+
+    async def check(
+        self,
+        addr: Address,
+        version: Version,
+        platform: str | None,
+        client: ClientIdentity,
+        listed: Callable[[], Awaitable[Iterable[Version]]],
+    ) -> None:
+        """Refuse `addr` `version` (on `platform`) when the policy denies it; `listed`: the version list, asked
+        for only when a min-age rule may apply (for the first-seen times)."""
+        policy = self.policy
+        if policy is None:
+            return
+        facts = self._facts(policy, addr, client)
+        if facts.decision is not None and not facts.decision.allowed:
+            self._refuse(subject_of(addr), client, facts.decision)
+        source = await listed() if facts.ages else None  # the same object while the list is unchanged
+        now = self.clock()
+        known = facts.versions.get((version, platform))
+        if known is not None and known[0] is source and (known[1].until is None or now < known[1].until):
+            decision = known[1]  # a held-back version is decided again once its time has come
+        else:
+            published: dict[Version, float] = {}
+            if source is not None:
+                versions = list(source)
+                if version not in versions:
+                    return  # not in the upstream's list: the service answers 404
+                published = await self._published(policy, addr, versions, client)
+            subject = subject_of(addr, version, platform)
+            decision = policy.decide(subject, client.name, published=published.get(version), now=now)
+            facts.remember(facts.versions, (version, platform), (source, decision))
+        if not decision.allowed:
+            self._refuse(subject_of(addr, version, platform), client, decision)
+
+    def platforms(
+        self, addr: Address, version: Version, offered: Iterable[Platform], client: ClientIdentity
+    ) -> frozenset[Platform] | None:
+        """Which of the `offered` platforms the client may have (None: all of them): a `:version.json` lists
+        only those, and nothing about the others is fetched."""
+        policy = self.policy
+        if policy is None:
+            return None
+        facts = self._facts(policy, addr, client)
+        known = facts.platforms.get(version)
+        if known is not None and known[0] is offered:
+            return known[1]
+        source, offered = offered, tuple(offered)
+        allowed = frozenset(
+            p
+            for p in offered
+            if policy.decide(subject_of(addr, version, str(p)), client.name, published=0, now=_FOREVER).allowed
+        )
+        result = None if len(allowed) == len(offered) or policy.mode == "warn" else allowed
+        facts.remember(facts.platforms, version, (source, result))
+        return result
+
+    async def _published(
+        self, policy: Policy, addr: Address, versions: list[Version], client: ClientIdentity
+    ) -> dict[Version, float]:
+        if self.first_seen is None or not policy.needs_age(subject_of(addr), client.name):
+            return {}
+        return await self.first_seen.times(addr, versions)
+
+    def _refuse(self, subject: Subject, client: ClientIdentity, decision: Decision) -> None:
+        """Record the denial (or would-be denial), and raise it unless in warn mode."""
+        self.audit.denied(
+            artifact_of(subject), client, rule=decision.rule, reason=decision.reason, decision=decision.outcome
+        )
+        if self.metrics is not None:
+            self.metrics.policy_decisions.labels(decision.rule, decision.outcome).inc()
+        log.info(
+            "policy.denied" if decision.enforced else "policy.would_deny",
+            artifact=str(subject),
+            client=client.name,
+            rule=decision.rule,
+            reason=decision.reason,
+        )
+        if not decision.enforced:
+            return
+        message = f"{subject.kind} {subject} is denied by policy rule {decision.rule}: {decision.reason}"
+        if decision.until is not None:
+            available = datetime.fromtimestamp(decision.until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            raise PolicyHeldBackError(message, rule=decision.rule, reason=decision.reason, available_at=available)
+        raise PolicyDeniedError(message, rule=decision.rule, reason=decision.reason)
+
+    # ---- the audit trail of what passed -----------------------------------------------------------
+
+    def fetched(self, addr: Address, version: Version, platform: str | None = None) -> None:
+        self.audit.fetched(artifact_of(subject_of(addr, version, platform)))
+
+    def served(self, addr: Address, version: Version, platform: str | None, client: ClientIdentity) -> None:
+        self.audit.served(artifact_of(subject_of(addr, version, platform)), client)
+
+
+def explain(policy: Policy, subject: Subject, client: str, published: float | None, now: float) -> list[str]:
+    """Which rule decides about `subject` and why, one line each (`registry-proxy policy explain`)."""
+    lines = []
+    for index, rule in enumerate(policy.rules, 1):
+        selects = rule.selects(subject, client)
+        if selects is False:
+            lines.append(f"{index}. {rule.name}: does not apply")
+            continue
+        if selects is None:
+            lines.append(f"{index}. {rule.name}: applies to the versions {rule.versions_text} only")
+            continue
+        if not rule.conditional:
+            lines.append(f"{index}. {rule.name}: applies: {rule.action}")
+            break
+        parts = []
+        if rule.platforms is not None:
+            parts.append(f"refuses platforms other than {', '.join(sorted(rule.platforms))}")
+        if rule.min_age is not None:
+            parts.append(f"holds back versions younger than {rule.min_age_text}")
+        lines.append(f"{index}. {rule.name}: {'; '.join(parts)}")
+    if subject.version is None:
+        decision = policy.decide_address(subject, client)
+        if decision is None:
+            lines.append("decision: depends on the version (give ADDRESS@VERSION)")
+            return lines
+    else:
+        decision = policy.decide(subject, client, published=published, now=now)
+    verdict = "allow" if decision.allowed else "deny"
+    warn = "" if decision.enforced else " (warn mode: not enforced)"
+    lines.append(f"decision: {verdict} by {decision.rule}: {decision.reason}{warn}")
+    return lines
