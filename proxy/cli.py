@@ -301,7 +301,6 @@ def serve(args: argparse.Namespace) -> int:
     from proxy.log import setup_logging
     from proxy.web.app import create_app
     from proxy.web.server import run_server
-    from proxy.web.workers import run_workers
 
     settings = settings_from_args(args)
     check_files(settings)
@@ -315,6 +314,8 @@ def serve(args: argparse.Namespace) -> int:
 
     warn_about_access(settings)
     if settings.server.workers > 1:
+        from proxy.web.workers import run_workers  # gunicorn: only for a supervisor of workers
+
         run_workers(settings, context, on_listening=listening)
     else:
         run_server(
