@@ -1,40 +1,18 @@
-"""Choosing the archive store backend from the settings: the data dir's directory, or S3."""
+"""Moved into `proxy.storage` (`proxy.storage.factory`; the guard is `proxy.storage.ArchiveGuard` for every backend).
+
+This name stays only until the branches started before the move are merged (then it goes, with
+its line in setup.cfg's storage contract): nothing in the tree imports it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from proxy.config import Settings
-from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
-from proxy.s3integrity import S3Guard
-from proxy.s3store import S3ArchiveStore, S3Options
-from proxy.storage import ArchiveStorage
-from proxy.store import ArchiveStore
+from proxy.storage.factory import archive_store, s3_options
+from proxy.storage.guard import ArchiveGuard
+from proxy.storage.protocol import ArchiveStore
 
 
-def archive_store(settings: Settings) -> ArchiveStorage:
-    """The archive store the settings name (not opened yet); staging is always under ARCHIVE_DIR."""
-    location = settings.archives.s3_location
-    if location is None:
-        return ArchiveStore(settings.archive_dir)
-    return S3ArchiveStore(settings.archive_dir, location, s3_options(settings))
+def store_guard(store: ArchiveStore, metrics: Metrics) -> ArchiveGuard:
+    return ArchiveGuard(store, metrics)
 
 
-def s3_options(settings: Settings) -> S3Options:
-    ca_file = Path(settings.archives.s3_ca_file) if settings.archives.s3_ca_file else None
-    return S3Options(
-        endpoint_url=settings.archives.s3_endpoint_url,
-        region=settings.archives.s3_region,
-        path_style=settings.archives.s3_path_style,
-        ca_file=ca_file,
-        timeout=settings.archives.s3_timeout,
-    )
-
-
-def store_guard(store: ArchiveStorage, metrics: Metrics) -> StoreGuard | S3Guard:
-    """The integrity checks that go with the backend."""
-    if isinstance(store, S3ArchiveStore):
-        return S3Guard(store, metrics)
-    assert isinstance(store, ArchiveStore)
-    return StoreGuard(store, metrics)
+__all__ = ["archive_store", "s3_options", "store_guard"]

@@ -218,17 +218,23 @@ def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
 
 
 def check_tokens_file(settings: Settings) -> None:
-    """A broken `--auth-tokens` file stops start-up."""
+    """A broken `--auth-tokens` or `--oidc-issuers` file stops start-up, in one line naming the file and what
+    in it is wrong."""
     from proxy.auth import AuthConfigError, parse_tokens
+    from proxy.issuers import parse_issuers
 
-    if settings.access.auth_tokens is None:
-        return
-    try:
-        parse_tokens(settings.access.auth_tokens.read_text(encoding="utf-8"))
-    except AuthConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    except OSError as exc:
-        raise ConfigError(f"--auth-tokens {settings.access.auth_tokens}: {exc.strerror or exc}") from None
+    for flag, path, parse in (
+        ("--auth-tokens", settings.access.auth_tokens, parse_tokens),
+        ("--oidc-issuers", settings.access.oidc_issuers, parse_issuers),
+    ):
+        if path is None:
+            continue
+        try:
+            parse(path.read_text(encoding="utf-8"))
+        except AuthConfigError as exc:
+            raise ConfigError(str(exc) if parse is parse_tokens else f"{flag} {path}: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
@@ -342,17 +348,18 @@ def warn_about_access(settings: Settings) -> None:
     """One warning for each way the access settings may surprise: anonymous beyond loopback, private hosts
     nobody can read."""
     private = sorted(settings.upstreams.upstream_credentials.private_hosts)
-    if settings.access.auth_tokens is None and not _loopback(settings.server.listen_host):
+    if not settings.access.clients_required and not _loopback(settings.server.listen_host):
         log.warning(
             "auth.anonymous",
             listen=settings.server.listen_host,
-            effect="no --auth-tokens: anyone who reaches this address may use the proxy",
+            effect="no --auth-tokens or --oidc-issuers: anyone who reaches this address may use the proxy",
         )
-    if private and settings.access.auth_tokens is None:
+    if private and not settings.access.clients_required:
         log.warning(
             "auth.private_hosts_refused",
             hosts=private,
-            effect="these hosts have upstream credentials, and without --auth-tokens every client is refused them",
+            effect="these hosts have upstream credentials, and without --auth-tokens or --oidc-issuers every "
+            "client is refused them",
         )
     elif private:
         log.info("auth.private_hosts", hosts=private, effect="served only to tokens granting them")

@@ -47,6 +47,7 @@ from proxy.unsigned import UnsignedPolicy, parse_unsigned_policy
 from proxy.values import (
     ConfigError,
     Listen,
+    RedisTarget,
     S3Location,
     SpaceFloor,
     nonblank,
@@ -63,6 +64,7 @@ from proxy.values import (
     parse_networks,
     parse_private_host,
     parse_public_url,
+    parse_redis_target,
     parse_redis_url,
     parse_registry_host,
     parse_s3_location,
@@ -76,6 +78,7 @@ __all__ = [  # the parsers and value types are imported from here by the rest of
     "ENV_PREFIX",
     "ConfigError",
     "Listen",
+    "RedisTarget",
     "S3Location",
     "SpaceFloor",
     "build",
@@ -86,6 +89,7 @@ __all__ = [  # the parsers and value types are imported from here by the rest of
     "parse_duration",
     "parse_listen",
     "parse_networks",
+    "parse_redis_target",
     "parse_s3_location",
     "parse_size",
     "parse_space_floor",
@@ -139,7 +143,7 @@ class ServerSettings:
     event_loop: str = option(
         "--event-loop",
         Choice(("auto", "uvloop", "asyncio")),
-        "auto (uvloop when installed, asyncio with --plain-http for sendfile), uvloop or asyncio",
+        "auto (uvloop when installed), uvloop or asyncio",
         default="auto",
     )
     max_connections: int = option(
@@ -446,14 +450,37 @@ class MetadataSettings:
 
     redis_url: str | None = option(
         "--redis-url",
-        Parsed(parse_redis_url, "a redis://, rediss:// or unix:// URL"),
-        "shared metadata store for several replicas: redis://[:PASSWORD@]HOST:PORT/DB or rediss:// (TLS); "
-        "without it an embedded SQLite store in DATA_DIR is used",
+        Parsed(parse_redis_url, "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"),
+        "shared metadata store for several replicas: redis://[:PASSWORD@]HOST:PORT/DB; "
+        "redis+sentinel://[:PASSWORD@]SENTINEL:PORT[,SENTINEL:PORT...]/SERVICE[/DB] for the master the sentinels "
+        "name SERVICE; redis+cluster://[:PASSWORD@]NODE:PORT[,NODE:PORT...] for a Redis Cluster; rediss, "
+        "rediss+sentinel, rediss+cluster for TLS; without it an embedded SQLite store in DATA_DIR is used",
         metavar="URL",
         commands=SERVE_AND_STORE,
     )
     redis_password: str | None = option(
-        "--redis-password", Text(), "Redis password, if not in the URL", metavar="PASSWORD", commands=SERVE_AND_STORE
+        "--redis-password",
+        Text(),
+        "Redis password, if not in the URL (the servers', or the cluster nodes')",
+        metavar="PASSWORD",
+        commands=SERVE_AND_STORE,
+        secret=True,
+    )
+    redis_sentinel_password: str | None = option(
+        "--redis-sentinel-password",
+        Text(),
+        "the sentinels' own password (their requirepass), with a redis+sentinel:// URL",
+        metavar="PASSWORD",
+        commands=SERVE_AND_STORE,
+        secret=True,
+    )
+    redis_ca_file: Path | None = option(
+        "--redis-ca-file",
+        FILE,
+        "CA bundle that Redis's TLS certificates (the servers', sentinels' and cluster nodes') are checked "
+        "against, with a rediss URL; default: the system's",
+        metavar="FILE",
+        commands=SERVE_AND_STORE,
     )
     redis_prefix: str = option(
         "--redis-prefix", Text(), "namespace for every Redis key", default="registry-proxy", commands=SERVE_AND_STORE
@@ -493,6 +520,20 @@ class MetadataSettings:
     def __post_init__(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:
             raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
+        target = parse_redis_target(self.redis_url) if self.redis_url else None
+        if self.redis_sentinel_password is not None and (target is None or target.kind != "sentinel"):
+            raise ConfigError(
+                "--redis-sentinel-password is for a redis+sentinel:// (or rediss+sentinel://) --redis-url"
+            )
+        if self.redis_ca_file is not None and (target is None or not target.tls):
+            raise ConfigError(
+                "--redis-ca-file is for Redis over TLS: a rediss, rediss+sentinel or rediss+cluster --redis-url"
+            )
+        if target is not None and target.cluster and self.redis_prefix.startswith("}"):
+            raise ConfigError(
+                "--redis-prefix must not start with '}' with a Redis Cluster: the remembered 404s are kept in one "
+                "slot by the hash tag {PREFIX}, which it would leave empty"
+            )
         if self.redis_url and self.metadata_secret is None and self.metadata_secret_file is None:
             raise ConfigError(
                 "--redis-url needs --metadata-secret or --metadata-secret-file (REGISTRY_PROXY_METADATA_SECRET): "
@@ -633,7 +674,7 @@ class LogSettings:
 class AccessSettings:
     """Access control.
 
-    The client tokens a proxy requires, and whether /metrics needs one.
+    The client tokens a proxy requires (static tokens, OIDC workload tokens), and whether /metrics needs one.
     """
 
     auth_tokens: Path | None = option(
@@ -643,13 +684,36 @@ class AccessSettings:
         "need `Authorization: Bearer TOKEN`; reloaded on SIGHUP",
         metavar="FILE",
     )
+    oidc_issuers: Path | None = option(
+        "--oidc-issuers",
+        FILE,
+        "OIDC issuers file (TOML: each issuer's URL, audiences, algorithms, leeway, and rules mapping claims to "
+        "scopes; see docs/oidc.md): CI jobs then sign in with their workload tokens (JWTs) as bearer tokens, "
+        "beside the --auth-tokens; reloaded on SIGHUP",
+        metavar="FILE",
+    )
+    oidc_keys_refresh: float = option(
+        "--oidc-keys-refresh",
+        Duration(minimum="1m", why="a stream of tokens naming made-up keys must not make the proxy hammer an issuer"),
+        "fetch an OIDC issuer's keys again for a token naming a key not held at most this often, per process "
+        "(and not while the keys in the store are younger)",
+        default="1m",
+    )
     metrics_token_required: bool = option(
         "--metrics-token-required", Switch(), "/metrics needs a token with metrics = true"
     )
 
     def __post_init__(self) -> None:
-        if self.metrics_token_required and self.auth_tokens is None:
-            raise ConfigError("--metrics-token-required needs --auth-tokens (a token with metrics = true)")
+        if self.metrics_token_required and self.auth_tokens is None and self.oidc_issuers is None:
+            raise ConfigError(
+                "--metrics-token-required needs --auth-tokens (a token with metrics = true) or --oidc-issuers "
+                "(a rule with metrics = true)"
+            )
+
+    @property
+    def clients_required(self) -> bool:
+        """Every request naming an upstream needs a client token (static or OIDC)."""
+        return self.auth_tokens is not None or self.oidc_issuers is not None
 
 
 @dataclass(frozen=True, kw_only=True, init=False)

@@ -21,17 +21,13 @@ import structlog
 from yarl import URL
 
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.documents import require_online
 from proxy.download_notices import DownloadNotices
 from proxy.growing import GrowingDownloads, GrowingFile
-from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
 from proxy.passthrough import Begin, PassThrough, Send
-from proxy.s3integrity import S3Guard
 from proxy.slots import HostSlots
-from proxy.storage import ArchiveStorage
-from proxy.store import PendingArchive, StoredArchive
+from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, PendingArchive, StoredArchive, is_disk_full
 from proxy.upstream.client import UpstreamClient
 
 log = structlog.get_logger(__name__)
@@ -58,8 +54,8 @@ class Downloader:
         self,
         settings: Settings,
         upstream: UpstreamClient,
-        store: ArchiveStorage,
-        guard: StoreGuard | S3Guard,
+        store: ArchiveStore,
+        guard: ArchiveGuard,
         space: DiskSpace,
         metrics: Metrics,
     ) -> None:
@@ -174,7 +170,7 @@ class Downloader:
                 await asyncio.gather(synced, return_exceptions=True)
                 raise
             actual = await synced
-            stored = await asyncio.to_thread(self._store.publish, pending, actual)
+            stored = await self._store.publish(pending, actual)
             self.note_stored(stored)
             if then is not None:
                 await then(stored, result)

@@ -146,6 +146,69 @@ class TokenInvalidError(UnauthorizedError):
     code = "token_invalid"
 
 
+class OidcTokenInvalidError(TokenInvalidError):
+    """An OIDC token was refused: from an issuer not configured, for another audience, signed with an algorithm
+    or a key the issuer does not use, tampered with, or malformed (the message and the log say which)."""
+
+    code = "oidc_token_invalid"
+
+
+class OidcTokenExpiredError(OidcTokenInvalidError):
+    """The OIDC token has expired: ask the CI system for a fresh one."""
+
+    code = "oidc_token_expired"
+
+
+class OidcTokenNotYetValidError(OidcTokenInvalidError):
+    """The OIDC token is not valid yet (`nbf` or `iat` ahead of the proxy's clock beyond the leeway)."""
+
+    code = "oidc_token_not_yet_valid"
+
+
+class OidcTokenMalformedError(OidcTokenInvalidError):
+    """The bearer token looks like a JWT but is not one (three base64url parts of JSON, a JSON object of claims)."""
+
+    code = "oidc_token_malformed"
+
+
+class OidcClaimsInvalidError(OidcTokenInvalidError):
+    """The OIDC token lacks a claim the proxy needs (`iss`, `sub`, `aud`, `exp`) or holds one of the wrong type."""
+
+    code = "oidc_claims_invalid"
+
+
+class OidcIssuerUnknownError(OidcTokenInvalidError):
+    """The OIDC token's issuer (`iss`) is none of the issuers in --oidc-issuers."""
+
+    code = "oidc_issuer_unknown"
+
+
+class OidcAudienceError(OidcTokenInvalidError):
+    """The OIDC token was made for another audience (`aud`) than the issuer's `audiences` in --oidc-issuers:
+    request it with this proxy's audience."""
+
+    code = "oidc_wrong_audience"
+
+
+class OidcAlgorithmRefusedError(OidcTokenInvalidError):
+    """The OIDC token is signed with an algorithm its issuer's `algorithms` do not list (`none` and the HMAC
+    algorithms never are)."""
+
+    code = "oidc_algorithm_refused"
+
+
+class OidcKeyUnknownError(OidcTokenInvalidError):
+    """The OIDC token names a signing key (`kid`) its issuer does not publish (withdrawn, or made up)."""
+
+    code = "oidc_key_unknown"
+
+
+class OidcSignatureInvalidError(OidcTokenInvalidError):
+    """The OIDC token's signature does not verify with its issuer's key (tampered with, or signed by another key)."""
+
+    code = "oidc_signature_invalid"
+
+
 class GrantInvalidError(UnauthorizedError):
     """The signed URL's grant is malformed, forged, or made for another URL."""
 
@@ -397,6 +460,15 @@ class StoreUnavailableError(ProxyError):
 
     status = 503
     code = "store_unavailable"
+
+
+class OidcIssuerUnavailableError(ProxyError):
+    """The OIDC token names a signing key the proxy does not hold, and its issuer's keys could not be fetched
+    now (the issuer is unreachable or answers nonsense): retry later."""
+
+    status = 503
+    code = "oidc_issuer_unavailable"
+    expected = True
 
 
 class TooManyConnectionsError(ProxyError):

@@ -205,6 +205,25 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livemax",
         )
+        self.oidc_tokens = Counter(
+            "registry_proxy_oidc_tokens_total",
+            "OIDC tokens presented, by issuer (its name in --oidc-issuers; '-': none matched) and outcome "
+            "(accepted, or why refused: expired, wrong_audience, bad_signature, unknown_key, ...)",
+            ["issuer", "outcome"],
+            registry=self.registry,
+        )
+        self.oidc_rules = Counter(
+            "registry_proxy_oidc_rule_matches_total",
+            "Accepted OIDC tokens by the issuer and the rule whose claims they matched (a rule per series)",
+            ["issuer", "rule"],
+            registry=self.registry,
+        )
+        self.oidc_key_fetches = Counter(
+            "registry_proxy_oidc_key_fetches_total",
+            "Fetches of an OIDC issuer's signing keys (discovery and JWKS), by issuer and outcome (ok, failed)",
+            ["issuer", "outcome"],
+            registry=self.registry,
+        )
         self.evictions = Counter(
             "registry_proxy_store_evictions_total",
             "Archives evicted from the store (least recently served first)",

@@ -22,7 +22,6 @@ from typing import Any
 from proxy.addrs import Platform, ProviderAddr, Version
 from proxy.cache import MetadataStore, keys
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace, SpaceReport
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.errors import DiskFullError, UpstreamError
@@ -37,8 +36,7 @@ from proxy.provider_metadata import ProviderMetadata
 from proxy.readiness import Readiness
 from proxy.records import ArchiveRecord
 from proxy.release_sums import ReleaseSums
-from proxy.storage import ArchiveStorage
-from proxy.store import StoredArchive
+from proxy.storage import ArchiveStore, DiskSpace, SpaceReport, StoredArchive
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 from proxy.verify import PackageHashes, SignedSums, VerificationChain
 
@@ -88,7 +86,7 @@ class Mirror:
         keyring: Keyring,
         *,
         cache: MetadataStore,
-        store: ArchiveStorage,
+        store: ArchiveStore,
         space: DiskSpace,
         metrics: Metrics,
     ) -> None:

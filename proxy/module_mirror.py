@@ -21,7 +21,6 @@ from proxy import deadline, modsource
 from proxy.addrs import ModuleAddr, Version
 from proxy.cache import CacheEntry, keys
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.errors import (
@@ -44,8 +43,7 @@ from proxy.passthrough import PassThrough
 from proxy.records import ModuleRecord
 from proxy.rewrite import module_archive_path
 from proxy.security import security_event
-from proxy.storage import ArchiveStorage
-from proxy.store import StoredArchive, file_digest, sha256_file
+from proxy.storage import ArchiveStore, DiskSpace, StoredArchive, file_digest, sha256_file
 from proxy.upstream import modules
 from proxy.upstream.git import GitFetcher
 
@@ -63,7 +61,7 @@ class ModuleMirror:
         flights: Flights,
         git: GitFetcher,
         *,
-        store: ArchiveStorage,
+        store: ArchiveStore,
         space: DiskSpace,
         metrics: Metrics,
     ) -> None:
@@ -231,7 +229,7 @@ class ModuleMirror:
                     f"module {addr}: packed source is larger than the {self._max_bytes}-byte limit"
                 )
             sha = await asyncio.to_thread(sha256_file, path)
-            stored = await asyncio.to_thread(store.publish_path, path, sha)
+            stored = await store.publish_path(path, sha)
             self._downloader.note_stored(stored)
             return stored, packed.commit
         except BaseException:

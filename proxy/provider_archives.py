@@ -35,7 +35,7 @@ from proxy.passthrough import PassThrough
 from proxy.provider_metadata import ProviderMetadata
 from proxy.records import ArchiveRecord
 from proxy.release_sums import ReleaseSums
-from proxy.store import PendingArchive, StoredArchive
+from proxy.storage import PendingArchive, StoredArchive
 from proxy.upstream.providers import DownloadInfo
 from proxy.verify import PackageHashes, SignedSums, VerificationChain
 from proxy.ziphash import ZipStreamHasher

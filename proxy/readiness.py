@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from proxy.cache import MetadataStore
-from proxy.diskspace import DiskSpace, SpaceReport
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveStore, DiskSpace, SpaceReport
 
 
 class Readiness:
     """The checks behind `/readyz` and the Redis gauge of `/metrics`."""
 
-    def __init__(self, cache: MetadataStore, store: ArchiveStorage, space: DiskSpace) -> None:
+    def __init__(self, cache: MetadataStore, store: ArchiveStore, space: DiskSpace) -> None:
         self._cache = cache
         self._store = store
         self._space = space

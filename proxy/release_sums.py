@@ -17,11 +17,11 @@ import structlog
 from proxy.addrs import ProviderAddr, Version
 from proxy.cache import keys
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.documents import DocumentCache
 from proxy.flights import Flights
 from proxy.gpg import Keyring
 from proxy.records import SumsRecord
+from proxy.storage import DiskSpace, is_disk_full
 from proxy.upstream.providers import DownloadInfo
 from proxy.verify import SignedSums, VerificationChain
 

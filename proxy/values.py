@@ -10,8 +10,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
+from urllib.parse import unquote
 
 from yarl import URL
 
@@ -251,10 +252,104 @@ def parse_archive_store(text: str) -> str:
     return text
 
 
+REDIS_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "redis+cluster://",
+    "rediss+cluster://",
+)
+SENTINEL_PORT, REDIS_PORT = 26379, 6379
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where the shared metadata store is (`--redis-url`): how Redis is run and how to reach it.
+
+    `kind` "server": one Redis, `url` as redis-py reads it (`redis://`, `rediss://`, `unix://`);
+    "sentinel": the master the sentinels at `nodes` name `service` (`redis+sentinel://`); "cluster": a
+    Redis Cluster, found from any of `nodes` (`redis+cluster://`). `tls` for the `rediss` forms; `username`
+    and `password` are the data servers' (a sentinel's own password is an option of its own)."""
+
+    kind: str
+    url: str = field(repr=False)  # may hold a password
+    nodes: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    tls: bool = False
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def cluster(self) -> bool:
+        return self.kind == "cluster"
+
+
+def parse_redis_target(text: str) -> RedisTarget:
+    """Read a Redis URL: `redis://`, `rediss://` or `unix://` (one server); `redis+sentinel://` or
+    `rediss+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB]` (sentinels, port 26379 by
+    default); `redis+cluster://` or `rediss+cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]` (nodes
+    of a Cluster, port 6379 by default)."""
+    scheme, found, rest = text.partition("://")
+    if not found or f"{scheme}://" not in REDIS_SCHEMES:
+        raise ConfigError("use " + ", ".join(REDIS_SCHEMES[:-1]) + " or " + REDIS_SCHEMES[-1])
+    tls = scheme.startswith("rediss")
+    if "+" not in scheme:
+        return RedisTarget("server", text, tls=tls)
+    kind = scheme.partition("+")[2]
+    if "?" in rest or "#" in rest:
+        raise ConfigError(f"a {scheme}:// URL takes no query or fragment: give the options as options")
+    location, _, path = rest.partition("/")
+    userinfo, at, hosts = location.rpartition("@")
+    user, colon, secret = userinfo.partition(":")
+    nodes = tuple(_redis_node(node, SENTINEL_PORT if kind == "sentinel" else REDIS_PORT) for node in hosts.split(","))
+    parts = path.split("/") if path else []
+    if kind == "sentinel":
+        if not parts or not parts[0] or len(parts) > 2:
+            raise ConfigError(f"name the master: {scheme}://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]")
+        service, db = parts[0], _redis_db(parts[1] if len(parts) > 1 else "0")
+    else:
+        if parts not in ([], ["0"]):
+            raise ConfigError(f"a Redis Cluster has one database, 0: {scheme}://HOST:PORT[,HOST:PORT...]")
+        service, db = "", 0
+    return RedisTarget(
+        kind,
+        text,
+        nodes,
+        unquote(service),
+        db,
+        tls,
+        unquote(user) if at and user else None,
+        unquote(secret) if at and colon else None,
+    )
+
+
+def _redis_node(text: str, default_port: int) -> tuple[str, int]:
+    """`HOST`, `HOST:PORT`, `[IPV6]` or `[IPV6]:PORT` → (host, port)."""
+    if text.startswith("["):
+        host, closed, after = text[1:].partition("]")
+        port = after.removeprefix(":") if closed and after[:1] in ("", ":") else "?"
+    else:
+        host, _, port = text.partition(":")
+    if not host or any(character in host for character in "[]/@ ") or (port and not port.isdigit()):
+        raise ConfigError(f"{text!r} is not HOST:PORT")
+    number = int(port) if port else default_port
+    if not 0 < number < 65536:
+        raise ConfigError(f"{text!r}: no such port")
+    return host, number
+
+
+def _redis_db(text: str) -> int:
+    if not text.isdigit():
+        raise ConfigError(f"{text!r} is not a database number")
+    return int(text)
+
+
 def parse_redis_url(text: str) -> str:
-    """A Redis URL: `redis://`, `rediss://` (TLS) or `unix://`."""
-    if not text.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError("use redis://, rediss:// or unix://")
+    """`--redis-url`: a Redis URL (`parse_redis_target`), kept as written."""
+    parse_redis_target(text)
     return text
 
 

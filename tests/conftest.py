@@ -21,7 +21,7 @@ from proxy.web.app import create_app
 from tests.fakes import ports
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
-from tests.fakes.redis_server import METADATA_SECRET, RedisServer
+from tests.fakes.redis_server import METADATA_SECRET, ClusterSetup, RedisServer, SentinelSetup, Tls
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
 from tests.fakes.signing import SigningKey
@@ -116,6 +116,34 @@ def redis_server(tmp_path_factory) -> RedisServer:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory, server_cert_files, ca_file) -> SentinelSetup:
+    """Redis under Sentinel for the session (a master, its replica, a sentinel), over TLS with passwords;
+    started only by the tests that use it. A test may fail it over: the setup stays whole."""
+    setup = SentinelSetup(
+        tmp_path_factory.mktemp("sentinel"),
+        service="registry-proxy",
+        password=uuid.uuid4().hex,
+        sentinel_password=uuid.uuid4().hex,
+        tls=Tls(*server_cert_files, ca_file),
+    )
+    setup.start()
+    yield setup
+    setup.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory, server_cert_files, ca_file) -> ClusterSetup:
+    """A Redis Cluster of three masters for the session, over TLS with a password; started only by the tests
+    that use it."""
+    setup = ClusterSetup(
+        tmp_path_factory.mktemp("cluster"), password=uuid.uuid4().hex, tls=Tls(*server_cert_files, ca_file)
+    )
+    setup.start()
+    yield setup
+    setup.stop()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -44,19 +44,6 @@ class MetadataStore(Protocol):
         """Every key starting with `prefix` (for export; not for request paths)."""
         ...
 
-    async def note_served(self, times: Mapping[str, float]) -> None:
-        """Record when archives (by SHA-256) were last served (epoch seconds); a later time is never
-        replaced by an earlier one. Skipped while the store is down."""
-        ...
-
-    async def served_times(self) -> dict[str, float]:
-        """Every recorded last-served time by SHA-256; raises if the store cannot be read."""
-        ...
-
-    async def forget_served(self, sha256s: Iterable[str]) -> None:
-        """Drop the last-served times of archives no longer stored."""
-        ...
-
     async def close(self) -> None: ...
 
 
@@ -77,15 +64,6 @@ class StoreWrapper:
 
     async def ping(self) -> bool:
         return await self.inner.ping()
-
-    async def note_served(self, times: Mapping[str, float]) -> None:
-        await self.inner.note_served(times)
-
-    async def served_times(self) -> dict[str, float]:
-        return await self.inner.served_times()
-
-    async def forget_served(self, sha256s: Iterable[str]) -> None:
-        await self.inner.forget_served(sha256s)
 
     async def close(self) -> None:
         await self.inner.close()

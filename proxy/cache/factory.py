@@ -24,9 +24,19 @@ log = structlog.get_logger(__name__)
 
 
 async def open_metadata_store(settings: Settings, metrics: Metrics | None = None) -> tuple[SealedStore, FleetLocks]:
+    """The metadata store and its fleet locks (`open_metadata`, without the served times)."""
+    store, locks, _ = await open_metadata(settings, metrics)
+    return store, locks
+
+
+async def open_metadata(
+    settings: Settings, metrics: Metrics | None = None
+) -> tuple[SealedStore, FleetLocks, RedisStore | EmbeddedStore]:
     """Redis (shared by a fleet, with fleet-wide locks) when configured, else the embedded store (with
     lock files in the data dir when several workers share it); either sealed with the metadata secret
-    (ConfigError when it cannot be had). The embedded file is checked now, before the first request."""
+    (ConfigError when it cannot be had). The embedded file is checked now, before the first request.
+    Third, the same connection's last-served times of archives (`proxy.storage.ServedTimes`: eviction's
+    bookkeeping, not metadata, so not behind the seal and the other wrappers)."""
     on_reject = None
     if metrics is not None:
 
@@ -37,16 +47,21 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
         from proxy.cache.redis import RedisFleetLocks, RedisStore  # redis-py: only for a store in Redis
 
         seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
+        ca_file = settings.metadata.redis_ca_file
         redis_store = RedisStore(
             settings.metadata.redis_url,
             prefix=settings.metadata.redis_prefix,
             password=settings.metadata.redis_password,
+            sentinel_password=settings.metadata.redis_sentinel_password,
+            ca_file=str(ca_file) if ca_file is not None else None,
             retention=settings.metadata.redis_retention,
             refuse=seal.refuse,
         )
+        redis_store.follow_failovers()
         return (
             SealedStore(redis_store, seal),
             RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),
+            redis_store,
         )
     database = settings.cache_dir / "metadata.sqlite"
     upgrading = (
@@ -55,14 +70,15 @@ async def open_metadata_store(settings: Settings, metrics: Metrics | None = None
         and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
     )
     seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="embedded", on_reject=on_reject)
-    sealed = SealedStore(EmbeddedStore(database), seal)
+    embedded = EmbeddedStore(database)
+    sealed = SealedStore(embedded, seal)
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
         log.info(
             "metadata.records_sealed",
             records=await sealed.adopt_unsealed(),
             reason="first start with sealed metadata: the existing records of this data dir were sealed",
         )
-    return sealed, FileLocks(settings.lock_dir) if settings.server.workers > 1 else LocalLocks()
+    return sealed, FileLocks(settings.lock_dir) if settings.server.workers > 1 else LocalLocks(), embedded
 
 
 def negative_bound(

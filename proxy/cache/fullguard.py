@@ -11,7 +11,7 @@ from __future__ import annotations
 import structlog
 
 from proxy.cache import MetadataStore, StoreWrapper
-from proxy.diskspace import is_disk_full
+from proxy.storage import is_disk_full
 
 log = structlog.get_logger(__name__)
 

@@ -4,7 +4,8 @@ A stored key is `KIND:PART/PART/...` (e.g. `archive:HOST/NAMESPACE/TYPE/VERSION/
 The kind ends at the first colon, so a part may hold one (a host with a port), never a slash.
 Keys that only name a flight, a fleet lock or a remembered 404 wrap another key
 (`doc:KEY`, `lock:KEY`, `negative:KEY`). The strings are the ones every store already holds,
-so changing them would orphan existing data. Pure: no I/O.
+so changing them would orphan existing data. `RedisNames` names them in Redis (with the hash tag
+a Redis Cluster needs). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ MODULE_VERSIONS = KeyPattern("module-versions", "host", "namespace", "name", "sy
 MODULE_DOWNLOAD = KeyPattern("module-download", "host", "namespace", "name", "system", "version")
 MODULE = KeyPattern("module", "host", "namespace", "name", "system", "version")
 
+# An OIDC issuer's signing keys (its JWKS), shared by the workers and replicas; not metadata of a registry, so
+# not among STORED_KINDS (bundles carry none). `issuer`: the SHA-256 of the issuer's URL and JWKS URL.
+OIDC_KEYS = KeyPattern("oidc-keys", "issuer")
+
 STORED_KINDS = (DISCOVERY, VERSIONS, DOWNLOAD, SUMS, ARCHIVE, MODULE_VERSIONS, MODULE_DOWNLOAD, MODULE)
 
 # ---- keys that are not metadata ----------------------------------------------------------------
@@ -90,6 +95,42 @@ FLEET_LOCK = WrappedKey("lock")  # a Redis fleet lock
 NEGATIVE = WrappedKey("negative")  # a remembered 404 in Redis
 NEGATIVE_BOOKKEEPING = ("negatives", "negatives:sizes", "negatives:bytes")  # Redis: write order, sizes, total
 SERVED = "served"  # Redis: sorted set of archive SHA-256s by the time they were last served
+
+
+class RedisNames:
+    """The names of the proxy's keys in Redis: `PREFIX:KEY`.
+
+    In a Redis Cluster, keys used together by one command, script or transaction must live in one hash
+    slot. Of the proxy's, only the remembered 404s (`negative:KEY`) and their bookkeeping (`negatives`,
+    `negatives:sizes`, `negatives:bytes`) are: one script evicts, counts and writes them together. There
+    they are named `{PREFIX}:KEY`: the hash tag `{PREFIX}` puts them all in one slot (the other keys are
+    spread over the cluster, one slot each). One server and Sentinel keep the names every existing
+    deployment holds. A value is sealed under its key (`negative:KEY`), never under its Redis name, so
+    the names are Redis's business only.
+    """
+
+    def __init__(self, prefix: str, *, cluster: bool = False) -> None:
+        if cluster and prefix.startswith("}"):
+            raise ValueError(f"a Redis prefix starting with '}}' ({prefix!r}) would empty the hash tag {{PREFIX}}")
+        self.prefix = prefix
+        self.cluster = cluster
+        self._slotted = f"{{{prefix}}}" if cluster else prefix
+
+    def name(self, key: str) -> str:
+        """The Redis name of `key`."""
+        return f"{self._slotted if slotted(key) else self.prefix}:{key}"
+
+    def key(self, name: str) -> str:
+        """The key a Redis name stands for (the name itself if it is not one of this prefix's)."""
+        for base in (self.prefix, self._slotted):
+            if name.startswith(f"{base}:") and self.name(name[len(base) + 1 :]) == name:
+                return name[len(base) + 1 :]
+        return name
+
+
+def slotted(key: str) -> bool:
+    """Whether `key` is one of those a Redis Cluster must keep in one slot (see `RedisNames`)."""
+    return key in NEGATIVE_BOOKKEEPING or key.startswith(NEGATIVE.prefix)
 
 
 def kind_of(key: str) -> KeyPattern | None:

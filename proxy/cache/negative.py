@@ -53,6 +53,10 @@ class NegativeStore(Protocol):
 
     async def discard(self, key: str) -> None: ...
 
+    async def expired(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Entries past the retention still kept somewhere gc can remove them from, with their sizes."""
+        ...
+
 
 Report = Callable[[int, int], None]  # (entries, bytes) after a change
 
@@ -112,6 +116,10 @@ class MemoryNegatives:
         if key in self._items:
             self._drop(key)
             self._reported()
+
+    async def expired(self, now: float | None = None) -> list[tuple[str, int]]:
+        """None for gc: these entries live in one process's memory, and leave it with the process."""
+        return []
 
     def _drop(self, key: str) -> None:
         item = self._items.pop(key, None)

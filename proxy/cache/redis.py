@@ -27,31 +27,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as ConnectionClosedError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.cache import Refuse
 from proxy.cache.breaker import Breaker
-from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED
+from proxy.cache.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.cache.redisclient import RedisConnection
 from proxy.cache.sealed import Seal
+from proxy.config import parse_redis_target
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 DEFAULT_RETENTION = 90 * 86400.0
+# Commands a store has under way at once; more wait for one to finish. So a burst of requests opens at most
+# this many connections (each pool would open more, or refuse: redis-py 8's refuses its 101st, which
+# counted as Redis failing), the same on one server, Sentinel and Cluster.
+IN_FLIGHT = 64
 # fleet locks and remembered 404s are never exported
 _NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
-FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+# RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+FAILURES = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
 _POISON = ("WRONGTYPE", "value is not an integer", "value is not a valid float")  # Redis's words for them
+
+
+def _raised_by_a_library(exc: BaseException) -> bool:
+    """Whether the innermost frame of `exc` lies outside this package (in redis-py or asyncio)."""
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace is not None and not trace.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR)
 
 
 def is_poison(exc: BaseException) -> bool:
@@ -59,19 +73,9 @@ def is_poison(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and any(words in str(exc) for words in _POISON)  # a pipeline prefixes them
 
 
-def stale_connection_retry() -> Retry:
-    """A command whose pooled connection turns out closed is sent once more, on a new connection.
-
-    After Redis restarts, every connection in the pool is dead and fails the first time it is used;
-    without this each of them, one after the other as the pool rotated, marked Redis down again for
-    the retry interval (`/readyz` flapped for half a minute). Redis really down refuses the new
-    connection at once, so an outage still counts at the first command. Timeouts are not tried again:
-    a Redis that does not answer would only be waited for twice."""
-    return Retry(NoBackoff(), 1, supported_errors=(ConnectionClosedError,))
-
-
 class RedisStore:
-    """MetadataStore on Redis, with a circuit breaker for outages."""
+    """MetadataStore on Redis (one server, Sentinel or Cluster: `url`, see `proxy.cache.redisclient`), with a
+    circuit breaker for outages."""
 
     def __init__(
         self,
@@ -79,35 +83,55 @@ class RedisStore:
         *,
         prefix: str,
         password: str | None = None,
+        sentinel_password: str | None = None,
+        ca_file: str | None = None,
         retention: float = DEFAULT_RETENTION,
         retry_interval: float = 2.0,
-        ca_file: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         refuse: Refuse | None = None,
     ) -> None:
-        options: dict = {
-            "socket_timeout": 2.0,
-            "socket_connect_timeout": 2.0,
-            "health_check_interval": 15,
-            "retry": stale_connection_retry(),
-        }
-        if password:
-            options["password"] = password
-        if ca_file and url.startswith("rediss://"):
-            options["ssl_ca_certs"] = ca_file
-        self.client = aioredis.from_url(url, **options)
+        target = parse_redis_target(url)
+        self._connection = RedisConnection(
+            target, password=password, sentinel_password=sentinel_password, ca_file=ca_file
+        )
+        self.client = self._connection.client
+        self.names = RedisNames(prefix, cluster=target.cluster)
         self.prefix = prefix
         self._retention = retention
         self._breaker = Breaker(retry_interval, clock)
         self._refuse = refuse
+        self._slots = asyncio.Semaphore(IN_FLIGHT)
 
     @property
     def problem(self) -> str | None:
         """The last error while Redis is marked down (None while it works)."""
         return self._breaker.problem
 
+    async def limited(self, command: Awaitable[T]) -> T:
+        """`command`'s result, once the client is ready and fewer than IN_FLIGHT of this store's commands are
+        under way."""
+        try:
+            await self._connection.ready()
+        except BaseException:
+            _discard(command)
+            raise
+        async with self._slots:
+            try:
+                return await command
+            except AttributeError as exc:
+                if not _raised_by_a_library(exc):
+                    raise
+                # redis-py over TLS: a connection closed while a command is written to it raises
+                # AttributeError from asyncio's SSL transport (seen on a loaded Cluster); that is Redis failing
+                raise RedisConnectionError(f"Redis connection lost: {exc}") from exc
+
     def key(self, key: str) -> str:
-        return f"{self.prefix}:{key}"
+        """The Redis name of `key` (`PREFIX:KEY`; see `RedisNames` for a Cluster's)."""
+        return self.names.name(key)
+
+    def follow_failovers(self) -> None:
+        """On Sentinel, follow a new master as soon as the sentinels announce it (`proxy.cache.redisclient`)."""
+        self._connection.follow_failovers()
 
     @property
     def available(self) -> bool:
@@ -182,7 +206,7 @@ class RedisStore:
     async def ping(self) -> bool:
         # The readiness probe always asks Redis, so it also closes the breaker early.
         try:
-            await self.client.ping()
+            await self.limited(self.client.ping())
         except FAILURES as exc:
             self._mark_down(exc)
             return False
@@ -190,7 +214,7 @@ class RedisStore:
         return True
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self._connection.close()
 
     async def _call(self, command: Awaitable[T], default: T, *, keys: Iterable[str] = ()) -> T:
         """`command`'s result, or `default` while Redis fails (the breaker) or when one of `keys` is poison."""
@@ -198,7 +222,7 @@ class RedisStore:
             _discard(command)
             return default
         try:
-            result = await command
+            result = await self.limited(command)
         except FAILURES as exc:
             if not is_poison(exc):
                 self._mark_down(exc)
@@ -233,12 +257,6 @@ class RedisStore:
     def _mark_up(self) -> None:
         if self._breaker.reset():
             log.warning("redis.up", effect="shared metadata store in use again")
-
-
-def _unprefixed(name: bytes | str, prefix: str) -> str:
-    """A key as Redis names it (`PREFIX:KEY`, maybe bytes) without the prefix."""
-    text = name.decode() if isinstance(name, bytes) else name
-    return text.removeprefix(f"{prefix}:")
 
 
 def _discard(command: Awaitable) -> None:
@@ -299,7 +317,7 @@ class RedisFleetLocks:
         owned, existing = False, None
         while self._store.available:
             try:
-                taken = await self._take(keys=[lock], args=[token, self._lease_ms])
+                taken = await self._store.limited(self._take(keys=[lock], args=[token, self._lease_ms]))
             except FAILURES as exc:
                 self._store._mark_down(exc)
                 break
@@ -318,13 +336,13 @@ class RedisFleetLocks:
                 renewer.cancel()
             if owned:
                 with contextlib.suppress(*FAILURES):
-                    await self._release(keys=[lock], args=[token])
+                    await self._store.limited(self._release(keys=[lock], args=[token]))
 
     async def _renew(self, lock: str, token: str, key: str) -> None:
         while True:
             await asyncio.sleep(self._lease_ms / 1000 / RENEWALS_PER_LEASE)
             try:
-                renewed = await self._renew_script(keys=[lock], args=[token, self._lease_ms])
+                renewed = await self._store.limited(self._renew_script(keys=[lock], args=[token, self._lease_ms]))
             except FAILURES:
                 continue  # Redis blip: keep working, try again at the next interval
             if not renewed:
@@ -433,9 +451,9 @@ class RedisNegatives:
         TTL; the next write drops up to 512 of them), with their sizes; raises if Redis is unavailable."""
         cutoff = (self._clock() if now is None else now) - self._retention
         zset, sizes = self._keys[0], self._keys[1]
-        members = await self._store.client.zrangebyscore(zset, "-inf", f"({cutoff}")
+        members = await self._store.limited(self._store.client.zrangebyscore(zset, "-inf", f"({cutoff}"))
         names = [m.decode() if isinstance(m, bytes) else m for m in members]
-        found = await self._store.client.hmget(sizes, names) if names else []
+        found = await self._store.limited(self._store.client.hmget(sizes, names)) if names else []
         return [(name, int(size or 0)) for name, size in zip(names, found, strict=True)]
 
     async def _run(self, op: str, key: str, value: bytes) -> None:
@@ -454,7 +472,7 @@ class RedisNegatives:
             return
         for name in counts[2:]:
             self._seal.refuse(
-                _unprefixed(name, self._store.prefix),
+                self._store.names.key(name.decode() if isinstance(name, bytes) else name),
                 "holds what the proxy never writes there: the bookkeeping of remembered 404s started afresh",
                 "wrong_type",
             )

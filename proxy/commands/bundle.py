@@ -45,10 +45,9 @@ from proxy.gpg import Keyring
 from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
-from proxy.s3store import S3ArchiveStore
 from proxy.safejson import JSONDocumentError
 from proxy.safejson import loads as load_json
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveStore
 from proxy.unsigned import parse_unsigned_policy
 from proxy.verify import VerificationChain
 
@@ -74,7 +73,7 @@ class BundleReport:
 # ---- export ----------------------------------------------------------------------------------
 
 
-async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, only: list[str]) -> BundleReport:
+async def export_bundle(cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str]) -> BundleReport:
     """Write every cached provider archive and module (or those matching `only`) with their metadata."""
     check_bundle_name(out)
     names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
@@ -93,7 +92,7 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, 
     for key in names:
         if (parts := keys.ARCHIVE.parse(key)) and _selected(keys.ARCHIVE.subject(key), only):
             record = records.decode(values.get(key), ArchiveRecord)
-            stored = store.get(record.sha256) if record else None
+            stored = await store.get(record.sha256) if record else None
             download_key = keys.DOWNLOAD.key_for(parts)
             entry = CacheEntry.decode(values.get(download_key))
             if record is None or stored is None or entry is None or entry.negative:
@@ -124,7 +123,7 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, 
             report.providers.append(f"{addr} {version} {platform}")
         elif (parts := keys.MODULE.parse(key)) and _selected(keys.MODULE.subject(key), only):
             record = records.decode(values.get(key), ModuleRecord)
-            stored = store.get(record.sha256) if record else None
+            stored = await store.get(record.sha256) if record else None
             if record is None or stored is None:
                 continue
             versions_key = keys.MODULE_VERSIONS.key_for(parts)
@@ -142,29 +141,13 @@ async def export_bundle(cache: MetadataStore, store: ArchiveStorage, out: Path, 
         lines = [json.dumps({"key": k, "value": base64.b64encode(values[k]).decode()}) for k in sorted(wanted)]
         _add_bytes(tar, "metadata.jsonl", ("\n".join(lines) + "\n").encode())
         for sha in sorted(files):
-            with _local_copy(store, sha) as path:
+            async with store.local_copy(sha) as path:  # the store's own file, or a temp copy of the S3 object
+                if path is None:
+                    raise CommandError(f"archive {sha} vanished from the store during the export")
                 tar.add(str(path), arcname=f"archives/{sha}", recursive=False)
                 report.bytes += path.stat().st_size
     report.entries, report.archives = len(wanted), len(files)
     return report
-
-
-@contextmanager
-def _local_copy(store: ArchiveStorage, sha256: str) -> Iterator[Path]:
-    """A local file holding the stored archive: the store's own file, or a temp copy of the S3 object."""
-    if isinstance(store, S3ArchiveStore):
-        copy = store.temp_path()
-        try:
-            if store.download_to(sha256, copy) is None:
-                raise CommandError(f"archive {sha256} vanished from the store during the export")
-            yield copy
-        finally:
-            copy.unlink(missing_ok=True)
-        return
-    stored = store.get(sha256)
-    if stored is None:
-        raise CommandError(f"archive {sha256} vanished from the store during the export")
-    yield stored.path
 
 
 def _selected(subject: str, only: list[str]) -> bool:
@@ -216,7 +199,7 @@ def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
 
 
 async def import_bundle(
-    bundle: Path, cache: MetadataStore, store: ArchiveStorage, keyring: Keyring, trusted_keys: set[str] | None = None
+    bundle: Path, cache: MetadataStore, store: ArchiveStore, keyring: Keyring, trusted_keys: set[str] | None = None
 ) -> BundleReport:
     """Verify everything in `bundle`, then add it to the cache and the store (idempotent).
 
@@ -255,15 +238,15 @@ async def import_bundle(
                 raise CommandError(f"bundle rejected: metadata entry {key!r} belongs to no archive in the manifest")
         # Everything verified: publish.
         for sha, path in files.items():
-            present = store.check(sha)  # a file already there counts only if it hashes to its address
+            present = await store.check(sha)  # a file already there counts only if it hashes to its address
             if present is not None and present.intact:
                 report.already_present += 1
                 continue
-            if present is not None and store.quarantine(sha, present.identity) is not None:
+            if present is not None and await store.quarantine(sha, present.stored.version) is not None:
                 report.replaced_corrupt += 1
-            store.publish_path(path, sha)
+            stored = await store.publish_path(path, sha)
             report.archives += 1
-            report.bytes += store.get(sha).size
+            report.bytes += stored.size
         for key, value in {**_arriving_stale(metadata), **records}.items():
             await cache.set(key, value)
         report.entries = len(metadata)

@@ -10,24 +10,20 @@ lives (it holds its lock) is never touched, so no download is. When any archive 
 read (a wrong --metadata-secret, a forged value), no archive is removed: it might be that record's.
 Strays (files or keys where archives are kept that are not at a content address) are reported, never
 removed: the proxy writes none, so they are nobody's it knows of. With `dry_run` nothing is removed;
-the report says what would go. The store says what it holds (`ArchiveStorage.leftovers`), so gc is the
+the report says what would go. The store says what it holds (`ArchiveStore.leftovers`), so gc is the
 same for a directory and a bucket.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
-from proxy import eviction
 from proxy.cache import CacheEntry, MetadataStore
 from proxy.cache import keys as key_scheme
 from proxy.cache.negative import NegativeBound, is_negative
-from proxy.cache.redis import RedisNegatives
-from proxy.objects import REMOVABLE, STRAY, Leftover
 from proxy.records import ArchiveRecord, ModuleRecord, decode
-from proxy.storage import ArchiveStorage
+from proxy.storage import REMOVABLE, STRAY, ArchiveStore, Leftover, ServedTimes, orphans
 
 _RECORD_KINDS = ((key_scheme.ARCHIVE, ArchiveRecord), (key_scheme.MODULE, ModuleRecord))
 
@@ -57,32 +53,34 @@ class GcReport:
 
 
 async def collect(
-    metadata: MetadataStore,
-    store: ArchiveStorage,
+    metadata: NegativeBound,
+    store: ArchiveStore,
+    times: ServedTimes,
     *,
     grace: float,
     negative_retention: float,
     dry_run: bool,
     now: float | None = None,
 ) -> GcReport:
-    """Find (and unless `dry_run`, remove) the garbage of `store` and `metadata`; raises if the metadata
-    cannot be listed (a partial listing must never make referenced archives look orphaned)."""
+    """Find (and unless `dry_run`, remove) the garbage of `store` and `metadata` (the archives' last-served
+    `times` keep recently used ones); raises if the metadata cannot be listed (a partial listing must never
+    make referenced archives look orphaned)."""
     now = time.time() if now is None else now
     report = GcReport()
     referenced = await _referenced(metadata, report)
-    served = await metadata.served_times()
-    objects = await asyncio.to_thread(lambda: list(store.list_objects()))
+    served = await times.served_times()
+    objects = await store.list_objects()
     report.referenced = sum(1 for obj in objects if obj.sha256 in referenced)
     unreferenced = [obj for obj in objects if obj.sha256 not in referenced]
-    orphans = [] if report.unreadable else eviction.orphans(unreferenced, referenced, served, now=now, grace=grace)
-    report.kept_recent = 0 if report.unreadable else len(unreferenced) - len(orphans)
-    report.garbage += [Garbage("archive", obj.sha256, obj.size) for obj in orphans]
-    leftovers = await asyncio.to_thread(store.leftovers, now - grace)
+    unused = [] if report.unreadable else orphans(unreferenced, referenced, served, now=now, grace=grace)
+    report.kept_recent = 0 if report.unreadable else len(unreferenced) - len(unused)
+    report.garbage += [Garbage("archive", obj.sha256, obj.size) for obj in unused]
+    leftovers = await store.leftovers(now - grace)
     report.garbage += [Garbage(item.kind, item.name, item.size, item) for item in leftovers if item.kind in REMOVABLE]
     report.strays = [item for item in leftovers if item.kind == STRAY]
     report.garbage += await _expired_negatives(metadata, now, negative_retention)
     if not dry_run:
-        await _remove(metadata, store, report)
+        await _remove(metadata, store, times, report)
     return report
 
 
@@ -94,30 +92,16 @@ async def _referenced(metadata: MetadataStore, report: GcReport) -> set[str]:
         values = await metadata.get_many(names) if names else []
         for name, raw in zip(names, values, strict=True):
             record = decode(raw, kind) if raw is not None else None
-            if record is None:
-                if raw is not None or await _exists_unsealed(metadata, name):
-                    report.unreadable.append(name)
+            if record is None:  # listed, yet unreadable: refused by the seal, or not a record (or gone meanwhile)
+                report.unreadable.append(name)
                 continue
             if record.sha256:
                 found.add(record.sha256)
     return found
 
 
-async def _exists_unsealed(metadata: MetadataStore, key: str) -> bool:
-    """Whether `key` holds a value under the seal (a None from a sealed store may be a rejected value)."""
-    inner = getattr(metadata, "inner", None)
-    while inner is not None:
-        if await inner.get(key) is not None:
-            return True
-        inner = getattr(inner, "inner", None)
-    return False
-
-
-async def _expired_negatives(metadata: MetadataStore, now: float, retention: float) -> list[Garbage]:
-    garbage: list[Garbage] = []
-    negatives = metadata.negatives if isinstance(metadata, NegativeBound) else None
-    if isinstance(negatives, RedisNegatives):
-        garbage += [Garbage("negative", name, size) for name, size in await negatives.expired(now)]
+async def _expired_negatives(metadata: NegativeBound, now: float, retention: float) -> list[Garbage]:
+    garbage = [Garbage("negative", name, size) for name, size in await metadata.negatives.expired(now)]
     # remembered 404s that older versions wrote into the persistent store itself
     names = [key async for key in metadata.keys()]  # noqa: SIM118 - an async iterator, not a dict
     for offset in range(0, len(names), 500):
@@ -131,24 +115,23 @@ async def _expired_negatives(metadata: MetadataStore, now: float, retention: flo
     return garbage
 
 
-async def _remove(metadata: MetadataStore, store: ArchiveStorage, report: GcReport) -> None:
-    negatives = metadata.negatives if isinstance(metadata, NegativeBound) else None
+async def _remove(metadata: NegativeBound, store: ArchiveStore, times: ServedTimes, report: GcReport) -> None:
     archives: list[str] = []
     for item in report.garbage:
         if item.kind == "archive":
-            if await asyncio.to_thread(store.remove, item.name):
+            if await store.remove(item.name):
                 archives.append(item.name)
                 report.removed.append(item)
         elif item.leftover is not None:  # a temp dir only if still abandoned
-            if await asyncio.to_thread(store.remove_leftover, item.leftover):
+            if await store.remove_leftover(item.leftover):
                 report.removed.append(item)
-        elif item.kind == "negative" and isinstance(negatives, RedisNegatives):
-            await negatives.discard(item.name)
+        elif item.kind == "negative":
+            await metadata.negatives.discard(item.name)
             report.removed.append(item)
         elif item.kind == "old-negative":
             await metadata.delete(item.name)
             report.removed.append(item)
-    await metadata.forget_served(archives)
+    await times.forget_served(archives)
 
 
 def report_lines(report: GcReport, *, dry_run: bool) -> list[str]:

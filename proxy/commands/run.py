@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 from proxy.addrs import AddressError, Platform
-from proxy.backends import archive_store
 from proxy.cache import MetadataStore
 from proxy.cache.embedded import FAILURES as EMBEDDED_FAILURES
-from proxy.cache.factory import negative_bound, open_metadata_store
-from proxy.cache.negative import negative_retention
+from proxy.cache.factory import negative_bound, open_metadata
+from proxy.cache.negative import NegativeBound, negative_retention
 from proxy.cache.redis import FAILURES as REDIS_FAILURES
 from proxy.commands import CommandError
 from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
@@ -25,7 +23,7 @@ from proxy.commands.warm import run_warm
 from proxy.config import FreshnessTtls, Settings, build
 from proxy.gpg import Keyring
 from proxy.proxyclient import ProxyClient, ProxyUnreachableError
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
 T = TypeVar("T")
 
@@ -114,31 +112,36 @@ def _store_settings(args: argparse.Namespace) -> Settings:
     return build(Settings, vars(args))
 
 
-async def _metadata(settings: Settings) -> MetadataStore:
-    """The metadata store opened (and sealed) exactly as `serve` opens it."""
-    backend, _ = await open_metadata_store(settings)
-    return negative_bound(settings, backend)
+async def _metadata(settings: Settings) -> tuple[NegativeBound, ServedTimes]:
+    """The metadata store opened (and sealed) exactly as `serve` opens it, and the archives' last-served
+    times kept on the same connection."""
+    backend, _, times = await open_metadata(settings)
+    return negative_bound(settings, backend), times
 
 
-async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[MetadataStore, ArchiveStorage]:
-    """The data dir's stores: the metadata store (opened and sealed as `serve` opens it) and the archive
-    store, opened for writing (`claim`: a temp dir of this process, dead processes' reaped, uploads abandoned
-    a day ago aborted) or only to be looked at (nothing changes by opening it)."""
+async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[MetadataStore, ServedTimes, ArchiveStore]:
+    """The data dir's stores: the metadata store (opened and sealed as `serve` opens it), the last-served
+    times, and the archive store, opened for writing (`claim`: a temp dir of this process, dead processes'
+    reaped, uploads abandoned a day ago aborted) or only to be looked at (nothing changes by opening it)."""
     settings = _store_settings(args)
-    cache = await _metadata(settings)
+    cache, times = await _metadata(settings)
     store = archive_store(settings)
-    await asyncio.to_thread(lambda: store.open(claim=claim))
-    return cache, store
+    try:
+        await store.open(claim=claim)
+    except BaseException:
+        await cache.close()
+        raise
+    return cache, times, store
 
 
 async def _export(args: argparse.Namespace) -> int:
     check_bundle_name(Path(args.out))
-    cache, store = await _stores(args)
+    cache, _, store = await _stores(args)
     try:
         report = await export_bundle(cache, store, Path(args.out), args.only)
     finally:
         await cache.close()
-        store.close()
+        await store.close()
     print(
         f"exported {len(report.providers)} provider archives and {len(report.modules)} modules "
         f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}"
@@ -154,7 +157,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    cache, store = await _stores(args)
+    cache, _, store = await _stores(args)
     keyring = Keyring(args.data_dir / "gnupg")
     try:
         if not args.trust_key and not args.trust_bundle_keys:
@@ -166,7 +169,7 @@ async def _import(args: argparse.Namespace) -> int:
         report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted)
     finally:
         await cache.close()
-        store.close()
+        await store.close()
         keyring.close()
     print(
         f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
@@ -179,7 +182,7 @@ async def _import(args: argparse.Namespace) -> int:
 
 
 async def _gc(args: argparse.Namespace) -> int:
-    cache, store = await _stores(args, claim=False)  # gc removes dead processes' temp dirs itself, or not
+    cache, times, store = await _stores(args, claim=False)  # gc removes dead processes' temp dirs itself, or not
     try:
         if store.local and not (store.root / "sha256").is_dir():
             raise CommandError(f"{store.root} holds no archive store (is --data-dir the proxy's data directory?)")
@@ -187,6 +190,7 @@ async def _gc(args: argparse.Namespace) -> int:
             report = await collect(
                 cache,
                 store,
+                times,
                 grace=args.grace,
                 dry_run=args.dry_run,
                 negative_retention=negative_retention(FreshnessTtls().negative),
@@ -197,7 +201,7 @@ async def _gc(args: argparse.Namespace) -> int:
             ) from None
     finally:
         await cache.close()
-        store.close()
+        await store.close()
     for line in report_lines(report, dry_run=args.dry_run):
         print(line)
     return 0
@@ -209,17 +213,17 @@ async def _verify(args: argparse.Namespace) -> int:
     if settings.archives.s3_location is None and not (root / "sha256").is_dir():
         raise CommandError(f"{root} holds no archive store (is --data-dir the proxy's data directory?)")
     store = archive_store(settings)
-    store.open(claim=False)  # nothing is written without --repair, not even by opening the store
+    await store.open(claim=False)  # nothing is written without --repair, not even by opening the store
     try:
-        report = await asyncio.to_thread(verify_store, store, repair=args.repair)
+        report = await verify_store(store, repair=args.repair)
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
-            cache = await _metadata(settings)
+            cache, _ = await _metadata(settings)
             try:
                 await check_records(report, cache)
             finally:
                 await cache.close()
     finally:
-        store.close()
+        await store.close()
     for line in summary_lines(report):
         print(line)
     return 1 if report.failed else 0

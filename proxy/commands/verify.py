@@ -33,7 +33,7 @@ from proxy.errors import UpstreamError, VerificationError
 from proxy.gpg import Keyring
 from proxy.inventory import download_info, provider_of
 from proxy.records import ArchiveRecord, SumsRecord
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveStore
 from proxy.unsigned import UnsignedPolicy
 from proxy.verify import VerificationChain
 
@@ -85,15 +85,15 @@ class VerifyReport:
         return bool(self.unrepaired or self.refused)
 
 
-def verify_store(store: ArchiveStorage, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
+async def verify_store(store: ArchiveStore, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
     """Hash every stored object; with `repair`, quarantine corrupt ones and reap temp dirs."""
     report = VerifyReport()
-    objects, report.strays = _inventory(store)
+    objects, report.strays = await _inventory(store)
     total = sum(size for _, size in objects)
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify", disable=not show) as bar:
         for sha, _ in objects:
-            result = store.check(sha, bar.update)
+            result = await store.check(sha, bar.update)
             if result is None:  # removed meanwhile (a running proxy quarantined it)
                 continue
             report.objects += 1
@@ -102,7 +102,7 @@ def verify_store(store: ArchiveStorage, *, repair: bool = False, progress: bool 
                 continue
             report.corrupt[sha] = f"content hashes to {result.actual}"
             if repair:
-                moved = store.quarantine(sha, result.identity)
+                moved = await store.quarantine(sha, result.stored.version)
                 if moved is not None:
                     report.quarantined[sha] = moved
     report.abandoned_temp_dirs = store.abandoned_temp_dirs()
@@ -111,7 +111,7 @@ def verify_store(store: ArchiveStorage, *, repair: bool = False, progress: bool 
         for folder in report.abandoned_temp_dirs:
             store.remove_temp_dir(folder)
             report.removed_temp_dirs.append(folder)
-    report.quarantine_files = len(store.quarantined())
+    report.quarantine_files = len(await store.quarantined())
     return report
 
 
@@ -172,9 +172,9 @@ async def _refusal(keyring: Keyring, cache: MetadataStore, parts: dict[str, str]
     return None
 
 
-def _inventory(store: ArchiveStorage) -> tuple[list[tuple[str, int]], list[Path | str]]:
+async def _inventory(store: ArchiveStore) -> tuple[list[tuple[str, int]], list[Path | str]]:
     """The objects at content addresses (SHA-256, size), and what else lies where they are kept."""
-    return [(o.sha256, o.size) for o in store.list_objects()], list(store.strays())
+    return [(o.sha256, o.size) for o in await store.list_objects()], list(await store.strays())
 
 
 def summary_lines(report: VerifyReport) -> list[str]:

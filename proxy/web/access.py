@@ -1,11 +1,14 @@
-"""Access control: client tokens (`--auth-tokens`), their scopes, private upstream hosts, signed archive URLs.
+"""Access control: client tokens (`--auth-tokens`), OIDC workload tokens (`--oidc-issuers`), their scopes,
+private upstream hosts, signed archive URLs.
 
 Every route that names an upstream host (`/mirror/v1/H/…`, `/registry/H/…`, `/lock/v1/H/…`) is
 checked before its handler runs, also when the answer would come from the cache, so what a
 client may read depends only on its token, never on what another client fetched:
 
-- with a tokens file: no or an unknown token is `401` with `WWW-Authenticate: Bearer`; a token
-  whose scope lacks the host (or namespace, or `/lock/v1`) is `403`;
+- with a tokens file or an issuers file: no or an unknown token is `401` with `WWW-Authenticate: Bearer`
+  (an OIDC token refused: `401` saying why, in the answer and in `auth.refused`); a token whose scope lacks
+  the host (or namespace, or `/lock/v1`) is `403`. A bearer token that is none of the static tokens and
+  looks like a JWT is checked as an OIDC token (`proxy.oidc`);
 - a host the proxy has upstream credentials for is private: anonymous access to it is always `403`, the
   answer for a host the proxy does not serve (it does not confirm that the private host exists);
 - archives, SHA256SUMS and module archives are also served to a request carrying a valid grant
@@ -19,8 +22,9 @@ client may read depends only on its token, never on what another client fetched:
 lists of itself shows only what the client may read: the page lists the hosts (their upstream URL,
 discovery time, `host` blocks) and archives of the token's scope, `/metrics` names a private host (in its
 `host` labels) only to a token that may read it, and without client tokens neither names a private host
-(`readable`, `shown_host`). The tokens file is read again on SIGHUP.
-Tokens are never logged: only a token's name appears in `auth.refused`.
+(`readable`, `shown_host`). The tokens and issuers files are read again on SIGHUP.
+Tokens are never logged: a request's client is logged by its `Identity` (a static token's name; an OIDC
+token's issuer, subject and the claims that granted access), in the access log and in `auth.refused`.
 """
 
 from __future__ import annotations
@@ -36,16 +40,38 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
-from proxy.auth import GRANT_PARAM, AuthConfigError, Grants, Token, TokenBook, bearer_token, parse_tokens, with_grant
+from proxy.auth import (
+    GRANT_PARAM,
+    Client,
+    Grants,
+    TokenBook,
+    bearer_token,
+    parse_tokens,
+    with_grant,
+)
 from proxy.config import Settings
 from proxy.credentials import on_behalf_of
 from proxy.errors import (
     HostNotAllowedError,
+    OidcAlgorithmRefusedError,
+    OidcAudienceError,
+    OidcClaimsInvalidError,
+    OidcIssuerUnavailableError,
+    OidcIssuerUnknownError,
+    OidcKeyUnknownError,
+    OidcSignatureInvalidError,
+    OidcTokenExpiredError,
+    OidcTokenInvalidError,
+    OidcTokenMalformedError,
+    OidcTokenNotYetValidError,
+    ProxyError,
     TokenInvalidError,
     TokenRequiredError,
     TokenScopeError,
-    UnauthorizedError,
 )
+from proxy.issuers import IssuerBook, parse_issuers
+from proxy.jose import looks_like_jwt
+from proxy.oidc import OidcAuthenticator, TokenRefusedError
 
 log = structlog.get_logger("proxy.auth")
 
@@ -54,46 +80,94 @@ GRANTABLE_ROUTES = frozenset({"mirror_archive", "registry_provider_shasums", "re
 REALM = "registry-proxy"
 
 
+# The error of each reason an OIDC token is refused for (`proxy.jose.JwtError.reason`, `proxy.oidc`).
+OIDC_REFUSALS: dict[str, type[OidcTokenInvalidError]] = {
+    "malformed": OidcTokenMalformedError,
+    "missing_claim": OidcClaimsInvalidError,
+    "bad_claim": OidcClaimsInvalidError,
+    "unknown_issuer": OidcIssuerUnknownError,
+    "wrong_issuer": OidcIssuerUnknownError,
+    "wrong_audience": OidcAudienceError,
+    "algorithm_refused": OidcAlgorithmRefusedError,
+    "unknown_key": OidcKeyUnknownError,
+    "bad_signature": OidcSignatureInvalidError,
+    "expired": OidcTokenExpiredError,
+    "not_yet_valid": OidcTokenNotYetValidError,
+}
+
+
+# A refusal kept until the route shows it needs a client: an OIDC token refused, or its issuer's keys unavailable.
+Problem = TokenRefusedError | OidcIssuerUnavailableError
+
+
 class Access:
-    """The tokens in force (replaced whole on reload, and with them the tokens grants may name), the private
-    hosts, and the grant signer."""
+    """The tokens and OIDC issuers in force (each replaced whole on reload, and with them the clients grants may
+    name), the private hosts, and the grant signer. `oidc` (the OIDC token checker) is set once its resources
+    are open (`proxy.web.app`)."""
 
     def __init__(self, settings: Settings, grants: Grants) -> None:
         self.path: Path | None = settings.access.auth_tokens
+        self.issuers_path: Path | None = settings.access.oidc_issuers
         self.private = settings.upstreams.upstream_credentials.private_hosts
         self.metrics_token_required = settings.access.metrics_token_required
         self.grants = grants
         self._use(load_tokens(self.path) if self.path is not None else TokenBook())
+        self.issuers = load_issuers(self.issuers_path) if self.issuers_path is not None else IssuerBook()
+        self.oidc: OidcAuthenticator | None = None
+        self.required = settings.access.clients_required  # every request naming an upstream needs a client
         # Anything to check at all: without tokens, private hosts or a metrics token every request passes as is
         # (and no request pays for parsing its host here).
-        self.active = self.path is not None or bool(self.private) or self.metrics_token_required
+        self.active = self.required or bool(self.private) or self.metrics_token_required
 
     def reload(self) -> None:
-        """Read the tokens file again; a broken file keeps the tokens in force (and says why)."""
-        if self.path is None:
-            return
+        """Read the tokens and issuers files again; a broken file keeps what it gave in force (and says why)."""
+        if self.path is not None:
+            try:
+                book = load_tokens(self.path)
+            except (OSError, ValueError) as exc:  # AuthConfigError, or a file that is not UTF-8
+                _reload_failed("auth.reload_failed", self.path, exc, "the previous tokens stay")
+            else:
+                self._use(book)
+                log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
+        if self.issuers_path is not None:
+            try:
+                issuers = load_issuers(self.issuers_path)
+            except (OSError, ValueError) as exc:
+                _reload_failed("oidc.reload_failed", self.issuers_path, exc, "the previous issuers and rules stay")
+            else:
+                self.issuers = issuers
+                log.info(
+                    "oidc.reloaded",
+                    file=str(self.issuers_path),
+                    issuers=[issuer.name for issuer in issuers.issuers],
+                    pid=os.getpid(),
+                )
+
+    async def authenticate(self, presented: str | None) -> tuple[Client | None, Problem | None]:
+        """The client `presented` signs in (None: anonymous, or refused, with the problem when it is an OIDC
+        token's: kept until the route shows it needs a client)."""
+        if presented is None:
+            return None, None
+        token = self.book.authenticate(presented)
+        if token is not None or self.oidc is None or not self.issuers.enabled or not looks_like_jwt(presented):
+            return token, None
         try:
-            book = load_tokens(self.path)
-        except (OSError, AuthConfigError) as exc:
-            log.error(
-                "auth.reload_failed",
-                file=str(self.path),
-                error=str(exc),
-                effect="the previous tokens stay",
-                pid=os.getpid(),
-            )
-            return
-        self._use(book)
-        log.info("auth.reloaded", file=str(self.path), tokens=len(self.book.tokens), pid=os.getpid())
+            return await self.oidc.authenticate(presented, self.issuers), None
+        except (TokenRefusedError, OidcIssuerUnavailableError) as exc:
+            return None, exc
 
     def _use(self, book: TokenBook) -> None:
         """Put `book` in force: its tokens, and the grants made for them (a grant of a token not in it is refused)."""
         self.book = book
         self._grant_holders = {self.grants.token_id(token): token for token in book.tokens}
 
-    def grant_holder(self, path: str, grant: str, now: float) -> Token:
-        """The token in force that `grant` was made for, if it allows `path` now (else a 401 is raised)."""
-        return self.grants.holder(path, grant, now, self._grant_holders)
+    def grant_holder(self, path: str, grant: str, now: float) -> Client:
+        """The client in force that `grant` was made for, if it allows `path` now (else a 401 is raised)."""
+        return self.grants.holder(path, grant, now, self._grant_holders, self.issuers.grant_holder)
+
+
+def _reload_failed(event: str, path: Path, exc: Exception, effect: str) -> None:
+    log.error(event, file=str(path), error=str(exc), effect=effect, pid=os.getpid())
 
 
 def load_tokens(path: Path) -> TokenBook:
@@ -101,8 +175,13 @@ def load_tokens(path: Path) -> TokenBook:
     return parse_tokens(path.read_text(encoding="utf-8"))
 
 
+def load_issuers(path: Path) -> IssuerBook:
+    """The issuers file, parsed (raises OSError or IssuersConfigError, an AuthConfigError)."""
+    return parse_issuers(path.read_text(encoding="utf-8"))
+
+
 ACCESS = web.AppKey("access", Access)
-CLIENT = web.RequestKey("client_token", Token)
+CLIENT = web.RequestKey("client", Client)
 
 
 @web.middleware
@@ -114,12 +193,14 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
     if access is None or not access.active or route is None or route in OPEN_ROUTES:
         return await handler(request)
     presented = bearer_token(request.headers.get("Authorization"))
-    client = access.book.authenticate(presented) if presented is not None else None
+    client, problem = await access.authenticate(presented)
+    if client is not None:
+        request[CLIENT] = client
     if route == "metrics":  # shows a private host's series only to a token that may read the host
-        _check_metrics(access, client, presented)
+        _check_metrics(access, client, presented, problem)
     elif route == "page":  # lists what is cached: any valid token, and it shows only what the token may read
-        if access.book.enabled and client is None:
-            raise _unauthorized("/", presented)
+        if access.required and client is None:
+            raise _unauthorized("/", presented, problem)
     else:
         info = request.match_info
         try:
@@ -128,13 +209,9 @@ async def access_control(request: web.Request, handler) -> web.StreamResponse:
             return await handler(request)  # the handler answers 400 for the malformed address
         if host is None:
             return await handler(request)
-        _check_route(request, access, route, host, info.get("namespace"), client, presented)
-        if client is not None:
-            request[CLIENT] = client
+        _check_route(request, access, route, host, info.get("namespace"), client, presented, problem)
         with on_behalf_of(host):
             return await handler(request)
-    if client is not None:
-        request[CLIENT] = client
     return await handler(request)
 
 
@@ -160,11 +237,11 @@ def shown_host(request: web.Request) -> Callable[[str], bool] | None:
     return lambda host: host not in private or (client is not None and client.may_read(host))
 
 
-def _check_metrics(access: Access, client: Token | None, presented: str | None) -> None:
+def _check_metrics(access: Access, client: Client | None, presented: str | None, problem: Problem | None) -> None:
     if not access.metrics_token_required:
         return
     if client is None:
-        raise _unauthorized("/metrics", presented)
+        raise _unauthorized("/metrics", presented, problem)
     if not client.metrics:
         raise _forbidden(client, "/metrics", "this token may not read /metrics")
 
@@ -175,36 +252,52 @@ def _check_route(
     route: str,
     host: str,
     namespace: str | None,
-    client: Token | None,
+    client: Client | None,
     presented: str | None,
+    problem: Problem | None,
 ) -> None:
     """Raise the refusal of a request naming upstream `host` (and `namespace`), if it is refused."""
-    if access.book.enabled:
+    if access.required:
         grant = request.query.get(GRANT_PARAM)
         if client is None and grant is not None and route in GRANTABLE_ROUTES:
             holder = access.grant_holder(request.path, grant, time.time())
             if not holder.may_read(host, namespace):
                 raise _forbidden(holder, host, f"the token this URL's grant was made for may not read {host} now")
+            request[CLIENT] = holder  # who downloads it, for the log
             return
         if client is None:
-            raise _unauthorized(host, presented)
+            raise _unauthorized(host, presented, problem)
         if not client.may_read(host, namespace):
             raise _forbidden(
                 client,
                 host,
                 f"this token may not read {host}" + (f"/{namespace}" if namespace and client.may_read(host) else ""),
             )
-        if route == "lock" and not client.lock:
+        if route == "lock" and not client.may_lock(host, namespace):
             raise _forbidden(client, host, "this token may not call /lock/v1")
     elif host in access.private:  # answered as a host the proxy does not serve: the answer does not confirm it
         log.info("auth.refused", host=host, reason="private host, no client tokens configured")
         raise HostNotAllowedError.for_host(host)
 
 
-def _unauthorized(what: str, presented: str | None) -> UnauthorizedError:
+def _unauthorized(what: str, presented: str | None, problem: Problem | None = None) -> ProxyError:
+    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
+    if isinstance(problem, OidcIssuerUnavailableError):
+        log.info("auth.refused", what=what, reason="oidc issuer unavailable", detail=problem.message)
+        return problem
+    if problem is not None:
+        log.info(
+            "auth.refused",
+            what=what,
+            reason=f"oidc {problem.reason}",
+            detail=problem.message,
+            issuer=problem.issuer,
+            subject=problem.subject,
+        )
+        error = OIDC_REFUSALS.get(problem.reason, OidcTokenInvalidError)
+        return error(f"{what}: the OIDC token was refused: {problem.message}", headers={"WWW-Authenticate": challenge})
     reason = "unknown token" if presented is not None else "no token"
     log.info("auth.refused", what=what, reason=reason)
-    challenge = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if presented is not None else "")
     error = TokenInvalidError if presented is not None else TokenRequiredError
     return error(
         f"{what}: a client token is required ({reason}); send "
@@ -213,8 +306,8 @@ def _unauthorized(what: str, presented: str | None) -> UnauthorizedError:
     )
 
 
-def _forbidden(client: Token, what: str, message: str) -> TokenScopeError:
-    log.info("auth.refused", token=client.name, what=what, reason=message)
+def _forbidden(client: Client, what: str, message: str) -> TokenScopeError:
+    log.info("auth.refused", token=client.name, client=client.identity.fields(), what=what, reason=message)
     return TokenScopeError(message)
 
 
@@ -224,14 +317,14 @@ class UrlSigner:
     against the request's own URL, as the client resolves it), for the request's token, with one expiry."""
 
     grants: Grants
-    token: Token
+    token: Client
     expires: int
     base: URL  # the request's URL, which relative URLs resolve against
 
     @property
     def key(self) -> tuple:
         """What the signed URLs depend on besides the document: part of its rendered answer's key."""
-        return (self.grants.token_id(self.token), self.expires, self.base.path)
+        return (self.grants.holder_id(self.token), self.expires, self.base.path)
 
     def sign(self, url: str) -> str:
         """`url` (relative, or root-relative) with the grant for its path; a go-getter `//subdir` and the query
@@ -247,4 +340,4 @@ def url_signer(request: web.Request) -> UrlSigner | None:
     client = request.get(CLIENT)
     if client is None:
         return None
-    return UrlSigner(request.app[ACCESS].grants, client, Grants.expiry(time.time()), request.rel_url)
+    return UrlSigner(request.app[ACCESS].grants, client, Grants.expiry(time.time(), client), request.rel_url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -12,27 +13,24 @@ import structlog
 from aiohttp import web
 
 from proxy.auth import Grants, grant_key
-from proxy.backends import archive_store, store_guard
 from proxy.cache import MetadataStore
-from proxy.cache.factory import negative_bound, open_metadata_store
+from proxy.cache.factory import negative_bound, open_metadata
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cache.memory import MemoryFront
 from proxy.cache.sealed import metadata_secret
 from proxy.config import Settings
-from proxy.diskspace import DiskSpace
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
-from proxy.evictor import Evictor
 from proxy.flights import Flights
 from proxy.gpg import Keyring
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
+from proxy.oidc import IssuerKeys, OidcAuthenticator
 from proxy.rendered import RenderedDocuments
-from proxy.served import ServedArchives
 from proxy.singleflight import FleetLocks
-from proxy.storage import ArchiveStorage
+from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
@@ -44,6 +42,8 @@ from proxy.web.middlewares import client_address, request_context, server_header
 from proxy.web.server import request_arrived
 
 log = structlog.get_logger(__name__)
+
+OIDC_FETCH_TIMEOUT = 10.0  # seconds: an issuer's discovery document or keys, retry included
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -66,6 +66,7 @@ def create_app(settings: Settings) -> web.Application:
             metadata_store_ctx,
             upstream_ctx,
             access_ctx,
+            oidc_keys_ctx,
             keyring_ctx,
             flights_ctx,
             services_ctx,
@@ -84,9 +85,10 @@ def create_app(settings: Settings) -> web.Application:
 
 
 # Resources handed from one cleanup context to the next (handlers use the keys of proxy.web.keys).
-ARCHIVE_STORE = web.AppKey("archive_store", ArchiveStorage)
+ARCHIVE_STORE = web.AppKey("archive_store", ArchiveStore)
 DISK_SPACE = web.AppKey("disk_space", DiskSpace)
-METADATA_BACKEND = web.AppKey("metadata_backend", MetadataStore)
+SERVED_TIMES = web.AppKey("served_times", ServedTimes)
+METADATA_BACKEND = web.AppKey("metadata_backend", MetadataStore)  # sealed, without the memory front
 METADATA_CACHE = web.AppKey("metadata_cache", MetadataStore)
 FLEET_LOCKS = web.AppKey("fleet_locks", FleetLocks)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
@@ -99,31 +101,24 @@ async def archive_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The archive store: its layout, this process's temp dir (removed on close)."""
     settings = app[SETTINGS]
     store = archive_store(settings)
-    await asyncio.to_thread(_open_archive_store, settings, store)
+    await asyncio.to_thread(settings.data_dir.mkdir, parents=True, exist_ok=True)
+    await store.open()  # (a store that fails to open closes what it had opened)
     app[ARCHIVE_STORE] = store
     app[DISK_SPACE] = DiskSpace(store.root, settings.archives.min_free_space)
     try:
         yield
     finally:
-        await asyncio.to_thread(store.close)
-
-
-def _open_archive_store(settings: Settings, store: ArchiveStorage) -> None:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        store.open()
-    except BaseException:
-        store.close()  # what the failed opening left behind: a claimed temp dir, an object-store client
-        raise
+        await store.close()
 
 
 async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The metadata store (embedded or Redis) and the fleet's locks, behind the memory front and the 404 store."""
     settings, metrics = app[SETTINGS], app[METRICS]
-    backend, locks = await open_metadata_store(settings, metrics)
+    backend, locks, served_times = await open_metadata(settings, metrics)
     front = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
     cache = negative_bound(settings, backend, metrics, front=front)
-    app[METADATA_BACKEND], app[METADATA_CACHE], app[FLEET_LOCKS] = backend, cache, locks
+    app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
+    app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
     try:
         yield
     finally:
@@ -145,12 +140,12 @@ async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def access_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Client tokens and archive grants. With a tokens file, SIGHUP reads it again in every worker (the
-    supervisor passes its SIGHUP on: proxy.web.workers), off the loop."""
+    """Client tokens, OIDC issuers and archive grants. With a tokens or issuers file, SIGHUP reads them again in
+    every worker (the supervisor passes its SIGHUP on: proxy.web.workers), off the loop."""
     settings = app[SETTINGS]
     secret = await asyncio.to_thread(metadata_secret, settings)
     access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
-    if settings.access.auth_tokens is None:
+    if not settings.access.clients_required:
         yield
         return
     loop = asyncio.get_running_loop()
@@ -215,7 +210,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
     store, space, cache, flights = app[ARCHIVE_STORE], app[DISK_SPACE], app[METADATA_CACHE], app[FLIGHTS]
     upstream = app[UPSTREAM]
     ca_bundle = await asyncio.to_thread(write_ca_bundle, settings)
-    guard = app[GUARD] = store_guard(store, metrics)
+    guard = app[GUARD] = ArchiveGuard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     downloader = app[DOWNLOADER] = Downloader(settings, upstream, store, guard, space, metrics)
     try:
@@ -230,7 +225,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             space=space,
             metrics=metrics,
         )
-        served = app[SERVED] = ServedArchives(app[METADATA_BACKEND])
+        served = app[SERVED] = ServedArchives(app[SERVED_TIMES])
         app[INVENTORY] = InventoryReader(settings, cache, served)
         git = GitFetcher(
             AddressPolicy(settings.upstreams.private_host_exceptions),
@@ -255,7 +250,7 @@ async def evictor_ctx(app: web.Application) -> AsyncIterator[None]:
     evictor = Evictor(
         app[ARCHIVE_STORE],
         app[SERVED],
-        app[METADATA_BACKEND],
+        app[SERVED_TIMES],
         app[FLEET_LOCKS],
         app[DISK_SPACE],
         app[METRICS],
@@ -289,6 +284,29 @@ async def _begin_shutdown(app: web.Application) -> None:
     """Requests in flight may wait for the shared fetches as long as the server gives them (--shutdown-grace)."""
     if FLIGHTS in app:
         app[FLIGHTS].begin_shutdown(app[SETTINGS].server.shutdown_grace)
+
+
+async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
+    """With --oidc-issuers: the issuers' key cache (shared through the metadata store) and its own upstream
+    session, which never carries upstream credentials, with a short timeout (a token waits on it at most once
+    a minute, when it names a key not held)."""
+    settings, access = app[SETTINGS], app[ACCESS]
+    if settings.access.oidc_issuers is None:
+        yield
+        return
+    limits = dataclasses.replace(
+        settings.limits, metadata_timeout=min(settings.limits.metadata_timeout, OIDC_FETCH_TIMEOUT)
+    )
+    tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
+    upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
+    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh)
+    access.oidc = OidcAuthenticator(keys, app[METRICS])
+    try:
+        yield
+    finally:
+        access.oidc = None
+        await keys.close()
+        await upstream.close()
 
 
 def write_ca_bundle(settings: Settings) -> Path | None:

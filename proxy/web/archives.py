@@ -1,25 +1,21 @@
 """Serving verified archives from the store: ETag, Range, HEAD, conditional requests.
 
 Both modes answer conditionals and ranges alike (`proxy.httprange.evaluate`, ETag = SHA-256).
-Over plain HTTP the kernel's sendfile copies the body. Over TLS there is no kernel TLS on
-these hosts, so bytes go through user space anyway: a loop reads 256 KiB chunks
-(`proxy.integrity.ArchiveReader`) and writes each with `write_paced` (64 KiB slices, waiting
-for the client in between). A file verified since it last changed is read straight from the
-page cache in the event loop when its pages are there (no thread hop, no hashing: less than
-half the CPU per GiB of a hashed read); the loop is about ten times faster than aiohttp's
-sendfile emulation (docs/performance.md#serving-archives-over-tls). A client that stops
-reading pins about 0.7 MiB of the proxy's memory: its TLS state, one chunk and the slices in
-the write buffers, no read-ahead (measured by bench/connections.py).
+Over TLS there is no kernel TLS on these hosts, so bytes go through user space anyway; over
+plain HTTP they do too, so that they are checked (no `sendfile`): a loop reads 256 KiB chunks
+(`proxy.storage.ArchiveReader`, straight from the page cache in the event loop when its pages
+are there) and writes each with `write_paced` (64 KiB slices, waiting for the client in
+between); the loop is about ten times faster than aiohttp's sendfile emulation
+(docs/performance.md#serving-archives-over-tls). A client that stops reading pins about
+0.7 MiB of the proxy's memory: its TLS state, one chunk and the slices in the write buffers,
+no read-ahead (measured by bench/connections.py).
 
-No corrupted byte goes out (`proxy.integrity`). Over TLS a full GET of a file not verified
-since it last changed is hashed as it is read (in the worker-thread hop that reads it) and
-its last chunk is held back until the whole file matched its SHA-256; a mismatch aborts the
-connection, so the client sees a truncated body. A file verified since it last changed
-(device, inode, size, mtime, ctime all unchanged) is not hashed again, over TLS as over
-plain HTTP, where it is sent with sendfile; otherwise the body goes through the hashing
-loop, which makes the file trusted for the next request. A range is served only from a
-verified file (hashed whole first when needed). A copy found corrupt before the status line
-was sent is quarantined and fetched again within the same request (`serve_found`).
+No stored archive goes out whole unless it matched its SHA-256 while it was sent
+(docs/integrity.md#archive-stores): a full GET is hashed as it is read, on every request, and
+its last chunk is held back until the whole file matched; a mismatch aborts the connection, so
+the client sees a truncated body. A range is served only from a verified file (hashed whole
+first unless it is the very file last found intact). A copy found corrupt before the status
+line was sent is quarantined and fetched again within the same request (`serve_found`).
 
 A `PassThrough` (disk full, or a cold archive followed as it downloads, `proxy.growing`) is
 relayed as it arrives, whole (no Range), with the upstream's Content-Length when it has one,
@@ -34,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import IO
 
 import structlog
 from aiohttp import web
@@ -48,11 +43,8 @@ from proxy.errors import (
     StoreUnavailableError,
 )
 from proxy.httprange import evaluate
-from proxy.integrity import ArchiveReader, StoreGuard
 from proxy.passthrough import PassThrough
-from proxy.s3integrity import S3Guard
-from proxy.s3store import RemoteArchive
-from proxy.store import StoredArchive
+from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
 from proxy.web.keys import GUARD, METRICS, SERVED, SETTINGS
 from proxy.web.server import write_paced
 
@@ -113,8 +105,10 @@ async def serve_archive(
     if answer.status == 412:
         raise PreconditionFailedError(f"precondition failed: the archive's ETag is {etag}")
     guard, settings = request.app[GUARD], request.app[SETTINGS]
-    if settings.archives.archive_redirect and not guard.local and request.method != "HEAD":  # a URL signed for GET only
-        return await _redirect(request, guard, stored)
+    if settings.archives.archive_redirect and request.method != "HEAD":  # a URL signed for GET only
+        redirect = await _redirect(request, guard, stored)
+        if redirect is not None:
+            return redirect
     if answer.status == 416:
         raise RangeNotSatisfiableError(
             f"range not satisfiable: the archive has {stored.size} bytes",
@@ -124,13 +118,9 @@ async def serve_archive(
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
     send = request.method != "HEAD" and length > 0
-    sendfile = (
-        send and guard.local and _plain(request) and await _sendfile_allowed(guard, stored, ranged=span is not None)
-    )
-    if send and not sendfile and span is not None:
+    if send and span is not None:
         await guard.verify(stored)  # a range cannot be hashed on its own
-    reader = await guard.open(stored, start, length) if send and not sendfile else None
-    handle = await _open_stored(stored) if sendfile else None  # before the status line: it may be gone
+    reader = await guard.open(stored, start, length) if send else None  # before the status line: it may be gone
     try:
         response = web.StreamResponse(status=answer.status, headers=headers)
         response.content_type = content_type
@@ -138,9 +128,7 @@ async def serve_archive(
         if span is not None:
             response.headers["Content-Range"] = f"bytes {start}-{end}/{stored.size}"
         await response.prepare(request)
-        if handle is not None:
-            await _sendfile(request, handle, start, length)
-        elif reader is not None:
+        if reader is not None:
             try:
                 await _copy(reader, response)
             except (StoreCorruptionError, StoreUnavailableError):
@@ -151,8 +139,6 @@ async def serve_archive(
     finally:
         if reader is not None:
             reader.close()
-        if handle is not None:
-            handle.close()
     await response.write_eof()
     return response
 
@@ -203,13 +189,16 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
     return response
 
 
-async def _redirect(request: web.Request, guard: S3Guard, stored: RemoteArchive) -> web.StreamResponse:
-    """`--archive-redirect`: a stored archive answered with a short-lived presigned URL of its object; the
-    client's own hash check (the mirror's `hashes`, the registry's `shasum`) guards what it downloads.
-    The object is looked at once more while the archive is pinned (and noted as served), so one evicted
-    since its lookup is fetched again (`serve_found`) instead of being redirected to."""
+async def _redirect(request: web.Request, guard: ArchiveGuard, stored: StoredArchive) -> web.StreamResponse | None:
+    """`--archive-redirect`: a stored archive answered with a short-lived presigned URL of its object (None
+    where the store has no such URLs: served by the proxy); the client's own hash check (the mirror's
+    `hashes`, the registry's `shasum`) guards what it downloads. The object is looked at once more while
+    the archive is pinned (and noted as served), so one evicted since its lookup is fetched again
+    (`serve_found`) instead of being redirected to."""
     expiry = request.app[SETTINGS].archives.archive_redirect_expiry
     location = await guard.presign(stored, expiry)
+    if location is None:
+        return None
     if not await guard.present(stored):  # evicted (or replaced) since its lookup: never a URL of nothing
         raise StoreCorruptionError(
             f"archive {stored.sha256} left the store before it was redirected to; it is looked up again"
@@ -239,45 +228,6 @@ async def _copy(reader: ArchiveReader, response: web.StreamResponse) -> None:
     async with contextlib.aclosing(reader.chunks(CHUNK)) as chunks:
         async for chunk in chunks:
             await write_paced(response, chunk)
-
-
-def _plain(request: web.Request) -> bool:
-    """Plain HTTP on a loop that has `sendfile` (uvloop has none: the bytes are then copied as for TLS)."""
-    return (
-        request.transport is not None
-        and request.transport.get_extra_info("ssl_object") is None
-        and type(asyncio.get_running_loop()).sendfile is not asyncio.AbstractEventLoop.sendfile
-    )
-
-
-async def _sendfile_allowed(guard: StoreGuard, stored: StoredArchive, *, ranged: bool) -> bool:
-    """Plain HTTP: sendfile only from a file verified since it last changed (a range: verified first)."""
-    if await guard.trusted(stored):
-        return True
-    if ranged:
-        await guard.verify(stored)
-        return True
-    return False  # streamed through the hashing loop instead
-
-
-async def _open_stored(stored: StoredArchive) -> IO[bytes]:
-    """The stored file, open; one removed since its lookup (evicted) is looked up again by `serve_found`."""
-    try:
-        return await asyncio.to_thread(open, stored.path, "rb")
-    except FileNotFoundError:
-        raise StoreCorruptionError(
-            f"archive {stored.sha256} left the store before it was sent; it is fetched and verified again"
-        ) from None
-
-
-async def _sendfile(request: web.Request, handle: IO[bytes], start: int, length: int) -> None:
-    """Plain HTTP: the kernel copies the bytes (`sendfile`), as aiohttp's FileResponse would."""
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("client went away")
-    sent = await asyncio.get_running_loop().sendfile(transport, handle, start, length)
-    if sent != length:
-        raise ConnectionError("archive shrank while being served")
 
 
 def _abort(request: web.Request) -> None:

@@ -1,8 +1,9 @@
 """The event loop the server runs on: uvloop when installed (its TLS and sockets are much cheaper
 than asyncio's pure-Python SSL protocol), else asyncio's own; `--event-loop` picks one explicitly.
 
-With `--plain-http`, `auto` keeps asyncio's loop: uvloop has no `loop.sendfile`, and over plain
-HTTP the kernel's zero-copy `sendfile` of archives is worth more than uvloop's cheaper sockets."""
+The same over plain HTTP: archives are read and hashed in user space on every serve (no
+`sendfile`, docs/integrity.md#archive-stores), so asyncio's `loop.sendfile` is no reason to
+keep its loop."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import asyncio
 from proxy.config import ConfigError
 
 
-def new_event_loop(choice: str = "auto", *, plain_http: bool = False) -> asyncio.AbstractEventLoop:
-    """A new loop: `uvloop` (an error if it is not installed), `asyncio`, or `auto` (uvloop if
-    importable, except over plain HTTP, where archives go out with sendfile)."""
-    if choice == "uvloop" or (choice == "auto" and not plain_http):
+def new_event_loop(choice: str = "auto") -> asyncio.AbstractEventLoop:
+    """A new loop: `uvloop` (an error if it is not installed), `asyncio`, or `auto` (uvloop if importable)."""
+    if choice in ("uvloop", "auto"):
         try:
             import uvloop
         except ImportError:

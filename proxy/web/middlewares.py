@@ -46,6 +46,7 @@ from proxy.errors import (
 )
 from proxy.forwarded import client_address as forwarded_client
 from proxy.log import access, begin_request, new_request_id, request_cache_status
+from proxy.web.access import CLIENT
 from proxy.web.keys import METRICS, SETTINGS
 from proxy.web.responses import error_response
 
@@ -133,9 +134,16 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
                 "remote": request.remote,
                 "user_agent": request.headers.get("User-Agent", ""),
                 "request_id": request_id,
+                **_client(request),
                 **extra,
             },
         )
+
+
+def _client(request: web.Request) -> dict:
+    """Who the request came from, when it showed a token (or a grant): its identity, never the token."""
+    client = request.get(CLIENT)
+    return {} if client is None else {"client": client.identity.fields()}
 
 
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:

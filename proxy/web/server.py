@@ -400,7 +400,7 @@ def run_server(
             on_listening()
         return listeners
 
-    loop = new_event_loop(settings.server.event_loop, plain_http=settings.tls.plain_http)
+    loop = new_event_loop(settings.server.event_loop)
     asyncio.set_event_loop(loop)
     run_until_complete(
         loop,

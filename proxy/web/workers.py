@@ -137,7 +137,7 @@ class ProxyWorker(Worker):
 
     def init_process(self) -> None:
         supervisor: Supervisor = self.app  # type: ignore[assignment]
-        self.loop = new_event_loop(supervisor.settings.server.event_loop, plain_http=supervisor.settings.tls.plain_http)
+        self.loop = new_event_loop(supervisor.settings.server.event_loop)
         asyncio.set_event_loop(self.loop)
         self._stopping = asyncio.Event()
         super().init_process()  # signals, the application, then run()

@@ -1,4 +1,5 @@
-"""One contract for fleet-wide single flight: Redis locks (replicas) and lock files (workers on one data dir).
+"""One contract for fleet-wide single flight: Redis locks (replicas; on one server, Sentinel and Cluster)
+and lock files (workers on one data dir).
 
 Two lock objects stand for two processes: Redis locks carry an owner token each, and two
 FileLocks open the lock file separately, so their flocks exclude each other like two processes'.
@@ -12,18 +13,21 @@ import uuid
 import pytest
 
 from proxy.cache.filelocks import FileLocks
-from proxy.cache.redis import RedisFleetLocks, RedisStore
+from proxy.cache.redis import RedisFleetLocks
+from tests.fakes.redis_server import REDIS_SETUPS
 
 
-@pytest.fixture(params=["redis", "file"])
-async def two_processes(request, tmp_path):
+@pytest.fixture(params=[*REDIS_SETUPS, "file"])
+async def two_processes(request, tmp_path, open_redis):
     """Two lock objects on the same keys, as two processes would hold them."""
     if request.param == "file":
         yield FileLocks(tmp_path, poll=0.02), FileLocks(tmp_path, poll=0.02)
         return
-    store = RedisStore(request.getfixturevalue("redis_server").url, prefix=f"locks-{uuid.uuid4().hex[:10]}")
-    yield RedisFleetLocks(store, ttl=5, poll=0.05), RedisFleetLocks(store, ttl=5, poll=0.05)
-    await store.close()
+    prefix = f"locks-{uuid.uuid4().hex[:10]}"
+    first, second = open_redis(request.param, prefix=prefix), open_redis(request.param, prefix=prefix)
+    yield RedisFleetLocks(first, ttl=5, poll=0.05), RedisFleetLocks(second, ttl=5, poll=0.05)
+    await first.close()
+    await second.close()
 
 
 async def nothing() -> None:

@@ -1,18 +1,21 @@
-"""One contract for the bounded stores of remembered 404s: in process memory and in Redis."""
+"""One contract for the bounded stores of remembered 404s: in process memory and in Redis (one server,
+Sentinel, Cluster: there the entries and their bookkeeping share one hash slot, so the script that keeps
+them never meets a CROSSSLOT error)."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
-import redis
 
 from proxy.cache import CacheEntry, encode_record
 from proxy.cache.embedded import EmbeddedStore
+from proxy.cache.keys import NEGATIVE
 from proxy.cache.memory import MemoryFront
 from proxy.cache.negative import MemoryNegatives, NegativeBound, is_negative
-from proxy.cache.redis import RedisNegatives, RedisStore
+from proxy.cache.redis import RedisNegatives
 from proxy.cache.sealed import Seal, seal
+from tests.fakes.redis_server import REDIS_SETUPS
 
 
 class Clock:
@@ -27,15 +30,20 @@ SECRET = b"negative-contract-secret-0123456789"
 SEAL_OVERHEAD = len(seal(SECRET, "k", b""))  # what the seal adds to every value Redis keeps
 
 
-@pytest.fixture(params=["memory", "redis"])
-def overhead(request) -> int:
-    """Bytes a store adds to each value it counts (Redis seals them)."""
-    return SEAL_OVERHEAD if request.param == "redis" else 0
+@pytest.fixture(params=["memory", *REDIS_SETUPS])
+def negatives_store(request) -> str:
+    return request.param
 
 
 @pytest.fixture
-async def make_negatives(request, overhead):
-    """`make(max_entries, max_bytes, retention)` → (negatives, clock, reports, raw redis client or None)."""
+def overhead(negatives_store) -> int:
+    """Bytes a store adds to each value it counts (Redis seals them)."""
+    return 0 if negatives_store == "memory" else SEAL_OVERHEAD
+
+
+@pytest.fixture
+async def make_negatives(negatives_store, open_redis, redis_setup):
+    """`make(max_entries, max_bytes, retention)` → (negatives, clock, reports, (raw redis client, store) or None)."""
     opened = []
 
     def make(max_entries: int = 100, max_bytes: int = 1 << 20, retention: float = 3600.0):
@@ -44,15 +52,15 @@ async def make_negatives(request, overhead):
         def report(entries: int, size: int) -> None:
             reports.append((entries, size))
 
-        if not overhead:
+        if negatives_store == "memory":
             return MemoryNegatives(max_entries, max_bytes, retention, report=report, clock=clock), clock, reports, None
-        url = request.getfixturevalue("redis_server").url
-        store, client = RedisStore(url, prefix=f"neg-{uuid.uuid4().hex[:10]}"), redis.Redis.from_url(url)
+        store = open_redis(negatives_store, prefix=f"neg-{uuid.uuid4().hex[:10]}")
+        client = redis_setup(negatives_store).client()
         opened.append((store, client))
         negatives = RedisNegatives(
             store, Seal(SECRET, store="redis"), max_entries, max_bytes, retention, report=report, clock=clock
         )
-        return negatives, clock, reports, (client, store.prefix)
+        return negatives, clock, reports, (client, store)
 
     yield make
     for store, client in opened:
@@ -81,10 +89,10 @@ async def test_the_count_bound_drops_the_oldest(make_negatives):
     assert [await negatives.get(f"k{n}") for n in range(10)] == [None] * 7 + [b"v"] * 3
     assert reports[-1][0] == 3
     if raw is not None:
-        client, prefix = raw
-        assert len(list(client.scan_iter(match=f"{prefix}:negative:*"))) == 3  # evicted keys are gone
-        assert 0 < client.ttl(f"{prefix}:negative:k9") <= 3600
-        assert [key async for key in negatives._store.keys()] == []  # noqa: SIM118 - never listed, never exported
+        client, store = raw
+        assert len(list(client.scan_iter(match=store.key(NEGATIVE.key("*"))))) == 3  # evicted keys are gone
+        assert 0 < client.ttl(store.key(NEGATIVE.key("k9"))) <= 3600
+        assert [key async for key in store.keys()] == []  # noqa: SIM118 - never listed, never exported
 
 
 async def test_the_byte_bound_drops_the_oldest(make_negatives, overhead):
@@ -161,21 +169,34 @@ async def test_a_negative_store_only_ever_answers_absent(make_negatives, tmp_pat
     await store.close()
 
 
-async def test_redis_negatives_refuse_what_the_fleet_did_not_seal(redis_server):
+@pytest.mark.parametrize("setup", REDIS_SETUPS)
+async def test_redis_negatives_refuse_what_the_fleet_did_not_seal(setup, open_redis, redis_setup):
     """A remembered 404 written by anyone without the secret, or moved from another key, is a miss."""
-    store, client = (
-        RedisStore(redis_server.url, prefix=f"neg-{uuid.uuid4().hex[:10]}"),
-        redis.Redis(port=redis_server.port),
-    )
+    store, client = open_redis(setup, prefix=f"neg-{uuid.uuid4().hex[:10]}"), redis_setup(setup).client()
     refused: list[tuple[str, str]] = []
     negatives = RedisNegatives(
         store, Seal(SECRET, store="redis", on_reject=lambda s, r: refused.append((s, r))), 10, 1 << 20, 3600
     )
     await negatives.put("versions:a", negative())
     assert await negatives.get("versions:a") == negative()
-    client.set(f"{store.prefix}:negative:versions:b", negative())  # no seal
-    client.set(f"{store.prefix}:negative:versions:c", client.get(f"{store.prefix}:negative:versions:a"))  # moved
+    entry = {name: store.key(NEGATIVE.key(f"versions:{name}")) for name in "abc"}
+    client.set(entry["b"], negative())  # no seal
+    client.set(entry["c"], client.get(entry["a"]))  # moved
     assert await negatives.get_many(["versions:a", "versions:b", "versions:c"]) == [negative(), None, None]
     assert refused == [("redis", "no_seal"), ("redis", "bad_seal")]
     client.close()
+    await store.close()
+
+
+@pytest.mark.parametrize("setup", REDIS_SETUPS)
+async def test_redis_negatives_past_the_retention_are_listed_for_gc(setup, open_redis):
+    """`expired()` (what `registry-proxy gc` removes) reads the bookkeeping wherever the setup keeps it."""
+    store, clock = open_redis(setup, prefix=f"neg-{uuid.uuid4().hex[:10]}"), Clock()
+    negatives = RedisNegatives(store, Seal(SECRET, store="redis"), 10, 1 << 20, 60, clock=clock)
+    await negatives.put("versions:old", b"404-old")
+    clock.now += 30
+    await negatives.put("versions:new", b"404-new")
+    size = len("versions:old") + len(b"404-old") + SEAL_OVERHEAD
+    assert await negatives.expired(clock.now + 31) == [("versions:old", size)]
+    assert await negatives.expired(clock.now) == []
     await store.close()

@@ -248,11 +248,17 @@ class Terraform:
         (path / "main.tf").write_text(main_tf)
         return path
 
-    async def init(self, workdir: Path, cli_config: str, ca_file: Path) -> tuple[int, str]:
-        return await self.run(workdir, ["init", "-input=false", "-no-color"], cli_config, ca_file)
+    async def init(
+        self, workdir: Path, cli_config: str, ca_file: Path, env: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        return await self.run(workdir, ["init", "-input=false", "-no-color"], cli_config, ca_file, env)
 
-    async def run(self, workdir: Path, args: list[str], cli_config: str, ca_file: Path) -> tuple[int, str]:
-        """Run `terraform ARGS` in `workdir` with its own CLI config, trusting `ca_file`."""
+    async def run(
+        self, workdir: Path, args: list[str], cli_config: str, ca_file: Path, env: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        """Run `terraform ARGS` in `workdir` with its own CLI config, trusting `ca_file`; `env`: variables to
+        add (`TF_TOKEN_<host>`: the CLI's variables are otherwise not passed on)."""
+        extra = env or {}
         config = workdir / "cli.tfrc"
         config.write_text(cli_config)
         env = {key: value for key, value in os.environ.items() if not key.startswith("TF_")}
@@ -263,6 +269,7 @@ class Terraform:
             TF_IN_AUTOMATION="1",
             HOME=str(workdir),
         )
+        env.update(extra)
         process = await asyncio.create_subprocess_exec(
             TERRAFORM, *args, cwd=workdir, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )

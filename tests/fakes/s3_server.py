@@ -155,11 +155,11 @@ class S3Server:
 
 
 def test_store(root: Path) -> Any:
-    """An S3 archive store on the bucket named by the environment (for `tests.fakes.store_holder`)."""
+    """An S3 archive store on the bucket named by the environment (for `tests.fakes.store_holder`), not opened."""
     from proxy.config import parse_s3_location
-    from proxy.s3store import S3ArchiveStore, S3Options
+    from proxy.storage.s3 import S3Options, S3Store
 
-    return S3ArchiveStore(
+    return S3Store(
         root,
         parse_s3_location(f"s3://{os.environ[ENV_BUCKET]}/archives"),
         S3Options(

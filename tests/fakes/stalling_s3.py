@@ -4,9 +4,13 @@
 to stall: `stall_requests` (a predicate) holds the matching requests without a byte of answer, and
 `stall_body_after` sends the matching responses' status line, headers and only that many bytes of body,
 then holds the connection open without sending more. Each stall sets `stalled` (tests wait on it) and
-lasts until `stop()`; `stalls` counts them (one per attempt of the client). The relay runs on an event
-loop of its own in a thread, so it keeps relaying while the test's loop is blocked (a proxy opening its
-store at start-up, for one).
+lasts until `stop()`; `stalls` counts them (one per attempt of the client). It can also answer wrongly
+without stalling: `corrupt_body` flips one byte in the middle of the matching responses' bodies (a faulty
+store or network), `drop_headers` leaves the named headers out of the matching responses (a malformed
+answer), `cut_body_after` sends only that many bytes of the matching bodies and drops the connection (a
+store closing early); `corrupted` and `cuts` count the bodies it changed and cut. The relay runs on an
+event loop of its own in a thread, so it keeps relaying while the test's loop is blocked (a proxy opening
+its store at start-up, for one).
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ class StallingFront:
         self._client_ssl = client_ssl
         self.stall_requests: Predicate | None = None
         self.stall_body_after: tuple[Predicate, int] | None = None
+        self.corrupt_body: Predicate | None = None
+        self.drop_headers: tuple[Predicate, frozenset[str]] | None = None
+        self.cut_body_after: tuple[Predicate, int] | None = None
+        self.corrupted = 0
+        self.cuts = 0
         self.stalled = threading.Event()
         self.stalls = 0
         self._release: asyncio.Event | None = None
@@ -102,6 +111,9 @@ class StallingFront:
             return web.Response(status=503)
         cut = self.stall_body_after
         limit = cut[1] if cut is not None and cut[0](request) else None
+        drop = self.drop_headers[1] if self.drop_headers is not None and self.drop_headers[0](request) else frozenset()
+        corrupt = self.corrupt_body is not None and self.corrupt_body(request)
+        cut_at = self.cut_body_after[1] if self.cut_body_after is not None and self.cut_body_after[0](request) else None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         async with self._session.request(
             request.method,
@@ -113,11 +125,23 @@ class StallingFront:
         ) as upstream:
             response = web.StreamResponse(status=upstream.status)
             for name, value in upstream.headers.items():
-                if name.lower() not in HOP_BY_HOP - {"content-length"}:
+                if name.lower() not in HOP_BY_HOP - {"content-length"} and name.lower() not in drop:
                     response.headers.add(name, value)
             await response.prepare(request)
             sent = 0
+            flip_at = (upstream.content_length or 0) // 2 if corrupt and upstream.status in (200, 206) else None
             async for chunk in upstream.content.iter_chunked(65536):
+                if cut_at is not None and sent + len(chunk) > cut_at:
+                    await response.write(chunk[: cut_at - sent])
+                    self.cuts += 1
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return response
+                if flip_at is not None and sent <= flip_at < sent + len(chunk):
+                    changed = bytearray(chunk)
+                    changed[flip_at - sent] ^= 0x01
+                    chunk = bytes(changed)
+                    self.corrupted += 1
                 if limit is not None and sent + len(chunk) > limit:
                     await response.write(chunk[: limit - sent])
                     await self._stall(request)

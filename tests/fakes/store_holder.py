@@ -1,13 +1,14 @@
 """Another process using an archive store: it opens the store, leaves an unpublished download in
 its temp area, and lives until told to exit or is killed (a crash).
 
-Run as `python -m tests.fakes.store_holder MODULE:CLASS ROOT SIZE` (the store is `CLASS(ROOT)`);
-it prints one JSON line `{"part": ...}` once the download is written and fsynced, then waits
-for its stdin to close.
+Run as `python -m tests.fakes.store_holder MODULE:CLASS ROOT SIZE` (the store is `CLASS(ROOT)`, opened
+on the event loop the process runs); it prints one JSON line `{"part": ...}` once the download is written
+and fsynced, then waits for its stdin to close.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import subprocess
@@ -57,23 +58,23 @@ class StoreHolder:
             stream.close()
 
 
-def open_store(opener: str, root: Path) -> Any:
+async def open_store(opener: str, root: Path) -> Any:
     """`CLASS(root)` for `opener` = "module:CLASS", opened."""
     module, _, name = opener.partition(":")
     store = getattr(importlib.import_module(module), name)(root)
-    store.open()
+    await store.open()
     return store
 
 
-def main(opener: str, root: str, size: str) -> None:
-    store = open_store(opener, Path(root))
+async def main(opener: str, root: str, size: str) -> None:
+    store = await open_store(opener, Path(root))
     pending = store.begin()
     pending.write(b"\x00" * int(size))
     pending.finish()
     print(json.dumps({"part": str(pending.path)}), flush=True)
-    sys.stdin.read()  # until the parent closes our stdin (or kills us)
-    store.close()
+    await asyncio.to_thread(sys.stdin.read)  # until the parent closes our stdin (or kills us)
+    await store.close()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    asyncio.run(main(*sys.argv[1:]))

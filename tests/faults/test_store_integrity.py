@@ -152,6 +152,34 @@ async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_proces
     assert not proc.events("security.store_corruption")
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["tls", "plain-http"])
+async def test_a_file_rewritten_while_a_slow_reader_reads_it_never_goes_out_whole(
+    proxy_process, connect, registry, signing_key, plain
+):
+    """An archive verified (served) before, changed in place while a slow client is half-way through it:
+    the client never gets the changed archive whole, over TLS or plain HTTP."""
+    huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=32 << 20))
+    proc = await proxy_process(*(("--plain-http",) if plain else ()))
+    client = await connect(proc)
+    good, sha = huge.zips["linux_amd64"], huge.sha256("linux_amd64")
+    assert await get_or_abort(client, BIG) == (200, good)  # fetched and verified
+    assert await get_or_abort(client, BIG) == (200, good)  # served from the store, found intact
+
+    received = b""
+    with pytest.raises((aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+        async with client.session.get(proc.url + BIG) as response:
+            assert response.status == 200
+            received = await response.content.readexactly(1 << 20)  # then it stops reading for a while:
+            # the proxy is far from the end (socket buffers hold a few MiB) when the file changes under it
+            await asyncio.to_thread(flip_byte, object_path(proc, sha), len(good) - 100)
+            received += await response.read()
+    assert received != good, "the changed archive went out as a complete answer"
+    await wait_for(lambda: quarantined(proc, sha))
+    assert_corruption_logged(proc, sha)
+    assert await get_or_abort(client, BIG) == (200, good)  # fetched and verified again
+    assert registry.count(registry.archive_path(huge, "linux_amd64")) == 2
+
+
 def _link(path: Path) -> str:
     try:
         return os.readlink(path)
@@ -176,7 +204,7 @@ async def test_truncated_to_zero_is_refetched_within_the_same_request(proxy_proc
 
 
 async def test_flipped_byte_is_not_served_in_plain_http_mode(proxy_process, connect, registry, big):
-    """Plain HTTP uses sendfile only for files verified since their inode/size/mtime/ctime last changed."""
+    """Plain HTTP hashes what it sends as TLS does (no sendfile), even with the mtime restored."""
     proc = await proxy_process("--plain-http")
     assert proc.url.startswith("http://")
     client = await connect(proc)

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from proxy.growing import HOLD_BACK
 from proxy.hashes import h1_of_zip
-from proxy.store import LOCK_NAME
+from proxy.storage import LOCK_NAME
 from proxy.web.keys import SETTINGS
 from tests.conftest import REGISTRY_HOST
 from tests.fakes.packages import Release

@@ -53,7 +53,7 @@ def releases(registry, signing_key) -> tuple[Release, Release, Release]:
 
 async def age(proxy, shas: list[str]) -> None:
     """Make the archives look stored and last served long ago, the first the longest."""
-    metadata = proxy.app[SERVED]._metadata
+    metadata = proxy.app[SERVED]._times
     now = time.time()
     await metadata.forget_served(shas)
     await metadata.note_served({sha: now - LONG_AGO + 3600 * n for n, sha in enumerate(shas)})

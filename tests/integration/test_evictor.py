@@ -11,12 +11,10 @@ import pytest
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.redis import RedisStore
 from proxy.config import SpaceFloor
-from proxy.diskspace import DiskSpace
-from proxy.evictor import Evictor
 from proxy.metrics import Metrics
-from proxy.served import ServedArchives
 from proxy.singleflight import LocalLocks
-from proxy.store import ArchiveStore
+from proxy.storage import ArchiveStore, DiskSpace, Evictor, ServedArchives
+from proxy.storage.disk import DiskStore
 from tests.fakes.process import wait_for, wait_until
 
 LONG_AGO = 3 * 86400
@@ -25,18 +23,18 @@ NO_FLOOR = SpaceFloor(0)
 
 
 @pytest.fixture
-def store(tmp_path) -> ArchiveStore:
-    store = ArchiveStore(tmp_path / "archives")
-    store.open()
+async def store(tmp_path) -> ArchiveStore:
+    store = DiskStore(tmp_path / "archives")
+    await store.open()
     yield store
-    store.close()
+    await store.close()
 
 
-def publish(store: ArchiveStore, data: bytes, age: float) -> str:
+async def publish(store: ArchiveStore, data: bytes, age: float) -> str:
     pending = store.begin()
     pending.write(data)
     sha = pending.finish()
-    store.publish(pending, sha)
+    await store.publish(pending, sha)
     then = time.time() - age
     os.utime(store.path_for(sha), (then, then))
     return sha
@@ -64,35 +62,35 @@ def evictor(
     )
 
 
-def present(store: ArchiveStore) -> set[str]:
-    return {obj.sha256 for obj in store.list_objects()}
+async def present(store: ArchiveStore) -> set[str]:
+    return {obj.sha256 for obj in await store.list_objects()}
 
 
 async def test_below_the_free_space_floor_the_cap_evicts_more(store, tmp_path):
     metadata = EmbeddedStore(tmp_path / "meta.sqlite")
-    old = [publish(store, bytes([n]) * 1000, LONG_AGO - n) for n in range(3)]
-    fresh = publish(store, b"stored a moment ago", 1)
+    old = [await publish(store, bytes([n]) * 1000, LONG_AGO - n) for n in range(3)]
+    fresh = await publish(store, b"stored a moment ago", 1)
     # far under the cap, but the disk is "below its floor" (99.9% must stay free): free what is not in use
     run = await evictor(store, metadata, cap=10**12, floor=SpaceFloor(0, 99.9)).run()
     assert set(run.evicted) == set(old) and run.freed == 3000
-    assert present(store) == {fresh}
+    assert await present(store) == {fresh}
     await metadata.close()
 
 
 async def test_without_a_cap_nothing_is_evicted_but_the_size_is_measured(store, tmp_path):
     metadata = EmbeddedStore(tmp_path / "meta.sqlite")
-    shas = {publish(store, bytes([n]) * 100, LONG_AGO) for n in range(2)}
+    shas = {await publish(store, bytes([n]) * 100, LONG_AGO) for n in range(2)}
     job = evictor(store, metadata, cap=None, floor=SpaceFloor(0, 99.9))
     run = await job.run()
     assert (run.objects, run.bytes, run.evicted) == (2, 200, ())
-    assert present(store) == shas
+    assert await present(store) == shas
     assert job._metrics.registry.get_sample_value("registry_proxy_store_bytes") == 200
     await metadata.close()
 
 
 async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path):
     metadata = EmbeddedStore(tmp_path / "meta.sqlite")
-    first, second, third = (publish(store, bytes([n]) * 1000, LONG_AGO) for n in range(3))
+    first, second, third = [await publish(store, bytes([n]) * 1000, LONG_AGO) for n in range(3)]
     now = time.time()
     await metadata.note_served({first: now - 3000, second: now - 9000, third: now - 1000})
     job = evictor(store, metadata, cap=2000, interval=0.05)
@@ -103,11 +101,11 @@ async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path
     job.start()
     try:
         # no publish wakes it: only the interval does; the run removes the file, then forgets its served time
-        await wait_for(lambda: second not in present(store), WAIT, "the periodic run to evict")
+        await wait_for(lambda: not store.path_for(second).exists(), WAIT, "the periodic run to evict")
         await wait_until(forgotten, WAIT, "the periodic run to forget the evicted archive's served time")
     finally:
         await job.close()
-    assert present(store) == {first, third}
+    assert await present(store) == {first, third}
     assert second not in await metadata.served_times()
     await metadata.close()
 
@@ -115,10 +113,10 @@ async def test_the_periodic_run_evicts_the_least_recently_served(store, tmp_path
 async def test_nothing_is_evicted_while_the_fleet_s_served_times_cannot_be_read(store, tmp_path, refused_port):
     """Redis down: evicting by file times alone could remove what other replicas serve all day."""
     metadata = RedisStore(f"redis://127.0.0.1:{refused_port}/0", prefix="nobody-listens")
-    shas = {publish(store, bytes([n]) * 1000, LONG_AGO) for n in range(3)}
+    shas = {await publish(store, bytes([n]) * 1000, LONG_AGO) for n in range(3)}
     run = await evictor(store, metadata, cap=1000).run()
     assert run.excess == 2000 and run.evicted == ()
-    assert present(store) == shas
+    assert await present(store) == shas
     await metadata.close()
 
 

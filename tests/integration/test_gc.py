@@ -18,9 +18,10 @@ import time
 import pytest
 
 from proxy.cache import CacheEntry
-from proxy.cache.factory import open_metadata_store
+from proxy.cache.factory import open_metadata
 from proxy.cache.redis import RedisNegatives, RedisStore
-from proxy.store import ArchiveStore
+from proxy.storage import ArchiveStore
+from proxy.storage.disk import DiskStore
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.process import REPO_ROOT
 from tests.fakes.store_holder import StoreHolder
@@ -31,11 +32,11 @@ ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0
 GONE_KEY = f"versions:{REGISTRY_HOST}/acme/gone"
 
 
-def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
+async def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
     pending = store.begin()
     pending.write(data)
     sha = pending.finish()
-    store.publish(pending, sha)
+    await store.publish(pending, sha)
     os.utime(store.path_for(sha), (modified, modified))
     return sha
 
@@ -71,13 +72,13 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
     live = hashlib.sha256(body).hexdigest()
 
     now = time.time()
-    store = ArchiveStore(settings.archive_dir)
-    store.open()
+    store = DiskStore(settings.archive_dir)
+    await store.open()
     os.utime(store.path_for(live), (now - LONG_AGO, now - LONG_AGO))  # referenced: kept however old
-    orphan = publish(store, b"an orphan" * 1000, now - LONG_AGO)
-    served_orphan = publish(store, b"an orphan served a minute ago", now - LONG_AGO)
-    fresh_orphan = publish(store, b"an orphan stored a moment ago", now - 5)
-    store.close()
+    orphan = await publish(store, b"an orphan" * 1000, now - LONG_AGO)
+    served_orphan = await publish(store, b"an orphan served a minute ago", now - LONG_AGO)
+    fresh_orphan = await publish(store, b"an orphan stored a moment ago", now - 5)
+    await store.close()
     quarantine = settings.archive_dir / "quarantine"
     quarantine.mkdir()
     old_quarantined = quarantine / f"{'1' * 64}-20200101T000000Z-abcdef"
@@ -85,8 +86,8 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
     new_quarantined = quarantine / f"{'2' * 64}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-abcdef"
     new_quarantined.write_bytes(b"y" * 10)
 
-    metadata, _ = await open_metadata_store(settings)
-    await metadata.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
+    metadata, _, times = await open_metadata(settings)
+    await times.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
     expired = CacheEntry(404, b"", f"{registry.url}/v1/providers/acme/gone/versions", now - 7200)
     await metadata.set(GONE_KEY, expired.encode())  # as versions before the negative bound wrote them
     if settings.metadata.redis_url:
@@ -97,8 +98,8 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
     await metadata.close()
 
     with (
-        StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 4096) as dead,
-        StoreHolder("proxy.store:ArchiveStore", settings.archive_dir, 2048) as alive,
+        StoreHolder("proxy.storage.disk:DiskStore", settings.archive_dir, 4096) as dead,
+        StoreHolder("proxy.storage.disk:DiskStore", settings.archive_dir, 2048) as alive,
     ):
         dead.kill()
         dead_dir = dead.part.parent
@@ -136,10 +137,10 @@ async def test_gc_dry_run_then_for_real(make_settings, client_ssl, registry, tmp
 async def check_after_gc(settings, client_ssl, registry, orphan: str, body: bytes, *extra: str) -> None:
     """After gc: the expired 404 and the orphan's served time are gone, the live archive is served from the
     store (no second upstream fetch), and another gc finds nothing."""
-    metadata, _ = await open_metadata_store(settings)
+    metadata, _, times = await open_metadata(settings)
     try:
         assert await metadata.get(GONE_KEY) is None
-        assert orphan not in await metadata.served_times()
+        assert orphan not in await times.served_times()
     finally:
         await metadata.close()
 
@@ -161,7 +162,7 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
         status, _, body = await proxy.get(ARCHIVE)
         assert status == 200
     live = hashlib.sha256(body).hexdigest()
-    store = ArchiveStore(settings.archive_dir)
+    store = DiskStore(settings.archive_dir)
     os.utime(store.path_for(live), (time.time() - LONG_AGO,) * 2)
     secret = settings.data_dir / "metadata" / "metadata.secret"
     secret.write_text("another-secret-0123456789abcdef\n")  # as if gc ran with the wrong --metadata-secret
@@ -177,10 +178,10 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
 async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path, refused_port):
     """Redis down: nothing is known to be unreferenced, so nothing is removed."""
     settings = make_local_settings(redis_url=f"redis://127.0.0.1:{refused_port}/0", metadata_secret="s" * 32)
-    store = ArchiveStore(settings.archive_dir)
-    store.open()
-    orphan = publish(store, b"an orphan", time.time() - LONG_AGO)
-    store.close()
+    store = DiskStore(settings.archive_dir)
+    await store.open()
+    orphan = await publish(store, b"an orphan", time.time() - LONG_AGO)
+    await store.close()
     code, out = await gc(settings)
     assert code == 1 and "the metadata store could not be read" in out, out
     assert store.path_for(orphan).exists()

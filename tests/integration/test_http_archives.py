@@ -139,7 +139,7 @@ async def test_unknown_platform_is_404(proxy):
     assert (status, json.loads(body)["code"]) == (404, "package_not_found")
 
 
-async def test_plain_http_mode_serves_archives_with_sendfile(make_settings, client_ssl, registry):
+async def test_plain_http_mode_serves_archives(make_settings, client_ssl, registry):
     settings = make_settings(plain_http=True, tls_cert=None, tls_key=None)
     async with serve_proxy(settings, client_ssl) as running:
         assert running.url.startswith("http://")

@@ -19,7 +19,7 @@ from proxy.gpg import Keyring
 from proxy.hashes import h1_of_zip
 from proxy.lockfile import parse_lockfile
 from proxy.proxyclient import ProxyClient
-from proxy.store import ArchiveStore
+from proxy.storage.disk import DiskStore
 from tests.conftest import PROVIDER, REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
 from tests.fakes.registry import ModuleRelease
@@ -174,8 +174,8 @@ async def test_warm_reports_failures_by_name(proxy, registry, config_dir, ca_fil
 
 
 async def _stores(data_dir):
-    store = ArchiveStore(data_dir / "archives")
-    store.open()
+    store = DiskStore(data_dir / "archives")
+    await store.open()
     return (await open_metadata_store(Settings(data_dir=data_dir)))[0], store
 
 
@@ -185,7 +185,7 @@ async def _export(data_dir, out, only=()):
         return await export_bundle(cache, store, out, list(only))
     finally:
         await cache.close()
-        store.close()
+        await store.close()
 
 
 async def _import(data_dir, bundle, trusted=None):
@@ -194,7 +194,7 @@ async def _import(data_dir, bundle, trusted=None):
         return await import_bundle(bundle, cache, store, Keyring(data_dir / "gnupg"), trusted)
     finally:
         await cache.close()
-        store.close()
+        await store.close()
 
 
 MODULE_ARCHIVE = "/registry/registry.example.test/modules/v1/acme/net/aws/1.0.0/archive.tar.gz"

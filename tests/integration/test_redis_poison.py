@@ -1,7 +1,7 @@
 """Keys of the proxy's Redis namespace holding what the proxy never writes there: poison, not an outage.
 
-A real redis-server; the attacker is a plain client writing other Redis types (a list where a value
-belongs, a string where a sorted set belongs, text where a counter belongs). Each such key is
+Real Redis (one server, Sentinel, Cluster); the attacker is a plain client writing other Redis types (a
+list where a value belongs, a string where a sorted set belongs, text where a counter belongs). Each key is
 refused (`security.metadata_poisoned`), deleted, read as a miss, and Redis stays up: before, the
 first WRONGTYPE answer marked Redis down, so one planted key took the fleet's shared store away.
 """
@@ -11,26 +11,28 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import redis
 from structlog.testing import capture_logs
 
 from proxy.cache import CacheEntry
 from proxy.cache.keys import NEGATIVE_BOOKKEEPING, SERVED
-from proxy.cache.redis import RedisNegatives, RedisStore
+from proxy.cache.redis import RedisNegatives
 from proxy.cache.sealed import Seal, SealedStore
+from tests.fakes.redis_server import REDIS_SETUPS
 
 SECRET = b"poison-test-secret-0123456789abcdef"
 NOT_FOUND = CacheEntry(404, b"", "https://registry.example.test/v1/providers/acme/gone/versions", 1.0).encode()
 
 
-@pytest.fixture
-async def stores(redis_server):
-    """(sealed store, its Redis store, negatives, refusals as (store, reason), raw client)."""
+@pytest.fixture(params=list(REDIS_SETUPS))
+async def stores(request):
+    """(sealed store, its Redis store, negatives, refusals as (store, reason), raw client), on one server,
+    Sentinel and Cluster."""
+    setup = request.getfixturevalue(REDIS_SETUPS[request.param])
     refused: list[tuple[str, str]] = []
     seal = Seal(SECRET, store="redis", on_reject=lambda store, reason: refused.append((store, reason)))
-    inner = RedisStore(redis_server.url, prefix=f"poison-{uuid.uuid4().hex[:10]}", refuse=seal.refuse)
+    inner = setup.open_store(prefix=f"poison-{uuid.uuid4().hex[:10]}", refuse=seal.refuse)
     negatives = RedisNegatives(inner, seal, 100, 1 << 20, 3600.0)
-    client = redis.Redis(port=redis_server.port)
+    client = setup.client()
     yield SealedStore(inner, seal), inner, negatives, refused, client
     client.close()
     await inner.close()

@@ -18,8 +18,8 @@ from structlog.testing import capture_logs
 
 from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
-from proxy.objects import ObjectInfo
-from proxy.s3store import S3ArchiveStore, S3Options
+from proxy.storage import ObjectInfo
+from proxy.storage.s3 import S3Options, S3Store
 from proxy.web.keys import GUARD, SERVED
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
@@ -44,7 +44,7 @@ def s3_settings(make_local_settings, s3_server, s3_bucket):
     return make
 
 
-def open_store(s3_server, bucket: str, root, **options) -> S3ArchiveStore:
+async def open_store(s3_server, bucket: str, root, **options) -> S3Store:
     values = {
         "endpoint_url": s3_server.url,
         "region": REGION,
@@ -52,8 +52,8 @@ def open_store(s3_server, bucket: str, root, **options) -> S3ArchiveStore:
         "ca_file": s3_server.ca_file,
         **options,
     }
-    store = S3ArchiveStore(root, parse_s3_location(f"s3://{bucket}/archives"), S3Options(**values))
-    store.open()
+    store = S3Store(root, parse_s3_location(f"s3://{bucket}/archives"), S3Options(**values))
+    await store.open()
     return store
 
 
@@ -251,29 +251,29 @@ async def test_a_redirect_is_a_serve_and_head_is_answered_by_the_proxy(s3_settin
 # ---- the store ----------------------------------------------------------------------------------
 
 
-def test_large_archives_are_uploaded_in_parts(s3_server, s3_bucket, tmp_path, monkeypatch):
-    monkeypatch.setattr("proxy.s3store.PART_SIZE", 5 * 2**20)  # S3's smallest part
+async def test_large_archives_are_uploaded_in_parts(s3_server, s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setattr("proxy.storage.s3.PART_SIZE", 5 * 2**20)  # S3's smallest part
     data = os.urandom(11 * 2**20 + 123)
     sha = hashlib.sha256(data).hexdigest()
-    store = open_store(s3_server, s3_bucket, tmp_path / "a")
+    store = await open_store(s3_server, s3_bucket, tmp_path / "a")
     try:
         pending = store.begin()
         pending.write(data)
         assert pending.finish() == sha
-        stored = store.publish(pending, sha)
-        assert stored.etag.strip('"').endswith("-3")  # three parts
+        stored = await store.publish(pending, sha)
+        assert stored.version.strip('"').endswith("-3")  # three parts
         assert s3_server.client.get_object(Bucket=s3_bucket, Key=PREFIX + sha)["Body"].read() == data
-        assert store.check(sha).intact
+        assert (await store.check(sha)).intact
         assert not pending.path.exists()
     finally:
-        store.close()
+        await store.close()
 
 
-def test_a_failed_multipart_upload_is_aborted_and_leaves_no_object(s3_server, s3_bucket, tmp_path, monkeypatch):
-    monkeypatch.setattr("proxy.s3store.PART_SIZE", 5 * 2**20)
+async def test_a_failed_multipart_upload_is_aborted_and_leaves_no_object(s3_server, s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setattr("proxy.storage.s3.PART_SIZE", 5 * 2**20)
     data = os.urandom(11 * 2**20)
     sha = hashlib.sha256(data).hexdigest()
-    store = open_store(s3_server, s3_bucket, tmp_path / "a")
+    store = await open_store(s3_server, s3_bucket, tmp_path / "a")
     try:
         pending = store.begin()
         pending.write(data)
@@ -289,68 +289,68 @@ def test_a_failed_multipart_upload_is_aborted_and_leaves_no_object(s3_server, s3
 
         monkeypatch.setattr(client, "upload_part", failing_upload_part)
         with pytest.raises(ConnectionResetError):
-            store.publish(pending, sha)
+            await store.publish(pending, sha)
         assert calls == [1, 2]
         assert s3_server.keys(s3_bucket) == []
         assert s3_server.client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
-        assert store.get(sha) is None
+        assert await store.get(sha) is None
         assert pending.path.exists()  # the caller discards it
     finally:
-        store.close()
+        await store.close()
 
 
-def test_list_objects_and_remove(s3_server, s3_bucket, tmp_path):
-    store = open_store(s3_server, s3_bucket, tmp_path / "a")
+async def test_list_objects_and_remove(s3_server, s3_bucket, tmp_path):
+    store = await open_store(s3_server, s3_bucket, tmp_path / "a")
     try:
         shas = []
         for content in (b"one", b"two!"):
             sha = hashlib.sha256(content).hexdigest()
             path = store.temp_path()
             path.write_bytes(content)
-            store.publish_path(path, sha)
+            await store.publish_path(path, sha)
             shas.append(sha)
         s3_server.client.put_object(Bucket=s3_bucket, Key=PREFIX + "not-an-address", Body=b"x")
         s3_server.client.put_object(Bucket=s3_bucket, Key="elsewhere/" + shas[0], Body=b"x")
-        listed = sorted(store.list_objects(), key=lambda o: o.size)
+        listed = sorted(await store.list_objects(), key=lambda o: o.size)
         assert [(o.sha256, o.size) for o in listed] == [(shas[0], 3), (shas[1], 4)]
         assert all(isinstance(o, ObjectInfo) and o.modified > 0 for o in listed)
-        assert store.strays() == [PREFIX + "not-an-address"]
-        assert store.remove(shas[1]) == 4
-        assert store.remove(shas[1]) == 0
-        assert store.get(shas[1]) is None
-        assert [o.sha256 for o in store.list_objects()] == [shas[0]]
+        assert await store.strays() == [PREFIX + "not-an-address"]
+        assert await store.remove(shas[1]) == 4
+        assert await store.remove(shas[1]) == 0
+        assert await store.get(shas[1]) is None
+        assert [o.sha256 for o in await store.list_objects()] == [shas[0]]
     finally:
-        store.close()
+        await store.close()
 
 
-def test_publishing_content_already_there_uploads_nothing(s3_server, s3_bucket, tmp_path):
-    store = open_store(s3_server, s3_bucket, tmp_path / "a")
+async def test_publishing_content_already_there_uploads_nothing(s3_server, s3_bucket, tmp_path):
+    store = await open_store(s3_server, s3_bucket, tmp_path / "a")
     try:
         sha = hashlib.sha256(b"same").hexdigest()
         first = store.temp_path()
         first.write_bytes(b"same")
-        stored = store.publish_path(first, sha)
+        stored = await store.publish_path(first, sha)
         modified = s3_server.client.head_object(Bucket=s3_bucket, Key=PREFIX + sha)["LastModified"]
         second = store.temp_path()
         second.write_bytes(b"same")
-        assert store.publish_path(second, sha) == stored
+        assert await store.publish_path(second, sha) == stored
         assert s3_server.client.head_object(Bucket=s3_bucket, Key=PREFIX + sha)["LastModified"] == modified
         assert not second.exists()
     finally:
-        store.close()
+        await store.close()
 
 
-def test_the_endpoint_certificate_is_checked_against_the_custom_ca(s3_server, s3_bucket, tmp_path, monkeypatch):
+async def test_the_endpoint_certificate_is_checked_against_the_custom_ca(s3_server, s3_bucket, tmp_path, monkeypatch):
     """The S3 server's certificate comes from the test CA: without --s3-ca-file (and with no such CA in the
     system store) the store refuses to talk to it; with it, it works."""
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     with pytest.raises(StoreUnavailableError, match="not reachable"):
-        open_store(s3_server, s3_bucket, tmp_path / "a", ca_file=None)
-    open_store(s3_server, s3_bucket, tmp_path / "b").close()
+        await open_store(s3_server, s3_bucket, tmp_path / "a", ca_file=None)
+    await (await open_store(s3_server, s3_bucket, tmp_path / "b")).close()
 
 
-def test_a_missing_bucket_fails_at_start(s3_server, tmp_path):
+async def test_a_missing_bucket_fails_at_start(s3_server, tmp_path):
     with pytest.raises(StoreUnavailableError, match=r"NoSuchBucket|404"):
-        open_store(s3_server, "no-such-bucket-here", tmp_path / "a")
+        await open_store(s3_server, "no-such-bucket-here", tmp_path / "a")

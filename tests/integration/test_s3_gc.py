@@ -15,7 +15,7 @@ import time
 import pytest
 
 from proxy.cache import CacheEntry
-from proxy.cache.factory import open_metadata_store
+from proxy.cache.factory import open_metadata
 from tests.conftest import serve_proxy
 from tests.fakes.process import registry_proxy
 from tests.fakes.store_holder import StoreHolder
@@ -59,8 +59,8 @@ async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registr
     stray = PREFIX + "notes.txt"  # not the proxy's: reported, never removed
     s3_server.client.put_object(Bucket=s3_bucket, Key=stray, Body=b"someone else's")
 
-    metadata, _ = await open_metadata_store(settings)
-    await metadata.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
+    metadata, _, times = await open_metadata(settings)
+    await times.note_served({served_orphan: now - 60, orphan: now - LONG_AGO})
     expired = CacheEntry(404, b"", f"{registry.url}/v1/providers/acme/gone/versions", now - 7200)
     await metadata.set(GONE_KEY, expired.encode())
     await metadata.close()

@@ -21,7 +21,7 @@ from botocore.config import Config
 
 from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
-from proxy.s3store import ATTEMPTS, S3ArchiveStore, S3Options
+from proxy.storage.s3 import ATTEMPTS, RESUMES, S3Options, S3Store
 from tests.conftest import serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION
@@ -42,16 +42,16 @@ def front(s3_server, upstream_ssl, client_ssl):
 
 
 @pytest.fixture
-def store(front, s3_server, s3_bucket, tmp_path):
+async def store(front, s3_server, s3_bucket, tmp_path):
     """An S3 store reaching the bucket through the relay."""
-    opened = S3ArchiveStore(
+    opened = S3Store(
         tmp_path,
         parse_s3_location(f"s3://{s3_bucket}/archives"),
         S3Options(endpoint_url=front.url, region=REGION, path_style=True, ca_file=s3_server.ca_file, timeout=TIMEOUT),
     )
-    opened.open()
+    await opened.open()
     yield opened
-    opened.close()
+    await opened.close()
 
 
 def put_object(s3_server, bucket: str, data: bytes) -> str:
@@ -66,11 +66,11 @@ def for_key(sha: str, method: str | None = None):
 
 async def test_a_store_that_never_answers_fails_after_two_bounded_attempts(store, front, s3_server, s3_bucket):
     sha = put_object(s3_server, s3_bucket, b"archive")
-    assert (await store.head(sha)).size == 7
+    assert (await store.get(sha)).size == 7
     front.stall_requests = for_key(sha)
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError, match=r"(?i)timeout"):
-        await asyncio.wait_for(store.head(sha), LIMIT)
+        await asyncio.wait_for(store.get(sha), LIMIT)
     assert front.stalled.is_set() and front.stalls == ATTEMPTS == 2  # retried once, not more
     assert time.monotonic() - started < LIMIT / 2
 
@@ -78,13 +78,17 @@ async def test_a_store_that_never_answers_fails_after_two_bounded_attempts(store
 async def test_a_body_that_stalls_mid_way_is_cut_off(store, front, s3_server, s3_bucket):
     data = os.urandom(1 << 20)
     sha = put_object(s3_server, s3_bucket, data)
-    stored = await store.head(sha)
+    stored = await store.get(sha)
     front.stall_body_after = (for_key(sha, "GET"), 300_000)
     received = bytearray()
 
     async def read() -> None:
-        async for chunk in store.stream(stored, 0, stored.size, 65536):
-            received.extend(chunk)
+        reader = await store.open_reader(stored, 0, stored.size)
+        try:
+            async for chunk in reader.chunks(65536):
+                received.extend(chunk)
+        finally:
+            reader.close()
 
     with pytest.raises(StoreUnavailableError, match=r"(?i)timeout"):
         await asyncio.wait_for(read(), LIMIT)
@@ -124,6 +128,34 @@ async def test_the_proxy_cuts_a_stalled_body_and_answers_503_to_a_stalled_store(
             status, body = await proxy.json(BIG)
         assert (status, body["code"]) == (503, "store_unavailable"), body
         assert front.stalled.is_set() and time.monotonic() - started < LIMIT / 2
+
+
+async def test_a_body_cut_off_early_is_taken_up_again_where_it_stopped(store, front, s3_server, s3_bucket):
+    data = os.urandom(3 << 20)
+    sha = put_object(s3_server, s3_bucket, data)
+    stored = await store.get(sha)
+    gets = for_key(sha, "GET")
+    front.cut_body_after = (lambda request: gets(request) and front.cuts < 2, 1_000_000)  # the first two GETs
+    reader = await store.open_reader(stored, 10, stored.size - 10)
+    try:
+        received = b"".join([chunk async for chunk in reader.chunks(256 * 1024)])
+    finally:
+        reader.close()
+    assert front.cuts == 2 and received == data[10:]
+
+
+async def test_a_body_cut_off_again_and_again_fails(store, front, s3_server, s3_bucket):
+    sha = put_object(s3_server, s3_bucket, os.urandom(1 << 20))
+    stored = await store.get(sha)
+    front.cut_body_after = (for_key(sha, "GET"), 1000)
+    reader = await store.open_reader(stored, 0, stored.size)
+    try:
+        with pytest.raises(StoreUnavailableError, match="reading from the archive store failed"):
+            async for _ in reader.chunks(256 * 1024):
+                pass
+    finally:
+        reader.close()
+    assert front.cuts == 1 + RESUMES
 
 
 def test_the_test_s3_server_keeps_answering_however_much_it_was_asked(s3_server, s3_bucket):

@@ -274,7 +274,7 @@ async def test_export_leaves_unsigned_archives_out_and_import_refuses_them(
         extra = {k: await cache.get(k) for k in (archive_key, download_key, sums_key)}
     finally:
         await cache.close()
-        store.close()
+        await store.close()
     with tarfile.open(bundle) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
     manifest = json.loads(members["manifest.json"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.store import LOCK_NAME
+from proxy.storage import LOCK_NAME
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 
@@ -161,4 +161,4 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
         ], output
     finally:
         await cache.close()
-        store.close()
+        await store.close()

@@ -30,6 +30,7 @@ from proxy.credentials import (
     parse_cli_config,
 )
 from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
+from proxy.issuers import parse_issuers
 
 CI, READER = "rpt_ci-token", "rpt_reader-token"
 TOKENS = (
@@ -155,6 +156,53 @@ def test_a_grant_is_for_one_path_one_token_and_its_lifetime():
     with pytest.raises(GrantInvalidError):
         other_fleet.holder(ARCHIVE_PATH, grant, now, {token_id: a})
     assert grants.token_id(a) != grants.token_id(b) and grants.token_id(a) != Grants(b"x" * 32).token_id(a)
+
+
+def oidc_book():
+    return parse_issuers(
+        '[issuers.github]\nurl = "https://issuer.example"\naudiences = ["a"]\n'
+        '[[issuers.github.rules]]\nclaims = { repository_owner = "acme" }\nhosts = ["*"]\nnamespaces = ["acme"]\n'
+    )
+
+
+def test_an_oidc_clients_grant_is_bound_to_its_identity_and_dies_with_its_token():
+    grants, now, book = Grants(b"k" * 32), 1_000_000.0, oidc_book()
+    [github] = book.issuers
+    claims = {"sub": "repo:acme/infra:ref:refs/heads/main", "repository_owner": "acme"}
+    client = github.client(claims["sub"], claims, int(now) + 120)  # its token expires in two minutes
+    expires = Grants.expiry(now, client)
+    assert expires == int(now) + 120 < Grants.expiry(now)  # never after the token
+    grant = grants.sign(ARCHIVE_PATH, client, expires)
+    holder = grants.holder(ARCHIVE_PATH, grant, now, {}, book.grant_holder)
+    assert holder.identity == client.identity and holder.may_read("private.example", "acme")
+    assert grants.holder_id(client) != grants.holder_id(github.client("other", claims, 1))
+    with pytest.raises(GrantExpiredError):
+        grants.holder(ARCHIVE_PATH, grant, expires + 1, {}, book.grant_holder)
+    with pytest.raises(GrantInvalidError):
+        grants.holder(ARCHIVE_PATH.replace("1.0.0", "1.1.0"), grant, now, {}, book.grant_holder)
+    expires_text, issuer, payload, mac = grant.split(".")
+    other = with_grant(
+        "", grants.sign(ARCHIVE_PATH, github.client("x", {**claims, "sub": "x"}, int(now) + 120), expires)
+    )
+    for forged in (
+        f"{int(expires_text) + 60}.{issuer}.{payload}.{mac}",  # a longer life
+        f"{expires_text}.gitlab.{payload}.{mac}",  # another issuer
+        f"{expires_text}.{issuer}.{other.split('.')[2]}.{mac}",  # another identity
+        f"{expires_text}.{issuer}.{payload}!.{mac}",
+        f"{expires_text}.{issuer}.{payload}",
+    ):
+        with pytest.raises(GrantInvalidError):
+            grants.holder(ARCHIVE_PATH, forged, now, {}, book.grant_holder)
+    with pytest.raises(GrantRevokedError):  # the issuer removed from the file
+        grants.holder(ARCHIVE_PATH, grant, now, {}, parse_issuers("").grant_holder)
+    narrowed = parse_issuers(
+        '[issuers.github]\nurl = "https://issuer.example"\naudiences = ["a"]\n'
+        '[[issuers.github.rules]]\nclaims = { repository_owner = "other" }\nhosts = ["*"]\n'
+    )
+    with pytest.raises(GrantRevokedError):  # no rule grants its claims anything now
+        grants.holder(ARCHIVE_PATH, grant, now, {}, narrowed.grant_holder)
+    with pytest.raises(GrantRevokedError):  # a check without issuers
+        grants.holder(ARCHIVE_PATH, grant, now, {})
 
 
 def test_a_grant_goes_after_a_module_subdirectory():

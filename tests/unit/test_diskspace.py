@@ -14,8 +14,8 @@ import structlog
 from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, SpaceFloor, parse_space_floor
-from proxy.diskspace import DiskSpace, is_disk_full
 from proxy.errors import DiskFullError
+from proxy.storage import DiskSpace, is_disk_full
 
 MiB = 2**20
 
@@ -77,7 +77,7 @@ class FakeDisk:
 @pytest.fixture
 def disk(monkeypatch) -> FakeDisk:
     fake = FakeDisk(free=100 * MiB, total=1000 * MiB)
-    monkeypatch.setattr("proxy.diskspace.os.statvfs", fake)
+    monkeypatch.setattr("proxy.storage.space.os.statvfs", fake)
     return fake
 
 

@@ -44,10 +44,22 @@ def test_the_project_keeps_its_import_contracts():
     [
         ("proxy/addrs.py", "import socket", "pure", "proxy.addrs -> socket"),
         ("proxy/cache/breaker.py", "import structlog", "pure", "proxy.cache.breaker -> structlog"),
-        ("proxy/store.py", "import proxy.mirror", "layers", "proxy.store -> proxy.mirror"),
+        ("proxy/storage/disk.py", "import proxy.mirror", "layers", "proxy.storage.disk -> proxy.mirror"),
         ("proxy/web/health.py", "import proxy.commands.lock", "layers", "proxy.web.health -> proxy.commands.lock"),
         ("proxy/commands/lock.py", "import proxy.cli", "layers", "proxy.commands.lock -> proxy.cli"),
-        ("proxy/store.py", "import redis", "adapters", "proxy.store -> redis"),
+        ("proxy/storage/disk.py", "import redis", "adapters", "proxy.storage.disk -> redis"),
+        (
+            "proxy/downloader.py",
+            "import proxy.storage.disk",
+            "storage-internals",
+            "proxy.downloader -> proxy.storage.disk",
+        ),
+        (
+            "proxy/web/archives.py",
+            "from proxy.storage import guard",
+            "storage-internals",
+            "proxy.web.archives -> proxy.storage.guard",
+        ),
         ("proxy/tfconfig.py", "import proxy.errors", "neutral-errors", "proxy.tfconfig -> proxy.errors"),
         (
             "proxy/commands/verify.py",

@@ -1,4 +1,5 @@
-"""ArchiveReader: a file verified since it last changed is read without hashing; any other is hashed whole."""
+"""ArchiveGuard's reader over the disk store: every whole read is hashed and its last chunk held back until it
+matched; a range of a copy found intact is not hashed; chunks come from the page cache in the event loop."""
 
 from __future__ import annotations
 
@@ -7,43 +8,48 @@ import hashlib
 import os
 from types import SimpleNamespace
 
+import blake3
 import pytest
 
-from proxy import integrity
 from proxy.errors import StoreCorruptionError
-from proxy.integrity import StoreGuard
 from proxy.metrics import Metrics
-from proxy.store import ArchiveStore, StoredArchive
+from proxy.storage import ArchiveGuard, StoredArchive, disk, guard
+from proxy.storage.disk import DiskStore
 
 DATA = os.urandom(5 * 100_000 + 17)  # several chunks and a short last one
 CHUNK = 100_000
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = ArchiveStore(tmp_path)
-    store.open()
+async def store(tmp_path):
+    store = DiskStore(tmp_path)
+    await store.open()
     yield store
-    store.close()
+    await store.close()
 
 
 @pytest.fixture
-def hashes(monkeypatch) -> list[int]:
-    """Counts the SHA-256 digests the reader starts."""
-    started: list[int] = []
+def hashes(monkeypatch) -> list[str]:
+    """The digests the reader starts, by kind ("sha256", "blake3")."""
+    started: list[str] = []
 
     def sha256():
-        started.append(1)
+        started.append("sha256")
         return hashlib.sha256()
 
-    monkeypatch.setattr(integrity, "hashlib", SimpleNamespace(sha256=sha256))
+    def fingerprint():
+        started.append("blake3")
+        return blake3.blake3()
+
+    monkeypatch.setattr(guard, "hashlib", SimpleNamespace(sha256=sha256))
+    monkeypatch.setattr(guard, "blake3", fingerprint)
     return started
 
 
-def publish(store: ArchiveStore, data: bytes = DATA) -> StoredArchive:
+async def publish(store: DiskStore, data: bytes = DATA) -> StoredArchive:
     path = store.temp_path()
     path.write_bytes(data)
-    return store.publish_path(path, hashlib.sha256(data).hexdigest())
+    return await store.publish_path(path, hashlib.sha256(data).hexdigest())
 
 
 def flip_byte(stored: StoredArchive, offset: int) -> None:
@@ -52,7 +58,7 @@ def flip_byte(stored: StoredArchive, offset: int) -> None:
         handle.write(bytes([DATA[offset] ^ 1]))
 
 
-async def read(guard: StoreGuard, stored: StoredArchive, start: int = 0, length: int | None = None) -> bytes:
+async def read(guard: ArchiveGuard, stored: StoredArchive, start: int = 0, length: int | None = None) -> bytes:
     reader = await guard.open(stored, start, stored.size - start if length is None else length)
     try:
         return b"".join([bytes(chunk) async for chunk in reader.chunks(CHUNK)])
@@ -60,26 +66,52 @@ async def read(guard: StoreGuard, stored: StoredArchive, start: int = 0, length:
         reader.close()
 
 
-async def test_a_file_verified_since_it_last_changed_is_served_without_hashing(store, hashes):
-    stored = publish(store)
-    assert await read(StoreGuard(store, Metrics()), stored) == DATA
+async def test_every_whole_read_is_hashed_even_of_a_file_found_intact_before(store, hashes):
+    stored = await publish(store)
+    guard = ArchiveGuard(store, Metrics())
+    assert await read(guard, stored) == DATA
+    assert hashes == ["sha256", "blake3"]  # the SHA-256, and the content's fingerprint on the way
+    assert await read(guard, stored) == DATA
+    assert await read(guard, stored) == DATA
+    assert hashes == ["sha256", "blake3", "blake3", "blake3"]  # then the fingerprint alone, every time
+
+
+async def test_a_file_changed_after_its_fingerprint_was_taken_is_caught_by_it(store):
+    stored = await publish(store)
+    guard = ArchiveGuard(store, Metrics())
+    assert await read(guard, stored) == DATA  # SHA-256 checked, fingerprint taken
+    flip_byte(stored, len(DATA) // 2)
+    with pytest.raises(StoreCorruptionError):
+        await read(guard, await store.get(stored.sha256))
+    assert not stored.path.exists()  # quarantined
+
+
+async def test_a_range_of_a_file_found_intact_is_read_without_hashing(store, hashes):
+    stored = await publish(store)
+    guard = ArchiveGuard(store, Metrics())
+    await guard.verify(stored)  # what the server does before a range: the whole file hashed once (the store's check)
+    assert await read(guard, stored, 1000, 300_000) == DATA[1000:301_000]
     assert hashes == []
 
 
-async def test_a_file_that_changed_since_is_hashed_whole_and_then_trusted(store, hashes):
-    stored = publish(store)
-    os.utime(stored.path, ns=(1, 1))  # a new identity, the same bytes
-    guard = StoreGuard(store, Metrics())
-    assert await read(guard, stored) == DATA
-    assert len(hashes) == 1
-    assert await read(guard, stored) == DATA
-    assert len(hashes) == 1
+async def test_a_file_changed_in_place_while_it_is_read_raises_before_its_last_chunk(store):
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
+    received = bytearray()
+    with pytest.raises(StoreCorruptionError):
+        async for chunk in reader.chunks(CHUNK):
+            if not received:
+                flip_byte(stored, len(DATA) - 5)  # after the first chunk went out, in the last one
+            received += chunk
+    reader.close()
+    assert received == DATA[: len(received)] and len(received) < len(DATA)
+    assert not stored.path.exists()  # quarantined
 
 
 async def test_a_changed_file_with_a_flipped_byte_raises_before_its_last_chunk(store):
-    stored = publish(store)
+    stored = await publish(store)
     flip_byte(stored, 10)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     received = bytearray()
     with pytest.raises(StoreCorruptionError):
         async for chunk in reader.chunks(CHUNK):
@@ -90,16 +122,16 @@ async def test_a_changed_file_with_a_flipped_byte_raises_before_its_last_chunk(s
 
 
 async def test_chunks_missing_from_the_page_cache_are_read_in_a_thread(store, monkeypatch):
-    stored = publish(store)
-    monkeypatch.setattr(integrity, "_read_cached", lambda fd, offset, size: None)
-    guard = StoreGuard(store, Metrics())
+    stored = await publish(store)
+    monkeypatch.setattr(disk, "_read_cached", lambda fd, offset, size: None)
+    guard = ArchiveGuard(store, Metrics())
     assert await read(guard, stored) == DATA
     assert await read(guard, stored, 123_456, 200_000) == DATA[123_456:323_456]
 
 
 async def test_a_trusted_file_that_shrank_while_open_raises(store):
-    stored = publish(store)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     os.truncate(stored.path, 250_000)
     with pytest.raises(StoreCorruptionError):
         async for _ in reader.chunks(CHUNK):
@@ -108,8 +140,8 @@ async def test_a_trusted_file_that_shrank_while_open_raises(store):
 
 
 async def test_the_event_loop_runs_between_chunks_read_from_the_page_cache(store):
-    stored = publish(store)
-    reader = await StoreGuard(store, Metrics()).open(stored, 0, stored.size)
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     ticks = 0
 
     async def ticker() -> None:

@@ -42,11 +42,12 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
 ) -> None:
     opened: list[Settings] = []
 
-    async def open_metadata_store(settings: Settings, metrics=None):
+    async def open_metadata(settings: Settings, metrics=None):
         opened.append(settings)
-        return sealed_embedded(tmp_path), None
+        embedded = EmbeddedStore(tmp_path / "metadata.sqlite")
+        return SealedStore(embedded, Seal(b"factory-test-secret-0123456789", store="embedded")), None, embedded
 
-    monkeypatch.setattr(run, "open_metadata_store", open_metadata_store)
+    monkeypatch.setattr(run, "open_metadata", open_metadata)
     args = build_parser().parse_args(
         [
             "export",
@@ -60,13 +61,13 @@ async def test_the_cli_opens_the_store_with_its_retention_and_negative_bound(
             "s" * 32,
         ]
     )
-    cache, store = await run._stores(args)
+    cache, _, store = await run._stores(args)
     try:
         assert opened[0].metadata.redis_retention == 7 * 86400
         assert isinstance(cache, NegativeBound)
     finally:
         await cache.close()
-        store.close()
+        await store.close()
 
 
 async def test_negative_bound_keeps_remembered_404s_out_of_the_backend(tmp_path: Path) -> None:

@@ -36,16 +36,6 @@ def test_uvloop_when_installed():
             loop.close()
 
 
-def test_plain_http_keeps_asyncio_for_sendfile_unless_uvloop_is_asked_for():
-    pytest.importorskip("uvloop")
-    for choice, expected in (("auto", "asyncio"), ("uvloop", "uvloop"), ("asyncio", "asyncio")):
-        loop = new_event_loop(choice, plain_http=True)
-        try:
-            assert loop_name(loop) == expected, choice
-        finally:
-            loop.close()
-
-
 def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails
     loop = new_event_loop("auto")

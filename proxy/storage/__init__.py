@@ -1,0 +1,71 @@
+"""Archive storage: verified archives by SHA-256, and everything that keeps them.
+
+This module is the package's only public face (an import-linter contract keeps the rest inside):
+
+- `ArchiveStore`, the interface of a backend (`protocol`), and `archive_store(settings)`, which picks
+  one (`factory`): a content-addressed directory (`disk`) or S3-compatible object storage (`s3`,
+  its answers read by `s3answers`). Both stage downloads in a per-process temp directory (`staging`)
+  and publish only verified content, whole.
+- `ArchiveGuard`, the one integrity check between a store and a client (`guard`): sizes on every
+  lookup, the SHA-256 of every whole body served, quarantine of what fails.
+- `ServedArchives` (`served`: pins while an archive is sent, last-served times through a
+  `ServedTimes`), `Evictor` (`evictor`: the size cap) and its pure policy (`eviction`), and
+  `DiskSpace` (`space`: the free-space floor, "disk full" errors).
+- What a store says it holds (`objects`): `StoredArchive`, `ObjectInfo`, `Leftover` and its kinds.
+
+docs/integrity.md#archive-stores says what the stores guarantee.
+"""
+
+from __future__ import annotations
+
+from proxy.storage.eviction import orphans
+from proxy.storage.evictor import EvictionRun, Evictor
+from proxy.storage.factory import archive_store, s3_options
+from proxy.storage.guard import ArchiveGuard, ArchiveReader
+from proxy.storage.objects import (
+    QUARANTINE,
+    REMOVABLE,
+    STRAY,
+    TEMP,
+    UPLOAD,
+    Leftover,
+    ObjectCheck,
+    ObjectInfo,
+    StoredArchive,
+)
+from proxy.storage.protocol import ArchiveStore, ServedTimes
+from proxy.storage.served import ServedArchives
+from proxy.storage.space import DiskSpace, SpaceReport, is_disk_full
+from proxy.storage.staging import LOCK_NAME, PendingArchive, file_digest, sha256_file
+
+ArchiveStorage = ArchiveStore  # the interface's name before it became a package (until the branches are merged)
+
+__all__ = [
+    "LOCK_NAME",
+    "QUARANTINE",
+    "REMOVABLE",
+    "STRAY",
+    "TEMP",
+    "UPLOAD",
+    "ArchiveGuard",
+    "ArchiveReader",
+    "ArchiveStorage",
+    "ArchiveStore",
+    "DiskSpace",
+    "EvictionRun",
+    "Evictor",
+    "Leftover",
+    "ObjectCheck",
+    "ObjectInfo",
+    "PendingArchive",
+    "ServedArchives",
+    "ServedTimes",
+    "SpaceReport",
+    "StoredArchive",
+    "archive_store",
+    "file_digest",
+    "is_disk_full",
+    "orphans",
+    "s3_options",
+    "sha256_file",
+]
