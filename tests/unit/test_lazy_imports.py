@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Each only for some configurations: the start-up of the default one must not import it.
-LAZY = ("redis", "gunicorn", "hcl2", "lark", "jinja2")
+LAZY = ("botocore", "aiobotocore", "redis", "gunicorn", "hcl2", "lark", "jinja2")
 
 START = """
 import asyncio, json, sys
