@@ -8,6 +8,7 @@ retention the server gives each kind of entry.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,6 +20,9 @@ from proxy.cache.sealed import SECRET_FILE, Seal, SealedStore, metadata_secret
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks
+
+if TYPE_CHECKING:
+    from proxy.cache.redis import RedisStore
 
 log = structlog.get_logger(__name__)
 
