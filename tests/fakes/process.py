@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -290,3 +291,22 @@ async def registry_proxy(*args: str) -> tuple[int, str]:
     )
     output, _ = await asyncio.wait_for(process.communicate(), 180)
     return process.returncode, output.decode()
+
+
+async def registry_proxy_in_process(*args: str) -> tuple[int, str]:
+    """`registry_proxy(*args)` without a process start (about a second of CPU each): the CLI's `main`, which the
+    `registry-proxy` script and `python -m proxy` call and whose return value is their exit code, run in a
+    thread of this process (it runs its own event loop) with stdout and stderr captured together. For tests of
+    what a command does and prints; a test of the process itself (signals, exit of `serve`) uses `registry_proxy`."""
+    from proxy.cli import main
+
+    def run() -> tuple[int, str]:
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+        return code, output.getvalue()
+
+    return await asyncio.to_thread(run)
