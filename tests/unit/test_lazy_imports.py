@@ -9,6 +9,7 @@ process and runs the application's start-up (stores opened), then lists what it 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.process import child_environment
 
 REPO = Path(__file__).resolve().parents[2]
 # Each only for some configurations: the start-up of the default one must not import it.
@@ -63,3 +66,18 @@ def test_the_default_start_imports_no_library_of_other_configurations(tmp_path: 
     imported = started_imports(tmp_path / "data")
     assert "aiohttp" in imported and "structlog" in imported  # it did start
     assert imported.isdisjoint(LAZY), sorted(imported.intersection(LAZY))
+
+
+def test_the_processes_tests_start_lack_the_development_tools_as_installs_do() -> None:
+    """structlog imports rich where it is installed; the test virtualenv has it (for import-linter), an install
+    of the proxy does not, and the proxy processes tests start (`child_environment`) do not see it."""
+    check = "import sys, structlog; print('rich' in sys.modules)"
+
+    def imports_rich(environment: dict[str, str] | None) -> bool:
+        result = subprocess.run(
+            [sys.executable, "-c", check], cwd=REPO, env=environment, capture_output=True, text=True, check=True
+        )
+        return result.stdout.strip() == "True"
+
+    assert imports_rich(None) == (importlib.util.find_spec("rich") is not None)  # the test virtualenv itself
+    assert not imports_rich(child_environment())
