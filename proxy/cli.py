@@ -389,7 +389,6 @@ def serve(args: argparse.Namespace) -> int:
     from proxy.log import setup_logging
     from proxy.web.app import create_app
     from proxy.web.server import run_server
-    from proxy.web.workers import run_workers
 
     setup_logging(settings.logging.log_format, settings.logging.log_level)
     warn_about_short_timings(settings, below_safe_minimums(args, "serve"))
@@ -403,6 +402,8 @@ def serve(args: argparse.Namespace) -> int:
     warn_about_access(settings)
     asyncio.run(prepare_metadata_store(settings))
     if settings.server.workers > 1:
+        from proxy.web.workers import run_workers  # gunicorn: only for a supervisor of workers
+
         run_workers(settings, context, listening, on_listening=on_listening)
     else:
         run_server(

@@ -21,14 +21,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import hcl2
-from hcl2.utils import SerializationOptions
 from yarl import URL
 
 from proxy.addrs import AddressError, Hostname
 
 ENV_PREFIX = "TF_TOKEN_"
-_HCL_OPTIONS = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
 
 # The registry host the current request reads (set by the web layer; inherited by the tasks it starts).
 acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("acting_for", default=None)
@@ -64,8 +61,12 @@ def _host(text: str, where: str) -> str:
 def parse_cli_config(text: str, source: str = "credentials file") -> dict[str, str]:
     """The `credentials "HOST" { token = "…" }` blocks of a CLI configuration → {host: token}; a CredentialsError
     names `source` and the line (`SOURCE:LINE:COLUMN: …`, as compilers do) of what is wrong."""
+    import hcl2  # only with --upstream-credentials: the HCL parser (lark) costs a process start ~0.2 s of CPU
+    from hcl2.utils import SerializationOptions
+
+    options = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
     try:
-        data = hcl2.loads(text, serialization_options=_HCL_OPTIONS)
+        data = hcl2.loads(text, serialization_options=options)
     except Exception as exc:  # python-hcl2 raises lark errors of several kinds
         raise CredentialsError(f"{source}{_position(exc)}: not valid HCL{_unexpected(exc)}") from None
     tokens: dict[str, str] = {}

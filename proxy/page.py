@@ -11,16 +11,19 @@ No I/O but reading the template once.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from proxy.forwarded import plain_host
 from proxy.inventory import CachedModule, CachedProvider, HostHealth, Inventory
 from proxy.metrics import Totals
 from proxy.rewrite import registry_base
+
+if TYPE_CHECKING:
+    from jinja2 import Environment
 
 CLIENTS = (("Terraform", "~/.terraformrc"), ("OpenTofu", "~/.tofurc"))
 
@@ -191,21 +194,27 @@ def number(value: int) -> str:
     return f"{value:,}".replace(",", "\u202f")
 
 
-_environment = Environment(
-    loader=PackageLoader("proxy", "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
-_environment.filters.update(size=human_size, when=when, number=number, breakable=breakable)
+@functools.cache
+def _environment() -> Environment:
+    """The template environment, made when the page is first rendered (jinja2 is not imported at start-up)."""
+    from jinja2 import Environment, PackageLoader, StrictUndefined
+
+    environment = Environment(
+        loader=PackageLoader("proxy", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    environment.filters.update(size=human_size, when=when, number=number, breakable=breakable)
+    return environment
 
 
 def render(data: PageData) -> str:
     """The whole HTML page."""
     hosts = sorted(h.host for h in data.hosts if "allowed" in h.roles or "mapped" in h.roles)
-    template = _environment.get_template("index.html")
+    template = _environment().get_template("index.html")
     return template.render(
         page=data,
         snippets=snippets(data.base, hosts),

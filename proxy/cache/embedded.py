@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -32,9 +33,28 @@ from typing import TypeVar
 
 import aiosqlite
 import structlog
-from aiohttp_client_cache.backends.sqlite import SQLiteCache
 
 from proxy.cache.breaker import Breaker
+
+
+def _import_sqlite_cache() -> type:
+    """aiohttp-client-cache's SQLite class, without the package's other backends: its `backends` package
+    imports every backend whose library is installed (redis-py for its Redis backend, a tenth of a process
+    start), and this store needs none of them. Each is marked missing while the package loads (the package
+    then stands in a placeholder class), and unmarked at once, so the libraries themselves stay importable."""
+    others = [f"aiohttp_client_cache.backends.{name}" for name in ("redis", "mongodb", "dynamodb", "filesystem")]
+    marked = [name for name in others if name not in sys.modules]
+    for name in marked:
+        sys.modules[name] = None  # type: ignore[assignment]  # an import of it raises ImportError
+    try:
+        from aiohttp_client_cache.backends.sqlite import SQLiteCache
+    finally:
+        for name in marked:
+            del sys.modules[name]
+    return SQLiteCache
+
+
+SQLiteCache = _import_sqlite_cache()
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -8,6 +8,7 @@ retention the server gives each kind of entry.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -15,11 +16,13 @@ from proxy.cache import MetadataStore
 from proxy.cache.embedded import EmbeddedStore
 from proxy.cache.filelocks import FileLocks
 from proxy.cache.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
-from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
 from proxy.cache.sealed import SECRET_FILE, Seal, SealedStore, metadata_secret
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.singleflight import FleetLocks, LocalLocks
+
+if TYPE_CHECKING:
+    from proxy.cache.redis import RedisStore
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +48,8 @@ async def open_metadata(
             metrics.metadata_rejected.labels(store, reason).inc()
 
     if settings.metadata.redis_url:
+        from proxy.cache.redis import RedisFleetLocks, RedisStore  # redis-py: only for a store in Redis
+
         seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
         ca_file = settings.metadata.redis_ca_file
         redis_store = RedisStore(
@@ -104,6 +109,9 @@ def _negative_store(settings: Settings, backend: SealedStore, metrics: Metrics |
         settings.freshness.negative_cache_bytes,
         negative_retention(settings.freshness.negative),
     )
-    if isinstance(backend.inner, RedisStore):
-        return RedisNegatives(backend.inner, backend.seal, *bounds, report=report)
+    if settings.metadata.redis_url:
+        from proxy.cache.redis import RedisNegatives, RedisStore
+
+        if isinstance(backend.inner, RedisStore):
+            return RedisNegatives(backend.inner, backend.seal, *bounds, report=report)
     return MemoryNegatives(*bounds, report=report)

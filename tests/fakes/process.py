@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -30,6 +31,16 @@ REPO_ROOT = Path(__file__).parents[2]
 # How long a proxy may take to start before a test fails: about a second on a quiet machine, but a
 # machine running parallel test workers (and other test runs) can be far slower; only a hang takes this long.
 START_TIMEOUT = 90.0
+# A path entry where `import rich` fails (tests/fakes/production_path/rich): the proxy's children import what they
+# would where the proxy is installed, not the development tools of the test virtualenv.
+PRODUCTION_PATH = Path(__file__).parent / "production_path"
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with PRODUCTION_PATH first on the Python path."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PRODUCTION_PATH), environment.get("PYTHONPATH")]))
+    return environment
 
 
 class ProxyProcess:
@@ -93,7 +104,9 @@ class ProxyProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
         log_start = log.tell()
-        self.process = await asyncio.create_subprocess_exec(*self.args, stdout=log, stderr=log, cwd=REPO_ROOT)
+        self.process = await asyncio.create_subprocess_exec(
+            *self.args, stdout=log, stderr=log, cwd=REPO_ROOT, env=child_environment()
+        )
         log.close()
         await self._wait_bound(log_start)
         await wait_healthy(
@@ -285,8 +298,28 @@ async def registry_proxy(*args: str) -> tuple[int, str]:
         "proxy",
         *args,
         cwd=REPO_ROOT,
+        env=child_environment(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await asyncio.wait_for(process.communicate(), 180)
     return process.returncode, output.decode()
+
+
+async def registry_proxy_in_process(*args: str) -> tuple[int, str]:
+    """`registry_proxy(*args)` without a process start (about a second of CPU each): the CLI's `main`, which the
+    `registry-proxy` script and `python -m proxy` call and whose return value is their exit code, run in a
+    thread of this process (it runs its own event loop) with stdout and stderr captured together. For tests of
+    what a command does and prints; a test of the process itself (signals, exit of `serve`) uses `registry_proxy`."""
+    from proxy.cli import main
+
+    def run() -> tuple[int, str]:
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+        return code, output.getvalue()
+
+    return await asyncio.to_thread(run)

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
-from tests.fakes.process import ProxyProcess, registry_proxy
+from tests.fakes.process import ProxyProcess, registry_proxy_in_process
 from tests.fakes.registry import FakeRegistry, ModuleRelease
 
 PROVIDER = "registry.example.test/acme/foo"
@@ -327,39 +327,39 @@ async def test_verify_finds_a_flipped_byte_and_repair_moves_it_aside(proxy_proce
     assert await get_or_abort(client, BIG) == (200, good)
     assert await get_or_abort(client, SMALL) == (200, small.zips["linux_amd64"])
 
-    code, output = await registry_proxy("verify", "--data-dir", str(proc.data_dir))
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(proc.data_dir))
     assert code == 0, output
     assert "2 objects" in output and "0 corrupt" in output
 
     flip_byte(object_path(proc, sha), 1234)
-    code, output = await registry_proxy("verify", "--data-dir", str(proc.data_dir))
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(proc.data_dir))
     assert code == 1, output
     assert sha in output and "1 corrupt" in output
     assert object_path(proc, sha).exists(), "verify without --repair must not move anything"
 
-    code, output = await registry_proxy("verify", "--data-dir", str(proc.data_dir), "--repair")
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(proc.data_dir), "--repair")
     assert code == 0, output
     assert sha in output and "quarantined" in output
     assert not object_path(proc, sha).exists() and quarantined(proc, sha)
 
-    code, output = await registry_proxy("verify", "--data-dir", str(proc.data_dir))
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(proc.data_dir))
     assert code == 0 and "1 objects" in output, output
     # The running proxy fetches it again on the next request.
     assert await get_or_abort(client, BIG) == (200, good)
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 2
 
 
-async def test_verify_reports_leftover_temp_dirs(proxy_process, tmp_path):
+async def test_verify_reports_leftover_temp_dirs(tmp_path):
     data = tmp_path / "verify-data"
     leftover = data / "archives" / "tmp" / f"{socket.gethostname()}-1-0badf00d"
     leftover.mkdir(parents=True)
     (leftover / ".lock").touch()
     (leftover / "x.part").write_bytes(b"x" * 100)
     (data / "archives" / "sha256").mkdir(parents=True)
-    code, output = await registry_proxy("verify", "--data-dir", str(data))
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(data))
     assert code == 0, output
     assert "1 abandoned temp dir" in output
-    code, output = await registry_proxy("verify", "--data-dir", str(data), "--repair")
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(data), "--repair")
     assert code == 0 and not leftover.exists(), output
 
 

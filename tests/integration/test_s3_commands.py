@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import PROVIDER, REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
-from tests.fakes.process import registry_proxy
+from tests.fakes.process import registry_proxy_in_process
 from tests.fakes.registry import ModuleRelease
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
@@ -51,7 +51,7 @@ async def test_warm_export_import_and_verify_on_s3(
 
     # warm: the running proxy fetches, verifies and uploads every archive the configuration needs
     async with serve_proxy(source, client_ssl) as running:
-        code, output = await registry_proxy(
+        code, output = await registry_proxy_in_process(
             "warm", str(config), "--proxy", running.url, "--ca-file", str(ca_file), "--platform", "linux_amd64"
         )
         assert code == 0, output
@@ -62,13 +62,13 @@ async def test_warm_export_import_and_verify_on_s3(
 
     # export from the bucket, import into another data dir and bucket
     bundle = tmp_path / "bundle.tar.zst"
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "export", "--data-dir", str(source.data_dir), "--out", str(bundle), *s3_server.flags(source_bucket)
     )
     assert code == 0, output
     assert "exported 1 provider archives and 1 modules" in output
     target = make_local_settings(data_dir=tmp_path / "b", offline=True, **s3_server.settings(target_bucket))
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "import",
         str(bundle),
         "--data-dir",
@@ -80,7 +80,7 @@ async def test_warm_export_import_and_verify_on_s3(
     assert code == 0, output
     assert "2 new files" in output
     assert s3_server.keys(target_bucket) == sorted([PREFIX + zip_sha, PREFIX + module_sha])
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "import",
         str(bundle),
         "--data-dir",
@@ -99,18 +99,18 @@ async def test_warm_export_import_and_verify_on_s3(
 
     # verify: intact, then a corrupt object and a stray key are reported; --repair quarantines
     flags = ["verify", "--data-dir", str(target.data_dir), *s3_server.flags(target_bucket)]
-    code, output = await registry_proxy(*flags)
+    code, output = await registry_proxy_in_process(*flags)
     assert code == 0, output
     assert "verify: 2 objects" in output and "0 corrupt" in output
     same_size = b"x" * len(release.zips["linux_amd64"])
     s3_server.client.put_object(Bucket=target_bucket, Key=PREFIX + zip_sha, Body=same_size)
     s3_server.client.put_object(Bucket=target_bucket, Key=PREFIX + "stray", Body=b"?")
-    code, output = await registry_proxy(*flags)
+    code, output = await registry_proxy_in_process(*flags)
     assert code == 1, output
     assert f"CORRUPT {zip_sha}" in output and f"{PREFIX}stray" in output and "1 stray" in output
-    code, output = await registry_proxy(*flags, "--repair")
+    code, output = await registry_proxy_in_process(*flags, "--repair")
     assert code == 0, output
     assert f"quarantined to s3://{target_bucket}/{PREFIX}quarantine/{zip_sha}-" in output
     assert PREFIX + zip_sha not in s3_server.keys(target_bucket)
-    code, output = await registry_proxy(*flags)
+    code, output = await registry_proxy_in_process(*flags)
     assert code == 0 and "verify: 1 objects" in output and "1 file(s) in quarantine" in output, output

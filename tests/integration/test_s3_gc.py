@@ -17,7 +17,7 @@ import pytest
 from proxy.cache import CacheEntry
 from proxy.cache.factory import open_metadata
 from tests.conftest import serve_proxy
-from tests.fakes.process import registry_proxy
+from tests.fakes.process import registry_proxy_in_process
 from tests.fakes.store_holder import StoreHolder
 from tests.integration.test_gc import ARCHIVE, GONE_KEY, LONG_AGO, check_after_gc, gc, lines_of
 
@@ -120,7 +120,8 @@ async def test_verify_without_repair_changes_nothing_on_s3(make_local_settings, 
     with StoreHolder(HOLDER, settings.archive_dir, 1024) as dead:
         dead.kill()
         upload = s3_server.client.create_multipart_upload(Bucket=s3_bucket, Key=PREFIX + "e" * 64)["UploadId"]
-        code, out = await registry_proxy("verify", "--data-dir", str(settings.data_dir), *s3_server.flags(s3_bucket))
+        flags = s3_server.flags(s3_bucket)
+        code, out = await registry_proxy_in_process("verify", "--data-dir", str(settings.data_dir), *flags)
         assert code == 0, out
         assert f"abandoned temp dir: {dead.part.parent} (remove with --repair)" in out
         assert dead.part.parent.exists() and uploads(s3_server, s3_bucket) == [upload]

@@ -24,7 +24,7 @@ from proxy.records import ArchiveRecord, SumsRecord
 from proxy.unsigned import parse_unsigned_policy
 from proxy.web.keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
-from tests.fakes.process import REGISTRY_HOST, registry_proxy
+from tests.fakes.process import REGISTRY_HOST, registry_proxy_in_process
 from tests.fakes.signing import SigningKey
 from tests.integration.test_verification import release_of, stored
 
@@ -221,7 +221,6 @@ async def test_unsigned_sums_not_over_https_are_refused(tofu_settings, client_ss
         assert not any(path.endswith("SHA256SUMS") for _, path in unsigned_registry.requests)
 
 
-@pytest.mark.process
 async def test_verify_lists_unsigned_archives(make_local_settings, client_ssl, registry, tmp_path):
     registry.signing_keys_override = []
     settings = make_local_settings(upstream_map={TOFU: URL(registry.url), REGISTRY_HOST: URL(registry.url)})
@@ -231,7 +230,7 @@ async def test_verify_lists_unsigned_archives(make_local_settings, client_ssl, r
     registry.signing_keys_override = None
     async with serve_proxy(settings, client_ssl) as proxy:
         assert (await proxy.get(archive(PROVIDER)))[0] == 200  # signed: same bytes, another address
-    code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(settings.data_dir))
     assert code == 0, output
     lines = [line for line in output.splitlines() if line.startswith("UNSIGNED")]
     assert lines == [

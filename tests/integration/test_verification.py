@@ -125,14 +125,14 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
     from proxy.addrs import Platform, ProviderAddr, Version
     from proxy.cache import keys
     from proxy.records import ArchiveRecord, SumsRecord
-    from tests.fakes.process import registry_proxy
+    from tests.fakes.process import registry_proxy_in_process
     from tests.integration.test_lock_warm_bundle import _stores
 
     settings = make_local_settings()
     async with serve_proxy(settings, client_ssl) as proxy:
         assert (await proxy.get(ARCHIVE))[0] == 200
         assert (await proxy.get(ARCHIVE.replace("linux_amd64", "darwin_arm64")))[0] == 200
-    code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+    code, output = await registry_proxy_in_process("verify", "--data-dir", str(settings.data_dir))
     assert code == 0 and "0 refused by the verification chain, 0 not checkable" in output, output
 
     release = release_of(registry)
@@ -142,7 +142,7 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
         sums = records.decode(await cache.get(sums_key), SumsRecord)
         forged = SumsRecord(sums.sums, other_key.sign(sums.sums), sums.key_id, sums.fingerprint)
         await cache.set(sums_key, records.encode(forged))
-        code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+        code, output = await registry_proxy_in_process("verify", "--data-dir", str(settings.data_dir))
         refused = [line for line in output.splitlines() if line.startswith("REFUSED")]
         assert code == 1 and len(refused) == 2, output  # both platforms' records hang on that signature
         assert all("failed verification" in line for line in refused)
@@ -153,7 +153,7 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
         other = records.decode(await cache.get(darwin), ArchiveRecord)
         record = records.decode(await cache.get(linux), ArchiveRecord)
         await cache.set(linux, records.encode(replace(record, sha256=other.sha256)))  # another platform's archive
-        code, output = await registry_proxy("verify", "--data-dir", str(settings.data_dir))
+        code, output = await registry_proxy_in_process("verify", "--data-dir", str(settings.data_dir))
         refused = [line for line in output.splitlines() if line.startswith("REFUSED")]
         assert code == 1 and refused == [
             f"REFUSED {PROVIDER} 1.0.0 linux_amd64 sha256={release.sha256('darwin_arm64')}: the record disagrees "
