@@ -191,11 +191,15 @@ class Gatekeeper:
     def check_address(self, addr: Address, client: ClientIdentity) -> None:
         """Refuse now when the policy denies every version of `addr` (nothing is fetched for it)."""
         policy = self.policy
-        if policy is None:
-            return
+        if policy is not None:
+            self._admitted_facts(policy, addr, client)
+
+    def _admitted_facts(self, policy: Policy, addr: Address, client: ClientIdentity) -> _AddressFacts:
+        """What is known of `addr` for `client`, after refusing when the policy denies every version of it."""
         facts = self._facts(policy, addr, client)
         if facts.decision is not None and not facts.decision.allowed:
             self._refuse(subject_of(addr), client, facts.decision)
+        return facts
 
     def _facts(self, policy: Policy, addr: Address, client: ClientIdentity) -> _AddressFacts:
         """What the policy says about `addr` for this client, and its memo of version and platform decisions:
@@ -267,9 +271,7 @@ class Gatekeeper:
         policy = self.policy
         if policy is None:
             return
-        facts = self._facts(policy, addr, client)
-        if facts.decision is not None and not facts.decision.allowed:
-            self._refuse(subject_of(addr), client, facts.decision)
+        facts = self._admitted_facts(policy, addr, client)
         source = await listed() if facts.ages else None  # the same object while the list is unchanged
         now = self.clock()
         known = facts.versions.get((version, platform))
