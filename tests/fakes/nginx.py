@@ -38,18 +38,17 @@ http {{
 """
 
 
-def shipped_server(port: int, cert: Path, key: Path, upstream_port: int) -> str:
-    """deploy/nginx.conf's server block as shipped, with this test's port, certificate and proxy address
-    (and nginx connecting from NGINX_ADDRESS)."""
+def shipped_server(port: int, cert: Path, key: Path, upstream_port: int, cache: Path) -> str:
+    """deploy/nginx.conf's server block as shipped, with this test's port, certificate, proxy address and
+    micro-cache directory (and nginx connecting from NGINX_ADDRESS)."""
     text = (REPO_ROOT / "deploy" / "nginx.conf").read_text()
     replacements = [
         (r"listen 443 ssl;", f"listen 127.0.0.1:{port} ssl;"),
         (r"ssl_certificate\s+/etc/ssl/mirror\.crt;", f"ssl_certificate {cert};"),
         (r"ssl_certificate_key /etc/ssl/mirror\.key;", f"ssl_certificate_key {key};"),
-        (
-            r"proxy_pass http://127\.0\.0\.1:8080;",
-            f"proxy_pass http://127.0.0.1:{upstream_port};\n        proxy_bind {NGINX_ADDRESS};",
-        ),
+        (r"server 127\.0\.0\.1:8080;", f"server 127.0.0.1:{upstream_port};"),
+        (r"proxy_set_header X-Request-Id", f"proxy_bind {NGINX_ADDRESS};\n    proxy_set_header X-Request-Id"),
+        (r"/var/cache/nginx/registry-proxy", str(cache)),
     ]
     for pattern, replacement in replacements:
         text, count = re.subn(pattern, replacement, text)
@@ -94,7 +93,7 @@ class Nginx:
     @classmethod
     def shipped(cls, root: Path, cert: Path, key: Path, upstream_port: int) -> Nginx:
         def server(port: int) -> str:
-            return shipped_server(port, cert, key, upstream_port)
+            return shipped_server(port, cert, key, upstream_port, root / "cache")
 
         port = free_port()
         return cls(root, server(port), port, rebuild=server)
