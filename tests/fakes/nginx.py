@@ -88,6 +88,8 @@ class Nginx:
         self.port = port
         self.prefix = prefix
         self.rebuild = rebuild  # the server block for another port, if someone took this one first
+        self.workers: int | str = 1  # worker_processes (the benchmark's front: "auto")
+        self.connections = 64  # worker_connections
         self.process: asyncio.subprocess.Process | None = None
 
     @classmethod
@@ -133,7 +135,7 @@ class Nginx:
     async def _start_once(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "nginx.conf"
-        config.write_text(MAIN.format(root=self.root, workers=1, connections=64, http=self.server))
+        config.write_text(MAIN.format(root=self.root, workers=self.workers, connections=self.connections, http=self.server))
         log = open(self.root / "stderr.log", "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"), stdout=log, stderr=log
