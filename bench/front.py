@@ -30,10 +30,10 @@ import aiohttp  # noqa: E402
 from bench import load  # noqa: E402
 from bench.nginx import Nginx as StaticNginx  # noqa: E402
 from bench.world import build_world, mirror_path  # noqa: E402
-from tests.fakes.signing import stop_gpg_agent  # noqa: E402
 from tests.fakes.nginx import NGINX_ADDRESS  # noqa: E402
 from tests.fakes.nginx import Nginx as FrontNginx  # noqa: E402
 from tests.fakes.process import ProxyProcess  # noqa: E402
+from tests.fakes.signing import stop_gpg_agent  # noqa: E402
 
 GOAL = 0.7
 # bench/nginx.py's http-level directives for the static baseline, given to the front too: the comparison is of

@@ -46,7 +46,9 @@ def cache_control(status: int, fresh_for: float | None, private: bool, windows: 
     if fresh_for == math.inf:
         return f"{scope}, max-age={IMMUTABLE_MAX_AGE}"
     stale = _seconds(windows.stale)
-    return f"{scope}, max-age={_seconds(fresh_for - CLOCK_GRAIN)}, stale-while-revalidate={stale}, stale-if-error={stale}"
+    return (
+        f"{scope}, max-age={_seconds(fresh_for - CLOCK_GRAIN)}, stale-while-revalidate={stale}, stale-if-error={stale}"
+    )
 
 
 def _seconds(value: float) -> int:
