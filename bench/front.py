@@ -5,7 +5,7 @@ nginx serving the same bytes as a static file, in one run (both nginx with `work
     .venv/bin/python bench/front.py [--seconds 10] [--connections 64] [--rounds 2]
 
 Rounds alternate static and front (the load of the machine moves both alike); it prints and writes to
-`bench/results/front.json` the requests/s of each, their ratio (goal: front ≥ 0.7× static), the CPU seconds
+`bench/results/front.json` the requests/s of each, their ratio (goal: front ≥ 0.7 x static), the CPU seconds
 per request of the nginx processes, the requests that reached the proxy during the front's load, and the
 load average. Exit code 1 when the ratio misses the goal or any request failed.
 """
@@ -117,7 +117,7 @@ def report(result: dict) -> bool:
         ok = ok and ratio >= GOAL and static["errors"] == front["errors"] == 0
         print(
             f"| {index} | {r['load_before']:.2f} | {static['requests_per_s']:,.0f} | {front['requests_per_s']:,.0f} "
-            f"| {ratio:.2f}× | {static['cpu_s_per_request'] * 1e6:.1f} | {front['cpu_s_per_request'] * 1e6:.1f} "
+            f"| {ratio:.2f}x | {static['cpu_s_per_request'] * 1e6:.1f} | {front['cpu_s_per_request'] * 1e6:.1f} "
             f"| {r['proxy_requests_during']} |"
         )
     return ok

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from proxy.auth import hash_token
-from tests.deploy.test_nginx_example import BehindNginx, behind_nginx  # noqa: F401 - the fixture
+from tests.fakes.nginx import BehindNginx
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_for
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
+
 from tests.fakes.ports import PORT_ATTEMPTS, free_port, listening_ports
-from tests.fakes.process import REPO_ROOT, terminate, wait_for, wait_healthy
+from tests.fakes.process import REPO_ROOT, ProxyProcess, terminate, wait_for, wait_healthy
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 # The address nginx connects to the proxy from (`proxy_bind`): the one trusted proxy of the tests, so a client
@@ -135,7 +138,9 @@ class Nginx:
     async def _start_once(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "nginx.conf"
-        config.write_text(MAIN.format(root=self.root, workers=self.workers, connections=self.connections, http=self.server))
+        config.write_text(
+            MAIN.format(root=self.root, workers=self.workers, connections=self.connections, http=self.server)
+        )
         log = open(self.root / "stderr.log", "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"), stdout=log, stderr=log
@@ -152,3 +157,20 @@ class Nginx:
     async def stop(self) -> None:
         await terminate(self.process, 10)
         self.process = None
+
+
+class BehindNginx:
+    """A proxy process (plain HTTP, trusting only nginx's address) behind the shipped nginx.conf."""
+
+    def __init__(self, proxy: ProxyProcess, nginx: Nginx, ca_file: Path) -> None:
+        self.proxy, self.nginx = proxy, nginx
+        self.tls = ssl.create_default_context(cafile=str(ca_file))
+
+    async def get(self, url: str, **headers: str) -> tuple[int, str]:
+        """GET `url` (through nginx, or straight to the proxy) with `headers`: its status and text."""
+        async with aiohttp.ClientSession() as session, session.get(url, headers=headers, ssl=self.tls) as response:
+            return response.status, await response.text()
+
+    def remotes(self, path: str) -> list[str]:
+        """The client addresses the proxy logged for `path`."""
+        return [record["remote"] for record in self.proxy.events("request") if record["path"] == path]
