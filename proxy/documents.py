@@ -42,6 +42,7 @@ from proxy.flights import Flights
 from proxy.log import note_cache
 from proxy.memo import Memo, memoised
 from proxy.metrics import Metrics
+from proxy.served_freshness import note_fresh_for
 from proxy.slots import HostSlots
 from proxy.upstream import discovery
 from proxy.upstream.client import UpstreamClient
@@ -179,6 +180,7 @@ class DocumentCache:
         shared fetch when not fresh. `parse` raises UpstreamError (or any of `PARSE_ERRORS`) for an answer
         that cannot be used."""
         entry = await self._fresh_entry(key, url, ttl, parse, max_bytes, max_redirects)
+        note_fresh_for(self.fresh_until(entry, ttl) - self.clock())
         return entry, (None if entry.negative else await self.value(key, entry, parse))
 
     async def value(self, key: str, entry: CacheEntry, parse: Callable[[CacheEntry], T]) -> T:

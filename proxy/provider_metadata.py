@@ -28,6 +28,7 @@ from proxy.errors import (
 )
 from proxy.memo import Memo
 from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
+from proxy.served_freshness import note_fresh_for
 from proxy.upstream import providers
 from proxy.upstream.providers import DownloadInfo, VersionInfo
 
@@ -62,6 +63,7 @@ class ProviderMetadata:
         known = self._fresh_versions.get(addr)
         if known is not None and max_age is None and known.since <= self._documents.clock() < known.until:
             self._documents.count_hit()
+            note_fresh_for(known.until - self._documents.clock())
             return known.versions
         self._documents.check_allowed(addr.hostname)
         base, discovery_until = await self._documents.service(addr.hostname, "providers.v1")

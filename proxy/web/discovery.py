@@ -10,6 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.rewrite import registry_base, under
+from proxy.served_freshness import note_fresh_for
 from proxy.web.keys import SETTINGS
 from proxy.web.responses import json_response
 
@@ -19,6 +20,7 @@ SERVICES = {"providers.v1": "providers", "modules.v1": "modules"}
 async def well_known(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     upstream, prefix = settings.upstreams.default_upstream, settings.server.public_path
+    note_fresh_for(settings.freshness.discovery)  # made from the configuration: fresh as a discovery document
     return json_response({service: under(prefix, registry_base(upstream, name)) for service, name in SERVICES.items()})
 
 

@@ -17,7 +17,8 @@ Behind trusted reverse proxies (`--trusted-proxies`), `forwarded` puts the clien
 forwarding headers (`proxy.forwarded`) in `request.remote` first, so the log and everything else that
 uses the peer sees the client, and keeps the scheme and host the client used for the URLs the proxy
 writes (`client_origin`). Health probes (`/healthz`, `/readyz`) are logged at debug, not in the access log.
-Every answer says `Server: registry-proxy`, without versions (`server_header`).
+Every answer says `Server: registry-proxy`, without versions (`server_header`); metadata answers get their
+`Cache-Control` here (`proxy.web.cache_headers`).
 
 A client that goes away mid-request is not a server error: it is logged as `request.aborted`
 and counted with status 499 (nginx's "client closed request"), and the exception goes on to
@@ -34,6 +35,7 @@ import time
 import structlog
 from aiohttp import web
 
+from proxy import served_freshness
 from proxy.addrs import AddressError
 from proxy.deadline import request_budget
 from proxy.errors import (
@@ -49,6 +51,7 @@ from proxy.errors import (
 from proxy.forwarded import ClientView, client_view
 from proxy.log import access, begin_request, new_request_id, request_cache_status
 from proxy.web.access import CLIENT
+from proxy.web.cache_headers import add_cache_headers
 from proxy.web.keys import METRICS, SETTINGS
 from proxy.web.responses import error_response
 
@@ -109,6 +112,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     begin_request()
+    served_freshness.begin_request()
     started = time.perf_counter()
     settings = request.app.get(SETTINGS)
     try:
@@ -118,6 +122,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
             else contextlib.nullcontext()
         ):
             response = await _render_errors(request, handler)
+        add_cache_headers(request, response)
     except (ConnectionError, asyncio.CancelledError) as exc:
         _record(
             request,

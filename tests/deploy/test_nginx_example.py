@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiohttp
 import pytest
 
 from proxy.auth import hash_token
 from tests.e2e.test_auth_e2e import credentials
 from tests.e2e.test_network_mirror_e2e import provider_tf
 from tests.e2e.test_page_e2e import mirror_url, snippet
-from tests.fakes.nginx import NGINX_ADDRESS, Nginx
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
-from tests.fakes.ports import free_port
-from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, TERRAFORM, ProxyProcess, Terraform
+from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, TERRAFORM, Terraform
 from tests.fakes.registry import ModuleRelease
 
 FORGED = {
@@ -39,58 +33,6 @@ def test_nginx_example_sets_the_forwarded_headers_from_its_own_view():
     assert headers["X-Forwarded-Host"] == "$http_host"  # the host:port the client used, never one it forged
     assert headers["X-Request-Id"] == "$request_id"
     assert "--public-url https://mirror.example.internal/" in text  # how the proxy behind it is started
-
-
-class BehindNginx:
-    """A proxy process (plain HTTP, trusting only nginx's address) behind the shipped nginx.conf."""
-
-    def __init__(self, proxy: ProxyProcess, nginx: Nginx, ca_file: Path) -> None:
-        self.proxy, self.nginx = proxy, nginx
-        self.tls = ssl.create_default_context(cafile=str(ca_file))
-
-    async def get(self, url: str, **headers: str) -> tuple[int, str]:
-        """GET `url` (through nginx, or straight to the proxy) with `headers`: its status and text."""
-        async with aiohttp.ClientSession() as session, session.get(url, headers=headers, ssl=self.tls) as response:
-            return response.status, await response.text()
-
-    def remotes(self, path: str) -> list[str]:
-        """The client addresses the proxy logged for `path`."""
-        return [record["remote"] for record in self.proxy.events("request") if record["path"] == path]
-
-
-@pytest.fixture
-async def behind_nginx(tmp_path, registry, ca_file, server_cert_files) -> AsyncIterator:
-    """Start a proxy process behind nginx: the shipped nginx.conf, or with `prefix` one that serves it under that
-    path (stripped), the proxy given `--public-url https://localhost:PORT/PREFIX`."""
-    started: list = []
-
-    async def start(*extra: str, prefix: str | None = None) -> BehindNginx:
-        port = free_port()
-        public = ["--public-url", f"https://localhost:{port}{prefix}"] if prefix else []
-        proxy = ProxyProcess(
-            tmp_path / "proxy-data",
-            registry.url,
-            ca_file,
-            "--plain-http",
-            "--trusted-proxies",
-            NGINX_ADDRESS,
-            *public,
-            *extra,
-        )
-        await proxy.start()
-        started.append(proxy)
-        nginx = (
-            Nginx.prefixed(tmp_path / "nginx", *server_cert_files, proxy.port, prefix, port)
-            if prefix
-            else Nginx.shipped(tmp_path / "nginx", *server_cert_files, proxy.port)
-        )
-        await nginx.start(ca_file)
-        started.append(nginx)
-        return BehindNginx(proxy, nginx, ca_file)
-
-    yield start
-    for process in reversed(started):
-        await process.stop()
 
 
 async def test_behind_nginx_the_page_shows_the_url_the_client_used_and_forged_headers_are_not_believed(

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
+
 from tests.fakes.ports import PORT_ATTEMPTS, free_port, listening_ports
-from tests.fakes.process import REPO_ROOT, terminate, wait_for, wait_healthy
+from tests.fakes.process import REPO_ROOT, ProxyProcess, terminate, wait_for, wait_healthy
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 # The address nginx connects to the proxy from (`proxy_bind`): the one trusted proxy of the tests, so a client
@@ -38,18 +41,17 @@ http {{
 """
 
 
-def shipped_server(port: int, cert: Path, key: Path, upstream_port: int) -> str:
-    """deploy/nginx.conf's server block as shipped, with this test's port, certificate and proxy address
-    (and nginx connecting from NGINX_ADDRESS)."""
+def shipped_server(port: int, cert: Path, key: Path, upstream_port: int, cache: Path) -> str:
+    """deploy/nginx.conf's server block as shipped, with this test's port, certificate, proxy address and
+    micro-cache directory (and nginx connecting from NGINX_ADDRESS)."""
     text = (REPO_ROOT / "deploy" / "nginx.conf").read_text()
     replacements = [
         (r"listen 443 ssl;", f"listen 127.0.0.1:{port} ssl;"),
         (r"ssl_certificate\s+/etc/ssl/mirror\.crt;", f"ssl_certificate {cert};"),
         (r"ssl_certificate_key /etc/ssl/mirror\.key;", f"ssl_certificate_key {key};"),
-        (
-            r"proxy_pass http://127\.0\.0\.1:8080;",
-            f"proxy_pass http://127.0.0.1:{upstream_port};\n        proxy_bind {NGINX_ADDRESS};",
-        ),
+        (r"server 127\.0\.0\.1:8080;", f"server 127.0.0.1:{upstream_port};"),
+        (r"proxy_set_header X-Request-Id", f"proxy_bind {NGINX_ADDRESS};\n    proxy_set_header X-Request-Id"),
+        (r"/var/cache/nginx/registry-proxy", str(cache)),
     ]
     for pattern, replacement in replacements:
         text, count = re.subn(pattern, replacement, text)
@@ -89,12 +91,14 @@ class Nginx:
         self.port = port
         self.prefix = prefix
         self.rebuild = rebuild  # the server block for another port, if someone took this one first
+        self.workers: int | str = 1  # worker_processes (the benchmark's front: "auto")
+        self.connections = 64  # worker_connections
         self.process: asyncio.subprocess.Process | None = None
 
     @classmethod
     def shipped(cls, root: Path, cert: Path, key: Path, upstream_port: int) -> Nginx:
         def server(port: int) -> str:
-            return shipped_server(port, cert, key, upstream_port)
+            return shipped_server(port, cert, key, upstream_port, root / "cache")
 
         port = free_port()
         return cls(root, server(port), port, rebuild=server)
@@ -134,7 +138,9 @@ class Nginx:
     async def _start_once(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "nginx.conf"
-        config.write_text(MAIN.format(root=self.root, workers=1, connections=64, http=self.server))
+        config.write_text(
+            MAIN.format(root=self.root, workers=self.workers, connections=self.connections, http=self.server)
+        )
         log = open(self.root / "stderr.log", "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
             NGINX, "-p", str(self.root), "-c", str(config), "-e", str(self.root / "error.log"), stdout=log, stderr=log
@@ -151,3 +157,20 @@ class Nginx:
     async def stop(self) -> None:
         await terminate(self.process, 10)
         self.process = None
+
+
+class BehindNginx:
+    """A proxy process (plain HTTP, trusting only nginx's address) behind the shipped nginx.conf."""
+
+    def __init__(self, proxy: ProxyProcess, nginx: Nginx, ca_file: Path) -> None:
+        self.proxy, self.nginx = proxy, nginx
+        self.tls = ssl.create_default_context(cafile=str(ca_file))
+
+    async def get(self, url: str, **headers: str) -> tuple[int, str]:
+        """GET `url` (through nginx, or straight to the proxy) with `headers`: its status and text."""
+        async with aiohttp.ClientSession() as session, session.get(url, headers=headers, ssl=self.tls) as response:
+            return response.status, await response.text()
+
+    def remotes(self, path: str) -> list[str]:
+        """The client addresses the proxy logged for `path`."""
+        return [record["remote"] for record in self.proxy.events("request") if record["path"] == path]

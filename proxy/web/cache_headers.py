@@ -1,0 +1,49 @@
+"""`Cache-Control` and `Vary` on the metadata answers (`proxy.cache_control` says which), so a shared cache in
+front of the proxy keeps each only as long as the proxy would, and never one that depends on the client.
+
+Applied to the answers of `METADATA_ROUTES` only, errors included; archives set their own (`proxy.web.archives`).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.auth import GRANT_PARAM
+from proxy.cache_control import StaleWindows, cache_control
+from proxy.served_freshness import request_fresh_for
+from proxy.web.access import CLIENT
+from proxy.web.keys import SETTINGS
+from proxy.web.policing import gatekeeper
+
+METADATA_ROUTES = frozenset(
+    {
+        "mirror_json",
+        "registry_provider_versions",
+        "registry_provider_download",
+        "registry_module_versions",
+        "registry_module_download",
+        "discovery",
+    }
+)
+
+
+def client_dependent(request: web.Request) -> bool:
+    """Whether the answer may differ by client: a token or a grant was shown, or a policy judges the client."""
+    return (
+        "Authorization" in request.headers
+        or GRANT_PARAM in request.query
+        or request.get(CLIENT) is not None
+        or gatekeeper(request) is not None
+    )
+
+
+def add_cache_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Set the metadata answer's `Cache-Control` and `Vary: Authorization` (other routes: left alone)."""
+    if request.match_info.route.name not in METADATA_ROUTES or response.prepared:
+        return
+    settings = request.app[SETTINGS]
+    windows = StaleWindows(settings.metadata.redis_retention, settings.freshness.negative)
+    response.headers["Cache-Control"] = cache_control(
+        response.status, request_fresh_for(), client_dependent(request), windows
+    )
+    response.headers["Vary"] = "Authorization"
