@@ -8,6 +8,7 @@ import json
 import pytest
 
 from proxy.addrs import Platform, ProviderAddr
+from proxy.auth import hash_token
 from proxy.commands.bundle import export_bundle
 from proxy.commands.warm import run_warm
 from proxy.gatekeeper import load_policy
@@ -273,3 +274,35 @@ async def test_modules_are_filtered_and_refused_by_their_rules(
             assert status == 403 and (body["rule"], body["reason"]) == ("net-bad", "unreviewed")
         assert (await running.get(f"{modules}/1.0.0/download"))[0] in (200, 204)
     assert not [path for _, path in registry.requests if "1.1.0" in path]
+
+
+async def test_rules_limited_by_scope_give_tokens_of_different_scopes_different_answers(
+    make_settings, client_ssl, tmp_path, registry, signing_key, policy_file
+):
+    """A `scopes` rule applies to the token whose scope matches only: its list leaves out the new version and
+    it is refused; the other token sees and gets every version."""
+    registry.add(Release("acme", "foo", "1.0.1", signing_key))
+    release, ops = "rpt_policy_scope_release_01", "rpt_policy_scope_ops_00002"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[tokens.release]\nhash = "{hash_token(release)}"\nhosts = ["{REGISTRY_HOST}"]\nnamespaces = ["acme"]\n'
+        f'[tokens.ops]\nhash = "{hash_token(ops)}"\nhosts = ["{REGISTRY_HOST}"]\n'
+    )
+    policy_file.write_text(
+        f'[[rule]]\nname = "release-pinned"\nproviders = ["*/acme/foo"]\nversions = ">= 1.1.0"\n'
+        f'scopes = ["{REGISTRY_HOST}/acme"]\naction = "deny"\nreason = "release builds stay on 1.0"\n'
+    )
+    settings = make_settings(policy_file=policy_file, auth_tokens=tokens)
+    async with serve_proxy(settings, client_ssl) as running:
+        seen = {}
+        for name, token in (("release", release), ("ops", ops)):
+            headers = {"Authorization": f"Bearer {token}"}
+            async with running.session.get(running.url + f"{MIRROR}/foo/index.json", headers=headers) as response:
+                assert response.status == 200
+                seen[name] = set((await response.json(content_type=None))["versions"])
+            status, _, body = await running.get(f"{MIRROR}/foo/1.1.0.json", headers=headers)
+            seen[name, "1.1.0"] = (status, json.loads(body).get("rule"))
+    assert seen["release"] == {"1.0.0", "1.0.1"}
+    assert seen["ops"] == {"1.0.0", "1.0.1", "1.1.0"}
+    assert seen["release", "1.1.0"] == (403, "release-pinned")
+    assert seen["ops", "1.1.0"] == (200, None)
