@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +35,7 @@ from proxy.flights import Flights
 from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.policy import MODULE, PROVIDER, Decision, Filtered, Policy, PolicyError, Scopes, Subject, parse_policy
+from proxy.upstream.providers import VersionInfo
 
 log = structlog.get_logger(__name__)
 Address = ProviderAddr | ModuleAddr
@@ -52,6 +53,8 @@ class _AddressFacts:
     ages: bool  # a min-age rule may decide about some version
     versions: dict[tuple[Version, str | None], tuple[object, Decision]] = field(default_factory=dict)
     platforms: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
+    # `:version.json` answers allowed outright: version → (the version list object, the platforms allowed)
+    documents: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
 
     @staticmethod
     def remember(memo: dict, key: object, value: object) -> None:
@@ -269,12 +272,13 @@ class Gatekeeper:
         platform: str | None,
         client: ClientIdentity,
         listed: Callable[[], Awaitable[Iterable[Version]]],
-    ) -> None:
+    ) -> Decision | None:
         """Refuse `addr` `version` (on `platform`) when the policy denies it; `listed`: the version list, asked
-        for only when a min-age rule may apply (for the first-seen times)."""
+        for only when a min-age rule may apply (for the first-seen times). The decision (None: no policy, or
+        a version the upstream does not list)."""
         policy = self.policy
         if policy is None:
-            return
+            return None
         facts = self._admitted_facts(policy, addr, client)
         source = await listed() if facts.ages else None  # the same object while the list is unchanged
         now = self.clock()
@@ -286,7 +290,7 @@ class Gatekeeper:
             if source is not None:
                 versions = list(source)
                 if version not in versions:
-                    return  # not in the upstream's list: the service answers 404
+                    return None  # not in the upstream's list: the service answers 404
                 published = await self._published(policy, addr, versions, client)
             subject = subject_of(addr, version, platform)
             decision = policy.decide(
@@ -295,6 +299,35 @@ class Gatekeeper:
             facts.remember(facts.versions, (version, platform), (source, decision))
         if not decision.allowed:
             self._refuse(subject_of(addr, version, platform), client, decision)
+        return decision
+
+    async def version_platforms(
+        self,
+        addr: ProviderAddr,
+        version: Version,
+        client: ClientIdentity,
+        listed: Callable[[], Awaitable[Mapping[Version, VersionInfo]]],
+    ) -> frozenset[Platform] | None:
+        """For a `:version.json`: refuse `version` when the policy denies it, else which of its platforms the
+        client may have (None: all of them). A version allowed outright is remembered per (policy, address,
+        client key, version) with the version list it was decided from: a warm request makes one lookup and
+        asks for the (memoized) list once."""
+        policy = self.policy
+        if policy is None:
+            return None
+        facts = self._admitted_facts(policy, addr, client)
+        known = facts.documents.get(version)
+        if known is not None:
+            source = await listed()
+            if known[0] is source:
+                return known[1]
+        decision = await self.check(addr, version, None, client, listed)
+        source = await listed()
+        info = source.get(version)
+        only = None if info is None else self.platforms(addr, version, info.platforms, client)
+        if decision is None or decision.allowed:  # a would-be denial (warn mode) is recorded every time
+            facts.remember(facts.documents, version, (source, only))
+        return only
 
     def platforms(
         self, addr: Address, version: Version, offered: Iterable[Platform], client: ClientIdentity
