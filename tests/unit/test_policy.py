@@ -127,17 +127,8 @@ def test_an_allow_rule_first_exempts_from_later_rules_and_clients_limit_rules():
 
 
 def test_scopes_limit_a_rule_to_clients_whose_scope_texts_match_and_key_the_memo():
-    policy = parse_policy(
-        """
-        [[rule]]
-        name = "acme-teams-only"
-        providers = ["*/acme/*"]
-        scopes = ["example.com/acme*"]
-        action = "allow"
-        [default]
-        action = "deny"
-        """
-    )
+    rule = '[[rule]]\nname = "acme-teams-only"\nproviders = ["*/acme/*"]\nscopes = ["example.com/acme*"]\n'
+    policy = parse_policy(rule + 'action = "allow"\n[default]\naction = "deny"\n')
     subject = provider("example.com/acme/foo", "1.0.0")
     assert policy.decide(subject, "ci", scopes=("example.com/acme-infra",)).rule == "acme-teams-only"
     assert policy.decide(subject, "ci", scopes=("EXAMPLE.com/*",)).denied  # every namespace is not `acme*`
