@@ -36,12 +36,14 @@ SERVED_PERIOD = 3600  # seconds: a `served` event per client and artifact at mos
 
 @dataclass(slots=True)  # not frozen: made per request, and a frozen dataclass is slower to make
 class ClientIdentity:
-    """Who asked: the token's name (`anonymous` without one), the client's address, and an OIDC subject."""
+    """Who asked: the token's name (`anonymous` without one), the client's address, an OIDC subject, and its scope
+    as `HOST/NAMESPACE` texts (for the policy's `scopes` globs; not logged)."""
 
     name: str = "anonymous"
     address: str | None = None
     subject: str | None = None
     request_id: str | None = None
+    scopes: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
         found: dict[str, Any] = {"client": self.name, "address": self.address}

@@ -38,6 +38,7 @@ import secrets
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
@@ -98,6 +99,11 @@ class Scope:
         if namespace is None or self.namespaces is None:
             return True
         return any(fnmatch.fnmatchcase(namespace.lower(), pattern) for pattern in self.namespaces)
+
+    def texts(self) -> tuple[str, ...]:
+        """The scope as `HOST/NAMESPACE` texts (`HOST/*`: every namespace), for the policy's `scopes` globs."""
+        namespaces = self.namespaces if self.namespaces is not None else ("*",)
+        return tuple(f"{host}/{namespace}" for host in self.hosts for namespace in namespaces)
 
 
 def parse_scope(where: str, entry: Mapping[str, Any], flags_read: tuple[str, ...] = _FLAGS) -> Scope:
@@ -161,6 +167,11 @@ class Token:
     scope: Scope
     expires = None  # a static token lives until it is removed from the tokens file
 
+    @cached_property
+    def scope_texts(self) -> tuple[str, ...]:
+        """Its scope as `HOST/NAMESPACE` texts (`Scope.texts`), computed once per token."""
+        return self.scope.texts()
+
     @property
     def identity(self) -> Identity:
         return Identity("static", self.name)
@@ -210,6 +221,11 @@ class OidcClient:
     @property
     def metrics(self) -> bool:
         return any(scope.metrics for scope in self.scopes)
+
+    @cached_property
+    def scope_texts(self) -> tuple[str, ...]:
+        """The scopes of the rules it matched as `HOST/NAMESPACE` texts (`Scope.texts`), without repeats."""
+        return tuple(dict.fromkeys(text for scope in self.scopes for text in scope.texts()))
 
     def may_read(self, host: str, namespace: str | None = None) -> bool:
         return any(scope.may_read(host, namespace) for scope in self.scopes)

@@ -83,6 +83,12 @@ def _add_policy_command(commands) -> None:
     explain.add_argument("--platform", metavar="OS_ARCH", help="the platform asked for (e.g. linux_amd64)")
     explain.add_argument("--client", default="anonymous", metavar="NAME", help="the client token's name")
     explain.add_argument(
+        "--scope",
+        action="append",
+        metavar="HOST/NAMESPACE",
+        help="a scope of the client (repeatable; HOST/* for every namespace), for rules with `scopes`",
+    )
+    explain.add_argument(
         "--age",
         metavar="DURATION",
         help="how long ago the version was published or first seen (for min-age rules; default: unknown)",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +34,8 @@ from proxy.errors import PolicyDeniedError, PolicyHeldBackError
 from proxy.flights import Flights
 from proxy.memo import Memo
 from proxy.metrics import Metrics
-from proxy.policy import MODULE, PROVIDER, Decision, Filtered, Policy, PolicyError, Subject, parse_policy
+from proxy.policy import MODULE, PROVIDER, Decision, Filtered, Policy, PolicyError, Scopes, Subject, parse_policy
+from proxy.upstream.providers import VersionInfo
 
 log = structlog.get_logger(__name__)
 Address = ProviderAddr | ModuleAddr
@@ -52,6 +53,8 @@ class _AddressFacts:
     ages: bool  # a min-age rule may decide about some version
     versions: dict[tuple[Version, str | None], tuple[object, Decision]] = field(default_factory=dict)
     platforms: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
+    # `:version.json` answers allowed outright: version → (the version list object, the platforms allowed)
+    documents: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
 
     @staticmethod
     def remember(memo: dict, key: object, value: object) -> None:
@@ -181,10 +184,10 @@ class Gatekeeper:
         self.policy = policy
         log.info("policy.reloaded", file=str(self.path), rules=len(policy.rules), mode=policy.mode, pid=os.getpid())
 
-    def client_key(self, client: ClientIdentity) -> str:
-        """The part of the client a decision depends on (its name only when some rule names clients)."""
+    def client_key(self, client: ClientIdentity) -> tuple[str, tuple[str, ...]]:
+        """The part of the client a decision depends on (its name and scopes only when some rule names them)."""
         policy = self.policy
-        return client.name if policy is not None and policy.names_clients else ""
+        return ("", ()) if policy is None else policy.client_key(client.name, client.scopes)
 
     # ---- decisions -----------------------------------------------------------------------------
 
@@ -204,7 +207,7 @@ class Gatekeeper:
     def _facts(self, policy: Policy, addr: Address, client: ClientIdentity) -> _AddressFacts:
         """What the policy says about `addr` for this client, and its memo of version and platform decisions:
         one lookup per request on the warm path."""
-        client_key = client.name if policy.names_clients else ""
+        client_key = policy.client_key(client.name, client.scopes)
         last = self._last
         if last is not None and last[0] is addr and last[1] == client_key and last[2].policy is policy:
             return last[2]  # the same request asks again (its version, then its platforms)
@@ -213,7 +216,9 @@ class Gatekeeper:
         if facts is None or facts.policy is not policy:
             subject = subject_of(addr)
             facts = _AddressFacts(
-                policy, policy.decide_address(subject, client.name), policy.needs_age(subject, client.name)
+                policy,
+                policy.decide_address(subject, client.name, client.scopes),
+                policy.needs_age(subject, client.name, client.scopes),
             )
             self._addresses.put(key, facts)
         self._last = (addr, client_key, facts)
@@ -240,7 +245,9 @@ class Gatekeeper:
         published = await self._published(policy, addr, versions, client)
         allowed, withheld, until = set(), [], _FOREVER
         for version in versions:
-            decision = policy.decide(subject_of(addr, version), client.name, published=published.get(version), now=now)
+            decision = policy.decide(
+                subject_of(addr, version), client.name, scopes=client.scopes, published=published.get(version), now=now
+            )
             if decision.allowed or not decision.enforced:
                 allowed.add(version)
             else:
@@ -265,12 +272,13 @@ class Gatekeeper:
         platform: str | None,
         client: ClientIdentity,
         listed: Callable[[], Awaitable[Iterable[Version]]],
-    ) -> None:
+    ) -> Decision | None:
         """Refuse `addr` `version` (on `platform`) when the policy denies it; `listed`: the version list, asked
-        for only when a min-age rule may apply (for the first-seen times)."""
+        for only when a min-age rule may apply (for the first-seen times). The decision (None: no policy, or
+        a version the upstream does not list)."""
         policy = self.policy
         if policy is None:
-            return
+            return None
         facts = self._admitted_facts(policy, addr, client)
         source = await listed() if facts.ages else None  # the same object while the list is unchanged
         now = self.clock()
@@ -282,13 +290,44 @@ class Gatekeeper:
             if source is not None:
                 versions = list(source)
                 if version not in versions:
-                    return  # not in the upstream's list: the service answers 404
+                    return None  # not in the upstream's list: the service answers 404
                 published = await self._published(policy, addr, versions, client)
             subject = subject_of(addr, version, platform)
-            decision = policy.decide(subject, client.name, published=published.get(version), now=now)
+            decision = policy.decide(
+                subject, client.name, scopes=client.scopes, published=published.get(version), now=now
+            )
             facts.remember(facts.versions, (version, platform), (source, decision))
         if not decision.allowed:
             self._refuse(subject_of(addr, version, platform), client, decision)
+        return decision
+
+    async def version_platforms(
+        self,
+        addr: ProviderAddr,
+        version: Version,
+        client: ClientIdentity,
+        listed: Callable[[], Awaitable[Mapping[Version, VersionInfo]]],
+    ) -> frozenset[Platform] | None:
+        """For a `:version.json`: refuse `version` when the policy denies it, else which of its platforms the
+        client may have (None: all of them). A version allowed outright is remembered per (policy, address,
+        client key, version) with the version list it was decided from: a warm request makes one lookup and
+        asks for the (memoized) list once."""
+        policy = self.policy
+        if policy is None:
+            return None
+        facts = self._admitted_facts(policy, addr, client)
+        known = facts.documents.get(version)
+        if known is not None:
+            source = await listed()
+            if known[0] is source:
+                return known[1]
+        decision = await self.check(addr, version, None, client, listed)
+        source = await listed()
+        info = source.get(version)
+        only = None if info is None else self.platforms(addr, version, info.platforms, client)
+        if decision is None or decision.allowed:  # a would-be denial (warn mode) is recorded every time
+            facts.remember(facts.documents, version, (source, only))
+        return only
 
     def platforms(
         self, addr: Address, version: Version, offered: Iterable[Platform], client: ClientIdentity
@@ -306,7 +345,9 @@ class Gatekeeper:
         allowed = frozenset(
             p
             for p in offered
-            if policy.decide(subject_of(addr, version, str(p)), client.name, published=0, now=_FOREVER).allowed
+            if policy.decide(
+                subject_of(addr, version, str(p)), client.name, scopes=client.scopes, published=0, now=_FOREVER
+            ).allowed
         )
         result = None if len(allowed) == len(offered) or policy.mode == "warn" else allowed
         facts.remember(facts.platforms, version, (source, result))
@@ -315,7 +356,7 @@ class Gatekeeper:
     async def _published(
         self, policy: Policy, addr: Address, versions: list[Version], client: ClientIdentity
     ) -> dict[Version, float]:
-        if self.first_seen is None or not policy.needs_age(subject_of(addr), client.name):
+        if self.first_seen is None or not policy.needs_age(subject_of(addr), client.name, client.scopes):
             return {}
         return await self.first_seen.times(addr, versions)
 
@@ -350,11 +391,14 @@ class Gatekeeper:
         self.audit.served(artifact_of(subject_of(addr, version, platform)), client)
 
 
-def explain(policy: Policy, subject: Subject, client: str, published: float | None, now: float) -> list[str]:
-    """Which rule decides about `subject` and why, one line each (`registry-proxy policy explain`)."""
+def explain(
+    policy: Policy, subject: Subject, client: str, published: float | None, now: float, scopes: Scopes = ()
+) -> list[str]:
+    """Which rule decides about `subject` for `client` with `scopes` and why, one line each (`registry-proxy
+    policy explain`)."""
     lines = []
     for index, rule in enumerate(policy.rules, 1):
-        selects = rule.selects(subject, client)
+        selects = rule.selects(subject, client, scopes)
         if selects is False:
             lines.append(f"{index}. {rule.name}: does not apply")
             continue
@@ -371,12 +415,12 @@ def explain(policy: Policy, subject: Subject, client: str, published: float | No
             parts.append(f"holds back versions younger than {rule.min_age_text}")
         lines.append(f"{index}. {rule.name}: {'; '.join(parts)}")
     if subject.version is None:
-        decision = policy.decide_address(subject, client)
+        decision = policy.decide_address(subject, client, scopes)
         if decision is None:
             lines.append("decision: depends on the version (give ADDRESS@VERSION)")
             return lines
     else:
-        decision = policy.decide(subject, client, published=published, now=now)
+        decision = policy.decide(subject, client, scopes=scopes, published=published, now=now)
     verdict = "allow" if decision.allowed else "deny"
     warn = "" if decision.enforced else " (warn mode: not enforced)"
     lines.append(f"decision: {verdict} by {decision.rule}: {decision.reason}{warn}")

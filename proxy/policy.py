@@ -10,6 +10,7 @@ The policy file (`--policy`, TOML) holds ordered rules, the first that matches d
     modules = ["*/acme/*/*"]                              # HOST/NAMESPACE/NAME/SYSTEM globs
     versions = "= 5.31.0"       # Terraform version-constraint syntax: the rule is about these versions only
     clients = ["ci-*"]          # token names (globs; "anonymous": no token): the rule is about these only
+    scopes = ["registry.terraform.io/acme*"]   # or clients whose scope (HOST/NAMESPACE) matches a glob
     action = "deny"             # or "allow"
     reason = "breaks IAM policies"
 
@@ -28,9 +29,11 @@ The policy file (`--policy`, TOML) holds ordered rules, the first that matches d
 
 A rule with `min-age` or `platforms` is a condition: it matches (and denies) only what fails it, and
 anything else goes on to the next rule; a rule without them matches whatever its selectors
-(`providers`/`modules`, `versions`, `clients`) select, with its `action`. So an `allow` rule above the
-cooldown exempts what it selects from it. A version constraint selects pre-releases by order too
-(`< 2.0.0` selects `2.0.0-beta1`), unlike the clients' rule for picking a version.
+(`providers`/`modules`, `versions`, `clients`, `scopes`) select, with its `action`. So an `allow` rule
+above the cooldown exempts what it selects from it. A client's scope is written `HOST/NAMESPACE` per host
+glob and namespace glob of its token entry (or of the OIDC rules its claims matched), `HOST/*` when it
+names no namespaces; `scopes` globs match those texts. A version constraint selects pre-releases by order
+too (`< 2.0.0` selects `2.0.0-beta1`), unlike the clients' rule for picking a version.
 Errors name the file, the rule and the key, on one line (`PolicyError`).
 """
 
@@ -54,12 +57,13 @@ PROVIDER = "provider"
 MODULE = "module"
 _ALIASES = {"min_age": "min-age", "provider": "providers", "module": "modules", "version": "versions"}
 _RULE_KEYS = frozenset(
-    {"name", "providers", "modules", "versions", "clients", "action", "reason", "min-age", "platforms"}
+    {"name", "providers", "modules", "versions", "clients", "scopes", "action", "reason", "min-age", "platforms"}
 )
 _GLOB_PART = re.compile(r"^[A-Za-z0-9._:*?-]+\Z")
 _PLATFORM = re.compile(r"^[a-z0-9]+_[a-z0-9]+\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 DEFAULT_RULE = "default"
+Scopes = tuple[str, ...]  # a client's scope texts, `HOST/NAMESPACE` (`proxy.auth.Scope.texts`)
 
 
 class PolicyError(ValueError):
@@ -136,18 +140,22 @@ class Rule:
     min_age: float | None
     platforms: frozenset[str] | None
     min_age_text: str = ""
+    scopes: re.Pattern[str] | None = None  # globs of the clients' scope texts (`HOST/NAMESPACE`)
 
     @property
     def conditional(self) -> bool:
         """Matches only what fails its min-age or platform list (else the next rule decides)."""
         return self.min_age is not None or self.platforms is not None
 
-    def selects(self, subject: Subject, client: str) -> bool | None:
-        """Whether the rule is about `subject` asked for by `client` (None: it depends on the version)."""
+    def selects(self, subject: Subject, client: str, scopes: Scopes = ()) -> bool | None:
+        """Whether the rule is about `subject` asked for by `client` with `scopes` (None: it depends on the
+        version)."""
         pattern = self.providers if subject.kind == PROVIDER else self.modules
         if pattern is None or not pattern.match(subject.address):
             return False
         if self.clients is not None and not self.clients.match(client):
+            return False
+        if self.scopes is not None and not any(self.scopes.match(scope) for scope in scopes):
             return False
         if self.versions is not None:
             if subject.version is None:
@@ -167,18 +175,30 @@ class Policy:
     source: str = ""
     ages: bool = field(init=False)  # any rule with a min-age (else no publish times are needed)
     names_clients: bool = field(init=False)  # any rule limited to some clients (decisions depend on the client)
+    names_scopes: bool = field(init=False)  # any rule limited to some scopes (decisions depend on the scopes)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ages", any(rule.min_age is not None for rule in self.rules))
         object.__setattr__(self, "names_clients", any(rule.clients is not None for rule in self.rules))
+        object.__setattr__(self, "names_scopes", any(rule.scopes is not None for rule in self.rules))
+
+    def client_key(self, client: str, scopes: Scopes) -> tuple[str, Scopes]:
+        """The part of a client its decisions depend on: equal keys get equal decisions (memo keys)."""
+        return (client if self.names_clients else "", scopes if self.names_scopes else ())
 
     def decide(
-        self, subject: Subject, client: str = ANONYMOUS, *, published: float | None = None, now: float = 0
+        self,
+        subject: Subject,
+        client: str = ANONYMOUS,
+        *,
+        scopes: Scopes = (),
+        published: float | None = None,
+        now: float = 0,
     ) -> Decision:
-        """The decision for `subject` (with its version) asked for by `client`; `published`: when the version
-        was published (or first seen), for min-age rules (None: unknown, held back)."""
+        """The decision for `subject` (with its version) asked for by `client` (with `scopes`); `published`: when
+        the version was published (or first seen), for min-age rules (None: unknown, held back)."""
         for rule in self.rules:
-            if not rule.selects(subject, client):
+            if not rule.selects(subject, client, scopes):
                 continue
             if not rule.conditional:
                 return self._decision(rule.action == "allow", rule.name, rule.reason or _default_reason(rule, subject))
@@ -198,11 +218,11 @@ class Policy:
                     )
         return self._decision(self.default_action == "allow", DEFAULT_RULE, self.default_reason or "the default")
 
-    def decide_address(self, subject: Subject, client: str = ANONYMOUS) -> Decision | None:
+    def decide_address(self, subject: Subject, client: str = ANONYMOUS, scopes: Scopes = ()) -> Decision | None:
         """The decision for every version and platform of `subject`'s address at once, when the policy makes
         one (a rule about the whole address comes first); None when it depends on the version or platform."""
         for rule in self.rules:
-            selects = rule.selects(replace(subject, version=None, platform=None), client)
+            selects = rule.selects(replace(subject, version=None, platform=None), client, scopes)
             if selects is False:
                 continue
             if selects is None or rule.conditional:
@@ -210,13 +230,13 @@ class Policy:
             return self._decision(rule.action == "allow", rule.name, rule.reason or _default_reason(rule, subject))
         return self._decision(self.default_action == "allow", DEFAULT_RULE, self.default_reason or "the default")
 
-    def needs_age(self, subject: Subject, client: str = ANONYMOUS) -> bool:
+    def needs_age(self, subject: Subject, client: str = ANONYMOUS, scopes: Scopes = ()) -> bool:
         """Whether a min-age rule may decide about some version of `subject` (its publish times are needed)."""
         if not self.ages:
             return False
         address_only = replace(subject, version=None, platform=None)
         for rule in self.rules:
-            selects = rule.selects(address_only, client)
+            selects = rule.selects(address_only, client, scopes)
             if selects is False:
                 continue
             if rule.min_age is not None:
@@ -317,6 +337,7 @@ def _rule(source: str, index: int, table: object) -> Rule:
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
             raise fail("clients", "must be a list of token names or globs")
         clients = re.compile("|".join(fnmatch.translate(n.strip()) for n in names))
+    scopes = _globs(entries.get("scopes"), 2, "HOST/NAMESPACE", lambda why: fail("scopes", why))
     min_age = None
     if "min-age" in entries:
         try:
@@ -358,6 +379,7 @@ def _rule(source: str, index: int, table: object) -> Rule:
         min_age,
         platforms,
         min_age_text,
+        scopes,
     )
 
 
@@ -390,7 +412,7 @@ def describe(policy: Policy) -> Iterable[str]:
             what.append(f"min-age {rule.min_age_text}")
         if rule.platforms is not None:
             what.append(f"platforms {', '.join(sorted(rule.platforms))}")
-        if rule.clients is not None:
+        if rule.clients is not None or rule.scopes is not None:
             what.append("some clients")
         yield f"{index}. {rule.name}: {rule.action}" + (f" ({'; '.join(what)})" if what else "")
     yield f"default: {policy.default_action}"

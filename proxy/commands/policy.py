@@ -39,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     published = now - parse_duration(args.age) if args.age else None
     subject = subject_of(addr, version, platform)
-    print(f"{subject.kind} {subject} asked for by {args.client}, policy {args.policy_path} ({policy.mode} mode):")
-    for line in explain(policy, subject, args.client, published, now):
+    scopes = tuple(args.scope or ())
+    asker = args.client + (f" (scopes {', '.join(scopes)})" if scopes else "")
+    print(f"{subject.kind} {subject} asked for by {asker}, policy {args.policy_path} ({policy.mode} mode):")
+    for line in explain(policy, subject, args.client, published, now, scopes):
         print(f"  {line}")
     return 0
 

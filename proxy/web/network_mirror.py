@@ -51,16 +51,9 @@ async def json_document(request: web.Request) -> web.Response:
     version = Version.parse(name.removesuffix(".json"))
     only = None
     if gate is not None:
-        client = client_identity(request)
-        listed: list[dict] = []
-
-        async def versions() -> dict:
-            listed.append(await mirror.provider_versions(addr))
-            return listed[-1]
-
-        await gate.check(addr, version, None, client, versions)
-        info = (listed[-1] if listed else await mirror.provider_versions(addr)).get(version)
-        only = None if info is None else gate.platforms(addr, version, info.platforms, client)
+        only = await gate.version_platforms(
+            addr, version, client_identity(request), lambda: mirror.provider_versions(addr)
+        )
     archives = await mirror.version_archives(addr, version, only)
     signer = url_signer(request)
     return rendered_response(

@@ -1,7 +1,7 @@
 """The policy in the handlers: who the client is, and the checks each route makes before its service call.
 
-`client_identity` is the one place the audit trail and the policy's `clients` globs learn who asked (the
-token's name, the address; an OIDC subject once the client identity carries one). The checks raise
+`client_identity` is the one place the audit trail and the policy's `clients` and `scopes` globs learn who asked
+(the token's name, the address, an OIDC subject, the scope as `HOST/NAMESPACE` texts). The checks raise
 `PolicyDeniedError` (403 naming the rule and its reason) before the service is asked for anything, so
 nothing denied is fetched from an upstream.
 """
@@ -27,7 +27,7 @@ def client_identity(request: web.Request) -> ClientIdentity:
         return ClientIdentity(ANONYMOUS.name, request.remote)
     identity = getattr(client, "identity", None)  # an OIDC client: its issuer and subject
     subject = identity.name if identity is not None and identity.kind == "oidc" else None
-    return ClientIdentity(client.name, request.remote, subject)
+    return ClientIdentity(client.name, request.remote, subject, scopes=client.scope_texts)
 
 
 def gatekeeper(request: web.Request) -> Gatekeeper | None:

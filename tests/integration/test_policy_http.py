@@ -8,6 +8,7 @@ import json
 import pytest
 
 from proxy.addrs import Platform, ProviderAddr
+from proxy.auth import hash_token
 from proxy.commands.bundle import export_bundle
 from proxy.commands.warm import run_warm
 from proxy.gatekeeper import load_policy
@@ -188,13 +189,14 @@ async def test_warn_mode_denies_nothing_and_records_what_it_would_have(
     async with serve_proxy(make_settings(policy_file=policy_file, audit_log=str(audit)), client_ssl) as running:
         status, index = await running.json(f"{MIRROR}/foo/index.json")
         assert status == 200 and set(index["versions"]) == {"1.0.0", "1.1.0"}
-        status, _ = await running.json(f"{MIRROR}/foo/1.1.0.json")
-        assert status == 200
+        for _ in range(2):  # a would-be denial is recorded every time, not remembered as an answer
+            status, _ = await running.json(f"{MIRROR}/foo/1.1.0.json")
+            assert status == 200
         status, _, _ = await running.get(f"{MIRROR}/foo/1.1.0/linux_amd64/terraform-provider-foo_1.1.0_linux_amd64.zip")
         assert status == 200
         events = audit_events(audit)
     would = [e for e in events if e["event"] == "denied"]
-    assert {e["decision"] for e in would} == {"would-deny"} and len(would) == 2
+    assert {e["decision"] for e in would} == {"would-deny"} and len(would) == 3
     assert {e["rule"] for e in would} == {"foo-known-bad"}
     assert [e["event"] for e in events if e["event"] != "denied"] == ["fetched", "served"]
 
@@ -273,3 +275,35 @@ async def test_modules_are_filtered_and_refused_by_their_rules(
             assert status == 403 and (body["rule"], body["reason"]) == ("net-bad", "unreviewed")
         assert (await running.get(f"{modules}/1.0.0/download"))[0] in (200, 204)
     assert not [path for _, path in registry.requests if "1.1.0" in path]
+
+
+async def test_rules_limited_by_scope_give_tokens_of_different_scopes_different_answers(
+    make_settings, client_ssl, tmp_path, registry, signing_key, policy_file
+):
+    """A `scopes` rule applies to the token whose scope matches only: its list leaves out the new version and
+    it is refused; the other token sees and gets every version."""
+    registry.add(Release("acme", "foo", "1.0.1", signing_key))
+    release, ops = "rpt_policy_scope_release_01", "rpt_policy_scope_ops_00002"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[tokens.release]\nhash = "{hash_token(release)}"\nhosts = ["{REGISTRY_HOST}"]\nnamespaces = ["acme"]\n'
+        f'[tokens.ops]\nhash = "{hash_token(ops)}"\nhosts = ["{REGISTRY_HOST}"]\n'
+    )
+    policy_file.write_text(
+        f'[[rule]]\nname = "release-pinned"\nproviders = ["*/acme/foo"]\nversions = ">= 1.1.0"\n'
+        f'scopes = ["{REGISTRY_HOST}/acme"]\naction = "deny"\nreason = "release builds stay on 1.0"\n'
+    )
+    settings = make_settings(policy_file=policy_file, auth_tokens=tokens)
+    async with serve_proxy(settings, client_ssl) as running:
+        seen = {}
+        for name, token in (("ops", ops), ("release", release), ("ops", ops)):  # ops' answers are remembered
+            headers = {"Authorization": f"Bearer {token}"}
+            async with running.session.get(running.url + f"{MIRROR}/foo/index.json", headers=headers) as response:
+                assert response.status == 200
+                seen[name] = set((await response.json(content_type=None))["versions"])
+            status, _, body = await running.get(f"{MIRROR}/foo/1.1.0.json", headers=headers)
+            seen.setdefault((name, "1.1.0"), set()).add((status, json.loads(body).get("rule")))
+    assert seen["release"] == {"1.0.0", "1.0.1"}
+    assert seen["ops"] == {"1.0.0", "1.0.1", "1.1.0"}
+    assert seen["release", "1.1.0"] == {(403, "release-pinned")}
+    assert seen["ops", "1.1.0"] == {(200, None)}

@@ -84,6 +84,22 @@ async def test_a_broken_policy_file_stops_start_up_and_check_says_the_same(tmp_p
     assert code == 2 and line in output, output
 
 
+async def test_explain_says_which_rule_decides_for_the_client_and_scope_given(tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[[rule]]\nname = "acme-only"\nproviders = ["*/acme/*"]\nscopes = ["registry.terraform.io/acme"]\n'
+        'action = "allow"\n[default]\naction = "deny"\nreason = "not vetted"\n'
+    )
+    address = "registry.terraform.io/acme/foo@1.0.0"
+    code, output = await registry_proxy("policy", "explain", "--policy", str(policy), address)
+    assert code == 0 and "1. acme-only: does not apply" in output and "decision: deny by default" in output, output
+    code, output = await registry_proxy(
+        "policy", "explain", "--policy", str(policy), "--scope", "registry.terraform.io/acme", address
+    )
+    assert code == 0 and "scopes registry.terraform.io/acme" in output, output
+    assert "decision: allow by acme-only" in output, output
+
+
 async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
     make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
 ):

@@ -12,6 +12,9 @@ from proxy.auth import (
     GRANT_STEP,
     AuthConfigError,
     Grants,
+    Identity,
+    OidcClient,
+    Scope,
     bearer_token,
     hash_token,
     new_token,
@@ -278,3 +281,15 @@ def test_upstream_requests_for_a_private_host_are_counted_under_its_name_only():
         assert creds.counted_as(URL("https://cdn.example/file.zip")) == "private.example"
     with on_behalf_of("public.example"):
         assert creds.counted_as(URL("https://cdn.example/file.zip")) == "cdn.example"
+
+
+def test_scope_texts_name_each_host_and_namespace_for_the_policys_scopes_globs():
+    assert Scope(("registry.terraform.io", "*.corp"), ("acme", "ops-*")).texts() == (
+        "registry.terraform.io/acme",
+        "registry.terraform.io/ops-*",
+        "*.corp/acme",
+        "*.corp/ops-*",
+    )
+    assert Scope(("registry.terraform.io",)).texts() == ("registry.terraform.io/*",)
+    oidc = OidcClient(Identity("oidc", "repo:x", "gh"), (Scope(("a",), ("n",)), Scope(("a",), ("n", "m"))), 0)
+    assert oidc.scope_texts == ("a/n", "a/m")

@@ -126,6 +126,20 @@ def test_an_allow_rule_first_exempts_from_later_rules_and_clients_limit_rules():
     assert (last.denied, last.rule, last.reason) == (True, "default", "not vetted")
 
 
+def test_scopes_limit_a_rule_to_clients_whose_scope_texts_match_and_key_the_memo():
+    rule = '[[rule]]\nname = "acme-teams-only"\nproviders = ["*/acme/*"]\nscopes = ["example.com/acme*"]\n'
+    policy = parse_policy(rule + 'action = "allow"\n[default]\naction = "deny"\n')
+    subject = provider("example.com/acme/foo", "1.0.0")
+    assert policy.decide(subject, "ci", scopes=("example.com/acme-infra",)).rule == "acme-teams-only"
+    assert policy.decide(subject, "ci", scopes=("EXAMPLE.com/*",)).denied  # every namespace is not `acme*`
+    assert policy.decide(subject, "ci").denied  # anonymous: no scope
+    assert policy.decide_address(subject, "ci", ("other.org/acme",)).rule == "default"
+    assert policy.names_scopes and not policy.names_clients
+    assert policy.client_key("ci", ("a/b",)) == ("", ("a/b",))
+    assert parse_policy('[[rule]]\nproviders = ["*/*/*"]\naction = "deny"\n').client_key("ci", ("a/b",)) == ("", ())
+    assert list(describe(policy))[1] == "1. acme-teams-only: allow (some clients)"
+
+
 def test_a_version_constraint_selects_pre_releases_by_order():
     policy = parse_policy('[[rule]]\nname = "old"\nproviders = ["*/*/*"]\nversions = "< 2.0.0"\naction = "deny"\n')
     assert policy.decide(provider("h/n/t", "2.0.0-beta1")).denied
@@ -153,6 +167,9 @@ def test_aliases_of_keys_mean_the_same():
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\n', ("rule 'r' (#1)", "'action'")),
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nmin-age = "1h"\naction = "allow"\n', ("'action'",)),
         ('[[rule]]\nname = "r"\naction = "deny"\n', ("rule 'r' (#1)", "'providers' or 'modules'")),
+        ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nscopes = ["acme"]\naction = "deny"\n', ("rule 'r'", "'scopes'")),
+        ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nscopes = ["h/[a"]\naction = "deny"\n', ("rule 'r'", "'scopes'")),
+        ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nscopes = []\naction = "deny"\n', ("rule 'r'", "'scopes'")),
         ('mode = "loud"\n', ("'mode'",)),
         ('[default]\naction = "maybe"\n', ("[default]", "'action'")),
         ('[defaults]\naction = "deny"\n', ("'defaults'",)),
