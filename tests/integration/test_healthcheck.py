@@ -99,7 +99,9 @@ async def test_plain_http_from_the_environment(make_local_settings, client_ssl):
     settings = make_local_settings(plain_http=True, tls_cert=None, tls_key=None)
     async with serve_proxy(settings, client_ssl) as proxy:
         port = proxy.url.rsplit(":", 1)[1]
-        code, line = await healthcheck({"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{port}", "REGISTRY_PROXY_PLAIN_HTTP": "true"})
+        code, line = await healthcheck(
+            {"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{port}", "REGISTRY_PROXY_PLAIN_HTTP": "true"}
+        )
     assert code == 0, line
     assert line == f"{PREFIX}ready: http://127.0.0.1:{port}/readyz answered 200"
 
