@@ -19,6 +19,7 @@ from yarl import URL
 from proxy.config import Settings
 from proxy.web.app import create_app
 from tests.fakes import ports
+from tests.fakes.children import ProcessMarkCheck
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, ClusterSetup, RedisServer, SentinelSetup, Tls
@@ -45,6 +46,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.path.parent.name in PROCESS_FOLDERS:
             item.add_marker(pytest.mark.process)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # registered as a plugin, not hooks of this conftest: those are not called for session fixtures
+    config.pluginmanager.register(ProcessMarkCheck(), "process-mark-check")
 
 
 @pytest.fixture(scope="session")

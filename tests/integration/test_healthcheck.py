@@ -95,6 +95,7 @@ def healthcheck_in_process(monkeypatch):
     return run
 
 
+@pytest.mark.process
 async def test_plain_http_from_the_environment(make_local_settings, client_ssl):
     settings = make_local_settings(plain_http=True, tls_cert=None, tls_key=None)
     async with serve_proxy(settings, client_ssl) as proxy:
