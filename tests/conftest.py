@@ -29,9 +29,10 @@ from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
 # Tests that use these fixtures, or live in these folders, start child processes: marked `process`
-# here (a test that starts one some other way carries the mark itself).
+# here (a test that starts one some other way carries the mark itself; `ProcessMarkCheck` fails one that
+# does not). tests/deploy runs the tools that check the examples (kubectl, promtool, systemd-analyze, nginx).
 PROCESS_FIXTURES = frozenset({"proxy_process", "terraform"})
-PROCESS_FOLDERS = frozenset({"e2e", "browser"})
+PROCESS_FOLDERS = frozenset({"e2e", "browser", "deploy"})
 
 
 @pytest.hookimpl(tryfirst=True)
