@@ -12,7 +12,7 @@ from tests.conftest import PROVIDER, REGISTRY_HOST
 from tests.e2e.test_network_mirror_e2e import mirror_config, provider_tf, stored_files
 from tests.e2e.test_registry_e2e import host_config
 from tests.fakes.packages import Release
-from tests.fakes.process import registry_proxy
+from tests.fakes.process import registry_proxy_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
 
     proxy = await proxy_process()
     ours = terraform.workdir("ours", MAIN_TF)
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "lock",
         str(ours),
         "--proxy",
@@ -71,7 +71,7 @@ async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, gi
 
     proxy = await proxy_process()
     config = terraform.workdir("config", CONFIG_WITH_MODULES)
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "warm",
         str(config),
         "--proxy",
@@ -96,7 +96,7 @@ async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, gi
 async def test_warm_names_what_failed(registry, proxy_process, terraform):
     proxy = await proxy_process()
     config = terraform.workdir("config", MAIN_TF.replace("~> 2.0", "1.0.0"))
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "warm",
         str(config),
         "--proxy",
@@ -121,17 +121,17 @@ async def test_export_import_and_offline_init(registry, release4, proxy_process,
     assert code == 0, output
     await online.stop()
     bundle = tmp_path / "bundle.tar.zst"
-    code, output = await registry_proxy("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
+    code, output = await registry_proxy_in_process("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
     assert code == 0, output
     assert f"--trust-key {signing_key.fingerprint}" in output
     await registry.stop()
 
-    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"))
+    code, output = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"))
     assert code == 1 and "--trust-key" in output  # trust must be named
     trust = ("--trust-key", signing_key.fingerprint)
-    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
+    code, output = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0, output
-    code, again = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
+    code, again = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0 and "0 new files" in again, again
     offline = await proxy_process("--offline", data_dir=tmp_path / "b", upstream=False)
     second = terraform.workdir("second", MAIN_TF)
@@ -156,7 +156,7 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
                 assert response.status == 200
     await online.stop()
     bundle = tmp_path / "bundle.tar"
-    code, output = await registry_proxy("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
+    code, output = await registry_proxy_in_process("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
     assert code == 0, output
 
     tampered = tmp_path / "tampered.tar"
@@ -167,7 +167,7 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
                 data = data.replace(b"terraform-provider-foo", b"terraform-provider-bar")
             member.size = len(data)
             target.addfile(member, io.BytesIO(data))
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "import", str(tampered), "--data-dir", str(tmp_path / "b"), "--trust-bundle-keys"
     )
     assert code == 1
