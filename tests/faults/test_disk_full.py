@@ -245,7 +245,9 @@ async def test_a_client_following_a_cold_download_gets_it_whole_when_the_disk_fi
     assert stored(small_disk) == {big.sha256("linux_amd64")}
 
 
-async def test_modules_are_relayed_only_with_a_checksum_pin(small_disk, in_process_proxy, connect, registry, monkeypatch):
+async def test_modules_are_relayed_only_with_a_checksum_pin(
+    small_disk, in_process_proxy, connect, registry, monkeypatch
+):
     monkeypatch.setenv(FLOOR_ENV, "100MiB")  # more than the whole 16 MiB disk: always below the floor
     archive = module_tar_gz(MODULE_FILES)
     registry.static["net.tar.gz"] = archive

@@ -144,7 +144,9 @@ async def test_background_refresh_lands_without_another_client_wait(in_process_p
     assert registry.count(VERSIONS) == 2
 
 
-async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_deadline(in_process_proxy, connect, registry):
+async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_deadline(
+    in_process_proxy, connect, registry
+):
     proc = await in_process_proxy("--request-deadline", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     await warm(client, UNKNOWN_INDEX, 404)  # discovery is cached: the version list is the one step left
