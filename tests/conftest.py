@@ -24,6 +24,7 @@ from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, ClusterSetup, RedisServer, SentinelSetup, Tls
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
+from tests.fakes.served_in_process import ServedInProcess, captured_logs
 from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
@@ -297,3 +298,23 @@ async def proxy_process(tmp_path, registry, ca_file):
     yield start
     for process in started:
         await process.stop()
+
+
+@pytest.fixture
+async def in_process_proxy(tmp_path, registry, ca_file) -> AsyncIterator:
+    """`await in_process_proxy(*flags, data_dir=..., upstream=...)`, as `proxy_process` takes them: `serve` in
+    front of the fake registry, served in this process (`tests.fakes.served_in_process`); stopped after the test."""
+    started: list[ServedInProcess] = []
+    with captured_logs() as logs:
+
+        async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True) -> ServedInProcess:
+            served = ServedInProcess(
+                data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file, logs, *extra
+            )
+            await served.start()
+            started.append(served)
+            return served
+
+        yield start
+        for served in started:
+            await served.stop()

@@ -6,6 +6,7 @@ kinds (no schema there) come only from the opt-in component, checked field by fi
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import shutil
@@ -36,9 +37,15 @@ def render(target: str, root: Path = ROOT) -> list[dict]:
             "kubectl is missing: the overlays are not rendered (install kubectl for `kubectl kustomize`); "
             "the base's and overlays' own files are still validated one by one"
         )
-    result = subprocess.run([KUBECTL, "kustomize", str(root / target)], capture_output=True, text=True, timeout=60)
+    return [doc for doc in yaml.safe_load_all(kustomize(root / target)) if doc]
+
+
+@functools.cache
+def kustomize(folder: Path) -> str:
+    """`kubectl kustomize FOLDER`'s output, once per folder for the session (a test's copy is a folder of its own)."""
+    result = subprocess.run([KUBECTL, "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return result.stdout
 
 
 def opted_in(tmp_path: Path) -> Path:
