@@ -33,7 +33,7 @@ def release4(registry, signing_key):
 
 
 async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
-    registry, release4, proxy_process, terraform, ca_file
+    registry, release4, in_process_proxy, terraform, ca_file
 ):
     direct = terraform.workdir("direct", MAIN_TF)
     platform_args = [f"-platform={p}" for p in PLATFORMS]
@@ -43,7 +43,7 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
     assert code == 0, output
     expected = (direct / ".terraform.lock.hcl").read_text()
 
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     ours = terraform.workdir("ours", MAIN_TF)
     code, output = await registry_proxy_in_process(
         "lock",
@@ -66,10 +66,10 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
     assert (ours / ".terraform.lock.hcl").read_text() == written
 
 
-async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, proxy_process, terraform):
+async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, in_process_proxy, terraform):
     from tests.e2e.test_registry_e2e import MAIN_TF as CONFIG_WITH_MODULES
 
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     config = terraform.workdir("config", CONFIG_WITH_MODULES)
     code, output = await registry_proxy_in_process(
         "warm",
@@ -93,8 +93,8 @@ async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, gi
     assert code == 0, output
 
 
-async def test_warm_names_what_failed(registry, proxy_process, terraform):
-    proxy = await proxy_process()
+async def test_warm_names_what_failed(registry, in_process_proxy, terraform):
+    proxy = await in_process_proxy()
     config = terraform.workdir("config", MAIN_TF.replace("~> 2.0", "1.0.0"))
     code, output = await registry_proxy_in_process(
         "warm",
@@ -114,8 +114,8 @@ async def test_warm_names_what_failed(registry, proxy_process, terraform):
     assert f"FAILED provider {PROVIDER} 1.0.0 plan9_mips" in output
 
 
-async def test_export_import_and_offline_init(registry, release4, proxy_process, terraform, tmp_path, signing_key):
-    online = await proxy_process(data_dir=tmp_path / "a")
+async def test_export_import_and_offline_init(registry, release4, in_process_proxy, terraform, tmp_path, signing_key):
+    online = await in_process_proxy(data_dir=tmp_path / "a")
     first = terraform.workdir("first", MAIN_TF)
     code, output = await terraform.init(first, mirror_config(online), online.ca_file)
     assert code == 0, output
@@ -133,15 +133,15 @@ async def test_export_import_and_offline_init(registry, release4, proxy_process,
     assert code == 0, output
     code, again = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0 and "0 new files" in again, again
-    offline = await proxy_process("--offline", data_dir=tmp_path / "b", upstream=False)
+    offline = await in_process_proxy("--offline", data_dir=tmp_path / "b", upstream=False)
     second = terraform.workdir("second", MAIN_TF)
     shutil.copy(first / ".terraform.lock.hcl", second / ".terraform.lock.hcl")
     code, output = await terraform.init(second, mirror_config(offline), offline.ca_file)
     assert code == 0, output
 
 
-async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
-    online = await proxy_process(data_dir=tmp_path / "a")
+async def test_tampered_bundle_is_rejected(registry, in_process_proxy, tmp_path):
+    online = await in_process_proxy(data_dir=tmp_path / "a")
     import ssl
 
     import aiohttp

@@ -43,11 +43,11 @@ def evil_tf() -> str:
 
 
 @pytest.fixture
-async def policed_proxy(proxy_process, tmp_path):
+async def policed_proxy(in_process_proxy, tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(POLICY)
     audit = tmp_path / "audit.jsonl"
-    proxy = await proxy_process("--policy", str(path), "--audit-log", str(audit))
+    proxy = await in_process_proxy("--policy", str(path), "--audit-log", str(audit))
     proxy.audit = audit
     return proxy
 
