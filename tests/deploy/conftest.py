@@ -26,12 +26,12 @@ async def behind_nginx(tmp_path, registry, ca_file, server_cert_files) -> AsyncI
                 tmp_path / "proxy-data",
                 registry.url,
                 ca_file,
-                logs,
                 "--plain-http",
                 "--trusted-proxies",
                 NGINX_ADDRESS,
                 *public,
                 *extra,
+                logs=logs,
             )
             await proxy.start()
             started.append(proxy)

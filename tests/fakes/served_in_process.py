@@ -40,7 +40,7 @@ def captured_logs() -> Iterator[list[dict]]:
 class ServedInProcess:
     """`serve` with `ProxyProcess`'s arguments, served on the running event loop until `stop()`."""
 
-    def __init__(self, data_dir: Path, registry_url: str | None, ca_file: Path, logs: list[dict], *extra: str) -> None:
+    def __init__(self, data_dir: Path, registry_url: str | None, ca_file: Path, *extra: str, logs: list[dict]) -> None:
         self.data_dir = data_dir
         self.logs = logs
         self._first_log = len(logs)
