@@ -127,7 +127,9 @@ async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
         statuses = await asyncio.gather(a.json(INDEX), b.json(INDEX))  # at once: one of them records it
         assert all(set(index["versions"]) == {"1.0.0", "1.1.0"} for _, index in statuses)
         seen = [
-            (await r.app[GATEKEEPER].first_seen.times(addr, [Version.parse("1.2.0")]))[Version.parse("1.2.0")]
+            (await r.app[GATEKEEPER].first_seen.times(addr, [Version.parse("1.2.0")]))[
+                Version.parse("1.2.0")
+            ].first_seen
             for r in (a, b)
         ]
         assert seen[0] == seen[1] and seen[0] in clocks.values()
