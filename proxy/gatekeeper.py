@@ -368,7 +368,7 @@ class Gatekeeper:
             return
         message = f"{subject.kind} {subject} is denied by policy rule {decision.rule}: {decision.reason}"
         if decision.until is not None:
-            available = datetime.fromtimestamp(decision.until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            available = _timestamp(decision.until)
             raise PolicyHeldBackError(message, rule=decision.rule, reason=decision.reason, available_at=available)
         raise PolicyDeniedError(message, rule=decision.rule, reason=decision.reason)
 
@@ -379,6 +379,17 @@ class Gatekeeper:
 
     def served(self, addr: Address, version: Version, platform: str | None, client: ClientIdentity) -> None:
         self.audit.served(artifact_of(subject_of(addr, version, platform)), client)
+
+
+def _age_text(seconds: float) -> str:
+    """An age in days, hours and minutes (`3d 4h 12m`; a long one: from the epoch when nothing was known)."""
+    minutes = max(0, int(seconds // 60))
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    return " ".join(f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if n) or "0m"
+
+
+def _timestamp(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _decide(
@@ -398,11 +409,20 @@ def _decide(
 
 
 def explain(
-    policy: Policy, subject: Subject, client: str, published: float | None, now: float, scopes: Scopes = ()
+    policy: Policy, subject: Subject, client: str, released: ReleaseTime | None, now: float, scopes: Scopes = ()
 ) -> list[str]:
     """Which rule decides about `subject` for `client` with `scopes` and why, one line each (`registry-proxy
-    policy explain`)."""
+    policy explain`); `released`: what the version's age counts from (None: not known)."""
     lines = []
+    if subject.version is not None and policy.needs_age(subject, client, scopes):
+        if released is None:
+            lines.append("age: not known (give --age or --published): a min-age rule holds the version back")
+        else:
+            counted = released.counted_from
+            lines.append(
+                f"age: {_age_text(now - counted)}, counted from {released.decided_by}"
+                f" ({_timestamp(counted)})"
+            )
     for index, rule in enumerate(policy.rules, 1):
         selects = rule.selects(subject, client, scopes)
         if selects is False:
@@ -426,7 +446,14 @@ def explain(
             lines.append("decision: depends on the version (give ADDRESS@VERSION)")
             return lines
     else:
-        decision = policy.decide(subject, client, scopes=scopes, published=published, now=now)
+        decision = policy.decide(
+            subject,
+            client,
+            scopes=scopes,
+            published=None if released is None else released.counted_from,
+            now=now,
+            age_source="" if released is None else released.decided_by,
+        )
     verdict = "allow" if decision.allowed else "deny"
     warn = "" if decision.enforced else " (warn mode: not enforced)"
     lines.append(f"decision: {verdict} by {decision.rule}: {decision.reason}{warn}")

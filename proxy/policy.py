@@ -64,7 +64,7 @@ _PLATFORM = re.compile(r"^[a-z0-9]+_[a-z0-9]+\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 DEFAULT_RULE = "default"
 FIRST_LISTING = 0.0  # the first-seen time of the versions listed when the proxy first saw their provider: long ago
-FIRST_SEEN = "first seen by the proxy"
+FIRST_SEEN = "the time the proxy first saw it"
 Scopes = tuple[str, ...]  # a client's scope texts, `HOST/NAMESPACE` (`proxy.auth.Scope.texts`)
 
 
@@ -134,7 +134,7 @@ class ReleaseTime:
         if self.published is not None and self.published >= self.first_seen:
             return self.source
         if self.first_seen == FIRST_LISTING:
-            return "listed when the proxy first saw it (counts as old; the upstream gave no date)"
+            return "its listing when the proxy first saw the provider or module (counts as old; no publish date)"
         return FIRST_SEEN
 
 

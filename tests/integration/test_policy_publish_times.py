@@ -71,7 +71,7 @@ async def test_a_version_the_registry_api_says_is_young_is_held_back_with_its_ti
         assert body["available_at"] == iso(dated.clock.now - HOUR + 72 * HOUR)
         assert "registry API's published_at" in body["reason"]
     assert per_version_requests(registry, "1.3.0") == ["/v1/providers/acme/foo/1.3.0"]  # once, then recorded
-    assert not [p for p in upstream_paths(registry) if "1.3.0" in p and "/v1/providers/acme/foo/1.3.0" != p]
+    assert not [p for p in upstream_paths(registry) if "1.3.0" in p and p != "/v1/providers/acme/foo/1.3.0"]
     status, index = await dated.json(f"{MIRROR}/foo/index.json")  # the list now uses the recorded time
     assert set(index["versions"]) == {"1.0.0", "1.0.1", "1.4.0"}
     status, _ = await dated.json(f"{MIRROR}/foo/1.0.1.json")  # published long ago: allowed
