@@ -1,7 +1,9 @@
 """A fake upstream registry that speaks the real protocols over HTTPS.
 
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
-(archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
+(archives, SHA256SUMS, signatures) with real GPG signatures, and the public registry's
+per-version documents (`published_at`) and a SHA256SUMS `Last-Modified` where a test sets
+them; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
 archives held after their headers until the test releases them, archives without a
