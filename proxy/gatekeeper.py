@@ -419,10 +419,7 @@ def explain(
             lines.append("age: not known (give --age or --published): a min-age rule holds the version back")
         else:
             counted = released.counted_from
-            lines.append(
-                f"age: {_age_text(now - counted)}, counted from {released.decided_by}"
-                f" ({_timestamp(counted)})"
-            )
+            lines.append(f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})")
     for index, rule in enumerate(policy.rules, 1):
         selects = rule.selects(subject, client, scopes)
         if selects is False:

@@ -28,6 +28,7 @@ from proxy.addrs import ModuleAddr, ProviderAddr, Version
 from proxy.cache import MetadataStore, decode_record, encode_record, keys
 from proxy.config import Settings
 from proxy.documents import INLINE_PARSE_BYTES, DocumentCache
+from proxy.errors import NotFoundError, UpstreamError, UpstreamTimeoutError
 from proxy.flights import Flights
 from proxy.memo import Memo
 from proxy.policy import FIRST_LISTING, ReleaseTime, believed
@@ -186,9 +187,12 @@ class FirstSeen:
                 dated = None if when is None else believed(when, self.clock())
                 return await self._update(key, lambda r: _with_date(r, version, REGISTRY_API, dated))
 
-            stored = await self._flights.once_for_the_fleet(
-                f"{key} {REGISTRY_API} {version}", recheck, ask, f"the publish date of {addr} {version}"
-            )
+            try:
+                stored = await self._flights.once_for_the_fleet(
+                    f"{key} {REGISTRY_API} {version}", recheck, ask, f"the publish date of {addr} {version}"
+                )
+            except (UpstreamError, UpstreamTimeoutError, NotFoundError) as exc:  # no date, never an error
+                log.info("policy.publish_date_unknown", artifact=f"{addr} {version}", error=exc.message)
         self._remember(key, stored)
         return stored.time_of(version)
 
@@ -201,7 +205,7 @@ class FirstSeen:
 
     def _remember(self, key: str, record: ReleaseRecord) -> None:
         before = self._known.get(key)
-        if before is None or before.published != record.published:
+        if (before.published if before is not None else {}) != record.published:
             self.changes += 1
         self._known.put(key, record)
 

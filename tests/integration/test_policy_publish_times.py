@@ -14,7 +14,7 @@ from proxy.web.keys import GATEKEEPER
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST
-from tests.fakes.registry import ModuleRelease
+from tests.fakes.registry import Fault, ModuleRelease
 from tests.integration.test_policy_http import MIRROR, POLICY, Clock, audit_events, upstream_paths
 
 pytestmark = pytest.mark.one_metadata_store
@@ -99,14 +99,16 @@ async def test_the_sha256sums_last_modified_holds_back_the_archive_without_fetch
     assert status == 200
 
 
-async def test_a_malformed_or_future_published_at_is_no_date_or_counts_from_when_it_was_learned(
-    dated, registry, signing_key
+async def test_a_failing_malformed_or_future_published_at_is_no_date_or_counts_from_when_it_was_learned(
+    dated, registry
 ):
     registry.published_at[("acme", "foo", "1.3.0")] = "last tuesday"  # malformed: no date, first-seen decides
     registry.published_at[("acme", "foo", "1.4.0")] = iso(dated.clock.now + 1000 * HOUR)  # in the future
+    registry.faults["/v1/providers/acme/foo/1.0.1"] = Fault(status=500)  # failing: no date, never an error
     registry.sums_last_modified.clear()
-    status, _ = await dated.json(f"{MIRROR}/foo/1.3.0.json")
-    assert status == 200  # listed when the proxy first saw the provider: old
+    for version in ("1.3.0", "1.0.1"):
+        status, _ = await dated.json(f"{MIRROR}/foo/{version}.json")
+        assert status == 200  # listed when the proxy first saw the provider: old
     status, body = await dated.json(f"{MIRROR}/foo/1.4.0.json")
     assert status == 403 and body["available_at"] == iso(dated.clock.now + 72 * HOUR)  # not 1000h ahead
 
