@@ -135,3 +135,31 @@ async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
         assert seen[0] == seen[1] and seen[0] in clocks.values()
         status, held = await b.json(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.2.0.json")
         assert status == 403 and held["code"] == "policy_held_back"
+
+
+async def test_two_replicas_sharing_redis_ask_the_registry_api_once_and_agree_on_its_publish_time(
+    make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
+):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
+    shared = {
+        "redis_url": redis_server.url,
+        "redis_prefix": f"policy-dates-{os.getpid()}",
+        "metadata_secret": METADATA_SECRET,
+    }
+    now = 1_900_000_000.0
+    registry.published_at[("acme", "foo", "1.1.0")] = "2030-03-17T16:46:40Z"  # an hour before `now`
+    async with (
+        serve_proxy(make_settings(data_dir=tmp_path / "a", policy_file=policy, **shared), client_ssl) as a,
+        serve_proxy(make_settings(data_dir=tmp_path / "b", policy_file=policy, **shared), client_ssl) as b,
+    ):
+        for replica in (a, b):
+            replica.app[GATEKEEPER].clock = replica.app[GATEKEEPER].first_seen.clock = lambda: now
+        for replica in (a, b):
+            assert (await replica.json(INDEX))[0] == 200  # a list: no per-version request
+        assert registry.count("/v1/providers/acme/foo/1.1.0") == 0
+        path = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.1.0.json"
+        answers = await asyncio.gather(a.json(path), b.json(path))  # at once: one of them asks
+    assert [status for status, _ in answers] == [403, 403]
+    assert {body["available_at"] for _, body in answers} == {"2030-03-20T16:46:40Z"}
+    assert registry.count("/v1/providers/acme/foo/1.1.0") == 1
