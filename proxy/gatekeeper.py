@@ -194,7 +194,7 @@ class Gatekeeper:
         memo_key = (addr, self.client_key(client))
         known = self._filtered.get(memo_key)
         now = self.clock()
-        stamp = self._stamp()
+        stamp = self.stamp
         if (
             known is not None
             and known[0] is source
@@ -242,7 +242,7 @@ class Gatekeeper:
         facts = self._admitted_facts(policy, addr, client)
         source = await listed() if facts.ages else None  # the same object while the list is unchanged
         now = self.clock()
-        stamp = self._stamp()
+        stamp = self.stamp
         known = facts.versions.get((version, platform))
         if (
             known is not None
@@ -263,7 +263,7 @@ class Gatekeeper:
             if time_of is not None and self._age_decides(policy, subject, client, decision, now):
                 time_of = await self.first_seen.learn(addr, version)  # asks for the publish time once
                 decision = _decide(policy, subject, client, time_of, now)
-                stamp = self._stamp()
+                stamp = self.stamp
             facts.remember(facts.versions, (version, platform), (source, decision, stamp))
         if not decision.allowed:
             self._refuse(subject_of(addr, version, platform), client, decision)
@@ -287,14 +287,14 @@ class Gatekeeper:
         known = facts.documents.get(version)
         if known is not None:
             source = await listed()
-            if known[0] is source and known[2] == self._stamp():
+            if known[0] is source and known[2] == self.stamp:
                 return known[1]
         decision = await self.check(addr, version, None, client, listed)
         source = await listed()
         info = source.get(version)
         only = None if info is None else self.platforms(addr, version, info.platforms, client)
         if decision is None or decision.allowed:  # a would-be denial (warn mode) is recorded every time
-            facts.remember(facts.documents, version, (source, only, self._stamp()))
+            facts.remember(facts.documents, version, (source, only, self.stamp))
         return only
 
     def platforms(
@@ -328,8 +328,10 @@ class Gatekeeper:
             return {}
         return await self.first_seen.times(addr, versions)
 
-    def _stamp(self) -> int:
-        """Changes when this process learns a publish time: decisions remembered before are made again."""
+    @property
+    def stamp(self) -> int:
+        """Changes when this process learns a publish time: decisions remembered before are made again (a handler
+        whose fetch learned one, a SHA256SUMS's `Last-Modified`, decides again before answering)."""
         return 0 if self.first_seen is None else self.first_seen.changes
 
     def _age_decides(

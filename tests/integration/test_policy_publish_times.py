@@ -15,7 +15,7 @@ from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST
 from tests.fakes.registry import Fault, ModuleRelease
-from tests.integration.test_policy_http import MIRROR, POLICY, Clock, audit_events, upstream_paths
+from tests.integration.test_policy_http import MIRROR, POLICY, REGISTRY, TERRAFORM, Clock, audit_events, upstream_paths
 
 pytestmark = pytest.mark.one_metadata_store
 
@@ -83,20 +83,31 @@ async def test_a_version_the_registry_api_says_is_young_is_held_back_with_its_ti
     assert held and held[0]["rule"] == "cooldown"
 
 
-async def test_the_sha256sums_last_modified_holds_back_the_archive_without_fetching_it(dated, registry):
-    status, document = await dated.json(f"{MIRROR}/foo/1.4.0.json")  # no date yet: its SHA256SUMS is fetched
-    assert status == 200 and "linux_amd64" in document["archives"]
-    archive = f"{MIRROR}/foo/1.4.0/linux_amd64/terraform-provider-foo_1.4.0_linux_amd64.zip"
-    status, _, body = await dated.get(archive)
-    refusal = json.loads(body)
+async def test_the_sha256sums_last_modified_holds_back_the_version_before_its_archive_is_fetched(dated, registry):
+    status, refusal = await dated.json(f"{MIRROR}/foo/1.4.0.json")  # no date yet: its SHA256SUMS is fetched
     assert status == 403 and refusal["code"] == "policy_held_back"
     assert refusal["available_at"] == iso(dated.clock.now - HOUR + 72 * HOUR)
     assert "SHA256SUMS's Last-Modified" in refusal["reason"]
+    archive = f"{MIRROR}/foo/1.4.0/linux_amd64/terraform-provider-foo_1.4.0_linux_amd64.zip"
+    status, _, body = await dated.get(archive)
+    assert status == 403 and json.loads(body)["code"] == "policy_held_back"
     assert not [p for p in upstream_paths(registry) if p.endswith(".zip")]  # the archive was never fetched
     assert per_version_requests(registry, "1.4.0") == ["/v1/providers/acme/foo/1.4.0"]
     dated.clock.now += 72 * HOUR
     status, _, _ = await dated.get(archive)
     assert status == 200
+
+
+async def test_terraform_reads_a_last_modified_hold_in_the_status_line_of_the_sha256sums(dated, registry):
+    """Registry mode: the SHA256SUMS whose fetch learned the date is refused, with the reason in its status line."""
+    download = f"{REGISTRY}/foo/1.4.0/download/linux/amd64"
+    status, _, body = await dated.get(download, headers=TERRAFORM)
+    assert status == 200
+    async with dated.session.get(dated.url + json.loads(body)["shasums_url"], headers=TERRAFORM) as response:
+        assert response.status == 403
+        assert response.reason.startswith("Denied by policy rule cooldown: 1.4.0 is younger than 72h")
+        assert "Last-Modified" in response.reason
+    assert not [p for p in upstream_paths(registry) if p.endswith(".zip")]
 
 
 async def test_a_failing_malformed_or_future_published_at_is_no_date_or_counts_from_when_it_was_learned(
