@@ -4,7 +4,7 @@
 the old one), decides with it (`proxy.policy`, pure), refuses with `PolicyDeniedError` (403 naming the rule
 and its reason) and writes every refusal to the audit trail (`proxy.audit`) and the metrics. The order of a
 request: the address alone first (a denied namespace is refused before any upstream request, its version
-list included), then, when a min-age rule may apply, the version list and the first-seen times, then the
+list included), then, when a min-age rule may apply, the version list and the recorded release times, then the
 version and platform. Version lists are filtered (`filter`), so a constraint resolves to the newest allowed
 version; the filtered list is the same object while the list, the policy and the held-back times are.
 
@@ -58,11 +58,11 @@ class _AddressFacts:
     policy: Policy
     decision: Decision | None  # about every version at once (None: it depends on the version)
     ages: bool  # a min-age rule may decide about some version
-    # decisions per (version, platform): (the version list object, the decision, `Gatekeeper._stamp()`)
+    # decisions per (version, platform): (the version list object, the decision, `Gatekeeper.stamp`)
     versions: dict[tuple[Version, str | None], tuple[object, Decision, int]] = field(default_factory=dict)
     platforms: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
     # `:version.json` answers allowed outright: version → (the version list object, the platforms allowed,
-    # `Gatekeeper._stamp()`)
+    # `Gatekeeper.stamp`)
     documents: dict[Version, tuple[object, frozenset[Platform] | None, int]] = field(default_factory=dict)
 
     @staticmethod
