@@ -14,7 +14,7 @@ from email.utils import parsedate_to_datetime
 
 from yarl import URL
 
-from proxy.addrs import ModuleAddr, ProviderAddr, Version
+from proxy.addrs import AddressError, ModuleAddr, ProviderAddr, Version
 from proxy.safejson import JSONDocumentError, loads
 
 REGISTRY_API = "registry-api"  # the sources of a publish time, as records name them
@@ -42,7 +42,7 @@ def parse_published_at(body: bytes, version: Version) -> float | None:
         document = loads(body)
     except JSONDocumentError:
         return None
-    if not isinstance(document, dict) or str(document.get("version", "")).lstrip("v") != str(version):
+    if not isinstance(document, dict) or not _names(document.get("version"), version):
         return None
     text = document.get("published_at")
     if not isinstance(text, str) or len(text) > 64:
@@ -63,6 +63,16 @@ def parse_last_modified(header: str | None) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     return _plausible(when)
+
+
+def _names(text: object, version: Version) -> bool:
+    """Whether a document's `version` is `version` (the document is about the version asked for)."""
+    if not isinstance(text, str) or len(text) > 128:
+        return False
+    try:
+        return Version.parse(text.removeprefix("v")) == version
+    except AddressError:
+        return False
 
 
 def _plausible(when: datetime) -> float | None:

@@ -47,6 +47,8 @@ def document(**fields) -> bytes:
         (document(published_at="1970-01-01T00:00:00Z"), None),  # before any registry
         (document(published_at="x" * 100), None),
         (json.dumps({"version": "5.0.0", "published_at": "2030-03-17T16:46:40Z"}).encode(), None),  # another one
+        (json.dumps({"version": "v5.1.0", "published_at": "2030-03-17T16:46:40Z"}).encode(), NOW - HOUR),
+        (json.dumps({"version": "5.1", "published_at": "2030-03-17T16:46:40Z"}).encode(), None),
         (b"[]", None),
         (b"{not json", None),
         (b"", None),
