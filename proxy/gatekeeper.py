@@ -26,7 +26,7 @@ import structlog
 
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.audit import AuditLog, ClientIdentity
-from proxy.errors import PolicyDeniedError, PolicyHeldBackError
+from proxy.errors import PolicyDeniedError, PolicyHeldBackError, StoreUnavailableError
 from proxy.memo import Memo
 from proxy.metrics import Metrics
 from proxy.policy import (
@@ -350,7 +350,10 @@ class Gatekeeper:
         policy, when = self.policy, parse_last_modified(last_modified)
         if policy is None or not policy.ages or when is None or self.first_seen is None:
             return
-        await self.first_seen.note_published(addr, version, when, LAST_MODIFIED)
+        try:
+            await self.first_seen.note_published(addr, version, when, LAST_MODIFIED)
+        except StoreUnavailableError as exc:  # the SHA256SUMS fetched is not failed by it
+            log.warning("policy.publish_time_not_recorded", artifact=f"{addr} {version}", error=exc.message)
 
     def _refuse(self, subject: Subject, client: ClientIdentity, decision: Decision) -> None:
         """Record the denial (or would-be denial), and raise it unless in warn mode."""
