@@ -151,6 +151,7 @@ class Suite:
         self.redis_args: tuple[str, ...] = ()  # a proxy on that Redis: URL, prefix, metadata secret, lock TTL
         self.terraform = Terraform(root / "tf")
         self._workdirs = 0
+        self.last_init_started = 0.0
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -933,6 +934,7 @@ class Suite:
         cache = self.root / "tf-plugin-cache" / name
         cache.mkdir(parents=True)
         config = _init_cli_config(mode, base_url, cache)
+        self.last_init_started = time.time()  # wall clock, as the proxy's log and the registry's timeline
         started = time.perf_counter()
         code, output = await self.terraform.init(workdir, config, ca_file)
         elapsed = time.perf_counter() - started
@@ -1120,8 +1122,8 @@ class Suite:
     async def _wan_timeline(self, stack: contextlib.AsyncExitStack, release: Release, mode: str, latency: float) -> str:
         """One traced cold init in `mode` (the proxy at `--log-level debug`): its timeline as a text table."""
         registry = self.world.registry
-        since = time.time()
         elapsed = await self._wan_init(stack, release, mode, "traced", latency, "--log-level", "debug")
+        since = self.last_init_started
         who = "terraform" if mode == "direct" else "proxy"
         steps = [Step(0.0, elapsed, "terraform", f"init ({mode})"), *upstream_steps(registry.timeline, since, who)]
         if mode != "direct":

@@ -4,7 +4,8 @@ Serves discovery, `providers.v1` (versions, download metadata) and the release f
 (archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
-archives held after their headers until the test releases them, archives without a
+archives held after their headers until the test releases them, any answer held until a test's
+gate opens, archives without a
 Content-Length (chunked), and a round-trip latency added to every answer (`latency`, a WAN stand-in: the
 same for every client) with a timeline of each request's arrival and answer (`timeline`). A private registry (`require_token`) answers 401 unless a request
 carries its token (as a bearer token, or as git's basic-auth password); every request's
@@ -90,6 +91,7 @@ class FakeRegistry:
         self.trickle: dict[str, int] = {}  # archive path -> bytes per second
         self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
         self.holds: dict[str, Hold] = {}  # archive path -> its answer waits for the test after the headers
+        self.gates: dict[str, asyncio.Event] = {}  # any path -> its answer waits until the test sets the event
         self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
         self.latency = 0.0  # seconds every answer waits before it is made (a WAN round trip)
         self.timeline: list[Served] = []
@@ -173,6 +175,9 @@ class FakeRegistry:
         self.requests.append((request.method, request.path))
         if self.latency:
             await asyncio.sleep(self.latency)
+        gate = self.gates.get(request.path)
+        if gate is not None:
+            await gate.wait()
         self.authorizations.append((request.path, request.headers.get("Authorization")))
         if self.require_token is not None and not self._authorized(request.headers.get("Authorization", "")):
             return web.json_response(
