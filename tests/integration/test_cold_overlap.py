@@ -52,3 +52,21 @@ async def test_a_failed_early_fetch_is_the_fetch_and_is_not_made_twice(proxy, re
     status, body = await proxy.json(INDEX)
     assert (status, body["code"]) == (502, "upstream_status")
     assert registry.count(VERSIONS) == 2  # the early fetch and its one retry; not fetched once more
+
+
+async def test_a_download_document_starts_the_release_sums_the_client_asks_for_next(proxy, registry):
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    sums = f"/files/acme/foo/1.0.0/{release.shasums_name}"
+    download = f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/amd64"
+    status, document = await proxy.json(download)
+    assert status == 200 and document["shasums_url"].endswith("/SHA256SUMS")
+    await until(lambda: registry.count(sums) == 1 and registry.count(sums + ".sig") == 1)  # not asked for yet
+    status, _, body = await proxy.get(download + "/SHA256SUMS")
+    assert (status, body) == (200, release.shasums)
+    status, _, body = await proxy.get(download + "/SHA256SUMS.sig")
+    assert (status, body) == (200, release.signature)
+    assert (registry.count(sums), registry.count(sums + ".sig")) == (1, 1)
+
+    for _ in range(3):  # warm: nothing more is started or fetched
+        assert (await proxy.json(download))[0] == 200
+    assert (registry.count(sums), registry.count(sums + ".sig")) == (1, 1)
