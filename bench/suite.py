@@ -43,12 +43,12 @@ from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
 from bench.wan import Step, proxy_steps, render, upstream_steps
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
+from proxy.values import format_duration, parse_duration
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.s3_server import CREDENTIALS, S3Server
 from tests.fakes.signing import stop_gpg_agent
-from proxy.values import format_duration, parse_duration
 
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -1020,7 +1020,9 @@ class Suite:
             proxy = await self._start_proxy(stack, f"proxy-{label}-cold{round_}")
             proxies.append(proxy)
             cold.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-cold"))
-            direct.append(await self._init(release, world.registry.url, world.ca_file, f"{label}-direct", mode="direct"))
+            direct.append(
+                await self._init(release, world.registry.url, world.ca_file, f"{label}-direct", mode="direct")
+            )
             if round_ < self.args.init_repeats - 1:
                 await proxy.stop()
         gets = world.registry.count(archive_path) - before

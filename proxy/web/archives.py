@@ -19,9 +19,10 @@ line was sent is quarantined and fetched again within the same request (`serve_f
 
 A `PassThrough` (disk full, or a cold archive followed as it downloads, `proxy.growing`) is
 relayed as it arrives, whole (no Range), with the upstream's Content-Length when it has one,
-else chunked; a HEAD of one is answered at once (with the length of a followed download), without
-`Accept-Ranges`, so the client's GET after it asks for the whole body and follows the download too. Headers go out with the first relayed chunk,
-so a refusal before that is a plain JSON error; a refusal after it aborts the connection
+else chunked; a HEAD of one is answered at once (with the length of a followed download),
+without `Accept-Ranges`, so the client's GET after it asks for the whole body and follows the
+download too. Headers go out with the first relayed chunk, so a refusal before that is a plain
+JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
 """

@@ -5,10 +5,10 @@ Serves discovery, `providers.v1` (versions, download metadata) and the release f
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
 archives held after their headers until the test releases them, any answer held until a test's
-gate opens, archives without a
-Content-Length (chunked), and a round-trip latency added to every answer (`latency`, a WAN stand-in: the
-same for every client) with a timeline of each request's arrival and answer (`timeline`). A private registry (`require_token`) answers 401 unless a request
-carries its token (as a bearer token, or as git's basic-auth password); every request's
+gate opens (`gates`), archives without a Content-Length (chunked), and a round-trip latency added
+to every answer (`latency`, a WAN stand-in: the same for every client) with a timeline of each
+request's arrival and answer (`timeline`). A private registry (`require_token`) answers 401
+unless a request carries its token (as a bearer token, or as git's basic-auth password); every request's
 `Authorization` header is recorded (`authorizations`).
 """
 
