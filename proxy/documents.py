@@ -58,6 +58,7 @@ INLINE_PARSE_BYTES = 64 * 1024  # bigger documents are parsed in a worker thread
 # What a parser raises for a shape it did not expect (every one is a malformed answer, never a crash).
 PARSE_ERRORS = (UpstreamError, TypeError, KeyError, AttributeError, ValueError, RecursionError)
 EARLY_KEEP = 30.0  # seconds an early answer nobody asked for is kept before it is dropped
+EARLY_FETCHES = 64  # early fetches kept at most (the oldest dropped first: its refresh fetches again)
 
 
 def require_online(settings: Settings, what: str) -> None:
@@ -94,7 +95,7 @@ class DocumentCache:
         self._malformed: Memo[str, tuple[float, UpstreamError]] = Memo()  # key → (until when, the error)
         self._records: Memo[str, tuple[bytes, Any]] = Memo()
         self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
-        self._early: Memo[str, asyncio.Future[UpstreamResponse]] = Memo(1000)  # URL → its early fetch
+        self._early: Memo[str, asyncio.Future[UpstreamResponse]] = Memo(EARLY_FETCHES)  # URL → its early fetch
 
     async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object (a big
