@@ -16,7 +16,7 @@ nothing it was made from changed) and the hashes of `/lock/v1`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,6 +122,7 @@ class Mirror:
         """The upstream's download metadata as it sent it, unknown fields included, once admitted."""
         d = await self._package(addr, version, platform)
         self._chain.admit(addr, version, d)  # passed on as sent: without keys when the registry lists none
+        self._sums.verify_early(addr, version, d)  # the client's next request (laziness allows: this release)
         return d.raw
 
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
@@ -188,6 +189,10 @@ class Mirror:
         return downloads, result
 
     # ---- archives ---------------------------------------------------------------------------
+
+    def on_dated(self, note: Callable[[ProviderAddr, Version, str], Awaitable[None]]) -> None:
+        """Tell `note` the `Last-Modified` of each release's SHA256SUMS fetched (the policy's publish times)."""
+        self._sums.on_dated = note
 
     def on_fetched(self, note: Callable[[ProviderAddr, Version, str | None], None]) -> None:
         """Call `note` whenever an archive is fetched from its upstream (the audit trail)."""

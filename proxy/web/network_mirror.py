@@ -49,12 +49,15 @@ async def json_document(request: web.Request) -> web.Response:
         key = ("index.json", addr, gate.client_key(client))
         return rendered_response(request, rendered.json(key, filtered, lambda f: _index_document(f.allowed)))
     version = Version.parse(name.removesuffix(".json"))
-    only = None
+    only, stamp = None, 0
     if gate is not None:
         only = await gate.version_platforms(
             addr, version, client_identity(request), lambda: mirror.provider_versions(addr)
         )
+        stamp = gate.stamp
     archives = await mirror.version_archives(addr, version, only)
+    if gate is not None and gate.stamp != stamp:  # a publish time learned on the way (its SHA256SUMS's date)
+        await gate.version_platforms(addr, version, client_identity(request), lambda: mirror.provider_versions(addr))
     signer = url_signer(request)
     return rendered_response(
         request,

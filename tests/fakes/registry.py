@@ -1,12 +1,16 @@
 """A fake upstream registry that speaks the real protocols over HTTPS.
 
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
-(archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
+(archives, SHA256SUMS, signatures) with real GPG signatures, and the public registry's
+per-version documents (`published_at`) and a SHA256SUMS `Last-Modified` where a test sets
+them; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
-archives held after their headers until the test releases them, archives without a
-Content-Length (chunked). A private registry (`require_token`) answers 401 unless a request
-carries its token (as a bearer token, or as git's basic-auth password); every request's
+archives held after their headers until the test releases them, any answer held until a test's
+gate opens (`gates`), archives without a Content-Length (chunked), and a round-trip latency added
+to every answer (`latency`, a WAN stand-in: the same for every client) with a timeline of each
+request's arrival and answer (`timeline`). A private registry (`require_token`) answers 401
+unless a request carries its token (as a bearer token, or as git's basic-auth password); every request's
 `Authorization` header is recorded (`authorizations`).
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +53,18 @@ class Fault:
     headers: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Served:
+    """One request as the registry saw it: wall-clock arrival and answer (`time.time()`: comparable with
+    the proxy's log timestamps), the answer's end for a streamed archive."""
+
+    method: str
+    path: str
+    arrived: float
+    answered: float
+    status: int
+
+
 @dataclass
 class Hold:
     """An archive answer held after its headers: `started` is set once they went out (the
@@ -76,13 +93,21 @@ class FakeRegistry:
         self.trickle: dict[str, int] = {}  # archive path -> bytes per second
         self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
         self.holds: dict[str, Hold] = {}  # archive path -> its answer waits for the test after the headers
+        self.gates: dict[str, asyncio.Event] = {}  # any path -> its answer waits until the test sets the event
         self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
+        self.latency = 0.0  # seconds every answer waits before it is made (a WAN round trip)
+        self.timeline: list[Served] = []
         self.chunked_archives = False  # send provider archives chunked, without a Content-Length
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
         self.static: dict[str, bytes] = {}
         self.git_root: Path | None = None
         self.require_token: str | None = None
+        # The public registry's per-version documents (`GET /v1/providers/NS/TYPE/VERSION`, `GET
+        # /v1/modules/NS/NAME/SYSTEM/VERSION`): their `published_at` by (NS, TYPE, VERSION) or (NS, NAME, SYSTEM,
+        # VERSION); a listed version without one answers a document without a date.
+        self.published_at: dict[tuple[str, ...], str] = {}
+        self.sums_last_modified: dict[tuple[str, str, str], str] = {}  # (NS, TYPE, VERSION) -> Last-Modified
         self.authorizations: list[tuple[str, str | None]] = []  # (path, Authorization header) per request
         self._runner: web.AppRunner | None = None
 
@@ -118,9 +143,11 @@ class FakeRegistry:
         app = web.Application(middlewares=[self._record_and_fault])
         app.router.add_get("/.well-known/terraform.json", self._discovery)
         app.router.add_get("/v1/providers/{ns}/{type}/versions", self._versions)
+        app.router.add_get("/v1/providers/{ns}/{type}/{version}", self._provider_version)
         app.router.add_get("/v1/providers/{ns}/{type}/{version}/download/{os}/{arch}", self._download)
         app.router.add_get("/files/{ns}/{type}/{version}/{name}", self._file)
         app.router.add_get("/v1/modules/{ns}/{name}/{system}/versions", self._module_versions)
+        app.router.add_get("/v1/modules/{ns}/{name}/{system}/{version}", self._module_version)
         app.router.add_get("/v1/modules/{ns}/{name}/{system}/{version}/download", self._module_download)
         app.router.add_get("/static/{path:.+}", self._static)
         app.router.add_get("/git/{path:.+}", self._git)
@@ -141,7 +168,25 @@ class FakeRegistry:
 
     @web.middleware
     async def _record_and_fault(self, request: web.Request, handler):
+        arrived = time.time()
+        status = 500
+        try:
+            response = await self._answer(request, handler)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            self.timeline.append(Served(request.method, request.path, arrived, time.time(), status))
+
+    async def _answer(self, request: web.Request, handler):
         self.requests.append((request.method, request.path))
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        gate = self.gates.get(request.path)
+        if gate is not None:
+            await gate.wait()
         self.authorizations.append((request.path, request.headers.get("Authorization")))
         if self.require_token is not None and not self._authorized(request.headers.get("Authorization", "")):
             return web.json_response(
@@ -197,6 +242,27 @@ class FakeRegistry:
                 ]
             }
         )
+
+    def _version_document(self, request: web.Request, listed: bool, *address: str) -> web.Response:
+        """A per-version document of the public registry's API (not part of providers.v1 or modules.v1)."""
+        if not listed:
+            raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
+        version = request.match_info["version"]
+        document = {"id": "/".join((*address, version)), "version": version}
+        published = self.published_at.get((*address, version))
+        if published is not None:
+            document["published_at"] = published
+        return web.json_response(document)
+
+    async def _provider_version(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        listed = info["version"] in self._release_set(request)
+        return self._version_document(request, listed, info["ns"], info["type"])
+
+    async def _module_version(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        listed = info["version"] in self._module_set(request)
+        return self._version_document(request, listed, info["ns"], info["name"], info["system"])
 
     async def _download(self, request: web.Request) -> web.Response:
         release = self._release_set(request).get(request.match_info["version"])
@@ -264,7 +330,9 @@ class FakeRegistry:
         if release is None:
             raise web.HTTPNotFound()
         if name == release.shasums_name:
-            return web.Response(body=release.shasums, content_type="text/plain")
+            dated = self.sums_last_modified.get((release.namespace, release.type, release.version))
+            headers = {"Last-Modified": dated} if dated else None
+            return web.Response(body=release.shasums, content_type="text/plain", headers=headers)
         if name == release.shasums_name + ".sig":
             return web.Response(body=release.signature, content_type="application/octet-stream")
         platform = next((p for p in release.platforms if release.filename(p) == name), None)
