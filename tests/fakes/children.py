@@ -3,7 +3,7 @@ children started while a watch is on, and the pytest plugin (registered by `test
 a test starting one without the `process` mark, so that `-m "not process"` really leaves them out.
 
 The programs the application itself runs in process are not counted: gpg (signatures) and git (module
-sources from git); those tests are what `-m "not process"` is for.
+sources from git), nor mount/umount (a fixture's tmpfs); those tests are what `-m "not process"` is for.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from contextlib import contextmanager
 
 import pytest
 
-# Started by the proxy's own code in process (python-gnupg, the git fetcher): no process of the test's.
-IN_PROCESS_PROGRAMS = frozenset({"gpg", "gpg2", "gpg-agent", "gpgconf", "gpgsm", "git"})
+# Started by the proxy's own code in process (python-gnupg, the git fetcher), or a moment's set-up command
+# of a fixture (a tmpfs mounted for a disk-full test): no process of the test's.
+IN_PROCESS_PROGRAMS = frozenset({"gpg", "gpg2", "gpg-agent", "gpgconf", "gpgsm", "git", "mount", "umount"})
 
 
 class ChildWatch:
