@@ -52,6 +52,11 @@ class MemoryFront(StoreWrapper):
         self._absent: OrderedDict[str, None] = OrderedDict()
         self._epoch = 0  # bumped by every set/delete, so a read that raced a write is not remembered
 
+    def generation(self) -> int:
+        """A number that changes with every write, delete and purge through this front (answers made from what it
+        held are current while it is the same: `proxy.warm_answers`)."""
+        return self._epoch
+
     async def get(self, key: str) -> bytes | None:
         if self._known(key):
             return self._values.get(key)

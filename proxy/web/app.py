@@ -38,6 +38,7 @@ from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, Served
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
+from proxy.warm_answers import WarmAnswers
 from proxy.web import catalog, discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.catalog import purges_followed
@@ -54,6 +55,7 @@ from proxy.web.keys import (
     RENDERED,
     SERVED,
     SETTINGS,
+    WARM_ANSWERS,
 )
 from proxy.web.middlewares import forwarded, request_context, server_header
 from proxy.web.server import request_arrived
@@ -265,6 +267,8 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
     ca_bundle = await asyncio.to_thread(write_ca_bundle, settings)
     guard = app[GUARD] = ArchiveGuard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
+    # Reused answers are judged by the clock the documents' freshness is (`documents.clock`, looked up each time).
+    app[WARM_ANSWERS] = WarmAnswers(app[MEMORY_FRONT].generation, clock=lambda: documents.clock())
     downloader = app[DOWNLOADER] = Downloader(settings, upstream, store, guard, space, metrics)
     try:
         app[MIRROR] = Mirror(

@@ -14,6 +14,7 @@ from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.rendered import RenderedDocuments
 from proxy.storage import ArchiveGuard, ServedArchives
+from proxy.warm_answers import WarmAnswers
 
 SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
@@ -26,3 +27,4 @@ SERVED = web.AppKey("served", ServedArchives)
 CATALOG = web.AppKey("catalog", Catalog)
 MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
+WARM_ANSWERS = web.AppKey("warm_answers", WarmAnswers)
