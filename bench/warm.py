@@ -117,8 +117,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
                     runs[server].append(await measure(url + path, probe, args))
             results["documents"][label] = {"runs": runs, **summary(runs)}
             if args.py_spy:
-                worker = servers["proxy"][1].pids()[-1]
-                results["documents"][label]["profile"] = await profile(proxy.url + path, worker, root, args)
+                for server, (url, probe) in servers.items():
+                    worker = probe.pids()[-1]
+                    results["documents"][label][f"profile_{server}"] = await profile(url + path, worker, root, args)
         return results
     finally:
         if bare is not None:
@@ -150,7 +151,7 @@ async def profile(url: str, pid: int, root: Path, args: argparse.Namespace) -> l
     )
     await load.wrk(url, connections=args.connections, threads=2, seconds=args.seconds)
     await spy.wait()
-    return top_frames(out.read_text(), 30)
+    return top_frames(out.read_text(), 40)
 
 
 def top_frames(collapsed: str, count: int) -> list[tuple[str, float, float]]:
@@ -197,8 +198,11 @@ def report(results: dict) -> bool:
             f"load {min(loads):.1f}–{max(loads):.1f}"
         )
         ok = ok and all(r["errors"] == 0 for runs in entry["runs"].values() for r in runs)
-        for frame, inclusive, own in entry.get("profile", []):
-            print(f"      {inclusive:5.1f} % ({own:4.1f} % own)  {frame}")
+        for server in ("proxy", "bare"):
+            if f"profile_{server}" in entry:
+                print(f"    py-spy, one {server} worker: inclusive % (own %) of its samples")
+            for frame, inclusive, own in entry.get(f"profile_{server}", []):
+                print(f"      {inclusive:5.1f} % ({own:4.1f} % own)  {frame}")
     if not ok:
         print("  some requests failed (see the JSON)")
     return ok

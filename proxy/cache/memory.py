@@ -77,6 +77,10 @@ class MemoryFront(StoreWrapper):
                 self._remember(key, value)
         return [known[key] if key in known else fetched[key] for key in keys]
 
+    def purge_check_due(self) -> bool:
+        """Whether `follow_purges` would read the purge mark now (a request awaits it only then)."""
+        return self._clock() >= self._next_purge_check
+
     async def follow_purges(self) -> bool:
         """Read the purge mark if it is due (at most once per interval); when another purge happened since the
         last read, drop every value this process remembers. Whether it dropped them."""

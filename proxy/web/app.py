@@ -41,7 +41,6 @@ from proxy.upstream.netguard import AddressPolicy
 from proxy.warm_answers import WarmAnswers
 from proxy.web import catalog, discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.access import ACCESS, Access, access_control
-from proxy.web.catalog import purges_followed
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import (
     CATALOG,
@@ -57,8 +56,7 @@ from proxy.web.keys import (
     SETTINGS,
     WARM_ANSWERS,
 )
-from proxy.web.middlewares import forwarded, request_context, server_header
-from proxy.web.server import request_arrived
+from proxy.web.middlewares import request_context, server_header
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +71,7 @@ def create_app(settings: Settings) -> web.Application:
     reverse order (`proxy.web.server.serve_app`). File and process work runs in threads, off the event loop.
     """
     app = web.Application(
-        middlewares=[request_arrived, forwarded, request_context, purges_followed, access_control],
+        middlewares=[request_context, access_control],
         client_max_size=64 * 1024,
     )
     app.on_response_prepare.append(server_header)
