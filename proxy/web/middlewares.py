@@ -38,6 +38,7 @@ from aiohttp import web
 
 from proxy import served_freshness
 from proxy.addrs import AddressError
+from proxy.cache.memory import MemoryFront
 from proxy.config import Settings
 from proxy.deadline import request_budget
 from proxy.errors import (
@@ -114,7 +115,8 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     arrived = getattr(transport.get_protocol(), "request_arrived", None) if transport is not None else None
     if arrived is not None:  # the connection's request-head timer stops (`proxy.web.server.LimitedConnection`)
         arrived()
-    settings = request.app.get(SETTINGS)
+    app = request.app
+    settings = app.get(SETTINGS)
     request = _as_the_client_made_it(request, settings)
     request_id = new_request_id(request.headers.get("X-Request-Id"))
     structlog.contextvars.bind_contextvars(request_id=request_id)  # the only variable bound: it replaces the last
@@ -127,7 +129,9 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
             if settings is not None
             else contextlib.nullcontext()
         ):
-            await _follow_purges(request)
+            front = app.get(MEMORY_FRONT)
+            if front is not None and front.purge_check_due():
+                await _follow_purges(front)
             response = await _render_errors(request, handler)
         add_cache_headers(request, response)
     except (ConnectionError, asyncio.CancelledError) as exc:
@@ -147,11 +151,10 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
-async def _follow_purges(request: web.Request) -> None:
-    """Before the request is served, the purge mark is read if it is due: this process drops what it remembers
+async def _follow_purges(front: MemoryFront) -> None:
+    """Before the request is served, the purge mark is read (when it is due): this process drops what it remembers
     when anything was purged since (in any process)."""
-    front = request.app.get(MEMORY_FRONT)
-    if front is not None and front.purge_check_due() and await front.follow_purges():
+    if await front.follow_purges():
         log.info("purge.memos_dropped", pid=os.getpid(), reason="a purge elsewhere")
 
 
@@ -159,35 +162,45 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     """The request metrics, and its access-log line if `--access-log` wants it."""
     duration = time.perf_counter() - started
     route = request.match_info.route.name or "unmatched"
-    request.app[METRICS].count_request(route, status, duration)
-    settings = request.app.get(SETTINGS)
+    app = request.app
+    app[METRICS].count_request(route, status, duration)
+    settings = app.get(SETTINGS)
     mode = settings.logging.access_log if settings is not None else "all"
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
-        access(
-            event,
-            {
-                "method": request.method,
-                "path": request.path,
-                "status": status,
-                "bytes": sent,
-                "duration_ms": round(duration * 1000, 2),
-                "cache": request_cache_status(),
-                "remote": request.remote,
-                "user_agent": request.headers.get("User-Agent", ""),
-                "request_id": request_id,
-                "pid": os.getpid(),  # which worker answered (`serve --workers N`)
-                **_client(request),
-                **extra,
-            },
-        )
+        fields = {
+            "method": request.method,
+            "path": request.path,
+            "status": status,
+            "bytes": sent,
+            "duration_ms": round(duration * 1000, 2),
+            "cache": request_cache_status(),
+            "remote": request.remote,
+            "user_agent": request.headers.get("User-Agent", ""),
+            "request_id": request_id,
+            "pid": _process.pid,  # which worker answered (`serve --workers N`)
+        }
+        client = request.get(CLIENT)
+        if client is not None:  # who the request came from, when it showed a token (or a grant): never the token
+            fields["client"] = client.identity.fields()
+        if extra:
+            fields.update(extra)
+        access(event, fields)
 
 
-def _client(request: web.Request) -> dict:
-    """Who the request came from, when it showed a token (or a grant): its identity, never the token."""
-    client = request.get(CLIENT)
-    return {} if client is None else {"client": client.identity.fields()}
+class _Process:
+    """This process's id, known without a system call per request (forked workers learn their own)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.pid = os.getpid()
+
+
+_process = _Process()
 
 
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:

@@ -54,12 +54,13 @@ async def json_document(request: web.Request) -> web.Response:
         signer and signer.key,
         gate.client_key(client) if gate is not None and client is not None else None,
     )
-    warm = request.app[WARM_ANSWERS]
+    app = request.app
+    warm = app[WARM_ANSWERS]
     policy_now = gate.clock() if gate is not None else 0.0
     if reusable and (kept := warm.get(key, policy, policy_now)) is not None:
         rendered, fresh_for = kept
         note_fresh_for(fresh_for)
-        request.app[MIRROR].count_reused()
+        app[MIRROR].count_reused()
         return rendered_response(request, rendered)
     mark = warm.mark()
     rendered, valid_until = await _render(request, _addr(request), name, gate, client, signer)
