@@ -141,6 +141,7 @@ async def per_request_work(policy_file: Path, rounds: int = 20_000) -> float:
     from proxy.addrs import Platform, ProviderAddr, Version
     from proxy.audit import ClientIdentity
     from proxy.gatekeeper import Gatekeeper, load_policy
+    from proxy.policy import ReleaseTime
     from proxy.upstream.providers import VersionInfo
 
     gate = Gatekeeper(load_policy(policy_file))
@@ -153,9 +154,13 @@ async def per_request_work(policy_file: Path, rounds: int = 20_000) -> float:
 
     class Seen:  # no store here: the first-seen times are memo hits on the warm path too
         clock = staticmethod(time.time)
+        changes = 0
 
         async def times(self, addr, wanted) -> dict:
-            return dict.fromkeys(wanted, 0.0)
+            return dict.fromkeys(wanted, ReleaseTime(0.0))
+
+        async def learn(self, addr, version) -> ReleaseTime:
+            return ReleaseTime(0.0)
 
     gate.first_seen = Seen()
     started = time.perf_counter()

@@ -91,7 +91,13 @@ def _add_policy_command(commands) -> None:
     explain.add_argument(
         "--age",
         metavar="DURATION",
-        help="how long ago the version was published or first seen (for min-age rules; default: unknown)",
+        help="how long ago the proxy first saw the version (for min-age rules; default: unknown)",
+    )
+    explain.add_argument(
+        "--published",
+        metavar="DURATION",
+        help="how long ago the upstream says it published the version (registry API, SHA256SUMS Last-Modified); "
+        "the age counts from the later of this and --age, and the output says which decided",
     )
 
 

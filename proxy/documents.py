@@ -45,7 +45,7 @@ from proxy.metrics import Metrics
 from proxy.served_freshness import note_fresh_for
 from proxy.slots import HostSlots
 from proxy.upstream import discovery
-from proxy.upstream.client import UpstreamClient
+from proxy.upstream.client import UpstreamClient, UpstreamResponse
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -352,13 +352,32 @@ class DocumentCache:
 
     async def blob(self, url: URL, max_bytes: int, what: str) -> bytes:
         """An uncached upstream file (SHA256SUMS and its signature), fetched in a metadata slot."""
+        return (await self.dated_blob(url, max_bytes, what))[0]
+
+    async def dated_blob(self, url: URL, max_bytes: int, what: str) -> tuple[bytes, str | None]:
+        """`blob`, and the answer's `Last-Modified` header (None without one)."""
         self.require_online(what)
         async with self._slots.hold(url, self._settings.limits.metadata_timeout, what):
             response = await self._upstream.get(url, max_bytes=max_bytes, accept="*/*")
         if response.status != 200:
             raise UpstreamStatusError(f"upstream answered {response.status} for the {what} at {url.with_query(None)}")
         self._metrics.upstream_fetches.labels("checksums", "200").inc()
-        return response.body
+        return response.body, response.last_modified
+
+    async def optional(self, url: URL, max_bytes: int, what: str) -> UpstreamResponse | None:
+        """An uncached upstream document nothing depends on (a publish date), fetched in a metadata slot: the
+        answer (200, 204, 304, 404 or 410), or None when offline or the upstream failed (never an error)."""
+        if self._settings.upstreams.offline:
+            return None
+        try:
+            async with self._slots.hold(url, self._settings.limits.metadata_timeout, what):
+                response = await self._upstream.get(url, max_bytes=max_bytes)
+        except UpstreamError as exc:
+            self._metrics.upstream_fetches.labels("metadata", "error").inc()
+            log.info("upstream.optional_failed", url=str(url.with_query(None)), what=what, error=exc.message)
+            return None
+        self._metrics.upstream_fetches.labels("metadata", str(response.status)).inc()
+        return response
 
 
 def _read_record(key: str, raw: bytes, kind: type[R]) -> R | None:

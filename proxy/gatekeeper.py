@@ -4,16 +4,13 @@
 the old one), decides with it (`proxy.policy`, pure), refuses with `PolicyDeniedError` (403 naming the rule
 and its reason) and writes every refusal to the audit trail (`proxy.audit`) and the metrics. The order of a
 request: the address alone first (a denied namespace is refused before any upstream request, its version
-list included), then, when a min-age rule may apply, the version list and the first-seen times, then the
+list included), then, when a min-age rule may apply, the version list and the recorded release times, then the
 version and platform. Version lists are filtered (`filter`), so a constraint resolves to the newest allowed
 version; the filtered list is the same object while the list, the policy and the held-back times are.
 
-First-seen times (`FirstSeen`) are the publish times the min-age rules go by: the upstream protocols give
-none, so the first time any replica saw a version in its upstream's list is recorded, sealed in the metadata
-store (Redis for a fleet, so replicas agree: written once for the fleet under its lock). The versions of a
-list the proxy had never seen before count as seen long ago (the proxy cannot tell how old they are, and
-holding back every version of every provider for the min-age after the first start would stop every
-installation); versions that appear in a later refresh of the list are held back from then on.
+The min-age rules go by the times of `proxy.release_times.FirstSeen`: when any replica first saw a version,
+and the upstream's publish time where it gives one, the later of the two. Lists use what is recorded; a
+version a client asks for, whose age decides, has its publish time asked for (once for the fleet) first.
 """
 
 from __future__ import annotations
@@ -29,17 +26,27 @@ import structlog
 
 from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.audit import AuditLog, ClientIdentity
-from proxy.cache import MetadataStore, decode_record, encode_record, keys
-from proxy.errors import PolicyDeniedError, PolicyHeldBackError
-from proxy.flights import Flights
+from proxy.errors import PolicyDeniedError, PolicyHeldBackError, StoreUnavailableError
 from proxy.memo import Memo
 from proxy.metrics import Metrics
-from proxy.policy import MODULE, PROVIDER, Decision, Filtered, Policy, PolicyError, Scopes, Subject, parse_policy
+from proxy.policy import (
+    MODULE,
+    PROVIDER,
+    Decision,
+    Filtered,
+    Policy,
+    PolicyError,
+    ReleaseTime,
+    Scopes,
+    Subject,
+    parse_policy,
+)
+from proxy.release_times import FirstSeen
 from proxy.upstream.providers import VersionInfo
+from proxy.upstream.published import LAST_MODIFIED, parse_last_modified
 
 log = structlog.get_logger(__name__)
 Address = ProviderAddr | ModuleAddr
-BASELINE = 0.0  # first-seen time of the versions of a list seen for the first time: long ago
 _FOREVER = float("inf")
 _FACTS_PER_ADDRESS = 4096
 
@@ -51,10 +58,12 @@ class _AddressFacts:
     policy: Policy
     decision: Decision | None  # about every version at once (None: it depends on the version)
     ages: bool  # a min-age rule may decide about some version
-    versions: dict[tuple[Version, str | None], tuple[object, Decision]] = field(default_factory=dict)
+    # decisions per (version, platform): (the version list object, the decision, `Gatekeeper.stamp`)
+    versions: dict[tuple[Version, str | None], tuple[object, Decision, int]] = field(default_factory=dict)
     platforms: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
-    # `:version.json` answers allowed outright: version → (the version list object, the platforms allowed)
-    documents: dict[Version, tuple[object, frozenset[Platform] | None]] = field(default_factory=dict)
+    # `:version.json` answers allowed outright: version → (the version list object, the platforms allowed,
+    # `Gatekeeper.stamp`)
+    documents: dict[Version, tuple[object, frozenset[Platform] | None, int]] = field(default_factory=dict)
 
     @staticmethod
     def remember(memo: dict, key: object, value: object) -> None:
@@ -82,60 +91,6 @@ def artifact_of(subject: Subject) -> dict:
     return found
 
 
-class FirstSeen:
-    """When each version of a provider or module was first seen by any replica, sealed in the metadata store."""
-
-    def __init__(self, store: MetadataStore, flights: Flights, clock: Callable[[], float]) -> None:
-        self._store = store
-        self._flights = flights
-        self.clock = clock
-        self._known: Memo[str, dict[Version, float]] = Memo()
-
-    async def times(self, addr: Address, versions: Iterable[Version]) -> dict[Version, float]:
-        """The first-seen time of every one of `versions` (recording now for those never seen before)."""
-        wanted = frozenset(versions)
-        key = keys.first_seen(addr)
-        known = self._known.get(key)
-        if known is not None and wanted <= known.keys():
-            return known
-
-        async def recheck() -> dict[Version, float] | None:
-            stored = await self._read(key)
-            return stored if stored is not None and wanted <= stored.keys() else None
-
-        async def record() -> dict[Version, float]:
-            stored = await self._read(key)
-            now = self.clock()
-            merged = dict(stored) if stored is not None else {}
-            for version in wanted - merged.keys():
-                merged[version] = now if stored is not None else BASELINE
-            await self._store.set(key, encode_record({"v": 1, "seen": {str(v): t for v, t in merged.items()}}))
-            return merged
-
-        found = await recheck() or await self._flights.once_for_the_fleet(key, recheck, record)
-        self._known.put(key, found)
-        return found
-
-    async def _read(self, key: str) -> dict[Version, float] | None:
-        return read_first_seen(await self._store.get(key))
-
-
-def read_first_seen(raw: bytes | None) -> dict[Version, float] | None:
-    """A stored first-seen record (None: missing or unreadable)."""
-    data = decode_record(raw)
-    if data is None or data.get("v") != 1 or not isinstance(data.get("seen"), dict):
-        return None
-    try:
-        return {Version.parse(text): float(when) for text, when in data["seen"].items()}
-    except (ValueError, TypeError):
-        return None
-
-
-def first_seen_in(raw: bytes | None, version: Version) -> float:
-    """When `version` was first seen by the record `raw` (a version without one: long ago, `BASELINE`)."""
-    return (read_first_seen(raw) or {}).get(version, BASELINE)
-
-
 class Gatekeeper:
     """The policy in force, its decisions, and the audit trail of them."""
 
@@ -155,7 +110,7 @@ class Gatekeeper:
         self.audit = audit or AuditLog()
         self.metrics = metrics
         self.clock = clock
-        self._filtered: Memo[tuple, tuple[object, Policy, Filtered]] = Memo()
+        self._filtered: Memo[tuple, tuple[object, Policy, Filtered, int]] = Memo()
         # Decisions per address and client key, then per version and platform: reused while the policy and
         # their source (the version list, the offered platforms) are the same objects. Precompiled rules are
         # cheap, but 50 of them per request are not free on the warm path (bench/policy.py).
@@ -239,15 +194,20 @@ class Gatekeeper:
         memo_key = (addr, self.client_key(client))
         known = self._filtered.get(memo_key)
         now = self.clock()
-        if known is not None and known[0] is source and known[1] is policy and now < known[2].valid_until:
+        stamp = self.stamp
+        if (
+            known is not None
+            and known[0] is source
+            and known[1] is policy
+            and known[3] == stamp
+            and now < known[2].valid_until
+        ):
             return known[2]
         versions = list(versions)
-        published = await self._published(policy, addr, versions, client)
+        times = await self._times(policy, addr, versions, client)
         allowed, withheld, until = set(), [], _FOREVER
         for version in versions:
-            decision = policy.decide(
-                subject_of(addr, version), client.name, scopes=client.scopes, published=published.get(version), now=now
-            )
+            decision = _decide(policy, subject_of(addr, version), client, times.get(version), now)
             if decision.allowed or not decision.enforced:
                 allowed.add(version)
             else:
@@ -256,7 +216,7 @@ class Gatekeeper:
                     until = min(until, decision.until)
         withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
         filtered = Filtered(frozenset(allowed), tuple(withheld), until)
-        self._filtered.put(memo_key, (source, policy, filtered))
+        self._filtered.put(memo_key, (source, policy, filtered, stamp))
         for version, decision in withheld:  # recorded when a list is filtered anew, not on every request
             self.audit.withheld(
                 artifact_of(subject_of(addr, version)), client, rule=decision.rule, reason=decision.reason
@@ -282,21 +242,29 @@ class Gatekeeper:
         facts = self._admitted_facts(policy, addr, client)
         source = await listed() if facts.ages else None  # the same object while the list is unchanged
         now = self.clock()
+        stamp = self.stamp
         known = facts.versions.get((version, platform))
-        if known is not None and known[0] is source and (known[1].until is None or now < known[1].until):
+        if (
+            known is not None
+            and known[0] is source
+            and known[2] == stamp
+            and (known[1].until is None or now < known[1].until)
+        ):
             decision = known[1]  # a held-back version is decided again once its time has come
         else:
-            published: dict[Version, float] = {}
+            subject = subject_of(addr, version, platform)
+            time_of: ReleaseTime | None = None
             if source is not None:
                 versions = list(source)
                 if version not in versions:
                     return None  # not in the upstream's list: the service answers 404
-                published = await self._published(policy, addr, versions, client)
-            subject = subject_of(addr, version, platform)
-            decision = policy.decide(
-                subject, client.name, scopes=client.scopes, published=published.get(version), now=now
-            )
-            facts.remember(facts.versions, (version, platform), (source, decision))
+                time_of = (await self._times(policy, addr, versions, client)).get(version)
+            decision = _decide(policy, subject, client, time_of, now)
+            if time_of is not None and self._age_decides(policy, subject, client, decision, now):
+                time_of = await self.first_seen.learn(addr, version)  # asks for the publish time once
+                decision = _decide(policy, subject, client, time_of, now)
+                stamp = self.stamp
+            facts.remember(facts.versions, (version, platform), (source, decision, stamp))
         if not decision.allowed:
             self._refuse(subject_of(addr, version, platform), client, decision)
         return decision
@@ -319,14 +287,14 @@ class Gatekeeper:
         known = facts.documents.get(version)
         if known is not None:
             source = await listed()
-            if known[0] is source:
+            if known[0] is source and known[2] == self.stamp:
                 return known[1]
         decision = await self.check(addr, version, None, client, listed)
         source = await listed()
         info = source.get(version)
         only = None if info is None else self.platforms(addr, version, info.platforms, client)
         if decision is None or decision.allowed:  # a would-be denial (warn mode) is recorded every time
-            facts.remember(facts.documents, version, (source, only))
+            facts.remember(facts.documents, version, (source, only, self.stamp))
         return only
 
     def platforms(
@@ -353,12 +321,39 @@ class Gatekeeper:
         facts.remember(facts.platforms, version, (source, result))
         return result
 
-    async def _published(
+    async def _times(
         self, policy: Policy, addr: Address, versions: list[Version], client: ClientIdentity
-    ) -> dict[Version, float]:
+    ) -> Mapping[Version, ReleaseTime]:
         if self.first_seen is None or not policy.needs_age(subject_of(addr), client.name, client.scopes):
             return {}
         return await self.first_seen.times(addr, versions)
+
+    @property
+    def stamp(self) -> int:
+        """Changes when this process learns a publish time: decisions remembered before are made again (a handler
+        whose fetch learned one, a SHA256SUMS's `Last-Modified`, decides again before answering)."""
+        return 0 if self.first_seen is None else self.first_seen.changes
+
+    def _age_decides(
+        self, policy: Policy, subject: Subject, client: ClientIdentity, decision: Decision, now: float
+    ) -> bool:
+        """Whether a publish time could hold back a version its known times let through: asked for only then
+        (a version denied, held back or in warn mode would-be denied already costs no request)."""
+        if not decision.allowed or self.first_seen is None:
+            return False
+        youngest = policy.decide(subject, client.name, scopes=client.scopes, published=now, now=now)
+        return youngest.until is not None
+
+    async def dated(self, addr: ProviderAddr, version: Version, last_modified: str) -> None:
+        """A release's SHA256SUMS was fetched with this `Last-Modified`: a publish time, recorded when a min-age
+        rule may need it (`Mirror.on_dated`)."""
+        policy, when = self.policy, parse_last_modified(last_modified)
+        if policy is None or not policy.ages or when is None or self.first_seen is None:
+            return
+        try:
+            await self.first_seen.note_published(addr, version, when, LAST_MODIFIED)
+        except StoreUnavailableError as exc:  # the SHA256SUMS fetched is not failed by it
+            log.warning("policy.publish_time_not_recorded", artifact=f"{addr} {version}", error=exc.message)
 
     def _refuse(self, subject: Subject, client: ClientIdentity, decision: Decision) -> None:
         """Record the denial (or would-be denial), and raise it unless in warn mode."""
@@ -378,7 +373,7 @@ class Gatekeeper:
             return
         message = f"{subject.kind} {subject} is denied by policy rule {decision.rule}: {decision.reason}"
         if decision.until is not None:
-            available = datetime.fromtimestamp(decision.until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            available = _timestamp(decision.until)
             raise PolicyHeldBackError(message, rule=decision.rule, reason=decision.reason, available_at=available)
         raise PolicyDeniedError(message, rule=decision.rule, reason=decision.reason)
 
@@ -391,12 +386,45 @@ class Gatekeeper:
         self.audit.served(artifact_of(subject_of(addr, version, platform)), client)
 
 
+def _age_text(seconds: float) -> str:
+    """An age in days, hours and minutes (`3d 4h 12m`; a long one: from the epoch when nothing was known)."""
+    minutes = max(0, int(seconds // 60))
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    return " ".join(f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if n) or "0m"
+
+
+def _timestamp(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _decide(
+    policy: Policy, subject: Subject, client: ClientIdentity, time_of: ReleaseTime | None, now: float
+) -> Decision:
+    """`policy.decide` with what the version's age counts from (None: not known)."""
+    if time_of is None:
+        return policy.decide(subject, client.name, scopes=client.scopes, now=now)
+    return policy.decide(
+        subject,
+        client.name,
+        scopes=client.scopes,
+        published=time_of.counted_from,
+        now=now,
+        age_source=time_of.decided_by,
+    )
+
+
 def explain(
-    policy: Policy, subject: Subject, client: str, published: float | None, now: float, scopes: Scopes = ()
+    policy: Policy, subject: Subject, client: str, released: ReleaseTime | None, now: float, scopes: Scopes = ()
 ) -> list[str]:
     """Which rule decides about `subject` for `client` with `scopes` and why, one line each (`registry-proxy
-    policy explain`)."""
+    policy explain`); `released`: what the version's age counts from (None: not known)."""
     lines = []
+    if subject.version is not None and policy.needs_age(subject, client, scopes):
+        if released is None:
+            lines.append("age: not known (give --age or --published): a min-age rule holds the version back")
+        else:
+            counted = released.counted_from
+            lines.append(f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})")
     for index, rule in enumerate(policy.rules, 1):
         selects = rule.selects(subject, client, scopes)
         if selects is False:
@@ -420,7 +448,14 @@ def explain(
             lines.append("decision: depends on the version (give ADDRESS@VERSION)")
             return lines
     else:
-        decision = policy.decide(subject, client, scopes=scopes, published=published, now=now)
+        decision = policy.decide(
+            subject,
+            client,
+            scopes=scopes,
+            published=None if released is None else released.counted_from,
+            now=now,
+            age_source="" if released is None else released.decided_by,
+        )
     verdict = "allow" if decision.allowed else "deny"
     warn = "" if decision.enforced else " (warn mode: not enforced)"
     lines.append(f"decision: {verdict} by {decision.rule}: {decision.reason}{warn}")

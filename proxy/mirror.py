@@ -16,7 +16,7 @@ nothing it was made from changed) and the hashes of `/lock/v1`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -192,6 +192,10 @@ class Mirror:
         return downloads, result
 
     # ---- archives ---------------------------------------------------------------------------
+
+    def on_dated(self, note: Callable[[ProviderAddr, Version, str], Awaitable[None]]) -> None:
+        """Tell `note` the `Last-Modified` of each release's SHA256SUMS fetched (the policy's publish times)."""
+        self._sums.on_dated = note
 
     def on_fetched(self, note: Callable[[ProviderAddr, Version, str | None], None]) -> None:
         """Call `note` whenever an archive is fetched from its upstream (the audit trail)."""

@@ -63,6 +63,8 @@ _GLOB_PART = re.compile(r"^[A-Za-z0-9._:*?-]+\Z")
 _PLATFORM = re.compile(r"^[a-z0-9]+_[a-z0-9]+\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 DEFAULT_RULE = "default"
+FIRST_LISTING = 0.0  # the first-seen time of the versions listed when the proxy first saw their provider: long ago
+FIRST_SEEN = "the time the proxy first saw it"
 Scopes = tuple[str, ...]  # a client's scope texts, `HOST/NAMESPACE` (`proxy.auth.Scope.texts`)
 
 
@@ -106,6 +108,39 @@ class Decision:
         if self.allowed:
             return "allow"
         return "deny" if self.enforced else "would-deny"
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseTime:
+    """What a version's age is counted from: when any replica first saw it (`FIRST_LISTING`: in the list the
+    proxy first saw, so not known) and the upstream's publish time when it gives one, with its source.
+
+    The later of the two counts: min-age holds back what is new, and an upstream can make a version look
+    older than it is (a wrong or forged date, a version added to a list long after its date) but no upstream
+    makes the proxy see it sooner. A publish time in the future is not believed beyond the moment the proxy
+    learned it (`believed`)."""
+
+    first_seen: float
+    published: float | None = None
+    source: str = ""
+
+    @property
+    def counted_from(self) -> float:
+        return self.first_seen if self.published is None else max(self.first_seen, self.published)
+
+    @property
+    def decided_by(self) -> str:
+        """Which source the age is counted from."""
+        if self.published is not None and self.published >= self.first_seen:
+            return self.source
+        if self.first_seen == FIRST_LISTING:
+            return "its listing when the proxy first saw the provider or module (counts as old; no publish date)"
+        return FIRST_SEEN
+
+
+def believed(published: float, learned_at: float) -> float:
+    """A publish time as the proxy takes it: never later than when the proxy learned it."""
+    return min(published, learned_at)
 
 
 @dataclass(frozen=True)
@@ -194,9 +229,11 @@ class Policy:
         scopes: Scopes = (),
         published: float | None = None,
         now: float = 0,
+        age_source: str = "",
     ) -> Decision:
         """The decision for `subject` (with its version) asked for by `client` (with `scopes`); `published`: when
-        the version was published (or first seen), for min-age rules (None: unknown, held back)."""
+        the version was published (or first seen), for min-age rules (None: unknown, held back); `age_source`:
+        where that time comes from (`ReleaseTime.decided_by`), named in the reason of a held-back version."""
         for rule in self.rules:
             if not rule.selects(subject, client, scopes):
                 continue
@@ -210,8 +247,10 @@ class Policy:
                     return self._decision(False, rule.name, rule.reason or "its publish time is not known yet")
                 until = published + rule.min_age
                 if now < until:
+                    counted = f" (age counted from: {age_source})" if age_source else ""
                     reason = (
-                        f"{subject.version} is younger than {rule.min_age_text}; available from {_timestamp(until)}"
+                        f"{subject.version} is younger than {rule.min_age_text}{counted};"
+                        f" available from {_timestamp(until)}"
                     )
                     return self._decision(
                         False, rule.name, reason + (f" ({rule.reason})" if rule.reason else ""), until

@@ -11,6 +11,7 @@ never shares a record with a private one.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -53,6 +54,8 @@ class ReleaseSums:
         self._chain = chain
         self._space = space
         self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
+        # Told the SHA256SUMS's Last-Modified (a publish time for the policy's min-age) when one is fetched.
+        self.on_dated: Callable[[ProviderAddr, Version, str], Awaitable[None]] | None = None
 
     def key(self, addr: ProviderAddr, d: DownloadInfo) -> str:
         """The metadata-store key of the release's record (`sums_key`)."""
@@ -91,8 +94,8 @@ class ReleaseSums:
     async def _fetch(self, key: str, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
         limit = self._settings.limits.max_metadata_bytes
         # The keys are imported while the documents they verify arrive (a gpg process less to wait for).
-        document, signature, _ = await asyncio.gather(
-            self._documents.blob(d.shasums_url, limit, "SHA256SUMS"),
+        (document, last_modified), signature, _ = await asyncio.gather(
+            self._documents.dated_blob(d.shasums_url, limit, "SHA256SUMS"),
             self._documents.blob(d.shasums_signature_url, limit, "SHA256SUMS signature"),
             asyncio.to_thread(self._keyring.import_quietly, list(d.signing_keys)),
         )
@@ -104,6 +107,8 @@ class ReleaseSums:
             raise self._space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
         record = self._chain.sums_record(sums, document, signature)
         await self._documents.put_record(key, record)
+        if self.on_dated is not None and last_modified is not None:
+            await self.on_dated(addr, version, last_modified)
         if sums.unsigned:  # admitted by --unsigned-providers; the signature is kept as sent, for the clients
             log.info(
                 "verify.signature_skipped",

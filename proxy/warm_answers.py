@@ -10,7 +10,8 @@ the policy in force and the client's facets that policy judges), and reused only
 - while this process's metadata store front has not changed since (`generation`: any write or purge here
   drops every reuse at once, so this process sees its own new archives and records at once; a write by another
   worker or replica is seen within `HOLD`);
-- while the policy in force is the very object it was made under (a reload makes another).
+- while the policy in force is the very object it was made under (a reload makes another) and the process has
+  learned no publish time since (`proxy.gatekeeper.Gatekeeper.stamp`: decisions may change with one).
 
 Refusals are never kept (only answers that were made are), access control runs before every request, and a
 purge empties this memo with every other (`proxy.memo.forget_all`). The remaining freshness of a reused answer
@@ -39,6 +40,7 @@ class _Kept:
     reuse_until: float
     generation: int
     policy: object
+    stamp: int  # the gatekeeper's stamp it was decided at
     valid_until: float  # the policy's decisions in it hold until then (the policy's clock)
 
 
@@ -59,9 +61,11 @@ class WarmAnswers:
         self._kept: Memo[Hashable, _Kept] = Memo(limit)
         self.reused = 0  # answers reused so far: for tests and profiling
 
-    def get(self, key: Hashable, policy: object = None, policy_now: float = 0.0) -> tuple[Rendered, float] | None:
+    def get(
+        self, key: Hashable, policy: object = None, policy_now: float = 0.0, stamp: int = 0
+    ) -> tuple[Rendered, float] | None:
         """The answer kept under `key` and the seconds it stays fresh, if it may be reused now under `policy` (whose
-        clock says `policy_now`)."""
+        clock says `policy_now`, at the gatekeeper's `stamp`)."""
         kept = self._kept.get(key)
         if kept is None:
             return None
@@ -69,6 +73,7 @@ class WarmAnswers:
         if (
             now >= kept.reuse_until
             or kept.policy is not policy
+            or kept.stamp != stamp
             or policy_now >= kept.valid_until
             or kept.generation != self._generation()
         ):
@@ -89,16 +94,18 @@ class WarmAnswers:
         mark: int,
         policy: object = None,
         valid_until: float = math.inf,
+        stamp: int = 0,
     ) -> None:
         """Keep an answer just made from what the store front held at `mark`, fresh for `fresh_for` more seconds
         (None: it read no cached document, and is not kept), decided by `policy` until `valid_until` (the policy's
-        clock). A write since `mark` (the answer may predate it) makes it unusable at once."""
+        clock) at the gatekeeper's `stamp` (taken before it was made, as `mark`). A write since `mark` (the answer
+        may predate it) makes it unusable at once."""
         if fresh_for is None or fresh_for <= 0 or self._hold <= 0:
             return
         now = self._clock()
         fresh_until = now + fresh_for
         reuse_until = min(now + self._hold, fresh_until)
-        self._kept.put(key, _Kept(rendered, fresh_until, reuse_until, mark, policy, valid_until))
+        self._kept.put(key, _Kept(rendered, fresh_until, reuse_until, mark, policy, stamp, valid_until))
 
     def __len__(self) -> int:
         return len(self._kept)

@@ -42,12 +42,13 @@ from proxy.addrs import AddressError, ModuleAddr, ProviderAddr, Version
 from proxy.cache import CacheEntry, MetadataStore, keys
 from proxy.commands import CommandError
 from proxy.errors import ProxyError
-from proxy.gatekeeper import first_seen_in, subject_of
+from proxy.gatekeeper import subject_of
 from proxy.gpg import Keyring
 from proxy.inventory import download_info, provider_of, release_sums_key
 from proxy.packing import ArchiveError, check_archive
 from proxy.policy import Policy
 from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
+from proxy.release_times import release_time_in
 from proxy.safejson import JSONDocumentError
 from proxy.safejson import loads as load_json
 from proxy.storage import ArchiveStore
@@ -169,12 +170,17 @@ async def export_bundle(
 def _denied(
     policy: Policy | None, addr: ProviderAddr | ModuleAddr, version: Version, platform: str | None, values: dict
 ) -> str | None:
-    """Why `policy` denies the artifact (rule: reason), or None. Its age: the fleet's first-seen time (an artifact
-    cached before any was recorded counts as old, as in the proxy)."""
+    """Why `policy` denies the artifact (rule: reason), or None. Its age: from the fleet's first-seen and publish
+    times (an artifact cached before any was recorded counts as old, as in the proxy)."""
     if policy is None:
         return None
-    published = first_seen_in(values.get(keys.first_seen(addr)), version)
-    decision = policy.decide(subject_of(addr, version, platform), published=published, now=time.time())
+    released = release_time_in(values.get(keys.first_seen(addr)), version)
+    decision = policy.decide(
+        subject_of(addr, version, platform),
+        published=released.counted_from,
+        now=time.time(),
+        age_source=released.decided_by,
+    )
     return None if not decision.denied else f"denied by policy rule {decision.rule}: {decision.reason}"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.config import ConfigError
 from proxy.gatekeeper import explain, load_policy, subject_of
-from proxy.policy import Policy, PolicyError, describe
+from proxy.policy import FIRST_LISTING, Policy, PolicyError, ReleaseTime, describe
 from proxy.values import parse_duration
 
 
@@ -37,14 +37,25 @@ def run(args: argparse.Namespace) -> int:
     except AddressError as exc:
         raise ConfigError(str(exc)) from None
     now = time.time()
-    published = now - parse_duration(args.age) if args.age else None
     subject = subject_of(addr, version, platform)
     scopes = tuple(args.scope or ())
     asker = args.client + (f" (scopes {', '.join(scopes)})" if scopes else "")
     print(f"{subject.kind} {subject} asked for by {asker}, policy {args.policy_path} ({policy.mode} mode):")
-    for line in explain(policy, subject, args.client, published, now, scopes):
+    for line in explain(policy, subject, args.client, _released(args, now), now, scopes):
         print(f"  {line}")
     return 0
+
+
+def _released(args: argparse.Namespace, now: float) -> ReleaseTime | None:
+    """What the version's age counts from, as given: first seen `--age` ago, published `--published` ago."""
+    if not args.age and not args.published:
+        return None
+    try:
+        first_seen = now - parse_duration(args.age) if args.age else FIRST_LISTING
+        published = now - parse_duration(args.published) if args.published else None
+    except ValueError as exc:
+        raise ConfigError(f"--age/--published: {exc}") from None
+    return ReleaseTime(first_seen, published, "the upstream's publish time given with --published")
 
 
 def _load(path: str) -> Policy:

@@ -59,6 +59,7 @@ class UpstreamResponse:
     content_type: str
     etag: str | None
     terraform_get: str | None = None
+    last_modified: str | None = None
 
 
 Sink = Callable[[bytes], Awaitable[None]]
@@ -146,6 +147,7 @@ class UpstreamClient:
                 response.content_type,
                 response.headers.get("ETag"),
                 response.headers.get("X-Terraform-Get"),
+                response.headers.get("Last-Modified"),
             )
 
         return await self._with_retries(url, headers, read, max_redirects)

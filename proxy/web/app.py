@@ -25,13 +25,14 @@ from proxy.config import Settings
 from proxy.documents import DocumentCache
 from proxy.downloader import Downloader
 from proxy.flights import Flights
-from proxy.gatekeeper import FirstSeen, Gatekeeper, load_policy
+from proxy.gatekeeper import Gatekeeper, load_policy
 from proxy.gpg import Keyring
 from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
 from proxy.oidc import IssuerKeys, OidcAuthenticator
+from proxy.release_times import FirstSeen, PublishDates
 from proxy.rendered import RenderedDocuments
 from proxy.singleflight import FleetLocks
 from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
@@ -51,6 +52,7 @@ from proxy.web.keys import (
     METRICS,
     MIRROR,
     MODULES,
+    PUBLISH_DATES,
     RENDERED,
     SERVED,
     SETTINGS,
@@ -180,8 +182,9 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
     path = settings.policy.policy_file
     policy = await asyncio.to_thread(load_policy, path) if path is not None else None
     audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
-    first_seen = FirstSeen(app[METADATA_BACKEND], app[FLIGHTS], time.time)
+    first_seen = FirstSeen(app[METADATA_BACKEND], app[FLIGHTS], time.time, app[PUBLISH_DATES])
     gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
+    app[MIRROR].on_dated(gate.dated)
     if audit.enabled:
         app[MIRROR].on_fetched(gate.fetched)
         app[MODULES].on_fetched = gate.fetched
@@ -267,6 +270,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
     # Reused answers are judged by the clock the documents' freshness is (`documents.clock`, looked up each time).
     app[WARM_ANSWERS] = WarmAnswers(app[MEMORY_FRONT].generation, clock=lambda: documents.clock())
+    app[PUBLISH_DATES] = PublishDates(settings, documents)
     downloader = app[DOWNLOADER] = Downloader(settings, upstream, store, guard, space, metrics)
     try:
         app[MIRROR] = Mirror(

@@ -12,6 +12,7 @@ from proxy.inventory import InventoryReader
 from proxy.metrics import Metrics
 from proxy.mirror import Mirror
 from proxy.module_mirror import ModuleMirror
+from proxy.release_times import PublishDates
 from proxy.rendered import RenderedDocuments
 from proxy.storage import ArchiveGuard, ServedArchives
 from proxy.warm_answers import WarmAnswers
@@ -27,4 +28,5 @@ SERVED = web.AppKey("served", ServedArchives)
 CATALOG = web.AppKey("catalog", Catalog)
 MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
+PUBLISH_DATES = web.AppKey("publish_dates", PublishDates)
 WARM_ANSWERS = web.AppKey("warm_answers", WarmAnswers)

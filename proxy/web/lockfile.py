@@ -30,11 +30,20 @@ async def lock_hashes(request: web.Request) -> web.Response:
     platforms = list(dict.fromkeys(Platform.parse(p) for p in requested))
     mirror = request.app[MIRROR]
     gate = gatekeeper(request)
-    if gate is not None:  # `registry-proxy lock` obeys the policy: a denied version or platform is refused
+
+    async def check() -> int:
+        """`registry-proxy lock` obeys the policy: a denied version or platform is refused."""
+        if gate is None:
+            return 0
         client = client_identity(request)
         for platform in platforms or [None]:
             await gate.check(addr, version, platform and str(platform), client, lambda: mirror.provider_versions(addr))
+        return gate.stamp
+
+    stamp = await check()
     result = await mirror.lock_hashes(addr, version, platforms)
+    if gate is not None and gate.stamp != stamp:  # a publish time learned on the way (its SHA256SUMS's date)
+        await check()
     return json_response(
         {
             "provider": str(addr),

@@ -56,8 +56,8 @@ async def json_document(request: web.Request) -> web.Response:
     )
     app = request.app
     warm = app[WARM_ANSWERS]
-    policy_now = gate.clock() if gate is not None else 0.0
-    if reusable and (kept := warm.get(key, policy, policy_now)) is not None:
+    policy_now, stamp = (gate.clock(), gate.stamp) if gate is not None else (0.0, 0)
+    if reusable and (kept := warm.get(key, policy, policy_now, stamp)) is not None:
         rendered, fresh_for = kept
         note_fresh_for(fresh_for)
         app[MIRROR].count_reused()
@@ -65,7 +65,7 @@ async def json_document(request: web.Request) -> web.Response:
     mark = warm.mark()
     rendered, valid_until = await _render(request, _addr(request), name, gate, client, signer)
     if reusable:
-        warm.put(key, rendered, request_fresh_for(), mark, policy, valid_until)
+        warm.put(key, rendered, request_fresh_for(), mark, policy, valid_until, stamp)
     return rendered_response(request, rendered)
 
 
@@ -90,10 +90,13 @@ async def _render(
         valid_until = math.inf if filtered is None else filtered.valid_until
         return rendered.json(key, filtered, lambda f: _index_document(f.allowed)), valid_until
     version = Version.parse(name.removesuffix(".json"))
-    only = None
+    only, stamp = None, 0
     if gate is not None and client is not None:
         only = await gate.version_platforms(addr, version, client, lambda: mirror.provider_versions(addr))
+        stamp = gate.stamp
     archives = await mirror.version_archives(addr, version, only)
+    if gate is not None and client is not None and gate.stamp != stamp:  # a publish time learned on the way
+        await gate.version_platforms(addr, version, client, lambda: mirror.provider_versions(addr))
     answer = rendered.json(
         ("version.json", addr, version, signer and signer.key, only),
         archives,

@@ -110,7 +110,11 @@ async def provider_download(request: web.Request) -> web.Response:
 async def provider_shasums(request: web.Request) -> web.Response:
     addr, version, platform = _provider(request), Version.parse(request.match_info["version"]), _platform(request)
     await _provider_allowed(request, addr, version, platform)
+    gate = gatekeeper(request)
+    stamp = gate.stamp if gate is not None else 0
     sums, signature = await request.app[MIRROR].signed_sums(addr, version, platform)
+    if gate is not None and gate.stamp != stamp:  # a publish time learned on the way (its Last-Modified)
+        await _provider_allowed(request, addr, version, platform)
     if request.match_info["file"] == "SHA256SUMS":
         return web.Response(body=sums, headers={"Content-Type": "text/plain; charset=utf-8"})
     if request.match_info["file"] == "SHA256SUMS.sig":

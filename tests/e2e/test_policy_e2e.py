@@ -1,11 +1,13 @@
 """`terraform init` through a proxy with a policy: constraints resolve to allowed versions (network mirror and
 host blocks), denials show their reason in terraform's output (host blocks) or are refused and findable in
-the audit trail (network mirror), and the upstream never sees a request for anything denied."""
+the audit trail (network mirror), and the upstream never sees a request for anything denied; a min-age hold by
+the registry API's publish time (a real clock: the fake registry dates a version an hour ago)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
@@ -105,3 +107,35 @@ async def test_mirror_mode_refuses_a_denied_version_and_the_audit_trail_says_why
         ("1.1.0", "withheld", "foo-known-bad", "breaks IAM policies")
     }
     assert all(re.fullmatch(r"[0-9a-f]+", e["request_id"]) for e in denials)
+
+
+@pytest.fixture
+async def cooldown_proxy(proxy_process, tmp_path, registry):
+    """A proxy with a 72h cooldown, before the registry API says foo 1.1.0 was published an hour ago."""
+    an_hour_ago = time.gmtime(time.time() - 3600)
+    registry.published_at[("acme", "foo", "1.1.0")] = time.strftime("%Y-%m-%dT%H:%M:%SZ", an_hour_ago)
+    path = tmp_path / "policy.toml"
+    path.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
+    return await proxy_process("--policy", str(path))
+
+
+async def test_registry_mode_shows_a_hold_by_the_registry_apis_publish_time(registry, cooldown_proxy, terraform):
+    config = host_config(cooldown_proxy)
+    code, output = await terraform.init(terraform.workdir("w", provider_tf("~> 1.0")), config, cooldown_proxy.ca_file)
+    assert code != 0  # the list did not know the date yet: terraform chose 1.1.0, and is told why it may not
+    assert "cooldown: 1.1.0 is younger than 72h (age counted from: the registry API's published_at)" in said(output)
+    assert upstream_saw(registry, "/v1/providers/acme/foo/1.1.0") == ["/v1/providers/acme/foo/1.1.0"]
+    assert not [path for path in upstream_saw(registry, "1.1.0") if "/files/" in path]  # nothing of it fetched
+
+
+async def test_mirror_mode_lists_leave_out_a_version_once_its_publish_time_is_known(
+    registry, cooldown_proxy, terraform
+):
+    config = mirror_config(cooldown_proxy)
+    workdir = terraform.workdir("w", provider_tf("~> 1.0"))
+    code, output = await terraform.init(workdir, config, cooldown_proxy.ca_file)
+    assert code != 0 and "- Installed" not in output  # 1.1.0 chosen from the list, then refused
+    code, output = await terraform.init(workdir, config, cooldown_proxy.ca_file)
+    assert code == 0 and f"- Installed {REGISTRY_HOST}/acme/foo v1.0.0" in output, output
+    assert upstream_saw(registry, "/v1/providers/acme/foo/1.1.0") == ["/v1/providers/acme/foo/1.1.0"]
+    assert not [path for path in upstream_saw(registry, "1.1.0") if "/files/" in path]

@@ -1,7 +1,9 @@
 """A fake upstream registry that speaks the real protocols over HTTPS.
 
 Serves discovery, `providers.v1` (versions, download metadata) and the release files
-(archives, SHA256SUMS, signatures) with real GPG signatures; records every request; and
+(archives, SHA256SUMS, signatures) with real GPG signatures, and the public registry's
+per-version documents (`published_at`) and a SHA256SUMS `Last-Modified` where a test sets
+them; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
 archives held after their headers until the test releases them, archives without a
@@ -83,6 +85,11 @@ class FakeRegistry:
         self.static: dict[str, bytes] = {}
         self.git_root: Path | None = None
         self.require_token: str | None = None
+        # The public registry's per-version documents (`GET /v1/providers/NS/TYPE/VERSION`, `GET
+        # /v1/modules/NS/NAME/SYSTEM/VERSION`): their `published_at` by (NS, TYPE, VERSION) or (NS, NAME, SYSTEM,
+        # VERSION); a listed version without one answers a document without a date.
+        self.published_at: dict[tuple[str, ...], str] = {}
+        self.sums_last_modified: dict[tuple[str, str, str], str] = {}  # (NS, TYPE, VERSION) -> Last-Modified
         self.authorizations: list[tuple[str, str | None]] = []  # (path, Authorization header) per request
         self._runner: web.AppRunner | None = None
 
@@ -118,9 +125,11 @@ class FakeRegistry:
         app = web.Application(middlewares=[self._record_and_fault])
         app.router.add_get("/.well-known/terraform.json", self._discovery)
         app.router.add_get("/v1/providers/{ns}/{type}/versions", self._versions)
+        app.router.add_get("/v1/providers/{ns}/{type}/{version}", self._provider_version)
         app.router.add_get("/v1/providers/{ns}/{type}/{version}/download/{os}/{arch}", self._download)
         app.router.add_get("/files/{ns}/{type}/{version}/{name}", self._file)
         app.router.add_get("/v1/modules/{ns}/{name}/{system}/versions", self._module_versions)
+        app.router.add_get("/v1/modules/{ns}/{name}/{system}/{version}", self._module_version)
         app.router.add_get("/v1/modules/{ns}/{name}/{system}/{version}/download", self._module_download)
         app.router.add_get("/static/{path:.+}", self._static)
         app.router.add_get("/git/{path:.+}", self._git)
@@ -198,6 +207,27 @@ class FakeRegistry:
             }
         )
 
+    def _version_document(self, request: web.Request, listed: bool, *address: str) -> web.Response:
+        """A per-version document of the public registry's API (not part of providers.v1 or modules.v1)."""
+        if not listed:
+            raise web.HTTPNotFound(text='{"errors":["Not Found"]}', content_type="application/json")
+        version = request.match_info["version"]
+        document = {"id": "/".join((*address, version)), "version": version}
+        published = self.published_at.get((*address, version))
+        if published is not None:
+            document["published_at"] = published
+        return web.json_response(document)
+
+    async def _provider_version(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        listed = info["version"] in self._release_set(request)
+        return self._version_document(request, listed, info["ns"], info["type"])
+
+    async def _module_version(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        listed = info["version"] in self._module_set(request)
+        return self._version_document(request, listed, info["ns"], info["name"], info["system"])
+
     async def _download(self, request: web.Request) -> web.Response:
         release = self._release_set(request).get(request.match_info["version"])
         platform = f"{request.match_info['os']}_{request.match_info['arch']}"
@@ -264,7 +294,9 @@ class FakeRegistry:
         if release is None:
             raise web.HTTPNotFound()
         if name == release.shasums_name:
-            return web.Response(body=release.shasums, content_type="text/plain")
+            dated = self.sums_last_modified.get((release.namespace, release.type, release.version))
+            headers = {"Last-Modified": dated} if dated else None
+            return web.Response(body=release.shasums, content_type="text/plain", headers=headers)
         if name == release.shasums_name + ".sig":
             return web.Response(body=release.signature, content_type="application/octet-stream")
         platform = next((p for p in release.platforms if release.filename(p) == name), None)

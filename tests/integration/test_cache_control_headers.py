@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from proxy.auth import GRANT_PARAM, hash_token
 from proxy.web.keys import SETTINGS
 from tests.conftest import serve_proxy
 from tests.fakes.process import REGISTRY_HOST
@@ -77,3 +78,20 @@ async def test_a_policy_makes_every_metadata_answer_private(make_settings, clien
         for path in METADATA:
             status, headers, _ = await policed.get(path)
             assert status == 200 and headers["Cache-Control"].startswith("private, "), (path, headers)
+
+
+async def test_a_token_or_a_grant_makes_the_answer_private(make_settings, client_ssl, tmp_path) -> None:
+    """With access control on, an answer to a token (or to a request that carries a grant) is `private`, so a
+    shared cache never hands it to another client; a refusal is never stored at all."""
+    token = "rpt_cache_control_token_01"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[tokens.ci]\nhash = "{hash_token(token)}"\nhosts = ["*"]\n')
+    async with serve_proxy(make_settings(auth_tokens=tokens), client_ssl) as guarded:
+        for path in METADATA[:-1]:  # discovery is open to everyone
+            status, headers, _ = await guarded.get(path, headers={"Authorization": f"Bearer {token}"})
+            assert status == 200 and headers["Cache-Control"].startswith("private, "), (path, headers)
+            assert headers["Vary"] == "Authorization"
+            status, headers, _ = await guarded.get(path)
+            assert status == 401 and headers["Cache-Control"] == "no-store", (path, headers)
+        status, headers, _ = await guarded.get(f"{MIRROR}/index.json?{GRANT_PARAM}=forged")
+        assert status == 401 and headers["Cache-Control"] == "no-store", headers

@@ -5,9 +5,11 @@ when each version was first seen."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -100,22 +102,29 @@ async def test_explain_says_which_rule_decides_for_the_client_and_scope_given(tm
     assert "decision: allow by acme-only" in output, output
 
 
-async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
-    make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
-):
+@contextlib.asynccontextmanager
+async def two_replicas(make_settings, client_ssl, redis_server, tmp_path) -> AsyncIterator[tuple]:
+    """Two replicas sharing a Redis (a prefix of their own per test) with a 72h cooldown policy."""
     policy = tmp_path / "policy.toml"
     policy.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
     shared = {
         "redis_url": redis_server.url,
-        "redis_prefix": f"policy-{os.getpid()}",
+        "redis_prefix": f"policy-{os.getpid()}-{tmp_path.name}",
         "metadata_secret": METADATA_SECRET,
     }
-    addr = ProviderAddr.parse(REGISTRY_HOST, "acme", "foo")
-    clocks = {"a": 1_900_000_000.0, "b": 1_900_000_500.0}  # the replicas' clocks differ
     async with (
         serve_proxy(make_settings(data_dir=tmp_path / "a", policy_file=policy, **shared), client_ssl) as a,
         serve_proxy(make_settings(data_dir=tmp_path / "b", policy_file=policy, **shared), client_ssl) as b,
     ):
+        yield a, b
+
+
+async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
+    make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
+):
+    addr = ProviderAddr.parse(REGISTRY_HOST, "acme", "foo")
+    clocks = {"a": 1_900_000_000.0, "b": 1_900_000_500.0}  # the replicas' clocks differ
+    async with two_replicas(make_settings, client_ssl, redis_server, tmp_path) as (a, b):
         for name, replica in (("a", a), ("b", b)):
             replica.app[GATEKEEPER].clock = replica.app[GATEKEEPER].first_seen.clock = lambda n=name: clocks[n]
         for replica in (a, b):
@@ -127,9 +136,29 @@ async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
         statuses = await asyncio.gather(a.json(INDEX), b.json(INDEX))  # at once: one of them records it
         assert all(set(index["versions"]) == {"1.0.0", "1.1.0"} for _, index in statuses)
         seen = [
-            (await r.app[GATEKEEPER].first_seen.times(addr, [Version.parse("1.2.0")]))[Version.parse("1.2.0")]
+            (await r.app[GATEKEEPER].first_seen.times(addr, [Version.parse("1.2.0")]))[
+                Version.parse("1.2.0")
+            ].first_seen
             for r in (a, b)
         ]
         assert seen[0] == seen[1] and seen[0] in clocks.values()
         status, held = await b.json(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.2.0.json")
         assert status == 403 and held["code"] == "policy_held_back"
+
+
+async def test_two_replicas_sharing_redis_ask_the_registry_api_once_and_agree_on_its_publish_time(
+    make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
+):
+    now = 1_900_000_000.0
+    registry.published_at[("acme", "foo", "1.1.0")] = "2030-03-17T16:46:40Z"  # an hour before `now`
+    async with two_replicas(make_settings, client_ssl, redis_server, tmp_path) as (a, b):
+        for replica in (a, b):
+            replica.app[GATEKEEPER].clock = replica.app[GATEKEEPER].first_seen.clock = lambda: now
+        for replica in (a, b):
+            assert (await replica.json(INDEX))[0] == 200  # a list: no per-version request
+        assert registry.count("/v1/providers/acme/foo/1.1.0") == 0
+        path = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.1.0.json"
+        answers = await asyncio.gather(a.json(path), b.json(path))  # at once: one of them asks
+    assert [status for status, _ in answers] == [403, 403]
+    assert {body["available_at"] for _, body in answers} == {"2030-03-20T16:46:40Z"}
+    assert registry.count("/v1/providers/acme/foo/1.1.0") == 1

@@ -74,6 +74,15 @@ def test_answers_are_kept_apart_by_key_and_by_the_policy_object_they_were_decide
     assert warm.get(("index.json", "team-b"), None) is None
 
 
+def test_a_publish_time_learned_since_ends_the_reuse():
+    clock = Clock()
+    warm = answers(clock)
+    policy = object()
+    warm.put("k", ANSWER, 300.0, warm.mark(), policy, stamp=3)
+    assert warm.get("k", policy, stamp=3) is not None
+    assert warm.get("k", policy, stamp=4) is None  # the gatekeeper learned a publish time: decided anew
+
+
 def test_a_policy_decision_that_expires_ends_the_reuse_by_the_policys_clock():
     clock = Clock()
     warm = answers(clock)
