@@ -42,8 +42,8 @@ from bench.world import archive_document, build_world, mirror_path  # noqa: E402
 from tests.fakes.process import ProxyProcess  # noqa: E402
 from tests.fakes.signing import stop_gpg_agent  # noqa: E402
 
-GOAL_RATE = 0.8  # proxy req/s ≥ 0.8 × bare
-GOAL_P99 = 2.0  # proxy p99 ≤ 2 × bare
+GOAL_RATE = 0.8  # proxy req/s >= 0.8 x bare
+GOAL_P99 = 2.0  # proxy p99 <= 2 x bare
 
 
 async def get(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
@@ -193,9 +193,9 @@ def report(results: dict) -> bool:
             )
         loads = entry["load_1min"]
         print(
-            f"  {label:>13} proxy/bare: req/s {entry['rate_ratio']:.2f}× (goal ≥ {GOAL_RATE}), "
-            f"p99 {entry['p99_ratio']:.2f}× (goal ≤ {GOAL_P99}), CPU/request {entry['cpu_ratio']:.2f}×; "
-            f"load {min(loads):.1f}–{max(loads):.1f}"
+            f"  {label:>13} proxy/bare: req/s {entry['rate_ratio']:.2f}x (goal >= {GOAL_RATE}), "
+            f"p99 {entry['p99_ratio']:.2f}x (goal <= {GOAL_P99}), CPU/request {entry['cpu_ratio']:.2f}x; "
+            f"load {min(loads):.1f}-{max(loads):.1f}"
         )
         ok = ok and all(r["errors"] == 0 for runs in entry["runs"].values() for r in runs)
         for server in ("proxy", "bare"):
