@@ -132,22 +132,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
 async def profile(url: str, pid: int, root: Path, args: argparse.Namespace) -> list[tuple[str, float, float]]:
     """py-spy's samples of process `pid` under one more wrk run: the top frames as (frame, inclusive %, self %)."""
     out = root / f"py-spy-{pid}-{os.urandom(4).hex()}.txt"
+    spy_binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    seconds = str(max(1, round(args.seconds)))
+    argv = ["record", "--pid", str(pid), "--rate", "250", "--duration", seconds, "--format", "raw", "--nonblocking"]
     spy = await asyncio.create_subprocess_exec(
-        shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
-        "record",
-        "--pid",
-        str(pid),
-        "--rate",
-        "250",
-        "--duration",
-        str(max(1, round(args.seconds))),
-        "--format",
-        "raw",
-        "--output",
-        str(out),
-        "--nonblocking",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        spy_binary, *argv, "--output", str(out), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     await load.wrk(url, connections=args.connections, threads=2, seconds=args.seconds)
     await spy.wait()
@@ -210,11 +199,8 @@ def report(results: dict) -> bool:
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--connections", type=int, default=64)
+    load.add_round_arguments(parser, seconds=8.0, rounds=3, connections=64)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--keep", action="store_true", help="keep the temp dir (the proxy's log)")
     parser.add_argument("--py-spy", action="store_true", help="profile one proxy worker per document")
     parser.add_argument("flags", nargs="*", help="more flags for `proxy serve` (after --)")
     args = parser.parse_args()
