@@ -10,7 +10,9 @@
 5. cold fleet fan-out: 100 clients split across two replicas (each with `--fleet-workers`
    worker processes) sharing Redis and a data dir, upstream GETs per artifact;
 6. warm archive throughput from S3 (`--archive-store s3://…` on moto's S3 server over HTTPS)
-   against the same proxy serving from its local disk, interleaved in one run.
+   against the same proxy serving from its local disk, interleaved in one run;
+7. (`--only init-wan`) cold `terraform init` across a WAN: every upstream answer delayed by
+   `--upstream-latency`, through an empty proxy (network mirror, `host` block) against direct.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from bench import load
 from bench.bare import LOOPS, BareAiohttp
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
+from bench.wan import Step, proxy_steps, render, upstream_steps
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
+from proxy.values import format_duration, parse_duration
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer
@@ -50,6 +54,8 @@ REDIS_SERVER = shutil.which("redis-server")
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"
 PHASES = ("cold", "archive", "fleet", "json", "init-big", "init-small")  # a default run
+ON_REQUEST = ("init-cold", "init-wan")  # only when asked for
+INIT_MODES = ("direct", "mirror", "host")  # straight from the upstream; through a network mirror; `host` block
 
 
 @dataclass
@@ -84,13 +90,23 @@ def _cli_config(base_url: str, plugin_cache: Path) -> str:
     )
 
 
-def _direct_cli_config(registry_url: str, plugin_cache: Path) -> str:
-    """Terraform straight to the fake upstream, no proxy: a `host` block stands in for its discovery."""
+def _host_cli_config(providers_url: str, plugin_cache: Path) -> str:
+    """A `host` block naming the registry's `providers.v1` (straight to the fake upstream, no proxy, it
+    stands in for its discovery; through the proxy, its registry pass-through)."""
     return (
         f'plugin_cache_dir = "{plugin_cache}"\n'
         f'host "{REGISTRY_HOST}" {{\n  services = {{\n'
-        f'    "providers.v1" = "{registry_url}/v1/providers/"\n  }}\n}}\n'
+        f'    "providers.v1" = "{providers_url}"\n  }}\n}}\n'
     )
+
+
+def _init_cli_config(mode: str, base_url: str, plugin_cache: Path) -> str:
+    """The CLI config of an init in `mode` (`INIT_MODES`) against the server at `base_url`."""
+    if mode == "direct":
+        return _host_cli_config(f"{base_url}/v1/providers/", plugin_cache)
+    if mode == "host":
+        return _host_cli_config(f"{base_url}/registry/{REGISTRY_HOST}/providers/v1/", plugin_cache)
+    return _cli_config(base_url, plugin_cache)
 
 
 async def _get(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
@@ -135,6 +151,7 @@ class Suite:
         self.redis_args: tuple[str, ...] = ()  # a proxy on that Redis: URL, prefix, metadata secret, lock TTL
         self.terraform = Terraform(root / "tf")
         self._workdirs = 0
+        self.last_init_started = 0.0
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -171,6 +188,8 @@ class Suite:
                 await self.init_small(stack)
             if "init-cold" in only:
                 await self.init_cold(stack)
+            if "init-wan" in only:
+                await self.init_wan(stack)
 
     async def _proxies_phases(self, stack: contextlib.AsyncExitStack, only: set[str]) -> None:
         """Benchmarks 1, 3, 5, 2 and 4b (those of `only`) on the proxy with 1 and with N workers."""
@@ -905,15 +924,17 @@ class Suite:
 
     # ---- 4. terraform init ---------------------------------------------------------------------
 
-    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str, *, direct: bool = False) -> float:
+    async def _init(self, release: Release, base_url: str, ca_file: Path, label: str, *, mode: str = "mirror") -> float:
         """One `terraform init` in a fresh directory with an empty plugin cache, through the mirror at
-        `base_url`, or (`direct`) straight from the registry at `base_url`."""
+        `base_url`, through its registry pass-through (`host`), or (`direct`) straight from the registry
+        at `base_url`."""
         self._workdirs += 1
         name = f"{self._workdirs:02d}-{label}"
         workdir = self.terraform.workdir(name, _main_tf(release))
         cache = self.root / "tf-plugin-cache" / name
         cache.mkdir(parents=True)
-        config = (_direct_cli_config if direct else _cli_config)(base_url, cache)
+        config = _init_cli_config(mode, base_url, cache)
+        self.last_init_started = time.time()  # wall clock, as the proxy's log and the registry's timeline
         started = time.perf_counter()
         code, output = await self.terraform.init(workdir, config, ca_file)
         elapsed = time.perf_counter() - started
@@ -999,7 +1020,9 @@ class Suite:
             proxy = await self._start_proxy(stack, f"proxy-{label}-cold{round_}")
             proxies.append(proxy)
             cold.append(await self._init(release, proxy.url, proxy.ca_file, f"{label}-cold"))
-            direct.append(await self._init(release, world.registry.url, world.ca_file, f"{label}-direct", direct=True))
+            direct.append(
+                await self._init(release, world.registry.url, world.ca_file, f"{label}-direct", mode="direct")
+            )
             if round_ < self.args.init_repeats - 1:
                 await proxy.stop()
         gets = world.registry.count(archive_path) - before
@@ -1054,6 +1077,75 @@ class Suite:
         await result.pop("proxy").stop()
         self.results.setdefault("terraform_init", {})["big_cold"] = result
         self._cold_row(f"{self.args.size_mib} MiB provider", result)
+
+    # ---- 7. cold init across a WAN --------------------------------------------------------------
+
+    async def init_wan(self, stack: contextlib.AsyncExitStack) -> None:
+        """Cold inits with every upstream answer delayed by each `--upstream-latency`: direct, through a new
+        empty proxy as a network mirror and through another as a `host` block, interleaved per round."""
+        if self._no_terraform():
+            return
+        world = self.world
+        release = {"small": world.small, "mid": world.mid, "big": world.big}[self.args.wan_release]
+        results = self.results.setdefault("init_wan", {"release": f"{release.namespace}/{release.type}"})
+        try:
+            for latency in self.args.upstream_latency:
+                world.registry.latency = latency
+                shown = format_duration(latency) if latency else "0 ms"
+                self.progress(f"7. cold terraform init of {release.type} across a WAN, upstream latency {shown}")
+                runs: dict[str, list[float]] = {mode: [] for mode in INIT_MODES}
+                for round_ in range(self.args.wan_repeats):
+                    for mode in INIT_MODES:
+                        runs[mode].append(await self._wan_init(stack, release, mode, f"wan{round_}", latency))
+                result = _wan_result(runs)
+                if self.args.timeline:
+                    result["timeline"] = {
+                        mode: await self._wan_timeline(stack, release, mode, latency) for mode in INIT_MODES
+                    }
+                results[shown] = result
+                for mode in ("mirror", "host"):
+                    self._wan_row(shown, mode, result)
+        finally:
+            world.registry.latency = 0.0
+
+    async def _wan_init(
+        self, stack: contextlib.AsyncExitStack, release: Release, mode: str, label: str, latency: float, *extra: str
+    ) -> float:
+        """One cold init in `mode`; through a proxy started (and idle) before the clock starts, stopped after."""
+        name = f"{label}-{mode}-{latency * 1000:.0f}ms"
+        if mode == "direct":
+            return await self._init(release, self.world.registry.url, self.world.ca_file, name, mode=mode)
+        proxy = await self._start_proxy(stack, f"proxy-{name}", *extra)
+        try:
+            return await self._init(release, proxy.url, proxy.ca_file, name, mode=mode)
+        finally:
+            await proxy.stop()
+
+    async def _wan_timeline(self, stack: contextlib.AsyncExitStack, release: Release, mode: str, latency: float) -> str:
+        """One traced cold init in `mode` (the proxy at `--log-level debug`): its timeline as a text table."""
+        registry = self.world.registry
+        elapsed = await self._wan_init(stack, release, mode, "traced", latency, "--log-level", "debug")
+        since = self.last_init_started
+        who = "terraform" if mode == "direct" else "proxy"
+        steps = [Step(0.0, elapsed, "terraform", f"init ({mode})"), *upstream_steps(registry.timeline, since, who)]
+        if mode != "direct":
+            name = f"proxy-traced-{mode}-{latency * 1000:.0f}ms"
+            steps += proxy_steps(next((self.root / name).glob("proxy-*.log")), since)
+        table = render(steps)
+        print(f"\ntimeline: cold init, {mode}, upstream latency {latency * 1000:.0f} ms\n{table}", file=sys.stderr)
+        return table
+
+    def _wan_row(self, shown: str, mode: str, result: dict) -> None:
+        self.rows.append(
+            Row(
+                f"cold init, upstream latency {shown}, {'network mirror' if mode == 'mirror' else 'host block'}",
+                f"{result[mode + '_s']:.2f} s",
+                f"{result['direct_s']:.2f} s (direct)",
+                _ratio(result[mode + "_s"], result["direct_s"]),
+                f"median of pair ratios {result[mode + '_pair_ratio']:.2f}x; medians of {len(result['direct_runs'])} "
+                f"interleaved; {self.args.wan_release} provider, each run a new empty proxy",
+            )
+        )
 
     # ---- report ------------------------------------------------------------------------------
 
@@ -1121,10 +1213,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         action="append",
-        choices=(*PHASES, "init-cold"),
+        choices=(*PHASES, *ON_REQUEST),
         help="run only these benchmarks (repeatable): cold (1), archive (3), fleet (5), json (2), "
         "init-big (4, warm), init-small (4, cold vs direct and warm); init-cold (the big "
-        "provider's init through an empty proxy vs direct) runs only when asked for",
+        "provider's init through an empty proxy vs direct) and init-wan (7, cold inits across a WAN) "
+        "run only when asked for",
+    )
+    parser.add_argument(
+        "--upstream-latency",
+        type=_latencies,
+        default=_latencies("0,50ms,150ms"),
+        help="init-wan: the delays added to every answer of the fake upstream, comma-separated (default "
+        "0,50ms,150ms); terraform straight from it and the proxy see them alike",
+    )
+    parser.add_argument(
+        "--wan-release",
+        choices=("small", "mid", "big"),
+        default="mid",
+        help="init-wan: the provider (small: kilobytes, three platforms; mid: --fleet-mib; big: --size-mib)",
+    )
+    parser.add_argument("--wan-repeats", type=int, default=3, help="init-wan: interleaved rounds per latency")
+    parser.add_argument(
+        "--timeline", action="store_true", help="init-wan: one traced init per mode and latency, its timeline printed"
     )
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
@@ -1134,6 +1244,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     return parser.parse_args(argv)
+
+
+def _latencies(text: str) -> list[float]:
+    """`0,50ms,150ms` → seconds."""
+    try:
+        return [parse_duration(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _wan_result(runs: dict[str, list[float]]) -> dict:
+    """Medians of each mode's runs, and each proxy mode's ratios to direct (of the medians; median of pairs)."""
+    direct = runs["direct"]
+    result: dict = {"direct_s": round(statistics.median(direct), 3), "direct_runs": [round(t, 3) for t in direct]}
+    for mode in ("mirror", "host"):
+        result[mode + "_s"] = round(statistics.median(runs[mode]), 3)
+        result[mode + "_runs"] = [round(t, 3) for t in runs[mode]]
+        result[mode + "_ratio"] = round(statistics.median(runs[mode]) / statistics.median(direct), 3)
+        result[mode + "_pair_ratio"] = round(
+            statistics.median(p / d for p, d in zip(runs[mode], direct, strict=True)), 3
+        )
+    return result
 
 
 def _quiet_reference_server() -> None:

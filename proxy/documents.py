@@ -13,6 +13,10 @@ in steps that let it). An answer that does not parse is never stored: it is reme
 without asking the upstream again. Derived records (`proxy.records`) are read and written here
 too, each decoded once per stored value. The registry allowlist and service discovery come first
 for every address.
+
+A document may be fetched early (`fetch_early`), before the request that needs it knows its URL
+for sure (a version list at its usual place while discovery names the place): the refresh of a
+document that has no cached copy takes the early answer only if it asks for that very URL.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ R = TypeVar("R", bound=records.Record)
 INLINE_PARSE_BYTES = 64 * 1024  # bigger documents are parsed in a worker thread
 # What a parser raises for a shape it did not expect (every one is a malformed answer, never a crash).
 PARSE_ERRORS = (UpstreamError, TypeError, KeyError, AttributeError, ValueError, RecursionError)
+EARLY_KEEP = 30.0  # seconds an early answer nobody asked for is kept before it is dropped
+EARLY_FETCHES = 64  # early fetches kept at most (the oldest dropped first: its refresh fetches again)
 
 
 def require_online(settings: Settings, what: str) -> None:
@@ -89,6 +95,7 @@ class DocumentCache:
         self._malformed: Memo[str, tuple[float, UpstreamError]] = Memo()  # key → (until when, the error)
         self._records: Memo[str, tuple[bytes, Any]] = Memo()
         self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
+        self._early: Memo[str, asyncio.Future[UpstreamResponse]] = Memo(EARLY_FETCHES)  # URL → its early fetch
 
     async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object (a big
@@ -136,9 +143,9 @@ class DocumentCache:
         """The base URL of a registry service (`providers.v1`, `modules.v1`) from the host's discovery document."""
         return (await self.service(hostname, service))[0]
 
-    async def service(self, hostname: Hostname, service: str) -> tuple[URL, float]:
-        """`service_url`, and until when (`clock` time) the discovery document it came from is fresh."""
-        key, url = memoised(
+    def _discovery(self, hostname: Hostname) -> tuple[str, URL]:
+        """The store key and the URL of a host's discovery document."""
+        return memoised(
             self._discovery_urls,
             hostname,
             None,
@@ -147,6 +154,48 @@ class DocumentCache:
                 discovery.discovery_url(hostname, self._settings.upstreams.upstream_map),
             ),
         )
+
+    async def usual_service_url(self, hostname: Hostname, path: str, unless_cached: str) -> URL | None:
+        """Where a service usually is (`path` on the host of its discovery document), when neither that
+        document nor the document under `unless_cached` is in the store (else None: no guess is needed)."""
+        key, url = self._discovery(hostname)
+        if any(value is not None for value in await self._cache.get_many([key, unless_cached])):
+            return None
+        return url.join(URL(path))
+
+    def fetch_early(self, url: URL) -> None:
+        """Start fetching the document at `url` before a request is sure to need it; the refresh of an uncached
+        document at this very URL within `EARLY_KEEP` seconds takes the answer instead of fetching it again."""
+        key = str(url)
+        if self._settings.upstreams.offline or self._early.get(key) is not None:
+            return
+
+        async def fetch() -> UpstreamResponse:
+            async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
+                return await self._upstream.get(url, max_bytes=self._settings.limits.max_metadata_bytes)
+
+        early = asyncio.ensure_future(self._flights.run(f"early {key}", fetch))
+        self._early.put(key, early)
+        early.add_done_callback(lambda done: self._keep_early(key, done))
+
+    def _keep_early(self, key: str, early: asyncio.Future[UpstreamResponse]) -> None:
+        """An early fetch ended: its answer is kept `EARLY_KEEP` seconds for the refresh that wants it."""
+        if not early.cancelled():
+            early.exception()  # retrieved: a failed early fetch is only a fetch made again
+        loop = asyncio.get_running_loop()
+        loop.call_later(EARLY_KEEP, lambda: self._early.get(key) is early and self._early.pop(key))
+
+    async def _early_answer(self, url: URL, max_bytes: int, max_redirects: int | None) -> UpstreamResponse | None:
+        """The answer of an early fetch of `url` made with the same limits, taken once (None: there is none);
+        its failure is this fetch's failure (it was the same request)."""
+        if max_bytes != self._settings.limits.max_metadata_bytes or max_redirects is not None:
+            return None
+        early = self._early.pop(str(url))
+        return None if early is None else await early
+
+    async def service(self, hostname: Hostname, service: str) -> tuple[URL, float]:
+        """`service_url`, and until when (`clock` time) the discovery document it came from is fresh."""
+        key, url = self._discovery(hostname)
         ttl = self._settings.freshness.discovery
         entry, services = await self.document(
             key,
@@ -261,10 +310,12 @@ class DocumentCache:
         if malformed is not None:
             return self._stale_if_error(key, cached, malformed)
         try:
-            async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
-                response = await self._upstream.get(
-                    url, max_bytes=max_bytes, max_redirects=max_redirects, etag=usable.etag if usable else None
-                )
+            response = None if cached is not None else await self._early_answer(url, max_bytes, max_redirects)
+            if response is None:
+                async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
+                    response = await self._upstream.get(
+                        url, max_bytes=max_bytes, max_redirects=max_redirects, etag=usable.etag if usable else None
+                    )
             now = self.clock()  # the answer's age counts from its arrival, however slow the upstream was
             if response.status == 304 and usable is not None:
                 entry = replace(usable, fetched_at=now)

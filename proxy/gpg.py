@@ -24,6 +24,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,9 @@ class Keyring:
                 digest = hashlib.sha256(armor.encode()).hexdigest()
                 known = None if again else self._imported.get(digest)
                 if known is None:
+                    started = time.monotonic()
                     result = self._gpg.import_keys(armor)
+                    log.debug("gpg.imported", seconds=round(time.monotonic() - started, 4))
                     if not result.fingerprints and "No space left on device" in (result.stderr or ""):
                         raise OSError(errno.ENOSPC, f"no space left for the keyring in {self._home}")
                     known = frozenset(fp.upper() for fp in result.fingerprints if fp)
@@ -117,4 +120,7 @@ class Keyring:
         with tempfile.NamedTemporaryFile(dir=self._home, prefix="sig-", suffix=".sig") as sig_file:
             sig_file.write(signature)
             sig_file.flush()
-            return self._gpg.verify_data(sig_file.name, data)
+            started = time.monotonic()
+            verified = self._gpg.verify_data(sig_file.name, data)
+            log.debug("gpg.verified", seconds=round(time.monotonic() - started, 4), status=verified.status)
+            return verified

@@ -97,7 +97,7 @@ class GrowingFile:
         async def stream(begin: Begin, send: Send) -> None:
             await self._follow(begin, send, rest)
 
-        return PassThrough(self.sha256, stream)
+        return PassThrough(self.sha256, stream, self.size)
 
     async def _follow(self, begin: Begin, send: Send, rest: Rest | None) -> None:
         await begin(self.size)

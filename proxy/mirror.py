@@ -126,6 +126,7 @@ class Mirror:
         """The upstream's download metadata as it sent it, unknown fields included, once admitted."""
         d = await self._package(addr, version, platform)
         self._chain.admit(addr, version, d)  # passed on as sent: without keys when the registry lists none
+        self._sums.verify_early(addr, version, d)  # the client's next request (laziness allows: this release)
         return d.raw
 
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:

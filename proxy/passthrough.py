@@ -18,7 +18,9 @@ Send = Callable[[bytes], Awaitable[None]]
 
 @dataclass(frozen=True)
 class PassThrough:
-    """A verified-on-the-way relay of an upstream archive; `etag` is its SHA-256 when that is the pin."""
+    """A verified-on-the-way relay of an upstream archive; `etag` is its SHA-256 when that is the pin, `size`
+    its length when known before it is streamed (a download followed as it grows: its Content-Length)."""
 
     etag: str | None
     stream: Callable[[Begin, Send], Awaitable[None]]
+    size: int | None = None

@@ -5,7 +5,8 @@ named by their download documents. Both are fetched in metadata slots while the 
 imported, the signature is verified (`proxy.verify`, in a worker thread: gpg blocks), and only then
 is the pair recorded in the metadata store as fetched (byte-identical for the clients). Releases of
 a private host are recorded under a key of their own (`--upstream-credentials`): a public release
-never shares a record with a private one.
+never shares a record with a private one. A client given a package's download document asks for its
+SHA256SUMS next: `verify_early` starts that fetch and verification at once, without waiting for it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import structlog
 from proxy.addrs import ProviderAddr, Version
 from proxy.cache import keys
 from proxy.config import Settings
+from proxy.deadline import detached_context
 from proxy.documents import DocumentCache
 from proxy.flights import Flights
 from proxy.gpg import Keyring
+from proxy.memo import Memo
 from proxy.records import SumsRecord
 from proxy.storage import DiskSpace, is_disk_full
 from proxy.upstream.providers import DownloadInfo
@@ -54,6 +57,8 @@ class ReleaseSums:
         self._chain = chain
         self._space = space
         self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
+        self._early: set[asyncio.Task[SignedSums]] = set()
+        self._started_early: Memo[str, bool] = Memo()  # keys of the releases `verify_early` was asked for
         # Told the SHA256SUMS's Last-Modified (a publish time for the policy's min-age) when one is fetched.
         self.on_dated: Callable[[ProviderAddr, Version, str], Awaitable[None]] | None = None
 
@@ -64,6 +69,22 @@ class ReleaseSums:
     async def verified(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SignedSums:
         """The release's SHA256SUMS once verified (fetched and verified once, for the whole fleet, if not yet)."""
         return self._signed(addr, d, await self.record(addr, version, d))
+
+    def verify_early(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> None:
+        """Start `verified` without waiting for it, once per release in this process (detached from the request:
+        a failure is logged by the verification and left for the request that asks for the SHA256SUMS)."""
+        key = self.key(addr, d)
+        if self._started_early.get(key):
+            return
+        self._started_early.put(key, True)
+        task = asyncio.get_running_loop().create_task(self.verified(addr, version, d), context=detached_context())
+        self._early.add(task)
+        task.add_done_callback(self._early_done)
+
+    def _early_done(self, task: asyncio.Task[SignedSums]) -> None:
+        self._early.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("sums.early_failed", error=str(task.exception()))
 
     async def recorded(self, addr: ProviderAddr, d: DownloadInfo) -> SignedSums | None:
         """The release's verified SHA256SUMS if it is recorded, never fetching it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -24,6 +25,7 @@ from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, ClusterSetup, RedisServer, SentinelSetup, Tls
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
+from tests.fakes.served_in_process import ServedInProcess, captured_logs
 from tests.fakes.signing import SigningKey
 
 PROVIDER = f"{REGISTRY_HOST}/acme/foo"
@@ -283,17 +285,38 @@ async def proxy(make_settings, client_ssl) -> AsyncIterator[RunningProxy]:
         yield running
 
 
+@contextlib.asynccontextmanager
+async def _started_proxies(tmp_path: Path, registry: FakeRegistry, ca_file: Path, make) -> AsyncIterator:
+    """`start(*flags, data_dir=..., upstream=...)`: a proxy in front of the fake registry, made by
+    `make(data_dir, registry_url or None, ca_file, *flags)` and started; every one stopped at the end."""
+    started = []
+
+    async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True):
+        proxy = make(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file, *extra)
+        await proxy.start()
+        started.append(proxy)
+        return proxy
+
+    try:
+        yield start
+    finally:
+        for proxy in started:
+            await proxy.stop()
+
+
 @pytest.fixture
-async def proxy_process(tmp_path, registry, ca_file):
+async def proxy_process(tmp_path, registry, ca_file) -> AsyncIterator:
     """Start `python -m proxy serve` processes in front of the fake registry; stopped after the test."""
-    started: list[ProxyProcess] = []
+    async with _started_proxies(tmp_path, registry, ca_file, ProxyProcess) as start:
+        yield start
 
-    async def start(*extra: str, data_dir: Path | None = None, upstream: bool = True) -> ProxyProcess:
-        process = ProxyProcess(data_dir or tmp_path / "proxy-data", registry.url if upstream else None, ca_file, *extra)
-        await process.start()
-        started.append(process)
-        return process
 
-    yield start
-    for process in started:
-        await process.stop()
+@pytest.fixture
+async def in_process_proxy(tmp_path, registry, ca_file) -> AsyncIterator:
+    """`await in_process_proxy(*flags, data_dir=..., upstream=...)`, as `proxy_process` takes them: `serve` in
+    front of the fake registry, served in this process (`tests.fakes.served_in_process`); stopped after the test."""
+    with captured_logs() as logs:
+        async with _started_proxies(
+            tmp_path, registry, ca_file, functools.partial(ServedInProcess, logs=logs)
+        ) as start:
+            yield start

@@ -115,6 +115,7 @@ class UpstreamClient:
             trust_env=True,
             auto_decompress=True,
             headers={"User-Agent": USER_AGENT},
+            trace_configs=[_connection_trace()],
         )
         return cls(session, policy, limits, credentials=credentials)
 
@@ -237,8 +238,10 @@ class UpstreamClient:
                 async with self._session.get(
                     current, headers=hop_headers, timeout=timeout, allow_redirects=False
                 ) as response:
+                    waited = time.monotonic() - started
                     if self.observe is not None:
-                        self.observe(self._credentials.counted_as(current), time.monotonic() - started)
+                        self.observe(self._credentials.counted_as(current), waited)
+                    log.debug("upstream.answered", url=_show(current), status=response.status, seconds=round(waited, 4))
                     if response.status in REDIRECT_STATUSES and "Location" in response.headers:
                         try:
                             current = current.join(URL(response.headers["Location"]))
@@ -274,6 +277,30 @@ class UpstreamClient:
                 await check_resolved(url.host, url.port, self._policy)
         except RefusedAddressError as exc:
             raise ForbiddenAddressError(f"refused to fetch {_show(url)}: {exc}") from None
+
+
+def _connection_trace() -> aiohttp.TraceConfig:
+    """Debug lines for the cold path's timeline: each new upstream connection (with its TCP and TLS set-up
+    time) and each reused one."""
+    trace = aiohttp.TraceConfig()
+
+    async def requested(session, context, params) -> None:
+        context.url = _show(params.url)
+
+    async def started(session, context, params) -> None:
+        context.connecting = time.monotonic()
+
+    async def created(session, context, params) -> None:
+        log.debug("upstream.connected", url=context.url, seconds=round(time.monotonic() - context.connecting, 4))
+
+    async def reused(session, context, params) -> None:
+        log.debug("upstream.connection_reused", url=context.url)
+
+    trace.on_request_start.append(requested)
+    trace.on_connection_create_start.append(started)
+    trace.on_connection_create_end.append(created)
+    trace.on_connection_reuseconn.append(reused)
+    return trace
 
 
 async def _next_chunk(

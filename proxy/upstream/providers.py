@@ -18,6 +18,7 @@ from proxy.errors import UpstreamMalformedError
 from proxy.hashes import Hash
 from proxy.safejson import JSONDocumentError, loads
 
+USUAL_PATH = "/v1/providers/"  # where registry.terraform.io (and most registries) serve providers.v1
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}\Z")
 _FILENAME = re.compile(r"^[A-Za-z0-9._+-]{1,255}\Z")
 

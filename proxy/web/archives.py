@@ -19,8 +19,10 @@ line was sent is quarantined and fetched again within the same request (`serve_f
 
 A `PassThrough` (disk full, or a cold archive followed as it downloads, `proxy.growing`) is
 relayed as it arrives, whole (no Range), with the upstream's Content-Length when it has one,
-else chunked. Headers go out with the first relayed chunk,
-so a refusal before that is a plain JSON error; a refusal after it aborts the connection
+else chunked; a HEAD of one is answered at once (with the length of a followed download),
+without `Accept-Ranges`, so the client's GET after it asks for the whole body and follows the
+download too. Headers go out with the first relayed chunk, so a refusal before that is a plain
+JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
 """
@@ -54,8 +56,10 @@ log = structlog.get_logger(__name__)
 
 
 def may_follow(request: web.Request) -> bool:
-    """Whether a cold archive may be sent as it downloads: a whole GET (ranges and If-Match need the stored file)."""
-    return request.method == "GET" and "Range" not in request.headers and "If-Match" not in request.headers
+    """Whether a cold archive may be sent as it downloads: a whole GET (ranges and If-Match need the stored file),
+    or a HEAD, answered as soon as the download is under way (the client's GET that follows it then follows the
+    download too, instead of waiting for the whole archive twice over)."""
+    return request.method in ("GET", "HEAD") and "Range" not in request.headers and "If-Match" not in request.headers
 
 
 async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
@@ -153,6 +157,8 @@ async def _relay(request: web.Request, relay: PassThrough, filename: str, conten
     response = web.StreamResponse(status=200, headers=headers)
     response.content_type = content_type
     if request.method == "HEAD":
+        if relay.size is not None:
+            response.content_length = relay.size
         await response.prepare(request)
         await response.write_eof()
         return response

@@ -6,6 +6,7 @@ kinds (no schema there) come only from the opt-in component, checked field by fi
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import shutil
@@ -36,9 +37,15 @@ def render(target: str, root: Path = ROOT) -> list[dict]:
             "kubectl is missing: the overlays are not rendered (install kubectl for `kubectl kustomize`); "
             "the base's and overlays' own files are still validated one by one"
         )
-    result = subprocess.run([KUBECTL, "kustomize", str(root / target)], capture_output=True, text=True, timeout=60)
+    return [doc for doc in yaml.safe_load_all(kustomize(root / target)) if doc]
+
+
+@functools.cache
+def kustomize(folder: Path) -> str:
+    """`kubectl kustomize FOLDER`'s output, once per folder for the session (a test's copy is a folder of its own)."""
+    result = subprocess.run([KUBECTL, "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return result.stdout
 
 
 def opted_in(tmp_path: Path) -> Path:
@@ -91,6 +98,7 @@ def check_prometheus_rule(doc: dict) -> None:
             assert rule["expr"] and ("alert" in rule) != ("record" in rule), rule
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_rendered_manifest_is_valid_for_the_pinned_kubernetes(target):
     """No overlay needs the Prometheus Operator: every manifest has a schema and passes strict validation."""
@@ -120,6 +128,7 @@ def test_the_prometheus_operator_kinds_come_only_from_an_opt_in_component():
         validate(yaml.safe_load((ROOT / COMPONENT / "servicemonitor.yaml").read_text()))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_an_overlay_that_opts_in_scrapes_every_replica(overlay, tmp_path):
     docs = render(overlay, opted_in(tmp_path))
@@ -159,6 +168,7 @@ def settings(docs: list[dict]) -> dict[str, str]:
     return by_kind(docs, "ConfigMap", "registry-proxy-settings")["data"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_proxy_pod_is_locked_down_and_probed(target):
     docs = render(target)
@@ -192,6 +202,7 @@ def test_the_proxy_pod_is_locked_down_and_probed(target):
             assert name in secret["stringData"], key
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("target", TARGETS)
 def test_selectors_and_ports_meet(target):
     docs = render(target)
@@ -208,6 +219,7 @@ def test_selectors_and_ports_meet(target):
     assert backend["name"] == "registry-proxy" and backend["port"]["name"] in service_ports
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_public_url_is_the_ingress_host_over_https(target):
     """Behind the Ingress (TLS there, plain HTTP to the pod) the proxy writes its URLs for the Ingress's host."""
@@ -218,6 +230,7 @@ def test_the_public_url_is_the_ingress_host_over_https(target):
     assert settings(docs)["REGISTRY_PROXY_PUBLIC_URL"] == f"https://{host}/"
 
 
+@pytest.mark.process
 def test_single_keeps_everything_on_one_persistent_volume():
     docs = render("overlays/single")
     deployment = by_kind(docs, "Deployment", "registry-proxy")
@@ -232,6 +245,7 @@ def test_single_keeps_everything_on_one_persistent_volume():
     assert not {"REGISTRY_PROXY_METADATA_SECRET", "REGISTRY_PROXY_METADATA_SECRET_FILE"} & set(settings(docs))
 
 
+@pytest.mark.process
 async def test_single_starts_as_its_pod_would_with_nothing_filled_in(tmp_path):
     """The single overlay's container, run as a process: its ConfigMap as the environment, its volumes as
     directories (mounted Secrets as files of their keys), its args; only the listen port is a free one."""
@@ -270,6 +284,7 @@ async def test_single_starts_as_its_pod_would_with_nothing_filled_in(tmp_path):
     assert (places["/data"] / "metadata" / "metadata.secret").is_file()
 
 
+@pytest.mark.process
 def test_fleet_shares_redis_and_s3_and_scales():
     docs = render("overlays/fleet")
     config = settings(docs)

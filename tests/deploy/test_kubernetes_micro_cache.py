@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.deploy.test_kubernetes import ROOT, by_kind, render, validate
@@ -28,6 +29,7 @@ def with_front(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.process
 def test_the_fleet_with_the_front_is_valid_and_routes_through_it(tmp_path) -> None:
     docs = render("overlays/fleet", with_front(tmp_path))
     for doc in docs:

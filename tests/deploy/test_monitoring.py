@@ -225,6 +225,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.process
 def test_promtool_accepts_the_rules_and_every_dashboard_query(tmp_path):
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -239,6 +240,7 @@ def test_promtool_accepts_the_rules_and_every_dashboard_query(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_the_example_prometheus_configuration_scrapes_the_job_the_rules_expect():
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
     (job,) = config["scrape_configs"]
@@ -250,6 +252,7 @@ def test_the_example_prometheus_configuration_scrapes_the_job_the_rules_expect()
     )
 
 
+@pytest.mark.process
 def test_promtool_rejects_a_broken_rule(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text(RULES.read_text().replace("== 0", "=== 0", 1))
@@ -438,6 +441,7 @@ def unit_tests(cases: dict) -> dict:
     }
 
 
+@pytest.mark.process
 def test_every_alert_fires_when_it_should_and_only_then(tmp_path):
     tested = {alert for _, _, checks in CASES.values() for _, alert, _ in checks}
     assert tested == {rule["alert"] for rule in alert_rules()}
@@ -447,6 +451,7 @@ def test_every_alert_fires_when_it_should_and_only_then(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_the_unit_tests_can_fail(tmp_path):
     interval, inputs, _ = CASES["down"]
     wrong = {"down": (interval, inputs, [("6m", "RegistryProxyDown", expected("RegistryProxyDown", B))])}

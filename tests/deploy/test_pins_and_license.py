@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -84,6 +85,7 @@ def installs(commands: list[list[str]]) -> list[list[str]]:
     return [argv for argv in commands if "install" in argv and ("pip" in argv or "-m" in argv)]
 
 
+@pytest.mark.process
 def test_make_run_installs_the_runtime_only_with_the_constraints_then_serves(tmp_path):
     commands = make_dry_run(tmp_path, "run")
     project = [argv for argv in installs(commands) if "-e" in argv]
@@ -93,6 +95,7 @@ def test_make_run_installs_the_runtime_only_with_the_constraints_then_serves(tmp
     assert commands[-1][0] == str(tmp_path / "venv" / "bin" / "registry-proxy") and commands[-1][1] == "serve"
 
 
+@pytest.mark.process
 def test_make_install_installs_the_test_extra_with_the_constraints(tmp_path):
     project = [argv for argv in installs(make_dry_run(tmp_path, "install")) if "-e" in argv]
     assert len(project) == 1, project

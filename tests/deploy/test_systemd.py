@@ -84,6 +84,7 @@ def analyze(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([SYSTEMD_ANALYZE, *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.process
 def test_systemd_analyze_verify_accepts_the_unit_and_rejects_a_typo(tmp_path):
     result = analyze("verify", str(runnable_unit(tmp_path, UNIT.read_text())))
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
@@ -91,6 +92,7 @@ def test_systemd_analyze_verify_accepts_the_unit_and_rejects_a_typo(tmp_path):
     assert "Unknown key 'ProtectHom'" in broken.stderr  # exit code 0: only stderr tells
 
 
+@pytest.mark.process
 def test_systemd_analyze_security_rates_the_sandbox_ok(tmp_path):
     result = analyze("security", "--offline=yes", "--no-pager", str(runnable_unit(tmp_path, UNIT.read_text())))
     match = re.search(r"Overall exposure level for registry-proxy.service: (\d+\.\d+) (\w+)", result.stdout)

@@ -12,7 +12,7 @@ from tests.conftest import PROVIDER, REGISTRY_HOST
 from tests.e2e.test_network_mirror_e2e import mirror_config, provider_tf, stored_files
 from tests.e2e.test_registry_e2e import host_config
 from tests.fakes.packages import Release
-from tests.fakes.process import registry_proxy
+from tests.fakes.process import registry_proxy_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +33,7 @@ def release4(registry, signing_key):
 
 
 async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
-    registry, release4, proxy_process, terraform, ca_file
+    registry, release4, in_process_proxy, terraform, ca_file
 ):
     direct = terraform.workdir("direct", MAIN_TF)
     platform_args = [f"-platform={p}" for p in PLATFORMS]
@@ -43,9 +43,9 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
     assert code == 0, output
     expected = (direct / ".terraform.lock.hcl").read_text()
 
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     ours = terraform.workdir("ours", MAIN_TF)
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "lock",
         str(ours),
         "--proxy",
@@ -66,12 +66,12 @@ async def test_lock_command_matches_terraform_providers_lock_and_init_keeps_it(
     assert (ours / ".terraform.lock.hcl").read_text() == written
 
 
-async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, proxy_process, terraform):
+async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, git_modules, in_process_proxy, terraform):
     from tests.e2e.test_registry_e2e import MAIN_TF as CONFIG_WITH_MODULES
 
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     config = terraform.workdir("config", CONFIG_WITH_MODULES)
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "warm",
         str(config),
         "--proxy",
@@ -93,10 +93,10 @@ async def test_warmed_cold_proxy_serves_init_with_the_upstream_down(registry, gi
     assert code == 0, output
 
 
-async def test_warm_names_what_failed(registry, proxy_process, terraform):
-    proxy = await proxy_process()
+async def test_warm_names_what_failed(registry, in_process_proxy, terraform):
+    proxy = await in_process_proxy()
     config = terraform.workdir("config", MAIN_TF.replace("~> 2.0", "1.0.0"))
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "warm",
         str(config),
         "--proxy",
@@ -114,34 +114,34 @@ async def test_warm_names_what_failed(registry, proxy_process, terraform):
     assert f"FAILED provider {PROVIDER} 1.0.0 plan9_mips" in output
 
 
-async def test_export_import_and_offline_init(registry, release4, proxy_process, terraform, tmp_path, signing_key):
-    online = await proxy_process(data_dir=tmp_path / "a")
+async def test_export_import_and_offline_init(registry, release4, in_process_proxy, terraform, tmp_path, signing_key):
+    online = await in_process_proxy(data_dir=tmp_path / "a")
     first = terraform.workdir("first", MAIN_TF)
     code, output = await terraform.init(first, mirror_config(online), online.ca_file)
     assert code == 0, output
     await online.stop()
     bundle = tmp_path / "bundle.tar.zst"
-    code, output = await registry_proxy("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
+    code, output = await registry_proxy_in_process("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
     assert code == 0, output
     assert f"--trust-key {signing_key.fingerprint}" in output
     await registry.stop()
 
-    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"))
+    code, output = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"))
     assert code == 1 and "--trust-key" in output  # trust must be named
     trust = ("--trust-key", signing_key.fingerprint)
-    code, output = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
+    code, output = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0, output
-    code, again = await registry_proxy("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
+    code, again = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0 and "0 new files" in again, again
-    offline = await proxy_process("--offline", data_dir=tmp_path / "b", upstream=False)
+    offline = await in_process_proxy("--offline", data_dir=tmp_path / "b", upstream=False)
     second = terraform.workdir("second", MAIN_TF)
     shutil.copy(first / ".terraform.lock.hcl", second / ".terraform.lock.hcl")
     code, output = await terraform.init(second, mirror_config(offline), offline.ca_file)
     assert code == 0, output
 
 
-async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
-    online = await proxy_process(data_dir=tmp_path / "a")
+async def test_tampered_bundle_is_rejected(registry, in_process_proxy, tmp_path):
+    online = await in_process_proxy(data_dir=tmp_path / "a")
     import ssl
 
     import aiohttp
@@ -156,7 +156,7 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
                 assert response.status == 200
     await online.stop()
     bundle = tmp_path / "bundle.tar"
-    code, output = await registry_proxy("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
+    code, output = await registry_proxy_in_process("export", "--data-dir", str(tmp_path / "a"), "--out", str(bundle))
     assert code == 0, output
 
     tampered = tmp_path / "tampered.tar"
@@ -167,7 +167,7 @@ async def test_tampered_bundle_is_rejected(registry, proxy_process, tmp_path):
                 data = data.replace(b"terraform-provider-foo", b"terraform-provider-bar")
             member.size = len(data)
             target.addfile(member, io.BytesIO(data))
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "import", str(tampered), "--data-dir", str(tmp_path / "b"), "--trust-bundle-keys"
     )
     assert code == 1

@@ -1,6 +1,7 @@
 """Whoever can write to the fleet's Redis cannot make a real `terraform init` install other bytes.
 
-A real proxy process on a real redis-server, the real `terraform` binary, and an attacker that is a
+The proxy (`serve`, in the test's process: these restart it many times, and what they check is the
+store, not the process) on a real redis-server, the real `terraform` binary, and an attacker that is a
 plain Redis client. It writes what a faulty or hostile neighbour of the fleet could: a value under
 a key of another namespace (the remembered 404s), values without the seal, values sealed under
 other keys, and garbage. The proxy must ignore every one of them (logging
@@ -54,11 +55,11 @@ def installed_files(workdir, version: str) -> list[str]:
 
 
 async def test_a_download_answer_planted_among_the_remembered_404s_cannot_downgrade_a_provider(
-    proxy_process, registry, redis_server, attacker, prefix, terraform
+    in_process_proxy, registry, redis_server, attacker, prefix, terraform
 ):
     """Issue 18, item 1: 1.0.0's download answer, unsealed, under `negative:download:…/1.1.0/…`."""
     new = registry.releases[("acme", "foo")]["1.1.0"]
-    proxy = await proxy_process(*redis_args(redis_server, prefix))
+    proxy = await in_process_proxy(*redis_args(redis_server, prefix))
     first = terraform.workdir("first", provider_tf("1.0.0"))
     code, output = await terraform.init(first, mirror_config(proxy), proxy.ca_file)
     assert code == 0, output
@@ -251,26 +252,26 @@ class EmbeddedAttacker:
 
 
 async def test_no_forged_value_in_any_redis_namespace_changes_a_byte_terraform_gets(
-    proxy_process, registry, git_modules, redis_server, attacker, prefix, terraform
+    in_process_proxy, registry, git_modules, redis_server, attacker, prefix, terraform
 ):
     """Issue 18's matrix on Redis: every namespace found there (so a new one is covered by itself),
     every key forged in four ways in turn (`ROUNDS`)."""
 
     async def start(data_dir: Path):
-        return await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+        return await in_process_proxy(*redis_args(redis_server, prefix), data_dir=data_dir)
 
     found = await forged_in_every_round(RedisAttacker(attacker, prefix), ROUNDS, start, registry, terraform)
     assert {"discovery", "versions", "download", "sums", "archive", "module", "negative", "served"} <= found
 
 
 async def test_no_forged_row_of_the_embedded_store_changes_a_byte_terraform_gets(
-    proxy_process, registry, git_modules, terraform
+    in_process_proxy, registry, git_modules, terraform
 ):
     """The same matrix on the embedded SQLite file (its remembered 404s live in process memory)."""
     data_dir = terraform.root.parent / "replica"
 
     async def start(folder: Path):
-        return await proxy_process("--metadata-secret", METADATA_SECRET, data_dir=folder)
+        return await in_process_proxy("--metadata-secret", METADATA_SECRET, data_dir=folder)
 
     embedded = EmbeddedAttacker(data_dir / "metadata" / "metadata.sqlite")
     found = await forged_in_every_round(embedded, embedded.rounds, start, registry, terraform)

@@ -41,10 +41,10 @@ def mirror_url(html: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["hosts-terraform", "mirror-terraform"])
-async def test_init_with_the_pages_snippet_then_the_page_lists_it(registry, proxy_process, terraform, name):
+async def test_init_with_the_pages_snippet_then_the_page_lists_it(registry, in_process_proxy, terraform, name):
     registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     before = await page(proxy)
     assert "No provider cached yet" in before
     with_module = name.startswith("hosts")  # through a network mirror, modules come from their own host

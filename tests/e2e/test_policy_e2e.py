@@ -45,11 +45,11 @@ def evil_tf() -> str:
 
 
 @pytest.fixture
-async def policed_proxy(proxy_process, tmp_path):
+async def policed_proxy(in_process_proxy, tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(POLICY)
     audit = tmp_path / "audit.jsonl"
-    proxy = await proxy_process("--policy", str(path), "--audit-log", str(audit))
+    proxy = await in_process_proxy("--policy", str(path), "--audit-log", str(audit))
     proxy.audit = audit
     return proxy
 
@@ -110,13 +110,13 @@ async def test_mirror_mode_refuses_a_denied_version_and_the_audit_trail_says_why
 
 
 @pytest.fixture
-async def cooldown_proxy(proxy_process, tmp_path, registry):
+async def cooldown_proxy(in_process_proxy, tmp_path, registry):
     """A proxy with a 72h cooldown, before the registry API says foo 1.1.0 was published an hour ago."""
     an_hour_ago = time.gmtime(time.time() - 3600)
     registry.published_at[("acme", "foo", "1.1.0")] = time.strftime("%Y-%m-%dT%H:%M:%SZ", an_hour_ago)
     path = tmp_path / "policy.toml"
     path.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
-    return await proxy_process("--policy", str(path))
+    return await in_process_proxy("--policy", str(path))
 
 
 async def test_registry_mode_shows_a_hold_by_the_registry_apis_publish_time(registry, cooldown_proxy, terraform):

@@ -27,8 +27,10 @@ def unsigned_registry(registry):
     return registry
 
 
-async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(unsigned_registry, proxy_process, terraform):
-    proxy = await proxy_process("--upstream-map", f"registry.opentofu.org={unsigned_registry.url}")
+async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(
+    unsigned_registry, in_process_proxy, terraform
+):
+    proxy = await in_process_proxy("--upstream-map", f"registry.opentofu.org={unsigned_registry.url}")
     workdir = terraform.workdir("w", MAIN_TF)
     code, output = await terraform.init(workdir, mirror_config(proxy), proxy.ca_file)
     assert code == 0, output
@@ -39,8 +41,8 @@ async def test_init_installs_an_unsigned_provider_of_the_opentofu_registry(unsig
     assert [(e["provider"], e["sha256"]) for e in stored] == [(TOFU_PROVIDER, release.sha256("linux_amd64"))]
 
 
-async def test_init_is_refused_an_unsigned_provider_with_refuse(unsigned_registry, proxy_process, terraform):
-    proxy = await proxy_process(
+async def test_init_is_refused_an_unsigned_provider_with_refuse(unsigned_registry, in_process_proxy, terraform):
+    proxy = await in_process_proxy(
         "--upstream-map", f"registry.opentofu.org={unsigned_registry.url}", "--unsigned-providers", "refuse"
     )
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)

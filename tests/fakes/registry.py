@@ -6,9 +6,11 @@ per-version documents (`published_at`) and a SHA256SUMS `Last-Modified` where a 
 them; records every request; and
 has fault knobs: per-path status/body/content type/delay, tampered archives, swapped
 signing keys, slow archive streaming, trickling (bytes per second) and stalling archives,
-archives held after their headers until the test releases them, archives without a
-Content-Length (chunked). A private registry (`require_token`) answers 401 unless a request
-carries its token (as a bearer token, or as git's basic-auth password); every request's
+archives held after their headers until the test releases them, any answer held until a test's
+gate opens (`gates`), archives without a Content-Length (chunked), and a round-trip latency added
+to every answer (`latency`, a WAN stand-in: the same for every client) with a timeline of each
+request's arrival and answer (`timeline`). A private registry (`require_token`) answers 401
+unless a request carries its token (as a bearer token, or as git's basic-auth password); every request's
 `Authorization` header is recorded (`authorizations`).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +53,18 @@ class Fault:
     headers: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Served:
+    """One request as the registry saw it: wall-clock arrival and answer (`time.time()`: comparable with
+    the proxy's log timestamps), the answer's end for a streamed archive."""
+
+    method: str
+    path: str
+    arrived: float
+    answered: float
+    status: int
+
+
 @dataclass
 class Hold:
     """An archive answer held after its headers: `started` is set once they went out (the
@@ -78,7 +93,10 @@ class FakeRegistry:
         self.trickle: dict[str, int] = {}  # archive path -> bytes per second
         self.stall: dict[str, int] = {}  # archive path -> bytes sent before the answer stalls for good
         self.holds: dict[str, Hold] = {}  # archive path -> its answer waits for the test after the headers
+        self.gates: dict[str, asyncio.Event] = {}  # any path -> its answer waits until the test sets the event
         self.completed: list[tuple[str, str]] = []  # requests whose handler returned, in order
+        self.latency = 0.0  # seconds every answer waits before it is made (a WAN round trip)
+        self.timeline: list[Served] = []
         self.chunked_archives = False  # send provider archives chunked, without a Content-Length
         self.discovery: dict[str, str] = {"providers.v1": "/v1/providers/", "modules.v1": "/v1/modules/"}
         self.modules: dict[tuple[str, str, str], dict[str, ModuleRelease]] = {}
@@ -150,7 +168,25 @@ class FakeRegistry:
 
     @web.middleware
     async def _record_and_fault(self, request: web.Request, handler):
+        arrived = time.time()
+        status = 500
+        try:
+            response = await self._answer(request, handler)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            self.timeline.append(Served(request.method, request.path, arrived, time.time(), status))
+
+    async def _answer(self, request: web.Request, handler):
         self.requests.append((request.method, request.path))
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        gate = self.gates.get(request.path)
+        if gate is not None:
+            await gate.wait()
         self.authorizations.append((request.path, request.headers.get("Authorization")))
         if self.require_token is not None and not self._authorized(request.headers.get("Authorization", "")):
             return web.json_response(

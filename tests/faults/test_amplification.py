@@ -67,8 +67,8 @@ def metric(text: str, name: str) -> float:
 # ---- item 1: validate against the cached lists before any per-version/per-platform request --------------
 
 
-async def test_hostile_lock_requests_cause_a_handful_of_upstream_requests(proxy_process, connect, registry):
-    proc = await proxy_process()
+async def test_hostile_lock_requests_cause_a_handful_of_upstream_requests(in_process_proxy, connect, registry):
+    proc = await in_process_proxy()
     client = await connect(proc, timeout=120)
     start = len(registry.requests)
 
@@ -88,8 +88,8 @@ async def test_hostile_lock_requests_cause_a_handful_of_upstream_requests(proxy_
     assert len(caused) <= 3, (len(caused), caused[:5])  # discovery and the version list, nothing per platform
 
 
-async def test_made_up_archive_urls_never_reach_the_upstream(proxy_process, connect, registry):
-    proc = await proxy_process()
+async def test_made_up_archive_urls_never_reach_the_upstream(in_process_proxy, connect, registry):
+    proc = await in_process_proxy()
     client = await connect(proc, timeout=120)
     start = len(registry.requests)
     urls = []
@@ -114,8 +114,8 @@ async def test_made_up_archive_urls_never_reach_the_upstream(proxy_process, conn
     assert len(caused) <= 3, (len(caused), caused[:5])
 
 
-async def test_real_versions_and_platforms_still_work(proxy_process, connect, registry):
-    proc = await proxy_process()
+async def test_real_versions_and_platforms_still_work(in_process_proxy, connect, registry):
+    proc = await in_process_proxy()
     client = await connect(proc)
     release = registry.releases[("acme", "foo")]["1.0.0"]
     status, _, data = await client.get(archive_url("1.0.0", "linux_amd64"))
@@ -136,9 +136,9 @@ async def test_real_versions_and_platforms_still_work(proxy_process, connect, re
 
 
 async def test_a_version_published_after_the_list_was_cached_is_found_with_one_recheck(
-    proxy_process, connect, registry, signing_key
+    in_process_proxy, connect, registry, signing_key
 ):
-    proc = await proxy_process("--ttl-negative", f"{RECHECK_INTERVAL:g}s")
+    proc = await in_process_proxy("--ttl-negative", f"{RECHECK_INTERVAL:g}s")
     client = await connect(proc, timeout=120)
     assert (await client.get(f"{MIRROR}/index.json"))[0] == 200
     versions = "/v1/providers/acme/foo/versions"
@@ -171,10 +171,10 @@ async def test_a_version_published_after_the_list_was_cached_is_found_with_one_r
     assert 1 <= rechecks <= 2 * (1 + int(elapsed / RECHECK_INTERVAL)), (rechecks, elapsed)
 
 
-async def test_made_up_module_versions_never_reach_the_upstream(proxy_process, connect, registry):
+async def test_made_up_module_versions_never_reach_the_upstream(in_process_proxy, connect, registry):
     registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await connect(proc, timeout=120)
     start = len(registry.requests)
     answers = await gather_limited(
@@ -225,14 +225,14 @@ def redis_keys(url: str, prefix: str) -> list[bytes]:
 
 @pytest.mark.parametrize("backend", ["embedded", "redis"])
 async def test_negative_cache_stays_bounded_and_warm_entries_survive_a_flood(
-    backend, proxy_process, connect, registry, request
+    backend, in_process_proxy, connect, registry, request
 ):
     extra = ["--negative-cache-entries", str(NEGATIVE_ENTRIES)]
     prefix = f"amp-{uuid.uuid4().hex[:10]}"
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
         extra += ["--redis-url", server.url, "--redis-prefix", prefix, "--metadata-secret", METADATA_SECRET]
-    proc = await proxy_process(*extra)
+    proc = await in_process_proxy(*extra)
     client = await connect(proc, timeout=300)
     for path in WARM:
         assert (await client.get(path))[0] == 200, path
@@ -260,14 +260,14 @@ async def test_negative_cache_stays_bounded_and_warm_entries_survive_a_flood(
     # Warm entries were not pushed out: with the upstream gone and a fresh process, they still serve.
     await proc.stop()
     await registry.stop()
-    again = await proxy_process(*extra, data_dir=proc.data_dir)
+    again = await in_process_proxy(*extra, data_dir=proc.data_dir)
     client = await connect(again)
     for path in WARM:
         assert (await client.get(path))[0] == 200, path
 
 
 @pytest.mark.parametrize("backend", ["embedded", "redis"])
-async def test_negative_cache_respects_its_byte_bound(backend, proxy_process, connect, registry, request):
+async def test_negative_cache_respects_its_byte_bound(backend, in_process_proxy, connect, registry, request):
     extra = ["--negative-cache-entries", "10000", "--negative-cache-bytes", "16KiB"]
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
@@ -279,7 +279,7 @@ async def test_negative_cache_respects_its_byte_bound(backend, proxy_process, co
             "--metadata-secret",
             METADATA_SECRET,
         ]
-    proc = await proxy_process(*extra)
+    proc = await in_process_proxy(*extra)
     client = await connect(proc, timeout=300)
     await flood_made_up_names(client, registry, 400)
     text = (await client.get("/metrics"))[2].decode()

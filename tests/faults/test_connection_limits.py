@@ -70,8 +70,8 @@ async def _warm(proc: ProxyProcess, connect, release: Release) -> None:
 # ---- slowloris and idle connections -------------------------------------------------------
 
 
-async def test_slowloris_and_idle_connections_are_closed_after_the_header_timeout(proxy_process, connect):
-    proc = await proxy_process("--client-header-timeout", "1s")
+async def test_slowloris_and_idle_connections_are_closed_after_the_header_timeout(in_process_proxy, connect):
+    proc = await in_process_proxy("--client-header-timeout", "1s")
     partial = await _open(proc)
     partial.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the head is never finished
     idle = await _open(proc)  # sends nothing at all
@@ -91,8 +91,8 @@ async def test_slowloris_and_idle_connections_are_closed_after_the_header_timeou
     assert status == 200 and json.loads(body) == {"status": "ok"}
 
 
-async def test_a_tls_handshake_that_never_starts_is_cut_at_the_header_timeout(proxy_process):
-    proc = await proxy_process("--client-header-timeout", "1s")
+async def test_a_tls_handshake_that_never_starts_is_cut_at_the_header_timeout(in_process_proxy):
+    proc = await in_process_proxy("--client-header-timeout", "1s")
     reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)  # TCP only, no ClientHello
     started = time.monotonic()
     try:
@@ -104,8 +104,8 @@ async def test_a_tls_handshake_that_never_starts_is_cut_at_the_header_timeout(pr
     assert time.monotonic() - started < 10
 
 
-async def test_keepalive_timeout_closes_idle_connections_between_requests(proxy_process):
-    proc = await proxy_process("--keepalive-timeout", "1s", "--client-header-timeout", "30s")
+async def test_keepalive_timeout_closes_idle_connections_between_requests(in_process_proxy):
+    proc = await in_process_proxy("--keepalive-timeout", "1s", "--client-header-timeout", "30s")
     client = await _open(proc)
     client.send(request("/healthz"))
     status, _ = await client.response()
@@ -118,8 +118,8 @@ async def test_keepalive_timeout_closes_idle_connections_between_requests(proxy_
 # ---- connection cap -----------------------------------------------------------------------
 
 
-async def test_connections_beyond_the_cap_are_refused_while_admitted_ones_keep_working(proxy_process):
-    proc = await proxy_process("--max-connections", "20", "--client-header-timeout", "60s")
+async def test_connections_beyond_the_cap_are_refused_while_admitted_ones_keep_working(in_process_proxy):
+    proc = await in_process_proxy("--max-connections", "20", "--client-header-timeout", "60s")
     admitted = []
     for _ in range(20):
         client = await _open(proc)
@@ -195,8 +195,8 @@ async def test_clients_that_stop_reading_are_dropped_after_send_timeout_with_bou
     assert status == 200 and body == big_release.zips["linux_amd64"]
 
 
-async def test_client_abort_mid_archive_is_logged_as_aborted_not_crashed(proxy_process, connect, big_release):
-    proc = await proxy_process()
+async def test_client_abort_mid_archive_is_logged_as_aborted_not_crashed(in_process_proxy, connect, big_release):
+    proc = await in_process_proxy()
     await _warm(proc, connect, big_release)
     client = await _open(proc, receive_buffer=32 * 1024, stop_reading_after=64 * 1024)
     client.send(request(BIG_ARCHIVE, headers={"X-Request-Id": "abort-me"}))
@@ -219,11 +219,11 @@ async def test_client_abort_mid_archive_is_logged_as_aborted_not_crashed(proxy_p
     assert 'status="500"' not in body.decode()
 
 
-async def test_client_abort_mid_cold_archive_is_logged_as_aborted_too(proxy_process, connect, registry, big_release):
+async def test_client_abort_mid_cold_archive_is_logged_as_aborted_too(in_process_proxy, connect, registry, big_release):
     """Issue 18, item 11: a cold archive streamed as it downloads was logged `status 200, bytes 0` plus
     a warning when its client went away; it is a 499 as on the warm path, and the download goes on."""
     registry.trickle[registry.archive_path(big_release, "linux_amd64")] = 4 * MIB  # about two seconds
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await _open(proc, receive_buffer=32 * 1024, stop_reading_after=64 * 1024)
     client.send(request(BIG_ARCHIVE, headers={"X-Request-Id": "abort-cold"}))
     await asyncio.wait_for(client.got_data.wait(), 20)
@@ -266,8 +266,8 @@ async def test_client_abort_mid_cold_archive_is_logged_as_aborted_too(proxy_proc
         ("binary garbage", b"\x00\x01\x02\x03\r\n\r\n", 400, "malformed_request"),
     ],
 )
-async def test_parser_errors_get_a_json_error_body(proxy_process, name, data, status, code):
-    proc = await proxy_process()
+async def test_parser_errors_get_a_json_error_body(in_process_proxy, name, data, status, code):
+    proc = await in_process_proxy()
     client = await exchange("127.0.0.1", proc.port, _context(proc), data)
     assert client.status() == status, bytes(client.head[:300])
     head = bytes(client.head).partition(b"\r\n\r\n")[0].decode().lower()
@@ -278,8 +278,8 @@ async def test_parser_errors_get_a_json_error_body(proxy_process, name, data, st
     assert proc.events("request.crashed") == []
 
 
-async def test_wrong_method_on_a_known_route_is_a_json_405(proxy_process):
-    proc = await proxy_process()
+async def test_wrong_method_on_a_known_route_is_a_json_405(in_process_proxy):
+    proc = await in_process_proxy()
     client = await exchange(
         "127.0.0.1", proc.port, _context(proc), request("/healthz", method="DELETE", headers={"Connection": "close"})
     )

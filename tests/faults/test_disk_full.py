@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT)
 
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
-    """A 16 MiB tmpfs as the proxy's data dir (request it before `proxy_process`, so it unmounts last)."""
+    """A 16 MiB tmpfs as the proxy's data dir (request it before `in_process_proxy`, so it unmounts last)."""
     path = tmp_path / "proxy-data"
     path.mkdir()
     mounted = subprocess.run(
@@ -118,10 +118,10 @@ async def passthrough_count(client, kind: str, outcome: str) -> float:
 
 
 async def test_below_the_floor_archives_are_relayed_verified_and_not_stored(
-    small_disk, proxy_process, connect, registry, big, monkeypatch
+    small_disk, in_process_proxy, connect, registry, big, monkeypatch
 ):
     monkeypatch.setenv(FLOOR_ENV, "6MiB")
-    proc = await proxy_process(data_dir=small_disk)
+    proc = await in_process_proxy(data_dir=small_disk)
     client = await connect(proc)
     assert (await readyz(client, 200))["status"] == "ready"
     filler = fill(small_disk, leave=2 * MiB)
@@ -162,11 +162,11 @@ async def test_below_the_floor_archives_are_relayed_verified_and_not_stored(
 
 
 async def test_enospc_while_downloading_and_failed_metadata_writes(
-    small_disk, proxy_process, connect, registry, big, monkeypatch
+    small_disk, in_process_proxy, connect, registry, big, monkeypatch
 ):
     monkeypatch.setenv(FLOOR_ENV, "0")  # no floor: only the write errors tell the proxy the disk is full
     registry.chunked_archives = True  # no Content-Length: the proxy cannot see it will not fit
-    proc = await proxy_process(data_dir=small_disk)
+    proc = await in_process_proxy(data_dir=small_disk)
     client = await connect(proc)
     await readyz(client, 200)  # the metadata store exists before the disk fills
     filler = fill(small_disk, leave=1 * MiB)
@@ -214,14 +214,14 @@ async def test_enospc_while_downloading_and_failed_metadata_writes(
 
 
 async def test_a_client_following_a_cold_download_gets_it_whole_when_the_disk_fills(
-    small_disk, proxy_process, connect, registry, big, monkeypatch
+    small_disk, in_process_proxy, connect, registry, big, monkeypatch
 ):
     """The disk fills while a cold archive downloads (issue 18, item 8): the client that follows the
     download (the first, with the Content-Length announced) gets the rest relayed from the upstream and
     verified, not a cut body; nothing is stored."""
     monkeypatch.setenv(FLOOR_ENV, "0")  # only the failing write tells the proxy the disk is full
     hold = registry.hold(registry.archive_path(big, "linux_amd64"))
-    proc = await proxy_process(data_dir=small_disk)
+    proc = await in_process_proxy(data_dir=small_disk)
     client = await connect(proc)
     await readyz(client, 200)
 
@@ -245,7 +245,9 @@ async def test_a_client_following_a_cold_download_gets_it_whole_when_the_disk_fi
     assert stored(small_disk) == {big.sha256("linux_amd64")}
 
 
-async def test_modules_are_relayed_only_with_a_checksum_pin(small_disk, proxy_process, connect, registry, monkeypatch):
+async def test_modules_are_relayed_only_with_a_checksum_pin(
+    small_disk, in_process_proxy, connect, registry, monkeypatch
+):
     monkeypatch.setenv(FLOOR_ENV, "100MiB")  # more than the whole 16 MiB disk: always below the floor
     archive = module_tar_gz(MODULE_FILES)
     registry.static["net.tar.gz"] = archive
@@ -253,7 +255,7 @@ async def test_modules_are_relayed_only_with_a_checksum_pin(small_disk, proxy_pr
     pinned = f"{{base}}/static/net.tar.gz?checksum=sha256:{pin}"
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", pinned))
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.1.0", "{base}/static/net.tar.gz"))
-    proc = await proxy_process(data_dir=small_disk)
+    proc = await in_process_proxy(data_dir=small_disk)
     client = await connect(proc)
     await readyz(client, 503)
 

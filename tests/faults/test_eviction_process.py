@@ -20,10 +20,10 @@ def metric(text: str, name: str) -> float:
 
 
 async def test_an_archive_over_the_cap_is_evicted_after_its_grace_and_fetched_again(
-    proxy_process, connect, registry, signing_key
+    in_process_proxy, connect, registry, signing_key
 ):
     registry.add(Release("acme", "big", "1.0.0", signing_key, platforms=("linux_amd64",), noise=64 * 1024))
-    proc = await proxy_process(
+    proc = await in_process_proxy(
         "--unsafe-short-timings", "--max-store-size", "1KiB", "--eviction-grace", "1s", "--eviction-interval", "200ms"
     )
     client = await connect(proc)

@@ -60,11 +60,11 @@ async def assert_remembered_502(client, asked: list[str], registry, bombed: str)
 
 
 async def test_deeply_nested_upstream_json_is_a_json_502_remembered_for_a_while(
-    bombed, proxy_process, connect, registry
+    bombed, in_process_proxy, connect, registry
 ):
     """Version lists, download documents and module answers (discovery, below, fails them all)."""
     del registry.faults[DISCOVERY]
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await connect(proc)
     for path, asked in BOMBED.items():
         await assert_remembered_502(client, asked, registry, path)
@@ -73,15 +73,15 @@ async def test_deeply_nested_upstream_json_is_a_json_502_remembered_for_a_while(
 
 
 async def test_a_deeply_nested_discovery_document_is_a_json_502_remembered_for_a_while(
-    bombed, proxy_process, connect, registry
+    bombed, in_process_proxy, connect, registry
 ):
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await connect(proc)
     await assert_remembered_502(client, [f"{MIRROR}/foo/index.json", f"{MODULES}/mv/aws/versions"], registry, DISCOVERY)
     assert not proc.events("request.crashed")
 
 
-async def test_a_big_version_list_does_not_stall_the_worker(registry, proxy_process, connect):
+async def test_a_big_version_list_does_not_stall_the_worker(registry, in_process_proxy, connect):
     """A 7.8 MB version list (the size limit is 8 MiB): while the proxy parses it, `/healthz` answers at
     once. Compared with the time of the whole request (same run, same load): before, the worker was
     blocked for most of it."""
@@ -93,7 +93,7 @@ async def test_a_big_version_list_does_not_stall_the_worker(registry, proxy_proc
     document = json.dumps({"versions": versions}).encode()
     assert 7_000_000 < len(document) < 8 * 2**20
     registry.faults["/v1/providers/acme/huge/versions"] = Fault(body=document)
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await connect(proc, timeout=120)
     assert (await client.get(f"{MIRROR}/foo/index.json"))[0] == 200  # discovery cached: only the list is left
 

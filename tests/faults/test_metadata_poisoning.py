@@ -36,12 +36,12 @@ def redis_args(redis_server, prefix: str, secret: str = SECRET) -> tuple[str, ..
 
 
 async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
-    proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path
+    in_process_proxy, connect, registry, redis_server, attacker, prefix, tmp_path
 ):
     releases = registry.releases[("acme", "foo")]
     old, new = releases["1.0.0"], releases["1.1.0"]
     data_dir = tmp_path / "replica"
-    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    proc = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=data_dir)
     client = await connect(proc)
     for version, platform in [
         ("1.0.0", "linux_amd64"),
@@ -88,7 +88,7 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
     )
     downloads_before = registry.count(registry.archive_path(new, "linux_amd64"))
 
-    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    proc = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=data_dir)
     client = await connect(proc)
     for platform in ("linux_amd64", "darwin_arm64", "windows_amd64"):
         status, _, body = await client.get(ARCHIVE.format(v="1.1.0", p=platform))
@@ -116,13 +116,13 @@ async def test_copied_and_forged_redis_records_never_downgrade_a_provider(
         if line.startswith("registry_proxy_metadata_rejected_total{")
     }
     assert refused['reason="bad_seal",store="redis"'] >= 3 and refused['reason="no_seal",store="redis"'] >= 1
-    assert not any(SECRET in line for line in proc.log_path.read_text().splitlines())
+    assert not any(SECRET in json.dumps(record, default=str) for record in proc.events())
     # The archive on disk was reused (its bytes are the signed ones): nothing downloaded again.
     assert registry.count(registry.archive_path(new, "linux_amd64")) == downloads_before
 
     # Recovered: the records were rewritten, so another replica serves 1.1.0 from them, with no new event.
     await proc.stop()
-    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    proc = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=data_dir)
     client = await connect(proc)
     status, _, body = await client.get(ARCHIVE.format(v="1.1.0", p="linux_amd64"))
     assert (status, body) == (200, new.zips["linux_amd64"])
@@ -136,13 +136,13 @@ def _payload_field(value: bytes, name: str) -> str:
 
 
 async def test_a_replica_with_another_secret_treats_records_as_misses(
-    proxy_process, connect, registry, redis_server, prefix, tmp_path
+    in_process_proxy, connect, registry, redis_server, prefix, tmp_path
 ):
     release = registry.releases[("acme", "foo")]["1.0.0"]
-    first = await proxy_process(*redis_args(redis_server, prefix), data_dir=tmp_path / "a")
+    first = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=tmp_path / "a")
     status, _, _ = await (await connect(first)).get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
     assert status == 200
-    other = await proxy_process(
+    other = await in_process_proxy(
         *redis_args(redis_server, prefix, secret="another-secret-of-a-forgotten-replica"), data_dir=tmp_path / "b"
     )
     status, _, body = await (await connect(other)).get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
@@ -156,12 +156,12 @@ async def test_redis_without_a_secret_refuses_to_start(proxy_process, redis_serv
 
 
 async def test_a_resealed_archive_record_must_still_match_the_signed_sums(
-    proxy_process, connect, registry, redis_server, attacker, prefix, tmp_path
+    in_process_proxy, connect, registry, redis_server, attacker, prefix, tmp_path
 ):
     """Defence in depth: even with the secret, an archive record alone cannot point 1.1.0 at 1.0.0's zip."""
     releases = registry.releases[("acme", "foo")]
     data_dir = tmp_path / "replica"
-    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    proc = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=data_dir)
     client = await connect(proc)
     for version in ("1.0.0", "1.1.0"):
         assert (await client.get(ARCHIVE.format(v=version, p="linux_amd64")))[0] == 200
@@ -171,18 +171,18 @@ async def test_a_resealed_archive_record_must_still_match_the_signed_sums(
     assert why == ""
     attacker.set(f"{prefix}:{target}", seal(SECRET.encode(), target, value))
 
-    proc = await proxy_process(*redis_args(redis_server, prefix), data_dir=data_dir)
+    proc = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=data_dir)
     status, _, body = await (await connect(proc)).get(ARCHIVE.format(v="1.1.0", p="linux_amd64"))
     assert (status, body) == (200, releases["1.1.0"].zips["linux_amd64"])
     assert {(r["key"], r["store"]) for r in proc.events("security.metadata_poisoned")} == {(target, "consistency")}
 
 
 async def test_upgrading_an_embedded_data_dir_seals_its_records_and_keeps_serving_offline(
-    proxy_process, connect, registry, tmp_path
+    in_process_proxy, connect, registry, tmp_path
 ):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     data_dir = tmp_path / "data"
-    proc = await proxy_process(data_dir=data_dir)
+    proc = await in_process_proxy(data_dir=data_dir)
     client = await connect(proc)
     assert (await client.get(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
     assert (await client.get(ARCHIVE.format(v="1.0.0", p="linux_amd64")))[0] == 200
@@ -198,7 +198,7 @@ async def test_upgrading_an_embedded_data_dir_seals_its_records_and_keeps_servin
     secret_file.unlink()
 
     requests = len(registry.requests)
-    proc = await proxy_process("--offline", data_dir=data_dir)
+    proc = await in_process_proxy("--offline", data_dir=data_dir)
     client = await connect(proc)
     status, _, body = await client.get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
     assert (status, body) == (200, release.zips["linux_amd64"])

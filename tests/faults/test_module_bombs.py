@@ -48,10 +48,10 @@ def assert_refused(status: int, body: bytes, words: str) -> None:
     assert document["code"] == "upstream_too_large" and words in document["errors"][0], document
 
 
-async def test_gzip_bomb_is_refused_and_not_stored(proxy_process, connect, registry):
+async def test_gzip_bomb_is_refused_and_not_stored(in_process_proxy, connect, registry):
     upstream = serve_module(registry, "net.tar.gz", bomb(4))
     assert len(registry.static["net.tar.gz"]) < 5 * 2**20  # well under --max-module-size
-    process = await proxy_process()
+    process = await in_process_proxy()
     client = await connect(process, timeout=120)
     status, _, body = await client.get(f"{M}/1.0.0/archive.tar.gz")
     assert_refused(status, body, f"more than {GIB} bytes")
@@ -63,7 +63,7 @@ async def test_gzip_bomb_is_refused_and_not_stored(proxy_process, connect, regis
 
 
 @pytest.mark.parametrize("limit", ["128MiB", "32MiB"])
-async def test_bomb_behind_a_lying_header_is_counted_as_inflated(proxy_process, connect, registry, tmp_path, limit):
+async def test_bomb_behind_a_lying_header_is_counted_as_inflated(in_process_proxy, connect, registry, tmp_path, limit):
     """The tar header declares an empty file and 8 GiB of zeros follow: only the bytes actually
     inflated show it, and the check stops inflating at the limit (the proxy's check, run here on
     the same archive, is measured in bytes: no timing, which a loaded machine stretches). Two limits
@@ -71,7 +71,7 @@ async def test_bomb_behind_a_lying_header_is_counted_as_inflated(proxy_process, 
     inflating it twice cost 13 s of CPU)."""
     data = bomb(8, lying=True)
     serve_module(registry, "net.tar.gz", data)
-    process = await proxy_process("--max-module-unpacked-size", limit)
+    process = await in_process_proxy("--max-module-unpacked-size", limit)
     client = await connect(process, timeout=120)
     status, _, body = await client.get(f"{M}/1.0.0/archive.tar.gz")
     assert_refused(status, body, f"more than {parse_size(limit)} bytes")
@@ -85,28 +85,28 @@ async def test_bomb_behind_a_lying_header_is_counted_as_inflated(proxy_process, 
     assert parse_size(limit) < inflated() <= parse_size(limit) + 2**20, inflated()
 
 
-async def test_too_many_entries_are_refused(proxy_process, connect, registry):
+async def test_too_many_entries_are_refused(in_process_proxy, connect, registry):
     serve_module(registry, "net.tar.gz", many_entries_tar_gz(1001))
-    process = await proxy_process("--max-module-entries", "1000")
+    process = await in_process_proxy("--max-module-entries", "1000")
     client = await connect(process)
     status, _, body = await client.get(f"{M}/1.0.0/archive.tar.gz")
     assert_refused(status, body, "more than 1000 entries")
     assert stored_files(process.data_dir) == []
 
 
-async def test_zip_bomb_is_refused_by_declared_sizes(proxy_process, connect, registry):
+async def test_zip_bomb_is_refused_by_declared_sizes(in_process_proxy, connect, registry):
     serve_module(registry, "net.zip", zip_of_zeros(3, 16 * 2**20))
-    process = await proxy_process("--max-module-unpacked-size", "32MiB")
+    process = await in_process_proxy("--max-module-unpacked-size", "32MiB")
     client = await connect(process)
     status, _, body = await client.get(f"{M}/1.0.0/archive.zip")
     assert_refused(status, body, f"more than {32 * 2**20} bytes")
     assert stored_files(process.data_dir) == []
 
 
-async def test_archives_within_the_limits_are_served(proxy_process, connect, registry):
+async def test_archives_within_the_limits_are_served(in_process_proxy, connect, registry):
     data = zip_of_zeros(2, 16 * 2**20)
     serve_module(registry, "net.zip", data)
-    process = await proxy_process("--max-module-unpacked-size", "32MiB", "--max-module-entries", "2")
+    process = await in_process_proxy("--max-module-unpacked-size", "32MiB", "--max-module-entries", "2")
     client = await connect(process)
     status, _, body = await client.get(f"{M}/1.0.0/archive.zip")
     assert (status, body) == (200, data)
@@ -125,14 +125,14 @@ async def test_archives_within_the_limits_are_served(proxy_process, connect, reg
     ids=["size", "entries"],
 )
 async def test_git_source_over_the_limits_is_refused_before_checkout(
-    proxy_process, connect, registry, tmp_path, files, flags, words
+    in_process_proxy, connect, registry, tmp_path, files, flags, words
 ):
     """A repository of a few hundred KiB can check out to GiBs (git compresses blobs): the tree is
     measured with `git ls-tree` before anything is written."""
     bare, _ = make_bare_repo(tmp_path / "repos", "net", files, "v1.2.0")
     registry.git_root = bare.parent
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.2.0", "git::{base}/git/net.git?ref=v1.2.0"))
-    process = await proxy_process(*flags)
+    process = await in_process_proxy(*flags)
     client = await connect(process, timeout=120)
     status, _, body = await client.get(f"{M}/1.2.0/archive.tar.gz")
     assert status == 502, body[:300]

@@ -45,9 +45,9 @@ class Served:
 
 
 @pytest.fixture(params=["tls", "plain-http"])
-async def served(request, proxy_process, connect, registry) -> Served:
+async def served(request, in_process_proxy, connect, registry) -> Served:
     """A proxy process (over TLS or with --plain-http) that has the archive cached."""
-    process = await proxy_process(*(["--plain-http"] if request.param == "plain-http" else []))
+    process = await in_process_proxy(*(["--plain-http"] if request.param == "plain-http" else []))
     client = Client(await connect(process))
     data = registry.releases[("acme", "foo")]["1.0.0"].zips["linux_amd64"]
     status, _, body = await client.get(ARCHIVE)

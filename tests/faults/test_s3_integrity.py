@@ -74,15 +74,15 @@ def corruptions(proc: ProxyProcess, sha: str) -> list[dict]:
 
 
 async def test_corrupted_object_bytes_are_cut_on_every_serve_not_only_the_first(
-    proxy_process, connect, registry, big, front, s3_server, s3_bucket
+    in_process_proxy, connect, registry, big, front, s3_server, s3_bucket
 ):
     data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     flags = through(front, s3_server, s3_bucket)
-    first = await proxy_process(*flags)
+    first = await in_process_proxy(*flags)
     assert await get_or_abort(await connect(first), BIG) == (200, data)  # fetched, verified, uploaded
     await first.stop()
 
-    proc = await proxy_process(*flags)  # a fresh process: nothing found intact yet
+    proc = await in_process_proxy(*flags)  # a fresh process: nothing found intact yet
     client = await connect(proc)
     corrupt(front, sha)
     assert await get_or_abort(client, BIG) == (None, None)  # cut before its end
@@ -127,7 +127,7 @@ async def test_a_head_answer_without_content_length_is_a_json_error_not_a_crash(
 
 
 async def test_a_slow_client_gets_the_whole_archive_from_an_object_store_that_closes_after_each_answer(
-    proxy_process, connect, registry, signing_key, s3_server, s3_bucket
+    in_process_proxy, connect, registry, signing_key, s3_server, s3_bucket
 ):
     """moto (like any server that closes a connection after its answer) sends the end of a body and closes;
     uvloop, the proxy's event loop, drops what it had received but not yet handed on when that close arrives
@@ -135,7 +135,7 @@ async def test_a_slow_client_gets_the_whole_archive_from_an_object_store_that_cl
     rest of the body (the same object, from where it stopped): the client still gets the archive whole."""
     huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=12 << 20))
     data = huge.zips["linux_amd64"]
-    proc = await proxy_process(*s3_server.flags(s3_bucket))
+    proc = await in_process_proxy(*s3_server.flags(s3_bucket))
     client = await connect(proc)
     assert await get_or_abort(client, BIG) == (200, data)  # fetched, verified, uploaded
     received = bytearray()

@@ -99,9 +99,9 @@ async def request_log(proc, path: str, nth: int) -> dict:
 
 
 async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow_upstream(
-    proxy_process, connect, registry
+    in_process_proxy, connect, registry
 ):
-    proc = await proxy_process("--ttl-discovery", "1s", "--ttl-versions", "1s", "--stale-deadline", "1s")
+    proc = await in_process_proxy("--ttl-discovery", "1s", "--ttl-versions", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     status, _, warm = await client.get(INDEX)
     assert status == 200
@@ -121,9 +121,9 @@ async def test_stale_index_is_answered_within_the_stale_deadline_from_a_45s_slow
     assert registry.count(DISCOVERY) == 2 and registry.count(VERSIONS) == 2
 
 
-async def test_background_refresh_lands_without_another_client_wait(proxy_process, connect, registry, signing_key):
+async def test_background_refresh_lands_without_another_client_wait(in_process_proxy, connect, registry, signing_key):
     # The refreshed list must still be fresh when the third request comes, after the refresh is seen to land.
-    proc = await proxy_process("--ttl-versions", "2s", "--stale-deadline", "1s")
+    proc = await in_process_proxy("--ttl-versions", "2s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     assert (await client.get(INDEX))[0] == 200
     await proc.wait_stale(2, VERSIONS_KEY)
@@ -144,8 +144,10 @@ async def test_background_refresh_lands_without_another_client_wait(proxy_proces
     assert registry.count(VERSIONS) == 2
 
 
-async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_deadline(proxy_process, connect, registry):
-    proc = await proxy_process("--request-deadline", "1s", "--stale-deadline", "1s")
+async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_deadline(
+    in_process_proxy, connect, registry
+):
+    proc = await in_process_proxy("--request-deadline", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     await warm(client, UNKNOWN_INDEX, 404)  # discovery is cached: the version list is the one step left
     registry.faults[VERSIONS] = Fault(delay=SLOW)
@@ -159,9 +161,9 @@ async def test_cold_miss_against_a_45s_slow_upstream_is_a_504_at_the_request_dea
 
 
 async def test_cold_version_document_with_serial_slow_steps_is_a_504_at_the_request_deadline(
-    proxy_process, connect, registry
+    in_process_proxy, connect, registry
 ):
-    proc = await proxy_process("--request-deadline", "3s", "--stale-deadline", "1s")
+    proc = await in_process_proxy("--request-deadline", "3s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     for path in (DISCOVERY, VERSIONS):
         registry.faults[path] = Fault(delay=0.6)  # each step well within its own timeout ...
@@ -173,8 +175,8 @@ async def test_cold_version_document_with_serial_slow_steps_is_a_504_at_the_requ
     assert code == "upstream_timeout" and DOWNLOAD_DOC in message  # names the step that did not answer
 
 
-async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(proxy_process, connect, registry):
-    proc = await proxy_process("--request-deadline", "1s", "--stale-deadline", "1s")
+async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(in_process_proxy, connect, registry):
+    proc = await in_process_proxy("--request-deadline", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=15)
     registry.faults[VERSIONS] = Fault(delay=2.5)
     status, _, _ = await client.get(INDEX)
@@ -191,9 +193,9 @@ async def test_cold_fetch_goes_on_after_the_504_and_the_next_request_finds_it(pr
 
 
 async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(
-    proxy_process, connect, registry, signing_key
+    in_process_proxy, connect, registry, signing_key
 ):
-    proc = await proxy_process("--request-deadline", "1s", "--stale-deadline", "1s")
+    proc = await in_process_proxy("--request-deadline", "1s", "--stale-deadline", "1s")
     client = await connect(proc, timeout=20)
     big = big_release(registry, signing_key, noise=1024 * 1024)
     await warm(client, INDEX)  # the version list is cached: the download document is the one step left
@@ -214,12 +216,12 @@ async def test_request_deadline_bounds_archive_metadata_but_not_a_slow_download(
 
 
 async def test_trickling_archive_is_aborted_within_the_window_and_nothing_is_stored(
-    proxy_process, connect, registry, signing_key
+    in_process_proxy, connect, registry, signing_key
 ):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024  # 1 KiB/s: 256 KiB would take over four minutes
-    proc = await proxy_process("--min-download-rate", "32KiB", "--download-rate-window", "1s")
+    proc = await in_process_proxy("--min-download-rate", "32KiB", "--download-rate-window", "1s")
     client = await connect(proc, timeout=20)
     elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
     print(f"\ntrickling archive (1 KiB/s) aborted after {elapsed:.2f}s with {status}")
@@ -235,10 +237,10 @@ async def test_trickling_archive_is_aborted_within_the_window_and_nothing_is_sto
     assert registry.count(upstream_path) == 2
 
 
-async def test_stalled_download_hits_the_idle_timeout(proxy_process, connect, registry, signing_key):
+async def test_stalled_download_hits_the_idle_timeout(in_process_proxy, connect, registry, signing_key):
     big = big_release(registry, signing_key)
     registry.stall[registry.archive_path(big, "linux_amd64")] = 1000  # some bytes, then silence
-    proc = await proxy_process("--download-idle-timeout", "1s", "--min-download-rate", "0")
+    proc = await in_process_proxy("--download-idle-timeout", "1s", "--min-download-rate", "0")
     client = await connect(proc, timeout=20)
     elapsed, (status, _, body) = await timed(client.get(BIG_ARCHIVE))
     assert status == 504 and elapsed < 8
@@ -265,12 +267,12 @@ async def other_registry(upstream_ssl, signing_key):
 
 
 async def test_one_slow_host_cannot_take_the_slots_of_another(
-    proxy_process, connect, registry, other_registry, signing_key
+    in_process_proxy, connect, registry, other_registry, signing_key
 ):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024
-    proc = await proxy_process(
+    proc = await in_process_proxy(
         "--upstream-map",
         f"{OTHER_HOST}={other_registry.url}",
         "--upstream-host-concurrency",
@@ -297,12 +299,12 @@ async def test_one_slow_host_cannot_take_the_slots_of_another(
 
 
 async def test_same_host_downloads_within_the_per_host_cap_are_not_blocked(
-    proxy_process, connect, registry, signing_key
+    in_process_proxy, connect, registry, signing_key
 ):
     big = big_release(registry, signing_key)
     upstream_path = registry.archive_path(big, "linux_amd64")
     registry.trickle[upstream_path] = 1024
-    proc = await proxy_process(
+    proc = await in_process_proxy(
         "--upstream-host-concurrency", "2", "--upstream-concurrency", "2", "--shutdown-grace", "1s"
     )
     client = await connect(proc, timeout=20)

@@ -62,16 +62,16 @@ async def answers_correctly(client, registry, release) -> None:
 
 
 @pytest.mark.parametrize("how", ["garbage", "truncated"])
-async def test_damaged_while_stopped_is_moved_aside_and_replaced(proxy_process, connect, registry, tmp_path, how):
+async def test_damaged_while_stopped_is_moved_aside_and_replaced(in_process_proxy, connect, registry, tmp_path, how):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     data_dir = tmp_path / "data"
-    proc = await proxy_process(data_dir=data_dir)
+    proc = await in_process_proxy(data_dir=data_dir)
     await warm(await connect(proc), release)
     await proc.stop()
     database = data_dir / "metadata" / "metadata.sqlite"
     damage(database, how)
 
-    proc = await proxy_process(data_dir=data_dir)
+    proc = await in_process_proxy(data_dir=data_dir)
     client = await connect(proc)
     await answers_correctly(client, registry, release)
     status, _, body = await client.get("/readyz")
@@ -82,7 +82,7 @@ async def test_damaged_while_stopped_is_moved_aside_and_replaced(proxy_process, 
     # The fresh database works: after a restart everything is a cache hit (no upstream metadata request).
     await proc.stop()
     requests = len(registry.requests)
-    proc = await proxy_process(data_dir=data_dir)
+    proc = await in_process_proxy(data_dir=data_dir)
     client = await connect(proc)
     await answers_correctly(client, registry, release)
     assert registry.requests[requests:] == []
@@ -90,10 +90,10 @@ async def test_damaged_while_stopped_is_moved_aside_and_replaced(proxy_process, 
 
 
 @pytest.mark.parametrize("how", ["garbage", "truncated"])
-async def test_damaged_while_running_keeps_serving(proxy_process, connect, registry, tmp_path, how):
+async def test_damaged_while_running_keeps_serving(in_process_proxy, connect, registry, tmp_path, how):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     data_dir = tmp_path / "data"
-    proc = await proxy_process(data_dir=data_dir)
+    proc = await in_process_proxy(data_dir=data_dir)
     client = await connect(proc)
     await warm(client, release)
     damage(data_dir / "metadata" / "metadata.sqlite", how)
@@ -114,7 +114,7 @@ async def test_damaged_while_running_keeps_serving(proxy_process, connect, regis
     # SQLite in WAL mode keeps serving pages it holds and writes them back at the checkpoint, so the
     # file may come back whole; if not, the next start finds the damage and moves the file aside.
     await proc.stop()
-    first, proc = proc, await proxy_process(data_dir=data_dir)
+    first, proc = proc, await in_process_proxy(data_dir=data_dir)
     client = await connect(proc)
     await answers_correctly(client, registry, release)
     status, _, body = await client.get("/readyz")
@@ -126,12 +126,12 @@ async def test_damaged_while_running_keeps_serving(proxy_process, connect, regis
         assert db.execute("PRAGMA quick_check").fetchall() == [("ok",)]
 
 
-async def test_unopenable_store_is_degraded_not_down_and_recovers(proxy_process, connect, registry, tmp_path):
+async def test_unopenable_store_is_degraded_not_down_and_recovers(in_process_proxy, connect, registry, tmp_path):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     data_dir = tmp_path / "data"
     blocker = data_dir / "metadata" / "metadata.sqlite"
     blocker.mkdir(parents=True)  # a directory where the database file should be: it cannot be opened
-    proc = await proxy_process(data_dir=data_dir)
+    proc = await in_process_proxy(data_dir=data_dir)
     client = await connect(proc)
 
     status, _, body = await client.get("/readyz")

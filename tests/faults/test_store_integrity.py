@@ -102,8 +102,8 @@ def assert_corruption_logged(proc: ProxyProcess, sha: str) -> None:
 
 
 @pytest.mark.parametrize("offset", ["first", "last"])
-async def test_flipped_byte_is_never_served_and_is_refetched(proxy_process, connect, registry, big, offset):
-    proc = await proxy_process()
+async def test_flipped_byte_is_never_served_and_is_refetched(in_process_proxy, connect, registry, big, offset):
+    proc = await in_process_proxy()
     client = await connect(proc)
     good = big.zips["linux_amd64"]
     sha = big.sha256("linux_amd64")
@@ -120,10 +120,10 @@ async def test_flipped_byte_is_never_served_and_is_refetched(proxy_process, conn
     assert (await asyncio.to_thread(object_path(proc, sha).read_bytes)) == good
 
 
-async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_process, connect, registry, signing_key):
+async def test_clients_leaving_mid_stream_leave_no_open_file_behind(in_process_proxy, connect, registry, signing_key):
     """The hashing reader reads ahead in a worker thread; a client leaving must still close the file."""
     huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=48 << 20))
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await connect(proc)
     good, sha = huge.zips["linux_amd64"], huge.sha256("linux_amd64")
     assert await get_or_abort(client, BIG) == (200, good)
@@ -138,7 +138,7 @@ async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_proces
     target = str(object_path(proc, sha))
 
     def open_handles() -> int:
-        fds = Path(f"/proc/{proc.process.pid}/fd")
+        fds = Path(f"/proc/{proc.pid}/fd")
         return sum(1 for fd in fds.iterdir() if _link(fd) == target)
 
     await wait_for(lambda: open_handles() == 0)
@@ -154,12 +154,12 @@ async def test_clients_leaving_mid_stream_leave_no_open_file_behind(proxy_proces
 
 @pytest.mark.parametrize("plain", [False, True], ids=["tls", "plain-http"])
 async def test_a_file_rewritten_while_a_slow_reader_reads_it_never_goes_out_whole(
-    proxy_process, connect, registry, signing_key, plain
+    in_process_proxy, connect, registry, signing_key, plain
 ):
     """An archive verified (served) before, changed in place while a slow client is half-way through it:
     the client never gets the changed archive whole, over TLS or plain HTTP."""
     huge = registry.add(Release("acme", "big", "2.0.0", signing_key, platforms=("linux_amd64",), noise=32 << 20))
-    proc = await proxy_process(*(("--plain-http",) if plain else ()))
+    proc = await in_process_proxy(*(("--plain-http",) if plain else ()))
     client = await connect(proc)
     good, sha = huge.zips["linux_amd64"], huge.sha256("linux_amd64")
     assert await get_or_abort(client, BIG) == (200, good)  # fetched and verified
@@ -187,8 +187,8 @@ def _link(path: Path) -> str:
         return ""
 
 
-async def test_truncated_to_zero_is_refetched_within_the_same_request(proxy_process, connect, registry):
-    proc = await proxy_process()
+async def test_truncated_to_zero_is_refetched_within_the_same_request(in_process_proxy, connect, registry):
+    proc = await in_process_proxy()
     client = await connect(proc)
     release = small_release(registry)
     good, sha = release.zips["linux_amd64"], release.sha256("linux_amd64")
@@ -203,9 +203,9 @@ async def test_truncated_to_zero_is_refetched_within_the_same_request(proxy_proc
     assert registry.count(registry.archive_path(release, "linux_amd64")) == 2
 
 
-async def test_flipped_byte_is_not_served_in_plain_http_mode(proxy_process, connect, registry, big):
+async def test_flipped_byte_is_not_served_in_plain_http_mode(in_process_proxy, connect, registry, big):
     """Plain HTTP hashes what it sends as TLS does (no sendfile), even with the mtime restored."""
-    proc = await proxy_process("--plain-http")
+    proc = await in_process_proxy("--plain-http")
     assert proc.url.startswith("http://")
     client = await connect(proc)
     good, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
@@ -224,15 +224,15 @@ async def test_flipped_byte_is_not_served_in_plain_http_mode(proxy_process, conn
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 2
 
 
-async def test_plain_http_after_restart_hashes_before_trusting_a_file(proxy_process, connect, registry, big):
-    proc = await proxy_process("--plain-http")
+async def test_plain_http_after_restart_hashes_before_trusting_a_file(in_process_proxy, connect, registry, big):
+    proc = await in_process_proxy("--plain-http")
     client = await connect(proc)
     good, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     assert await get_or_abort(client, BIG) == (200, good)
     await proc.stop()
     flip_byte(object_path(proc, sha), 5)
 
-    again = await proxy_process("--plain-http", data_dir=proc.data_dir)
+    again = await in_process_proxy("--plain-http", data_dir=proc.data_dir)
     client = await connect(again)
     status, body = await get_or_abort(client, BIG)
     assert (status, body) in ((None, None), (200, good))
@@ -242,17 +242,17 @@ async def test_plain_http_after_restart_hashes_before_trusting_a_file(proxy_proc
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["tls", "plain-http"])
-async def test_range_from_a_corrupted_file_is_served_from_a_fresh_copy(proxy_process, connect, registry, big, plain):
+async def test_range_from_a_corrupted_file_is_served_from_a_fresh_copy(in_process_proxy, connect, registry, big, plain):
     """A range cannot be hashed alone: the whole file is verified first (once per change of the file)."""
     extra = ("--plain-http",) if plain else ()
-    proc = await proxy_process(*extra)
+    proc = await in_process_proxy(*extra)
     client = await connect(proc)
     good, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     assert await get_or_abort(client, BIG) == (200, good)
     await proc.stop()
     flip_byte(object_path(proc, sha), 100)
 
-    again = await proxy_process(*extra, data_dir=proc.data_dir)
+    again = await in_process_proxy(*extra, data_dir=proc.data_dir)
     client = await connect(again)
     status, _, body = await client.get(BIG, headers={"Range": "bytes=90-109"})
     assert (status, body) == (206, good[90:110])
@@ -261,11 +261,11 @@ async def test_range_from_a_corrupted_file_is_served_from_a_fresh_copy(proxy_pro
     assert registry.count(registry.archive_path(big, "linux_amd64")) == 2
 
 
-async def test_truncated_module_archive_is_refetched(proxy_process, connect, registry):
+async def test_truncated_module_archive_is_refetched(in_process_proxy, connect, registry):
     registry.static["net-1.0.0.tar.gz"] = module_tar_gz(MODULE_FILES)
     registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
     good = registry.static["net-1.0.0.tar.gz"]
-    proc = await proxy_process()
+    proc = await in_process_proxy()
     client = await connect(proc)
     assert await get_or_abort(client, MODULE) == (200, good)
     sha = hashlib.sha256(good).hexdigest()
@@ -280,8 +280,8 @@ async def test_truncated_module_archive_is_refetched(proxy_process, connect, reg
 # ---- adoption after metadata loss -----------------------------------------------------------------
 
 
-async def test_wrong_file_at_a_content_address_is_not_adopted_after_metadata_loss(proxy_process, connect, registry):
-    proc = await proxy_process()
+async def test_wrong_file_at_a_content_address_is_not_adopted_after_metadata_loss(in_process_proxy, connect, registry):
+    proc = await in_process_proxy()
     client = await connect(proc)
     release = small_release(registry)
     good, sha = release.zips["linux_amd64"], release.sha256("linux_amd64")
@@ -292,7 +292,7 @@ async def test_wrong_file_at_a_content_address_is_not_adopted_after_metadata_los
     for leftover in (proc.data_dir / "metadata").iterdir():
         leftover.unlink()
 
-    again = await proxy_process(data_dir=proc.data_dir)
+    again = await in_process_proxy(data_dir=proc.data_dir)
     client = await connect(again)
     assert await get_or_abort(client, SMALL) == (200, good)
     assert quarantined(again, sha)
@@ -301,15 +301,15 @@ async def test_wrong_file_at_a_content_address_is_not_adopted_after_metadata_los
     assert object_path(again, sha).read_bytes() == good
 
 
-async def test_intact_file_is_adopted_after_metadata_loss_without_a_download(proxy_process, connect, registry):
-    proc = await proxy_process()
+async def test_intact_file_is_adopted_after_metadata_loss_without_a_download(in_process_proxy, connect, registry):
+    proc = await in_process_proxy()
     client = await connect(proc)
     release = small_release(registry)
     assert await get_or_abort(client, SMALL) == (200, release.zips["linux_amd64"])
     await proc.stop()
     for leftover in (proc.data_dir / "metadata").iterdir():
         leftover.unlink()
-    again = await proxy_process(data_dir=proc.data_dir)
+    again = await in_process_proxy(data_dir=proc.data_dir)
     client = await connect(again)
     assert await get_or_abort(client, SMALL) == (200, release.zips["linux_amd64"])
     assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
@@ -319,8 +319,8 @@ async def test_intact_file_is_adopted_after_metadata_loss_without_a_download(pro
 # ---- registry-proxy verify ------------------------------------------------------------------------
 
 
-async def test_verify_finds_a_flipped_byte_and_repair_moves_it_aside(proxy_process, connect, registry, big):
-    proc = await proxy_process()
+async def test_verify_finds_a_flipped_byte_and_repair_moves_it_aside(in_process_proxy, connect, registry, big):
+    proc = await in_process_proxy()
     client = await connect(proc)
     good, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     small = small_release(registry)

@@ -101,13 +101,53 @@ async def test_concurrent_cold_clients_follow_one_download(proxy, registry, big)
     assert registry.count(path) == 1
 
 
-async def test_ranges_and_heads_wait_for_the_stored_archive(proxy, registry, big):
+async def test_ranges_wait_for_the_stored_archive(proxy, registry, big):
     body = big.zips["linux_amd64"]
     path = registry.archive_path(big, "linux_amd64")
     registry.archive_chunk_delay = 0.01
     async with proxy.session.get(proxy.url + BIG, headers={"Range": "bytes=10-19"}) as response:
         assert response.status == 206 and await response.read() == body[10:20]
     assert registry.count(path) == 1
+
+
+async def test_a_head_is_answered_once_the_download_is_under_way_and_the_get_follows_it(proxy, registry, big):
+    """terraform sends HEAD before GET: the HEAD does not wait for the whole archive, and (no Accept-Ranges)
+    the GET after it asks for the whole body, which follows the same download."""
+    body = big.zips["linux_amd64"]
+    path = registry.archive_path(big, "linux_amd64")
+    hold = registry.hold(path)  # the upstream's body waits until the test releases it
+    async with proxy.session.head(proxy.url + BIG) as response:
+        assert response.status == 200
+        assert int(response.headers["Content-Length"]) == len(body)
+        assert response.headers["ETag"] == f'"{big.sha256("linux_amd64")}"'
+        assert "Accept-Ranges" not in response.headers
+    assert hold.started.is_set() and registry.completed_count(path) == 0  # answered before the archive arrived
+    registry.trickle[path] = MiB  # bytes per second: the upstream takes about three seconds once released
+    hold.release.set()  # the GET's headers go out with the first bytes it relays
+    async with proxy.session.get(proxy.url + BIG) as response:
+        assert response.status == 200 and int(response.headers["Content-Length"]) == len(body)
+        assert "Range" not in response.request_info.headers
+        first = await asyncio.wait_for(response.content.readexactly(HOLD_BACK), WAIT)
+        assert registry.completed_count(path) == 0  # followed while the upstream is still sending
+        assert first + await asyncio.wait_for(response.read(), WAIT) == body
+    assert registry.count(path) == 1
+    async with proxy.session.head(proxy.url + BIG) as response:  # warm: the stored archive's headers
+        assert response.status == 200 and response.headers["Accept-Ranges"] == "bytes"
+    assert published(proxy) == [big.sha256("linux_amd64")]
+
+
+async def test_a_head_of_a_tampered_cold_archive_is_followed_by_no_body(proxy, registry, big):
+    """The HEAD's early 200 promises nothing unverified: the GET after it is cut short and nothing is stored."""
+    registry.tampered.add(big.filename("linux_amd64"))
+    async with proxy.session.head(proxy.url + BIG) as response:
+        assert response.status == 200
+    async with proxy.session.get(proxy.url + BIG) as response:
+        if response.status == 200:  # the headers went out while following: the body is cut short
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
+        else:  # the download had failed by then: an error answer
+            assert response.status == 502
+    assert stored(proxy) == []
 
 
 async def test_workers_and_replicas_follow_one_download_in_any_process(proxy_process, registry, big, tmp_path):
