@@ -1,17 +1,22 @@
-"""The ceiling: a bare aiohttp app answering fixed bytes over TLS, in its own process.
+"""The ceiling: a bare aiohttp app answering fixed bytes over TLS, in its own process (or processes).
 
 It answers every path it was given (`www`: URL path -> bytes, read once at start) from memory
-with no work of its own, on asyncio's event loop or uvloop's, so a row of it shows what one
-aiohttp process can reach on this machine at all. Run as a script it is the server:
+with no work of its own, on asyncio's event loop or uvloop's, so a row of it shows what aiohttp
+can reach on this machine at all. With `--workers N` it is N processes accepting on one listening
+socket (bound before the fork), as the proxy's `serve --workers N` is. Run as a script it is the server:
 
-    python bench/bare.py --port P --cert CERT --key KEY --www DIR --loop asyncio|uvloop
+    python bench/bare.py --port P --cert CERT --key KEY --www DIR --loop asyncio|uvloop [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
+import os
+import signal
+import socket
 import ssl
 import sys
 from pathlib import Path
@@ -31,9 +36,10 @@ LOOPS = ("asyncio", "uvloop") if importlib.util.find_spec("uvloop") else ("async
 class BareAiohttp(StaticServer):
     """One bare aiohttp server process answering the files under `root/www` from memory."""
 
-    def __init__(self, root: Path, cert: Path, key: Path, loop: str) -> None:
+    def __init__(self, root: Path, cert: Path, key: Path, loop: str, workers: int = 1) -> None:
         super().__init__(root, cert, key)
         self.loop = loop
+        self.workers = workers
 
     async def start(self, ca_file: Path) -> None:
         self.put("/healthz", b"ok\n")
@@ -52,6 +58,8 @@ class BareAiohttp(StaticServer):
             str(self.www),
             "--loop",
             self.loop,
+            "--workers",
+            str(self.workers),
             stdout=log,
             stderr=log,
         )
@@ -82,18 +90,51 @@ def _serve(argv: list[str]) -> None:
     parser.add_argument("--key", required=True)
     parser.add_argument("--www", type=Path, required=True)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--workers", type=int, default=1, help="processes accepting on one socket")
     args = parser.parse_args(argv)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(args.cert, args.key)
+    sock = socket.create_server(("127.0.0.1", args.port), backlog=2048)
+    if args.workers > 1:
+        _supervise(args.workers, lambda: _run(args, context, sock))
+    else:
+        _run(args, context, sock)
+
+
+def _run(args: argparse.Namespace, context: ssl.SSLContext, sock: socket.socket) -> None:
     if args.loop == "uvloop":
         import uvloop
 
         loop = uvloop.new_event_loop()
     else:
         loop = asyncio.new_event_loop()
-    web.run_app(
-        _app(args.www), host="127.0.0.1", port=args.port, ssl_context=context, access_log=None, print=None, loop=loop
-    )
+    web.run_app(_app(args.www), sock=sock, ssl_context=context, access_log=None, print=None, loop=loop)
+
+
+def _supervise(workers: int, run) -> None:
+    """Fork `workers` processes that each `run()`; stop them all on SIGTERM/SIGINT (or when one ends)."""
+    children = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                run()
+            finally:
+                os._exit(0)
+        children.append(pid)
+
+    def stop(*_) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    os.wait()  # the first to end (a signal, or a worker that died) stops the others
+    stop()
+    for _ in children[1:]:
+        with contextlib.suppress(ChildProcessError):
+            os.wait()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import os
@@ -108,6 +109,14 @@ class RssSampler:
 
 
 # ---- requests per second ---------------------------------------------------------------------
+
+
+def add_round_arguments(parser: argparse.ArgumentParser, *, seconds: float, rounds: int, connections: int) -> None:
+    """The options of a benchmark of interleaved wrk rounds: their length, number and connections, and --keep."""
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--connections", type=int, default=connections)
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (the servers' logs)")
 
 
 @dataclass

@@ -61,10 +61,7 @@ def policy_text(rules: int) -> str:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rules", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    load.add_round_arguments(parser, seconds=5.0, rounds=5, connections=16)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-policy-"))
     world = await build_world(root, 1 << 16, 1 << 16)

@@ -39,15 +39,21 @@ class Budget:
 _budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("request_budget", default=None)
 
 
-@contextlib.contextmanager
-def request_budget(total: float, stale: float) -> Iterator[Budget]:
-    """Give the code inside (one request) a budget of `total` seconds, `stale` of them for stale refreshes."""
-    budget = Budget(time.monotonic(), total, stale)
-    token = _budget.set(budget)
-    try:
-        yield budget
-    finally:
-        _budget.reset(token)
+class request_budget:
+    """Give the code inside (one request) a budget of `total` seconds, `stale` of them for stale refreshes (a plain
+    context manager: it runs on every request)."""
+
+    __slots__ = ("_budget", "_token")
+
+    def __init__(self, total: float, stale: float) -> None:
+        self._budget = Budget(time.monotonic(), total, stale)
+
+    def __enter__(self) -> Budget:
+        self._token = _budget.set(self._budget)
+        return self._budget
+
+    def __exit__(self, *exc: object) -> None:
+        _budget.reset(self._token)
 
 
 @contextlib.contextmanager

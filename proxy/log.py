@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import sys
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -56,13 +58,34 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
 
 
 def _json_lines(stream: TextIO) -> Callable[[str, dict[str, Any]], None]:
+    encode = json.JSONEncoder(default=repr).encode
+    stamp = _Timestamps()
+
     def write(event: str, fields: dict[str, Any]) -> None:
         fields["event"] = event
         fields["level"] = "info"
-        fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        stream.write(json.dumps(fields, default=repr) + "\n")
+        fields["timestamp"] = stamp.now()
+        stream.write(encode(fields) + "\n")
 
     return write
+
+
+class _Timestamps:
+    """ISO 8601 UTC timestamps with microseconds, as structlog's `TimeStamper(fmt="iso", utc=True)` writes them
+    (`2026-11-25T09:43:36.123456Z`), with the part up to the second formatted once per second."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._second = -1
+        self._prefix = ""
+
+    def now(self) -> str:
+        now = self._clock()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._prefix}.{min(round((now - second) * 1e6), 999_999):06d}Z"
 
 
 def access(event: str, fields: dict[str, Any]) -> None:
@@ -75,10 +98,11 @@ def access(event: str, fields: dict[str, Any]) -> None:
 
 
 def new_request_id(given: str | None) -> str:
-    """The client's request id if it is sane, else a fresh one."""
+    """The client's request id if it is sane, else a fresh one (64 random bits: an id for the log, not a secret;
+    `random` is seeded anew in each forked worker)."""
     if given and len(given) <= 128 and given.isprintable() and " " not in given:
         return given
-    return os.urandom(8).hex()
+    return f"{random.getrandbits(64):016x}"
 
 
 def begin_request() -> None:

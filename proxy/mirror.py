@@ -110,6 +110,10 @@ class Mirror:
         """The upstream's version list for a provider (`ProviderMetadata.versions`)."""
         return await self._metadata.versions(addr, max_age)
 
+    def count_reused(self) -> None:
+        """Count an answer reused whole (`proxy.warm_answers`) as the cache hit it stands for."""
+        self._documents.count_hit()
+
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""
         return await self._metadata.versions_document(addr)

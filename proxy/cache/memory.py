@@ -52,6 +52,11 @@ class MemoryFront(StoreWrapper):
         self._absent: OrderedDict[str, None] = OrderedDict()
         self._epoch = 0  # bumped by every set/delete, so a read that raced a write is not remembered
 
+    def generation(self) -> int:
+        """A number that changes with every write, delete and purge through this front (answers made from what it
+        held are current while it is the same: `proxy.warm_answers`)."""
+        return self._epoch
+
     async def get(self, key: str) -> bytes | None:
         if self._known(key):
             return self._values.get(key)
@@ -71,6 +76,10 @@ class MemoryFront(StoreWrapper):
             if (value is not None or self._remember_absence) and self._epoch == seen:
                 self._remember(key, value)
         return [known[key] if key in known else fetched[key] for key in keys]
+
+    def purge_check_due(self) -> bool:
+        """Whether `follow_purges` would read the purge mark now (a request awaits it only then)."""
+        return self._clock() >= self._next_purge_check
 
     async def follow_purges(self) -> bool:
         """Read the purge mark if it is due (at most once per interval); when another purge happened since the

@@ -39,9 +39,9 @@ from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, Served
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
+from proxy.warm_answers import WarmAnswers
 from proxy.web import catalog, discovery, health, lockfile, network_mirror, page, registry
 from proxy.web.access import ACCESS, Access, access_control
-from proxy.web.catalog import purges_followed
 from proxy.web.eventloop import loop_name
 from proxy.web.keys import (
     CATALOG,
@@ -56,9 +56,9 @@ from proxy.web.keys import (
     RENDERED,
     SERVED,
     SETTINGS,
+    WARM_ANSWERS,
 )
-from proxy.web.middlewares import forwarded, request_context, server_header
-from proxy.web.server import request_arrived
+from proxy.web.middlewares import request_context, server_header
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +73,7 @@ def create_app(settings: Settings) -> web.Application:
     reverse order (`proxy.web.server.serve_app`). File and process work runs in threads, off the event loop.
     """
     app = web.Application(
-        middlewares=[request_arrived, forwarded, request_context, purges_followed, access_control],
+        middlewares=[request_context, access_control],
         client_max_size=64 * 1024,
     )
     app.on_response_prepare.append(server_header)
@@ -268,6 +268,8 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
     ca_bundle = await asyncio.to_thread(write_ca_bundle, settings)
     guard = app[GUARD] = ArchiveGuard(store, metrics)
     documents = DocumentCache(settings, upstream, cache, metrics, flights)
+    # Reused answers are judged by the clock the documents' freshness is (`documents.clock`, looked up each time).
+    app[WARM_ANSWERS] = WarmAnswers(app[MEMORY_FRONT].generation, clock=lambda: documents.clock())
     app[PUBLISH_DATES] = PublishDates(settings, documents)
     downloader = app[DOWNLOADER] = Downloader(settings, upstream, store, guard, space, metrics)
     try:

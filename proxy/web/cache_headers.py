@@ -10,6 +10,7 @@ from aiohttp import web
 
 from proxy.auth import GRANT_PARAM
 from proxy.cache_control import StaleWindows, cache_control
+from proxy.config import Settings
 from proxy.served_freshness import request_fresh_for
 from proxy.web.access import CLIENT
 from proxy.web.keys import SETTINGS
@@ -37,13 +38,23 @@ def client_dependent(request: web.Request) -> bool:
     )
 
 
+_last_windows: tuple[Settings, StaleWindows] | None = None
+
+
+def _windows(settings: Settings) -> StaleWindows:
+    """The stale windows of `settings` (frozen: made once per settings object, not per request)."""
+    global _last_windows
+    last = _last_windows
+    if last is None or last[0] is not settings:
+        last = _last_windows = (settings, StaleWindows(settings.metadata.redis_retention, settings.freshness.negative))
+    return last[1]
+
+
 def add_cache_headers(request: web.Request, response: web.StreamResponse) -> None:
     """Set the metadata answer's `Cache-Control` and `Vary: Authorization` (other routes: left alone)."""
     if request.match_info.route.name not in METADATA_ROUTES or response.prepared:
         return
-    settings = request.app[SETTINGS]
-    windows = StaleWindows(settings.metadata.redis_retention, settings.freshness.negative)
     response.headers["Cache-Control"] = cache_control(
-        response.status, request_fresh_for(), client_dependent(request), windows
+        response.status, request_fresh_for(), client_dependent(request), _windows(request.app[SETTINGS])
     )
     response.headers["Vary"] = "Authorization"

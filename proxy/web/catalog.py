@@ -1,11 +1,9 @@
 """`GET /api/v1/catalog`: what the proxy caches, as JSON, a page at a time, only what the client may read; and
 `DELETE /api/v1/catalog/ADDRESS[@VERSION]`: the purge, for a client token with `admin = true` that may read
-the address (`proxy.catalog`). `purges_followed` makes every request of every process see a purge made
-anywhere (`proxy.cache.memory.MemoryFront.follow_purges`)."""
+the address (`proxy.catalog`). Every request of every process sees a purge made anywhere
+(`proxy.web.middlewares.request_context`, through `proxy.cache.memory.MemoryFront.follow_purges`)."""
 
 from __future__ import annotations
-
-import os
 
 import structlog
 from aiohttp import web
@@ -13,20 +11,10 @@ from aiohttp import web
 from proxy.catalog import Catalog, PurgeTarget, parse_limit
 from proxy.errors import AdminScopeError, ProxyError, StoreUnavailableError
 from proxy.web.access import CLIENT, readable
-from proxy.web.keys import CATALOG, MEMORY_FRONT
+from proxy.web.keys import CATALOG
 
 log = structlog.get_logger(__name__)
 NO_STORE = {"Cache-Control": "no-store"}
-
-
-@web.middleware
-async def purges_followed(request: web.Request, handler) -> web.StreamResponse:
-    """Before the request is served, the purge mark is read if it is due: this process drops what it remembers
-    when anything was purged since (in any process)."""
-    front = request.app.get(MEMORY_FRONT)
-    if front is not None and await front.follow_purges():
-        log.info("purge.memos_dropped", pid=os.getpid(), reason="a purge elsewhere")
-    return await handler(request)
 
 
 async def catalog_page(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ from proxy.module_mirror import ModuleMirror
 from proxy.release_times import PublishDates
 from proxy.rendered import RenderedDocuments
 from proxy.storage import ArchiveGuard, ServedArchives
+from proxy.warm_answers import WarmAnswers
 
 SETTINGS = web.AppKey("settings", Settings)
 MIRROR = web.AppKey("mirror", Mirror)
@@ -28,3 +29,4 @@ CATALOG = web.AppKey("catalog", Catalog)
 MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 PUBLISH_DATES = web.AppKey("publish_dates", PublishDates)
+WARM_ANSWERS = web.AppKey("warm_answers", WarmAnswers)

@@ -13,7 +13,8 @@ errors, and those that mean the request named something malformed (`INVALID_REQU
 answered as `InvalidAddressError`; aiohttp's own refusals (no route, another method) and crashes are
 turned into errors of the hierarchy here too.
 
-Behind trusted reverse proxies (`--trusted-proxies`), `forwarded` puts the client's address from the
+Behind trusted reverse proxies (`--trusted-proxies`), the request is first seen as the client made it: the
+client's address from the
 forwarding headers (`proxy.forwarded`) in `request.remote` first, so the log and everything else that
 uses the peer sees the client, and keeps the scheme and host the client used for the URLs the proxy
 writes (`client_origin`). Health probes (`/healthz`, `/readyz`) are logged at debug, not in the access log.
@@ -37,6 +38,8 @@ from aiohttp import web
 
 from proxy import served_freshness
 from proxy.addrs import AddressError
+from proxy.cache.memory import MemoryFront
+from proxy.config import Settings
 from proxy.deadline import request_budget
 from proxy.errors import (
     EndpointNotFoundError,
@@ -52,7 +55,7 @@ from proxy.forwarded import ClientView, client_view
 from proxy.log import access, begin_request, new_request_id, request_cache_status
 from proxy.web.access import CLIENT
 from proxy.web.cache_headers import add_cache_headers
-from proxy.web.keys import METRICS, SETTINGS
+from proxy.web.keys import MEMORY_FRONT, METRICS, SETTINGS
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.access")
@@ -71,13 +74,11 @@ FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Proto", "X-Fo
 CLIENT_VIEW = web.RequestKey("client_view", ClientView)
 
 
-@web.middleware
-async def forwarded(request: web.Request, handler) -> web.StreamResponse:
+def _as_the_client_made_it(request: web.Request, settings: Settings | None) -> web.Request:
     """With --trusted-proxies, the request as the client made it: its address in `request.remote`, and the
     scheme and host it used for `client_origin`."""
-    settings = request.app.get(SETTINGS)
     if settings is None or not settings.server.trusted_proxies:
-        return await handler(request)
+        return request
     view = client_view(
         request.remote,
         {name: request.headers.getall(name, ()) for name in FORWARDING_HEADERS},
@@ -87,7 +88,7 @@ async def forwarded(request: web.Request, handler) -> web.StreamResponse:
     if view.remote != request.remote:
         request = request.clone(remote=view.remote)
     request[CLIENT_VIEW] = view
-    return await handler(request)
+    return request
 
 
 def client_origin(request: web.Request) -> tuple[str, str | None]:
@@ -107,20 +108,30 @@ async def server_header(request: web.Request, response: web.StreamResponse) -> N
 
 @web.middleware
 async def request_context(request: web.Request, handler) -> web.StreamResponse:
-    """Bind a request id, give the request its time budget, time it, log it, and turn errors into JSON bodies."""
+    """The one middleware around every request (one layer, one await, on the warm path): tell the connection its
+    request head arrived, see the request as the client made it, bind a request id, give the request its time
+    budget, follow purges made elsewhere, time it, log it, and turn errors into JSON bodies."""
+    transport = request.transport
+    arrived = getattr(transport.get_protocol(), "request_arrived", None) if transport is not None else None
+    if arrived is not None:  # the connection's request-head timer stops (`proxy.web.server.LimitedConnection`)
+        arrived()
+    app = request.app
+    settings = app.get(SETTINGS)
+    request = _as_the_client_made_it(request, settings)
     request_id = new_request_id(request.headers.get("X-Request-Id"))
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
+    structlog.contextvars.bind_contextvars(request_id=request_id)  # the only variable bound: it replaces the last
     begin_request()
     served_freshness.begin_request()
     started = time.perf_counter()
-    settings = request.app.get(SETTINGS)
     try:
         with (
             request_budget(settings.limits.request_deadline, settings.limits.stale_deadline)
             if settings is not None
             else contextlib.nullcontext()
         ):
+            front = app.get(MEMORY_FRONT)
+            if front is not None and front.purge_check_due():
+                await _follow_purges(front)
             response = await _render_errors(request, handler)
         add_cache_headers(request, response)
     except (ConnectionError, asyncio.CancelledError) as exc:
@@ -140,39 +151,56 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
+async def _follow_purges(front: MemoryFront) -> None:
+    """Before the request is served, the purge mark is read (when it is due): this process drops what it remembers
+    when anything was purged since (in any process)."""
+    if await front.follow_purges():
+        log.info("purge.memos_dropped", pid=os.getpid(), reason="a purge elsewhere")
+
+
 def _record(request: web.Request, request_id: str, event: str, status: int, sent: int, started: float, **extra) -> None:
     """The request metrics, and its access-log line if `--access-log` wants it."""
     duration = time.perf_counter() - started
     route = request.match_info.route.name or "unmatched"
-    request.app[METRICS].count_request(route, status, duration)
-    settings = request.app.get(SETTINGS)
+    app = request.app
+    app[METRICS].count_request(route, status, duration)
+    settings = app.get(SETTINGS)
     mode = settings.logging.access_log if settings is not None else "all"
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
-        access(
-            event,
-            {
-                "method": request.method,
-                "path": request.path,
-                "status": status,
-                "bytes": sent,
-                "duration_ms": round(duration * 1000, 2),
-                "cache": request_cache_status(),
-                "remote": request.remote,
-                "user_agent": request.headers.get("User-Agent", ""),
-                "request_id": request_id,
-                "pid": os.getpid(),  # which worker answered (`serve --workers N`)
-                **_client(request),
-                **extra,
-            },
-        )
+        fields = {
+            "method": request.method,
+            "path": request.path,
+            "status": status,
+            "bytes": sent,
+            "duration_ms": round(duration * 1000, 2),
+            "cache": request_cache_status(),
+            "remote": request.remote,
+            "user_agent": request.headers.get("User-Agent", ""),
+            "request_id": request_id,
+            "pid": _process.pid,  # which worker answered (`serve --workers N`)
+        }
+        client = request.get(CLIENT)
+        if client is not None:  # who the request came from, when it showed a token (or a grant): never the token
+            fields["client"] = client.identity.fields()
+        if extra:
+            fields.update(extra)
+        access(event, fields)
 
 
-def _client(request: web.Request) -> dict:
-    """Who the request came from, when it showed a token (or a grant): its identity, never the token."""
-    client = request.get(CLIENT)
-    return {} if client is None else {"client": client.identity.fields()}
+class _Process:
+    """This process's id, known without a system call per request (forked workers learn their own)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.pid = os.getpid()
+
+
+_process = _Process()
 
 
 async def _render_errors(request: web.Request, handler) -> web.StreamResponse:

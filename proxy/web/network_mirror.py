@@ -8,17 +8,22 @@ See docs/protocol.md#network-mirror-protocol.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from aiohttp import web
 
 from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.audit import ClientIdentity
 from proxy.errors import DocumentNotFoundError, InvalidRequestError
+from proxy.gatekeeper import Gatekeeper
 from proxy.mirror import PlatformArchive
+from proxy.rendered import Rendered
 from proxy.rewrite import archive_filename
+from proxy.served_freshness import note_fresh_for, request_fresh_for
 from proxy.web.access import UrlSigner, url_signer
 from proxy.web.archives import Found, may_follow, serve_found
-from proxy.web.keys import MIRROR, RENDERED
+from proxy.web.keys import MIRROR, RENDERED, WARM_ANSWERS
 from proxy.web.policing import client_identity, gatekeeper, note_served
 from proxy.web.responses import rendered_response
 
@@ -31,42 +36,73 @@ def _addr(request: web.Request) -> ProviderAddr:
 
 
 async def json_document(request: web.Request) -> web.Response:
-    """`index.json` (version list) or `:version.json` (archives of one version), from rendered bytes when warm."""
-    addr = _addr(request)
+    """`index.json` (version list) or `:version.json` (archives of one version), from rendered bytes when warm,
+    and for a moment from the very answer made last time (`proxy.warm_answers`)."""
     name = request.match_info["document"]
     if not name.endswith(".json"):
+        _addr(request)  # a malformed address is a 400 first
         raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
-    mirror, rendered = request.app[MIRROR], request.app[RENDERED]
     gate = gatekeeper(request)
+    client = client_identity(request) if gate is not None else None
+    signer = url_signer(request) if name != "index.json" else None
+    # What the answer depends on besides its path: the signed URLs' key, and the policy's view of the client.
+    # A policy in warn mode records a would-be denial on every request: its answers are not reused.
+    policy = gate.policy if gate is not None else None
+    reusable = policy is None or policy.mode == "enforce"
+    key = (
+        request.path,
+        signer and signer.key,
+        gate.client_key(client) if gate is not None and client is not None else None,
+    )
+    app = request.app
+    warm = app[WARM_ANSWERS]
+    policy_now, stamp = (gate.clock(), gate.stamp) if gate is not None else (0.0, 0)
+    if reusable and (kept := warm.get(key, policy, policy_now, stamp)) is not None:
+        rendered, fresh_for = kept
+        note_fresh_for(fresh_for)
+        app[MIRROR].count_reused()
+        return rendered_response(request, rendered)
+    mark = warm.mark()
+    rendered, valid_until = await _render(request, _addr(request), name, gate, client, signer)
+    if reusable:
+        warm.put(key, rendered, request_fresh_for(), mark, policy, valid_until, stamp)
+    return rendered_response(request, rendered)
+
+
+async def _render(
+    request: web.Request,
+    addr: ProviderAddr,
+    name: str,
+    gate: Gatekeeper | None,
+    client: ClientIdentity | None,
+    signer: UrlSigner | None,
+) -> tuple[Rendered, float]:
+    """The answer, and until when (the policy's clock) the policy's decisions in it hold (infinite without one)."""
+    mirror, rendered = request.app[MIRROR], request.app[RENDERED]
     if name == "index.json":
-        if gate is None:
+        if gate is None or client is None:
             versions = await mirror.provider_versions(addr)
-            return rendered_response(request, rendered.json(("index.json", addr), versions, _index_document))
-        client = client_identity(request)
+            return rendered.json(("index.json", addr), versions, _index_document), math.inf
         gate.check_address(addr, client)
         versions = await mirror.provider_versions(addr)
         filtered = await gate.filter(addr, versions, client, versions)
         key = ("index.json", addr, gate.client_key(client))
-        return rendered_response(request, rendered.json(key, filtered, lambda f: _index_document(f.allowed)))
+        valid_until = math.inf if filtered is None else filtered.valid_until
+        return rendered.json(key, filtered, lambda f: _index_document(f.allowed)), valid_until
     version = Version.parse(name.removesuffix(".json"))
     only, stamp = None, 0
-    if gate is not None:
-        only = await gate.version_platforms(
-            addr, version, client_identity(request), lambda: mirror.provider_versions(addr)
-        )
+    if gate is not None and client is not None:
+        only = await gate.version_platforms(addr, version, client, lambda: mirror.provider_versions(addr))
         stamp = gate.stamp
     archives = await mirror.version_archives(addr, version, only)
-    if gate is not None and gate.stamp != stamp:  # a publish time learned on the way (its SHA256SUMS's date)
-        await gate.version_platforms(addr, version, client_identity(request), lambda: mirror.provider_versions(addr))
-    signer = url_signer(request)
-    return rendered_response(
-        request,
-        rendered.json(
-            ("version.json", addr, version, signer and signer.key, only),
-            archives,
-            lambda a: _version_document(addr, version, a, signer),
-        ),
+    if gate is not None and client is not None and gate.stamp != stamp:  # a publish time learned on the way
+        await gate.version_platforms(addr, version, client, lambda: mirror.provider_versions(addr))
+    answer = rendered.json(
+        ("version.json", addr, version, signer and signer.key, only),
+        archives,
+        lambda a: _version_document(addr, version, a, signer),
     )
+    return answer, math.inf
 
 
 def _index_document(versions: Iterable[Version]) -> dict:

@@ -17,8 +17,8 @@ else is set up (`proxy.listener`): a port in use is one line and exit 2, not ret
   zero-filled 256 KiB read buffer), so the cap bounds memory; once a burst of connections has
   closed, their memory goes back to the system (`proxy.web.allocator`).
 - `--client-header-timeout`: from accept (the TLS handshake included) to the first complete
-  request head (the `request_arrived` middleware says when); then `--keepalive-timeout` bounds the
-  idle time between requests.
+  request head (`proxy.web.middlewares.request_context` says when, through `request_arrived`); then
+  `--keepalive-timeout` bounds the idle time between requests.
 - `--send-timeout`: the longest time the connection may stay write-blocked (its send buffer
   above the high-water mark) without the client taking more; then it is aborted, which
   fails the handler's next write so it unwinds (files closed). Write buffers are kept small
@@ -229,17 +229,6 @@ class LimitedConnection(asyncio.Protocol):
             with suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         transport.abort()
-
-
-@web.middleware
-async def request_arrived(request: web.Request, handler) -> web.StreamResponse:
-    """The first middleware: tells the connection that a whole request head has arrived (its request-head
-    timer stops). Through the transport's protocol, which is the connection's `LimitedConnection`."""
-    transport = request.transport
-    connection = transport.get_protocol() if transport is not None else None
-    if isinstance(connection, LimitedConnection):
-        connection.request_arrived()
-    return await handler(request)
 
 
 _PARSE_ERRORS: dict[int, type[ProxyError]] = {

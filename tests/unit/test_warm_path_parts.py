@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,23 @@ def test_json_access_lines_have_the_structlog_fields():
     assert line["event"] == "request" and line["level"] == "info" and line["timestamp"].endswith("Z")
     assert (line["status"], line["path"], line["request_id"]) == (200, "/x", "abc")
     assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1
+
+
+def test_access_line_timestamps_are_structlogs_iso_utc_form_formatted_once_a_second():
+    now = [datetime(2026, 11, 25, 9, 43, 36, 123456, tzinfo=UTC).timestamp()]
+    stamps = log._Timestamps(lambda: now[0])
+    assert stamps.now() == "2026-11-25T09:43:36.123456Z"
+    now[0] += 0.5
+    assert stamps.now() == "2026-11-25T09:43:36.623456Z"
+    now[0] += 0.5  # the next second
+    assert stamps.now() == "2026-11-25T09:43:37.123456Z"
+    assert datetime.fromisoformat(stamps.now()) == datetime.fromtimestamp(now[0], UTC)
+
+
+def test_request_ids_are_the_clients_when_sane_else_16_fresh_hex_digits():
+    assert log.new_request_id("abc-123") == "abc-123"
+    fresh = {log.new_request_id(given) for given in (None, "", "two words", "x" * 129, "bell\a")}
+    assert len(fresh) == 5 and all(len(i) == 16 and int(i, 16) >= 0 for i in fresh)
 
 
 @pytest.mark.parametrize(
