@@ -75,12 +75,13 @@ run: install-runtime
 # The suite runs in parallel (pytest-xdist): two workers per core, since most tests wait on child
 # processes, sockets and timers rather than compute; each test goes to whichever worker is free.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every worker and every proxy process a
-# test starts would otherwise compile the package (and pytest rewrite the tests) again.
+# test starts would otherwise compile the package (and pytest rewrite the tests) again. The test modules
+# themselves are not compiled ahead: pytest rewrites them into bytecode of its own.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 test: system-deps lint
-	$(BIN)/python -m compileall -q -j 0 proxy tests
+	$(BIN)/python -m compileall -q -j 0 proxy tests/fakes
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal --durations=15 $(ARGS)
 
 # The fast inner loop: every test that starts no process (no proxy, CLI, terraform or browser).

@@ -273,6 +273,7 @@ async def test_a_reader_reads_the_copy_looked_up_or_nothing(store_factory):
 # ---- crashes and temp reaping ------------------------------------------------------------------
 
 
+@pytest.mark.process
 async def test_a_crash_before_publish_leaves_nothing_at_the_address(store_factory):
     with store_factory.holder(len(DATA)) as crashed:
         crashed.kill()
@@ -281,6 +282,7 @@ async def test_a_crash_before_publish_leaves_nothing_at_the_address(store_factor
     assert await store.get(SHA) is None
 
 
+@pytest.mark.process
 async def test_leftovers_of_a_dead_process_are_reaped_at_start(store_factory):
     with store_factory.holder() as crashed:
         crashed.kill()
@@ -289,6 +291,7 @@ async def test_leftovers_of_a_dead_process_are_reaped_at_start(store_factory):
     assert store_factory.temp_leftovers() == []
 
 
+@pytest.mark.process
 async def test_downloads_of_a_live_process_are_not_reaped(store_factory):
     with store_factory.holder() as alive:
         await store_factory.open()
@@ -298,6 +301,7 @@ async def test_downloads_of_a_live_process_are_not_reaped(store_factory):
         assert store_factory.temp_leftovers() == []
 
 
+@pytest.mark.process
 async def test_a_clean_exit_leaves_no_temp_files(store_factory):
     with store_factory.holder() as holder:
         holder.exit()

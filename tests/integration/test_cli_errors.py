@@ -155,21 +155,19 @@ def test_valid_env_booleans_and_levels_are_accepted(
     assert_one_line(result, 2, "missing-ca.pem")
 
 
-@pytest.mark.process
-def test_export_refuses_an_unknown_suffix(tmp_path: Path) -> None:
-    result = run_cli("export", "--data-dir", str(tmp_path / "data"), "--out", "bundle.zip", cwd=tmp_path)
+def test_export_refuses_an_unknown_suffix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["export", "--data-dir", str(tmp_path / "data"), "--out", "bundle.zip"]
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
     assert_one_line(result, 1, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
     assert not (tmp_path / "data").exists()  # refused before the stores were opened
     assert not list(tmp_path.glob("*bundle*"))
 
 
-@pytest.mark.process
-def test_lock_with_a_bad_proxy_url(tmp_path: Path) -> None:
-    result = run_cli("lock", str(tmp_path), "--proxy", "not a url", "--platform", "linux_amd64", cwd=tmp_path)
-    assert_one_line(result, 1, "invalid --proxy", "base URL")
-
-
-@pytest.mark.parametrize("url", ["ftp://proxy.example/", "proxy.example:8443", "https:///mirror", "http://[::1"])
+@pytest.mark.parametrize(
+    "url", ["not a url", "ftp://proxy.example/", "proxy.example:8443", "https:///mirror", "http://[::1"]
+)
 def test_lock_and_warm_with_bad_proxy_urls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str
 ) -> None:
@@ -199,54 +197,34 @@ def test_lock_with_a_missing_ca_file(
     assert_one_line(result, 1, "nowhere.pem", "--ca-file")
 
 
-@pytest.mark.process
-def test_warm_with_nothing_listening(tmp_path: Path, refused_port: int) -> None:
+def test_warm_with_nothing_listening(
+    tmp_path: Path, refused_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = refused_port
-    result = run_cli(
-        "warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64", cwd=tmp_path
-    )
+    argv = ["warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64"]
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
     assert_one_line(result, 1, "cannot connect to the proxy", str(port))
 
 
-async def _cli(*argv: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "proxy",
-        *argv,
-        cwd=cwd,
-        env=_env(**env),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    return subprocess.CompletedProcess(argv, process.returncode or 0, out.decode(), err.decode())
-
-
-@pytest.mark.process
 async def test_lock_and_warm_with_an_untrusted_proxy_certificate(
-    make_local_settings, client_ssl, tmp_path: Path, ca_file: Path
+    make_local_settings,
+    client_ssl,
+    tmp_path: Path,
+    ca_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async with serve_proxy(make_local_settings(), client_ssl) as proxy:
-        await _untrusted_then_trusted(proxy, tmp_path, ca_file)
+    async def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        """The CLI in a thread (its own event loop) while the proxy serves on this one."""
+        return await asyncio.to_thread(main_in_process, monkeypatch, capsys, *argv, cwd=tmp_path)
 
-
-async def _untrusted_then_trusted(proxy, tmp_path: Path, ca_file: Path) -> None:
     (tmp_path / "main.tf").write_text("terraform {}\n")
-    for command in ("lock", "warm"):
-        result = await _cli(command, str(tmp_path), "--proxy", proxy.url, "--platform", "linux_amd64", cwd=tmp_path)
-        assert_one_line(result, 1, "not trusted", "--ca-file")
-    trusted = await _cli(
-        "lock",
-        str(tmp_path),
-        "--proxy",
-        proxy.url,
-        "--ca-file",
-        str(ca_file),
-        "--platform",
-        "linux_amd64",
-        cwd=tmp_path,
-    )
+    async with serve_proxy(make_local_settings(), client_ssl) as proxy:
+        for command in ("lock", "warm"):
+            result = await cli(command, str(tmp_path), "--proxy", proxy.url, "--platform", "linux_amd64")
+            assert_one_line(result, 1, "not trusted", "--ca-file")
+        argv = ["lock", str(tmp_path), "--proxy", proxy.url, "--ca-file", str(ca_file), "--platform", "linux_amd64"]
+        trusted = await cli(*argv)
     assert "Traceback" not in trusted.stderr and "not trusted" not in trusted.stderr
     assert trusted.returncode == 0, trusted.stderr
 
@@ -280,11 +258,11 @@ def test_a_port_in_use_is_refused_at_once_in_one_line(tmp_path: Path, workers: s
     assert not (tmp_path / "data" / "tls").exists()  # refused before the certificate was made
 
 
-@pytest.mark.process
-def test_an_address_this_host_does_not_have_is_refused_in_one_line(tmp_path: Path) -> None:
-    result = run_cli(
-        "serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--listen", "192.0.2.1:8443", cwd=tmp_path
-    )
+def test_an_address_this_host_does_not_have_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--plain-http", "--listen", "192.0.2.1:8443"]
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
     assert_one_line(result, 2, "--listen 192.0.2.1:8443", "this host has no such address")
 
 

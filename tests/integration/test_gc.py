@@ -1,4 +1,5 @@
-"""`registry-proxy gc` (a real process) against a data dir a real proxy filled, with the embedded store and Redis.
+"""`registry-proxy gc` against a data dir a real proxy filled, with the embedded store and Redis, beside the
+temp dirs of other processes (a killed one, a live one).
 
 The store holds: a live archive (its record written by the proxy), an old orphan, an orphan served a
 minute ago (within the grace), an orphan stored a moment ago (its record may be on its way), the temp
@@ -9,10 +10,8 @@ Redis, in the fleet's negative bookkeeping).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
-import sys
 import time
 
 import pytest
@@ -23,7 +22,7 @@ from proxy.cache.redis import RedisNegatives, RedisStore
 from proxy.storage import ArchiveStore
 from proxy.storage.disk import DiskStore
 from tests.conftest import REGISTRY_HOST, serve_proxy
-from tests.fakes.process import REPO_ROOT
+from tests.fakes.process import registry_proxy_in_process
 from tests.fakes.store_holder import StoreHolder
 
 LONG_AGO = 3 * 86400
@@ -42,7 +41,9 @@ async def publish(store: ArchiveStore, data: bytes, modified: float) -> str:
 
 
 async def gc(settings, *extra: str) -> tuple[int, str]:
-    args = [sys.executable, "-m", "proxy", "gc", "--data-dir", str(settings.data_dir), *extra]
+    """`registry-proxy gc` on the settings' data dir (and Redis), through the CLI's `main` in this process:
+    the temp dirs it judges are other processes' (their flocks, not their PIDs, tell whether they live)."""
+    args = ["gc", "--data-dir", str(settings.data_dir), *extra]
     if settings.metadata.redis_url:
         args += [
             "--redis-url",
@@ -52,11 +53,7 @@ async def gc(settings, *extra: str) -> tuple[int, str]:
             "--metadata-secret",
             settings.metadata.metadata_secret,
         ]
-    process = await asyncio.create_subprocess_exec(
-        *args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), 60)
-    return process.returncode, out.decode()
+    return await registry_proxy_in_process(*args)
 
 
 def lines_of(output: str, kind: str) -> list[list[str]]:
@@ -154,7 +151,6 @@ async def check_after_gc(settings, client_ssl, registry, orphan: str, body: byte
     assert code == 0 and lines_of(second, "archive") == [] and "0 item(s), 0 bytes" in second, second
 
 
-@pytest.mark.process
 async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_settings, client_ssl, registry):
     """A wrong secret (or a forged record) must not make every archive look orphaned."""
     settings = make_local_settings()
@@ -174,7 +170,6 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
     assert store.path_for(live).exists()
 
 
-@pytest.mark.process
 async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path, refused_port):
     """Redis down: nothing is known to be unreferenced, so nothing is removed."""
     settings = make_local_settings(redis_url=f"redis://127.0.0.1:{refused_port}/0", metadata_secret="s" * 32)

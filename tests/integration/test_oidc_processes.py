@@ -14,6 +14,7 @@ import ssl
 import time
 
 import aiohttp
+import pytest
 
 from tests.fakes.process import REGISTRY_HOST, wait_for
 from tests.integration.test_cli_errors import run_cli
@@ -142,6 +143,7 @@ async def test_sighup_reloads_the_issuers_in_every_worker_and_a_broken_file_keep
     assert proxy.process.returncode is None and not proxy.events("worker.stopped")
 
 
+@pytest.mark.process
 def test_a_broken_issuers_file_stops_start_up_in_one_line(tmp_path):
     bad = tmp_path / "issuers.toml"
     bad.write_text(

@@ -133,6 +133,7 @@ def test_healthcheck_refuses_them_with_its_one_unhealthy_line(tmp_path: Path, mo
     assert "at least" in result.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "env", "config", "phrases"),
     [
@@ -211,6 +212,7 @@ def test_other_commands_print_the_warning(tmp_path: Path, monkeypatch, capsys) -
     assert "holds no archive store" in error  # got past the configuration
 
 
+@pytest.mark.process
 def test_the_real_process_logs_a_loud_warning_at_start(tmp_path: Path) -> None:
     """With the hatch, `serve` starts with a below-minimum grace and says so in its log before it listens."""
     argv = ["--plain-http", "--workers", "1", "--data-dir", str(tmp_path / "data")]

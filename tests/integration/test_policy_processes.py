@@ -59,6 +59,7 @@ async def test_sighup_reloads_the_policy_in_every_worker_and_a_broken_file_keeps
     assert not proxy.events("worker.stopped")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("text", "names"),
     [
@@ -86,6 +87,7 @@ async def test_a_broken_policy_file_stops_start_up_and_check_says_the_same(tmp_p
     assert code == 2 and line in output, output
 
 
+@pytest.mark.process
 async def test_explain_says_which_rule_decides_for_the_client_and_scope_given(tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text(

@@ -57,9 +57,11 @@ async def start_fleet(proxy_process, redis_server, tmp_path) -> list:
     return [await proxy_process(*common, data_dir=shared), await proxy_process(*common, data_dir=shared)]
 
 
-async def test_a_purge_over_http_reaches_every_worker_of_every_replica(
+async def test_a_purge_over_http_then_the_purge_command_reach_every_worker_of_every_replica(
     proxy_process, registry, signing_key, redis_server, tmp_path
 ) -> None:
+    """One fleet for both ways to purge: over HTTP on one replica, then (the version published once more)
+    from the command line."""
     replicas = await start_fleet(proxy_process, redis_server, tmp_path)
     old = registry.releases[("acme", "foo")]["1.0.0"]
     for proxy in replicas:
@@ -67,11 +69,26 @@ async def test_a_purge_over_http_reaches_every_worker_of_every_replica(
 
     new = registry.add(Release("acme", "foo", "1.0.0", signing_key, padding=4096))  # published again
     assert zh(new) != zh(old)
-    context = ssl.create_default_context(cafile=str(replicas[0].ca_file))
+    await purge_over_http(replicas[0])
+    for proxy in replicas:
+        await every_worker_answers(proxy, zh(new))
+    purged = [record for proxy in replicas for record in proxy.events("catalog.purged")]
+    assert [(record["who"], record["what"]) for record in purged] == [("token:ops", f"{REGISTRY_HOST}/acme/foo@1.0.0")]
+
+    newer = registry.add(Release("acme", "foo", "1.0.0", signing_key, padding=8192))  # and again
+    assert zh(newer) not in (zh(old), zh(new))
+    await purge_command(replicas[0])
+    for proxy in replicas:
+        await every_worker_answers(proxy, zh(newer))
+
+
+async def purge_over_http(proxy) -> None:
+    """`DELETE` the version on `proxy` as the admin token."""
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
     async with (
         aiohttp.ClientSession() as session,
         session.delete(
-            f"{replicas[0].url}/api/v1/catalog/{REGISTRY_HOST}/acme/foo@1.0.0",
+            f"{proxy.url}/api/v1/catalog/{REGISTRY_HOST}/acme/foo@1.0.0",
             headers={"Authorization": f"Bearer {ADMIN}"},
             ssl=context,
         ) as response,
@@ -80,22 +97,10 @@ async def test_a_purge_over_http_reaches_every_worker_of_every_replica(
     assert response.status == 200, report
     assert report["by"] == "token:ops" and f"download:{REGISTRY_HOST}/acme/foo/1.0.0/linux_amd64" in report["records"]
 
-    for proxy in replicas:
-        await every_worker_answers(proxy, zh(new))
-    purged = [record for proxy in replicas for record in proxy.events("catalog.purged")]
-    assert [(record["who"], record["what"]) for record in purged] == [("token:ops", f"{REGISTRY_HOST}/acme/foo@1.0.0")]
 
-
-async def test_the_purge_command_reaches_every_worker_of_every_replica(
-    proxy_process, registry, signing_key, redis_server, tmp_path
-) -> None:
-    replicas = await start_fleet(proxy_process, redis_server, tmp_path)
-    old = registry.releases[("acme", "foo")]["1.0.0"]
-    for proxy in replicas:
-        await every_worker_answers(proxy, zh(old))
-    new = registry.add(Release("acme", "foo", "1.0.0", signing_key, padding=4096))
-
-    argv = [*replicas[0].args[replicas[0].args.index("serve") + 1 :]]
+async def purge_command(proxy) -> None:
+    """`registry-proxy purge` of the version, on the stores of `proxy` (a process of its own, as operators run it)."""
+    argv = [*proxy.args[proxy.args.index("serve") + 1 :]]
     store_options = _store_options(argv)
     process = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "proxy", "purge", f"{REGISTRY_HOST}/acme/foo@1.0.0", *store_options],
@@ -109,8 +114,6 @@ async def test_the_purge_command_reaches_every_worker_of_every_replica(
     logged = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     purged = [record for record in logged if record.get("event") == "catalog.purged"]
     assert len(purged) == 1 and purged[0]["who"].startswith("cli:"), stderr
-    for proxy in replicas:
-        await every_worker_answers(proxy, zh(new))
 
 
 def _store_options(serve_argv: list[str]) -> list[str]:

@@ -13,6 +13,8 @@ import asyncio
 import time
 import uuid
 
+import pytest
+
 from proxy.cache.keys import FLEET_LOCK
 from proxy.cache.redis import RedisFleetLocks, RedisStore
 from tests.fakes.process import wait_for
@@ -116,6 +118,7 @@ async def test_a_fleet_lock_held_across_a_failover_keeps_others_waiting(redis_se
         await store.close()
 
 
+@pytest.mark.process
 async def test_when_the_master_dies_the_store_misses_until_the_new_master_answers(redis_sentinel):
     """No error reaches a caller: while no master answers, reads miss and writes are dropped (the proxy serves
     from disk and upstream); once the sentinel promotes the replica, what was written before is there again."""

@@ -45,6 +45,7 @@ async def test_every_key_has_a_ttl_and_the_prefix(redis_server, prefix):
     await store.close()
 
 
+@pytest.mark.process
 async def test_outage_is_logged_once_and_recovers_without_restart(tmp_path, prefix):
     now = [0.0]
     with capture_logs() as logs:
@@ -160,6 +161,7 @@ async def test_two_replicas_on_one_redis_and_one_data_dir_fetch_once(
         assert any(h.startswith("h1:") for h in doc_b["archives"]["linux_amd64"]["hashes"])
 
 
+@pytest.mark.process
 async def test_redis_outage_keeps_serving_and_redis_is_used_again(
     make_local_settings, client_ssl, registry, own_redis, prefix
 ):

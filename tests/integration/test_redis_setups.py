@@ -116,6 +116,7 @@ def connected_clients(setup) -> int:
     return sum(server.info("clients")["connected_clients"] for server in servers)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", ["tls_server", "redis_sentinel", "redis_cluster"])
 async def test_a_burst_of_new_tls_connections_makes_no_new_tls_context(request, monkeypatch, name):
     """redis-py makes an SSLContext per connection, loading the system's CA store each time (some 40 ms of

@@ -1,4 +1,4 @@
-"""`registry-proxy gc --archive-store s3://…` (the real CLI) against a bucket on a real S3 API server.
+"""`registry-proxy gc --archive-store s3://…` (the CLI, in process) against a bucket on a real S3 API server.
 
 The bucket holds a live archive (its record written by the proxy; old, but referenced), an old orphan,
 an old orphan served a minute ago (within the grace), an orphan stored a moment ago, an old and a

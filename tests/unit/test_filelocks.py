@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
+
 from proxy.cache.filelocks import FileLocks
 
 HOLD_FOREVER = """
@@ -29,6 +31,7 @@ async def test_the_lock_file_is_removed_after_use(tmp_path):
     assert list((tmp_path / "locks").iterdir()) == []
 
 
+@pytest.mark.process
 async def test_a_killed_holders_lock_is_free_at_once(tmp_path):
     locks = FileLocks(tmp_path, poll=0.02)
     path = locks.path("k")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # lint-imports runs in a child process
+
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = (
     "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
