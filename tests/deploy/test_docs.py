@@ -30,6 +30,8 @@ FOREIGN = {
     "--now": "systemctl enable",
     "--no-autostart": "gpg",
     "--no-cache": "lint-imports",
+    "--dist": "pytest-xdist",
+    "--durations": "pytest",
 }
 BENCH = "\n".join(path.read_text() for path in sorted((REPO_ROOT / "bench").glob("*.py")))  # the benchmarks' own flags
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*\*?")
