@@ -1,7 +1,7 @@
 """How long after the metadata answer the real `terraform init` fetches what the answer lists.
 
 The clients send no token when they download archives, `SHA256SUMS` and module packages, so the proxy
-signs those URLs in the documents it gives an authorised client (grants, `proxy.auth.Grants`). A grant
+signs those URLs in the documents it gives an authorised client (grants, `proxy.identity.tokens.Grants`). A grant
 must outlive the wait between the document and the download it allows, and no more. This measures
 that wait with the real `terraform` (on PATH) against a real proxy process that requires client tokens,
 installing many providers from a slow upstream (every metadata answer delayed, every archive trickling
@@ -36,7 +36,7 @@ import trustme
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.registry import FakeRegistry, Fault

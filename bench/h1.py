@@ -30,8 +30,8 @@ from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.hashes import h1_of_zip
-from proxy.ziphash import ZipStreamHasher, h1_of_streamed_zip
+from proxy.domain.hashes import h1_of_zip
+from proxy.domain.ziphash import ZipStreamHasher, h1_of_streamed_zip
 
 CHUNK = 1 << 20
 T = TypeVar("T")

@@ -3,7 +3,7 @@
 Every request carrying a token is authenticated (the clients send the token with every metadata request);
 a static token costs a SHA-256 and constant-time comparisons, an OIDC token its parsing, the claim checks,
 a signature verification (joserfc over `cryptography`) and the rules, the first time it is shown; after
-that the proxy remembers it for a minute (`proxy.oidc.OidcAuthenticator`). This times both, with the keys
+that the proxy remembers it for a minute (`proxy.identity.oidc.OidcAuthenticator`). This times both, with the keys
 held (a key fetch happens at most once a minute per issuer), against the fake issuer over HTTPS:
 
 ```
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script: tests.fakes
 
-from proxy.auth import hash_token, parse_tokens  # noqa: E402
-from proxy.config import Limits  # noqa: E402
-from proxy.issuers import parse_issuers  # noqa: E402
-from proxy.oidc import IssuerKeys, OidcAuthenticator  # noqa: E402
+from proxy.identity.issuers import parse_issuers  # noqa: E402
+from proxy.identity.oidc import IssuerKeys, OidcAuthenticator  # noqa: E402
+from proxy.identity.tokens import hash_token, parse_tokens  # noqa: E402
+from proxy.settings.config import Limits  # noqa: E402
 from proxy.upstream.client import UpstreamClient, create_ssl_context  # noqa: E402
 from proxy.upstream.netguard import AddressPolicy  # noqa: E402
 from tests.fakes.oidc import FakeIssuer  # noqa: E402

@@ -135,11 +135,11 @@ async def per_request_work(policy_file: Path, rounds: int = 20_000) -> float:
     version and its platforms in one memo lookup (`Gatekeeper.version_platforms`, as the handler asks)."""
     import time
 
-    from proxy.addrs import Platform, ProviderAddr, Version
-    from proxy.audit import ClientIdentity
-    from proxy.gatekeeper import Gatekeeper, load_policy
-    from proxy.policy import ReleaseTime
-    from proxy.upstream.providers import VersionInfo
+    from proxy.domain.addresses import Platform, ProviderAddr, Version
+    from proxy.governance.audit import ClientIdentity
+    from proxy.governance.gatekeeper import Gatekeeper, load_policy
+    from proxy.governance.policy import ReleaseTime
+    from proxy.protocol.provider_registry import VersionInfo
 
     gate = Gatekeeper(load_policy(policy_file))
     addr, version = ProviderAddr.parse(REGISTRY_HOST, "acme", "foo"), Version.parse("1.0.0")

@@ -80,7 +80,7 @@ async def followed(setup: SentinelSetup, store, new: RedisServer) -> float:
 async def one_round(setup: SentinelSetup, kind: str, concurrency: int) -> dict[str, object]:
     await asyncio.to_thread(setup.settle)
     store = setup.open_store(prefix=f"failover-{uuid.uuid4().hex[:8]}")  # the proxy's 2 s retry
-    store.follow_failovers()  # as the proxy does (proxy/cache/factory.py)
+    store.follow_failovers()  # as the proxy does (proxy/metadata_store/factory.py)
     traffic = Traffic(store, concurrency)
     running = asyncio.create_task(traffic.run())
     await asyncio.sleep(0.5)  # traffic under way (a measurement, not a test)

@@ -43,7 +43,7 @@ from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
 from bench.wan import Step, proxy_steps, render, upstream_steps
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
-from proxy.values import format_duration, parse_duration
+from proxy.settings.values import format_duration, parse_duration
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer

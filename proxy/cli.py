@@ -1,8 +1,8 @@
 """Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|purge|healthcheck|token`
 (also `python -m proxy`).
 
-Every option is declared once, in `proxy.config`; `proxy.options` makes each a flag, an environment
-variable `REGISTRY_PROXY_<NAME>` and a key of the optional `--config` TOML file (flags win over the
+Every option is declared once, in `proxy.settings.config`; `proxy.settings.command_line` makes each a flag, an
+environment variable `REGISTRY_PROXY_<NAME>` and a key of the optional `--config` TOML file (flags win over the
 environment, which wins over the file, which wins over the defaults). This module adds each command's
 own arguments, builds the Settings and runs the command.
 """
@@ -20,16 +20,16 @@ import structlog
 
 from proxy import __version__
 from proxy.commands import healthcheck
-from proxy.config import ConfigError, Settings, build
-from proxy.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
-from proxy.listener import bind_listener
-from proxy.options import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
+from proxy.domain.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
+from proxy.settings.command_line import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
+from proxy.settings.config import ConfigError, Settings, build
+from proxy.web.listener import bind_listener
 
 log = structlog.get_logger("proxy.cli")
 
 
 def build_parser() -> OptionParser:
-    """The command line: each command's declared options (proxy.config) and its own arguments."""
+    """The command line: each command's declared options (proxy.settings.config) and its own arguments."""
     parser = OptionParser(
         prog="registry-proxy", description="Caching, verifying pull-through proxy for OpenTofu and Terraform providers."
     )
@@ -268,8 +268,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def check_policy_file(path) -> None:
     """A broken `--policy` file stops start-up with one line naming the file, the rule and the key."""
-    from proxy.gatekeeper import load_policy
-    from proxy.policy import PolicyError
+    from proxy.governance.gatekeeper import load_policy
+    from proxy.governance.policy import PolicyError
 
     if path is None:
         return
@@ -301,8 +301,8 @@ def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
 def check_tokens_file(settings: Settings) -> None:
     """A broken `--auth-tokens` or `--oidc-issuers` file stops start-up, in one line naming the file and what
     in it is wrong; so does a tokens file without tokens (every client would get 401)."""
-    from proxy.auth import AuthConfigError, parse_tokens
-    from proxy.issuers import parse_issuers
+    from proxy.identity.issuers import parse_issuers
+    from proxy.identity.tokens import AuthConfigError, parse_tokens
 
     for flag, path, parse in (
         ("--auth-tokens", settings.access.auth_tokens, parse_tokens),
@@ -329,7 +329,7 @@ def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLCon
         return None
     cert, key = settings.tls.tls_cert, settings.tls.tls_key
     if cert is None or key is None:
-        from proxy.certs import ensure_local_tls
+        from proxy.web.local_ca import ensure_local_tls
 
         names = ["localhost", "127.0.0.1", "::1", socket.gethostname(), *extra_names]
         if settings.server.listen_host not in ("0.0.0.0", "::", ""):
@@ -398,7 +398,7 @@ def serve(args: argparse.Namespace) -> int:
     check_files(settings)
     listening = bind_listener(settings.server.listen_host, settings.server.listen_port)
 
-    from proxy.log import setup_logging
+    from proxy.runtime.log import setup_logging
     from proxy.web.app import create_app
     from proxy.web.server import run_server
 
@@ -433,7 +433,7 @@ async def prepare_metadata_store(settings: Settings) -> None:
     """Open the metadata store once before serving: the metadata secret is made and the embedded file checked
     (records of an older version sealed, a damaged file moved aside) by one process, and a store that does not
     answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it)."""
-    from proxy.cache.factory import open_metadata_store
+    from proxy.metadata_store.factory import open_metadata_store
 
     store, _ = await open_metadata_store(settings)
     try:
@@ -498,7 +498,7 @@ def _loopback(host: str) -> bool:
 
 
 def _token_new(args: argparse.Namespace) -> int:
-    from proxy.auth import AuthConfigError, new_token, token_entry
+    from proxy.identity.tokens import AuthConfigError, new_token, token_entry
 
     hosts = [h.strip() for given in args.hosts for h in given.split(",") if h.strip()] or ["*"]
     namespaces = (

@@ -1,4 +1,4 @@
-"""Write docs/configuration.md from the option declarations (proxy/config.py): run after changing an option.
+"""Write docs/configuration.md from the option declarations (proxy/settings/config.py): run after changing an option.
 
 .venv/bin/python scripts/configuration_reference.py
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from proxy.reference import render  # noqa: E402 - after the path above
+from proxy.settings.reference import render  # noqa: E402 - after the path above
 
 TARGET = REPO / "docs" / "configuration.md"
 

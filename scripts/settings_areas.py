@@ -4,7 +4,7 @@
     .venv/bin/python scripts/settings_areas.py FILE...      # rewrite the files, print what changed
     .venv/bin/python scripts/settings_areas.py --list       # print the old -> new names
 
-Which name is in which area comes from proxy/config.py. Only reads of a Settings object are rewritten:
+Which name is in which area comes from proxy/settings/config.py. Only reads of a Settings object are rewritten:
 the receiver must be `settings`, `self._settings`, `app[SETTINGS]`, `Settings(...)`, a call of
 `settings_from_args`/`make_settings`/`make_local_settings` or of a test's `_settings(...)` helper; other
 objects with same-named attributes (an argparse namespace, server limits) are left alone. Building a
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.config import Settings
-from proxy.optionspec import AREA
+from proxy.settings.config import Settings
+from proxy.settings.optionspec import AREA
 
 CALLS = {"Settings", "settings_from_args", "make_settings", "make_local_settings", "settings", "_settings"}
 

@@ -17,7 +17,7 @@ import trustme
 from aiohttp import web
 from yarl import URL
 
-from proxy.config import Settings
+from proxy.settings.config import Settings
 from proxy.web.app import create_app
 from tests.fakes import ports
 from tests.fakes.children import ProcessMarkCheck

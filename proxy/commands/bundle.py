@@ -37,23 +37,23 @@ from typing import IO, Any
 import zstandard
 from yarl import URL
 
-from proxy import __version__, records
-from proxy.addrs import AddressError, ModuleAddr, ProviderAddr, Version
-from proxy.cache import CacheEntry, MetadataStore, keys
+from proxy import __version__
 from proxy.commands import CommandError
+from proxy.domain.addresses import AddressError, ModuleAddr, ProviderAddr, Version
+from proxy.domain.unsigned_policy import parse_unsigned_policy
 from proxy.errors import ProxyError
-from proxy.gatekeeper import subject_of
-from proxy.gpg import Keyring
-from proxy.inventory import download_info, provider_of, release_sums_key
-from proxy.packing import ArchiveError, check_archive
-from proxy.policy import Policy
-from proxy.records import ArchiveRecord, ModuleRecord, SumsRecord
-from proxy.release_times import release_time_in
-from proxy.safejson import JSONDocumentError
-from proxy.safejson import loads as load_json
+from proxy.governance.gatekeeper import subject_of
+from proxy.governance.inventory import download_info, provider_of, release_sums_key
+from proxy.governance.policy import Policy
+from proxy.governance.release_times import release_time_in
+from proxy.metadata_store import CacheEntry, MetadataStore, keys, records
+from proxy.metadata_store.records import ArchiveRecord, ModuleRecord, SumsRecord
+from proxy.modules.packing import ArchiveError, check_archive
+from proxy.protocol.safe_json import JSONDocumentError
+from proxy.protocol.safe_json import loads as load_json
+from proxy.providers.signatures import Keyring
+from proxy.providers.verification import VerificationChain
 from proxy.storage import ArchiveStore
-from proxy.unsigned import parse_unsigned_policy
-from proxy.verify import VerificationChain
 
 FORMAT = "registry-proxy-bundle"
 FORMAT_VERSION = 1

@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from proxy.cache import CacheEntry, MetadataStore
-from proxy.cache import keys as key_scheme
-from proxy.cache.negative import NegativeBound, is_negative
-from proxy.records import ArchiveRecord, ModuleRecord, decode
+from proxy.metadata_store import CacheEntry, MetadataStore
+from proxy.metadata_store import keys as key_scheme
+from proxy.metadata_store.negative import NegativeBound, is_negative
+from proxy.metadata_store.records import ArchiveRecord, ModuleRecord, decode
 from proxy.storage import REMOVABLE, STRAY, ArchiveStore, Leftover, ServedTimes, orphans
 
 _RECORD_KINDS = ((key_scheme.ARCHIVE, ArchiveRecord), (key_scheme.MODULE, ModuleRecord))

@@ -15,8 +15,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.config import ConfigError, Settings
-from proxy.safejson import loads as load_json
+from proxy.protocol.safe_json import loads as load_json
+from proxy.settings.config import ConfigError, Settings
 
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 

@@ -11,12 +11,12 @@ import asyncio
 import os
 from pathlib import Path
 
-from proxy.addrs import Platform
 from proxy.commands import CommandError
+from proxy.commands.proxy_api import ProxyClient, ProxyRequestError
 from proxy.commands.selection import lock_key, select_versions
-from proxy.lockfile import LockedProvider, LockFileError, merge_hashes, parse_lockfile, render
-from proxy.proxyclient import ProxyClient, ProxyRequestError
-from proxy.tfconfig import ProjectConfigError, read_requirements
+from proxy.commands.terraform_config import ProjectConfigError, read_requirements
+from proxy.domain.addresses import Platform
+from proxy.domain.lockfile import LockedProvider, LockFileError, merge_hashes, parse_lockfile, render
 
 LOCK_FILE = ".terraform.lock.hcl"
 

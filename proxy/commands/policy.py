@@ -6,11 +6,11 @@ import argparse
 import time
 from pathlib import Path
 
-from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
-from proxy.config import ConfigError
-from proxy.gatekeeper import explain, load_policy, subject_of
-from proxy.policy import FIRST_LISTING, Policy, PolicyError, ReleaseTime, describe
-from proxy.values import parse_duration
+from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.governance.gatekeeper import explain, load_policy, subject_of
+from proxy.governance.policy import FIRST_LISTING, Policy, PolicyError, ReleaseTime, describe
+from proxy.settings.config import ConfigError
+from proxy.settings.values import parse_duration
 
 
 def run(args: argparse.Namespace) -> int:

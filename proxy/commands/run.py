@@ -9,27 +9,27 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from proxy.addrs import AddressError, Platform
-from proxy.cache import MetadataStore
-from proxy.cache.embedded import FAILURES as EMBEDDED_FAILURES
-from proxy.cache.factory import negative_bound, open_metadata
-from proxy.cache.negative import NegativeBound, negative_retention
-from proxy.cache.redis import FAILURES as REDIS_FAILURES
-from proxy.catalog import Catalog, PurgeTarget
 from proxy.commands import CommandError
 from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
+from proxy.commands.proxy_api import ProxyClient, ProxyUnreachableError
 from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
-from proxy.config import FreshnessTtls, Settings, build
+from proxy.domain.addresses import AddressError, Platform
 from proxy.errors import ProxyError
-from proxy.gatekeeper import load_policy
-from proxy.gpg import Keyring
-from proxy.inventory import InventoryReader, NoAccessTimes
-from proxy.log import setup_logging
-from proxy.policy import PolicyError
-from proxy.proxyclient import ProxyClient, ProxyUnreachableError
+from proxy.governance.catalog import Catalog, PurgeTarget
+from proxy.governance.gatekeeper import load_policy
+from proxy.governance.inventory import InventoryReader, NoAccessTimes
+from proxy.governance.policy import PolicyError
+from proxy.metadata_store import MetadataStore
+from proxy.metadata_store.embedded import FAILURES as EMBEDDED_FAILURES
+from proxy.metadata_store.factory import negative_bound, open_metadata
+from proxy.metadata_store.negative import NegativeBound, negative_retention
+from proxy.metadata_store.redis import FAILURES as REDIS_FAILURES
+from proxy.providers.signatures import Keyring
+from proxy.runtime.log import setup_logging
+from proxy.settings.config import FreshnessTtls, Settings, build
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
 T = TypeVar("T")

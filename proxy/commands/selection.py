@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from proxy import constraints
-from proxy.addrs import ProviderAddr, Version
 from proxy.commands import CommandError
-from proxy.lockfile import LockedProvider
-from proxy.proxyclient import ProxyClient, ProxyRequestError
-from proxy.tfconfig import Requirements
+from proxy.commands.proxy_api import ProxyClient, ProxyRequestError
+from proxy.commands.terraform_config import Requirements
+from proxy.domain import constraints
+from proxy.domain.addresses import ProviderAddr, Version
+from proxy.domain.lockfile import LockedProvider
 
 
 @dataclass(frozen=True)

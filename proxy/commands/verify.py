@@ -8,7 +8,7 @@ next to a running proxy: nothing is written without `--repair`, and a live proce
 dir is recognised by its lock.
 
 With the data dir's metadata store (or the fleet's Redis), every provider archive record is held to
-the verification chain again (`proxy.verify`), from what the store recorded: the release's SHA256SUMS
+the verification chain again (`proxy.providers.verification`), from what the store recorded: the release's SHA256SUMS
 signature verified anew with the keys of its download document (in a keyring of its own, so the
 proxy's is not written), the archive's line, its digest and its signing state; a record that fails
 is listed (a running proxy would not serve it). It also lists the provider archives stored unsigned
@@ -27,15 +27,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from proxy import records
-from proxy.cache import CacheEntry, MetadataStore, keys
+from proxy.domain.unsigned_policy import UnsignedPolicy
 from proxy.errors import UpstreamError, VerificationError
-from proxy.gpg import Keyring
-from proxy.inventory import download_info, provider_of
-from proxy.records import ArchiveRecord, SumsRecord
+from proxy.governance.inventory import download_info, provider_of
+from proxy.metadata_store import CacheEntry, MetadataStore, keys, records
+from proxy.metadata_store.records import ArchiveRecord, SumsRecord
+from proxy.providers.signatures import Keyring
+from proxy.providers.verification import VerificationChain
 from proxy.storage import ArchiveStore
-from proxy.unsigned import UnsignedPolicy
-from proxy.verify import VerificationChain
 
 
 @dataclass(frozen=True, order=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from proxy import constraints
-from proxy.addrs import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.commands import CommandError
+from proxy.commands.proxy_api import ProxyClient, ProxyRequestError
 from proxy.commands.selection import Selection, select_versions
-from proxy.lockfile import LockedProvider, LockFileError, parse_lockfile
-from proxy.proxyclient import ProxyClient, ProxyRequestError
-from proxy.tfconfig import ModuleCall, ProjectConfigError, Requirements, read_requirements
+from proxy.commands.terraform_config import ModuleCall, ProjectConfigError, Requirements, read_requirements
+from proxy.domain import constraints
+from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.domain.lockfile import LockedProvider, LockFileError, parse_lockfile
 
 
 @dataclass

@@ -18,10 +18,9 @@ docs/integrity.md#archive-stores says what the stores guarantee.
 
 from __future__ import annotations
 
-from proxy.storage.eviction import orphans
-from proxy.storage.evictor import EvictionRun, Evictor
 from proxy.storage.factory import archive_store, s3_options
 from proxy.storage.guard import ArchiveGuard, ArchiveReader
+from proxy.storage.interface import ArchiveStore, ServedTimes
 from proxy.storage.objects import (
     QUARANTINE,
     REMOVABLE,
@@ -33,10 +32,11 @@ from proxy.storage.objects import (
     ObjectInfo,
     StoredArchive,
 )
-from proxy.storage.protocol import ArchiveStore, ServedTimes
-from proxy.storage.served import ServedArchives
+from proxy.storage.size_cap import EvictionRun, Evictor
 from proxy.storage.space import DiskSpace, SpaceReport, is_disk_full
 from proxy.storage.staging import LOCK_NAME, PendingArchive, file_digest, sha256_file
+from proxy.storage.usage import ServedArchives
+from proxy.storage.victims import orphans
 
 ArchiveStorage = ArchiveStore  # the interface's name before it became a package (until the branches are merged)
 

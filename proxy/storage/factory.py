@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.config import Settings
+from proxy.settings.config import Settings
 from proxy.storage.disk import DiskStore
-from proxy.storage.protocol import ArchiveStore
+from proxy.storage.interface import ArchiveStore
 
 if TYPE_CHECKING:
     from proxy.storage.s3 import S3Options

@@ -35,10 +35,10 @@ import structlog
 from blake3 import blake3
 
 from proxy.errors import StoreCorruptionError
-from proxy.metrics import Metrics
-from proxy.singleflight import SingleFlight
+from proxy.runtime.coalescing import SingleFlight
+from proxy.runtime.metrics import Metrics
+from proxy.storage.interface import ArchiveStore, ObjectReader
 from proxy.storage.objects import StoredArchive
-from proxy.storage.protocol import ArchiveStore, ObjectReader
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

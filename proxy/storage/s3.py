@@ -11,7 +11,7 @@ ETag.
 
 The aiobotocore client lives on the event loop that opened the store (the server's, or a command's):
 every method touching the bucket is a coroutine of that loop. Every field read from an answer is
-checked (`proxy.storage.s3answers`); connection failures, refusals and malformed answers are
+checked (`proxy.storage.s3_answers`); connection failures, refusals and malformed answers are
 StoreUnavailableError. Credentials come from botocore's default chain (environment, shared config and
 credentials files, container and instance roles); the proxy has no flags for secrets.
 """
@@ -42,8 +42,8 @@ from botocore.exceptions import (
 )
 from botocore.parsers import ResponseParserError
 
-from proxy.config import S3Location
 from proxy.errors import StoreCorruptionError, StoreUnavailableError
+from proxy.settings.config import S3Location
 from proxy.storage.objects import QUARANTINE as QUARANTINED
 from proxy.storage.objects import (
     STRAY,
@@ -57,7 +57,7 @@ from proxy.storage.objects import (
     quarantine_name,
     quarantined_at,
 )
-from proxy.storage.s3answers import (
+from proxy.storage.s3_answers import (
     Listed,
     Upload,
     body_of,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import structlog
 
-from proxy.config import SpaceFloor
 from proxy.errors import DiskFullError
+from proxy.settings.config import SpaceFloor
 
 log = structlog.get_logger(__name__)
 MAX_AGE = 1.0

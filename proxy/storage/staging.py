@@ -32,7 +32,7 @@ HASH_CHUNK = 1 << 20
 
 class PendingArchive:
     """A temp file being written; knows its SHA-256 and size so far. Each write is flushed, so the
-    file can be read as it grows (`proxy.growing`)."""
+    file can be read as it grows (`proxy.services.live_downloads`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

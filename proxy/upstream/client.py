@@ -20,8 +20,7 @@ import structlog
 from yarl import URL
 
 from proxy import __version__
-from proxy.config import Limits
-from proxy.credentials import UpstreamCredentials
+from proxy.domain.credentials import UpstreamCredentials
 from proxy.errors import (
     ForbiddenAddressError,
     UpstreamError,
@@ -31,6 +30,7 @@ from proxy.errors import (
     UpstreamTooSlowError,
     UpstreamUnreachableError,
 )
+from proxy.settings.config import Limits
 from proxy.upstream.netguard import (
     AddressPolicy,
     GuardedResolver,

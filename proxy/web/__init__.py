@@ -1,1 +1,1 @@
-"""The HTTP layer: thin handlers per protocol over the services (`proxy.mirror`, `proxy.module_mirror`)."""
+"""The HTTP layer: thin handlers per protocol over the services (`proxy.providers.mirror`, `proxy.modules.mirror`)."""

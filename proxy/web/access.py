@@ -8,11 +8,11 @@ client may read depends only on its token, never on what another client fetched:
 - with a tokens file or an issuers file: no or an unknown token is `401` with `WWW-Authenticate: Bearer`
   (an OIDC token refused: `401` saying why, in the answer and in `auth.refused`); a token whose scope lacks
   the host (or namespace, or `/lock/v1`) is `403`. A bearer token that is none of the static tokens and
-  looks like a JWT is checked as an OIDC token (`proxy.oidc`);
+  looks like a JWT is checked as an OIDC token (`proxy.identity.oidc`);
 - a host the proxy has upstream credentials for is private: anonymous access to it is always `403`, the
   answer for a host the proxy does not serve (it does not confirm that the private host exists);
 - archives, SHA256SUMS and module archives are also served to a request carrying a valid grant
-  (`proxy.auth.Grants`), which the proxy puts into the URLs of the documents it serves to an
+  (`proxy.identity.tokens.Grants`), which the proxy puts into the URLs of the documents it serves to an
   authorised client (`url_signer`), because the clients send no token when they download those: a
   grant opens the one URL it is in, only while the token it was made for is in force and may read
   the host and namespace, for `GRANT_LIFETIME`.
@@ -39,18 +39,8 @@ import structlog
 from aiohttp import web
 from yarl import URL
 
-from proxy.addrs import AddressError, Hostname
-from proxy.auth import (
-    GRANT_PARAM,
-    Client,
-    Grants,
-    TokenBook,
-    bearer_token,
-    parse_tokens,
-    with_grant,
-)
-from proxy.config import Settings
-from proxy.credentials import on_behalf_of
+from proxy.domain.addresses import AddressError, Hostname
+from proxy.domain.credentials import on_behalf_of
 from proxy.errors import (
     HostNotAllowedError,
     OidcAlgorithmRefusedError,
@@ -69,18 +59,20 @@ from proxy.errors import (
     TokenRequiredError,
     TokenScopeError,
 )
-from proxy.issuers import IssuerBook, parse_issuers
-from proxy.jose import looks_like_jwt
-from proxy.oidc import OidcAuthenticator, TokenRefusedError
+from proxy.identity.issuers import IssuerBook, parse_issuers
+from proxy.identity.jose import looks_like_jwt
+from proxy.identity.oidc import OidcAuthenticator, TokenRefusedError
+from proxy.identity.tokens import GRANT_PARAM, Client, Grants, TokenBook, bearer_token, parse_tokens, with_grant
+from proxy.settings.config import Settings
 
-log = structlog.get_logger("proxy.auth")
+log = structlog.get_logger("proxy.identity.tokens")
 
 OPEN_ROUTES = frozenset({"healthz", "readyz", "discovery", "ca_pem"})  # the CA certificate is public
 GRANTABLE_ROUTES = frozenset({"mirror_archive", "registry_provider_shasums", "registry_module_archive"})
 REALM = "registry-proxy"
 
 
-# The error of each reason an OIDC token is refused for (`proxy.jose.JwtError.reason`, `proxy.oidc`).
+# The error of each reason an OIDC token is refused for (`proxy.identity.jose.JwtError.reason`, `proxy.identity.oidc`).
 OIDC_REFUSALS: dict[str, type[OidcTokenInvalidError]] = {
     "malformed": OidcTokenMalformedError,
     "missing_claim": OidcClaimsInvalidError,

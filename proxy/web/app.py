@@ -13,37 +13,34 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from proxy.audit import AuditLog
-from proxy.auth import Grants, grant_key
-from proxy.cache import MetadataStore
-from proxy.cache.factory import negative_bound, open_metadata
-from proxy.cache.fullguard import SkipWritesWhenFull
-from proxy.cache.memory import MemoryFront
-from proxy.cache.sealed import metadata_secret
-from proxy.catalog import Catalog
-from proxy.config import Settings
-from proxy.documents import DocumentCache
-from proxy.downloader import Downloader
-from proxy.flights import Flights
-from proxy.gatekeeper import Gatekeeper, load_policy
-from proxy.gpg import Keyring
-from proxy.inventory import InventoryReader
-from proxy.metrics import Metrics
-from proxy.mirror import Mirror
-from proxy.module_mirror import ModuleMirror
-from proxy.oidc import IssuerKeys, OidcAuthenticator
-from proxy.release_times import FirstSeen, PublishDates
-from proxy.rendered import RenderedDocuments
-from proxy.singleflight import FleetLocks
+from proxy.governance.audit import AuditLog
+from proxy.governance.catalog import Catalog
+from proxy.governance.gatekeeper import Gatekeeper, load_policy
+from proxy.governance.inventory import InventoryReader
+from proxy.governance.release_times import FirstSeen, PublishDates
+from proxy.identity.oidc import IssuerKeys, OidcAuthenticator
+from proxy.identity.tokens import Grants, grant_key
+from proxy.metadata_store import MetadataStore
+from proxy.metadata_store.factory import negative_bound, open_metadata
+from proxy.metadata_store.full_disk import SkipWritesWhenFull
+from proxy.metadata_store.memory import MemoryFront
+from proxy.metadata_store.sealed import metadata_secret
+from proxy.modules.git_sources import GitFetcher
+from proxy.modules.mirror import ModuleMirror
+from proxy.providers.mirror import Mirror
+from proxy.providers.signatures import Keyring
+from proxy.runtime.coalescing import FleetLocks
+from proxy.runtime.metrics import Metrics
+from proxy.services.documents import DocumentCache
+from proxy.services.downloader import Downloader
+from proxy.services.flights import Flights
+from proxy.settings.config import Settings
 from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
 from proxy.upstream.client import UpstreamClient, create_ssl_context
-from proxy.upstream.git import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
-from proxy.warm_answers import WarmAnswers
-from proxy.web import catalog, discovery, health, lockfile, network_mirror, page, registry
+from proxy.web import catalog_api, health, home, lock_hashes, network_mirror, registry, well_known
 from proxy.web.access import ACCESS, Access, access_control
-from proxy.web.eventloop import loop_name
-from proxy.web.keys import (
+from proxy.web.app_keys import (
     CATALOG,
     GATEKEEPER,
     GUARD,
@@ -58,7 +55,10 @@ from proxy.web.keys import (
     SETTINGS,
     WARM_ANSWERS,
 )
+from proxy.web.eventloop import loop_name
 from proxy.web.middlewares import request_context, server_header
+from proxy.web.rendered_documents import RenderedDocuments
+from proxy.web.warm_answers import WarmAnswers
 
 log = structlog.get_logger(__name__)
 
@@ -99,16 +99,16 @@ def create_app(settings: Settings) -> web.Application:
     app.on_startup.append(_log_started)  # after every cleanup context has opened its resource
     app.on_shutdown.append(_begin_shutdown)
     health.add_routes(app)
-    discovery.add_routes(app)
+    well_known.add_routes(app)
     network_mirror.add_routes(app)
     registry.add_routes(app)
-    lockfile.add_routes(app)
-    page.add_routes(app)
-    catalog.add_routes(app)
+    lock_hashes.add_routes(app)
+    home.add_routes(app)
+    catalog_api.add_routes(app)
     return app
 
 
-# Resources handed from one cleanup context to the next (handlers use the keys of proxy.web.keys).
+# Resources handed from one cleanup context to the next (handlers use the keys of proxy.web.app_keys).
 ARCHIVE_STORE = web.AppKey("archive_store", ArchiveStore)
 DISK_SPACE = web.AppKey("disk_space", DiskSpace)
 SERVED_TIMES = web.AppKey("served_times", ServedTimes)

@@ -1,20 +1,21 @@
-"""`Cache-Control` and `Vary` on the metadata answers (`proxy.cache_control` says which), so a shared cache in
+"""`Cache-Control` and `Vary` on the metadata answers (`proxy.protocol.cache_control` says which), so a shared cache in
 front of the proxy keeps each only as long as the proxy would, and never one that depends on the client.
 
-Applied to the answers of `METADATA_ROUTES` only, errors included; archives set their own (`proxy.web.archives`).
+Applied to the answers of `METADATA_ROUTES` only, errors included; archives set their own
+(`proxy.web.archive_responses`).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.auth import GRANT_PARAM
-from proxy.cache_control import StaleWindows, cache_control
-from proxy.config import Settings
-from proxy.served_freshness import request_fresh_for
+from proxy.identity.tokens import GRANT_PARAM
+from proxy.protocol.cache_control import StaleWindows, cache_control
+from proxy.services.freshness import request_fresh_for
+from proxy.settings.config import Settings
 from proxy.web.access import CLIENT
-from proxy.web.keys import SETTINGS
-from proxy.web.policing import gatekeeper
+from proxy.web.app_keys import SETTINGS
+from proxy.web.policy_checks import gatekeeper
 
 METADATA_ROUTES = frozenset(
     {

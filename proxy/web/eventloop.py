@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.config import ConfigError
+from proxy.settings.config import ConfigError
 
 
 def new_event_loop(choice: str = "auto") -> asyncio.AbstractEventLoop:

@@ -6,7 +6,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.web.access import shown_host
-from proxy.web.keys import METRICS, MIRROR, SETTINGS
+from proxy.web.app_keys import METRICS, MIRROR, SETTINGS
 from proxy.web.responses import json_response
 
 

@@ -1,6 +1,6 @@
 """Request id, time budget, access log, metrics, and rendering of every error as `{"errors": [...], "code": ...}`.
 
-Every request gets its budget for waiting on upstreams (`proxy.deadline`: --request-deadline and
+Every request gets its budget for waiting on upstreams (`proxy.runtime.deadline`: --request-deadline and
 --stale-deadline) here, in the one middleware every request passes through.
 
 The access log (`--access-log`) has a line per request (`all`), only for errors and slow requests
@@ -15,7 +15,7 @@ turned into errors of the hierarchy here too.
 
 Behind trusted reverse proxies (`--trusted-proxies`), the request is first seen as the client made it: the
 client's address from the
-forwarding headers (`proxy.forwarded`) in `request.remote` first, so the log and everything else that
+forwarding headers (`proxy.protocol.forwarded`) in `request.remote` first, so the log and everything else that
 uses the peer sees the client, and keeps the scheme and host the client used for the URLs the proxy
 writes (`client_origin`). Health probes (`/healthz`, `/readyz`) are logged at debug, not in the access log.
 Every answer says `Server: registry-proxy`, without versions (`server_header`); metadata answers get their
@@ -36,11 +36,7 @@ import time
 import structlog
 from aiohttp import web
 
-from proxy import served_freshness
-from proxy.addrs import AddressError
-from proxy.cache.memory import MemoryFront
-from proxy.config import Settings
-from proxy.deadline import request_budget
+from proxy.domain.addresses import AddressError
 from proxy.errors import (
     EndpointNotFoundError,
     HttpRefusalError,
@@ -51,11 +47,15 @@ from proxy.errors import (
     ProxyError,
     RequestBodyTooLargeError,
 )
-from proxy.forwarded import ClientView, client_view
-from proxy.log import access, begin_request, new_request_id, request_cache_status
+from proxy.metadata_store.memory import MemoryFront
+from proxy.protocol.forwarded import ClientView, client_view
+from proxy.runtime.deadline import request_budget
+from proxy.runtime.log import access, begin_request, new_request_id, request_cache_status
+from proxy.services import freshness
+from proxy.settings.config import Settings
 from proxy.web.access import CLIENT
+from proxy.web.app_keys import MEMORY_FRONT, METRICS, SETTINGS
 from proxy.web.cache_headers import add_cache_headers
-from proxy.web.keys import MEMORY_FRONT, METRICS, SETTINGS
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.access")
@@ -121,7 +121,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     request_id = new_request_id(request.headers.get("X-Request-Id"))
     structlog.contextvars.bind_contextvars(request_id=request_id)  # the only variable bound: it replaces the last
     begin_request()
-    served_freshness.begin_request()
+    freshness.begin_request()
     started = time.perf_counter()
     try:
         with (

@@ -13,18 +13,18 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from proxy.addrs import Platform, ProviderAddr, Version
-from proxy.audit import ClientIdentity
+from proxy.domain.addresses import Platform, ProviderAddr, Version
 from proxy.errors import DocumentNotFoundError, InvalidRequestError
-from proxy.gatekeeper import Gatekeeper
-from proxy.mirror import PlatformArchive
-from proxy.rendered import Rendered
-from proxy.rewrite import archive_filename
-from proxy.served_freshness import note_fresh_for, request_fresh_for
+from proxy.governance.audit import ClientIdentity
+from proxy.governance.gatekeeper import Gatekeeper
+from proxy.protocol.proxy_urls import archive_filename
+from proxy.providers.mirror import PlatformArchive
+from proxy.services.freshness import note_fresh_for, request_fresh_for
 from proxy.web.access import UrlSigner, url_signer
-from proxy.web.archives import Found, may_follow, serve_found
-from proxy.web.keys import MIRROR, RENDERED, WARM_ANSWERS
-from proxy.web.policing import client_identity, gatekeeper, note_served
+from proxy.web.app_keys import MIRROR, RENDERED, WARM_ANSWERS
+from proxy.web.archive_responses import Found, may_follow, serve_found
+from proxy.web.policy_checks import client_identity, gatekeeper, note_served
+from proxy.web.rendered_documents import Rendered
 from proxy.web.responses import rendered_response
 
 PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
@@ -37,7 +37,7 @@ def _addr(request: web.Request) -> ProviderAddr:
 
 async def json_document(request: web.Request) -> web.Response:
     """`index.json` (version list) or `:version.json` (archives of one version), from rendered bytes when warm,
-    and for a moment from the very answer made last time (`proxy.warm_answers`)."""
+    and for a moment from the very answer made last time (`proxy.web.warm_answers`)."""
     name = request.match_info["document"]
     if not name.endswith(".json"):
         _addr(request)  # a malformed address is a 400 first

@@ -6,26 +6,26 @@ served only once verified; archives from the same verified store as the network 
 Modules: `versions` as sent; `download` answers `200` with `{"location": X}` *and*
 `X-Terraform-Get: X` (Terraform reads the header, OpenTofu the body); the cached archive.
 The proxy's own URLs in these answers are root-relative, signed (grants) for the path the proxy
-receives and then put under `--public-url`'s path (`proxy.rewrite.under`).
+receives and then put under `--public-url`'s path (`proxy.protocol.proxy_urls.under`).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import DocumentNotFoundError, PolicyDeniedError
-from proxy.policy_documents import (
+from proxy.governance.policy_documents import (
     denied_download_document,
     denied_versions_document,
     filtered_module_versions,
     filtered_versions_document,
 )
-from proxy.rewrite import rewrite_download_document, under
+from proxy.protocol.proxy_urls import rewrite_download_document, under
 from proxy.web.access import url_signer
-from proxy.web.archives import Found, serve_found
-from proxy.web.keys import MIRROR, MODULES, RENDERED, SETTINGS
-from proxy.web.policing import client_identity, gatekeeper, note_served, terraform_client
+from proxy.web.app_keys import MIRROR, MODULES, RENDERED, SETTINGS
+from proxy.web.archive_responses import Found, serve_found
+from proxy.web.policy_checks import client_identity, gatekeeper, note_served, terraform_client
 from proxy.web.responses import json_response, rendered_response
 
 _FILE_URLS = ("download_url", "shasums_url", "shasums_signature_url")

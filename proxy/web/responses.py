@@ -1,6 +1,6 @@
 """JSON answers with the exact media type the clients require (`application/json`), and errors as JSON.
 
-Metadata answers (`proxy.rendered`) carry a strong ETag and are answered `304 Not Modified`
+Metadata answers (`proxy.web.rendered_documents`) carry a strong ETag and are answered `304 Not Modified`
 when `If-None-Match` names it (weak comparison, RFC 9110 §13.1.2).
 See docs/protocol.md#content-types-and-status-codes.
 """
@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import ProxyError
-from proxy.httprange import evaluate
-from proxy.rendered import Rendered, encode_json
+from proxy.protocol.http_ranges import evaluate
+from proxy.web.rendered_documents import Rendered, encode_json
 
 JSON = "application/json"
 

@@ -9,7 +9,7 @@ to aiohttp's own protocol for the connection (composition over the public asynci
 the one subclass of an aiohttp internal, for the JSON protocol errors, is in
 `proxy.web.aiohttp_internals`). `serve_app` is that life cycle: `run_server` runs it in this process,
 `proxy.web.workers` in each worker process. The listening socket is bound at start, before anything
-else is set up (`proxy.listener`): a port in use is one line and exit 2, not retries.
+else is set up (`proxy.web.listener`): a port in use is one line and exit 2, not retries.
 
 - `--max-connections`: an admitted connection holds a slot until it closes; beyond the cap
   a new connection gets a 503 JSON answer and is closed at once (counted, logged once per
@@ -42,7 +42,6 @@ from typing import Any, cast
 import structlog
 from aiohttp import web
 
-from proxy.config import Settings
 from proxy.errors import (
     HttpRefusalError,
     InternalError,
@@ -52,12 +51,13 @@ from proxy.errors import (
     RequestLineTooLongError,
     TooManyConnectionsError,
 )
-from proxy.listener import BACKLOG
-from proxy.metrics import Metrics
+from proxy.runtime.metrics import Metrics
+from proxy.settings.config import Settings
 from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
 from proxy.web.allocator import BurstTrimmer, pin_mmap_threshold
+from proxy.web.app_keys import METRICS
 from proxy.web.eventloop import new_event_loop
-from proxy.web.keys import METRICS
+from proxy.web.listener import BACKLOG
 from proxy.web.middlewares import SERVER
 from proxy.web.responses import error_response
 
@@ -371,7 +371,7 @@ def run_server(
     shutdown_timeout: float,
     on_listening: Callable[[], None] | None = None,
 ) -> None:
-    """Serve `app` on the listening socket `sock` (`proxy.listener.bind_listener`) in this process until SIGTERM or
+    """Serve `app` on the listening socket `sock` (`proxy.web.listener.bind_listener`) in this process until SIGTERM or
     SIGINT, then shut down gracefully (like `web.run_app`).
 
     `shutdown_timeout`: how long requests in flight may take to finish after the signal;

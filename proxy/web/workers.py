@@ -10,9 +10,9 @@ shutdown of requests in flight (`--shutdown-grace`).
 
 Before forking, the metadata store has been opened once (`proxy.cli`: the metadata secret is made
 and the embedded file checked, sealed or moved aside by one process), and the supervisor makes the
-directory where the workers' metrics meet (`proxy.metrics.share_between_processes`). The
+directory where the workers' metrics meet (`proxy.runtime.metrics.share_between_processes`). The
 workers share the embedded SQLite store (WAL, busy timeout) and fetch each artifact once
-between them (`proxy.cache.filelocks.FileLocks`, or Redis locks with --redis-url).
+between them (`proxy.metadata_store.file_locks.FileLocks`, or Redis locks with --redis-url).
 
 This module uses gunicorn's public interfaces only (an application configured through `cfg.set`, server
 hooks, a worker class); SIGHUP passed on to the workers and the workers' sockets need gunicorn's
@@ -37,13 +37,13 @@ from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base import Worker
 
-from proxy import metrics
-from proxy.config import Settings
-from proxy.listener import BACKLOG
+from proxy.runtime import metrics
+from proxy.settings.config import Settings
 from proxy.web.allocator import pin_mmap_threshold
 from proxy.web.app import create_app
 from proxy.web.eventloop import new_event_loop
 from proxy.web.gunicorn_internals import listening_socket, run_arbiter
+from proxy.web.listener import BACKLOG
 from proxy.web.server import ConnectionLimits, run_until_complete, serve_app, start_listener
 
 log = structlog.get_logger("proxy.workers")

@@ -23,7 +23,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from proxy.page import mirror_config
+from proxy.web.home_page import mirror_config
 from tests.browser.conftest import CHROMEDRIVER, CHROMIUM
 from tests.conftest import PROVIDER, REGISTRY_HOST
 from tests.fakes.packages import MODULE_FILES, module_tar_gz

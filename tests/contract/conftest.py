@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.cache.redis import RedisStore
+from proxy.metadata_store.redis import RedisStore
 from tests.fakes.redis_server import REDIS_SETUPS
 
 

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from proxy.cache.filelocks import FileLocks
-from proxy.cache.redis import RedisFleetLocks
+from proxy.metadata_store.file_locks import FileLocks
+from proxy.metadata_store.redis import RedisFleetLocks
 from tests.fakes.redis_server import REDIS_SETUPS
 
 

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from proxy.cache import CacheEntry, decode_record, encode_record
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.memory import MemoryFront
-from proxy.cache.sealed import Seal, SealedStore
+from proxy.metadata_store import CacheEntry, decode_record, encode_record
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.memory import MemoryFront
+from proxy.metadata_store.sealed import Seal, SealedStore
 from tests.fakes.redis_server import REDIS_SETUPS
 
 

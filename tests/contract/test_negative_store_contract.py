@@ -8,13 +8,13 @@ import uuid
 
 import pytest
 
-from proxy.cache import CacheEntry, encode_record
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.keys import NEGATIVE
-from proxy.cache.memory import MemoryFront
-from proxy.cache.negative import MemoryNegatives, NegativeBound, is_negative
-from proxy.cache.redis import RedisNegatives
-from proxy.cache.sealed import Seal, seal
+from proxy.metadata_store import CacheEntry, encode_record
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.keys import NEGATIVE
+from proxy.metadata_store.memory import MemoryFront
+from proxy.metadata_store.negative import MemoryNegatives, NegativeBound, is_negative
+from proxy.metadata_store.redis import RedisNegatives
+from proxy.metadata_store.sealed import Seal, seal
 from tests.fakes.redis_server import REDIS_SETUPS
 
 

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.redis import RedisStore
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.redis import RedisStore
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.options import environment_variables
+from proxy.settings.command_line import environment_variables
 
 # Variables of flags that other branches add (named in the manifests ahead of their merge). Remove an entry
 # once its flag is in the CLI: from then on the drift check covers it like any other.

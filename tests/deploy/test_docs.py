@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser
-from proxy.config import Settings
+from proxy.settings.config import Settings
 from tests.deploy.envvars import unknown
 from tests.fakes.process import REPO_ROOT
 

@@ -272,7 +272,7 @@ async def test_single_starts_as_its_pod_would_with_nothing_filled_in(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("REGISTRY_PROXY_")}
     env.update({name: in_the_sandbox(value) for name, value in settings(docs).items()})
     env["REGISTRY_PROXY_LISTEN"] = f"127.0.0.1:{port}"
-    log = tmp_path / "proxy.log"
+    log = tmp_path / "proxy.runtime.log"
     with open(log, "wb") as output:  # noqa: ASYNC230 - handed to the child process
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", *container["args"], env=env, stdout=output, stderr=output, cwd=tmp_path

@@ -1,7 +1,7 @@
 """deploy/monitoring: the Grafana dashboard and the alert rules are built from the metrics the proxy exports.
 
 Every query (dashboard panels and variables, alert rules) names only metrics and labels that
-`proxy.metrics.Metrics` defines, every metric is on the dashboard, promtool accepts the rules and every
+`proxy.runtime.metrics.Metrics` defines, every metric is on the dashboard, promtool accepts the rules and every
 dashboard query, and promtool's unit tests show each alert firing on the series that should fire it and
 not on the ones that should not. The Prometheus Operator's PrometheusRule carries the same rules.
 """
@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics
+from proxy.runtime.metrics import Metrics
 from scripts import prometheus_rule
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.process import REPO_ROOT, terminate

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.e2e.test_auth_e2e import credentials
 from tests.e2e.test_network_mirror_e2e import provider_tf
 from tests.e2e.test_page_e2e import mirror_url, snippet

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.fakes.nginx import BehindNginx
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_for

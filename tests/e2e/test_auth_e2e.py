@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config
 from tests.e2e.test_registry_e2e import MAIN_TF, host_config, installed_signed_by
 from tests.fakes.packages import MODULE_FILES

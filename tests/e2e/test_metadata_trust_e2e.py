@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 import redis
 
-from proxy.cache.sealed import unseal
-from proxy.hashes import Hash, h1_of_zip
+from proxy.domain.hashes import Hash, h1_of_zip
+from proxy.metadata_store.sealed import unseal
 from tests.conftest import PROVIDER
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config, provider_tf
 from tests.e2e.test_registry_e2e import MAIN_TF as REGISTRY_TF

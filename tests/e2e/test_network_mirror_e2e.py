@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from proxy.hashes import h1_of_zip
+from proxy.domain.hashes import h1_of_zip
 from tests.conftest import PROVIDER
 from tests.fakes.packages import Release
 

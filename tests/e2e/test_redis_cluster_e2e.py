@@ -15,7 +15,7 @@ import uuid
 import aiohttp
 import pytest
 
-from proxy.cache.keys import NEGATIVE, RedisNames
+from proxy.metadata_store.keys import NEGATIVE, RedisNames
 from tests.e2e.test_network_mirror_e2e import MAIN_TF, locked_hashes, mirror_config
 from tests.fakes.redis_server import METADATA_SECRET
 

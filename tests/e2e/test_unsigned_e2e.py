@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from proxy.hashes import h1_of_zip
+from proxy.domain.hashes import h1_of_zip
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config, stored_files
 
 pytestmark = pytest.mark.e2e

@@ -3,7 +3,7 @@
 `gzip_tar_bomb` is a valid `.tar.gz` (gzip allows several members back to back, RFC 1952 §2.2;
 Python and Go read them as one stream): a tar header for one file of `unpacked` zero bytes, the
 zeros as repeats of one compressed 64 MiB block (~1030:1), and the end-of-archive blocks.
-`measure_inflation` shows how many bytes `proxy.packing.check_archive` decompressed.
+`measure_inflation` shows how many bytes `proxy.modules.packing.check_archive` decompressed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import IO
 from unittest import mock
 
-from proxy import packing
+from proxy.modules import packing
 
 BLOCK = 64 * 2**20
 

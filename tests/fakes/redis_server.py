@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from proxy.cache.redis import RedisStore
+from proxy.metadata_store.redis import RedisStore
 from tests.fakes.ports import PORT_ATTEMPTS, PortTakenError, free_port, listening_ports
 
 __all__ = ["METADATA_SECRET", "REDIS_SETUPS", "ClusterSetup", "RedisServer", "SentinelSetup", "Tls", "free_port"]

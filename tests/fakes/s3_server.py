@@ -156,7 +156,7 @@ class S3Server:
 
 def test_store(root: Path) -> Any:
     """An S3 archive store on the bucket named by the environment (for `tests.fakes.store_holder`), not opened."""
-    from proxy.config import parse_s3_location
+    from proxy.settings.config import parse_s3_location
     from proxy.storage.s3 import S3Options, S3Store
 
     return S3Store(

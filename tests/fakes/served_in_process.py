@@ -20,8 +20,8 @@ import structlog
 from aiohttp import web
 
 from proxy.cli import build_parser, check_files, prepare_metadata_store, server_ssl_context, settings_from_args
-from proxy.listener import bind_listener
 from proxy.web.app import create_app
+from proxy.web.listener import bind_listener
 from proxy.web.server import ConnectionLimits, serve_app, start_listener
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 

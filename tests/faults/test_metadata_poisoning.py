@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from proxy.cache.sealed import seal, unseal
-from proxy.hashes import Hash, h1_of_zip
+from proxy.domain.hashes import Hash, h1_of_zip
+from proxy.metadata_store.sealed import seal, unseal
 
 PROVIDER = "registry.example.test/acme/foo"
 ARCHIVE = "/mirror/v1/" + PROVIDER + "/{v}/{p}/terraform-provider-foo_{v}_{p}.zip"

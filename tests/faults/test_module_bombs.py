@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import parse_size
-from proxy.packing import ArchiveTooLargeError, check_archive
+from proxy.modules.packing import ArchiveTooLargeError, check_archive
+from proxy.settings.config import parse_size
 from tests.fakes.bombs import gzip_tar_bomb, many_entries_tar_gz, measure_inflation, zip_of_zeros
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.registry import ModuleRelease

@@ -16,8 +16,8 @@ import json
 import time
 import uuid
 
-from proxy.cache.keys import ARCHIVE
-from proxy.hashes import h1_of_zip
+from proxy.domain.hashes import h1_of_zip
+from proxy.metadata_store.keys import ARCHIVE
 from tests.conftest import PROVIDER
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_for

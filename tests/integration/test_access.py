@@ -14,9 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 from yarl import URL
 
-from proxy.auth import hash_token
-from proxy.credentials import UpstreamCredentials
+from proxy.domain.credentials import UpstreamCredentials
 from proxy.errors import HostNotAllowedError
+from proxy.identity.tokens import hash_token
 from tests.conftest import serve_proxy
 from tests.fakes.gitrepo import make_bare_repo
 from tests.fakes.packages import MODULE_FILES, Release
@@ -269,11 +269,11 @@ async def test_a_private_git_module_is_cloned_with_the_hosts_token(access_settin
 
 
 async def test_the_lock_and_warm_commands_send_their_token(access_settings, client_ssl, ca_file, tmp_path):
-    from proxy.addrs import Platform
     from proxy.commands import CommandError
     from proxy.commands.lock import run_lock
+    from proxy.commands.proxy_api import ProxyClient
     from proxy.commands.warm import run_warm
-    from proxy.proxyclient import ProxyClient
+    from proxy.domain.addresses import Platform
 
     config = tmp_path / "config"
     config.mkdir()

@@ -11,7 +11,7 @@ import ssl
 import aiohttp
 import pytest
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.fakes.process import REGISTRY_HOST, wait_for
 from tests.fakes.redis_server import METADATA_SECRET
 from tests.integration.test_access import (  # noqa: F401 - fixtures

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from proxy.auth import GRANT_PARAM, hash_token
-from proxy.web.keys import SETTINGS
+from proxy.identity.tokens import GRANT_PARAM, hash_token
+from proxy.web.app_keys import SETTINGS
 from tests.conftest import serve_proxy
 from tests.fakes.process import REGISTRY_HOST
 

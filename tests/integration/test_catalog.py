@@ -10,7 +10,7 @@ import hashlib
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from proxy.web.app import ARCHIVE_STORE
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.growing import HOLD_BACK
-from proxy.hashes import h1_of_zip
+from proxy.domain.hashes import h1_of_zip
+from proxy.services.live_downloads import HOLD_BACK
 from proxy.storage import LOCK_NAME
-from proxy.web.keys import SETTINGS
+from proxy.web.app_keys import SETTINGS
 from tests.conftest import REGISTRY_HOST
 from tests.fakes.packages import Release
 

@@ -9,8 +9,8 @@ import hashlib
 
 import pytest
 
-from proxy.config import SpaceFloor
-from proxy.web.keys import SETTINGS
+from proxy.settings.config import SpaceFloor
+from proxy.web.app_keys import SETTINGS
 from tests.conftest import PROVIDER, serve_proxy
 
 ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"

@@ -7,7 +7,7 @@ import shutil
 
 from structlog.testing import capture_logs
 
-from proxy.cache.embedded import EmbeddedStore
+from proxy.metadata_store.embedded import EmbeddedStore
 
 
 def corrupt_files(path) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.addrs import AddressError, Hostname, ModuleAddr, Version
+from proxy.domain.addresses import AddressError, Hostname, ModuleAddr, Version
 from proxy.errors import ProxyError
 from proxy.web.middlewares import INVALID_REQUEST_ERRORS
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from proxy.web.keys import METRICS, SERVED, SETTINGS
+from proxy.web.app_keys import METRICS, SERVED, SETTINGS
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.process import wait_for

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.redis import RedisStore
-from proxy.config import SpaceFloor
-from proxy.metrics import Metrics
-from proxy.singleflight import LocalLocks
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.redis import RedisStore
+from proxy.runtime.coalescing import LocalLocks
+from proxy.runtime.metrics import Metrics
+from proxy.settings.config import SpaceFloor
 from proxy.storage import ArchiveStore, DiskSpace, Evictor, ServedArchives
 from proxy.storage.disk import DiskStore
 from tests.fakes.process import wait_for, wait_until

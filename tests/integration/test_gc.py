@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from proxy.cache import CacheEntry
-from proxy.cache.factory import open_metadata
-from proxy.cache.redis import RedisNegatives, RedisStore
+from proxy.metadata_store import CacheEntry
+from proxy.metadata_store.factory import open_metadata
+from proxy.metadata_store.redis import RedisNegatives, RedisStore
 from proxy.storage import ArchiveStore
 from proxy.storage.disk import DiskStore
 from tests.conftest import REGISTRY_HOST, serve_proxy

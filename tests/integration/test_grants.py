@@ -14,7 +14,7 @@ import time
 import aiohttp
 import pytest
 
-from proxy.auth import GRANT_LIFETIME, GRANT_PARAM, Grants, grant_key, hash_token, parse_tokens, with_grant
+from proxy.identity.tokens import GRANT_LIFETIME, GRANT_PARAM, Grants, grant_key, hash_token, parse_tokens, with_grant
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_for
 from tests.fakes.redis_server import METADATA_SECRET

@@ -19,7 +19,7 @@ import pytest
 import trustme
 
 from proxy.cli import main
-from proxy.config import SpaceFloor
+from proxy.settings.config import SpaceFloor
 from tests.conftest import serve_proxy
 from tests.fakes.process import REPO_ROOT
 

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from proxy.hashes import h1_of_zip
+from proxy.domain.hashes import h1_of_zip
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release, provider_zip
 
@@ -87,7 +87,7 @@ async def test_hostnames_are_normalised_before_the_allowlist(make_settings, clie
 
 
 async def test_default_allowlist_names_the_public_registries(make_settings, client_ssl):
-    from proxy.config import DEFAULT_ALLOWED_HOSTS
+    from proxy.settings.config import DEFAULT_ALLOWED_HOSTS
 
     async with serve_proxy(
         make_settings(allowed_hosts=frozenset(DEFAULT_ALLOWED_HOSTS), upstream_map={}), client_ssl

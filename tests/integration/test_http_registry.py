@@ -187,7 +187,7 @@ async def test_unsafe_module_archive_is_refused_and_not_stored(proxy, registry, 
     registry.static["net-1.0.0.tar.gz"] = escaping_tar_gz()
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
     assert (status, body["code"]) == (502, "verification_failed")
-    from proxy.web.keys import SETTINGS
+    from proxy.web.app_keys import SETTINGS
 
     assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]
 
@@ -247,8 +247,8 @@ async def test_git_clone_failure_is_a_clear_502(proxy, registry, git_module):
 
 
 async def test_module_errors(proxy, registry, net_module, monkeypatch):
-    from proxy.config import FreshnessTtls
-    from proxy.web.keys import MODULES
+    from proxy.settings.config import FreshnessTtls
+    from proxy.web.app_keys import MODULES
     from tests.fakes.registry import Fault
 
     now = [time.time()]
@@ -282,7 +282,7 @@ async def test_module_checksum_mismatch_is_refused_and_not_stored(proxy, registr
     net_module.location = "{base}/static/net-1.0.0.tar.gz?checksum=sha256:" + "0" * 64
     status, body = await proxy.json(f"{M}/1.0.0/archive.tar.gz")
     assert (status, body["code"]) == (502, "checksum_mismatch")
-    from proxy.web.keys import SETTINGS
+    from proxy.web.app_keys import SETTINGS
 
     assert not [p for p in (proxy.app[SETTINGS].archive_dir / "sha256").rglob("*") if p.is_file()]
 

@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.auth import AuthConfigError
-from proxy.config import Settings
 from proxy.errors import StoreUnavailableError
+from proxy.identity.tokens import AuthConfigError
+from proxy.settings.config import Settings
 from proxy.web.app import create_app
 from proxy.web.server import serve_app
 from tests.fakes.redis_server import free_port

@@ -8,17 +8,17 @@ import tarfile
 
 import pytest
 
-from proxy.addrs import Platform
-from proxy.cache.factory import open_metadata_store
 from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle, import_bundle
 from proxy.commands.lock import run_lock
+from proxy.commands.proxy_api import ProxyClient
 from proxy.commands.warm import run_warm
-from proxy.config import Settings
-from proxy.gpg import Keyring
-from proxy.hashes import h1_of_zip
-from proxy.lockfile import parse_lockfile
-from proxy.proxyclient import ProxyClient
+from proxy.domain.addresses import Platform
+from proxy.domain.hashes import h1_of_zip
+from proxy.domain.lockfile import parse_lockfile
+from proxy.metadata_store.factory import open_metadata_store
+from proxy.providers.signatures import Keyring
+from proxy.settings.config import Settings
 from proxy.storage.disk import DiskStore
 from tests.conftest import PROVIDER, REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
@@ -271,7 +271,7 @@ async def test_bundle_signed_by_an_untrusted_key_is_rejected(exported, tmp_path,
 
 
 async def test_imported_version_lists_arrive_stale(exported, tmp_path):
-    from proxy.cache import CacheEntry
+    from proxy.metadata_store import CacheEntry
 
     await _import(tmp_path / "s", exported)
     cache, _ = await _stores(tmp_path / "s")
@@ -367,7 +367,7 @@ async def test_bundle_with_altered_metadata_of_another_platform_is_rejected(expo
     import base64
     import json
 
-    from proxy.cache import CacheEntry
+    from proxy.metadata_store import CacheEntry
 
     def alter(item):
         if item["key"].startswith("download:") and item["key"].endswith("darwin_arm64"):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from proxy.web.access import ACCESS
-from proxy.web.keys import METRICS
+from proxy.web.app_keys import METRICS
 from tests.conftest import serve_proxy
 from tests.fakes.oidc import AUDIENCE, SUBJECT, FakeIssuer
 from tests.fakes.process import REGISTRY_HOST

@@ -1,4 +1,4 @@
-"""The OIDC key cache (`proxy.oidc.IssuerKeys`) with a moved clock, the real upstream client and the real
+"""The OIDC key cache (`proxy.identity.oidc.IssuerKeys`) with a moved clock, the real upstream client and the real
 metadata store: at most one fetch a minute for unknown kids, two processes sharing what one fetched, old keys
 fetched again in the background.
 """
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.cache.factory import open_metadata_store
-from proxy.config import Limits
 from proxy.errors import OidcIssuerUnavailableError
-from proxy.issuers import parse_issuers
-from proxy.oidc import KEYS_MAX_AGE, IssuerKeys
+from proxy.identity.issuers import parse_issuers
+from proxy.identity.oidc import KEYS_MAX_AGE, IssuerKeys
+from proxy.metadata_store.factory import open_metadata_store
+from proxy.settings.config import Limits
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.netguard import AddressPolicy
 from tests.integration.test_oidc import Clock, issuer, issuers_toml  # noqa: F401 - the fixture

@@ -7,7 +7,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy import __version__
-from proxy.config import parse_networks
+from proxy.settings.config import parse_networks
 from tests.conftest import METADATA_SECRET, PROVIDER, serve_proxy
 
 INDEX = f"/mirror/v1/{PROVIDER}/index.json"

@@ -11,9 +11,9 @@ from html import unescape
 import aiohttp
 import pytest
 
-from proxy.inventory import InventoryReader
-from proxy.page import human_size
-from proxy.web.keys import INVENTORY
+from proxy.governance.inventory import InventoryReader
+from proxy.web.app_keys import INVENTORY
+from proxy.web.home_page import human_size
 from tests.conftest import PROVIDER, REGISTRY_HOST
 from tests.fakes.packages import MODULE_FILES, module_tar_gz
 from tests.fakes.registry import ModuleRelease

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from proxy.addrs import Platform, ProviderAddr
-from proxy.auth import hash_token
 from proxy.commands.bundle import export_bundle
+from proxy.commands.proxy_api import ProxyClient
 from proxy.commands.warm import run_warm
-from proxy.gatekeeper import load_policy
-from proxy.proxyclient import ProxyClient
-from proxy.web.keys import GATEKEEPER, METRICS
-from proxy.web.keys import MIRROR as MIRROR_SERVICE
+from proxy.domain.addresses import Platform, ProviderAddr
+from proxy.governance.gatekeeper import load_policy
+from proxy.identity.tokens import hash_token
+from proxy.web.app_keys import GATEKEEPER, METRICS
+from proxy.web.app_keys import MIRROR as MIRROR_SERVICE
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.addrs import ProviderAddr, Version
-from proxy.web.keys import GATEKEEPER, MIRROR
+from proxy.domain.addresses import ProviderAddr, Version
+from proxy.web.app_keys import GATEKEEPER, MIRROR
 from tests.conftest import serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, registry_proxy, wait_for

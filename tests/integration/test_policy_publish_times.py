@@ -10,7 +10,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from proxy.web.keys import GATEKEEPER
+from proxy.web.app_keys import GATEKEEPER
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST

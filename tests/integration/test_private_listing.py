@@ -15,7 +15,7 @@ import ssl
 import aiohttp
 import pytest
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST
 from tests.fakes.registry import FakeRegistry

@@ -13,7 +13,7 @@ import uuid
 
 import aiohttp
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, REPO_ROOT
 from tests.fakes.redis_server import METADATA_SECRET

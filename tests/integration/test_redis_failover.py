@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from proxy.cache.keys import FLEET_LOCK
-from proxy.cache.redis import RedisFleetLocks, RedisStore
+from proxy.metadata_store.keys import FLEET_LOCK
+from proxy.metadata_store.redis import RedisFleetLocks, RedisStore
 from tests.fakes.process import wait_for
 
 CONNECTIONS = 8

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
-from proxy.cache.redis import RedisFleetLocks, RedisStore
+from proxy.metadata_store.redis import RedisFleetLocks, RedisStore
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes import ports
 from tests.fakes.redis_server import METADATA_SECRET, RedisServer

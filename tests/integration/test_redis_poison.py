@@ -13,10 +13,10 @@ import uuid
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.cache import CacheEntry
-from proxy.cache.keys import NEGATIVE_BOOKKEEPING, SERVED
-from proxy.cache.redis import RedisNegatives
-from proxy.cache.sealed import Seal, SealedStore
+from proxy.metadata_store import CacheEntry
+from proxy.metadata_store.keys import NEGATIVE_BOOKKEEPING, SERVED
+from proxy.metadata_store.redis import RedisNegatives
+from proxy.metadata_store.sealed import Seal, SealedStore
 from tests.fakes.redis_server import REDIS_SETUPS
 
 SECRET = b"poison-test-secret-0123456789abcdef"

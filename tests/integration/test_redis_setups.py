@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from proxy.cache import CacheEntry
-from proxy.cache.redis import RedisFleetLocks, RedisNegatives, RedisStore
-from proxy.cache.sealed import Seal, SealedStore
+from proxy.metadata_store import CacheEntry
+from proxy.metadata_store.redis import RedisFleetLocks, RedisNegatives, RedisStore
+from proxy.metadata_store.sealed import Seal, SealedStore
 from tests.fakes.redis_server import ClusterSetup, RedisServer, SentinelSetup, Tls
 
 SECRET = b"setups-secret-0123456789"

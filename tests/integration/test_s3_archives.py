@@ -16,11 +16,11 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
+from proxy.settings.config import parse_s3_location
 from proxy.storage import ObjectInfo
 from proxy.storage.s3 import S3Options, S3Store
-from proxy.web.keys import GUARD, SERVED
+from proxy.web.app_keys import GUARD, SERVED
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from proxy.cache import CacheEntry
-from proxy.cache.factory import open_metadata
+from proxy.metadata_store import CacheEntry
+from proxy.metadata_store.factory import open_metadata
 from tests.conftest import serve_proxy
 from tests.fakes.process import registry_proxy_in_process
 from tests.fakes.store_holder import StoreHolder

@@ -19,8 +19,8 @@ import time
 import pytest
 from botocore.config import Config
 
-from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
+from proxy.settings.config import parse_s3_location
 from proxy.storage.s3 import ATTEMPTS, RESUMES, S3Options, S3Store
 from tests.conftest import serve_proxy
 from tests.fakes.packages import Release

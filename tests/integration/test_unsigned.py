@@ -15,14 +15,13 @@ import pytest
 from structlog.testing import capture_logs
 from yarl import URL
 
-from proxy import records
-from proxy.addrs import Platform, ProviderAddr, Version
-from proxy.cache import keys
 from proxy.commands import CommandError
-from proxy.hashes import h1_of_zip
-from proxy.records import ArchiveRecord, SumsRecord
-from proxy.unsigned import parse_unsigned_policy
-from proxy.web.keys import MIRROR
+from proxy.domain.addresses import Platform, ProviderAddr, Version
+from proxy.domain.hashes import h1_of_zip
+from proxy.domain.unsigned_policy import parse_unsigned_policy
+from proxy.metadata_store import keys, records
+from proxy.metadata_store.records import ArchiveRecord, SumsRecord
+from proxy.web.app_keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.process import REGISTRY_HOST, registry_proxy_in_process
 from tests.fakes.signing import SigningKey

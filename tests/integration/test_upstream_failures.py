@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from proxy.config import FreshnessTtls, Limits
-from proxy.web.keys import MIRROR
+from proxy.settings.config import FreshnessTtls, Limits
+from proxy.web.app_keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.registry import Fault
 

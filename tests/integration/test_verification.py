@@ -17,7 +17,7 @@ VERSION_DOC = f"/mirror/v1/{PROVIDER}/1.0.0.json"
 
 
 def stored(proxy) -> list:
-    from proxy.web.keys import SETTINGS
+    from proxy.web.app_keys import SETTINGS
 
     root = proxy.app[SETTINGS].archive_dir
     return [p for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME]  # the temp dir's lock is no archive
@@ -87,7 +87,7 @@ async def test_signed_archive_that_is_not_a_zip(proxy, registry):
 
 
 async def test_archive_over_the_size_limit(make_settings, client_ssl, registry):
-    from proxy.config import Limits
+    from proxy.settings.config import Limits
 
     async with serve_proxy(make_settings(limits=Limits(max_archive_bytes=100)), client_ssl) as running:
         status, body = await running.json(ARCHIVE)
@@ -121,10 +121,9 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
     back (sealed, as an owner of the metadata secret could) are listed and make it exit 1."""
     from dataclasses import replace
 
-    from proxy import records
-    from proxy.addrs import Platform, ProviderAddr, Version
-    from proxy.cache import keys
-    from proxy.records import ArchiveRecord, SumsRecord
+    from proxy.domain.addresses import Platform, ProviderAddr, Version
+    from proxy.metadata_store import keys, records
+    from proxy.metadata_store.records import ArchiveRecord, SumsRecord
     from tests.fakes.process import registry_proxy_in_process
     from tests.integration.test_lock_warm_bundle import _stores
 

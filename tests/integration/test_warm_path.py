@@ -9,8 +9,8 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.config import FreshnessTtls
-from proxy.web.keys import MIRROR, RENDERED
+from proxy.settings.config import FreshnessTtls
+from proxy.web.app_keys import MIRROR, RENDERED
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import wait_for

@@ -1,4 +1,4 @@
-"""Warm answers reused whole (`proxy.warm_answers`) against the real application: each test first shows that the
+"""Warm answers reused whole (`proxy.web.warm_answers`) against the real application: each test first shows that the
 answer is being reused, then that a revoked token, a purge, a policy reload or a new archive in this process is
 seen by the very next request all the same."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from proxy.auth import hash_token
+from proxy.identity.tokens import hash_token
 from proxy.web.access import ACCESS
-from proxy.web.keys import GATEKEEPER, WARM_ANSWERS
+from proxy.web.app_keys import GATEKEEPER, WARM_ANSWERS
 from tests.conftest import RunningProxy, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST

@@ -18,7 +18,7 @@ import sys
 import aiohttp
 import pytest
 
-from proxy.cache.embedded import EmbeddedStore
+from proxy.metadata_store.embedded import EmbeddedStore
 from tests.fakes.packages import Release
 from tests.fakes.process import REPO_ROOT, ProxyProcess, terminate
 
@@ -138,7 +138,7 @@ async def test_sigterm_lets_a_slow_download_finish_then_every_process_exits_0(pr
 WRITER = """
 import asyncio, sys
 from pathlib import Path
-from proxy.cache.embedded import EmbeddedStore
+from proxy.metadata_store.embedded import EmbeddedStore
 
 async def main(path, name):
     store = EmbeddedStore(Path(path))

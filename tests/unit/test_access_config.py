@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.auth import hash_token, token_entry
 from proxy.cli import build_parser, settings_from_args, warn_about_access
-from proxy.config import ConfigError
+from proxy.identity.tokens import hash_token, token_entry
+from proxy.settings.config import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.addrs: hostnames, provider parts, versions and platforms."""
+"""Unit tests for proxy.domain.addresses: hostnames, provider parts, versions and platforms."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from proxy.addrs import MAX_HOSTNAME_LENGTH, MAX_PART_LENGTH, AddressError, Hostname, Platform, ProviderAddr, Version
+from proxy.domain.addresses import (
+    MAX_HOSTNAME_LENGTH,
+    MAX_PART_LENGTH,
+    AddressError,
+    Hostname,
+    Platform,
+    ProviderAddr,
+    Version,
+)
 from proxy.errors import ProxyError
 
 # ---------------------------------------------------------------------------------------------

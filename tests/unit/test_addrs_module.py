@@ -1,10 +1,10 @@
-"""Unit tests for proxy.addrs.ModuleAddr.parse."""
+"""Unit tests for proxy.domain.addresses.ModuleAddr.parse."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.addrs import AddressError, Hostname, ModuleAddr
+from proxy.domain.addresses import AddressError, Hostname, ModuleAddr
 
 
 @pytest.mark.parametrize(

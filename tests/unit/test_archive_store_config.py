@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, S3Location, Settings, parse_s3_location
+from proxy.settings.config import ConfigError, S3Location, Settings, parse_s3_location
 from proxy.storage import s3_options
 
 

@@ -7,7 +7,19 @@ import asyncio
 import pytest
 from yarl import URL
 
-from proxy.auth import (
+from proxy.domain.credentials import (
+    CredentialsError,
+    UpstreamCredentials,
+    acting_for,
+    env_host,
+    from_environment,
+    merged,
+    on_behalf_of,
+    parse_cli_config,
+)
+from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
+from proxy.identity.issuers import parse_issuers
+from proxy.identity.tokens import (
     GRANT_LIFETIME,
     GRANT_STEP,
     AuthConfigError,
@@ -22,18 +34,6 @@ from proxy.auth import (
     token_entry,
     with_grant,
 )
-from proxy.credentials import (
-    CredentialsError,
-    UpstreamCredentials,
-    acting_for,
-    env_host,
-    from_environment,
-    merged,
-    on_behalf_of,
-    parse_cli_config,
-)
-from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
-from proxy.issuers import parse_issuers
 
 CI, READER = "rpt_ci-token", "rpt_reader-token"
 TOKENS = (

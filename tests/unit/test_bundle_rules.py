@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from proxy.cache import CacheEntry
 from proxy.commands.bundle import _arriving_stale
+from proxy.metadata_store import CacheEntry
 
 
 def discovery(services: dict, url: str = "https://registry.example.test/.well-known/terraform.json") -> bytes:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from proxy.cache_control import IMMUTABLE_MAX_AGE, StaleWindows, cache_control
+from proxy.protocol.cache_control import IMMUTABLE_MAX_AGE, StaleWindows, cache_control
 
 WINDOWS = StaleWindows(stale=7200, negative_ttl=60)
 

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.cache: entry and record encoding, freshness decisions."""
+"""Unit tests for proxy.metadata_store: entry and record encoding, freshness decisions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from proxy.cache import FORMAT_VERSION, CacheEntry, Freshness, decode_record, encode_record, freshness_of
+from proxy.metadata_store import FORMAT_VERSION, CacheEntry, Freshness, decode_record, encode_record, freshness_of
 
 BINARY = bytes(range(256)) + b'\x00\xff{}"\\\n'
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.auth import AuthConfigError, hash_token, parse_tokens, token_entry
-from proxy.cache import keys
-from proxy.cache.memory import MemoryFront
-from proxy.catalog import PurgeTarget, decode_cursor, encode_cursor, parse_limit, provider_entry
 from proxy.errors import InvalidAddressError, InvalidRequestError
-from proxy.inventory import CachedProvider
-from proxy.memo import Memo
+from proxy.governance.catalog import PurgeTarget, decode_cursor, encode_cursor, parse_limit, provider_entry
+from proxy.governance.inventory import CachedProvider
+from proxy.identity.tokens import AuthConfigError, hash_token, parse_tokens, token_entry
+from proxy.metadata_store import keys
+from proxy.metadata_store.memory import MemoryFront
+from proxy.runtime.memo import Memo
 
 
 class DictStore:

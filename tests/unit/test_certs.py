@@ -1,4 +1,4 @@
-"""Unit tests for proxy.certs.ensure_local_tls: the generated local CA and server certificate."""
+"""Unit tests for proxy.web.local_ca.ensure_local_tls: the generated local CA and server certificate."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from proxy import certs
-from proxy.certs import ensure_local_tls
+from proxy.web import local_ca as certs
+from proxy.web.local_ca import ensure_local_tls
 
 NAMES = ["localhost", "127.0.0.1", "::1", "proxy.internal"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.cli import build_parser
-from proxy.config import options_for
+from proxy.settings.config import options_for
 
 SUBCOMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "healthcheck", "token"]
 

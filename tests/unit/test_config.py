@@ -1,4 +1,4 @@
-"""Unit tests for proxy.config (parsers, Settings) and the CLI's flag/environment handling."""
+"""Unit tests for proxy.settings.config (parsers, Settings) and the CLI's flag/environment handling."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from yarl import URL
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import (
+from proxy.settings.config import (
     DEFAULT_ALLOWED_HOSTS,
     ConfigError,
     Settings,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, main, settings_from_args
-from proxy.config import ConfigError, options_for
+from proxy.settings.config import ConfigError, options_for
 
 
 @pytest.fixture

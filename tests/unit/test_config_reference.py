@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.config import OPTIONS
-from proxy.reference import render
+from proxy.settings.config import OPTIONS
+from proxy.settings.reference import render
 
 REFERENCE = Path(__file__).parents[2] / "docs" / "configuration.md"
 
 
 def test_the_reference_is_what_the_declarations_render() -> None:
     assert REFERENCE.read_text(encoding="utf-8") == render(), (
-        "docs/configuration.md differs from the options declared in proxy/config.py: "
+        "docs/configuration.md differs from the options declared in proxy/settings/config.py: "
         "run `.venv/bin/python scripts/configuration_reference.py` and commit the result"
     )
 

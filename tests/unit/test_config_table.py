@@ -1,4 +1,4 @@
-"""The table of options (proxy.config) itself: the user contract of names, valid defaults, one rule for
+"""The table of options (proxy.settings.config) itself: the user contract of names, valid defaults, one rule for
 bounds, and settings built in code that match the command line's defaults."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import OPTIONS, ConfigError, Settings, options_for
-from proxy.optionspec import AREA, Count, Duration, MachineValue, Size
+from proxy.settings.config import OPTIONS, ConfigError, Settings, options_for
+from proxy.settings.optionspec import AREA, Count, Duration, MachineValue, Size
 
 # The REGISTRY_PROXY_* variables are a contract with every deployment (each also names a flag and a
 # --config key): a change here must be deliberate, and said in the release notes.

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.constraints: provider version constraints as Terraform/OpenTofu apply them.
+"""Unit tests for proxy.domain.constraints: provider version constraints as Terraform/OpenTofu apply them.
 
 Every expectation in the tables below was cross-checked against Terraform 1.11.4 itself
 (`terraform init` against a local filesystem mirror holding exactly the listed versions,
@@ -14,8 +14,8 @@ import itertools
 
 import pytest
 
-from proxy.addrs import Version
-from proxy.constraints import Constraint, ConstraintError, allows, canonical, newest, parse
+from proxy.domain.addresses import Version
+from proxy.domain.constraints import Constraint, ConstraintError, allows, canonical, newest, parse
 
 # Releases only.
 RELEASES = ["0.9.0", "1.0.0", "1.0.5", "1.1.0", "1.2.0", "1.2.3", "1.2.7", "1.3.0", "1.10.0", "2.0.0", "2.5.1", "3.0.0"]

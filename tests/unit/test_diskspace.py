@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import structlog
 
-from proxy.cache.fullguard import SkipWritesWhenFull
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, SpaceFloor, parse_space_floor
 from proxy.errors import DiskFullError
+from proxy.metadata_store.full_disk import SkipWritesWhenFull
+from proxy.settings.config import ConfigError, SpaceFloor, parse_space_floor
 from proxy.storage import DiskSpace, is_disk_full
 
 MiB = 2**20

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from proxy.storage.eviction import excess_bytes, in_use, last_use, orphans, victims
+from proxy.storage.victims import excess_bytes, in_use, last_use, orphans, victims
 
 NOW = 1_000_000.0
 GRACE = 600.0

@@ -1,4 +1,4 @@
-"""proxy.cache.filelocks.FileLocks beyond the fleet lock contract (tests/contract): lock files are
+"""proxy.metadata_store.file_locks.FileLocks beyond the fleet lock contract (tests/contract): lock files are
 removed after use, and a crashed holder (a real process killed with SIGKILL) frees its lock at once.
 """
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from proxy.cache.filelocks import FileLocks
+from proxy.metadata_store.file_locks import FileLocks
 
 HOLD_FOREVER = """
 import fcntl, os, sys, time

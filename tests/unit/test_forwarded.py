@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, parse_networks
-from proxy.forwarded import ClientView, client_address, client_view, parse_forwarded
+from proxy.protocol.forwarded import ClientView, client_address, client_view, parse_forwarded
+from proxy.settings.config import ConfigError, parse_networks
 
 TRUSTED = parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8"])
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from proxy.errors import ForbiddenAddressError, GitSourceError
-from proxy.upstream import git as git_module
-from proxy.upstream.git import GitFetcher
+from proxy.modules import git_sources as git_module
+from proxy.modules.git_sources import GitFetcher
 from proxy.upstream.netguard import AddressPolicy
 
 

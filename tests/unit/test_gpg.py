@@ -1,10 +1,10 @@
-"""Unit tests for proxy.gpg.Keyring with the real gpg binary: which detached signatures it accepts."""
+"""Unit tests for proxy.providers.signatures.Keyring with the real gpg binary: which detached signatures it accepts."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.gpg import Keyring, SignatureError, SignatureResult
+from proxy.providers.signatures import Keyring, SignatureError, SignatureResult
 from tests.fakes.signing import SigningKey
 
 DATA = b"0123abcd  terraform-provider-foo_1.0.0_linux_amd64.zip\n"

@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from proxy.download_notices import DownloadNotices, Notice
 from proxy.errors import (
     DiskFullError,
     FollowedDownloadLostError,
@@ -16,8 +15,9 @@ from proxy.errors import (
     UpstreamError,
     VerificationError,
 )
-from proxy.growing import HOLD_BACK, GrowingDownloads, GrowingFile
-from proxy.passthrough import PassThrough
+from proxy.services.download_notices import DownloadNotices, Notice
+from proxy.services.live_downloads import HOLD_BACK, GrowingDownloads, GrowingFile
+from proxy.services.relay import PassThrough
 
 WAIT = 10
 BODY = os.urandom(3 * HOLD_BACK + 1000)

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.hashes: the Hash type, zh:/h1: hashes and SHA256SUMS parsing.
+"""Unit tests for proxy.domain.hashes: the Hash type, zh:/h1: hashes and SHA256SUMS parsing.
 
 The h1: vectors come from Go's golang.org/x/mod/sumdb/dirhash tests and OpenTofu's
 getproviders hash tests.
@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from proxy.hashes import (
+from proxy.domain.hashes import (
     MAX_SHASUMS_LINES,
     Hash,
     HashFormatError,

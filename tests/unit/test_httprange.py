@@ -1,10 +1,10 @@
-"""Unit tests for proxy.httprange.parse_range (RFC 9110 §14 single byte ranges)."""
+"""Unit tests for proxy.protocol.http_ranges.parse_range (RFC 9110 §14 single byte ranges)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.httprange import Answer, UnsatisfiableRangeError, evaluate, parse_range
+from proxy.protocol.http_ranges import Answer, UnsatisfiableRangeError, evaluate, parse_range
 
 SIZE = 1000
 

@@ -12,7 +12,7 @@ import blake3
 import pytest
 
 from proxy.errors import StoreCorruptionError
-from proxy.metrics import Metrics
+from proxy.runtime.metrics import Metrics
 from proxy.storage import ArchiveGuard, StoredArchive, disk, guard
 from proxy.storage.disk import DiskStore
 

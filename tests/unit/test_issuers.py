@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.issuers import DEFAULT_ALGORITHMS, IssuersConfigError, claim_value, parse_issuers
+from proxy.identity.issuers import DEFAULT_ALGORITHMS, IssuersConfigError, claim_value, parse_issuers
 
 GITHUB = """
 [issuers.github]

@@ -10,7 +10,7 @@ import pytest
 from joserfc.errors import SecurityWarning
 from joserfc.jwk import OctKey, RSAKey
 
-from proxy.jose import JwtError, SigningKeys, looks_like_jwt, peek
+from proxy.identity.jose import JwtError, SigningKeys, looks_like_jwt, peek
 from tests.fakes.oidc import AUDIENCE, SUBJECT, FakeIssuer
 
 

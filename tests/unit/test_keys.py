@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from proxy.addrs import Hostname, ModuleAddr, Platform, ProviderAddr, Version
-from proxy.cache import keys
+from proxy.domain.addresses import Hostname, ModuleAddr, Platform, ProviderAddr, Version
+from proxy.metadata_store import keys
 
 PROVIDER = ProviderAddr.parse("registry.example.test:8443", "acme", "foo")
 MODULE = ModuleAddr.parse("registry.example.test", "acme", "net", "aws")

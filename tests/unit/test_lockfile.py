@@ -1,4 +1,4 @@
-"""Unit tests for proxy.lockfile: rendering, parsing and trust-on-first-use hash merging.
+"""Unit tests for proxy.domain.lockfile: rendering, parsing and trust-on-first-use hash merging.
 
 The golden files under tests/data/lockfiles/ were written by Terraform 1.11.4 itself
 (`terraform init` against a local filesystem mirror; the `zh:` hashes of one_provider were
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.lockfile import HEADER, LockedProvider, LockFileError, merge_hashes, parse_lockfile, render
+from proxy.domain.lockfile import HEADER, LockedProvider, LockFileError, merge_hashes, parse_lockfile, render
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "lockfiles"
 

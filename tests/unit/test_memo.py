@@ -1,8 +1,8 @@
-"""`proxy.memo`: the one bounded memo (oldest put first out) and identity memos on it."""
+"""`proxy.runtime.memo`: the one bounded memo (oldest put first out) and identity memos on it."""
 
 from __future__ import annotations
 
-from proxy.memo import Memo, memoised
+from proxy.runtime.memo import Memo, memoised
 
 
 def test_a_memo_keeps_at_most_its_limit_dropping_the_oldest_put_first():

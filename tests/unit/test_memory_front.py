@@ -1,4 +1,4 @@
-"""Unit tests for proxy.cache.memory.MemoryFront (the in-process LRU in front of a metadata store)."""
+"""Unit tests for proxy.metadata_store.memory.MemoryFront (the in-process LRU in front of a metadata store)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.cache.memory import MemoryFront
+from proxy.metadata_store.memory import MemoryFront
 
 
 class CountingStore:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cache import CacheEntry
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.factory import negative_bound
-from proxy.cache.memory import MemoryFront
-from proxy.cache.negative import MemoryNegatives, NegativeBound
-from proxy.cache.sealed import Seal, SealedStore
 from proxy.cli import build_parser
 from proxy.commands import run
-from proxy.config import Settings
+from proxy.metadata_store import CacheEntry
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.factory import negative_bound
+from proxy.metadata_store.memory import MemoryFront
+from proxy.metadata_store.negative import MemoryNegatives, NegativeBound
+from proxy.metadata_store.sealed import Seal, SealedStore
+from proxy.settings.config import Settings
 
 
 def sealed_embedded(folder: Path) -> SealedStore:

@@ -1,10 +1,10 @@
-"""Unit tests for proxy.modsource: go-getter subdir splitting and classification of module sources."""
+"""Unit tests for proxy.domain.module_sources: go-getter subdir splitting and classification of module sources."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.modsource import (
+from proxy.domain.module_sources import (
     GitSource,
     HttpArchive,
     Passthrough,

@@ -1,9 +1,9 @@
-"""Unit tests for proxy.offered: the recheck gate and the "not offered" checks."""
+"""Unit tests for proxy.protocol.offers: the recheck gate and the "not offered" checks."""
 
 from __future__ import annotations
 
-from proxy.addrs import Platform
-from proxy.offered import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
+from proxy.domain.addresses import Platform
+from proxy.protocol.offers import RecheckGate, list_ttl, listed, missing_platforms, no_package_message
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.packing: deterministic tar.gz packing and archive safety checks."""
+"""Unit tests for proxy.modules.packing: deterministic tar.gz packing and archive safety checks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.packing import ArchiveError, ArchiveTooLargeError, check_archive, deterministic_tar_gz
+from proxy.modules.packing import ArchiveError, ArchiveTooLargeError, check_archive, deterministic_tar_gz
 
 MTIME = 1_700_000_000
 

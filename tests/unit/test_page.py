@@ -8,9 +8,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from proxy import page
-from proxy.inventory import CachedModule, CachedProvider, HostHealth, Inventory, matches
-from proxy.metrics import Totals
+from proxy.governance.inventory import CachedModule, CachedProvider, HostHealth, Inventory, matches
+from proxy.runtime.metrics import Totals
+from proxy.web import home_page
 
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 FINGERPRINT = "0123456789ABCDEF0123456789ABCDEF01234567"
@@ -25,7 +25,7 @@ TOTALS = Totals(
 )
 
 
-def data(**overrides) -> page.PageData:
+def data(**overrides) -> home_page.PageData:
     values = dict(
         version="1.2.3",
         base="https://proxy.example.com:8443/",
@@ -43,7 +43,7 @@ def data(**overrides) -> page.PageData:
         now=1_700_000_600.0,
     )
     values.update(overrides)
-    return page.PageData(**values)
+    return home_page.PageData(**values)
 
 
 def provider(**overrides) -> CachedProvider:
@@ -108,7 +108,7 @@ def parse(html: str) -> Elements:
     ],
 )
 def test_base_url_from_the_public_url_or_the_request(public, scheme, host, expected):
-    assert page.base_url(public, scheme, host, "127.0.0.1:8443") == expected
+    assert home_page.base_url(public, scheme, host, "127.0.0.1:8443") == expected
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_base_url_from_the_public_url_or_the_request(public, scheme, host, expec
     [None, "", 'evil"}\nprovider_installation {', "a b", "x.com/path", "x.com@y", "<script>", "host:port", "-bad.com"],
 )
 def test_a_host_header_that_is_not_a_plain_host_falls_back_to_the_listen_address(host):
-    assert page.base_url(None, "https", host, "127.0.0.1:8443") == "https://127.0.0.1:8443/"
+    assert home_page.base_url(None, "https", host, "127.0.0.1:8443") == "https://127.0.0.1:8443/"
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_a_host_header_that_is_not_a_plain_host_falls_back_to_the_listen_address
     ],
 )
 def test_listen_address(host, port, expected):
-    assert page.listen_address(host, port) == expected
+    assert home_page.listen_address(host, port) == expected
 
 
 # ---- snippets ----------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def test_listen_address(host, port, expected):
     "base", ["https://127.0.0.1:8443/", "http://proxy.internal:8080/", "https://proxy.example.com/"]
 )
 def test_snippets_name_this_proxy_for_terraform_and_opentofu(base):
-    made = page.snippets(base, ["registry.opentofu.org", "registry.terraform.io"])
+    made = home_page.snippets(base, ["registry.opentofu.org", "registry.terraform.io"])
     assert [(s.client, s.file) for s in made["mirror"]] == [("Terraform", "~/.terraformrc"), ("OpenTofu", "~/.tofurc")]
     for snippet in made["mirror"]:
         assert snippet.text.startswith(f"# {snippet.file}\n")
@@ -158,10 +158,10 @@ def test_snippets_name_this_proxy_for_terraform_and_opentofu(base):
 
 
 def test_the_rendered_snippets_are_the_exact_configuration():
-    html = page.render(data(base="https://proxy.example.com:8443/"))
+    html = home_page.render(data(base="https://proxy.example.com:8443/"))
     pre = parse(html).pre
-    assert pre["mirror-terraform"].endswith(page.mirror_config("https://proxy.example.com:8443/"))
-    assert pre["mirror-opentofu"].endswith(page.mirror_config("https://proxy.example.com:8443/"))
+    assert pre["mirror-terraform"].endswith(home_page.mirror_config("https://proxy.example.com:8443/"))
+    assert pre["mirror-opentofu"].endswith(home_page.mirror_config("https://proxy.example.com:8443/"))
     assert 'url = "https://proxy.example.com:8443/mirror/v1/"' in pre["mirror-opentofu"]
     assert (
         '"providers.v1" = "https://proxy.example.com:8443/registry/registry.terraform.io/providers/v1/"'
@@ -173,16 +173,16 @@ def test_the_rendered_snippets_are_the_exact_configuration():
 
 
 def test_plain_http_says_the_clients_need_https_and_no_ca_link_without_a_generated_ca():
-    html = page.render(data(base="http://10.0.0.5:8080/", ca_url=None))
+    html = home_page.render(data(base="http://10.0.0.5:8080/", ca_url=None))
     assert "accept only <code>https:</code>" in html
     assert "ca.pem" not in html
-    assert "accept only" not in page.render(data())
-    assert 'href="ca.pem"' in page.render(data())
+    assert "accept only" not in home_page.render(data())
+    assert 'href="ca.pem"' in home_page.render(data())
 
 
 def test_the_ca_steps_build_a_bundle_with_the_systems_roots_instead_of_replacing_them():
-    text = " ".join(unescape(re.sub(r"<[^>]+>", "", page.render(data()))).split())
-    downloaded = next(a["download"] for tag, a in parse(page.render(data())).tags if a.get("href") == "ca.pem")
+    text = " ".join(unescape(re.sub(r"<[^>]+>", "", home_page.render(data()))).split())
+    downloaded = next(a["download"] for tag, a in parse(home_page.render(data())).tags if a.get("href") == "ca.pem")
     bundle = f"cat /etc/ssl/certs/ca-certificates.crt {downloaded} > registry-proxy-bundle.pem"
     assert f"{bundle} && export SSL_CERT_FILE=$PWD/registry-proxy-bundle.pem" in text
     assert f"SSL_CERT_FILE=$PWD/{downloaded}" not in text  # the CA alone would replace the system's roots
@@ -198,7 +198,7 @@ def test_upstream_strings_are_escaped_everywhere():
     )
     module = CachedModule("registry.example.test", XSS, "net", "aws", XSS, "b" * 64, 100, XSS, commit=XSS)
     hosts = [HostHealth(XSS, ("mapped",), XSS, "not found", XSS, 1.0)]
-    html = page.render(data(inventory=Inventory([evil], [module]), hosts=hosts, query=XSS, metadata_problem=XSS))
+    html = home_page.render(data(inventory=Inventory([evil], [module]), hosts=hosts, query=XSS, metadata_problem=XSS))
     assert "<script>alert" not in html and "<img" not in html
     assert html.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;") >= 8
     scripts = [attrs for tag, attrs in parse(html).tags if tag == "script"]
@@ -207,7 +207,7 @@ def test_upstream_strings_are_escaped_everywhere():
 
 
 def test_the_page_loads_nothing_from_elsewhere():
-    html = page.render(data(inventory=Inventory([provider()], [])))
+    html = home_page.render(data(inventory=Inventory([provider()], [])))
     tags = parse(html).tags
     assert not [attrs for tag, attrs in tags if tag in ("script", "img", "iframe") and "src" in attrs]
     assert [attrs["href"] for tag, attrs in tags if tag == "link"] == ["data:,"]
@@ -226,11 +226,11 @@ def test_inventory_groups_platforms_by_version_with_size_signer_and_last_served(
         provider(version="4.9.0", platform="linux_amd64", signed_by=""),
         provider(version="5.10.0", platform="linux_amd64"),
     ]
-    groups = page.releases(archives)
+    groups = home_page.releases(archives)
     assert [(g.address, g.version) for g in groups] == [
         ("registry.terraform.io/hashicorp/aws", v) for v in ("4.9.0", "5.0.0", "5.10.0")
     ]
-    html = page.render(data(inventory=Inventory(archives, [], more=3)))
+    html = home_page.render(data(inventory=Inventory(archives, [], more=3)))
     address = "registry.terraform.io/hashicorp/aws"
     row = html[html.index(f'data-search="{address} {address}/5.0.0') :]
     row = row[: row.index("</tr>")]
@@ -241,15 +241,15 @@ def test_inventory_groups_platforms_by_version_with_size_signer_and_last_served(
 
 
 def test_numbers_say_whether_they_are_per_process_or_all_workers():
-    html = page.render(data())
+    html = home_page.render(data())
     assert 'id="stat-hits">12<' in html and 'id="stat-served">5.0 MiB<' in html and 'id="stat-fetches">7<' in html
     assert "of this server process" in html
     workers = Totals(**{**TOTALS.__dict__, "all_workers": True})
-    assert "summed over all worker processes" in page.render(data(totals=workers))
+    assert "summed over all worker processes" in home_page.render(data(totals=workers))
 
 
 def test_hosts_show_role_state_and_last_discovery():
-    html = page.render(data())
+    html = home_page.render(data())
     assert "registry.terraform.io" in html and "2023-11-14 22:13 UTC" in html and "10 min ago" in html
     assert "not contacted yet" in html
 
@@ -270,11 +270,11 @@ def test_search_matches_every_word(query, subject, found):
 
 @pytest.mark.parametrize(("size", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (5 * 2**30, "5.0 GiB")])
 def test_human_size(size, text):
-    assert page.human_size(size) == text
+    assert home_page.human_size(size) == text
 
 
 def test_totals_are_the_metrics_counters():
-    from proxy.metrics import Metrics
+    from proxy.runtime.metrics import Metrics
 
     metrics = Metrics()
     for outcome in ("hit", "hit", "miss", "stale"):
@@ -303,8 +303,8 @@ def test_totals_are_the_metrics_counters():
     ],
 )
 def test_module_host_only_when_the_proxy_is_at_the_root(base, host):
-    assert page.module_host(base) == host
-    assert ("NAMESPACE/NAME/SYSTEM" in page.render(data(base=base))) is (host is not None)
+    assert home_page.module_host(base) == host
+    assert ("NAMESPACE/NAME/SYSTEM" in home_page.render(data(base=base))) is (host is not None)
 
 
 class BrokenStore:
@@ -323,8 +323,8 @@ class BrokenStore:
 async def test_a_store_that_cannot_be_read_gives_an_empty_inventory_with_its_problem():
     from pathlib import Path
 
-    from proxy.config import Settings
-    from proxy.inventory import InventoryReader, NoAccessTimes
+    from proxy.governance.inventory import InventoryReader, NoAccessTimes
+    from proxy.settings.config import Settings
 
     reader = InventoryReader(Settings(data_dir=Path("unused")), BrokenStore(), NoAccessTimes())
     inventory = await reader.scan()
@@ -333,7 +333,7 @@ async def test_a_store_that_cannot_be_read_gives_an_empty_inventory_with_its_pro
         ("registry.opentofu.org", "unknown"),
         ("registry.terraform.io", "unknown"),
     ]
-    html = page.render(data(inventory=inventory, metadata_problem=BrokenStore.problem))
+    html = home_page.render(data(inventory=inventory, metadata_problem=BrokenStore.problem))
     assert "The metadata store cannot be read now: Redis: connection refused" in html
     assert "degraded: metadata store" in html
 
@@ -341,8 +341,8 @@ async def test_a_store_that_cannot_be_read_gives_an_empty_inventory_with_its_pro
 async def test_the_hosts_listed_are_only_the_visible_ones():
     from pathlib import Path
 
-    from proxy.config import Settings
-    from proxy.inventory import InventoryReader, NoAccessTimes
+    from proxy.governance.inventory import InventoryReader, NoAccessTimes
+    from proxy.settings.config import Settings
 
     reader = InventoryReader(Settings(data_dir=Path("unused")), BrokenStore(), NoAccessTimes())
     listed = await reader.hosts(visible=lambda host: host != "registry.terraform.io")
@@ -350,7 +350,7 @@ async def test_the_hosts_listed_are_only_the_visible_ones():
 
 
 def test_metrics_leave_out_the_series_of_hosts_not_shown():
-    from proxy.metrics import Metrics
+    from proxy.runtime.metrics import Metrics
 
     metrics = Metrics()
     metrics.observe_upstream("public.example", 0.1)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.addrs import Version
-from proxy.policy import MODULE, PROVIDER, PolicyError, Subject, describe, parse_policy
+from proxy.domain.addresses import Version
+from proxy.governance.policy import MODULE, PROVIDER, PolicyError, Subject, describe, parse_policy
 
 # The example of issue 20, as written.
 EXAMPLE = """

@@ -7,13 +7,12 @@ import json
 import pytest
 from structlog.testing import capture_logs
 
-from proxy import records
-from proxy.cache import decode_record, encode_record
-from proxy.cache.embedded import EmbeddedStore
-from proxy.config import Settings
-from proxy.documents import DocumentCache
-from proxy.flights import Flights
-from proxy.records import RECORD_VERSION, ArchiveRecord, ModuleRecord, SumsRecord
+from proxy.metadata_store import decode_record, encode_record, records
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.records import RECORD_VERSION, ArchiveRecord, ModuleRecord, SumsRecord
+from proxy.services.documents import DocumentCache
+from proxy.services.flights import Flights
+from proxy.settings.config import Settings
 
 ARCHIVE = ArchiveRecord("ab" * 32, 123, "foo_1.0.0_linux_amd64.zip", "h1:zip", "h1:dir")
 MODULE = ModuleRecord("cd" * 32, 456, "tar.gz", "git::https://git.example.test/net?ref=v1", "f" * 40)

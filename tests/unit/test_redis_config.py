@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cache.keys import NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
-from proxy.config import ConfigError, RedisTarget, Settings, parse_redis_target
+from proxy.metadata_store.keys import NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.settings.config import ConfigError, RedisTarget, Settings, parse_redis_target
 
 SECRET = "0123456789abcdef0123"
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-import proxy.cache.redis as redis_module
-from proxy.cache.redis import RedisStore
+import proxy.metadata_store.redis as redis_module
+from proxy.metadata_store.redis import RedisStore
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(redis_module.__file__)))
 

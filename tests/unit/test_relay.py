@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 from yarl import URL
 
-from proxy.config import Settings
-from proxy.downloader import Downloader
 from proxy.errors import VerificationError
-from proxy.metrics import Metrics
+from proxy.runtime.metrics import Metrics
+from proxy.services.downloader import Downloader
+from proxy.settings.config import Settings
 
 BODY = os.urandom(5 * 65536 + 123)
 URL_ = URL("https://releases.example/terraform-provider-x_1.0.0_linux_amd64.zip")

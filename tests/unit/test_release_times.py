@@ -9,11 +9,11 @@ import json
 import pytest
 from yarl import URL
 
-from proxy.addrs import ModuleAddr, ProviderAddr, Version
-from proxy.gatekeeper import explain
-from proxy.policy import FIRST_LISTING, FIRST_SEEN, PROVIDER, ReleaseTime, Subject, believed, parse_policy
-from proxy.release_times import ReleaseRecord, read_release_record, release_time_in
-from proxy.upstream.published import (
+from proxy.domain.addresses import ModuleAddr, ProviderAddr, Version
+from proxy.governance.gatekeeper import explain
+from proxy.governance.policy import FIRST_LISTING, FIRST_SEEN, PROVIDER, ReleaseTime, Subject, believed, parse_policy
+from proxy.governance.release_times import ReleaseRecord, read_release_record, release_time_in
+from proxy.protocol.publish_dates import (
     LAST_MODIFIED,
     REGISTRY_API,
     SOURCES,

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.rewrite: the proxy's own URLs and rewriting of provider download documents."""
+"""Unit tests for proxy.protocol.proxy_urls: the proxy's own URLs and rewriting of provider download documents."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
-from proxy.rewrite import (
+from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
+from proxy.protocol.proxy_urls import (
     archive_filename,
     mirror_archive_path,
     module_archive_path,

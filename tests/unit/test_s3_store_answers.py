@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from proxy.config import parse_s3_location
 from proxy.errors import StoreUnavailableError
+from proxy.settings.config import parse_s3_location
 from proxy.storage import Leftover
 from proxy.storage.s3 import LOOKS, S3Store
 

@@ -1,4 +1,4 @@
-"""`proxy.safejson`: the same documents as `json.loads`, nesting bounded, big documents parsed in steps."""
+"""`proxy.protocol.safe_json`: the same documents as `json.loads`, nesting bounded, big documents parsed in steps."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import safejson
-from proxy.safejson import MAX_DEPTH, JSONDocumentError
+from proxy.protocol import safe_json
+from proxy.protocol.safe_json import MAX_DEPTH, JSONDocumentError
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 documents = st.recursive(
@@ -26,8 +26,8 @@ def nested(levels: int) -> str:
 @given(documents, st.sampled_from([None, 0, 2]), st.booleans())
 def test_any_document_reads_as_json_loads_reads_it(document, indent, stepped):
     text = json.dumps({"padding": json.loads(STEPPED), "value": document} if stepped else document, indent=indent)
-    assert safejson.loads(text) == json.loads(text)
-    assert safejson.loads(text.encode("utf-16")) == json.loads(text.encode("utf-16"))
+    assert safe_json.loads(text) == json.loads(text)
+    assert safe_json.loads(text.encode("utf-16")) == json.loads(text.encode("utf-16"))
 
 
 @pytest.mark.parametrize(
@@ -53,12 +53,12 @@ def test_what_json_loads_refuses_is_refused(text):
     with pytest.raises(ValueError):
         json.loads(text)
     with pytest.raises(JSONDocumentError, match="is not valid JSON"):
-        safejson.loads(text)
+        safe_json.loads(text)
 
 
 def test_bytes_that_are_no_text_are_refused():
     with pytest.raises(JSONDocumentError, match="is not valid JSON"):
-        safejson.loads(b'{"a": "\xff"}')
+        safe_json.loads(b'{"a": "\xff"}')
 
 
 @pytest.mark.parametrize("prefix", ["", '{"versions": [{"x": ', '[1, {"a": [0, '])
@@ -68,21 +68,21 @@ def test_nesting_is_bounded_at_every_level(prefix):
     outer = prefix.count("[") + prefix.count("{")
     closing = "".join("]" if c == "[" else "}" for c in reversed([c for c in prefix if c in "[{"]))
     fits = prefix + nested(MAX_DEPTH - outer) + closing
-    assert safejson.loads(fits) == json.loads(fits)
+    assert safe_json.loads(fits) == json.loads(fits)
     too_deep = prefix + nested(MAX_DEPTH - outer + 1) + closing
     with pytest.raises(JSONDocumentError, match=f"nested deeper than {MAX_DEPTH} levels"):
-        safejson.loads(too_deep)
+        safe_json.loads(too_deep)
 
 
 def test_a_nesting_bomb_is_refused_without_recursion_error():
     for bomb in (b"[" * 200_000, b'{"a":' * 200_000, b"[" + b"[]," * 100 + b"[" * 200_000):
         with pytest.raises(JSONDocumentError):
-            safejson.loads(bomb)
+            safe_json.loads(bomb)
 
 
 def test_brackets_in_strings_do_not_count_as_nesting():
     text = json.dumps({"versions": [{"note": "[" * 500}] * 3, "more": ["{" * 100]})
-    assert safejson.loads(text) == json.loads(text)
+    assert safe_json.loads(text) == json.loads(text)
 
 
 def test_a_version_list_of_registry_shape_reads_the_same():
@@ -92,7 +92,7 @@ def test_a_version_list_of_registry_shape_reads_the_same():
     versions = [{"version": f"5.{i}.0", "protocols": ["5.0"], "platforms": platforms} for i in range(400)]
     text = json.dumps({"versions": versions, "warnings": None}, indent=1)
     assert text.count("{") > MAX_DEPTH
-    assert safejson.loads(text.encode()) == json.loads(text)
+    assert safe_json.loads(text.encode()) == json.loads(text)
 
 
 BOMB = b"[" * 200_000
@@ -103,25 +103,27 @@ def test_every_parser_of_outside_json_refuses_a_bomb_with_its_own_error():
     read from a proxy: each names the problem; none raises RecursionError."""
     from yarl import URL
 
-    from proxy.addrs import ModuleAddr, Platform, ProviderAddr, Version
     from proxy.commands.healthcheck import _verdict
+    from proxy.commands.proxy_api import _error_message
+    from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
     from proxy.errors import UpstreamError
-    from proxy.proxyclient import _error_message
-    from proxy.upstream import discovery, modules, providers
+    from proxy.protocol import discovery, module_registry, provider_registry
 
     provider = ProviderAddr.parse("registry.example.test", "acme", "foo")
     module = ModuleAddr.parse("registry.example.test", "acme", "net", "aws")
     version, platform, url = Version.parse("1.0.0"), Platform.parse("linux_amd64"), URL("https://r.test/x")
     for parse in (
-        lambda: providers.parse_versions(BOMB, provider),
-        lambda: providers.parse_download(BOMB, url, provider, version, platform),
-        lambda: modules.parse_versions(BOMB, module),
-        lambda: modules.parse_download(200, None, BOMB, module),
+        lambda: provider_registry.parse_versions(BOMB, provider),
+        lambda: provider_registry.parse_download(BOMB, url, provider, version, platform),
+        lambda: module_registry.parse_versions(BOMB, module),
+        lambda: module_registry.parse_download(200, None, BOMB, module),
         lambda: discovery.parse_discovery(BOMB, "application/json", provider.hostname),
     ):
         with pytest.raises(UpstreamError, match=f"nested deeper than {MAX_DEPTH} levels"):
             parse()
-    assert modules.parse_download(200, "https://r.test/m.tgz", BOMB, module) == "https://r.test/m.tgz"  # the header
+    assert (
+        module_registry.parse_download(200, "https://r.test/m.tgz", BOMB, module) == "https://r.test/m.tgz"
+    )  # the header
     assert _verdict("https://proxy.test/readyz", 200, BOMB) == (
         False,
         "unhealthy: https://proxy.test/readyz answered 200 without a readiness document",

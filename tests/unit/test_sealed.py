@@ -1,4 +1,4 @@
-"""Unit tests for proxy.cache.sealed: the HMAC seal, the SealedStore wrapper, and the secret."""
+"""Unit tests for proxy.metadata_store.sealed: the HMAC seal, the SealedStore wrapper, and the secret."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.cache import encode_record
-from proxy.cache.embedded import EmbeddedStore
-from proxy.cache.sealed import Seal, SealedStore, metadata_secret, seal, unseal
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings
+from proxy.metadata_store import encode_record
+from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.sealed import Seal, SealedStore, metadata_secret, seal, unseal
+from proxy.settings.config import ConfigError, Settings
 
 SECRET = b"unit-test-secret-0123456789abcdef"
 KEY = "archive:registry.example.test/acme/foo/1.1.0/linux_amd64"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings
+from proxy.settings.config import ConfigError, Settings
 
 _ENV = ("MAX_CONNECTIONS", "CLIENT_HEADER_TIMEOUT", "KEEPALIVE_TIMEOUT", "SEND_TIMEOUT")
 

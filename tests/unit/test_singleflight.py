@@ -1,4 +1,4 @@
-"""Unit tests for proxy.singleflight.SingleFlight."""
+"""Unit tests for proxy.runtime.coalescing.SingleFlight."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from proxy import deadline
 from proxy.errors import ShuttingDownError
-from proxy.singleflight import SingleFlight
+from proxy.runtime import deadline
+from proxy.runtime.coalescing import SingleFlight
 
 
 class Work:

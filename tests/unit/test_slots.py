@@ -1,4 +1,4 @@
-"""Unit tests for proxy.slots.HostSlots: a global cap, a per-host cap, bounded waits."""
+"""Unit tests for proxy.runtime.upstream_slots.HostSlots: a global cap, a per-host cap, bounded waits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from yarl import URL
 
 from proxy.errors import UpstreamBusyError
-from proxy.slots import HostSlots
+from proxy.runtime.upstream_slots import HostSlots
 
 A = URL("https://a.example/x")
 A_OTHER_PORT = URL("https://a.example:8443/x")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.metrics import Metrics
+from proxy.runtime.metrics import Metrics
 from proxy.storage import LOCK_NAME, ArchiveGuard
 from proxy.storage.disk import DiskStore
 

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.tfconfig: which providers and registry modules a configuration needs.
+"""Unit tests for proxy.commands.terraform_config: which providers and registry modules a configuration needs.
 
 Expectations follow what `terraform init` (and, for `.tofu` files, `tofu init`) installs for the
 same configuration; the provider-inference cases were checked against Terraform 1.11.4.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.addrs import ProviderAddr
-from proxy.tfconfig import ModuleCall, ProjectConfigError, Requirements, read_requirements
+from proxy.commands.terraform_config import ModuleCall, ProjectConfigError, Requirements, read_requirements
+from proxy.domain.addresses import ProviderAddr
 
 TF = "registry.terraform.io"
 TOFU = "registry.opentofu.org"

@@ -7,8 +7,13 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings
-from proxy.unsigned import OPENTOFU_DEFAULT_REGISTRY, UnsignedPolicy, UnsignedPolicyError, parse_unsigned_policy
+from proxy.domain.unsigned_policy import (
+    OPENTOFU_DEFAULT_REGISTRY,
+    UnsignedPolicy,
+    UnsignedPolicyError,
+    parse_unsigned_policy,
+)
+from proxy.settings.config import ConfigError, Settings
 
 
 def test_opentofu_default_admits_only_the_opentofu_registry() -> None:

@@ -1,4 +1,4 @@
-"""Unit tests for proxy.upstream.modules: modules.v1 URLs and validation of upstream answers."""
+"""Unit tests for proxy.protocol.module_registry: modules.v1 URLs and validation of upstream answers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 from yarl import URL
 
-from proxy.addrs import ModuleAddr, Version
+from proxy.domain.addresses import ModuleAddr, Version
 from proxy.errors import UpstreamError, UpstreamMalformedError
-from proxy.upstream.modules import (
+from proxy.protocol.module_registry import (
     MAX_LOCATION_LENGTH,
     download_url,
     parse_download,

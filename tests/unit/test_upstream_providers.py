@@ -1,4 +1,4 @@
-"""Unit tests for proxy.upstream.providers: providers.v1 URLs and validation of upstream answers."""
+"""Unit tests for proxy.protocol.provider_registry: providers.v1 URLs and validation of upstream answers."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from yarl import URL
 
-from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.domain.addresses import Platform, ProviderAddr, Version
+from proxy.domain.hashes import Hash
 from proxy.errors import UpstreamMalformedError
-from proxy.hashes import Hash
-from proxy.upstream.providers import (
+from proxy.protocol.provider_registry import (
     DownloadInfo,
     VersionInfo,
     download_url,

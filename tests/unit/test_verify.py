@@ -1,4 +1,5 @@
-"""Unit tests for proxy.verify: the verification chain of a provider package, with real gpg signatures."""
+"""Unit tests for proxy.providers.verification: the verification chain of a provider package, with real gpg
+signatures."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ from aiohttp import web
 from structlog.testing import capture_logs
 from yarl import URL
 
-from proxy.addrs import Platform, ProviderAddr, Version
+from proxy.domain.addresses import Platform, ProviderAddr, Version
+from proxy.domain.hashes import Hash, h1_of_zip
+from proxy.domain.unsigned_policy import parse_unsigned_policy
 from proxy.errors import VerificationError
-from proxy.gpg import Keyring
-from proxy.hashes import Hash, h1_of_zip
-from proxy.metrics import Metrics
-from proxy.records import ArchiveRecord
-from proxy.unsigned import parse_unsigned_policy
-from proxy.upstream.providers import DownloadInfo, parse_download
-from proxy.verify import PackageHashes, SignedSums, VerificationChain
-from proxy.web.keys import METRICS
+from proxy.metadata_store.records import ArchiveRecord
+from proxy.protocol.provider_registry import DownloadInfo, parse_download
+from proxy.providers.signatures import Keyring
+from proxy.providers.verification import PackageHashes, SignedSums, VerificationChain
+from proxy.runtime.metrics import Metrics
+from proxy.web.app_keys import METRICS
 from proxy.web.middlewares import request_context
 
 ADDR = ProviderAddr.parse("registry.example.test", "acme", "x")

@@ -1,13 +1,13 @@
-"""`proxy.warm_answers`: whole warm answers reused for a moment, never past their freshness, the store front's
+"""`proxy.web.warm_answers`: whole warm answers reused for a moment, never past their freshness, the store front's
 generation, the policy they were decided under or the policy's own validity; bounded; emptied by a purge."""
 
 from __future__ import annotations
 
 import math
 
-from proxy.memo import forget_all
-from proxy.rendered import Rendered
-from proxy.warm_answers import HOLD, WarmAnswers
+from proxy.runtime.memo import forget_all
+from proxy.web.rendered_documents import Rendered
+from proxy.web.warm_answers import HOLD, WarmAnswers
 
 ANSWER = Rendered.of(b'{"versions":{}}')
 OTHER = Rendered.of(b'{"versions":{"1.0.0":{}}}')

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy import log
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError
-from proxy.rendered import RenderedDocuments, strong_etag
+from proxy.runtime import log
+from proxy.settings.config import ConfigError
 from proxy.web.eventloop import loop_name, new_event_loop
+from proxy.web.rendered_documents import RenderedDocuments, strong_etag
 
 
 def test_asyncio_loop_on_request():

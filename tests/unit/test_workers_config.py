@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cache.factory import open_metadata_store
-from proxy.cache.filelocks import FileLocks
 from proxy.cli import build_parser, settings_from_args
-from proxy.config import ConfigError, Settings
-from proxy.singleflight import LocalLocks
+from proxy.metadata_store.factory import open_metadata_store
+from proxy.metadata_store.file_locks import FileLocks
+from proxy.runtime.coalescing import LocalLocks
+from proxy.settings.config import ConfigError, Settings
 
 
 def _settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) -> Settings:

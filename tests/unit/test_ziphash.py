@@ -1,4 +1,4 @@
-"""Unit tests for proxy.ziphash: the streamed `h1:` is `h1_of_zip`'s, or refused for the fallback.
+"""Unit tests for proxy.domain.ziphash: the streamed `h1:` is `h1_of_zip`'s, or refused for the fallback.
 
 Generated zips (Python's writer, seekable and not, stored and deflated, zip64, directories, empty
 and unicode names, any chunking) must stream to exactly `h1_of_zip`'s answer. Hand-built zips add
@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.hashes import h1_of_zip
-from proxy.ziphash import StreamedZipMismatchError, ZipStreamHasher, h1_of_streamed_zip
+from proxy.domain.hashes import h1_of_zip
+from proxy.domain.ziphash import StreamedZipMismatchError, ZipStreamHasher, h1_of_streamed_zip
 
 
 def streamed_h1(data: bytes, chunk: int = 1 << 20, *, max_unpacked: int | None = None) -> tuple[str, str]:

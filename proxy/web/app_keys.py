@@ -1,0 +1,32 @@
+"""Typed application keys shared by the handlers."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.governance.catalog import Catalog
+from proxy.governance.gatekeeper import Gatekeeper
+from proxy.governance.inventory import InventoryReader
+from proxy.governance.release_times import PublishDates
+from proxy.metadata_store.memory import MemoryFront
+from proxy.modules.mirror import ModuleMirror
+from proxy.providers.mirror import Mirror
+from proxy.runtime.metrics import Metrics
+from proxy.settings.config import Settings
+from proxy.storage import ArchiveGuard, ServedArchives
+from proxy.web.rendered_documents import RenderedDocuments
+from proxy.web.warm_answers import WarmAnswers
+
+SETTINGS = web.AppKey("settings", Settings)
+MIRROR = web.AppKey("mirror", Mirror)
+METRICS = web.AppKey("metrics", Metrics)
+MODULES = web.AppKey("modules", ModuleMirror)
+GUARD = web.AppKey("guard", ArchiveGuard)
+RENDERED = web.AppKey("rendered", RenderedDocuments)
+INVENTORY = web.AppKey("inventory", InventoryReader)
+SERVED = web.AppKey("served", ServedArchives)
+CATALOG = web.AppKey("catalog", Catalog)
+MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
+GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
+PUBLISH_DATES = web.AppKey("publish_dates", PublishDates)
+WARM_ANSWERS = web.AppKey("warm_answers", WarmAnswers)
