@@ -17,9 +17,8 @@ from enum import Enum
 from typing import Any, Protocol
 
 FORMAT_VERSION = 1
-Refuse = Callable[
-    [str, str, str], None
-]  # (key, why, reason): a value never used (proxy.metadata_store.sealed.Seal.refuse)
+# (key, why, reason): a value never used (proxy.metadata_store.sealed.Seal.refuse)
+Refuse = Callable[[str, str, str], None]
 
 
 class MetadataStore(Protocol):

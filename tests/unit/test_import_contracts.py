@@ -45,6 +45,7 @@ def test_the_project_keeps_its_import_contracts():
     ("module", "line", "contract", "chain"),
     [
         ("proxy/domain/addresses.py", "import socket", "pure", "proxy.domain.addresses -> socket"),
+        ("proxy/protocol/cache_control.py", "import socket", "pure", "proxy.protocol.cache_control -> socket"),
         ("proxy/metadata_store/breaker.py", "import structlog", "pure", "proxy.metadata_store.breaker -> structlog"),
         (
             "proxy/storage/disk.py",
@@ -54,6 +55,24 @@ def test_the_project_keeps_its_import_contracts():
         ),
         ("proxy/web/health.py", "import proxy.commands.lock", "layers", "proxy.web.health -> proxy.commands.lock"),
         ("proxy/commands/lock.py", "import proxy.cli", "layers", "proxy.commands.lock -> proxy.cli"),
+        (
+            "proxy/providers/mirror.py",
+            "import proxy.governance.gatekeeper",
+            "layers",
+            "proxy.providers.mirror -> proxy.governance.gatekeeper",
+        ),
+        (
+            "proxy/runtime/log.py",
+            "import proxy.services.flights",
+            "layers",
+            "proxy.runtime.log -> proxy.services.flights",
+        ),
+        (
+            "proxy/domain/hashes.py",
+            "import proxy.settings.values",
+            "layers",
+            "proxy.domain.hashes -> proxy.settings.values",
+        ),
         ("proxy/storage/disk.py", "import redis", "adapters", "proxy.storage.disk -> redis"),
         (
             "proxy/services/downloader.py",
