@@ -15,7 +15,7 @@ import aiohttp
 
 from proxy.identity.tokens import hash_token
 from tests.fakes.packages import Release
-from tests.fakes.process import REGISTRY_HOST, REPO_ROOT
+from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, wait_for
 from tests.fakes.redis_server import METADATA_SECRET
 
 ADMIN = "rpt_purge_admin_token_0001"
@@ -30,6 +30,8 @@ def zh(release: Release) -> str:
 async def every_worker_answers(proxy, expected: str) -> None:
     """Ask `proxy` for the version document on fresh connections until each of its workers has answered; every
     answer lists `expected`."""
+    # the second worker may still be starting when the first answers: wait for both to have said so
+    await wait_for(lambda: len(proxy.events("worker.started")) >= 2, 20, f"both workers of {proxy.url} to start")
     workers = {record["pid"] for record in proxy.events("worker.started")}
     assert len(workers) == 2, workers
     before = len(proxy.events("request"))
