@@ -33,6 +33,7 @@ from proxy.storage.objects import (
     quarantine_name,
     quarantined_at,
 )
+from proxy.storage.read_buffer import ReadBuffer
 from proxy.storage.staging import PendingArchive, Staged, Staging, fsync_dir, hash_stream
 
 Identity = tuple[int, int, int, int, int]
@@ -248,7 +249,11 @@ class FileReader:
     """A span of an open stored file, read one chunk at a time: straight from the page cache in the event
     loop when the chunk is all there (`RWF_NOWAIT`), else in a worker thread. Either way the event loop
     runs between chunks: a client fast enough never to pause its writer must not keep the others waiting,
-    and a connection lost in the meantime fails the next write."""
+    and a connection lost in the meantime fails the next write.
+
+    Chunks are views of one buffer reused from chunk to chunk (`proxy.storage.read_buffer`): a chunk is
+    read into it again only once no view of it is alive, so a caller that keeps a chunk keeps its bytes,
+    and one that drops it before asking for the next reads without allocating."""
 
     def __init__(self, handle: IO[bytes], st: os.stat_result, start: int, length: int) -> None:
         self._handle = handle
@@ -257,19 +262,21 @@ class FileReader:
         self._start = start
         self._length = length
 
-    async def chunks(self, size: int) -> AsyncGenerator[bytes, None]:
+    async def chunks(self, size: int) -> AsyncGenerator[memoryview, None]:
         fd, offset, end = self._handle.fileno(), self._start, self._start + self._length
+        buffers = ReadBuffer(min(size, self._length))
         while offset < end:
             want = min(size, end - offset)
-            chunk = _read_cached(fd, offset, want)
-            if chunk is None:
-                chunk = await _finish_in_thread(os.pread, fd, want, offset)
+            buffer = buffers.take()
+            count = _read_cached(fd, buffer, want, offset)
+            if count is None:
+                count = await _finish_in_thread(_read_into, fd, buffer, want, offset)
             else:
                 await asyncio.sleep(0)
-            if not chunk:
+            if not count:
                 return  # the file shrank: the caller sees fewer bytes than it asked for
-            offset += len(chunk)
-            yield chunk
+            offset += count
+            yield memoryview(buffer)[:count]  # no name keeps it here: once the caller drops it, the buffer is free
 
     def close(self) -> None:
         self._handle.close()
@@ -288,9 +295,9 @@ def _open(path: Path) -> tuple[IO[bytes], os.stat_result]:
     return handle, os.fstat(handle.fileno())
 
 
-async def _finish_in_thread(func: Callable[..., bytes], *args: object) -> bytes:
+async def _finish_in_thread(func: Callable[..., int], *args: object) -> int:
     """`func(*args)` in a worker thread; cancelled meanwhile, it waits for the call to return before it
-    raises, so the caller never closes the file under a read still running in its thread."""
+    raises, so the caller never closes the file (or reuses the buffer) under a read still running in its thread."""
     running = asyncio.ensure_future(asyncio.to_thread(func, *args))
     try:
         return await asyncio.shield(running)
@@ -299,19 +306,22 @@ async def _finish_in_thread(func: Callable[..., bytes], *args: object) -> bytes:
         raise
 
 
-def _read_cached(fd: int, offset: int, size: int) -> bytearray | None:
-    """Up to `size` bytes at `offset` if the page cache has them (no disk wait), else None."""
+def _read_into(fd: int, buffer: bytearray, size: int, offset: int, flags: int = 0) -> int:
+    """Read up to `size` bytes at `offset` into the start of `buffer`; the count read (0 at the end)."""
+    with memoryview(buffer) as view, view[:size] as target:
+        return os.preadv(fd, [target], offset, flags)
+
+
+def _read_cached(fd: int, buffer: bytearray, size: int, offset: int) -> int | None:
+    """Up to `size` bytes at `offset` into `buffer` if the page cache has them (no disk wait): their count,
+    else None."""
     if _NOWAIT is None:
         return None
-    buffer = bytearray(size)
     try:
-        count = os.preadv(fd, [buffer], offset, _NOWAIT)
+        count = _read_into(fd, buffer, size, offset, _NOWAIT)
     except OSError:  # not all in the page cache (BlockingIOError), or no RWF_NOWAIT here: a thread reads
         return None
-    if count <= 0:
-        return None
-    del buffer[count:]
-    return buffer
+    return count if count > 0 else None
 
 
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux >= 4.14

@@ -176,8 +176,9 @@ class ArchiveReader:
         self._length = length
         self._check = check
 
-    async def chunks(self, size: int) -> AsyncGenerator[bytes, None]:
-        """The span in chunks of at most `size` bytes; raises StoreCorruptionError on a mismatch."""
+    async def chunks(self, size: int) -> AsyncGenerator[bytes | memoryview, None]:
+        """The span in chunks of at most `size` bytes; raises StoreCorruptionError on a mismatch. A chunk
+        dropped before the next is asked for lets the store's reader reuse its buffer (`ObjectReader`)."""
         stored, guard = self._stored, self._guard
         check = guard.body_check(stored.sha256) if self._check else None
         sent = 0
@@ -193,6 +194,7 @@ class ArchiveReader:
                         raise _corrupt(stored)
                 if chunk:
                     yield chunk
+                del chunk  # before the next read: the reader's buffer is reused only once no view of it is alive
                 if sent == self._length:
                     break
         if sent < self._length:
@@ -221,7 +223,7 @@ class BodyCheck:
         self._digest = None if fingerprint is not None else hashlib.sha256()
         self._blake3 = blake3()
 
-    def update(self, chunk: bytes) -> None:
+    def update(self, chunk: bytes | memoryview) -> None:
         if self._digest is not None:
             self._digest.update(chunk)
         self._blake3.update(chunk)

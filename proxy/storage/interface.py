@@ -29,9 +29,11 @@ class ObjectReader(Protocol):
     size: int  # of the copy opened (a file changed since the lookup may have another)
     version: Hashable  # of the copy opened
 
-    def chunks(self, size: int) -> AsyncIterator[bytes]:
+    def chunks(self, size: int) -> AsyncIterator[bytes | memoryview]:
         """The span asked for, in chunks of at most `size` bytes, as they are read; fewer bytes in all
-        only if the copy shrank while it was read. The caller checks what they hash to."""
+        only if the copy shrank while it was read. The caller checks what they hash to. A chunk may be a
+        view of a buffer the reader reuses once no view of it is alive: drop it before asking for the next
+        one, and the reader allocates nothing (one kept stays valid)."""
         ...
 
     def close(self) -> None: ...

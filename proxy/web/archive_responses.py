@@ -234,6 +234,7 @@ async def _copy(reader: ArchiveReader, response: web.StreamResponse) -> None:
     async with contextlib.aclosing(reader.chunks(CHUNK)) as chunks:
         async for chunk in chunks:
             await write_paced(response, chunk)
+            del chunk  # before the next read: the reader's buffer is reused only once no view of it is alive
 
 
 def _abort(request: web.Request) -> None:

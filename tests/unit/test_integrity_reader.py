@@ -123,7 +123,7 @@ async def test_a_changed_file_with_a_flipped_byte_raises_before_its_last_chunk(s
 
 async def test_chunks_missing_from_the_page_cache_are_read_in_a_thread(store, monkeypatch):
     stored = await publish(store)
-    monkeypatch.setattr(disk, "_read_cached", lambda fd, offset, size: None)
+    monkeypatch.setattr(disk, "_read_cached", lambda *_: None)
     guard = ArchiveGuard(store, Metrics())
     assert await read(guard, stored) == DATA
     assert await read(guard, stored, 123_456, 200_000) == DATA[123_456:323_456]
@@ -160,3 +160,45 @@ async def test_the_event_loop_runs_between_chunks_read_from_the_page_cache(store
     finally:
         task.cancel()
         reader.close()
+
+
+@pytest.fixture
+def read_buffers(monkeypatch) -> list[disk.ReadBuffer]:
+    """The read buffers the disk store's readers make."""
+    made: list[disk.ReadBuffer] = []
+
+    class Recorded(disk.ReadBuffer):
+        def __init__(self, size: int) -> None:
+            super().__init__(size)
+            made.append(self)
+
+    monkeypatch.setattr(disk, "ReadBuffer", Recorded)
+    return made
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["page-cache", "thread"])
+async def test_a_whole_read_whose_chunks_are_dropped_reuses_one_buffer(store, read_buffers, monkeypatch, cached):
+    if not cached:
+        monkeypatch.setattr(disk, "_read_cached", lambda *_: None)
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
+    digest = hashlib.sha256()
+    try:
+        async for chunk in reader.chunks(CHUNK):
+            digest.update(chunk)
+            del chunk  # as the server's copy loop does
+    finally:
+        reader.close()
+    assert digest.hexdigest() == stored.sha256
+    assert [buffers.allocations for buffers in read_buffers] == [1]
+
+
+async def test_chunks_kept_by_the_caller_keep_their_bytes(store, read_buffers):
+    stored = await publish(store)
+    reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
+    try:
+        kept = [chunk async for chunk in reader.chunks(CHUNK)]  # as a transport that could not send them would
+    finally:
+        reader.close()
+    assert b"".join(kept) == DATA
+    assert read_buffers[0].allocations == len(kept)  # a new buffer for every chunk still held
