@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Hashable
+from collections.abc import AsyncGenerator, Hashable, Mapping
 from typing import TypeVar
 
 import structlog
@@ -159,8 +159,9 @@ class ArchiveGuard:
             _remember(self._fingerprints, stored.sha256, fingerprint)
 
     def body_check(self, sha256: str) -> BodyCheck:
-        """What a whole body of `sha256` is checked with: its fingerprint once known, else its SHA-256."""
-        return BodyCheck(sha256, self._fingerprints.get(sha256))
+        """What a whole body of `sha256` is checked with: its fingerprint once known (even if only while the
+        body is sent), else its SHA-256."""
+        return BodyCheck(sha256, self._fingerprints)
 
 
 class ArchiveReader:
@@ -215,17 +216,24 @@ class ArchiveReader:
 class BodyCheck:
     """Hashes a whole body as it goes out: against its SHA-256, taking the BLAKE3 of the same bytes on the way
     (the content's fingerprint, once they matched); or, once this process knows the fingerprint, against it
-    alone."""
+    alone. A body that started out on its SHA-256 drops it as soon as another serve of the same content found
+    the fingerprint: its BLAKE3 covers every byte from the first, so concurrent first serves of an archive
+    (wrk's 8 connections, a fleet's clients at once) take the SHA-256 once between them, not once each."""
 
-    def __init__(self, sha256: str, fingerprint: bytes | None) -> None:
+    def __init__(self, sha256: str, fingerprints: Mapping[str, bytes]) -> None:
         self._sha256 = sha256
-        self._fingerprint = fingerprint
-        self._digest = None if fingerprint is not None else hashlib.sha256()
+        self._fingerprints = fingerprints
+        self._fingerprint = fingerprints.get(sha256)
+        self._digest = None if self._fingerprint is not None else hashlib.sha256()
         self._blake3 = blake3()
 
     def update(self, chunk: bytes | memoryview) -> None:
         if self._digest is not None:
-            self._digest.update(chunk)
+            self._fingerprint = self._fingerprints.get(self._sha256)
+            if self._fingerprint is None:
+                self._digest.update(chunk)
+            else:
+                self._digest = None
         self._blake3.update(chunk)
 
     def matches(self) -> bool:

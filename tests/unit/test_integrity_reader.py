@@ -202,3 +202,54 @@ async def test_chunks_kept_by_the_caller_keep_their_bytes(store, read_buffers):
         reader.close()
     assert b"".join(kept) == DATA
     assert read_buffers[0].allocations == len(kept)  # a new buffer for every chunk still held
+
+
+@pytest.fixture
+def sha256_bytes(monkeypatch) -> list[int]:
+    """The sizes of the chunks the reader feeds to SHA-256."""
+    fed: list[int] = []
+
+    class Counted:
+        def __init__(self) -> None:
+            self._digest = hashlib.sha256()
+
+        def update(self, chunk) -> None:
+            fed.append(len(chunk))
+            self._digest.update(chunk)
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    monkeypatch.setattr(guard, "hashlib", SimpleNamespace(sha256=Counted))
+    return fed
+
+
+async def test_a_first_serve_drops_its_sha256_once_a_concurrent_one_found_the_fingerprint(store, sha256_bytes):
+    stored = await publish(store)
+    archive_guard = ArchiveGuard(store, Metrics())
+    later = await archive_guard.open(stored, 0, stored.size)
+    chunks = later.chunks(CHUNK)
+    received = bytearray(await anext(chunks))  # started before any fingerprint was known: on SHA-256
+    assert await read(archive_guard, stored) == DATA  # another serve, whole: SHA-256 checked, fingerprint taken
+    sha256_bytes.clear()
+    async for chunk in chunks:
+        received += chunk
+    later.close()
+    assert received == DATA
+    assert sha256_bytes == []  # the rest checked against the fingerprint alone
+
+
+async def test_a_serve_that_dropped_its_sha256_still_catches_a_changed_byte(store):
+    stored = await publish(store)
+    archive_guard = ArchiveGuard(store, Metrics())
+    later = await archive_guard.open(stored, 0, stored.size)
+    chunks = later.chunks(CHUNK)
+    received = bytearray(await anext(chunks))
+    assert await read(archive_guard, stored) == DATA
+    flip_byte(stored, len(DATA) - 5)  # in the last chunk, after the fingerprint was taken
+    with pytest.raises(StoreCorruptionError):
+        async for chunk in chunks:
+            received += chunk
+    later.close()
+    assert len(received) < len(DATA)
+    assert not stored.path.exists()  # quarantined
