@@ -217,8 +217,8 @@ class BodyCheck:
     """Hashes a whole body as it goes out: against its SHA-256, taking the BLAKE3 of the same bytes on the way
     (the content's fingerprint, once they matched); or, once this process knows the fingerprint, against it
     alone. A body that started out on its SHA-256 drops it as soon as another serve of the same content found
-    the fingerprint: its BLAKE3 covers every byte from the first, so concurrent first serves of an archive
-    (wrk's 8 connections, a fleet's clients at once) take the SHA-256 once between them, not once each."""
+    the fingerprint (its BLAKE3 covers every byte from the first): serves that start while the first serve of
+    an archive in this process is under way no longer take the SHA-256 to their end too."""
 
     def __init__(self, sha256: str, fingerprints: Mapping[str, bytes]) -> None:
         self._sha256 = sha256
