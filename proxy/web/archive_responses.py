@@ -5,9 +5,10 @@ Over TLS there is no kernel TLS on these hosts, so bytes go through user space a
 plain HTTP they do too, so that they are checked (no `sendfile`): a loop reads 256 KiB chunks
 (`proxy.storage.ArchiveReader`, straight from the page cache in the event loop when its pages
 are there, into one buffer per response, reused once no view of the last chunk is alive) and
-writes each with `write_paced` (64 KiB slices, waiting for the client in between); the loop is about ten times faster than aiohttp's sendfile emulation
+writes each with `write_paced` (64 KiB slices, waiting for the client in between); the loop
+is about ten times faster than aiohttp's sendfile emulation
 (docs/performance.md#serving-archives-over-tls). A client that stops reading pins about
-0.7 MiB of the proxy's memory: its TLS state, one chunk and the slices in the write buffers,
+0.55 MiB of the proxy's memory: its TLS state, one chunk and the slices in the write buffers,
 no read-ahead (measured by bench/connections.py).
 
 No stored archive goes out whole unless it matched its SHA-256 while it was sent
