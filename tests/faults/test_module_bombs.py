@@ -116,9 +116,9 @@ async def test_archives_within_the_limits_are_served(in_process_proxy, connect, 
     ("files", "flags", "words"),
     [
         (
-            {"main.tf": "", "big.bin": "\0" * (64 * 2**20)},
-            ["--max-module-size", "16MiB"],
-            f"its tree holds more than {16 * 2**20} bytes",
+            {"main.tf": "", "big.bin": "\0" * (16 * 2**20)},
+            ["--max-module-size", "4MiB"],
+            f"its tree holds more than {4 * 2**20} bytes",
         ),
         ({f"f{i}.tf": "" for i in range(30)}, ["--max-module-entries", "20"], "its tree has more than 20 entries"),
     ],
