@@ -106,6 +106,7 @@ async def test_last_served_comes_from_the_lookup(proxy, registry):
     assert [p.last_served for p in inventory.providers] == [1_700_000_000.0]
 
 
+@pytest.mark.one_metadata_store
 async def test_head_headers_and_content_security_policy(proxy):
     async with proxy.session.head(proxy.url + "/") as response:
         assert response.status == 200 and await response.read() == b""
@@ -120,6 +121,7 @@ async def test_head_headers_and_content_security_policy(proxy):
     assert headers["X-Content-Type-Options"] == "nosniff" and headers["Cache-Control"] == "no-store"
 
 
+@pytest.mark.one_metadata_store
 async def test_no_ca_download_when_the_operator_gave_the_certificate(proxy):
     status, headers, body = await proxy.get("/ca.pem")
     assert status == 404 and headers["Content-Type"] == "application/json"
@@ -127,6 +129,7 @@ async def test_no_ca_download_when_the_operator_gave_the_certificate(proxy):
     assert b'href="ca.pem"' not in (await proxy.get("/"))[2]
 
 
+@pytest.mark.one_metadata_store
 async def test_the_host_header_becomes_the_snippet_url_only_when_it_is_a_plain_host(proxy):
     html = (await proxy.get("/", headers={"Host": "proxy.example.com:9443"}))[2].decode()
     assert 'url = "https://proxy.example.com:9443/mirror/v1/"' in unescape(html)
