@@ -129,14 +129,16 @@ async def test_when_the_master_dies_the_store_misses_until_the_new_master_answer
     old, replica = redis_sentinel.master(), redis_sentinel.replica()
     await wait_for(lambda: holds(replica, store.key("before")), 10, "the value to reach the replica")
     old.kill()
-    assert await store.get("before") is None  # the master is gone, none promoted yet: a miss
-    assert not store.available and "Redis" in (store.problem or "")
-    deadline = time.monotonic() + 30
-    while await store.get("before") != b"v1":
-        assert time.monotonic() < deadline, f"the store never reached the new master: {store.problem}"
-        await asyncio.sleep(0.05)
-    assert redis_sentinel.master_port() == replica.port
-    assert await lands_on(replica, store, "after")
-    await store.close()
-    await asyncio.to_thread(old.start)  # back, empty: the sentinel makes it the new master's replica
+    try:
+        assert await store.get("before") is None  # the master is gone, none promoted yet: a miss
+        assert not store.available and "Redis" in (store.problem or "")
+        deadline = time.monotonic() + 30
+        while await store.get("before") != b"v1":
+            assert time.monotonic() < deadline, f"the store never reached the new master: {store.problem}"
+            await asyncio.sleep(0.05)
+        assert redis_sentinel.master_port() == replica.port
+        assert await lands_on(replica, store, "after")
+    finally:  # also when the test fails: the session's setup stays whole for the tests after it
+        await store.close()
+        await asyncio.to_thread(old.start)  # back, empty: the sentinel makes it the new master's replica
     await asyncio.to_thread(redis_sentinel.settle)
