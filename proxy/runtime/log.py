@@ -8,10 +8,15 @@ collected in another context variable for the access log.
 Access-log lines (`access`) are the one thing logged per request: with JSON logging they are
 written as one JSON line directly, the same fields a structlog line has, without its processor
 chain (a third of the cost); otherwise they go through structlog like every other line.
+The JSON lines are written together (`AccessLines`): one write for the lines of `ACCESS_FLUSH_AFTER` seconds
+or `ACCESS_BUFFER_BYTES`, and always before any other log line (the log keeps its order) and when the process
+ends (`flush_access_log`: the application's cleanup, and at exit): no line is lost on a stop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import json
 import logging
 import os
@@ -29,6 +34,66 @@ _cache_status: ContextVar[list[str] | None] = ContextVar("cache_status", default
 _RANK = {"hit": 0, "miss": 1, "stale": 2}
 _access_log = structlog.get_logger("proxy.access")
 _access_writer: Callable[[str, dict[str, Any]], None] | None = None  # set up by setup_logging for JSON
+ACCESS_FLUSH_AFTER = 0.05  # seconds an access-log line waits for others at most
+ACCESS_BUFFER_BYTES = 64 * 1024  # access-log lines written at once when this much has gathered
+
+
+class AccessLines:
+    """Lines for `stream` written together: once `limit` characters have gathered, `after` seconds after the
+    first of them (on the running event loop; at once without one), and on `flush`."""
+
+    def __init__(self, stream: TextIO, *, after: float = ACCESS_FLUSH_AFTER, limit: int = ACCESS_BUFFER_BYTES) -> None:
+        self.stream = stream
+        self._after = after
+        self._limit = limit
+        self._lines: list[str] = []
+        self._size = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, line: str) -> None:
+        self._lines.append(line)
+        self._size += len(line)
+        if self._size >= self._limit:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self._after, self.flush)
+            except RuntimeError:  # no event loop: nothing would flush later
+                self.flush()
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._lines:
+            text = "".join(self._lines)
+            self._lines.clear()
+            self._size = 0
+            self.stream.write(text)
+            self.stream.flush()
+
+
+class _AfterAccessLines:
+    """The stream other log lines go to: the access-log lines gathered before them are written first."""
+
+    def __init__(self, lines: AccessLines) -> None:
+        self._lines = lines
+
+    def write(self, text: str) -> int:
+        self._lines.flush()
+        return self._lines.stream.write(text)
+
+    def flush(self) -> None:
+        self._lines.stream.flush()
+
+
+_access_lines: AccessLines | None = None  # with JSON logging: the access-log lines not yet written
+
+
+def flush_access_log() -> None:
+    """Write the access-log lines gathered so far (at shutdown: none is lost)."""
+    if _access_lines is not None:
+        _access_lines.flush()
 
 
 def setup_logging(fmt: str = "auto", level: str = "info") -> None:
@@ -39,6 +104,11 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
     colors = terminal and not os.environ.get("NO_COLOR")
     renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=colors)
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    global _access_writer, _access_lines
+    flush_access_log()  # set up again (tests): what the last set-up gathered first
+    _access_lines = AccessLines(sys.stderr) if as_json and numeric <= logging.INFO else None
+    _access_writer = _json_lines(_access_lines) if _access_lines is not None else None
+    stream: Any = sys.stderr if _access_lines is None else _AfterAccessLines(_access_lines)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -49,23 +119,25 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
-    global _access_writer
-    _access_writer = _json_lines(sys.stderr) if as_json and numeric <= logging.INFO else None
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=stream)
 
 
-def _json_lines(stream: TextIO) -> Callable[[str, dict[str, Any]], None]:
+atexit.register(flush_access_log)
+
+
+def _json_lines(lines: AccessLines | TextIO) -> Callable[[str, dict[str, Any]], None]:
     encode = json.JSONEncoder(default=repr).encode
     stamp = _Timestamps()
+    add = lines.add if isinstance(lines, AccessLines) else lines.write
 
     def write(event: str, fields: dict[str, Any]) -> None:
         fields["event"] = event
         fields["level"] = "info"
         fields["timestamp"] = stamp.now()
-        stream.write(encode(fields) + "\n")
+        add(encode(fields) + "\n")
 
     return write
 
