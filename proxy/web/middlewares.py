@@ -50,7 +50,14 @@ from proxy.errors import (
 from proxy.metadata_store.memory import MemoryFront
 from proxy.protocol.forwarded import ClientView, client_view
 from proxy.runtime.deadline import request_budget
-from proxy.runtime.log import access, begin_request, new_request_id, request_cache_status
+from proxy.runtime.log import (
+    access,
+    begin_request,
+    bind_request_id,
+    new_request_id,
+    request_cache_status,
+    request_line,
+)
 from proxy.services import freshness
 from proxy.settings.config import Settings
 from proxy.web.access import CLIENT
@@ -119,7 +126,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     settings = app.get(SETTINGS)
     request = _as_the_client_made_it(request, settings)
     request_id = new_request_id(request.headers.get("X-Request-Id"))
-    structlog.contextvars.bind_contextvars(request_id=request_id)  # the only variable bound: it replaces the last
+    bind_request_id(request_id)
     begin_request()
     freshness.begin_request()
     started = time.perf_counter()
@@ -169,19 +176,36 @@ def _record(request: web.Request, request_id: str, event: str, status: int, sent
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
+        client = request.get(CLIENT)
+        cache = request_cache_status()
+        user_agent = request.headers.get("User-Agent", "")
+        if client is None and not extra:  # the usual line, formatted directly
+            request_line(
+                event,
+                request.method,
+                request.path,
+                status,
+                sent,
+                round(duration * 1000, 2),
+                cache,
+                request.remote,
+                user_agent,
+                request_id,
+                _process.pid,
+            )
+            return
         fields = {
             "method": request.method,
             "path": request.path,
             "status": status,
             "bytes": sent,
             "duration_ms": round(duration * 1000, 2),
-            "cache": request_cache_status(),
+            "cache": cache,
             "remote": request.remote,
-            "user_agent": request.headers.get("User-Agent", ""),
+            "user_agent": user_agent,
             "request_id": request_id,
             "pid": _process.pid,  # which worker answered (`serve --workers N`)
         }
-        client = request.get(CLIENT)
         if client is not None:  # who the request came from, when it showed a token (or a grant): never the token
             fields["client"] = client.identity.fields()
         if extra:

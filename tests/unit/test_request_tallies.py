@@ -1,5 +1,6 @@
-"""What is counted and logged per request is gathered in the process and written together: the metrics' tallies
-(`proxy.runtime.metrics.Metrics.fold`) and the access-log lines (`proxy.runtime.log.AccessLines`)."""
+"""What is counted and logged per request: gathered in the process and written together (the metrics' tallies,
+`proxy.runtime.metrics.Metrics.fold`; the access-log lines, `proxy.runtime.log.AccessLines`), and the request's
+access-log line formatted directly (`proxy.runtime.log.request_line`)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,37 @@ async def test_access_lines_are_written_when_enough_gathered_before_other_lines_
     lines.add("d\n")
     lines.flush()  # at shutdown
     assert stream.getvalue().endswith("other\nd\n")
+
+
+def test_a_request_line_formatted_directly_is_the_line_the_json_encoder_writes(monkeypatch):
+    stream = io.StringIO()
+    lines = log.AccessLines(stream, after=3600, limit=0)  # written at once
+    monkeypatch.setattr(log, "_access_lines", lines)
+    monkeypatch.setattr(log, "_access_writer", log._json_lines(lines))
+    odd = ('/a"b\\c/ü/\u2028/\x01', 'curl/8 "x" \t\x7f é', None)
+    for path, user_agent, remote in (("/x/index.json", "Terraform/1.11.0", "127.0.0.1"), odd):
+        log.request_line("request", "GET", path, 200, 52, 0.41, "hit", remote, user_agent, "abc", 4321)
+        direct = stream.getvalue().splitlines()[-1]
+        fields = {
+            "method": "GET",
+            "path": path,
+            "status": 200,
+            "bytes": 52,
+            "duration_ms": 0.41,
+            "cache": "hit",
+            "remote": remote,
+            "user_agent": user_agent,
+            "request_id": "abc",
+            "pid": 4321,
+        }
+        log.access("request", fields)
+        encoded = stream.getvalue().splitlines()[-1]
+        timestamp = json.loads(encoded)["timestamp"]
+        assert json.loads(direct) | {"timestamp": timestamp} == json.loads(encoded)
+        assert direct.rsplit('"timestamp"', 1)[0] == encoded.rsplit('"timestamp"', 1)[0]  # byte for byte
+
+
+def test_log_lines_carry_the_request_id_bound_for_the_request():
+    log.bind_request_id("req-1")
+    assert log.add_request_id(None, "info", {"event": "x"}) == {"event": "x", "request_id": "req-1"}
+    assert log.add_request_id(None, "info", {"request_id": "own"})["request_id"] == "own"
