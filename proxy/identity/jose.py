@@ -16,20 +16,11 @@ import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from joserfc import jws, jwt
-from joserfc.errors import (
-    BadSignatureError,
-    ClaimError,
-    ExpiredTokenError,
-    InvalidKeyIdError,
-    JoseError,
-    MissingClaimError,
-    SecurityWarning,
-    UnsupportedAlgorithmError,
-)
-from joserfc.jwk import JWKRegistry, KeySet, OctKey, RSAKey
+if TYPE_CHECKING:  # joserfc (and cryptography under it) is imported on first use: only OIDC needs it
+    from joserfc.jwk import KeySet
+
 
 MIN_RSA_BITS = 2048
 REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp")
@@ -80,6 +71,9 @@ def _is_base64url(part: str) -> bool:
 
 def peek(token: str) -> UnverifiedToken:
     """The header and claims a token states (unverified); JwtError `malformed` if it is no JWT."""
+    from joserfc import jws
+    from joserfc.errors import JoseError
+
     try:
         compact = jws.extract_compact(token.encode("ascii"))
         claims = json.loads(compact.payload)
@@ -95,7 +89,9 @@ class SigningKeys:
     keys for encryption, RSA keys under 2048 bits, keys this library cannot read."""
 
     def __init__(self, keys: list[Any], document: dict[str, Any]) -> None:
-        self._set = KeySet(keys)
+        from joserfc.jwk import KeySet
+
+        self._set: KeySet = KeySet(keys)
         self.document = document  # the published JWKS as fetched (public keys only)
         self.key_ids = frozenset(key.kid for key in keys if key.kid)
 
@@ -134,6 +130,15 @@ class SigningKeys:
     ) -> dict[str, Any]:
         """The claims of `token` once its signature (by one of these keys, with an allowed algorithm) and its
         registered claims hold; JwtError saying why not."""
+        from joserfc import jwt
+        from joserfc.errors import (
+            BadSignatureError,
+            InvalidKeyIdError,
+            JoseError,
+            SecurityWarning,
+            UnsupportedAlgorithmError,
+        )
+
         stated = peek(token)
         if stated.algorithm not in algorithms:
             raise JwtError(
@@ -170,6 +175,9 @@ class SigningKeys:
 
 
 def _signing_key(entry: object) -> Any | None:
+    from joserfc.errors import JoseError, SecurityWarning
+    from joserfc.jwk import JWKRegistry, OctKey, RSAKey
+
     if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or entry.get("kty") == "oct":
         return None
     try:
@@ -193,6 +201,9 @@ def check_claims(claims: Mapping[str, Any], issuer: str, audiences: Collection[s
     """The registered claims hold: `iss` is `issuer`, `aud` names one of `audiences`, `exp` is ahead and `nbf`
     and `iat` are not (each within `leeway`), `sub` is there; JwtError saying which does not. Also run on a
     token's stated claims before its keys are looked up, so a token refused anyway makes no key fetch."""
+    from joserfc import jwt
+    from joserfc.errors import ClaimError, ExpiredTokenError, MissingClaimError
+
     registry = jwt.JWTClaimsRegistry(
         now=int(now),
         leeway=int(leeway),

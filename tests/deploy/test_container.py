@@ -8,11 +8,8 @@ import re
 import shlex
 from importlib import resources
 
-import jsonschema
 import pytest
 import yaml
-from docker.utils.build import exclude_paths
-from dockerfile_parse import DockerfileParser
 
 from proxy.cli import build_parser
 from tests.deploy.envvars import unknown
@@ -23,6 +20,8 @@ DEPLOY = REPO_ROOT / "deploy"
 
 @pytest.fixture(scope="module")
 def instructions() -> list[tuple[str, str]]:
+    from dockerfile_parse import DockerfileParser  # here: every worker collects this module, few run it
+
     with open(DEPLOY / "Containerfile", "rb") as file:
         parser = DockerfileParser(fileobj=file)
         return [(item["instruction"], item["value"]) for item in parser.structure if item["instruction"] != "COMMENT"]
@@ -102,6 +101,8 @@ def test_entrypoint_serves_by_default_and_names_only_real_settings(instructions)
 
 
 def test_every_copied_file_is_in_the_build_context_and_nothing_else_is(instructions):
+    from docker.utils.build import exclude_paths  # docker-py (requests, urllib3): only where it is used
+
     patterns = [
         line
         for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
@@ -124,6 +125,8 @@ def compose() -> dict:
 
 
 def test_compose_file_is_valid_by_the_compose_spec_schema(compose):
+    import jsonschema
+
     schema_file = resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
     schema = json.loads(schema_file.read_text())
     validator = jsonschema.validators.validator_for(schema)(schema)

@@ -9,6 +9,7 @@ not on the ones that should not. The Prometheus Operator's PrometheusRule carrie
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import shutil
@@ -57,7 +58,13 @@ def defined_series() -> dict[str, set[str]]:
 
 
 def alert_rules() -> list[dict]:
-    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    return [rule for group in _rules_document()["groups"] for rule in group["rules"]]
+
+
+@functools.cache
+def _rules_document() -> dict:
+    """The alert rules file, parsed once per process (the cases below read it at collection, in every worker)."""
+    return yaml.load(RULES.read_text(), Loader=yaml.CSafeLoader)
 
 
 def dashboard() -> dict:

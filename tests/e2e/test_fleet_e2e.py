@@ -46,17 +46,6 @@ async def fetch(session, proxy, path) -> tuple[int, bytes]:
         return response.status, await response.read()
 
 
-async def test_concurrent_cold_requests_across_two_processes_fetch_once(fleet, registry):
-    registry.archive_chunk_delay = 0.05
-    a, b = fleet
-    async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(fetch(session, a if n % 2 else b, PATH.format(v="1.0.0")) for n in range(24)))
-    release = registry.releases[("acme", "foo")]["1.0.0"]
-    assert [status for status, _ in results] == [200] * 24
-    assert all(body == release.zips["linux_amd64"] for _, body in results)
-    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
-
-
 @contextlib.asynccontextmanager
 async def lock_attempts(redis_url: str, key: str) -> AsyncIterator[list[str]]:
     """Every attempt to take the fleet lock on `key` (a `SET ... NX`), as Redis's MONITOR sees it."""
@@ -108,8 +97,22 @@ async def test_killed_lock_holder_is_taken_over_by_the_other_process(fleet, regi
     assert registry.count(archive) == 2  # A's broken download and B's takeover
 
 
-async def test_init_through_one_replica_then_offline_through_the_other(fleet, registry, terraform):
+async def test_cold_requests_across_two_processes_fetch_once_then_init_offline_through_the_other(
+    fleet, registry, signing_key, terraform
+):
+    """One fleet for both checks (each process start costs a second of CPU): concurrent cold requests for
+    one archive spread over both processes fetch it once; then `terraform init` through A, and with the
+    upstream gone, through B."""
     a, b = fleet
+    release = registry.add(Release("acme", "foo", "2.0.0", signing_key, platforms=("linux_amd64",)))
+    registry.archive_chunk_delay = 0.05
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(*(fetch(session, a if n % 2 else b, PATH.format(v="2.0.0")) for n in range(24)))
+    registry.archive_chunk_delay = 0.0
+    assert [status for status, _ in results] == [200] * 24
+    assert all(body == release.zips["linux_amd64"] for _, body in results)
+    assert registry.count(registry.archive_path(release, "linux_amd64")) == 1
+
     first = terraform.workdir("a", MAIN_TF)
     code, output = await terraform.init(first, mirror_config(a), a.ca_file)
     assert code == 0, output

@@ -1,4 +1,7 @@
-"""`terraform init` through the proxy as a network mirror: cold, warm-offline, and refusals."""
+"""`terraform init` through the proxy as a network mirror: cold, warm-offline, and refusals.
+
+Cold and offline after a restart go through `python -m proxy serve`; the refusals through `serve` in the
+test's process (what they check is the verification, the same in both)."""
 
 from __future__ import annotations
 
@@ -68,10 +71,10 @@ async def test_init_cold_then_offline_after_restart(registry, proxy_process, ter
     assert locked_hashes(second) == [expected_h1]
 
 
-async def test_init_fails_and_caches_nothing_for_tampered_zip(registry, proxy_process, terraform):
+async def test_init_fails_and_caches_nothing_for_tampered_zip(registry, in_process_proxy, terraform):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     registry.tampered.add(release.filename("linux_amd64"))
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
     assert_refused_by_the_proxy(output, r"127\.0\.0\.1:\d+: bad response code: 502")  # the archive
@@ -80,11 +83,11 @@ async def test_init_fails_and_caches_nothing_for_tampered_zip(registry, proxy_pr
 
 
 async def test_init_fails_and_caches_nothing_for_bad_signature(
-    registry, proxy_process, terraform, other_key, signing_key
+    registry, in_process_proxy, terraform, other_key, signing_key
 ):
     registry.add(Release("acme", "foo", "1.0.0", other_key))  # signed by a key the registry does not list
     registry.signing_keys_override = [signing_key.armored_public_key]
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), mirror_config(proxy), proxy.ca_file)
     assert code != 0
     assert_refused_by_the_proxy(

@@ -1,4 +1,7 @@
-"""`terraform init` through the registry pass-through: `host` blocks, and the proxy as module host."""
+"""`terraform init` through the registry pass-through: `host` blocks, and the proxy as module host.
+
+`host` blocks with the upstream going away go through `python -m proxy serve`; the refused archive and the
+proxy as module host through `serve` in the test's process (what they check is not the process)."""
 
 from __future__ import annotations
 
@@ -67,10 +70,12 @@ async def test_init_with_host_blocks_then_offline(registry, git_modules, proxy_p
     assert installed_signed_by(output, release), output
 
 
-async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, git_modules, proxy_process, terraform):
+async def test_init_fails_for_a_tampered_archive_through_the_registry(
+    registry, git_modules, in_process_proxy, terraform
+):
     release = registry.releases[("acme", "foo")]["1.0.0"]
     registry.tampered.add(release.filename("linux_amd64"))
-    proxy = await proxy_process()
+    proxy = await in_process_proxy()
     code, output = await terraform.init(terraform.workdir("w", MAIN_TF), host_config(proxy), proxy.ca_file)
     assert code != 0
     assert f"Error while installing {REGISTRY_HOST}/acme/foo v1.0.0" in output, output
@@ -82,8 +87,8 @@ async def test_init_fails_for_a_tampered_archive_through_the_registry(registry, 
     assert [p.read_bytes()[:2] for p in stored_files(proxy.data_dir)] == [b"\x1f\x8b"]
 
 
-async def test_proxy_hostname_as_module_registry_without_cli_config(registry, git_modules, proxy_process, terraform):
-    proxy = await proxy_process("--default-upstream", REGISTRY_HOST)
+async def test_proxy_hostname_as_module_registry_without_cli_config(registry, git_modules, in_process_proxy, terraform):
+    proxy = await in_process_proxy("--default-upstream", REGISTRY_HOST)
     main_tf = f'module "net" {{\n  source  = "127.0.0.1:{proxy.port}/acme/net/aws"\n  version = "1.2.0"\n}}\n'
     workdir = terraform.workdir("w", main_tf)
     code, output = await terraform.init(workdir, "", proxy.ca_file)

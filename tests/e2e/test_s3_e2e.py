@@ -2,7 +2,8 @@
 
 Two replicas share a Redis and a bucket and no volume (each has its own data dir): the second
 serves what the first fetched without asking the upstream again. With `--archive-redirect`,
-terraform follows the presigned URL to the object store and installs the provider.
+terraform follows the presigned URL to the object store and installs the provider (the proxy served in the
+test's process: the redirect is what is checked).
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ async def test_two_replicas_share_redis_and_the_bucket_and_no_volume(
 
 
 async def test_terraform_follows_the_archive_redirect_to_the_object_store(
-    proxy_process, s3_server, s3_bucket, registry, terraform, tmp_path, ca_file
+    in_process_proxy, s3_server, s3_bucket, registry, terraform, tmp_path, ca_file
 ):
-    proxy = await proxy_process(*s3_server.flags(s3_bucket), "--archive-redirect", "--archive-redirect-expiry", "2m")
+    proxy = await in_process_proxy(*s3_server.flags(s3_bucket), "--archive-redirect", "--archive-redirect-expiry", "2m")
     release = registry.releases[("acme", "foo")]["1.0.0"]
     cas = trust_both(proxy, ca_file, tmp_path)
     for name in ("cold", "warm"):  # the cold install streams; the warm one is redirected

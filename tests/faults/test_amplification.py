@@ -30,7 +30,7 @@ LINUX_ZIP = "terraform-provider-foo_1.0.0_linux_amd64.zip"
 VERSIONS_KEY = f"versions:{PROVIDER}"
 RECHECK_INTERVAL = 1.0  # --ttl-negative: a version list is rechecked at most this often
 # The negative cache's bound, and a flood of made-up names ten times as large
-NEGATIVE_ENTRIES, FLOOD = 50, 500
+NEGATIVE_ENTRIES, FLOOD = 20, 200
 
 
 def archive_url(version: str, platform: str) -> str:
@@ -268,7 +268,7 @@ async def test_negative_cache_stays_bounded_and_warm_entries_survive_a_flood(
 
 @pytest.mark.parametrize("backend", ["embedded", "redis"])
 async def test_negative_cache_respects_its_byte_bound(backend, in_process_proxy, connect, registry, request):
-    extra = ["--negative-cache-entries", "10000", "--negative-cache-bytes", "16KiB"]
+    extra = ["--negative-cache-entries", "10000", "--negative-cache-bytes", "8KiB"]
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
         extra += [
@@ -281,7 +281,7 @@ async def test_negative_cache_respects_its_byte_bound(backend, in_process_proxy,
         ]
     proc = await in_process_proxy(*extra)
     client = await connect(proc, timeout=300)
-    await flood_made_up_names(client, registry, 400)
+    await flood_made_up_names(client, registry, 200)
     text = (await client.get("/metrics"))[2].decode()
-    assert 0 < metric(text, "registry_proxy_negative_cache_bytes") <= 16 * 1024
-    assert 0 < metric(text, "registry_proxy_negative_cache_entries") < 400
+    assert 0 < metric(text, "registry_proxy_negative_cache_bytes") <= 8 * 1024
+    assert 0 < metric(text, "registry_proxy_negative_cache_entries") < 200

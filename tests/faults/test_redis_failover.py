@@ -69,7 +69,9 @@ class Traffic:
         return json.loads(body)["status"]
 
 
-async def test_a_failover_during_traffic(proxy_process, connect, redis_sentinel, registry, signing_key, tmp_path):
+async def test_a_failover_during_traffic(
+    proxy_process, in_process_proxy, connect, redis_sentinel, registry, signing_key, tmp_path
+):
     await asyncio.to_thread(redis_sentinel.settle)
     releases = {v: registry.add(Release("acme", "foo", v, signing_key, platforms=(PLATFORM,))) for v in BEFORE + AFTER}
     prefix = f"failover-{uuid.uuid4().hex[:10]}"
@@ -117,9 +119,10 @@ async def test_a_failover_during_traffic(proxy_process, connect, redis_sentinel,
     after += [await traffic.readiness() for _ in range(10)]
     assert set(after) == {"ready"}, after
 
-    # What was sealed before the failover is read from the new master: a fresh proxy asks the upstream nothing.
+    # What was sealed before the failover is read from the new master: a fresh proxy (served in this process)
+    # asks the upstream nothing.
     asked = len(registry.requests)
-    fresh = await proxy_process(*args, data_dir=shared)
+    fresh = await in_process_proxy(*args, data_dir=shared)
     await Traffic(await connect(fresh), releases).round(BEFORE + AFTER)
     upstream = [path for _, path in registry.requests[asked:] if "/download/" in path or "/files/" in path]
     assert upstream == [], upstream

@@ -370,22 +370,25 @@ def _temp_dirs(data_dir: Path) -> set[str]:
     return {p.name for p in (data_dir / "archives" / "tmp").iterdir() if p.is_dir()}
 
 
-async def test_temp_dir_of_a_dead_process_with_a_reused_pid_is_reaped(proxy_process, tmp_path):
+async def test_temp_dir_of_a_dead_process_with_a_reused_pid_is_reaped(in_process_proxy, tmp_path):
     data = tmp_path / "proxy-data"
     tmp = data / "archives" / "tmp"
-    # PID 1 and this test's PID are alive, yet nobody holds these directories' locks.
+    # PID 1 and this test's PID (the proxy's own, served in this process) are alive, yet nobody holds these
+    # directories' locks.
     stale = [tmp / f"{socket.gethostname()}-1-0badf00d", tmp / f"{socket.gethostname()}-{os.getpid()}-0badcafe"]
     for folder in stale:
         folder.mkdir(parents=True)
         (folder / ".lock").touch()
         (folder / "half.part").write_bytes(b"partial download")
-    proc = await proxy_process(data_dir=data)
+    await in_process_proxy(data_dir=data)
     assert not any(folder.exists() for folder in stale)
     own = _temp_dirs(data)
-    assert len(own) == 1 and own.pop().startswith(f"{socket.gethostname()}-{proc.process.pid}-")
+    assert len(own) == 1 and own.pop().startswith(f"{socket.gethostname()}-{os.getpid()}-")
 
 
-async def test_a_live_process_temp_dir_is_never_reaped(proxy_process, tmp_path):
+async def test_a_live_process_temp_dir_is_never_reaped(proxy_process, in_process_proxy, tmp_path):
+    """A proxy process, then proxies served in this process (their start-up reaping is what is checked; a
+    lock taken through another open file conflicts within one process too) beside it and after its crash."""
     data = tmp_path / "proxy-data"
     tmp = data / "archives" / "tmp"
     # Held by a live process elsewhere (here: this test), named for another host, untouched for two days.
@@ -400,12 +403,12 @@ async def test_a_live_process_temp_dir_is_never_reaped(proxy_process, tmp_path):
         assert held.exists() and len(first_dirs) == 1
         # The running proxy holds its own dir's lock.
         assert not can_lock(tmp / next(iter(first_dirs)) / ".lock")
-        second = await proxy_process(data_dir=data)
+        second = await in_process_proxy(data_dir=data)
         assert first_dirs <= _temp_dirs(data), "a live process's temp dir was reaped"
         assert held.exists()
         await second.stop()
         await first.kill()  # a crash: its dir stays behind, its lock is released by the kernel
-        third = await proxy_process(data_dir=data)
+        third = await in_process_proxy(data_dir=data)
         assert not (first_dirs & _temp_dirs(data)), "the crashed process's temp dir was not reaped"
         assert held.exists()
         await third.stop()

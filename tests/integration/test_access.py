@@ -99,6 +99,7 @@ def access_settings(make_settings, registry, private, cdn, tokens_file):
     return make
 
 
+@pytest.mark.one_metadata_store
 async def test_a_private_upstream_through_the_proxy_with_its_token_only_on_its_own_origin(
     access_settings, client_ssl, private, cdn
 ):
@@ -122,6 +123,7 @@ async def test_a_private_upstream_through_the_proxy_with_its_token_only_on_its_o
     assert cdn.requests and cdn.with_authorization() == []
 
 
+@pytest.mark.one_metadata_store
 async def test_the_token_is_not_sent_on_a_redirect_to_another_host(access_settings, client_ssl, private, cdn):
     release = private.releases[("acme", "foo")]["1.0.0"]
     private.files_base = private.url  # the registry names itself; its file server redirects to the CDN
@@ -190,6 +192,7 @@ async def test_nothing_private_leaks_to_anonymous_or_other_scoped_clients_even_w
         assert (await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json"))[0] == 200  # public: anonymous
 
 
+@pytest.mark.one_metadata_store
 async def test_401_and_403_answers(access_settings, client_ssl):
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         status, headers, body = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json")
@@ -222,6 +225,7 @@ async def test_401_and_403_answers(access_settings, client_ssl):
             assert (await proxy.get(open_path))[0] == 200, open_path
 
 
+@pytest.mark.one_metadata_store
 async def test_metrics_behind_a_token(access_settings, client_ssl):
     async with serve_proxy(access_settings(metrics_token_required=True), client_ssl) as proxy:
         assert (await proxy.get("/metrics"))[0] == 401
@@ -231,12 +235,14 @@ async def test_metrics_behind_a_token(access_settings, client_ssl):
         assert (await proxy.get("/healthz"))[0] == 200
 
 
+@pytest.mark.one_metadata_store
 async def test_anonymous_stays_the_default_without_tokens(make_settings, client_ssl, registry):
     async with serve_proxy(make_settings(), client_ssl) as proxy:
         status, _, body = await proxy.get(f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.0.0.json")
         assert status == 200 and "grant" not in body.decode()  # documents unchanged for anonymous clients
 
 
+@pytest.mark.one_metadata_store
 async def test_no_token_in_the_log(access_settings, client_ssl):
     with capture_logs() as logs:
         async with serve_proxy(access_settings(), client_ssl) as proxy:
@@ -249,6 +255,7 @@ async def test_no_token_in_the_log(access_settings, client_ssl):
         assert secret not in text
 
 
+@pytest.mark.one_metadata_store
 async def test_a_private_git_module_is_cloned_with_the_hosts_token(access_settings, client_ssl, private, tmp_path):
     bare, _ = make_bare_repo(tmp_path / "repos", "net", MODULE_FILES, "v1.2.0")
     private.git_root = bare.parent
@@ -268,6 +275,7 @@ async def test_a_private_git_module_is_cloned_with_the_hosts_token(access_settin
     assert UPSTREAM_TOKEN not in location
 
 
+@pytest.mark.one_metadata_store
 async def test_the_lock_and_warm_commands_send_their_token(access_settings, client_ssl, ca_file, tmp_path):
     from proxy.commands import CommandError
     from proxy.commands.lock import run_lock

@@ -102,6 +102,7 @@ async def test_the_catalog_lists_what_the_token_may_read_a_page_at_a_time(catalo
             assert status == 400 and body["code"] == "invalid_request", bad
 
 
+@pytest.mark.one_metadata_store
 async def test_purge_needs_an_admin_token_that_may_read_the_address(catalog_settings, client_ssl):
     async with serve_proxy(catalog_settings(), client_ssl) as proxy:
         assert await fetch(proxy, "acme", "1.0.0") == 200
@@ -120,6 +121,7 @@ async def test_purge_needs_an_admin_token_that_may_read_the_address(catalog_sett
         assert [v["version"] for v in body["providers"][0]["versions"]] == ["1.0.0"]  # nothing was purged
 
 
+@pytest.mark.one_metadata_store
 async def test_without_client_tokens_nobody_purges_over_http(make_settings, client_ssl):
     async with serve_proxy(make_settings(), client_ssl) as proxy:
         assert await fetch(proxy, "acme", "1.0.0") == 200

@@ -1,4 +1,4 @@
-"""RFC 7239 `Forwarded` from a trusted balancer (`--forwarded-headers forwarded`), against a real proxy process:
+"""RFC 7239 `Forwarded` from a trusted balancer (`--forwarded-headers forwarded`), against `serve` in process:
 the balancer is a client connecting from 127.0.0.2, the one trusted address; 127.0.0.1 is any other peer."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ async def page_remotes(proxy, count: int) -> list[str]:
     return remotes()
 
 
-async def test_forwarded_from_the_trusted_balancer_only(proxy_process) -> None:
-    proxy = await proxy_process("--plain-http", "--trusted-proxies", BALANCER, "--forwarded-headers", "forwarded")
+async def test_forwarded_from_the_trusted_balancer_only(in_process_proxy) -> None:
+    proxy = await in_process_proxy("--plain-http", "--trusted-proxies", BALANCER, "--forwarded-headers", "forwarded")
     chain = 'for=203.0.113.9;proto=https;host="mirror.example.com:8443", for=10.0.0.7;proto=http;host=lb.internal'
     x_forwarded = {"X-Forwarded-Proto": "http", "X-Forwarded-Host": "x-forwarded.example", "X-Forwarded-For": "6.6.6.6"}
 
@@ -52,8 +52,8 @@ async def test_forwarded_from_the_trusted_balancer_only(proxy_process) -> None:
     assert await page_remotes(proxy, 3) == ["203.0.113.9", "10.0.0.7", "127.0.0.1"]
 
 
-async def test_a_chain_of_trusted_balancers(proxy_process) -> None:
-    proxy = await proxy_process(
+async def test_a_chain_of_trusted_balancers(in_process_proxy) -> None:
+    proxy = await in_process_proxy(
         "--plain-http",
         "--trusted-proxies",
         BALANCER,

@@ -1,6 +1,6 @@
 """Grants (the signed URLs of archives, SHA256SUMS and module packages in the documents an authorised client
-gets) against real proxy processes: a grant opens exactly the URL it was made for, dies with its token (on
-SIGHUP, in every worker), and expires.
+gets) against `serve`: a grant opens exactly the URL it was made for and expires (in process), and dies with its
+token (on SIGHUP, in every worker of a real proxy process).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def tokens(tmp_path):
     return path
 
 
-async def test_a_grant_opens_only_the_url_it_was_made_for(proxy_process, registry, signing_key, tokens):
+async def test_a_grant_opens_only_the_url_it_was_made_for(in_process_proxy, registry, signing_key, tokens):
     registry.add(Release("acme", "big", "1.0.0", signing_key))
-    proxy = await proxy_process("--auth-tokens", str(tokens))
+    proxy = await in_process_proxy("--auth-tokens", str(tokens))
     url = await granted_archive(proxy, FIRST)
     assert (await get(proxy, url))[0] == 200
     grant = grant_of(url)
@@ -112,8 +112,8 @@ async def test_a_removed_tokens_grants_are_refused_at_once_in_every_worker(proxy
         assert (status, body["code"]) == (403, "token_scope")
 
 
-async def test_an_expired_grant_is_refused(proxy_process, tokens):
-    proxy = await proxy_process("--auth-tokens", str(tokens), "--metadata-secret", METADATA_SECRET)
+async def test_an_expired_grant_is_refused(in_process_proxy, tokens):
+    proxy = await in_process_proxy("--auth-tokens", str(tokens), "--metadata-secret", METADATA_SECRET)
     url = await granted_archive(proxy, FIRST)
     path = url.partition("?")[0]
     # the proxy's own signer: the same key (from the same metadata secret) and the same token

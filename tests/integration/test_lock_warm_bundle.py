@@ -80,6 +80,7 @@ async def test_lock_endpoint_gives_h1_per_platform_and_every_signed_zh(proxy, re
         (f"/lock/v1/{PROVIDER}/1.0.0?platform=linux", 400, "invalid_address"),
     ],
 )
+@pytest.mark.one_metadata_store
 async def test_lock_endpoint_errors(proxy, path, status, code):
     got, body = await proxy.json(path)
     assert (got, body["code"]) == (status, code) and body["errors"]
@@ -135,6 +136,7 @@ async def test_lock_command_refuses_hashes_that_disagree_with_the_lock(proxy, co
             await run_lock(config_dir, client, [LINUX])
 
 
+@pytest.mark.one_metadata_store
 async def test_lock_command_explains_unsatisfiable_and_unknown(proxy, config_dir, ca_file):
     async with ProxyClient(proxy.url, ca_file) as client:
         (config_dir / "main.tf").write_text(MAIN_TF.replace("~> 1.0, != 1.1.0", ">= 5.0"))

@@ -36,6 +36,7 @@ async def test_x_forwarded_for_is_believed_only_from_trusted_proxies(make_local_
     assert _remotes(logs) == ["127.0.0.1"]  # the peer is not a trusted proxy: its header is ignored
 
 
+@pytest.mark.one_metadata_store
 async def test_health_probes_are_logged_at_debug(proxy):
     with capture_logs() as logs:
         for path in ("/healthz", "/readyz", INDEX):
@@ -44,6 +45,7 @@ async def test_health_probes_are_logged_at_debug(proxy):
     assert access == [("debug", "/healthz"), ("debug", "/readyz"), ("info", INDEX)]
 
 
+@pytest.mark.one_metadata_store
 @pytest.mark.parametrize("kind", ["ok", "not found", "not modified", "bad request", "metrics"])
 async def test_no_server_version(proxy, kind):
     if kind == "not modified":

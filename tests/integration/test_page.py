@@ -1,4 +1,5 @@
-"""The page at `/` and `/ca.pem`, in process (both metadata stores) and against real proxy processes."""
+"""The page at `/` and `/ca.pem`: the application in process (both metadata stores), `serve` in process (its
+generated CA, plain HTTP) and a real proxy process of two workers."""
 
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ async def test_last_served_comes_from_the_lookup(proxy, registry):
     assert [p.last_served for p in inventory.providers] == [1_700_000_000.0]
 
 
+@pytest.mark.one_metadata_store
 async def test_head_headers_and_content_security_policy(proxy):
     async with proxy.session.head(proxy.url + "/") as response:
         assert response.status == 200 and await response.read() == b""
@@ -120,6 +122,7 @@ async def test_head_headers_and_content_security_policy(proxy):
     assert headers["X-Content-Type-Options"] == "nosniff" and headers["Cache-Control"] == "no-store"
 
 
+@pytest.mark.one_metadata_store
 async def test_no_ca_download_when_the_operator_gave_the_certificate(proxy):
     status, headers, body = await proxy.get("/ca.pem")
     assert status == 404 and headers["Content-Type"] == "application/json"
@@ -127,6 +130,7 @@ async def test_no_ca_download_when_the_operator_gave_the_certificate(proxy):
     assert b'href="ca.pem"' not in (await proxy.get("/"))[2]
 
 
+@pytest.mark.one_metadata_store
 async def test_the_host_header_becomes_the_snippet_url_only_when_it_is_a_plain_host(proxy):
     html = (await proxy.get("/", headers={"Host": "proxy.example.com:9443"}))[2].decode()
     assert 'url = "https://proxy.example.com:9443/mirror/v1/"' in unescape(html)
@@ -154,8 +158,8 @@ async def page_when(session: aiohttp.ClientSession, process, wanted: str) -> str
             await asyncio.sleep(0.05)
 
 
-async def test_a_proxy_process_offers_its_generated_ca_and_counts_what_it_served(proxy_process, registry):
-    process = await proxy_process()
+async def test_a_proxy_process_offers_its_generated_ca_and_counts_what_it_served(in_process_proxy, registry):
+    process = await in_process_proxy()
     async with aiohttp.ClientSession() as session:
         async with session.get(process.url + "/ca.pem", ssl=trusting(process)) as response:
             assert response.status == 200 and response.headers["Content-Type"] == "application/x-pem-file"
@@ -187,8 +191,8 @@ async def test_with_workers_the_numbers_are_every_workers_and_the_public_url_is_
     assert '"modules.v1"   = "https://mirror.example.org/tf/registry/registry.example.test/modules/v1/"' in html
 
 
-async def test_plain_http_has_no_ca_and_warns_that_clients_need_https(proxy_process):
-    process = await proxy_process("--plain-http")
+async def test_plain_http_has_no_ca_and_warns_that_clients_need_https(in_process_proxy):
+    process = await in_process_proxy("--plain-http")
     async with aiohttp.ClientSession() as session:
         async with session.get(process.url + "/ca.pem") as response:
             assert response.status == 404 and (await response.json())["code"] == "ca_not_found"

@@ -17,7 +17,7 @@ from proxy.domain.addresses import ProviderAddr, Version
 from proxy.web.app_keys import GATEKEEPER, MIRROR
 from tests.conftest import serve_proxy
 from tests.fakes.packages import Release
-from tests.fakes.process import REGISTRY_HOST, registry_proxy, wait_for
+from tests.fakes.process import REGISTRY_HOST, registry_proxy, registry_proxy_in_process, wait_for
 from tests.fakes.redis_server import METADATA_SECRET
 from tests.integration.test_access_processes import status_of
 
@@ -70,7 +70,7 @@ async def test_sighup_reloads_the_policy_in_every_worker_and_a_broken_file_keeps
 async def test_a_broken_policy_file_stops_start_up_and_check_says_the_same(tmp_path, text, names):
     policy = tmp_path / "policy.toml"
     policy.write_text(text)
-    code, output = await registry_proxy("policy", "check", str(policy))
+    code, output = await registry_proxy_in_process("policy", "check", str(policy))
     assert code == 2
     line = output.strip().splitlines()[-1]
     assert line.startswith(f"registry-proxy: error: {policy}: ") and all(name in line for name in names), output
@@ -87,7 +87,6 @@ async def test_a_broken_policy_file_stops_start_up_and_check_says_the_same(tmp_p
     assert code == 2 and line in output, output
 
 
-@pytest.mark.process
 async def test_explain_says_which_rule_decides_for_the_client_and_scope_given(tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text(
@@ -95,9 +94,9 @@ async def test_explain_says_which_rule_decides_for_the_client_and_scope_given(tm
         'action = "allow"\n[default]\naction = "deny"\nreason = "not vetted"\n'
     )
     address = "registry.terraform.io/acme/foo@1.0.0"
-    code, output = await registry_proxy("policy", "explain", "--policy", str(policy), address)
+    code, output = await registry_proxy_in_process("policy", "explain", "--policy", str(policy), address)
     assert code == 0 and "1. acme-only: does not apply" in output and "decision: deny by default" in output, output
-    code, output = await registry_proxy(
+    code, output = await registry_proxy_in_process(
         "policy", "explain", "--policy", str(policy), "--scope", "registry.terraform.io/acme", address
     )
     assert code == 0 and "scopes registry.terraform.io/acme" in output, output
@@ -121,6 +120,7 @@ async def two_replicas(make_settings, client_ssl, redis_server, tmp_path) -> Asy
         yield a, b
 
 
+@pytest.mark.one_metadata_store
 async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
     make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
 ):
@@ -148,6 +148,7 @@ async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
         assert status == 403 and held["code"] == "policy_held_back"
 
 
+@pytest.mark.one_metadata_store
 async def test_two_replicas_sharing_redis_ask_the_registry_api_once_and_agree_on_its_publish_time(
     make_settings, client_ssl, redis_server, tmp_path, registry, signing_key
 ):

@@ -1,6 +1,6 @@
 """What the proxy lists of itself (the page, /metrics, error messages) shows a client only what its token
 may read: a private host's name, its upstream URL, its discovery time and its `host` block never reach a
-client scoped to another host, against a real proxy process.
+client scoped to another host, against `serve` in process (`in_process_proxy`).
 
 The private registry listens on `localhost` and its archives are on a CDN at `127.0.0.1` (the public fake
 registry's address too), so the private registry's own URL host appears nowhere but for its fetches.
@@ -97,11 +97,11 @@ def private_traces(text: str, private: FakeRegistry) -> list[str]:
 
 
 async def test_the_page_and_metrics_show_a_token_only_the_hosts_it_may_read(
-    proxy_process, tmp_path, private_args, private
+    in_process_proxy, tmp_path, private_args, private
 ):
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
-    proxy = await proxy_process(*private_args, "--auth-tokens", str(tokens))
+    proxy = await in_process_proxy(*private_args, "--auth-tokens", str(tokens))
     await fetch_archive(proxy, PRIVATE_VERSION, ALL)  # discovered, fetched, cached
     await fetch_archive(proxy, PUBLIC_VERSION, ALL)
 
@@ -126,13 +126,13 @@ async def test_the_page_and_metrics_show_a_token_only_the_hosts_it_may_read(
     assert status == 403 and private.url not in body and "localhost" not in body
 
 
-async def test_without_client_tokens_nothing_names_a_private_host(proxy_process, tmp_path, private_args, private):
+async def test_without_client_tokens_nothing_names_a_private_host(in_process_proxy, tmp_path, private_args, private):
     with_tokens = tmp_path / "tokens.toml"
     with_tokens.write_text(TOKENS)
-    first = await proxy_process(*private_args, "--auth-tokens", str(with_tokens), data_dir=tmp_path / "data")
+    first = await in_process_proxy(*private_args, "--auth-tokens", str(with_tokens), data_dir=tmp_path / "data")
     await fetch_archive(first, PRIVATE_VERSION, ALL)
     await first.stop()
-    proxy = await proxy_process(*private_args, data_dir=tmp_path / "data")  # the same store, no client tokens
+    proxy = await in_process_proxy(*private_args, data_dir=tmp_path / "data")  # the same store, no client tokens
     await fetch_archive(proxy, PUBLIC_VERSION, "")
     await get(proxy, PRIVATE_VERSION)  # refused: nothing fetched
 

@@ -38,6 +38,7 @@ def uploads(s3_server, bucket: str) -> list[str]:
     return [u["UploadId"] for u in s3_server.client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
+@pytest.mark.one_metadata_store
 @pytest.mark.process
 async def test_gc_on_s3_dry_run_then_for_real(make_settings, client_ssl, registry, s3_server, s3_bucket):
     settings = make_settings(**s3_server.settings(s3_bucket))

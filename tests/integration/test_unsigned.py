@@ -108,6 +108,7 @@ async def test_opentofu_default_serves_an_unsigned_provider_checked_against_its_
         assert await unsigned_count(proxy) == 2  # darwin_arm64 stored for the lock endpoint
 
 
+@pytest.mark.one_metadata_store
 async def test_registry_pass_through_invents_no_keys_and_relays_sums_and_signature(
     tofu_settings, client_ssl, unsigned_registry
 ):
@@ -127,6 +128,7 @@ async def test_registry_pass_through_invents_no_keys_and_relays_sums_and_signatu
         assert status == 200 and data == release.zips["linux_amd64"]
 
 
+@pytest.mark.one_metadata_store
 async def test_unsigned_provider_of_another_host_is_refused(tofu_settings, client_ssl, unsigned_registry):
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:
         for path in (
@@ -142,6 +144,7 @@ async def test_unsigned_provider_of_another_host_is_refused(tofu_settings, clien
         assert await unsigned_count(proxy, REGISTRY_HOST) == 0
 
 
+@pytest.mark.one_metadata_store
 async def test_refuse_refuses_the_opentofu_registry_too(tofu_settings, client_ssl, unsigned_registry):
     async with serve_proxy(tofu_settings(unsigned_providers=parse_unsigned_policy("refuse")), client_ssl) as proxy:
         for path in (archive(), version_doc(), registry_download()):
@@ -151,6 +154,7 @@ async def test_refuse_refuses_the_opentofu_registry_too(tofu_settings, client_ss
         assert stored(proxy) == []
 
 
+@pytest.mark.one_metadata_store
 async def test_allow_hosts_admits_exactly_the_hosts_named(tofu_settings, client_ssl, unsigned_registry):
     policy = parse_unsigned_policy(f"allow-hosts={REGISTRY_HOST.upper()}")
     async with serve_proxy(tofu_settings(unsigned_providers=policy), client_ssl) as proxy:
@@ -183,6 +187,7 @@ async def test_cached_unsigned_archive_is_refused_after_a_restart_with_refuse(
     assert len(unsigned_registry.requests) == requests  # refused from the cache, not by asking again
 
 
+@pytest.mark.one_metadata_store
 async def test_keys_present_and_a_bad_signature_is_refused_also_for_the_opentofu_host(
     tofu_settings, client_ssl, registry, other_key: SigningKey
 ):
@@ -194,6 +199,7 @@ async def test_keys_present_and_a_bad_signature_is_refused_also_for_the_opentofu
         assert stored(proxy) == [] and await unsigned_count(proxy) == 0
 
 
+@pytest.mark.one_metadata_store
 async def test_tampered_archive_of_an_unsigned_provider_is_refused(tofu_settings, client_ssl, unsigned_registry):
     release = release_of(unsigned_registry)
     unsigned_registry.tampered.add(release.filename("linux_amd64"))
@@ -203,6 +209,7 @@ async def test_tampered_archive_of_an_unsigned_provider_is_refused(tofu_settings
         assert stored(proxy) == [] and await unsigned_count(proxy) == 0
 
 
+@pytest.mark.one_metadata_store
 async def test_unsigned_sums_disagreeing_with_the_shasum_is_refused(tofu_settings, client_ssl, unsigned_registry):
     release = release_of(unsigned_registry)
     release.shasums = release.shasums.replace(release.sha256("linux_amd64").encode(), b"0" * 64)
@@ -212,6 +219,7 @@ async def test_unsigned_sums_disagreeing_with_the_shasum_is_refused(tofu_setting
         assert stored(proxy) == []
 
 
+@pytest.mark.one_metadata_store
 async def test_unsigned_sums_not_over_https_are_refused(tofu_settings, client_ssl, unsigned_registry):
     unsigned_registry.files_base = unsigned_registry.url.replace("https://", "http://")
     async with serve_proxy(tofu_settings(), client_ssl) as proxy:

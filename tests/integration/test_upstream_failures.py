@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from proxy.settings.config import FreshnessTtls, Limits
 from proxy.web.app_keys import MIRROR
 from tests.conftest import PROVIDER, serve_proxy
@@ -15,6 +17,7 @@ ARCHIVE = f"/mirror/v1/{PROVIDER}/1.0.0/linux_amd64/terraform-provider-foo_1.0.0
 VERSIONS = "/v1/providers/acme/foo/versions"
 
 
+@pytest.mark.one_metadata_store
 async def test_upstream_5xx_is_a_502_naming_the_status(proxy, registry):
     registry.faults[VERSIONS] = Fault(status=503, body=b"down")
     status, body = await proxy.json(INDEX)
@@ -40,12 +43,14 @@ async def test_garbage_json_is_refused_and_not_cached(proxy, registry, monkeypat
     assert registry.count(VERSIONS) == 2
 
 
+@pytest.mark.one_metadata_store
 async def test_wrong_shape_json_is_refused(proxy, registry):
     registry.faults[VERSIONS] = Fault(body=b'{"versions": "many"}')
     status, body = await proxy.json(INDEX)
     assert (status, body["code"]) == (502, "upstream_malformed")
 
 
+@pytest.mark.one_metadata_store
 async def test_oversized_metadata_is_refused(make_settings, client_ssl, registry):
     registry.faults[VERSIONS] = Fault(body=b'{"versions": []}' + b" " * 5000)
     async with serve_proxy(make_settings(limits=Limits(max_metadata_bytes=4096)), client_ssl) as running:
@@ -53,6 +58,7 @@ async def test_oversized_metadata_is_refused(make_settings, client_ssl, registry
         assert (status, body["code"]) == (502, "upstream_too_large")
 
 
+@pytest.mark.one_metadata_store
 async def test_upstream_timeout(make_settings, client_ssl, registry):
     registry.faults[VERSIONS] = Fault(delay=2.0)
     async with serve_proxy(make_settings(limits=Limits(metadata_timeout=0.3)), client_ssl) as running:
@@ -60,6 +66,7 @@ async def test_upstream_timeout(make_settings, client_ssl, registry):
         assert (status, body["code"]) == (502, "upstream_unreachable") and "timed out" in body["errors"][0]
 
 
+@pytest.mark.one_metadata_store
 async def test_discovery_with_wrong_content_type(proxy, registry):
     registry.faults["/.well-known/terraform.json"] = Fault(
         body=b'{"providers.v1": "/v1/providers/"}', content_type="text/plain"
@@ -68,12 +75,14 @@ async def test_discovery_with_wrong_content_type(proxy, registry):
     assert (status, body["code"]) == (502, "upstream_malformed")
 
 
+@pytest.mark.one_metadata_store
 async def test_discovery_without_providers_service(proxy, registry):
     registry.discovery = {"modules.v1": "/v1/modules/"}
     status, body = await proxy.json(INDEX)
     assert (status, body["code"]) == (404, "service_not_found")
 
 
+@pytest.mark.one_metadata_store
 async def test_upstream_down_cold_is_a_502(proxy, registry):
     await registry.stop()
     status, body = await proxy.json(INDEX)
@@ -134,6 +143,7 @@ async def test_warm_cache_survives_a_restart_with_the_upstream_down(make_setting
         assert (await restarted.json(INDEX))[0] == 200
 
 
+@pytest.mark.one_metadata_store
 async def test_discovery_follows_redirects_and_resolves_relative_service_urls(proxy, registry):
     registry.faults["/.well-known/terraform.json"] = Fault(
         status=301, headers={"Location": f"{registry.url}/moved/here/terraform.json"}
@@ -153,6 +163,7 @@ async def test_a_remembered_404_stays_a_404_when_the_upstream_fails(make_setting
         assert (await running.json(missing))[0] == 404  # "not here", not a hard error
 
 
+@pytest.mark.one_metadata_store
 async def test_version_document_leaves_out_a_platform_the_upstream_fails_for(proxy, registry):
     registry.faults["/v1/providers/acme/foo/1.0.0/download/darwin/arm64"] = Fault(status=500)
     status, body = await proxy.json(VERSION_DOC)
@@ -164,6 +175,7 @@ async def test_version_document_leaves_out_a_platform_the_upstream_fails_for(pro
     assert (status, body["code"]) == (502, "upstream_status")
 
 
+@pytest.mark.one_metadata_store
 async def test_slow_downloads_do_not_starve_metadata(make_settings, client_ssl, registry, signing_key):
     import asyncio
 

@@ -40,9 +40,12 @@ async def test_a_killed_holders_lock_is_free_at_once(tmp_path):
     )
     try:
         assert await holder.stdout.readline() == b"locked\n"
-        with_holder = asyncio.create_task(_enter(locks))
-        await asyncio.sleep(0.3)
-        assert not with_holder.done()  # waits while the other process holds the lock
+        blocked = asyncio.Event()
+        with_holder = asyncio.create_task(_enter(locks, _RecheckCounter(blocked)))
+        await asyncio.wait(
+            [with_holder, asyncio.create_task(blocked.wait())], timeout=10, return_when="FIRST_COMPLETED"
+        )
+        assert blocked.is_set() and not with_holder.done()  # polls while the other process holds the lock
         holder.kill()  # SIGKILL: the kernel drops its lock
         await holder.wait()
         assert await asyncio.wait_for(with_holder, 2) is None
@@ -52,6 +55,20 @@ async def test_a_killed_holders_lock_is_free_at_once(tmp_path):
             await holder.wait()
 
 
-async def _enter(locks: FileLocks) -> None:
-    async with locks.hold("k", nothing) as existing:
+class _RecheckCounter:
+    """A re-check that finds nothing; sets `blocked` at its second call, which `hold` makes only after a try
+    that did not get the lock (a try that gets it leaves after one re-check)."""
+
+    def __init__(self, blocked: asyncio.Event) -> None:
+        self.calls = 0
+        self._blocked = blocked
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self._blocked.set()
+
+
+async def _enter(locks: FileLocks, recheck: _RecheckCounter) -> None:
+    async with locks.hold("k", recheck) as existing:
         return existing

@@ -3,8 +3,9 @@
 Every process start pays for what it imports (about a second of CPU, nearly all imports): the S3 client
 (aiobotocore/botocore) only with an S3 archive store, redis-py only with Redis, gunicorn only with
 `--workers N`, python-hcl2 only for `--upstream-credentials` and the CLI's lock-file commands, jinja2 only
-when the page is first rendered. Checked in a fresh interpreter that imports what `serve` imports for one
-process and runs the application's start-up (stores opened), then lists what it imported.
+when the page is first rendered, joserfc (and cryptography under it) only when an OIDC token is first
+checked. Checked in a fresh interpreter that imports what `serve` imports for one process and runs the
+application's start-up (stores opened), then lists what it imported.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.fakes.process import child_environment
 
 REPO = Path(__file__).resolve().parents[2]
 # Each only for some configurations: the start-up of the default one must not import it.
-LAZY = ("botocore", "aiobotocore", "redis", "gunicorn", "hcl2", "lark", "jinja2")
+LAZY = ("botocore", "aiobotocore", "redis", "gunicorn", "hcl2", "lark", "jinja2", "joserfc")
 
 START = """
 import asyncio, json, sys

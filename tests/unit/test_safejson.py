@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.protocol import safe_json
@@ -22,7 +22,6 @@ def nested(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents, st.sampled_from([None, 0, 2]), st.booleans())
 def test_any_document_reads_as_json_loads_reads_it(document, indent, stepped):
     text = json.dumps({"padding": json.loads(STEPPED), "value": document} if stepped else document, indent=indent)

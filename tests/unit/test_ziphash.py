@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.domain.hashes import h1_of_zip
@@ -83,7 +83,6 @@ def python_zip(entries: list[tuple[str, bytes, int, bool, bool]], seekable: bool
     return target.getvalue() if isinstance(target, io.BytesIO) else bytes(target.data)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(members, st.integers(1, 700))
 def test_generated_seekable_zips_stream_to_h1_of_zip(entries, chunk):
     data = python_zip(entries, seekable=True)
@@ -93,7 +92,6 @@ def test_generated_seekable_zips_stream_to_h1_of_zip(entries, chunk):
     assert streamed_h1(data, chunk) == reference(data)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(members, st.integers(1, 700))
 def test_generated_streamed_zips_with_data_descriptors(entries, chunk):
     """Written to an unseekable stream, every member has a data descriptor: deflated ones stream; a stored
@@ -265,12 +263,12 @@ def test_the_fallback_answers_from_the_central_directory_where_the_stream_would_
 
 
 def test_a_zip_bomb_stops_the_streaming_pass():
-    bomb = Member(b"bomb", bytes(50 << 20))
+    bomb = Member(b"bomb", bytes(10 << 20))
     data = build([bomb])
-    assert len(data) < 100_000
+    assert len(data) < 20_000  # a thousandth of what it unpacks to
     with pytest.raises(StreamedZipMismatchError, match="limit"):
-        streamed_h1(data, max_unpacked=10 << 20)
-    assert streamed_h1(data, max_unpacked=60 << 20) == reference(data)
+        streamed_h1(data, max_unpacked=2 << 20)
+    assert streamed_h1(data, max_unpacked=12 << 20) == reference(data)
 
 
 def test_a_truncated_stream_is_refused():
