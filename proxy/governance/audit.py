@@ -28,6 +28,8 @@ from typing import IO, Any
 
 import structlog
 
+from proxy.runtime.log import current_request_id
+
 log = structlog.get_logger(__name__)
 RECENT_DENIALS = 50
 MAX_REMEMBERED = 100_000
@@ -49,7 +51,7 @@ class ClientIdentity:
         found: dict[str, Any] = {"client": self.name, "address": self.address}
         if self.subject is not None:
             found["subject"] = self.subject
-        request_id = self.request_id or structlog.contextvars.get_contextvars().get("request_id")
+        request_id = self.request_id or current_request_id()
         if request_id is not None:  # the access log's, of the request being answered
             found["request_id"] = request_id
         return found

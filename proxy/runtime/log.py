@@ -1,17 +1,23 @@
 """Logging: structlog set-up (JSON when not on a terminal; console lines in colour only on one), request ids and
 cache status.
 
-A request id (from `X-Request-Id` or a new one) lives in a context variable and is bound
-to every log line of the request. The cache outcome of a request (hit, miss, stale) is
-collected in another context variable for the access log.
+A request id (from `X-Request-Id` or a new one) lives in a context variable (`bind_request_id`) and is added
+to every log line of the request (`add_request_id`, a structlog processor). The cache outcome of a request
+(hit, miss, stale) is collected in another context variable for the access log.
 
 Access-log lines (`access`) are the one thing logged per request: with JSON logging they are
 written as one JSON line directly, the same fields a structlog line has, without its processor
-chain (a third of the cost); otherwise they go through structlog like every other line.
+chain (a third of the cost), and a request's line with the usual fields (`request_line`) is formatted
+directly, at a fifth of the JSON encoder's cost; otherwise they go through structlog like every other line.
+The JSON lines are written together (`AccessLines`): one write for the lines of `ACCESS_FLUSH_AFTER` seconds
+or `ACCESS_BUFFER_BYTES`, and always before any other log line (the log keeps its order) and when the process
+ends (`flush_access_log`: the application's cleanup, and at exit): no line is lost on a stop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import json
 import logging
 import os
@@ -26,9 +32,71 @@ from typing import Any, TextIO
 import structlog
 
 _cache_status: ContextVar[list[str] | None] = ContextVar("cache_status", default=None)
+_request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+_escape = json.encoder.encode_basestring_ascii  # a str as a JSON string (C): what the JSON encoder does
 _RANK = {"hit": 0, "miss": 1, "stale": 2}
 _access_log = structlog.get_logger("proxy.access")
 _access_writer: Callable[[str, dict[str, Any]], None] | None = None  # set up by setup_logging for JSON
+ACCESS_FLUSH_AFTER = 0.05  # seconds an access-log line waits for others at most
+ACCESS_BUFFER_BYTES = 64 * 1024  # access-log lines written at once when this much has gathered
+
+
+class AccessLines:
+    """Lines for `stream` written together: once `limit` characters have gathered, `after` seconds after the
+    first of them (on the running event loop; at once without one), and on `flush`."""
+
+    def __init__(self, stream: TextIO, *, after: float = ACCESS_FLUSH_AFTER, limit: int = ACCESS_BUFFER_BYTES) -> None:
+        self.stream = stream
+        self._after = after
+        self._limit = limit
+        self._lines: list[str] = []
+        self._size = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, line: str) -> None:
+        self._lines.append(line)
+        self._size += len(line)
+        if self._size >= self._limit:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self._after, self.flush)
+            except RuntimeError:  # no event loop: nothing would flush later
+                self.flush()
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._lines:
+            text = "".join(self._lines)
+            self._lines.clear()
+            self._size = 0
+            self.stream.write(text)
+            self.stream.flush()
+
+
+class _AfterAccessLines:
+    """The stream other log lines go to: the access-log lines gathered before them are written first."""
+
+    def __init__(self, lines: AccessLines) -> None:
+        self._lines = lines
+
+    def write(self, text: str) -> int:
+        self._lines.flush()
+        return self._lines.stream.write(text)
+
+    def flush(self) -> None:
+        self._lines.stream.flush()
+
+
+_access_lines: AccessLines | None = None  # with JSON logging: the access-log lines not yet written
+
+
+def flush_access_log() -> None:
+    """Write the access-log lines gathered so far (at shutdown: none is lost)."""
+    if _access_lines is not None:
+        _access_lines.flush()
 
 
 def setup_logging(fmt: str = "auto", level: str = "info") -> None:
@@ -39,9 +107,15 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
     colors = terminal and not os.environ.get("NO_COLOR")
     renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=colors)
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    global _access_writer, _access_lines
+    flush_access_log()  # set up again (tests): what the last set-up gathered first
+    _access_lines = AccessLines(sys.stderr) if as_json and numeric <= logging.INFO else None
+    _access_writer = _json_lines(_access_lines) if _access_lines is not None else None
+    stream: Any = sys.stderr if _access_lines is None else _AfterAccessLines(_access_lines)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_request_id,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
@@ -49,23 +123,41 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
-    global _access_writer
-    _access_writer = _json_lines(sys.stderr) if as_json and numeric <= logging.INFO else None
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=stream)
 
 
-def _json_lines(stream: TextIO) -> Callable[[str, dict[str, Any]], None]:
+atexit.register(flush_access_log)
+
+
+def bind_request_id(request_id: str) -> None:
+    """The id of the request this context serves now (it replaces the last one of a keep-alive connection)."""
+    _request_id.set(request_id)
+
+
+def current_request_id() -> str | None:
+    return _request_id.get()
+
+
+def add_request_id(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: the request's id on every line logged while it is served."""
+    request_id = _request_id.get()
+    if request_id is not None:
+        event_dict.setdefault("request_id", request_id)
+    return event_dict
+
+
+def _json_lines(lines: AccessLines | TextIO) -> Callable[[str, dict[str, Any]], None]:
     encode = json.JSONEncoder(default=repr).encode
-    stamp = _Timestamps()
+    add = lines.add if isinstance(lines, AccessLines) else lines.write
 
     def write(event: str, fields: dict[str, Any]) -> None:
         fields["event"] = event
         fields["level"] = "info"
-        fields["timestamp"] = stamp.now()
-        stream.write(encode(fields) + "\n")
+        fields["timestamp"] = _stamp.now()
+        add(encode(fields) + "\n")
 
     return write
 
@@ -86,6 +178,50 @@ class _Timestamps:
             self._second = second
             self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         return f"{self._prefix}.{min(round((now - second) * 1e6), 999_999):06d}Z"
+
+
+_stamp = _Timestamps()
+
+
+def request_line(
+    event: str,
+    method: str,
+    path: str,
+    status: int,
+    sent: int,
+    duration_ms: float,
+    cache: str,
+    remote: str | None,
+    user_agent: str,
+    request_id: str,
+    pid: int,
+) -> None:
+    """`access(event, fields)` with a request's usual fields, in this order (a line as the JSON encoder writes it,
+    formatted directly)."""
+    lines = _access_lines
+    if lines is None or _access_writer is None:
+        fields = {
+            "method": method,
+            "path": path,
+            "status": status,
+            "bytes": sent,
+            "duration_ms": duration_ms,
+            "cache": cache,
+            "remote": remote,
+            "user_agent": user_agent,
+            "request_id": request_id,
+            "pid": pid,
+        }
+        access(event, fields)
+        return
+    escape = _escape
+    lines.add(
+        f'{{"method": {escape(method)}, "path": {escape(path)}, "status": {status:d}, "bytes": {sent:d}, '
+        f'"duration_ms": {float(duration_ms)!r}, "cache": {escape(cache)}, '
+        f'"remote": {"null" if remote is None else escape(remote)}, "user_agent": {escape(user_agent)}, '
+        f'"request_id": {escape(request_id)}, "pid": {pid:d}, "event": {escape(event)}, "level": "info", '
+        f'"timestamp": "{_stamp.now()}"}}\n'
+    )
 
 
 def access(event: str, fields: dict[str, Any]) -> None:

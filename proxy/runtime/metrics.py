@@ -6,15 +6,23 @@ a client sees a private registry's series only when its token may read that host
 Worker processes (`serve --workers N`) keep their values in files of one directory instead
 (prometheus_client's multiprocess mode, `share_between_processes`), so /metrics answers
 the same totals whichever worker takes the request.
+
+What is counted on every request (its count by route and status, its duration, the cache outcome) is tallied in
+plain numbers of this process first (`count_request`, `count_cache`) and folded into the metrics at most
+`FOLD_EVERY` seconds later, before this process reports them (`exposition`, `totals`) and when the application
+closes (`fold`): a value in the shared files costs a lock, a `getpid` and a write to the mapped file. So /metrics
+counts every request of the worker that answers it, and those of the other workers within `FOLD_EVERY`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import platform
 import shutil
 import tempfile
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +34,7 @@ from prometheus_client.metrics_core import Metric
 from proxy import __version__
 
 _shared_dir: Path | None = None
+FOLD_EVERY = 1.0  # seconds the per-request counts stay in this process's tally at most
 
 
 def new_shared_dir(root: Path) -> Path:
@@ -84,6 +93,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._request_series: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._cache_series: dict[str, Any] = {}
+        self._counted: dict[Any, int] = {}  # counter series -> requests counted since the last fold
+        self._timed: dict[Any, list[float]] = {}  # histogram series -> [sum, count per bucket...] since then
+        self._fold_timer: asyncio.TimerHandle | None = None
         self._upstream_series: dict[str, Any] = {}
         self._redis_up: Gauge | None = None
         self._store_max_bytes: Gauge | None = None
@@ -241,23 +253,57 @@ class Metrics:
         )
 
     def count_request(self, route: str, status: int, seconds: float) -> None:
-        """One request served: its count by route and status, its duration by route (runs per request, so the
-        labelled series are looked up once)."""
+        """One request served: its count by route and status, its duration by route (runs per request: tallied,
+        and folded into the series later)."""
         series = self._request_series.get((route, status))
         if series is None:
             series = self._request_series[route, status] = (
                 self.requests.labels(route, str(status)),
                 self.request_seconds.labels(route),
             )
-        series[0].inc()
-        series[1].observe(seconds)
+        counted = self._counted
+        counted[series[0]] = counted.get(series[0], 0) + 1
+        timed = self._timed.get(series[1])
+        if timed is None:
+            timed = self._timed[series[1]] = [0.0] * (len(DURATION_BUCKETS) + 2)  # the sum, the buckets, +Inf
+        timed[0] += seconds
+        timed[1 + bisect_left(DURATION_BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds
+        if self._fold_timer is None:
+            self._fold_later()
 
     def count_cache(self, outcome: str) -> None:
-        """One metadata cache outcome (hit, miss, stale)."""
+        """One metadata cache outcome (hit, miss, stale): tallied, folded later."""
         series = self._cache_series.get(outcome)
         if series is None:
             series = self._cache_series[outcome] = self.cache.labels(outcome)
-        series.inc()
+        self._counted[series] = self._counted.get(series, 0) + 1
+        if self._fold_timer is None:
+            self._fold_later()
+
+    def _fold_later(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop to wait on: at once
+            self.fold()
+            return
+        self._fold_timer = loop.call_later(FOLD_EVERY, self.fold)
+
+    def fold(self) -> None:
+        """Add what this process tallied since the last fold to the series (and so to the shared files)."""
+        if self._fold_timer is not None:
+            self._fold_timer.cancel()
+            self._fold_timer = None
+        counted, self._counted = self._counted, {}
+        timed, self._timed = self._timed, {}
+        for counter, count in counted.items():
+            counter.inc(count)
+        for histogram, (total, *buckets) in timed.items():
+            # prometheus_client keeps a histogram child's sum and per-bucket counts as values of their own
+            # (`_sum`, `_buckets`; not cumulative): `observe` adds to the sum and to the first bucket that fits.
+            histogram._sum.inc(total)
+            for value, count in zip(histogram._buckets, buckets, strict=True):
+                if count:
+                    value.inc(count)
 
     def observe_upstream(self, host: str, seconds: float) -> None:
         """One upstream request answered (its headers arrived) after `seconds`."""
@@ -292,6 +338,7 @@ class Metrics:
         """The text format for /metrics: this instance's values, or every worker's when they are shared;
         without the series whose `host` label names a host not `shown_host` (a private registry the
         client may not read)."""
+        self.fold()
         reported = self._reported()
         return generate_latest(reported if shown_host is None else _HostsShown(reported, shown_host))
 
@@ -305,6 +352,7 @@ class Metrics:
 
     def totals(self) -> Totals:
         """The headline numbers, from the same values as /metrics (every worker's when they are shared)."""
+        self.fold()
         sums: dict[tuple[str, str], float] = {}
         for family in self._reported().collect():
             for sample in family.samples:

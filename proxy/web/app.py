@@ -30,6 +30,7 @@ from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
 from proxy.providers.signatures import Keyring
 from proxy.runtime.coalescing import FleetLocks
+from proxy.runtime.log import flush_access_log
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
@@ -98,6 +99,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.on_startup.append(_log_started)  # after every cleanup context has opened its resource
     app.on_shutdown.append(_begin_shutdown)
+    app.on_cleanup.append(_settle_tallies)  # after the cleanup contexts: every request is over
     health.add_routes(app)
     well_known.add_routes(app)
     network_mirror.add_routes(app)
@@ -344,6 +346,13 @@ async def _begin_shutdown(app: web.Application) -> None:
     """Requests in flight may wait for the shared fetches as long as the server gives them (--shutdown-grace)."""
     if FLIGHTS in app:
         app[FLIGHTS].begin_shutdown(app[SETTINGS].server.shutdown_grace)
+
+
+async def _settle_tallies(app: web.Application) -> None:
+    """What this process gathered per request goes out before it ends: the metrics' tallies into the shared values,
+    the access-log lines into the log."""
+    app[METRICS].fold()
+    flush_access_log()
 
 
 async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.identity.tokens import GRANT_PARAM
+from proxy.governance.gatekeeper import Gatekeeper
+from proxy.identity.tokens import GRANT_PARAM, Client
 from proxy.protocol.cache_control import StaleWindows, cache_control
 from proxy.services.freshness import request_fresh_for
 from proxy.settings.config import Settings
-from proxy.web.access import CLIENT
-from proxy.web.app_keys import SETTINGS
-from proxy.web.policy_checks import gatekeeper
 
 METADATA_ROUTES = frozenset(
     {
@@ -29,14 +27,10 @@ METADATA_ROUTES = frozenset(
 )
 
 
-def client_dependent(request: web.Request) -> bool:
-    """Whether the answer may differ by client: a token or a grant was shown, or a policy judges the client."""
-    return (
-        "Authorization" in request.headers
-        or GRANT_PARAM in request.query
-        or request.get(CLIENT) is not None
-        or gatekeeper(request) is not None
-    )
+def client_dependent(request: web.Request, client: Client | None, gate: Gatekeeper | None) -> bool:
+    """Whether the answer may differ by client: a token or a grant was shown (`client`: who showed it), or a policy
+    judges the client (`gate`: the gatekeeper when a policy is in force, `proxy.web.policy_checks.app_gatekeeper`)."""
+    return client is not None or gate is not None or "Authorization" in request.headers or GRANT_PARAM in request.query
 
 
 _last_windows: tuple[Settings, StaleWindows] | None = None
@@ -51,11 +45,21 @@ def _windows(settings: Settings) -> StaleWindows:
     return last[1]
 
 
-def add_cache_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Set the metadata answer's `Cache-Control` and `Vary: Authorization` (other routes: left alone)."""
-    if request.match_info.route.name not in METADATA_ROUTES or response.prepared:
+def add_cache_headers(
+    request: web.Request,
+    response: web.StreamResponse,
+    route: str,
+    client: Client | None,
+    settings: Settings | None,
+    gate: Gatekeeper | None,
+) -> None:
+    """Set the metadata answer's `Cache-Control` and `Vary: Authorization` (other routes: left alone); `route`: the
+    request's route name, `client`: who it came from (`proxy.web.access.CLIENT`), `settings`: the application's,
+    `gate`: its gatekeeper when a policy is in force."""
+    if route not in METADATA_ROUTES or response.prepared or settings is None:
         return
-    response.headers["Cache-Control"] = cache_control(
-        response.status, request_fresh_for(), client_dependent(request), _windows(request.app[SETTINGS])
+    headers = response.headers
+    headers["Cache-Control"] = cache_control(
+        response.status, request_fresh_for(), client_dependent(request, client, gate), _windows(settings)
     )
-    response.headers["Vary"] = "Authorization"
+    headers["Vary"] = "Authorization"

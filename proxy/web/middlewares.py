@@ -47,15 +47,24 @@ from proxy.errors import (
     ProxyError,
     RequestBodyTooLargeError,
 )
+from proxy.identity.tokens import Client
 from proxy.metadata_store.memory import MemoryFront
 from proxy.protocol.forwarded import ClientView, client_view
 from proxy.runtime.deadline import request_budget
-from proxy.runtime.log import access, begin_request, new_request_id, request_cache_status
+from proxy.runtime.log import (
+    access,
+    begin_request,
+    bind_request_id,
+    new_request_id,
+    request_cache_status,
+    request_line,
+)
 from proxy.services import freshness
 from proxy.settings.config import Settings
 from proxy.web.access import CLIENT
 from proxy.web.app_keys import MEMORY_FRONT, METRICS, SETTINGS
 from proxy.web.cache_headers import add_cache_headers
+from proxy.web.policy_checks import app_gatekeeper
 from proxy.web.responses import error_response
 
 log = structlog.get_logger("proxy.access")
@@ -119,7 +128,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     settings = app.get(SETTINGS)
     request = _as_the_client_made_it(request, settings)
     request_id = new_request_id(request.headers.get("X-Request-Id"))
-    structlog.contextvars.bind_contextvars(request_id=request_id)  # the only variable bound: it replaces the last
+    bind_request_id(request_id)
     begin_request()
     freshness.begin_request()
     started = time.perf_counter()
@@ -132,11 +141,27 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
             front = app.get(MEMORY_FRONT)
             if front is not None and front.purge_check_due():
                 await _follow_purges(front)
-            response = await _render_errors(request, handler)
-        add_cache_headers(request, response)
+            if (request.version.major, request.version.minor) not in SUPPORTED_VERSIONS:
+                version = f"HTTP/{request.version.major}.{request.version.minor}"
+                response = _proxy_error_response(HttpVersionNotSupportedError(f"HTTP version not supported: {version}"))
+            else:
+                try:
+                    response = await handler(request)
+                except Exception as exc:
+                    answer = _error_answer(request, exc)
+                    if answer is None:
+                        raise
+                    response = answer
+        route = request.match_info.route.name or "unmatched"
+        client = request.get(CLIENT)
+        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app))
     except (ConnectionError, asyncio.CancelledError) as exc:
         _record(
             request,
+            app,
+            settings,
+            request.match_info.route.name or "unmatched",
+            request.get(CLIENT),
             request_id,
             "request.aborted",
             CLIENT_CLOSED_REQUEST,
@@ -147,7 +172,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
         raise
     response.headers["X-Request-Id"] = request_id
     sent = response.body_length if response.prepared else (response.content_length or 0)
-    _record(request, request_id, "request", response.status, sent, started)
+    _record(request, app, settings, route, client, request_id, "request", response.status, sent, started)
     return response
 
 
@@ -158,30 +183,55 @@ async def _follow_purges(front: MemoryFront) -> None:
         log.info("purge.memos_dropped", pid=os.getpid(), reason="a purge elsewhere")
 
 
-def _record(request: web.Request, request_id: str, event: str, status: int, sent: int, started: float, **extra) -> None:
+def _record(
+    request: web.Request,
+    app: web.Application,
+    settings: Settings | None,
+    route: str,
+    client: Client | None,
+    request_id: str,
+    event: str,
+    status: int,
+    sent: int,
+    started: float,
+    **extra,
+) -> None:
     """The request metrics, and its access-log line if `--access-log` wants it."""
     duration = time.perf_counter() - started
-    route = request.match_info.route.name or "unmatched"
-    app = request.app
     app[METRICS].count_request(route, status, duration)
-    settings = app.get(SETTINGS)
     mode = settings.logging.access_log if settings is not None else "all"
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
+        cache = request_cache_status()
+        user_agent = request.headers.get("User-Agent", "")
+        if client is None and not extra:  # the usual line, formatted directly
+            request_line(
+                event,
+                request.method,
+                request.path,
+                status,
+                sent,
+                round(duration * 1000, 2),
+                cache,
+                request.remote,
+                user_agent,
+                request_id,
+                _process.pid,
+            )
+            return
         fields = {
             "method": request.method,
             "path": request.path,
             "status": status,
             "bytes": sent,
             "duration_ms": round(duration * 1000, 2),
-            "cache": request_cache_status(),
+            "cache": cache,
             "remote": request.remote,
-            "user_agent": request.headers.get("User-Agent", ""),
+            "user_agent": user_agent,
             "request_id": request_id,
             "pid": _process.pid,  # which worker answered (`serve --workers N`)
         }
-        client = request.get(CLIENT)
         if client is not None:  # who the request came from, when it showed a token (or a grant): never the token
             fields["client"] = client.identity.fields()
         if extra:
@@ -203,25 +253,18 @@ class _Process:
 _process = _Process()
 
 
-async def _render_errors(request: web.Request, handler) -> web.StreamResponse:
-    if (request.version.major, request.version.minor) not in SUPPORTED_VERSIONS:
-        version = f"HTTP/{request.version.major}.{request.version.minor}"
-        return _proxy_error_response(HttpVersionNotSupportedError(f"HTTP version not supported: {version}"))
-    try:
-        return await handler(request)
-    except INVALID_REQUEST_ERRORS as exc:
+def _error_answer(request: web.Request, exc: Exception) -> web.Response | None:
+    """The JSON answer to what the handler raised (None: the exception goes on, to aiohttp)."""
+    if isinstance(exc, INVALID_REQUEST_ERRORS):
         return _proxy_error_response(InvalidAddressError(str(exc)))
-    except ProxyError as exc:
+    if isinstance(exc, ProxyError):
         return _proxy_error_response(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _proxy_error_response(_framework_error(request, exc))
-    except Exception as exc:
-        if isinstance(exc, ConnectionError) and _client_gone(request):
-            raise
-        log.exception("request.crashed")
-        return error_response(InternalError("internal error; see the proxy log for the request id"))  # logged above
+    if isinstance(exc, web.HTTPException):
+        return None if exc.status < 400 else _proxy_error_response(_framework_error(request, exc))
+    if isinstance(exc, ConnectionError) and _client_gone(request):
+        return None
+    log.exception("request.crashed", exc_info=exc)
+    return error_response(InternalError("internal error; see the proxy log for the request id"))  # logged above
 
 
 def _framework_error(request: web.Request, exc: web.HTTPException) -> ProxyError:

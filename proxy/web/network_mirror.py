@@ -23,7 +23,7 @@ from proxy.services.freshness import note_fresh_for, request_fresh_for
 from proxy.web.access import UrlSigner, url_signer
 from proxy.web.app_keys import MIRROR, RENDERED, WARM_ANSWERS
 from proxy.web.archive_responses import Found, may_follow, serve_found
-from proxy.web.policy_checks import client_identity, gatekeeper, note_served
+from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, note_served
 from proxy.web.rendered_documents import Rendered
 from proxy.web.responses import rendered_response
 
@@ -42,7 +42,8 @@ async def json_document(request: web.Request) -> web.Response:
     if not name.endswith(".json"):
         _addr(request)  # a malformed address is a 400 first
         raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
-    gate = gatekeeper(request)
+    app = request.app
+    gate = app_gatekeeper(app)
     client = client_identity(request) if gate is not None else None
     signer = url_signer(request) if name != "index.json" else None
     # What the answer depends on besides its path: the signed URLs' key, and the policy's view of the client.
@@ -54,7 +55,6 @@ async def json_document(request: web.Request) -> web.Response:
         signer and signer.key,
         gate.client_key(client) if gate is not None and client is not None else None,
     )
-    app = request.app
     warm = app[WARM_ANSWERS]
     policy_now, stamp = (gate.clock(), gate.stamp) if gate is not None else (0.0, 0)
     if reusable and (kept := warm.get(key, policy, policy_now, stamp)) is not None:

@@ -32,7 +32,12 @@ def client_identity(request: web.Request) -> ClientIdentity:
 
 def gatekeeper(request: web.Request) -> Gatekeeper | None:
     """The gatekeeper when a policy is in force (None: every request passes without a look)."""
-    gate = request.app.get(GATEKEEPER)
+    return app_gatekeeper(request.app)
+
+
+def app_gatekeeper(app: web.Application) -> Gatekeeper | None:
+    """`gatekeeper` for a handler that holds the application already."""
+    gate = app.get(GATEKEEPER)
     return gate if gate is not None and gate.active else None
 
 

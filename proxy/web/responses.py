@@ -30,10 +30,11 @@ def rendered_response(
     request: web.Request, rendered: Rendered, headers: dict[str, str] | None = None, content_type: str = JSON
 ) -> web.Response:
     """The rendered answer with its ETag, or 304 when the client's `If-None-Match` names it."""
-    fields = {"ETag": rendered.etag, **(headers or {})}
-    if_none_match = ", ".join(request.headers.getall("If-None-Match", ()))
-    if if_none_match and evaluate(rendered.etag, 0, if_none_match=if_none_match).status == 304:
-        return web.Response(status=304, headers=fields)
+    fields = {"ETag": rendered.etag, **headers} if headers else {"ETag": rendered.etag}
+    if "If-None-Match" in request.headers:
+        if_none_match = ", ".join(request.headers.getall("If-None-Match"))
+        if evaluate(rendered.etag, 0, if_none_match=if_none_match).status == 304:
+            return web.Response(status=304, headers=fields)
     fields["Content-Type"] = content_type
     return web.Response(body=rendered.body, headers=fields)
 

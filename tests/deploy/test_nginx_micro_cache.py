@@ -48,6 +48,13 @@ def served_by_proxy(setup: BehindNginx, path: str) -> int:
     return sum(1 for record in setup.proxy.events("request") if record["path"] == path)
 
 
+async def logged_by_proxy(setup: BehindNginx, path: str, count: int) -> int:
+    """How many requests for `path` reached the proxy, once at least `count` are in its access log (the proxy writes
+    its access-log lines a moment after the answers)."""
+    await wait_for(lambda: served_by_proxy(setup, path) >= count, 10, f"{count} requests for {path} logged")
+    return served_by_proxy(setup, path)
+
+
 async def until(setup: BehindNginx, path: str, done, timeout: float, **headers: str) -> list[tuple[float, Answer]]:
     """GET `path` through nginx again and again until `done(answer)`; every answer with when it came."""
     seen: list[tuple[float, Answer]] = []
@@ -72,7 +79,7 @@ async def test_warm_metadata_is_answered_by_nginx_within_the_ttl_and_by_the_prox
     assert "stale-while-revalidate=" in first.cache_control and "stale-if-error=" in first.cache_control
     second = await fetch(setup, INDEX)
     assert (second.cache_status, second.body) == ("HIT", first.body)
-    assert served_by_proxy(setup, INDEX) == 1
+    assert await logged_by_proxy(setup, INDEX, 1) == 1
 
     registry.add(Release("acme", "foo", "1.2.0", signing_key))  # the upstream moves on
     seen = await until(setup, INDEX, lambda a: "1.2.0" in a.body, timeout=TTL + 10)
@@ -81,7 +88,7 @@ async def test_warm_metadata_is_answered_by_nginx_within_the_ttl_and_by_the_prox
             # The old list after the proxy's TTL only while nginx is asking the proxy again (stale-while-revalidate,
             # in the background): never as a cache hit.
             assert answer.cache_status in ("STALE", "UPDATING"), (when - fetched, answer)
-    assert served_by_proxy(setup, INDEX) >= 2
+    assert await logged_by_proxy(setup, INDEX, 2) >= 2
     assert all(answer.status == 200 for _, answer in seen)
 
 
@@ -101,7 +108,7 @@ async def test_nothing_a_token_opened_reaches_another_client(behind_nginx, tmp_p
         assert again.status == b.status == 200
         assert anonymous.status == 401 and anonymous.cache_control == "no-store", anonymous
         assert "HIT" not in {a.cache_status, again.cache_status, b.cache_status, anonymous.cache_status}
-        assert served_by_proxy(setup, path) == 4  # every one of them answered by the proxy itself
+        assert await logged_by_proxy(setup, path, 4) == 4  # every one of them answered by the proxy itself
     # Grants: B's download URLs are not A's (were A's answer kept, B would get URLs signed for A).
     a, b = [await fetch(setup, VERSION, Authorization=f"Bearer {t}") for t in (TOKEN_A, TOKEN_B)]
     assert a.body != b.body
@@ -124,7 +131,7 @@ async def test_errors_are_kept_only_as_the_proxy_keeps_them(behind_nginx) -> Non
     for _ in range(3):
         answer = await fetch(setup, malformed)
         assert answer.status == 400 and answer.cache_control == "no-store" and answer.cache_status != "HIT"
-    assert served_by_proxy(setup, malformed) == 3
+    assert await logged_by_proxy(setup, malformed, 3) == 3
 
 
 async def test_stale_if_error_when_the_proxy_is_down(behind_nginx) -> None:

@@ -12,7 +12,7 @@ from tests.e2e.test_auth_e2e import credentials
 from tests.e2e.test_network_mirror_e2e import locked_hashes, mirror_config
 from tests.e2e.test_registry_e2e import MAIN_TF, host_config, installed_signed_by
 from tests.fakes.packages import MODULE_FILES
-from tests.fakes.process import REGISTRY_HOST
+from tests.fakes.process import REGISTRY_HOST, wait_for
 from tests.integration.test_oidc import issuer, issuers_file  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
@@ -40,8 +40,13 @@ async def test_network_mirror_with_the_jwt_in_tf_token(registry, oidc_proxy, ter
     assert len(locked_hashes(workdir)) == 1
     log = proxy.log_path.read_text()
     assert token not in log and token.split(".")[2] not in log
-    # the archive was downloaded with the grant made for the job's identity
-    downloads = [r for r in proxy.events("request") if r["path"].endswith(".zip") and r["method"] == "GET"]
+
+    # the archive was downloaded with the grant made for the job's identity (logged a moment after the answer)
+    def archive_downloads() -> list[dict]:
+        return [r for r in proxy.events("request") if r["path"].endswith(".zip") and r["method"] == "GET"]
+
+    await wait_for(lambda: bool(archive_downloads()), 10, "the archive download logged")
+    downloads = archive_downloads()
     assert downloads and all(r["client"]["subject"] == "repo:acme/infra:ref:refs/heads/main" for r in downloads)
 
     block = terraform.workdir("mirror-credentials-block", PROVIDER_ONLY)  # the JWT in a credentials block

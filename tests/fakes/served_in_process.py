@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from proxy.cli import build_parser, check_files, prepare_metadata_store, server_ssl_context, settings_from_args
+from proxy.runtime.log import add_request_id
 from proxy.web.app import create_app
 from proxy.web.listener import bind_listener
 from proxy.web.server import ConnectionLimits, serve_app, start_listener
@@ -32,7 +33,7 @@ __all__ = ["ServedInProcess", "captured_logs"]
 def captured_logs() -> Iterator[list[dict]]:
     """The proxy's log records while inside, with the fields its JSON log has (`level`, the request id)."""
     with structlog.testing.capture_logs(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level]
+        processors=[structlog.contextvars.merge_contextvars, add_request_id, structlog.processors.add_log_level]
     ) as logs:
         yield logs
 
