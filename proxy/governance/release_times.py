@@ -32,7 +32,7 @@ from proxy.protocol import discovery
 from proxy.protocol.publish_dates import REGISTRY_API, SOURCES, parse_published_at, registry_api_url
 from proxy.runtime.memo import Memo
 from proxy.services.documents import INLINE_PARSE_BYTES, DocumentCache
-from proxy.services.flights import Flights
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 
 log = structlog.get_logger(__name__)
@@ -132,12 +132,12 @@ class FirstSeen:
     def __init__(
         self,
         store: MetadataStore,
-        flights: Flights,
+        shared_fetches: SharedFetches,
         clock: Callable[[], float],
         dates: PublishDates | None = None,
     ) -> None:
         self._store = store
-        self._flights = flights
+        self._shared_fetches = shared_fetches
         self.clock = clock
         self.dates = dates
         self.changes = 0  # counts the publish times this process learned (decisions made before are made again)
@@ -164,7 +164,7 @@ class FirstSeen:
 
         found = await self._read(key)
         if found is None or not wanted <= found.seen.keys():
-            found = await self._flights.join(key, lambda: self._update(key, seeing), key)
+            found = await self._shared_fetches.join(key, lambda: self._update(key, seeing), key)
         self._known.put(key, found)
         return found.times()
 
@@ -188,7 +188,7 @@ class FirstSeen:
                 return await self._update(key, lambda r: _with_date(r, version, REGISTRY_API, dated))
 
             try:
-                stored = await self._flights.once_for_the_fleet(
+                stored = await self._shared_fetches.once_for_the_fleet(
                     f"{key} {REGISTRY_API} {version}", recheck, ask, f"the publish date of {addr} {version}"
                 )
             except (UpstreamError, UpstreamTimeoutError, NotFoundError) as exc:  # no date, never an error
@@ -212,7 +212,7 @@ class FirstSeen:
     async def _update(self, key: str, change: Callable[[ReleaseRecord | None], ReleaseRecord | None]) -> ReleaseRecord:
         """Read, change and write the record under `key` (under the fleet lock of the key, and one write at a
         time in this process); `change` returns None when there is nothing to write."""
-        async with self._writing, self._flights.locks.hold(key, _nothing):
+        async with self._writing, self._shared_fetches.locks.hold(key, _nothing):
             stored = await self._read(key)
             changed = change(stored)
             if changed is None:

@@ -44,8 +44,8 @@ from proxy.runtime.metrics import Metrics
 from proxy.runtime.security_events import security_event
 from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
-from proxy.services.flights import Flights
-from proxy.services.relay import PassThrough
+from proxy.services.relay import UpstreamRelay
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 from proxy.storage import ArchiveStore, DiskSpace, StoredArchive, file_digest, sha256_file
 
@@ -60,7 +60,7 @@ class ModuleMirror:
         settings: Settings,
         documents: DocumentCache,
         downloader: Downloader,
-        flights: Flights,
+        shared_fetches: SharedFetches,
         git: GitFetcher,
         *,
         store: ArchiveStore,
@@ -70,7 +70,7 @@ class ModuleMirror:
         self._settings = settings
         self._documents = documents
         self._downloader = downloader
-        self._flights = flights
+        self._shared_fetches = shared_fetches
         self._git = git
         self._store = store
         self._space = space
@@ -136,7 +136,7 @@ class ModuleMirror:
         log.info("module.passthrough", module=str(addr), version=str(version), kind=source.kind)
         return source.location
 
-    async def archive(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive | PassThrough, ModuleRecord]:
+    async def archive(self, addr: ModuleAddr, version: Version) -> tuple[StoredArchive | UpstreamRelay, ModuleRecord]:
         """The cached module archive, made once per fleet on first request (relayed if the disk is full)."""
         self._documents.check_allowed(addr.hostname)
         found = await self._stored(addr, version)
@@ -147,7 +147,7 @@ class ModuleMirror:
         await self._source(addr, version)  # the metadata step, waited for within the request deadline
         try:
             with deadline.unbounded():  # the download or clone is bounded by its own rate rules and timeouts
-                found = await self._flights.once_for_the_fleet(
+                found = await self._shared_fetches.once_for_the_fleet(
                     keys.module(addr, version), lambda: self._stored(addr, version), lambda: self._make(addr, version)
                 )
         except DiskFullError as exc:
@@ -157,7 +157,7 @@ class ModuleMirror:
 
     async def _pass_through(
         self, addr: ModuleAddr, version: Version, exc: DiskFullError
-    ) -> tuple[PassThrough, ModuleRecord]:
+    ) -> tuple[UpstreamRelay, ModuleRecord]:
         """A pinned https archive relayed unstored; anything else cannot be verified without storing it."""
         source = await self._source(addr, version)
         if not isinstance(source, HttpArchive) or source.checksum is None:

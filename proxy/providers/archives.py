@@ -35,9 +35,9 @@ from proxy.runtime.log import note_cache
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
-from proxy.services.flights import Flights
-from proxy.services.live_downloads import GrowingFile
-from proxy.services.relay import PassThrough
+from proxy.services.live_downloads import LiveDownload
+from proxy.services.relay import UpstreamRelay
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 from proxy.storage import PendingArchive, StoredArchive
 
@@ -53,7 +53,7 @@ class ProviderArchives:
         settings: Settings,
         documents: DocumentCache,
         downloader: Downloader,
-        flights: Flights,
+        shared_fetches: SharedFetches,
         metadata: ProviderMetadata,
         sums: ReleaseSums,
         chain: VerificationChain,
@@ -62,7 +62,7 @@ class ProviderArchives:
         self._settings = settings
         self._documents = documents
         self._downloader = downloader
-        self._flights = flights
+        self._shared_fetches = shared_fetches
         self._metadata = metadata
         self._sums = sums
         self._chain = chain
@@ -79,12 +79,12 @@ class ProviderArchives:
     async def archive(self, addr: ProviderAddr, version: Version, platform: Platform) -> Found:
         """A verified archive from the store, fetching it once (for everyone) when missing."""
         found = await self._archive(addr, version, platform, follow=False)
-        assert not isinstance(found, GrowingFile)  # only given when following
+        assert not isinstance(found, LiveDownload)  # only given when following
         return found
 
     async def for_client(
         self, addr: ProviderAddr, version: Version, platform: Platform, *, follow: bool = False
-    ) -> tuple[StoredArchive | PassThrough, str]:
+    ) -> tuple[StoredArchive | UpstreamRelay, str]:
         """The verified archive and its file name; while the disk is full, a verified relay of the upstream's.
 
         With `follow`, a cold archive whose download is under way is relayed as it is written, its
@@ -93,10 +93,10 @@ class ProviderArchives:
         """
         try:
             found = await self._archive(addr, version, platform, follow=follow)
-            if isinstance(found, GrowingFile):
+            if isinstance(found, LiveDownload):
                 d, expected = await self._expected(addr, version, platform)  # cached: the download needed them
 
-                def rest(sent: int, sent_sha256: str) -> PassThrough:
+                def rest(sent: int, sent_sha256: str) -> UpstreamRelay:
                     reason = "the disk filled up during the download"
                     return self._relay(addr, version, d, expected, reason, (sent, sent_sha256))
 
@@ -109,7 +109,7 @@ class ProviderArchives:
 
     async def _archive(
         self, addr: ProviderAddr, version: Version, platform: Platform, *, follow: bool
-    ) -> Found | GrowingFile:
+    ) -> Found | LiveDownload:
         """`archive`; with `follow`, a cold archive's download (here or in another process) as soon as it
         is under way, instead of the archive once stored."""
         self._documents.check_allowed(addr.hostname)
@@ -121,13 +121,12 @@ class ProviderArchives:
         d, sums = await self._release(addr, version, platform)  # waited for within the request deadline
         key = keys.archive(addr, version, platform)
         with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
-            flight = self._flights.once_for_the_fleet(
+            flight = self._shared_fetches.once_for_the_fleet(
                 key, lambda: self._stored(addr, version, platform), lambda: self._fetch(addr, version, d, sums)
             )
             listed = sums.listed(d) if follow else None
-            found_or_growing = await (
-                flight if listed is None else self._downloader.growing.result_or_growing(key, listed.sha256, flight)
-            )
+            live = self._downloader.live_downloads
+            found_or_growing = await (flight if listed is None else live.result_or_growing(key, listed.sha256, flight))
         note_cache("miss")
         return found_or_growing
 
@@ -244,7 +243,7 @@ class ProviderArchives:
         expected: Hash,
         reason: str,
         sent: tuple[int, str] = (0, ""),
-    ) -> PassThrough:
+    ) -> UpstreamRelay:
         """The archive relayed from the upstream unstored, verified on the way; with `sent=(length, sha256)`,
         only the bytes after the first `length`, which a client has already (their SHA-256 `sha256`)."""
         length, sent_sha256 = sent

@@ -35,9 +35,9 @@ from proxy.runtime.memo import Memo, memoised
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
-from proxy.services.flights import Flights, gather_bounded
 from proxy.services.readiness import Readiness
-from proxy.services.relay import PassThrough
+from proxy.services.relay import UpstreamRelay
+from proxy.services.shared_fetches import SharedFetches, gather_bounded
 from proxy.settings.config import Settings
 from proxy.storage import ArchiveStore, DiskSpace, SpaceReport, StoredArchive
 
@@ -83,7 +83,7 @@ class Mirror:
         settings: Settings,
         documents: DocumentCache,
         downloader: Downloader,
-        flights: Flights,
+        shared_fetches: SharedFetches,
         keyring: Keyring,
         *,
         cache: MetadataStore,
@@ -96,9 +96,9 @@ class Mirror:
         chain = VerificationChain(keyring, settings.upstreams.unsigned_providers, metrics)
         self._chain = chain
         self._metadata = ProviderMetadata(settings, documents)
-        self._sums = ReleaseSums(settings, documents, flights, keyring, chain, space)
+        self._sums = ReleaseSums(settings, documents, shared_fetches, keyring, chain, space)
         self._archives = ProviderArchives(
-            settings, documents, downloader, flights, self._metadata, self._sums, chain, metrics
+            settings, documents, downloader, shared_fetches, self._metadata, self._sums, chain, metrics
         )
         self._readiness = Readiness(cache, store, space)
         self._archive_lists: Memo[tuple[ProviderAddr, Version, frozenset[Platform] | None], _ArchiveList] = Memo()
@@ -210,7 +210,7 @@ class Mirror:
 
     async def archive_for_client(
         self, addr: ProviderAddr, version: Version, platform: Platform, *, follow: bool = False
-    ) -> tuple[StoredArchive | PassThrough, str]:
+    ) -> tuple[StoredArchive | UpstreamRelay, str]:
         """The verified archive (or its relay) and its file name (`ProviderArchives.for_client`)."""
         return await self._archives.for_client(addr, version, platform, follow=follow)
 

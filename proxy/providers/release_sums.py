@@ -25,7 +25,7 @@ from proxy.providers.verification import SignedSums, VerificationChain
 from proxy.runtime.deadline import detached_context
 from proxy.runtime.memo import Memo
 from proxy.services.documents import DocumentCache
-from proxy.services.flights import Flights
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 from proxy.storage import DiskSpace, is_disk_full
 
@@ -45,14 +45,14 @@ class ReleaseSums:
         self,
         settings: Settings,
         documents: DocumentCache,
-        flights: Flights,
+        shared_fetches: SharedFetches,
         keyring: Keyring,
         chain: VerificationChain,
         space: DiskSpace,
     ) -> None:
         self._settings = settings
         self._documents = documents
-        self._flights = flights
+        self._shared_fetches = shared_fetches
         self._keyring = keyring
         self._chain = chain
         self._space = space
@@ -104,7 +104,7 @@ class ReleaseSums:
 
         record = await recorded()
         if record is None:
-            record = await self._flights.once_for_the_fleet(
+            record = await self._shared_fetches.once_for_the_fleet(
                 key,
                 recorded,
                 lambda: self._fetch(key, addr, version, d),

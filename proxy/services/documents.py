@@ -55,8 +55,8 @@ from proxy.runtime.log import note_cache
 from proxy.runtime.memo import Memo, memoised
 from proxy.runtime.metrics import Metrics
 from proxy.runtime.upstream_slots import HostSlots
-from proxy.services.flights import Flights
 from proxy.services.freshness import note_fresh_for
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 from proxy.upstream.client import UpstreamClient, UpstreamResponse
 
@@ -85,14 +85,14 @@ class DocumentCache:
         upstream: UpstreamClient,
         cache: MetadataStore,
         metrics: Metrics,
-        flights: Flights,
+        shared_fetches: SharedFetches,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._cache = cache
         self._metrics = metrics
-        self._flights = flights
+        self._shared_fetches = shared_fetches
         self._upstream = upstream
         self.clock = clock  # wall-clock seconds; the freshness of every document is judged by it
         # Metadata has slots of its own (archives have theirs, in proxy.services.downloader), so slow downloads
@@ -183,7 +183,7 @@ class DocumentCache:
             async with self._slots.hold(url, self._settings.limits.metadata_timeout, key):
                 return await self._upstream.get(url, max_bytes=self._settings.limits.max_metadata_bytes)
 
-        early = asyncio.ensure_future(self._flights.run(f"early {key}", fetch))
+        early = asyncio.ensure_future(self._shared_fetches.run(f"early {key}", fetch))
         self._early.put(key, early)
         early.add_done_callback(lambda done: self._keep_early(key, done))
 
@@ -280,7 +280,9 @@ class DocumentCache:
             return await self._refresh(key, url, latest or cached, limit, max_redirects, parse)
 
         if cached is None:
-            entry, outcome = await self._flights.join(keys.DOCUMENT_FLIGHT.key(key), refresh, str(url.with_query(None)))
+            entry, outcome = await self._shared_fetches.join(
+                keys.DOCUMENT_FLIGHT.key(key), refresh, str(url.with_query(None))
+            )
         else:
             entry, outcome = await self._stale_while_revalidate(key, refresh, cached)
         self._count_cache(outcome)
@@ -293,7 +295,7 @@ class DocumentCache:
         (the refresh goes on in the background and its result lands in the cache)."""
         try:
             async with asyncio.timeout(deadline.stale_wait(self._settings.limits.stale_deadline)) as scope:
-                return await self._flights.run(keys.DOCUMENT_FLIGHT.key(key), refresh)
+                return await self._shared_fetches.run(keys.DOCUMENT_FLIGHT.key(key), refresh)
         except TimeoutError:
             if not scope.expired():
                 raise

@@ -6,7 +6,7 @@ lets the caller check it, and only then publishes it; when the disk is full (bel
 and `Downloader.pass_through` relays the archive to the client unstored, verified on the way.
 `Downloader.stored` is the one "already stored and intact" check of providers and modules.
 A download given `follow=(key, sha256)` whose length the upstream announced is readable while it
-grows (`proxy.services.live_downloads`): `Downloader.growing` finds it by `key` for the requests waiting for it.
+grows (`proxy.services.live_downloads`): `Downloader.live_downloads` finds it by `key` for the requests waiting for it.
 Downloads have upstream slots of their own, shared fairly between hosts.
 """
 
@@ -24,8 +24,8 @@ from proxy.runtime.metrics import Metrics
 from proxy.runtime.upstream_slots import HostSlots
 from proxy.services.documents import require_online
 from proxy.services.download_notices import DownloadNotices
-from proxy.services.live_downloads import GrowingDownloads, GrowingFile
-from proxy.services.relay import Begin, PassThrough, Send
+from proxy.services.live_downloads import LiveDownload, LiveDownloads
+from proxy.services.relay import Begin, Send, UpstreamRelay
 from proxy.settings.config import Settings
 from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, PendingArchive, StoredArchive, is_disk_full
 from proxy.upstream.client import UpstreamClient
@@ -69,15 +69,15 @@ class Downloader:
         self.on_stored: Callable[[StoredArchive], None] | None = None  # e.g. the store's size cap
         # Other processes follow a download through its temp file only where they would find the archive
         # published as a local file too (a shared directory); with object storage they wait for the upload.
-        self.growing = (
-            GrowingDownloads(DownloadNotices(store.root / "growing", store.temp_root), store.path_for)
+        self.live_downloads = (
+            LiveDownloads(DownloadNotices(store.root / "growing", store.temp_root), store.path_for)
             if store.local
-            else GrowingDownloads()
+            else LiveDownloads()
         )
 
     async def close(self) -> None:
         """Stop following other processes' downloads."""
-        await self.growing.close()
+        await self.live_downloads.close()
 
     async def stored(self, record: F | None) -> tuple[StoredArchive, F] | None:
         """The archive a verified record names, if its file, of the recorded size, is in the store."""
@@ -136,7 +136,7 @@ class Downloader:
         tap: Callable[[bytes], None] | None,
     ) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self._store.begin)
-        growing: GrowingFile | None = None
+        growing: LiveDownload | None = None
         tapped = _Tap(tap) if tap is not None else None
         try:
 
@@ -152,8 +152,8 @@ class Downloader:
                 if length:
                     await self._space.require_room(what, length)
                 if length and follow is not None:
-                    growing = GrowingFile(pending.path, length, follow[1])
-                    self.growing.announce(follow[0], growing)
+                    growing = LiveDownload(pending.path, length, follow[1])
+                    self.live_downloads.announce(follow[0], growing)
 
             async with self._slots.hold(url, self._settings.limits.download_slot_wait, str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
@@ -191,7 +191,7 @@ class Downloader:
             if tapped is not None:
                 tapped.cancel()
             if growing is not None and follow is not None:
-                self.growing.withdraw(follow[0], growing)
+                self.live_downloads.withdraw(follow[0], growing)
 
     def note_stored(self, stored: StoredArchive) -> None:
         """An archive was published (here, or by a producer writing its own file, e.g. a packed git module):
@@ -213,7 +213,7 @@ class Downloader:
         check: Callable[[str], None],
         etag: str | None,
         skip: tuple[int, Callable[[str], None]] | None = None,
-    ) -> PassThrough:
+    ) -> UpstreamRelay:
         """A relay of `url` that stores nothing; `check(hexdigest)` (raise to refuse) runs before the last chunk.
 
         With `skip=(length, check_sent)`, the first `length` bytes are not sent (a client has them already,
@@ -223,7 +223,7 @@ class Downloader:
         async def stream(begin: Begin, send: Send) -> None:
             await self._relay(url, max_bytes, algorithm, kind, check, skip or (0, _nothing_skipped), begin, send)
 
-        return PassThrough(etag, stream)
+        return UpstreamRelay(etag, stream)
 
     async def _relay(
         self,

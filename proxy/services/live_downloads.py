@@ -1,8 +1,8 @@
 """Cold archives streamed while they download: followers read the temp file as it grows.
 
 A download whose length is known up front (the upstream's Content-Length) is announced as a
-`GrowingFile` under its flight key while the `Downloader` writes it into a temp file of the
-store. Every request waiting for that archive in this process follows it (`GrowingFile.relay`):
+`LiveDownload` under its flight key while the `Downloader` writes it into a temp file of the
+store. Every request waiting for that archive in this process follows it (`LiveDownload.relay`):
 it reads the bytes written so far from the temp file (through its own descriptor, which survives
 the rename at publication) and passes them on, always `HOLD_BACK` bytes behind the end of the
 archive, so the last chunk stays with the proxy until both
@@ -20,7 +20,7 @@ follower of another process's download that ended unverified (the reason stays i
 once it sent some of it; before that, the request looks the archive up again (`web/archive_responses.py`).
 
 Other worker processes and replicas sharing the archive store follow the same temp file
-through the notices of `proxy.services.download_notices` (`GrowingDownloads`).
+through the notices of `proxy.services.download_notices` (`LiveDownloads`).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from proxy.errors import (
     VerificationError,
 )
 from proxy.services.download_notices import DownloadNotices, Notice, owner_alive
-from proxy.services.relay import Begin, PassThrough, Send
+from proxy.services.relay import Begin, Send, UpstreamRelay
 
-Rest = Callable[[int, str], PassThrough]  # (bytes sent so far, their SHA-256) → a relay of the bytes after them
+Rest = Callable[[int, str], UpstreamRelay]  # (bytes sent so far, their SHA-256) → a relay of the bytes after them
 
 HOLD_BACK = 1 << 20  # the end of an archive, sent only once it is verified: the upstream client's largest read
 READ_CHUNK = 1 << 18
@@ -53,7 +53,7 @@ T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 
-class GrowingFile:
+class LiveDownload:
     """A temp file being downloaded: how much of it is written, and whether it was verified or failed."""
 
     def __init__(self, path: Path, size: int, sha256: str) -> None:
@@ -90,14 +90,14 @@ class GrowingFile:
             )
         self._wake()
 
-    def relay(self, rest: Rest | None = None) -> PassThrough:
+    def relay(self, rest: Rest | None = None) -> UpstreamRelay:
         """The archive for one client, sent as it is written, its end held back until verified; if the disk
         fills up, the bytes after those sent come from `rest` instead."""
 
         async def stream(begin: Begin, send: Send) -> None:
             await self._follow(begin, send, rest)
 
-        return PassThrough(self.sha256, stream, self.size)
+        return UpstreamRelay(self.sha256, stream, self.size)
 
     async def _follow(self, begin: Begin, send: Send, rest: Rest | None) -> None:
         await begin(self.size)
@@ -145,7 +145,7 @@ class GrowingFile:
         moved.set()
 
 
-class GrowingDownloads:
+class LiveDownloads:
     """The growing files of this process by flight key, and the requests waiting for one to start.
 
     With `notices`, the downloads of this process are posted for the other processes sharing the
@@ -158,15 +158,15 @@ class GrowingDownloads:
     def __init__(
         self, notices: DownloadNotices | None = None, published: Callable[[str], Path] | None = None, poll: float = 0.02
     ) -> None:
-        self._growing: dict[str, GrowingFile] = {}
-        self._waiting: dict[str, list[asyncio.Future[GrowingFile]]] = {}
+        self._growing: dict[str, LiveDownload] = {}
+        self._waiting: dict[str, list[asyncio.Future[LiveDownload]]] = {}
         self._notices = notices
         self._published = published
         self._poll = poll
-        self._posted: dict[str, tuple[GrowingFile, int]] = {}
+        self._posted: dict[str, tuple[LiveDownload, int]] = {}
         self._watchers: set[asyncio.Task[None]] = set()
 
-    def announce(self, key: str, growing: GrowingFile) -> None:
+    def announce(self, key: str, growing: LiveDownload) -> None:
         """`growing` is the download of `key`: wake the requests waiting for it, here and elsewhere."""
         self._announce_here(key, growing)
         if self._notices is None:
@@ -178,7 +178,7 @@ class GrowingDownloads:
             return
         self._posted[key] = (growing, descriptor)
 
-    def withdraw(self, key: str, growing: GrowingFile) -> None:
+    def withdraw(self, key: str, growing: LiveDownload) -> None:
         """The download of `key` ended (after `publish` or `fail`)."""
         self._withdraw_here(key, growing)
         posted = self._posted.get(key)
@@ -186,9 +186,9 @@ class GrowingDownloads:
             del self._posted[key]
             self._notices.take_down(key, posted[1])
 
-    async def started(self, key: str, sha256: str) -> GrowingFile:
+    async def started(self, key: str, sha256: str) -> LiveDownload:
         """The growing file of `key`, as soon as one is announced here or posted by another process."""
-        waiter: asyncio.Future[GrowingFile] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[LiveDownload] = asyncio.get_running_loop().create_future()
         waiters = self._waiting.setdefault(key, [])
         waiters.append(waiter)
         try:
@@ -210,17 +210,17 @@ class GrowingDownloads:
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
 
-    def _announce_here(self, key: str, growing: GrowingFile) -> None:
+    def _announce_here(self, key: str, growing: LiveDownload) -> None:
         self._growing[key] = growing
         for waiter in self._waiting.pop(key, []):
             if not waiter.done():
                 waiter.set_result(growing)
 
-    def _withdraw_here(self, key: str, growing: GrowingFile) -> None:
+    def _withdraw_here(self, key: str, growing: LiveDownload) -> None:
         if self._growing.get(key) is growing:
             del self._growing[key]
 
-    def _follow_posted(self, key: str, sha256: str) -> GrowingFile | None:
+    def _follow_posted(self, key: str, sha256: str) -> LiveDownload | None:
         """Another process's download of `key`, if it posted one for the archive expected here."""
         found = self._notices.read(key) if self._notices is not None and self._published is not None else None
         if found is None:
@@ -229,7 +229,7 @@ class GrowingDownloads:
         if notice.sha256 != sha256:
             os.close(descriptor)
             return None
-        growing = GrowingFile(notice.path, notice.size, notice.sha256)
+        growing = LiveDownload(notice.path, notice.size, notice.sha256)
         self._announce_here(key, growing)
         log.info("archive.following_another_process", key=key, temp_file=notice.path.name)
         watcher = asyncio.get_running_loop().create_task(self._watch(key, growing, descriptor))
@@ -237,7 +237,7 @@ class GrowingDownloads:
         watcher.add_done_callback(self._watchers.discard)
         return growing
 
-    async def _watch(self, key: str, growing: GrowingFile, descriptor: int) -> None:
+    async def _watch(self, key: str, growing: LiveDownload, descriptor: int) -> None:
         """Mirror another process's download into `growing`: its size, its publication or its end."""
         assert self._published is not None
         final = self._published(growing.sha256)
@@ -264,7 +264,7 @@ class GrowingDownloads:
             os.close(descriptor)
             self._withdraw_here(key, growing)
 
-    async def result_or_growing(self, key: str, sha256: str, flight: Awaitable[T]) -> T | GrowingFile:
+    async def result_or_growing(self, key: str, sha256: str, flight: Awaitable[T]) -> T | LiveDownload:
         """What `flight` returns, or the growing download of `key` (to hash to `sha256`) if it starts first;
         the flight goes on either way."""
         result = asyncio.ensure_future(flight)

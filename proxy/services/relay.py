@@ -1,6 +1,6 @@
 """An archive the proxy cannot store now (disk full), relayed from the upstream and verified on the way.
 
-The service layer hands the web layer a `PassThrough` instead of a `StoredArchive`; calling
+The service layer hands the web layer a `UpstreamRelay` instead of a `StoredArchive`; calling
 `stream(begin, send)` fetches the upstream archive, hashes it while passing every chunk but
 the last to `send`, and sends the last one only once the digest matched the expected one
 (signed SHA256SUMS for providers, the `?checksum=` pin for modules). On a mismatch it raises
@@ -17,7 +17,7 @@ Send = Callable[[bytes], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class PassThrough:
+class UpstreamRelay:
     """A verified-on-the-way relay of an upstream archive; `etag` is its SHA-256 when that is the pin, `size`
     its length when known before it is streamed (a download followed as it grows: its Content-Length)."""
 

@@ -34,7 +34,7 @@ from proxy.runtime.log import flush_access_log
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
-from proxy.services.flights import Flights
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
 from proxy.upstream.client import UpstreamClient, create_ssl_context
@@ -58,7 +58,7 @@ from proxy.web.app_keys import (
 )
 from proxy.web.eventloop import loop_name
 from proxy.web.middlewares import request_context, server_header
-from proxy.web.rendered_documents import RenderedDocuments
+from proxy.web.renderings import Renderings
 from proxy.web.warm_answers import WarmAnswers
 
 log = structlog.get_logger(__name__)
@@ -80,7 +80,7 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
-    app[RENDERED] = RenderedDocuments()
+    app[RENDERED] = Renderings()
     app[ON_SIGHUP] = []
     app.cleanup_ctx.extend(
         [
@@ -90,7 +90,7 @@ def create_app(settings: Settings) -> web.Application:
             access_ctx,
             oidc_keys_ctx,
             keyring_ctx,
-            flights_ctx,
+            shared_fetches_ctx,
             services_ctx,
             policy_ctx,
             reload_ctx,
@@ -119,7 +119,7 @@ METADATA_CACHE = web.AppKey("metadata_cache", MetadataStore)
 FLEET_LOCKS = web.AppKey("fleet_locks", FleetLocks)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 KEYRING = web.AppKey("keyring", Keyring)
-FLIGHTS = web.AppKey("flights", Flights)
+SHARED_FETCHES = web.AppKey("shared_fetches", SharedFetches)
 DOWNLOADER = web.AppKey("downloader", Downloader)
 ON_SIGHUP = web.AppKey("on_sighup", list)  # what SIGHUP reads again (`reload_ctx`)
 
@@ -184,7 +184,7 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
     path = settings.policy.policy_file
     policy = await asyncio.to_thread(load_policy, path) if path is not None else None
     audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
-    first_seen = FirstSeen(app[METADATA_BACKEND], app[FLIGHTS], time.time, app[PUBLISH_DATES])
+    first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
     gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
     app[MIRROR].on_dated(gate.dated)
     if audit.enabled:
@@ -252,24 +252,24 @@ async def keyring_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.to_thread(keyring.close)
 
 
-async def flights_ctx(app: web.Application) -> AsyncIterator[None]:
+async def shared_fetches_ctx(app: web.Application) -> AsyncIterator[None]:
     """The process's shared fetches (cancelled, and their clean-up awaited, on close)."""
-    flights = app[FLIGHTS] = Flights(app[FLEET_LOCKS])
+    shared_fetches = app[SHARED_FETCHES] = SharedFetches(app[FLEET_LOCKS])
     try:
         yield
     finally:
-        await flights.close()
+        await shared_fetches.close()
 
 
 async def services_ctx(app: web.Application) -> AsyncIterator[None]:
     """The services the handlers call, over the resources above; the downloader stops following other
     processes' downloads on close."""
     settings, metrics = app[SETTINGS], app[METRICS]
-    store, space, cache, flights = app[ARCHIVE_STORE], app[DISK_SPACE], app[METADATA_CACHE], app[FLIGHTS]
+    store, space, cache, shared_fetches = app[ARCHIVE_STORE], app[DISK_SPACE], app[METADATA_CACHE], app[SHARED_FETCHES]
     upstream = app[UPSTREAM]
     ca_bundle = await asyncio.to_thread(write_ca_bundle, settings)
     guard = app[GUARD] = ArchiveGuard(store, metrics)
-    documents = DocumentCache(settings, upstream, cache, metrics, flights)
+    documents = DocumentCache(settings, upstream, cache, metrics, shared_fetches)
     # Reused answers are judged by the clock the documents' freshness is (`documents.clock`, looked up each time).
     app[WARM_ANSWERS] = WarmAnswers(app[MEMORY_FRONT].generation, clock=lambda: documents.clock())
     app[PUBLISH_DATES] = PublishDates(settings, documents)
@@ -279,7 +279,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             settings,
             documents,
             downloader,
-            flights,
+            shared_fetches,
             app[KEYRING],
             cache=cache,
             store=store,
@@ -299,7 +299,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             credentials=settings.upstreams.upstream_credentials,
         )
         app[MODULES] = ModuleMirror(
-            settings, documents, downloader, flights, git, store=store, space=space, metrics=metrics
+            settings, documents, downloader, shared_fetches, git, store=store, space=space, metrics=metrics
         )
         yield
     finally:
@@ -344,8 +344,8 @@ async def _log_started(app: web.Application) -> None:
 
 async def _begin_shutdown(app: web.Application) -> None:
     """Requests in flight may wait for the shared fetches as long as the server gives them (--shutdown-grace)."""
-    if FLIGHTS in app:
-        app[FLIGHTS].begin_shutdown(app[SETTINGS].server.shutdown_grace)
+    if SHARED_FETCHES in app:
+        app[SHARED_FETCHES].begin_shutdown(app[SETTINGS].server.shutdown_grace)
 
 
 async def _settle_tallies(app: web.Application) -> None:

@@ -14,7 +14,7 @@ from proxy.providers.mirror import Mirror
 from proxy.runtime.metrics import Metrics
 from proxy.settings.config import Settings
 from proxy.storage import ArchiveGuard, ServedArchives
-from proxy.web.rendered_documents import RenderedDocuments
+from proxy.web.renderings import Renderings
 from proxy.web.warm_answers import WarmAnswers
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -22,7 +22,7 @@ MIRROR = web.AppKey("mirror", Mirror)
 METRICS = web.AppKey("metrics", Metrics)
 MODULES = web.AppKey("modules", ModuleMirror)
 GUARD = web.AppKey("guard", ArchiveGuard)
-RENDERED = web.AppKey("rendered", RenderedDocuments)
+RENDERED = web.AppKey("rendered", Renderings)
 INVENTORY = web.AppKey("inventory", InventoryReader)
 SERVED = web.AppKey("served", ServedArchives)
 CATALOG = web.AppKey("catalog", Catalog)

@@ -18,7 +18,7 @@ the client sees a truncated body. A range is served only from a verified file (h
 first unless it is the very file last found intact). A copy found corrupt before the status
 line was sent is quarantined and fetched again within the same request (`serve_found`).
 
-A `PassThrough` (disk full, or a cold archive followed as it downloads, `proxy.services.live_downloads`) is
+A `UpstreamRelay` (disk full, or a cold archive followed as it downloads, `proxy.services.live_downloads`) is
 relayed as it arrives, whole (no Range), with the upstream's Content-Length when it has one,
 else chunked; a HEAD of one is answered at once (with the length of a followed download),
 without `Accept-Ranges`, so the client's GET after it asks for the whole body and follows the
@@ -46,13 +46,13 @@ from proxy.errors import (
 )
 from proxy.identity.tokens import GRANT_PARAM
 from proxy.protocol.http_ranges import evaluate
-from proxy.services.relay import PassThrough
+from proxy.services.relay import UpstreamRelay
 from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
 from proxy.web.app_keys import GUARD, METRICS, SERVED, SETTINGS
 from proxy.web.server import write_paced
 
 CHUNK = 1 << 18
-Found = tuple[StoredArchive | PassThrough, str, str]  # the file (or a relay), its download name, its content type
+Found = tuple[StoredArchive | UpstreamRelay, str, str]  # the file (or a relay), its download name, its content type
 log = structlog.get_logger(__name__)
 
 
@@ -78,22 +78,22 @@ async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]
 
 
 async def _serve_pinned(
-    request: web.Request, stored: StoredArchive | PassThrough, filename: str, content_type: str
+    request: web.Request, stored: StoredArchive | UpstreamRelay, filename: str, content_type: str
 ) -> web.StreamResponse:
     """`serve_archive`, the stored archive pinned against eviction while it is sent (and noted as served).
 
     An archive evicted between its lookup and the pin is gone when it is opened: StoreCorruptionError,
     so `serve_found` looks it up once more, which fetches it again."""
-    if isinstance(stored, PassThrough):
+    if isinstance(stored, UpstreamRelay):
         return await serve_archive(request, stored, filename, content_type)
     async with request.app[SERVED].serving(stored.sha256):
         return await serve_archive(request, stored, filename, content_type)
 
 
 async def serve_archive(
-    request: web.Request, stored: StoredArchive | PassThrough, filename: str, content_type: str = "application/zip"
+    request: web.Request, stored: StoredArchive | UpstreamRelay, filename: str, content_type: str = "application/zip"
 ) -> web.StreamResponse:
-    if isinstance(stored, PassThrough):
+    if isinstance(stored, UpstreamRelay):
         return await _relay(request, stored, filename, content_type)
     etag = f'"{stored.sha256}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(request, filename)}
@@ -148,7 +148,7 @@ async def serve_archive(
     return response
 
 
-async def _relay(request: web.Request, relay: PassThrough, filename: str, content_type: str) -> web.StreamResponse:
+async def _relay(request: web.Request, relay: UpstreamRelay, filename: str, content_type: str) -> web.StreamResponse:
     """Send a verified-on-the-way relay; abort the connection if it fails once the headers went out."""
     headers = _common_headers(request, filename)
     if relay.etag is not None:

@@ -1,6 +1,6 @@
 """The page for humans at `/`: what this proxy is, how to configure a client for it, what it holds.
 
-Rendered on the server from `templates/index.html` with Jinja2, autoescaping everything (names,
+Rendering on the server from `templates/index.html` with Jinja2, autoescaping everything (names,
 versions and module sources come from upstream registries: attacker-controlled). The CLI
 configuration is built here for the URL clients reach the proxy at: `--public-url` when set,
 else the scheme and host the client used (`proxy.protocol.forwarded`; the host accepted only when it is a

@@ -24,7 +24,7 @@ from proxy.web.access import UrlSigner, url_signer
 from proxy.web.app_keys import MIRROR, RENDERED, WARM_ANSWERS
 from proxy.web.archive_responses import Found, may_follow, serve_found
 from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, note_served
-from proxy.web.rendered_documents import Rendered
+from proxy.web.renderings import Rendering
 from proxy.web.responses import rendered_response
 
 PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
@@ -76,7 +76,7 @@ async def _render(
     gate: Gatekeeper | None,
     client: ClientIdentity | None,
     signer: UrlSigner | None,
-) -> tuple[Rendered, float]:
+) -> tuple[Rendering, float]:
     """The answer, and until when (the policy's clock) the policy's decisions in it hold (infinite without one)."""
     mirror, rendered = request.app[MIRROR], request.app[RENDERED]
     if name == "index.json":

@@ -1,6 +1,6 @@
 """JSON answers with the exact media type the clients require (`application/json`), and errors as JSON.
 
-Metadata answers (`proxy.web.rendered_documents`) carry a strong ETag and are answered `304 Not Modified`
+Metadata answers (`proxy.web.renderings`) carry a strong ETag and are answered `304 Not Modified`
 when `If-None-Match` names it (weak comparison, RFC 9110 §13.1.2).
 See docs/protocol.md#content-types-and-status-codes.
 """
@@ -13,7 +13,7 @@ from aiohttp import web
 
 from proxy.errors import ProxyError
 from proxy.protocol.http_ranges import evaluate
-from proxy.web.rendered_documents import Rendered, encode_json
+from proxy.web.renderings import Rendering, encode_json
 
 JSON = "application/json"
 
@@ -27,7 +27,7 @@ def json_response(
 
 
 def rendered_response(
-    request: web.Request, rendered: Rendered, headers: dict[str, str] | None = None, content_type: str = JSON
+    request: web.Request, rendered: Rendering, headers: dict[str, str] | None = None, content_type: str = JSON
 ) -> web.Response:
     """The rendered answer with its ETag, or 304 when the client's `If-None-Match` names it."""
     fields = {"ETag": rendered.etag, **headers} if headers else {"ETag": rendered.etag}

@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from proxy.runtime.memo import Memo
-from proxy.web.rendered_documents import Rendered
+from proxy.web.renderings import Rendering
 
 HOLD = 1.0  # seconds a warm answer is reused at most
 ENTRIES = 4096
@@ -35,7 +35,7 @@ ENTRIES = 4096
 
 @dataclass(frozen=True)
 class _Kept:
-    rendered: Rendered
+    rendered: Rendering
     fresh_until: float  # when the documents it was made from turn stale (this memo's clock)
     reuse_until: float
     generation: int
@@ -45,7 +45,7 @@ class _Kept:
 
 
 class WarmAnswers:
-    """Rendered warm answers by key, each reused for at most `hold` seconds (see the module docstring)."""
+    """Rendering warm answers by key, each reused for at most `hold` seconds (see the module docstring)."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class WarmAnswers:
 
     def get(
         self, key: Hashable, policy: object = None, policy_now: float = 0.0, stamp: int = 0
-    ) -> tuple[Rendered, float] | None:
+    ) -> tuple[Rendering, float] | None:
         """The answer kept under `key` and the seconds it stays fresh, if it may be reused now under `policy` (whose
         clock says `policy_now`, at the gatekeeper's `stamp`)."""
         kept = self._kept.get(key)
@@ -89,7 +89,7 @@ class WarmAnswers:
     def put(
         self,
         key: Hashable,
-        rendered: Rendered,
+        rendered: Rendering,
         fresh_for: float | None,
         mark: int,
         policy: object = None,

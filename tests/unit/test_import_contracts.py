@@ -31,7 +31,7 @@ BREAKING_IMPORTS = [  # (module, the import added to it, the contract it breaks)
     ("proxy/web/health.py", "import proxy.commands.lock", "layers"),
     ("proxy/commands/lock.py", "import proxy.cli", "layers"),
     ("proxy/providers/mirror.py", "import proxy.governance.gatekeeper", "layers"),
-    ("proxy/runtime/log.py", "import proxy.services.flights", "layers"),
+    ("proxy/runtime/log.py", "import proxy.services.shared_fetches", "layers"),
     ("proxy/domain/hashes.py", "import proxy.settings.values", "layers"),
     ("proxy/storage/disk.py", "import redis", "adapters"),
     ("proxy/services/downloader.py", "import proxy.storage.disk", "storage-internals"),

@@ -11,7 +11,7 @@ from proxy.metadata_store import decode_record, encode_record, records
 from proxy.metadata_store.embedded import EmbeddedStore
 from proxy.metadata_store.records import RECORD_VERSION, ArchiveRecord, ModuleRecord, SumsRecord
 from proxy.services.documents import DocumentCache
-from proxy.services.flights import Flights
+from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
 
 ARCHIVE = ArchiveRecord("ab" * 32, 123, "foo_1.0.0_linux_amd64.zip", "h1:zip", "h1:dir")
@@ -89,7 +89,7 @@ def test_a_sums_record_keeps_the_bytes_as_fetched() -> None:
 async def test_the_document_cache_logs_a_newer_record_and_reads_it_as_a_miss(tmp_path) -> None:
     store = EmbeddedStore(tmp_path / "metadata.sqlite")
     key = "archive:registry.example.test/acme/foo/1.0.0/linux_amd64"
-    documents = DocumentCache(Settings(data_dir=tmp_path), None, store, None, Flights())
+    documents = DocumentCache(Settings(data_dir=tmp_path), None, store, None, SharedFetches())
     try:
         await store.set(key, encode_record({**ARCHIVE.to_dict(), "v": RECORD_VERSION + 1}))
         with capture_logs() as logs:

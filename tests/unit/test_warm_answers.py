@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 from proxy.runtime.memo import forget_all
-from proxy.web.rendered_documents import Rendered
+from proxy.web.renderings import Rendering
 from proxy.web.warm_answers import HOLD, WarmAnswers
 
-ANSWER = Rendered.of(b'{"versions":{}}')
-OTHER = Rendered.of(b'{"versions":{"1.0.0":{}}}')
+ANSWER = Rendering.of(b'{"versions":{}}')
+OTHER = Rendering.of(b'{"versions":{"1.0.0":{}}}')
 
 
 class Clock:

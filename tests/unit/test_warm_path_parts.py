@@ -16,7 +16,7 @@ from proxy.cli import build_parser, settings_from_args
 from proxy.runtime import log
 from proxy.settings.config import ConfigError
 from proxy.web.eventloop import loop_name, new_event_loop
-from proxy.web.rendered_documents import RenderedDocuments, strong_etag
+from proxy.web.renderings import Renderings, strong_etag
 
 
 def test_asyncio_loop_on_request():
@@ -49,7 +49,7 @@ def test_without_uvloop_auto_falls_back_and_uvloop_is_an_error(monkeypatch):
 
 
 def test_rendered_once_per_source_object():
-    rendered = RenderedDocuments()
+    rendered = Renderings()
     source = {"b": 1}
     first = rendered.json("k", source, lambda s: {"versions": s})
     assert first.body == b'{"versions":{"b":1}}'

@@ -2,7 +2,7 @@
 
 A request joins the shared fetch of a key for at most its remaining deadline (then 504
 naming the upstream URL, while the fetch goes on for the others). Documents, SHA256SUMS
-and archives all go through one `Flights`, so shutdown can wait for and cancel them all.
+and archives all go through one `SharedFetches`, so shutdown can wait for and cancel them all.
 """
 
 from __future__ import annotations
@@ -20,23 +20,23 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 
-class Flights:
+class SharedFetches:
     """The process's single flights and the fleet's locks."""
 
     def __init__(self, locks: FleetLocks | None = None) -> None:
         self.locks = locks or LocalLocks()
-        self.flights = SingleFlight()
+        self.in_process = SingleFlight()
         self._shutdown_timer: asyncio.TimerHandle | None = None
 
     async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         """Join (or start) the shared work of `key`, waiting as long as it takes."""
-        return await self.flights.run(key, work)
+        return await self.in_process.run(key, work)
 
     async def join(self, key: str, work: Callable[[], Awaitable[T]], what: str) -> T:
         """Join (or start) the shared work of `key`, waiting at most the request's remaining deadline."""
         try:
             async with asyncio.timeout(deadline.remaining()) as scope:
-                return await self.flights.run(key, work)
+                return await self.in_process.run(key, work)
         except TimeoutError:
             if not scope.expired():
                 raise
@@ -66,7 +66,7 @@ class Flights:
         self._shutdown_timer = asyncio.get_running_loop().call_later(grace, self._cancel_all)
 
     def _cancel_all(self) -> None:
-        cancelled = self.flights.cancel_all()
+        cancelled = self.in_process.cancel_all()
         if cancelled:
             log.info("proxy.fetches_cancelled", count=cancelled)
 
@@ -75,7 +75,7 @@ class Flights:
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
         self._cancel_all()
-        await self.flights.close(grace=0)
+        await self.in_process.close(grace=0)
 
 
 async def gather_bounded(coros: Iterable[Awaitable[T]], limit: int) -> list[T]:

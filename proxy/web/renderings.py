@@ -19,14 +19,14 @@ from proxy.runtime.memo import Memo, memoised
 
 
 @dataclass(frozen=True)
-class Rendered:
+class Rendering:
     """A JSON answer as sent: its body and strong ETag."""
 
     body: bytes
     etag: str
 
     @classmethod
-    def of(cls, body: bytes) -> Rendered:
+    def of(cls, body: bytes) -> Rendering:
         return cls(body, strong_etag(body))
 
 
@@ -40,21 +40,21 @@ def encode_json(document: Any) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-class RenderedDocuments:
-    """Rendered answers per document key, each reused while its source object is the same (bounded)."""
+class Renderings:
+    """Rendering answers per document key, each reused while its source object is the same (bounded)."""
 
     def __init__(self) -> None:
-        self._memo: Memo[Any, tuple[Any, Rendered]] = Memo()
+        self._memo: Memo[Any, tuple[Any, Rendering]] = Memo()
         self.renders = 0  # answers rendered (not reused) so far: for tests and profiling
 
-    def json(self, key: Any, source: Any, document: Callable[[Any], Any]) -> Rendered:
+    def json(self, key: Any, source: Any, document: Callable[[Any], Any]) -> Rendering:
         """The JSON of `document(source)`, rendered once per source object."""
         return memoised(self._memo, key, source, lambda s: self._render(encode_json(document(s))))
 
-    def body(self, key: Any, body: bytes) -> Rendered:
+    def body(self, key: Any, body: bytes) -> Rendering:
         """A body sent as it is (an upstream's document), hashed once per bytes object."""
         return memoised(self._memo, key, body, self._render)
 
-    def _render(self, body: bytes) -> Rendered:
+    def _render(self, body: bytes) -> Rendering:
         self.renders += 1
-        return Rendered.of(body)
+        return Rendering.of(body)

@@ -16,8 +16,8 @@ from proxy.errors import (
     VerificationError,
 )
 from proxy.services.download_notices import DownloadNotices, Notice
-from proxy.services.live_downloads import HOLD_BACK, GrowingDownloads, GrowingFile
-from proxy.services.relay import PassThrough
+from proxy.services.live_downloads import HOLD_BACK, LiveDownload, LiveDownloads
+from proxy.services.relay import UpstreamRelay
 
 WAIT = 10
 BODY = os.urandom(3 * HOLD_BACK + 1000)
@@ -53,13 +53,13 @@ def temp(tmp_path):
     handle.close()
 
 
-def write(handle, growing: GrowingFile, data: bytes) -> None:
+def write(handle, growing: LiveDownload, data: bytes) -> None:
     handle.write(data)
     handle.flush()
     growing.advance(len(data))
 
 
-async def written_and_followed(temp, growing: GrowingFile) -> tuple[Client, asyncio.Task]:
+async def written_and_followed(temp, growing: LiveDownload) -> tuple[Client, asyncio.Task]:
     """A client following `growing` once all of BODY is written: it has all but the held-back end."""
     _, handle = temp
     client = Client()
@@ -72,7 +72,7 @@ async def written_and_followed(temp, growing: GrowingFile) -> tuple[Client, asyn
 
 async def test_the_end_waits_for_verification(temp):
     path, _ = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     client, follower = await written_and_followed(temp, growing)
     assert client.length == len(BODY) and client.received == BODY[:-HOLD_BACK] and not follower.done()
     growing.publish(path)
@@ -82,7 +82,7 @@ async def test_the_end_waits_for_verification(temp):
 
 async def test_a_failure_withholds_the_end(temp):
     path, _ = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     client, follower = await written_and_followed(temp, growing)
     growing.fail(UpstreamError("tampered"))
     with pytest.raises(UpstreamError):
@@ -93,7 +93,7 @@ async def test_a_failure_withholds_the_end(temp):
 def upstream_rest(body: bytes, asked: list[tuple[int, str]]):
     """A `rest` relay of `body` after the bytes sent (its first ones must hash to what the follower sent)."""
 
-    def rest(sent: int, sent_sha256: str) -> PassThrough:
+    def rest(sent: int, sent_sha256: str) -> UpstreamRelay:
         asked.append((sent, sent_sha256))
 
         async def stream(begin, send) -> None:
@@ -101,14 +101,14 @@ def upstream_rest(body: bytes, asked: list[tuple[int, str]]):
                 raise VerificationError("not the bytes sent")
             await send(body[sent:])
 
-        return PassThrough(None, stream)
+        return UpstreamRelay(None, stream)
 
     return rest
 
 
 async def test_a_full_disk_hands_the_rest_to_the_relay(temp):
     path, _ = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     client = Client()
     asked: list[tuple[int, str]] = []
     follower = asyncio.create_task(growing.relay(upstream_rest(BODY, asked)).stream(client.begin, client.send))
@@ -123,7 +123,7 @@ async def test_a_full_disk_hands_the_rest_to_the_relay(temp):
 
 async def test_other_failures_are_not_relayed(temp):
     path, _ = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     asked: list[tuple[int, str]] = []
     growing.fail(UpstreamError("tampered"))
     with pytest.raises(UpstreamError):
@@ -133,7 +133,7 @@ async def test_other_failures_are_not_relayed(temp):
 
 async def test_cancelled_downloads_tell_followers_the_proxy_is_shutting_down(temp):
     path, _ = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     growing.fail(asyncio.CancelledError())
     with pytest.raises(ShuttingDownError):
         await growing.relay().stream(Client().begin, Client().send)
@@ -141,7 +141,7 @@ async def test_cancelled_downloads_tell_followers_the_proxy_is_shutting_down(tem
 
 async def test_bytes_changed_on_disk_are_never_completed(temp):
     path, handle = temp
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     write(handle, growing, BODY[:-1] + bytes([BODY[-1] ^ 1]))  # the file no longer holds what was verified
     growing.publish(path)
     client = Client()
@@ -152,8 +152,8 @@ async def test_bytes_changed_on_disk_are_never_completed(temp):
 
 async def test_waiters_get_the_download_once_it_is_announced_or_the_result_first(temp):
     path, _ = temp
-    downloads = GrowingDownloads()
-    growing = GrowingFile(path, len(BODY), SHA)
+    downloads = LiveDownloads()
+    growing = LiveDownload(path, len(BODY), SHA)
     never = asyncio.get_running_loop().create_future()
     waiting = asyncio.create_task(downloads.result_or_growing("key", SHA, never))
     await asyncio.sleep(0)
@@ -166,22 +166,22 @@ async def test_waiters_get_the_download_once_it_is_announced_or_the_result_first
     growing.fail(UpstreamError("done"))
 
 
-def two_processes(tmp_path) -> tuple[GrowingDownloads, GrowingDownloads]:
+def two_processes(tmp_path) -> tuple[LiveDownloads, LiveDownloads]:
     """Two processes' views of one archive store (flocks of separate descriptors conflict in one process too)."""
 
     def published(sha256: str):
         return tmp_path / "sha256" / sha256
 
     return (
-        GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
-        GrowingDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
+        LiveDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
+        LiveDownloads(DownloadNotices(tmp_path / "growing", tmp_path.parent), published, poll=0.005),
     )
 
 
 async def test_another_process_follows_until_the_archive_is_published(tmp_path, temp):
     path, handle = temp
     owner, other = two_processes(tmp_path)
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     owner.announce("key", growing)
     followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
     assert followed is not growing and (followed.path, followed.size) == (path, len(BODY))
@@ -205,7 +205,7 @@ async def test_another_process_follows_until_the_archive_is_published(tmp_path, 
 async def test_another_process_aborts_when_the_download_ends_unpublished(tmp_path, temp):
     path, handle = temp
     owner, other = two_processes(tmp_path)
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     owner.announce("key", growing)
     with pytest.raises(TimeoutError):  # a notice for other bytes is not followed
         await asyncio.wait_for(other.started("key", "0" * 64), 0.05)
@@ -227,7 +227,7 @@ async def test_a_download_lost_in_another_process_hands_the_rest_to_the_relay(tm
     verified as a whole, so relaying is safe whatever it was."""
     path, handle = temp
     owner, other = two_processes(tmp_path)
-    growing = GrowingFile(path, len(BODY), SHA)
+    growing = LiveDownload(path, len(BODY), SHA)
     owner.announce("key", growing)
     followed = await asyncio.wait_for(other.started("key", SHA), WAIT)
     client, asked = Client(), []
