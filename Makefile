@@ -30,13 +30,19 @@ $(BIN)/python:
 $(UV): | $(BIN)/python
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 
+# python-hcl2 builds its parser's tables (lark) on the first parse and caches them in its own folder: about
+# 1.8 s of CPU, paid once here instead of by every test worker and proxy process that first parses HCL.
+HCL_TABLES := $(BIN)/python -c 'import hcl2; hcl2.loads("")'
+
 # `make run` needs the runtime dependencies only; the tests, lint and bench add the [test] extra.
 $(RUN_STAMP): setup.cfg setup.py $(CONSTRAINTS) | $(UV)
 	$(UV) pip install --quiet --python $(BIN)/python -c $(CONSTRAINTS) -e .
+	$(HCL_TABLES)
 	touch $(RUN_STAMP)
 
 $(STAMP): setup.cfg setup.py $(CONSTRAINTS) | $(UV)
 	$(UV) pip install --quiet --python $(BIN)/python -c $(CONSTRAINTS) -e '.[test]'
+	$(HCL_TABLES)
 	touch $(STAMP) $(RUN_STAMP)
 
 install-runtime: $(RUN_STAMP)
@@ -49,24 +55,29 @@ constraints: | $(BIN)/python
 	$(BIN)/python scripts/pin_constraints.py
 
 # Debian packages the tests use for real (gpg, git, redis-server, systemd-analyze, chromium and its driver
-# for the page test, nginx, promtool); installed only when missing.
+# for the page test, nginx, promtool); installed only when missing, after one `apt-get update` for all.
 system-deps:
-	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES)"
-	@dpkg -s $(TEST_SERVERS) >/dev/null 2>&1 || { \
-	  $(MAKE) --no-print-directory debian-packages PACKAGES="$(TEST_SERVERS)" \
-	  && { systemctl disable --now nginx >/dev/null 2>&1 || true; }; }
-	@command -v promtool >/dev/null || { \
-	  $(MAKE) --no-print-directory debian-packages PACKAGES="$(MONITORING_PACKAGES)" APT_FLAGS=--no-install-recommends \
-	  && { systemctl disable --now prometheus >/dev/null 2>&1 || true; }; }
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES) $(TEST_SERVERS)" \
+	  BARE_PACKAGES="$$(command -v promtool >/dev/null || echo $(MONITORING_PACKAGES))" \
+	  QUIET_SERVICES="nginx-light:nginx prometheus:prometheus"
 	@command -v terraform >/dev/null || echo "WARNING: terraform is not on PATH: the end-to-end tests will be SKIPPED" >&2
 
+# PACKAGES that are missing, then BARE_PACKAGES without their recommends; QUIET_SERVICES (package:service)
+# stopped and disabled where this run installed the package.
 debian-packages:
 	@missing=""; \
 	for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" != 0 ]; then echo "need root to install:$$missing" >&2; exit 1; fi; \
-	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_FLAGS) $$missing >/dev/null; \
+	bare="$(BARE_PACKAGES)"; \
+	if [ -n "$$missing$$bare" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install:$$missing $$bare" >&2; exit 1; fi; \
+	  echo "installing Debian packages:$$missing $$bare"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq || exit 1; \
+	  [ -z "$$missing" ] || apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  [ -z "$$bare" ] || apt-get install -y -qq --no-install-recommends $$bare >/dev/null || exit 1; \
+	  for pair in $(QUIET_SERVICES); do \
+	    case " $$missing $$bare " in *" $${pair%%:*} "*) systemctl disable --now $${pair#*:} >/dev/null 2>&1 || true;; esac; \
+	  done; \
 	fi
 
 run: install-runtime
