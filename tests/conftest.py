@@ -18,6 +18,8 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.settings.config import Settings
+from proxy.upstream.client import create_ssl_context
+from proxy.web import app as proxy_app
 from proxy.web.app import create_app
 from tests.fakes import ports
 from tests.fakes.children import ProcessMarkCheck
@@ -54,6 +56,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # registered as a plugin, not hooks of this conftest: those are not called for session fixtures
     config.pluginmanager.register(ProcessMarkCheck(), "process-mark-check")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _upstream_trust_read_once() -> Iterator[None]:
+    """Each application made in a test's process reads the system's trust store for its upstream session
+    (`create_ssl_context`: about 25 ms of CPU, in hundreds of starts of the application per run). Here
+    the context is made once per CA file (its path and its state on disk, so a rewritten file is read again)
+    and shared, as the one application of a `serve` process would have it; a CA file that fails to load still
+    fails at every start. Processes the tests start make their own."""
+
+    @functools.cache
+    def made(extra_ca_file: Path | None, state: tuple[int, int, int] | None) -> ssl.SSLContext:
+        return create_ssl_context(extra_ca_file)
+
+    def shared(extra_ca_file: Path | None) -> ssl.SSLContext:
+        if extra_ca_file is None:
+            return made(None, None)
+        try:
+            state = extra_ca_file.stat()
+        except OSError:
+            return create_ssl_context(extra_ca_file)  # its error, as the application would meet it
+        return made(extra_ca_file, (state.st_ino, state.st_size, state.st_mtime_ns))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(proxy_app, "create_ssl_context", shared)
+        yield
 
 
 @pytest.fixture(scope="session")
