@@ -133,6 +133,7 @@ class RedisServer(RedisSetup):
         # a cluster node's bus port: given, not PORT+10000 (which may be taken, or above 65535)
         self.cluster_port = free_port() if cluster else None
         self.process: subprocess.Popen | None = None
+        self._kept: redis.Redis | None = None
 
     @property
     def url(self) -> str:
@@ -148,6 +149,19 @@ class RedisServer(RedisSetup):
         """A plain (synchronous) client of this server."""
         tls = self.tls.client_options() if self.tls else {}
         return redis.Redis(port=self.port, password=self.password, socket_timeout=5, **tls, **options)
+
+    def kept_client(self) -> redis.Redis:
+        """A client kept for the fakes' own polling (INFO, CLUSTER INFO) until the server stops: one
+        connection, where a client per poll would make a TLS context and handshake (tens of ms of CPU) every
+        20 ms while a test waits for a failover."""
+        if self._kept is None:
+            self._kept = self.client()
+        return self._kept
+
+    def _drop_kept_client(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
 
     def command_line(self) -> list[str]:
         listen = ["--port", "0", "--tls-port", str(self.port)] if self.tls else ["--port", str(self.port)]
@@ -213,6 +227,7 @@ class RedisServer(RedisSetup):
         return self.process is not None and self.process.poll() is not None
 
     def stop(self) -> None:
+        self._drop_kept_client()
         if self.process is not None:
             self.process.terminate()
             self.process.wait(10)
@@ -220,14 +235,14 @@ class RedisServer(RedisSetup):
 
     def kill(self) -> None:
         """SIGKILL: the server is gone at once, as when its host is lost."""
+        self._drop_kept_client()
         if self.process is not None:
             self.process.kill()
             self.process.wait(10)
             self.process = None
 
     def info(self, section: str) -> dict[str, Any]:
-        with self.client() as client:
-            return client.info(section)
+        return self.kept_client().info(section)
 
 
 class SentinelSetup(RedisSetup):
@@ -248,6 +263,7 @@ class SentinelSetup(RedisSetup):
         self.servers = [RedisServer(workdir / name, password=password, tls=tls) for name in ("a", "b")]
         self.sentinel_port = free_port()
         self.sentinel: subprocess.Popen | None = None
+        self._kept_sentinel: redis.Redis | None = None
 
     @property
     def url(self) -> str:
@@ -262,6 +278,17 @@ class SentinelSetup(RedisSetup):
     def sentinel_client(self) -> redis.Redis:
         tls = self.tls.client_options() if self.tls else {}
         return redis.Redis(port=self.sentinel_port, password=self.sentinel_password, socket_timeout=5, **tls)
+
+    def _kept_sentinel_client(self) -> redis.Redis:
+        """A sentinel client kept for polling until the sentinel stops (see `RedisServer.kept_client`)."""
+        if self._kept_sentinel is None:
+            self._kept_sentinel = self.sentinel_client()
+        return self._kept_sentinel
+
+    def _drop_kept_sentinel_client(self) -> None:
+        if self._kept_sentinel is not None:
+            self._kept_sentinel.close()
+            self._kept_sentinel = None
 
     def start(self) -> None:
         first, second = self.servers
@@ -279,6 +306,7 @@ class SentinelSetup(RedisSetup):
         self.settle()
 
     def _start_sentinel(self, master: RedisServer) -> None:
+        self._drop_kept_sentinel_client()
         listen = ["port 0", f"tls-port {self.sentinel_port}"] if self.tls else [f"port {self.sentinel_port}"]
         tls = []
         if self.tls:
@@ -334,8 +362,7 @@ class SentinelSetup(RedisSetup):
         )
 
     def master_port(self) -> int:
-        with self.sentinel_client() as client:
-            return int(client.sentinel_get_master_addr_by_name(self.service)[1])
+        return int(self._kept_sentinel_client().sentinel_get_master_addr_by_name(self.service)[1])
 
     def master(self) -> RedisServer:
         port = self.master_port()
@@ -357,8 +384,7 @@ class SentinelSetup(RedisSetup):
                 return False
             if replica.info("replication").get("master_link_status") != "up":
                 return False
-            with self.sentinel_client() as client:
-                known = client.sentinel_slaves(self.service)
+            known = self._kept_sentinel_client().sentinel_slaves(self.service)
             return any(
                 entry["port"] == replica.port
                 and entry.get("master-link-status") == "ok"
@@ -388,6 +414,7 @@ class SentinelSetup(RedisSetup):
         return new
 
     def stop(self) -> None:
+        self._drop_kept_sentinel_client()
         if self.sentinel is not None:
             self.sentinel.terminate()
             self.sentinel.wait(10)
@@ -446,10 +473,9 @@ class ClusterSetup(RedisSetup):
 
         def whole() -> bool:
             for node in self.nodes:
-                with node.client() as client:
-                    info = client.execute_command("CLUSTER INFO")
-                    if info.get("cluster_state") != "ok" or info.get("cluster_known_nodes") != "3":
-                        return False
+                info = node.kept_client().execute_command("CLUSTER INFO")
+                if info.get("cluster_state") != "ok" or info.get("cluster_known_nodes") != "3":
+                    return False
             return True
 
         wait_until(whole, "the cluster to form")
