@@ -50,6 +50,27 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = START_T
     raise RuntimeError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
 
 
+class KeptClient:
+    """A client made on first use and kept until `drop()`, for the fakes' own polling (INFO, CLUSTER INFO,
+    the sentinel's view): one connection, where a client per poll would make a TLS context and handshake
+    (tens of ms of CPU) every 20 ms while a test waits for a failover or a cluster."""
+
+    def __init__(self, make: Callable[[], redis.Redis]) -> None:
+        self._make = make
+        self._client: redis.Redis | None = None
+
+    def __call__(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self._make()
+        return self._client
+
+    def drop(self) -> None:
+        """Close the kept client (its server stops, or another starts in its place)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
 @dataclass(frozen=True)
 class Tls:
     """A server certificate for 127.0.0.1 and the CA that issued it: Redis over TLS (`rediss://`)."""
@@ -133,7 +154,7 @@ class RedisServer(RedisSetup):
         # a cluster node's bus port: given, not PORT+10000 (which may be taken, or above 65535)
         self.cluster_port = free_port() if cluster else None
         self.process: subprocess.Popen | None = None
-        self._kept: redis.Redis | None = None
+        self.kept_client = KeptClient(self.client)
 
     @property
     def url(self) -> str:
@@ -149,19 +170,6 @@ class RedisServer(RedisSetup):
         """A plain (synchronous) client of this server."""
         tls = self.tls.client_options() if self.tls else {}
         return redis.Redis(port=self.port, password=self.password, socket_timeout=5, **tls, **options)
-
-    def kept_client(self) -> redis.Redis:
-        """A client kept for the fakes' own polling (INFO, CLUSTER INFO) until the server stops: one
-        connection, where a client per poll would make a TLS context and handshake (tens of ms of CPU) every
-        20 ms while a test waits for a failover."""
-        if self._kept is None:
-            self._kept = self.client()
-        return self._kept
-
-    def _drop_kept_client(self) -> None:
-        if self._kept is not None:
-            self._kept.close()
-            self._kept = None
 
     def command_line(self) -> list[str]:
         listen = ["--port", "0", "--tls-port", str(self.port)] if self.tls else ["--port", str(self.port)]
@@ -227,7 +235,7 @@ class RedisServer(RedisSetup):
         return self.process is not None and self.process.poll() is not None
 
     def stop(self) -> None:
-        self._drop_kept_client()
+        self.kept_client.drop()
         if self.process is not None:
             self.process.terminate()
             self.process.wait(10)
@@ -235,7 +243,7 @@ class RedisServer(RedisSetup):
 
     def kill(self) -> None:
         """SIGKILL: the server is gone at once, as when its host is lost."""
-        self._drop_kept_client()
+        self.kept_client.drop()
         if self.process is not None:
             self.process.kill()
             self.process.wait(10)
@@ -263,7 +271,7 @@ class SentinelSetup(RedisSetup):
         self.servers = [RedisServer(workdir / name, password=password, tls=tls) for name in ("a", "b")]
         self.sentinel_port = free_port()
         self.sentinel: subprocess.Popen | None = None
-        self._kept_sentinel: redis.Redis | None = None
+        self._kept_sentinel_client = KeptClient(self.sentinel_client)
 
     @property
     def url(self) -> str:
@@ -278,17 +286,6 @@ class SentinelSetup(RedisSetup):
     def sentinel_client(self) -> redis.Redis:
         tls = self.tls.client_options() if self.tls else {}
         return redis.Redis(port=self.sentinel_port, password=self.sentinel_password, socket_timeout=5, **tls)
-
-    def _kept_sentinel_client(self) -> redis.Redis:
-        """A sentinel client kept for polling until the sentinel stops (see `RedisServer.kept_client`)."""
-        if self._kept_sentinel is None:
-            self._kept_sentinel = self.sentinel_client()
-        return self._kept_sentinel
-
-    def _drop_kept_sentinel_client(self) -> None:
-        if self._kept_sentinel is not None:
-            self._kept_sentinel.close()
-            self._kept_sentinel = None
 
     def start(self) -> None:
         first, second = self.servers
@@ -306,7 +303,7 @@ class SentinelSetup(RedisSetup):
         self.settle()
 
     def _start_sentinel(self, master: RedisServer) -> None:
-        self._drop_kept_sentinel_client()
+        self._kept_sentinel_client.drop()
         listen = ["port 0", f"tls-port {self.sentinel_port}"] if self.tls else [f"port {self.sentinel_port}"]
         tls = []
         if self.tls:
@@ -414,7 +411,7 @@ class SentinelSetup(RedisSetup):
         return new
 
     def stop(self) -> None:
-        self._drop_kept_sentinel_client()
+        self._kept_sentinel_client.drop()
         if self.sentinel is not None:
             self.sentinel.terminate()
             self.sentinel.wait(10)
