@@ -83,7 +83,16 @@ FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Proto", "X-Fo
 CLIENT_VIEW = web.RequestKey("client_view", ClientView)
 
 
-def _as_the_client_made_it(request: web.Request, settings: Settings | None) -> web.Request:
+def request_arrived(request: web.BaseRequest) -> None:
+    """Tell the connection its request head arrived: its request-head timer stops
+    (`proxy.web.server.LimitedConnection`)."""
+    transport = request.transport
+    arrived = getattr(transport.get_protocol(), "request_arrived", None) if transport is not None else None
+    if arrived is not None:
+        arrived()
+
+
+def as_the_client_made_it(request: web.Request, settings: Settings | None) -> web.Request:
     """With --trusted-proxies, the request as the client made it: its address in `request.remote`, and the
     scheme and host it used for `client_origin`."""
     if settings is None or not settings.server.trusted_proxies:
@@ -120,13 +129,10 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
     """The one middleware around every request (one layer, one await, on the warm path): tell the connection its
     request head arrived, see the request as the client made it, bind a request id, give the request its time
     budget, follow purges made elsewhere, time it, log it, and turn errors into JSON bodies."""
-    transport = request.transport
-    arrived = getattr(transport.get_protocol(), "request_arrived", None) if transport is not None else None
-    if arrived is not None:  # the connection's request-head timer stops (`proxy.web.server.LimitedConnection`)
-        arrived()
+    request_arrived(request)
     app = request.app
     settings = app.get(SETTINGS)
-    request = _as_the_client_made_it(request, settings)
+    request = as_the_client_made_it(request, settings)
     request_id = new_request_id(request.headers.get("X-Request-Id"))
     bind_request_id(request_id)
     begin_request()
@@ -154,9 +160,10 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
                     response = answer
         route = request.match_info.route.name or "unmatched"
         client = request.get(CLIENT)
-        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app))
+        fresh_for = freshness.request_fresh_for()
+        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app), fresh_for)
     except (ConnectionError, asyncio.CancelledError) as exc:
-        _record(
+        record_request(
             request,
             app,
             settings,
@@ -172,7 +179,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
         raise
     response.headers["X-Request-Id"] = request_id
     sent = response.body_length if response.prepared else (response.content_length or 0)
-    _record(request, app, settings, route, client, request_id, "request", response.status, sent, started)
+    record_request(request, app, settings, route, client, request_id, "request", response.status, sent, started)
     return response
 
 
@@ -183,7 +190,7 @@ async def _follow_purges(front: MemoryFront) -> None:
         log.info("purge.memos_dropped", pid=os.getpid(), reason="a purge elsewhere")
 
 
-def _record(
+def record_request(
     request: web.Request,
     app: web.Application,
     settings: Settings | None,
