@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import runpy
@@ -22,6 +23,7 @@ import signal
 import ssl
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -47,14 +49,27 @@ def _counted(argv: list[str]) -> None:
             counts["c_call"] += 1
             functions[f"C {getattr(arg, '__qualname__', arg)}"] += 1
 
+    collections = {"gc_runs": [0, 0, 0], "gc_seconds": [0.0, 0.0, 0.0]}
+    began = [0.0]
+
+    def collected(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            collections["gc_runs"][info["generation"]] += 1
+            collections["gc_seconds"][info["generation"]] += time.perf_counter() - began[0]
+
     def start(*_) -> None:
         counts.update(call=0, c_call=0)
         functions.clear()
+        collections.update(gc_runs=[0, 0, 0], gc_seconds=[0.0, 0.0, 0.0])
+        gc.callbacks.append(collected)
         sys.setprofile(profile)
 
     def stop(*_) -> None:
         sys.setprofile(None)
-        out.write_text(json.dumps({**counts, "functions": functions.most_common(400)}))
+        gc.callbacks.remove(collected)
+        out.write_text(json.dumps({**counts, **collections, "functions": functions.most_common(400)}))
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
@@ -82,6 +97,9 @@ async def _count(url: str, pid: int, out: Path, connections: int, seconds: float
         "errors": result.errors,
         "python_calls_per_request": round(counts["call"] / requests, 1),
         "c_calls_per_request": round(counts["c_call"] / requests, 1),
+        # the garbage collector's runs per 1,000 requests by generation, and its µs per request (slowed by the count)
+        "gc_runs_per_1000": [round(n * 1000 / requests, 2) for n in counts["gc_runs"]],
+        "gc_us_per_request": round(sum(counts["gc_seconds"]) / requests * 1e6, 2),
         # the functions called at least once per 10 requests, with their calls per request
         "functions": [(name, round(n / requests, 2)) for name, n in counts["functions"] if n * 10 >= requests],
     }
@@ -146,7 +164,8 @@ def report(results: dict) -> None:
         for server, entry in servers.items():
             print(
                 f"  {label:>13} {server:>5}: {entry['python_calls_per_request']:6.1f} Python / "
-                f"{entry['c_calls_per_request']:6.1f} C calls per request ({entry['requests']} requests)"
+                f"{entry['c_calls_per_request']:6.1f} C calls per request ({entry['requests']} requests); "
+                f"gc runs per 1,000 requests {entry['gc_runs_per_1000']}, {entry['gc_us_per_request']} µs/request"
             )
             if args["functions"]:
                 for name, per_request in entry["functions"]:

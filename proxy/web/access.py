@@ -356,11 +356,15 @@ class UrlSigner:
         return with_grant(url, self.grants.sign(path, self.token, self.expires))
 
 
-def url_signer(request: web.Request, app: web.Application | None = None) -> UrlSigner | None:
+def url_signer(request: web.Request) -> UrlSigner | None:
     """The signer of this request's document URLs (None for anonymous requests, whose documents stay as they
-    are); `app`: the application, for a request not routed (`proxy.web.front_door`)."""
+    are)."""
     client = request.get(CLIENT)
     if client is None:
         return None
-    grants = (app or request.app)[ACCESS].grants
-    return UrlSigner(grants, client, Grants.expiry(time.time(), client), request.rel_url)
+    return signer_for(request.app[ACCESS].grants, client, request.rel_url)
+
+
+def signer_for(grants: Grants, client: Client, base: URL) -> UrlSigner:
+    """The signer of the URLs of a document for `client`, answering a request for `base` (its URL)."""
+    return UrlSigner(grants, client, Grants.expiry(time.time(), client), base)

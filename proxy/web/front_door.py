@@ -90,20 +90,21 @@ class FrontDoor:
         app, settings, access = self._app, self._settings, self._access
         request_arrived(request)
         request = as_the_client_made_it(request, settings)
+        client = None
         if access is not None and access.active:
             admitted = quietly_admitted(access, headers.get("Authorization"), parts[3], parts[4])
             if admitted is False:
                 return None
             if admitted is not True:
-                request[CLIENT] = admitted
+                client = request[CLIENT] = admitted
+        gate = app_gatekeeper(app)
         begin_request()  # the cache outcome: counted by `warm_document`
-        kept = warm_document(app, request, parts[6])
+        kept = warm_document(app, request, parts[6], client, gate)
         if kept is None:
             return None
         rendered, fresh_for = kept
         response = rendered_response(request, rendered)
-        client = request.get(CLIENT)
-        add_cache_headers(request, response, MIRROR_ROUTE, client, settings, app_gatekeeper(app), fresh_for)
+        add_cache_headers(request, response, MIRROR_ROUTE, client, settings, gate, fresh_for)
         request_id = new_request_id(headers.get("X-Request-Id"))
         response.headers["X-Request-Id"] = request_id
         response.headers["Server"] = SERVER  # what `server_header` sets on the application's answers

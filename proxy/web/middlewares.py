@@ -178,6 +178,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
         )
         raise
     response.headers["X-Request-Id"] = request_id
+    response.headers["Server"] = SERVER  # before aiohttp's own headers, as `proxy.web.front_door` sends it
     sent = response.body_length if response.prepared else (response.content_length or 0)
     record_request(request, app, settings, route, client, request_id, "request", response.status, sent, started)
     return response

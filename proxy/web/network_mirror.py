@@ -18,10 +18,11 @@ from proxy.domain.addresses import Platform, ProviderAddr, Version
 from proxy.errors import DocumentNotFoundError, InvalidRequestError
 from proxy.governance.audit import ClientIdentity
 from proxy.governance.gatekeeper import Gatekeeper
+from proxy.identity.tokens import Client
 from proxy.protocol.proxy_urls import archive_filename
 from proxy.providers.mirror import PlatformArchive
 from proxy.services.freshness import note_fresh_for, request_fresh_for
-from proxy.web.access import UrlSigner, url_signer
+from proxy.web.access import ACCESS, CLIENT, UrlSigner, signer_for
 from proxy.web.app_keys import MIRROR, RENDERED, WARM_ANSWERS
 from proxy.web.archive_responses import Found, may_follow, serve_found
 from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, note_served
@@ -45,12 +46,13 @@ async def json_document(request: web.Request) -> web.Response:
     if not name.endswith(".json"):
         _addr(request)  # a malformed address is a 400 first
         raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
-    reuse = _reuse(request.app, request, name)
-    if (kept := reused(request.app, reuse)) is not None:
+    app = request.app
+    reuse = _reuse(app, request, name, request.get(CLIENT), app_gatekeeper(app))
+    if (kept := reused(app, reuse)) is not None:
         rendered, fresh_for = kept
         note_fresh_for(fresh_for)
         return rendered_response(request, rendered)
-    warm = request.app[WARM_ANSWERS]
+    warm = app[WARM_ANSWERS]
     mark = warm.mark()
     rendered, valid_until = await _render(request, _addr(request), name, reuse.gate, reuse.client, reuse.signer)
     if reuse.reusable:
@@ -71,16 +73,19 @@ class Reuse(NamedTuple):
     stamp: int
 
 
-def _reuse(app: web.Application, request: web.Request, name: str) -> Reuse:
-    """The reuse key and conditions of document `name` for this request of `app` (its client known:
-    `proxy.web.access.CLIENT`)."""
-    gate = app_gatekeeper(app)
-    client = client_identity(request) if gate is not None else None
-    signer = url_signer(request, app) if name != "index.json" else None
+def _reuse(
+    app: web.Application, request: web.Request, name: str, token: Client | None, gate: Gatekeeper | None
+) -> Reuse:
+    """The reuse key and conditions of document `name` for this request of `app` from `token`'s holder (None:
+    anonymous; `request[CLIENT]`), under `gate` (`app_gatekeeper(app)`)."""
+    signer = (
+        signer_for(app[ACCESS].grants, token, request.rel_url) if token is not None and name != "index.json" else None
+    )
     if gate is None:
         return Reuse((request.path, signer and signer.key, None), True, None, None, signer, None, 0.0, 0)
+    client = client_identity(request)
     policy = gate.policy
-    key = (request.path, signer and signer.key, gate.client_key(client) if client is not None else None)
+    key = (request.path, signer and signer.key, gate.client_key(client))
     reusable = policy is None or policy.mode == "enforce"
     return Reuse(key, reusable, gate, client, signer, policy, gate.clock(), gate.stamp)
 
@@ -96,10 +101,12 @@ def reused(app: web.Application, reuse: Reuse) -> tuple[Rendering, float] | None
     return kept
 
 
-def warm_document(app: web.Application, request: web.Request, name: str) -> tuple[Rendering, float] | None:
-    """`reused` for the answer `json_document` would give this request (its client known, not yet routed) for
-    document `name`, or None."""
-    return reused(app, _reuse(app, request, name))
+def warm_document(
+    app: web.Application, request: web.Request, name: str, token: Client | None, gate: Gatekeeper | None
+) -> tuple[Rendering, float] | None:
+    """`reused` for the answer `json_document` would give this request (not yet routed) for document `name`, from
+    `token`'s holder (`request[CLIENT]`) under `gate` (`app_gatekeeper(app)`), or None."""
+    return reused(app, _reuse(app, request, name, token, gate))
 
 
 async def _render(

@@ -54,10 +54,12 @@ def test_aiohttps_protocol_takes_the_options_and_calls_handle_error_as_before():
 
 
 class LowLevelServer:
-    """aiohttp's low-level server with the proxy's protocol; records what `reject` was given."""
+    """aiohttp's low-level server (or `server`, an AppRunner's) with the proxy's protocol; records what `reject` was
+    given."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: web.Server | None = None) -> None:
         self.rejected: list[tuple[int, BaseException | None]] = []
+        self.server = server
 
     def reject(self, request: web.BaseRequest, status: int, exc: BaseException | None) -> web.StreamResponse:
         self.rejected.append((status, exc))
@@ -71,7 +73,7 @@ class LowLevelServer:
         async def handle(request: web.BaseRequest) -> web.StreamResponse:
             return web.Response(text="application")
 
-        server = web.Server(handle)
+        server = self.server or web.Server(handle)
         self.listener = await asyncio.get_running_loop().create_server(
             lambda: new_request_handler(
                 server,
@@ -128,6 +130,39 @@ async def test_a_request_aiohttp_parsed_reaches_the_application_and_not_handle_e
     async with LowLevelServer() as server:
         answered, body = await server.exchange(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     assert (answered, body, server.rejected) == (200, b"application", [])
+
+
+async def test_a_handler_put_in_front_of_an_app_runners_server_gets_every_request():
+    seen: list[str] = []
+
+    class Front:
+        def open(self, inner: aiohttp_internals.Handler) -> aiohttp_internals.Handler:
+            async def handle(request: web.BaseRequest) -> web.StreamResponse:
+                seen.append(request.path)
+                return web.Response(text="front") if request.path == "/front" else await inner(request)
+
+            return handle
+
+    async def application(request: web.Request) -> web.Response:
+        return web.Response(text="application")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", application)
+    app[aiohttp_internals.FRONT] = Front()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    aiohttp_internals.put_in_front(runner)
+    assert runner.server is not None
+    try:
+        async with LowLevelServer(runner.server) as server:
+            answers = [
+                await server.exchange(f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".encode())
+                for path in ("/front", "/app")
+            ]
+    finally:
+        await runner.cleanup()
+    assert answers == [(200, b"front"), (200, b"application")], f"{AIOHTTP}: web.Server.request_handler"
+    assert seen == ["/front", "/app"]
 
 
 def test_gunicorns_arbiter_dispatches_sighup_to_handle_hup_and_knows_its_workers():
