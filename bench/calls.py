@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Python and C function calls per warm request: the proxy against the bare aiohttp app, a count no load moves.
 
-    .venv/bin/python bench/calls.py [--seconds 5] [--connections 8]
+    .venv/bin/python bench/calls.py [--seconds 5] [--connections 8] [--functions] [--source CHECKOUT]
 
 The proxy (`serve --workers 1`: access control, metrics and the access log at their defaults) and the bare app
 (`bench/bare.py --workers 1`, uvloop, the proxy's own certificate and bytes) each run in one process under
@@ -74,6 +74,7 @@ def _counted(argv: list[str]) -> None:
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
     if argv[0] == "-m":
+        sys.path.insert(0, os.getcwd())  # as `python -m` has it: the checkout it runs in first
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
@@ -114,7 +115,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
 
     world = await build_world(root, 1 << 10, 1 << 10)
     proxy = ProxyProcess(root / "proxy", world.registry.url, world.ca_file)
-    proxy.args[1:2] = [__file__, "--child"]  # `python bench/calls.py --child -m proxy serve ...`
+    proxy.args[1:1] = [__file__, "--child"]  # `python bench/calls.py --child -m proxy serve ...`
+    if args.source is not None:
+        proxy.source = args.source
     counts = {"proxy": root / "proxy-calls.json", "bare": root / "bare-calls.json"}
     bare: BareAiohttp | None = None
     os.environ[COUNTS_ENV] = str(counts["proxy"])
@@ -142,7 +145,10 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
         await bare.start(proxy.ca_file)
         assert bare.process is not None and proxy.process is not None
         pids = {"proxy": (proxy.url, proxy.process.pid), "bare": (bare.url, bare.process.pid)}
-        results: dict = {"args": vars(args), "documents": {}}
+        results: dict = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "documents": {},
+        }
         for label, path in paths.items():
             results["documents"][label] = {
                 server: await _count(url + path, pid, counts[server], args.connections, args.seconds)
@@ -180,6 +186,7 @@ async def main() -> int:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     parser.add_argument("--functions", action="store_true", help="list the functions called per request")
+    parser.add_argument("--source", type=Path, help="count the proxy of another checkout of the project (e.g. main)")
     args = parser.parse_args()
     if not load.WRK:
         print("wrk is needed (apt-get install wrk)")

@@ -26,7 +26,8 @@ import time
 
 from aiohttp import hdrs, web
 
-from proxy.runtime.log import begin_request, new_request_id
+from proxy.runtime.log import new_request_id
+from proxy.runtime.request_state import begin_request
 from proxy.web.access import ACCESS, CLIENT, quietly_admitted
 from proxy.web.aiohttp_internals import Handler
 from proxy.web.app_keys import MEMORY_FRONT, SETTINGS
@@ -98,14 +99,14 @@ class FrontDoor:
             if admitted is not True:
                 client = request[CLIENT] = admitted
         gate = app_gatekeeper(app)
-        begin_request()  # the cache outcome: counted by `warm_document`
+        request_id = new_request_id(headers.get("X-Request-Id"))
+        begin_request(request_id)  # no budget: nothing is waited for (the cache outcome is noted by `warm_document`)
         kept = warm_document(app, request, parts[6], client, gate)
         if kept is None:
             return None
         rendered, fresh_for = kept
         response = rendered_response(request, rendered)
         add_cache_headers(request, response, MIRROR_ROUTE, client, settings, gate, fresh_for)
-        request_id = new_request_id(headers.get("X-Request-Id"))
         response.headers["X-Request-Id"] = request_id
         response.headers["Server"] = SERVER  # what `server_header` sets on the application's answers
         status, sent = response.status, response.content_length or 0
