@@ -10,14 +10,16 @@ answer: `Cache-Control` and `Vary`, `X-Request-Id`, `Server`, the metrics and th
 client names is answered 304, and HEAD as aiohttp answers it.
 
 Anything else goes to the application unchanged, which answers it as before: another path or method, a
-percent-encoded path or a query, another HTTP version, a purge check due, a token that is not a valid static one
-(OIDC, unknown), a request access control would refuse (the application refuses it, and logs it), no answer kept.
-Up to that point the front door has done nothing the application would not do again (it logs nothing, counts
-nothing, and remembers nothing of the request).
+percent-encoded path or a query, another HTTP version, an `Expect` header, a purge check due, a token that is not
+a valid static one (OIDC, unknown), a request access control would refuse (the application refuses it, and logs
+it), no answer kept.
+Up to that point the front door has logged and counted nothing, and what it noted (the request's state, its
+token's client) the application notes again.
 
 The server puts it in front of the application's handler once the application has started (`open`, called by
 `proxy.web.aiohttp_internals.put_in_front` for the application's `FRONT`); an application served without it answers
-the same, through the middlewares.
+the same, through the middlewares. What a new middleware or `on_response_prepare` handler adds to every answer must be
+added here too: tests/integration/test_front_door.py compares the two answers header by header.
 """
 
 from __future__ import annotations

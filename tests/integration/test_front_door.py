@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from yarl import URL
 
 from proxy.identity.tokens import hash_token
+from proxy.settings.values import parse_networks
 from proxy.web.aiohttp_internals import FRONT
 from proxy.web.app_keys import MIRROR, WARM_ANSWERS
 from tests.conftest import RunningProxy, serve_proxy
@@ -151,6 +152,17 @@ async def test_a_token_holder_gets_the_same_answer_at_the_front_and_refusals_com
             got, _, body = await proxy.get(path, headers=headers)
             assert (got, json.loads(body)["code"]) == (status, code)
         assert front.answered == answered
+
+
+async def test_behind_a_trusted_proxy_the_front_door_logs_the_client_the_application_would(
+    make_settings, client_ssl, monkeypatch
+):
+    settings = make_settings(trusted_proxies=parse_networks(["127.0.0.0/8"]))
+    async with serve_proxy(settings, client_ssl) as proxy:
+        await warm(proxy, VERSION_DOC)
+        forwarded = {"X-Forwarded-For": "6.6.6.6, 203.0.113.9"}
+        at_front, by_application = await both_ways(proxy, monkeypatch, "GET", VERSION_DOC, forwarded)
+        assert at_front == by_application and at_front.log["remote"] == "203.0.113.9"
 
 
 async def test_what_the_front_door_must_not_answer_reaches_the_application(make_settings, client_ssl):
