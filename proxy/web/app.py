@@ -142,15 +142,18 @@ async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The metadata store (embedded or Redis) and the fleet's locks, behind the memory front and the 404 store."""
     settings, metrics = app[SETTINGS], app[METRICS]
     backend, locks, served_times = await open_metadata(settings, metrics)
-    front = app[MEMORY_FRONT] = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
-    await front.follow_purges()  # the purge mark as of now: later purges make this process forget
-    cache = negative_bound(settings, backend, metrics, front=front)
-    app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
-    app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
+    outermost: MetadataStore = backend  # closed whatever fails once the backend is open (closing passes inwards)
     try:
+        front = app[MEMORY_FRONT] = MemoryFront(
+            SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer
+        )
+        await front.follow_purges()  # the purge mark as of now: later purges make this process forget
+        outermost = cache = negative_bound(settings, backend, metrics, front=front)
+        app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
+        app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
         yield
     finally:
-        await cache.close()
+        await outermost.close()
 
 
 async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -184,16 +187,16 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
     path = settings.policy.policy_file
     policy = await asyncio.to_thread(load_policy, path) if path is not None else None
     audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
-    first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
-    gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
-    app[MIRROR].on_dated(gate.dated)
-    if audit.enabled:
-        app[MIRROR].on_fetched(gate.fetched)
-        app[MODULES].on_fetched = gate.fetched
-    if path is not None:
-        app[ON_SIGHUP].append(gate.reload)
-        log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
     try:
+        first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
+        gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
+        app[MIRROR].on_dated(gate.dated)
+        if audit.enabled:
+            app[MIRROR].on_fetched(gate.fetched)
+            app[MODULES].on_fetched = gate.fetched
+        if path is not None:
+            app[ON_SIGHUP].append(gate.reload)
+            log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
         yield
     finally:
         audit.close()
@@ -368,13 +371,17 @@ async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
     upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
-    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh)
-    access.oidc = OidcAuthenticator(keys, app[METRICS])
     try:
-        yield
+        keys = IssuerKeys(
+            upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh
+        )
+        try:
+            access.oidc = OidcAuthenticator(keys, app[METRICS])
+            yield
+        finally:
+            access.oidc = None
+            await keys.close()
     finally:
-        access.oidc = None
-        await keys.close()
         await upstream.close()
 
 
