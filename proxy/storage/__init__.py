@@ -8,7 +8,7 @@ This module is the package's only public face (an import-linter contract keeps t
   downloads in a per-process temp directory (`staging`) and publish only verified content, whole.
 - `ArchiveGuard`, the one integrity check between a store and a client (`guard`): sizes on every
   lookup, the SHA-256 of every whole body served, quarantine of what fails.
-- `ServedArchives` (`usage`: pins while an archive is sent, last-served times through a
+- `ArchiveUsage` (`usage`: pins while an archive is sent, last-served times through a
   `ServedTimes`), `Evictor` (`size_cap`: the size cap) and its pure choice of victims and of gc's
   orphans (`victims`), and `DiskSpace` (`space`: the free-space floor, "disk full" errors).
 - What a store says it holds (`objects`): `StoredArchive`, `ObjectInfo`, `Leftover` and its kinds.
@@ -35,7 +35,7 @@ from proxy.storage.objects import (
 from proxy.storage.size_cap import EvictionRun, Evictor
 from proxy.storage.space import DiskSpace, SpaceReport, is_disk_full
 from proxy.storage.staging import LOCK_NAME, PendingArchive, file_digest, sha256_file
-from proxy.storage.usage import ServedArchives
+from proxy.storage.usage import ArchiveUsage
 from proxy.storage.victims import orphans
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "ArchiveGuard",
     "ArchiveReader",
     "ArchiveStore",
+    "ArchiveUsage",
     "DiskSpace",
     "EvictionRun",
     "Evictor",
@@ -55,7 +56,6 @@ __all__ = [
     "ObjectCheck",
     "ObjectInfo",
     "PendingArchive",
-    "ServedArchives",
     "ServedTimes",
     "SpaceReport",
     "StoredArchive",

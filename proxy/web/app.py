@@ -36,12 +36,13 @@ from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
 from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
-from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
+from proxy.storage import ArchiveGuard, ArchiveStore, ArchiveUsage, DiskSpace, Evictor, ServedTimes, archive_store
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import catalog_api, health, home, lock_hashes, network_mirror, registry, well_known
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.app_keys import (
+    ARCHIVE_USAGE,
     CATALOG,
     GATEKEEPER,
     GUARD,
@@ -52,7 +53,6 @@ from proxy.web.app_keys import (
     MODULES,
     PUBLISH_DATES,
     RENDERED,
-    SERVED,
     SETTINGS,
     WARM_ANSWERS,
 )
@@ -289,8 +289,8 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             space=space,
             metrics=metrics,
         )
-        served = app[SERVED] = ServedArchives(app[SERVED_TIMES])
-        inventory = app[INVENTORY] = InventoryReader(settings, cache, served)
+        usage = app[ARCHIVE_USAGE] = ArchiveUsage(app[SERVED_TIMES])
+        inventory = app[INVENTORY] = InventoryReader(settings, cache, usage)
         app[CATALOG] = Catalog(cache, store, app[SERVED_TIMES], inventory)
         git = GitFetcher(
             AddressPolicy(settings.upstreams.private_host_exceptions),
@@ -314,7 +314,7 @@ async def evictor_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     evictor = Evictor(
         app[ARCHIVE_STORE],
-        app[SERVED],
+        app[ARCHIVE_USAGE],
         app[SERVED_TIMES],
         app[FLEET_LOCKS],
         app[DISK_SPACE],
