@@ -52,7 +52,7 @@ from proxy.web.app_keys import (
     MIRROR,
     MODULES,
     PUBLISH_DATES,
-    RENDERED,
+    RENDERINGS,
     SETTINGS,
     WARM_ANSWERS,
 )
@@ -80,7 +80,7 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
-    app[RENDERED] = Renderings()
+    app[RENDERINGS] = Renderings()
     app[ON_SIGHUP] = []
     app.cleanup_ctx.extend(
         [
