@@ -1,11 +1,12 @@
 """README.md and docs/*.md against the code: every `--flag` and `REGISTRY_PROXY_*` variable they name
-exists, every link (and its #anchor) resolves, every module of proxy/ is in docs/architecture.md, the README
-stays a short quick start, each guide has contents, and the container facts the deployment guide gives match
-deploy/Containerfile."""
+exists, every link (and its #anchor) resolves, docs/architecture.md names every module of proxy/ and shows
+the stack of setup.cfg's `layers` contract, the README stays a short quick start, each guide has contents,
+and the container facts the deployment guide gives match deploy/Containerfile."""
 
 from __future__ import annotations
 
 import argparse
+import configparser
 import re
 from pathlib import Path
 
@@ -173,6 +174,45 @@ def test_the_module_check_can_fail():
     text = "`a.py` and `proxy/gone.py`, `__init__.py`; `tests/b.py`, `bench/c.py`"
     modules = [Path("proxy/x/a.py"), Path("proxy/x/b.py"), Path("proxy/x/__init__.py")]
     assert unlisted_modules(text, modules) == ({"b.py"}, {"gone.py"})
+
+
+def documented_layers(text: str) -> list[frozenset[str]]:
+    """The stack as docs/architecture.md's table under "The stack" gives it, top first: each row's packages
+    (`web/` is proxy.web, `proxy/cli.py` is proxy.cli), `, then ` between layers of one row, `\\|` between
+    siblings of one layer."""
+    section = text.split("## The stack", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for row in re.findall(r"^\| [^|]+ \| (.+?) \| [^\n]*\|$", section, flags=re.MULTILINE)[2:]:  # past the header
+        for layer in row.split(", then "):
+            names = re.findall(r"`(?:proxy/)?(\w+)(?:/|\.py)`", layer)
+            layers.append(frozenset(f"proxy.{name}" for name in names))
+    return layers
+
+
+def linted_layers() -> list[frozenset[str]]:
+    """The stack of setup.cfg's `layers` contract, top first."""
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    lines = config["importlinter:contract:layers"]["layers"].split("\n")
+    return [frozenset(name.strip() for name in line.split("|")) for line in lines if line.strip()]
+
+
+def test_docs_architecture_shows_the_stack_lint_imports_checks():
+    assert documented_layers((REPO_ROOT / "docs" / "architecture.md").read_text()) == linted_layers()
+    assert len(linted_layers()) > 8
+
+
+def test_the_stack_check_can_fail():
+    text = (
+        "## The stack\n\n| layer | packages | what |\n| --- | --- | --- |\n| entry | `proxy/cli.py` | x |\n"
+        "| edges | `web/` \\| `commands/` | y |\n| low | `a/`, then `b/` | z |\n\n## Next\n| x | `c/` | w |\n"
+    )
+    assert documented_layers(text) == [
+        {"proxy.cli"},
+        {"proxy.web", "proxy.commands"},
+        {"proxy.a"},
+        {"proxy.b"},
+    ]
 
 
 def test_the_readme_is_a_quick_start():
