@@ -18,11 +18,9 @@ import gc
 import json
 import os
 import runpy
-import shutil
 import signal
 import ssl
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -191,18 +189,9 @@ async def main() -> int:
     if not load.WRK:
         print("wrk is needed (apt-get install wrk)")
         return 1
-    root = Path(tempfile.mkdtemp(prefix="bench-calls-"))
-    try:
-        results = await run(args, root)
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    results = await load.in_temp_dir("bench-calls-", args.keep, lambda root: run(args, root))
     report(results)
-    out = Path(__file__).parent / "results" / "calls.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    load.save_results("calls", results)
     return 0
 
 

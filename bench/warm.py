@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import ssl
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,18 +242,9 @@ async def main() -> int:
     if not load.WRK:
         print("wrk is needed (apt-get install wrk)")
         return 1
-    root = Path(tempfile.mkdtemp(prefix="bench-warm-"))
-    try:
-        results = await run(args, root)
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    results = await load.in_temp_dir("bench-warm-", args.keep, lambda root: run(args, root))
     ok = report(results)
-    out = Path(__file__).parent / "results" / "warm.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    load.save_results("warm", results)
     return 0 if ok else 1
 
 
