@@ -196,7 +196,7 @@ class Suite:
                 await self.init_wan(stack)
 
     async def _proxies_phases(self, stack: contextlib.AsyncExitStack, only: set[str]) -> None:
-        """Benchmarks 1, 3, 5, 2 and 4b (those of `only`) on the proxy with 1 and with N workers."""
+        """Benchmarks 1, 3, 6, 5, 2 and 4b (those of `only`): the proxy with 1 and with N workers, then 6's own."""
         args = self.args
         proxy = await self._start_proxy(stack, "proxy-a")
         probe = ProcessProbe(proxy.process.pid)
