@@ -36,7 +36,8 @@ class SharedBufferReads(asyncio.BufferedProtocol):
     protocol.
 
     Sharing one buffer is safe: the transports call `get_buffer` and `buffer_updated` back to back, and the
-    bytes are copied out before anything else runs."""
+    bytes are copied out before anything else runs (one event loop per process makes client connections, the
+    server's or a command's, as for the server's own read buffer)."""
 
     buffer = memoryview(bytearray(PIECE))  # of the process: replaced by a larger one when a hint asks for more
 
