@@ -1,6 +1,6 @@
-"""What proxy/web/aiohttp_internals.py and proxy/web/gunicorn_internals.py rely on still holds in the
-installed aiohttp and gunicorn (pinned in constraints.txt). A failure here names what a new release changed:
-review that module before upgrading."""
+"""What proxy/web/aiohttp_internals.py, proxy/runtime/client_reads.py and proxy/web/gunicorn_internals.py rely
+on still holds in the installed aiohttp, aiobotocore and gunicorn (pinned in constraints.txt). A failure here names
+what a new release changed: review that module before upgrading."""
 
 from __future__ import annotations
 
@@ -8,23 +8,33 @@ import ast
 import asyncio
 import inspect
 import json
+import os
 import signal
 import socket
+import ssl
 from importlib.metadata import version
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiobotocore.httpsession import AIOHTTPSession
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from gunicorn.arbiter import Arbiter
 from gunicorn.config import Config
 from gunicorn.sock import TCPSocket
 
+from proxy.runtime import client_reads
+from proxy.runtime.client_reads import SharedBufferReads, read_into_shared_buffer
+from proxy.storage.s3 import SharedBufferSession
 from proxy.web import aiohttp_internals, gunicorn_internals
 from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
+from proxy.web.eventloop import new_event_loop
 
 AIOHTTP = f"aiohttp {version('aiohttp')} changed what proxy/web/aiohttp_internals.py relies on"
 GUNICORN = f"gunicorn {version('gunicorn')} changed what proxy/web/gunicorn_internals.py relies on"
+CLIENT = f"aiohttp {version('aiohttp')} changed what proxy/runtime/client_reads.py relies on"
+BOTOCORE = f"aiobotocore {version('aiobotocore')} changed what proxy/storage/s3.py's SharedBufferSession relies on"
 MAX_LINE, MAX_FIELD, MAX_HEADERS = 200, 100, 8
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +46,7 @@ def _pinned(name: str) -> str:
     raise AssertionError(f"{name} is not pinned in constraints.txt")
 
 
-@pytest.mark.parametrize("name", ["aiohttp", "gunicorn"])
+@pytest.mark.parametrize("name", ["aiohttp", "aiobotocore", "gunicorn"])
 def test_the_libraries_whose_internals_are_used_are_pinned(name):
     assert _pinned(name)  # the modules were reviewed against the pinned versions
 
@@ -191,7 +201,55 @@ def test_gunicorns_listener_wraps_a_real_socket():
         listener.close()
 
 
-PRIVATE = frozenset({"aiohttp.web_protocol", "aiohttp.http_exceptions", "gunicorn.arbiter", "gunicorn.sock"})
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_client_connections_read_every_byte_through_the_shared_buffer(loop, server_cert_files, ca_file):
+    """A body of several MiB over TLS, on a new connection and on one reused from the pool, reaches aiohttp
+    whole through `SharedBufferReads` (aiohttp built the connection's protocol with the connector's `_factory`,
+    and the loop's SSL transport took the buffered protocol swapped in)."""
+    body = os.urandom(3 << 20)
+
+    async def exchange() -> list[tuple[object, bytes]]:
+        async def answer(request: web.Request) -> web.Response:
+            return web.Response(body=body)
+
+        app = web.Application()
+        app.router.add_get("/", answer)
+        server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ssl.load_cert_chain(*map(str, server_cert_files))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
+        await site.start()
+        url = f"https://127.0.0.1:{runner.addresses[0][1]}/"
+        connector = read_into_shared_buffer(aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(ca_file))))
+        answers = []
+        try:
+            async with aiohttp.ClientSession(connector=connector) as session:
+                for _ in range(2):
+                    async with session.get(url) as response:
+                        protocol = response.connection.transport.get_protocol()
+                        answers.append((protocol, await response.read()))
+        finally:
+            await runner.cleanup()
+        return answers
+
+    with asyncio.Runner(loop_factory=lambda: new_event_loop(loop)) as runner:
+        answers = runner.run(exchange())
+    for protocol, received in answers:
+        assert isinstance(protocol, SharedBufferReads), f"{CLIENT}: {type(protocol).__name__} reads the connection"
+        assert received == body
+
+
+def test_aiobotocores_session_builds_its_connector_in_create_connector():
+    assert issubclass(SharedBufferSession, AIOHTTPSession), f"{BOTOCORE}: its HTTP session class"
+    create = inspect.getattr_static(AIOHTTPSession, "_create_connector", None)
+    assert inspect.iscoroutinefunction(create), f"{BOTOCORE}: AIOHTTPSession has no coroutine _create_connector"
+    assert list(inspect.signature(create).parameters) == ["self", "proxy_url"], f"{BOTOCORE}: its parameters"
+
+
+PRIVATE = frozenset(
+    {"aiohttp.web_protocol", "aiohttp.http_exceptions", "aiohttp.client_proto", "gunicorn.arbiter", "gunicorn.sock"}
+)
 
 
 def imported_modules(source: str) -> set[str]:
@@ -207,7 +265,7 @@ def imported_modules(source: str) -> set[str]:
 
 
 def test_only_the_internals_modules_import_those_internals():
-    allowed = {Path(aiohttp_internals.__file__).resolve(), Path(gunicorn_internals.__file__).resolve()}
+    allowed = {Path(m.__file__).resolve() for m in (aiohttp_internals, client_reads, gunicorn_internals)}
     offenders = [
         f"{path.relative_to(REPO)}: {name}"
         for path in sorted((REPO / "proxy").rglob("*.py"))
