@@ -48,7 +48,7 @@ from proxy.identity.tokens import GRANT_PARAM
 from proxy.protocol.http_ranges import evaluate
 from proxy.services.relay import UpstreamRelay
 from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
-from proxy.web.app_keys import GUARD, METRICS, SERVED, SETTINGS
+from proxy.web.app_keys import ARCHIVE_USAGE, GUARD, METRICS, SETTINGS
 from proxy.web.server import write_paced
 
 CHUNK = 1 << 18
@@ -86,7 +86,7 @@ async def _serve_pinned(
     so `serve_found` looks it up once more, which fetches it again."""
     if isinstance(stored, UpstreamRelay):
         return await serve_archive(request, stored, filename, content_type)
-    async with request.app[SERVED].serving(stored.sha256):
+    async with request.app[ARCHIVE_USAGE].serving(stored.sha256):
         return await serve_archive(request, stored, filename, content_type)
 
 
