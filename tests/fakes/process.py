@@ -73,6 +73,7 @@ class ProxyProcess:
             *extra,
         ]
         self.process: asyncio.subprocess.Process | None = None
+        self.source = REPO_ROOT  # the checkout whose `proxy` package runs (a benchmark may compare another)
         self.log_path = data_dir.parent / f"proxy-{self.port}.log"
         self.plain_http = "--plain-http" in extra
 
@@ -105,7 +106,7 @@ class ProxyProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child process
         log_start = log.tell()
         self.process = await asyncio.create_subprocess_exec(
-            *self.args, stdout=log, stderr=log, cwd=REPO_ROOT, env=child_environment()
+            *self.args, stdout=log, stderr=log, cwd=self.source, env=child_environment()
         )
         log.close()
         await self._wait_bound(log_start)
