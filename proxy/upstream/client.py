@@ -192,6 +192,27 @@ class UpstreamClient:
         # A half-written sink cannot be replayed, so downloads are not retried here.
         await self._request(url, {"Accept": "*/*"}, timeout, stream, None)
 
+    async def open_spares(self, url: URL, count: int) -> None:
+        """Open `count` more connections to `url`'s host, kept in the pool for the requests that follow (a HEAD
+        of `url` each, its answer dropped): requests that then go out together find a connection each instead
+        of each waiting for its own TCP and TLS handshakes. Nothing of it fails anything: errors are dropped."""
+        limits = self._limits
+        timeout = aiohttp.ClientTimeout(total=limits.metadata_timeout, connect=limits.connect_timeout)
+        token = self._credentials.token_for(url)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+
+        async def one() -> None:
+            async with self._session.head(url, headers=headers, timeout=timeout, allow_redirects=False) as response:
+                await response.read()
+
+        try:
+            await self._check_url(url)
+        except UpstreamError:
+            return
+        for outcome in await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.debug("upstream.spare_failed", url=_show(url), error=str(outcome))
+
     async def _with_retries(self, url, headers, handle, max_redirects):
         clock = asyncio.get_running_loop().time
         give_up = clock() + self._limits.metadata_timeout

@@ -10,6 +10,7 @@ import asyncio
 from structlog.testing import capture_logs
 
 from proxy.providers import archives
+from proxy.services.documents import SPARE_CONNECTIONS
 from proxy.storage import LOCK_NAME
 from proxy.web.app_keys import SETTINGS
 from tests.conftest import PROVIDER, REGISTRY_HOST
@@ -164,3 +165,17 @@ async def test_an_early_download_no_client_asks_for_is_stopped_and_its_answer_cl
     status, _, body = await proxy.get(mirror)
     assert (status, body) == (200, big.zips["linux_amd64"])
     assert registry.count(archive) == 2
+
+
+async def test_a_cold_host_gets_spare_connections_for_the_requests_that_follow_together(proxy, registry):
+    assert (await proxy.json(INDEX))[0] == 200
+    spares = SPARE_CONNECTIONS
+    await until(lambda: sum(1 for s in registry.timeline if (s.method, s.path) == ("HEAD", VERSIONS)) == spares)
+    with capture_logs() as logs:  # three download documents at once, then SHA256SUMS and its signature
+        assert (await proxy.json(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
+    events = [entry["event"] for entry in logs]
+    assert events.count("upstream.connection_reused") == 5 and "upstream.connected" not in events
+
+    assert (await proxy.json(f"/mirror/v1/{REGISTRY_HOST}/acme/other/index.json"))[0] == 404  # the host is warm
+    assert registry.count(VERSIONS, "HEAD") == spares
+    assert registry.count("/v1/providers/acme/other/versions", "HEAD") == 0
