@@ -41,7 +41,7 @@ from bench import load
 from bench.bare import LOOPS, BareAiohttp
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
-from bench.wan import Step, WanRelay, WanRun, connection_steps, process_cpu_seconds, proxy_steps, render, upstream_steps
+from bench.wan import Step, WanRun, connection_steps, process_cpu_seconds, proxy_steps, render, upstream_steps
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
 from proxy.settings.values import format_duration, parse_duration
 from tests.fakes.packages import Release
@@ -49,6 +49,7 @@ from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terrafor
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.s3_server import CREDENTIALS, S3Server
 from tests.fakes.signing import stop_gpg_agent
+from tests.fakes.wan_relay import WanRelay
 
 REDIS_SERVER = shutil.which("redis-server")
 

@@ -287,18 +287,16 @@ class ProviderArchives:
     async def _fetch(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> Found:
         """The one place where a provider archive is fetched from its upstream: verified, stored, recorded.
 
-        With the release's SHA256SUMS recorded, a copy already stored for another address is adopted;
-        without, the download starts at once, while they are fetched and verified, and is checked after both
-        (stopped as soon as they fail). While a policy may hold a release back by their date, they come first."""
+        Unless a copy is in the store already (`_adopted`), the download starts at once, while the release's
+        SHA256SUMS are fetched and verified if they are not recorded yet, and is checked after both (stopped as
+        soon as they fail). While a policy may hold a release back by their date, they come first."""
         self._chain.admit(addr, version, d)  # nothing is downloaded for a package the chain would refuse
         recorded = await self._sums.recorded(addr, d)
         if recorded is None and self._sums.dates_wanted():  # their date may hold the release back: them first
             recorded = await self._sums.verified(addr, version, d)
-        if recorded is not None:
-            expected = self._chain.expected(addr, version, d, recorded)
-            stored = await self._adopted(addr, version, d, expected)
-            if stored is not None:
-                return stored
+        stored = await self._adopted(addr, version, d, recorded)
+        if stored is not None:
+            return stored
         sums = asyncio.ensure_future(self._sums.verified(addr, version, d))
         try:
             return await self._download(addr, version, d, sums)
@@ -307,14 +305,18 @@ class ProviderArchives:
                 sums.cancel()
             sums.add_done_callback(_retrieved)
 
-    async def _adopted(self, addr: ProviderAddr, version: Version, d: DownloadInfo, expected: Hash) -> Found | None:
+    async def _adopted(
+        self, addr: ProviderAddr, version: Version, d: DownloadInfo, recorded: SignedSums | None
+    ) -> Found | None:
         """Another address or protocol (or this one, before the metadata was lost) may have stored the same bytes
-        already: adopted only if they hash to the address. Not with private hosts: a public release whose
-        signed SHA256SUMS lists a private archive's digest (lock files show digests) would otherwise be served
-        the private bytes without ever fetching them."""
-        stored = None if self._private_hosts else await self._downloader.adopt(expected.sha256)
+        already: adopted only if they hash to the address (the registry's shasum, which the signed SHA256SUMS
+        must list: they are verified first if `recorded` is None). Not with private hosts: a public release
+        whose signed SHA256SUMS lists a private archive's digest (lock files show digests) would otherwise be
+        served the private bytes without ever fetching them."""
+        stored = None if self._private_hosts else await self._downloader.adopt(d.shasum.sha256)
         if stored is None:
             return None
+        expected = self._chain.expected(addr, version, d, recorded or await self._sums.verified(addr, version, d))
         hashes = await asyncio.to_thread(self._chain.archive_hashes, addr, version, d, stored.path, expected)
         return stored, await self._record(addr, version, d, stored, hashes)
 

@@ -107,6 +107,7 @@ class DocumentCache:
         self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
         self._early: Memo[str, asyncio.Future[UpstreamResponse]] = Memo(EARLY_FETCHES)  # URL → its early fetch
         self._spares: set[asyncio.Future[None]] = set()  # spare connections being opened
+        self._spared: Memo[str, bool] = Memo()  # the hosts (origins) spare connections were opened to
 
     async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object (a big
@@ -175,10 +176,13 @@ class DocumentCache:
         return url.join(URL(path))
 
     def open_spares(self, url: URL) -> None:
-        """Open `SPARE_CONNECTIONS` more connections to `url`'s host in the background (`UpstreamClient.open_spares`):
-        for a cold host, whose next requests (download documents, SHA256SUMS, archives) go out several at once."""
-        if self._settings.upstreams.offline:
+        """Open `SPARE_CONNECTIONS` more connections to `url`'s host in the background (`UpstreamClient.open_spares`),
+        once per host in this process: for a cold host, whose next requests (download documents, SHA256SUMS,
+        archives) go out several at once."""
+        origin = str(url.origin())
+        if self._settings.upstreams.offline or self._spared.get(origin):
             return
+        self._spared.put(origin, True)
         spares = asyncio.ensure_future(self._upstream.open_spares(url, SPARE_CONNECTIONS))
         self._spares.add(spares)
         spares.add_done_callback(self._spares.discard)

@@ -85,7 +85,10 @@ async def _serve_pinned(
     An archive evicted between its lookup and the pin is gone when it is opened: StoreCorruptionError,
     so `serve_found` looks it up once more, which fetches it again."""
     if isinstance(stored, UpstreamRelay):
-        return await serve_archive(request, stored, filename, content_type)
+        response = await serve_archive(request, stored, filename, content_type)
+        if stored.stored and stored.etag is not None:  # a download followed to its end: stored and served now
+            await request.app[SERVED].note(stored.etag)
+        return response
     async with request.app[SERVED].serving(stored.sha256):
         return await serve_archive(request, stored, filename, content_type)
 
