@@ -29,6 +29,7 @@ _EVENTS = {
     "request": "client → proxy",
     "upstream.connected": "new upstream connection",
     "upstream.connection_reused": "upstream connection reused",
+    "upstream.spare_opened": "spare upstream connection opened",
     "gpg.imported": "gpg: key import",
     "gpg.verified": "gpg: verify",
     "verify.signature_ok": "SHA256SUMS signature verified",
