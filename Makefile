@@ -98,7 +98,7 @@ test-e2e: system-deps install
 
 # ruff (lint and format), then the import contracts of setup.cfg (the layers; pure modules do no I/O).
 lint: install
-	$(BIN)/ruff check proxy tests bench scripts
+	$(BIN)/ruff check proxy tests bench scripts setup.py
 	$(BIN)/ruff format --check proxy tests bench scripts setup.py
 	$(BIN)/lint-imports --no-cache --no-logo
 

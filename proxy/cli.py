@@ -22,10 +22,11 @@ from proxy import __version__
 from proxy.commands import healthcheck
 from proxy.domain.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
 from proxy.settings.command_line import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
-from proxy.settings.config import ConfigError, Settings, build
+from proxy.settings.config import ConfigError, Settings, build, declared
 from proxy.web.listener import bind_listener
 
 log = structlog.get_logger("proxy.cli")
+POLICY = declared("--policy")  # serve's and export's policy file, which `policy explain` reads too
 
 
 def build_parser() -> OptionParser:
@@ -74,11 +75,11 @@ def _add_policy_command(commands) -> None:
     )
     explain.add_argument("address", help="HOST/NAMESPACE/TYPE[@VERSION] or HOST/NAMESPACE/NAME/SYSTEM[@VERSION]")
     explain.add_argument(
-        "--policy",
+        POLICY.flag,
         dest="policy_path",
-        default=os.environ.get("REGISTRY_PROXY_POLICY"),
+        default=os.environ.get(POLICY.env_name),  # the declared option's variable (its --config key is serve's)
         metavar="FILE",
-        help="the policy file (default: REGISTRY_PROXY_POLICY)",
+        help=f"the policy file (default: {POLICY.env_name})",
     )
     explain.add_argument("--platform", metavar="OS_ARCH", help="the platform asked for (e.g. linux_amd64)")
     explain.add_argument("--client", default="anonymous", metavar="NAME", help="the client token's name")

@@ -9,7 +9,7 @@ from pathlib import Path
 from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.governance.gatekeeper import explain, load_policy, subject_of
 from proxy.governance.policy import FIRST_LISTING, Policy, PolicyError, ReleaseTime, describe
-from proxy.settings.config import ConfigError
+from proxy.settings.config import ConfigError, declared
 from proxy.settings.values import parse_duration
 
 
@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.file}: OK")
         return 0
     if not args.policy_path:
-        raise ConfigError("policy explain needs the policy file: --policy FILE or REGISTRY_PROXY_POLICY")
+        option = declared("--policy")
+        raise ConfigError(f"policy explain needs the policy file: {option.flag} FILE or {option.env_name}")
     policy = _load(args.policy_path)
     address, _, version_text = args.address.partition("@")
     try:

@@ -24,6 +24,7 @@ from proxy.commands.terraform_config import ModuleCall, ProjectConfigError, Requ
 from proxy.domain import constraints
 from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.domain.lockfile import LockedProvider, LockFileError, parse_lockfile
+from proxy.protocol.offers import no_package_message
 
 
 @dataclass
@@ -129,7 +130,7 @@ def _provider_job(client: ProxyClient, selection: Selection, platform: Platform)
         archives = await client.version_archives(selection.addr, selection.version)
         entry = archives.get(str(platform))
         if entry is None:
-            raise CommandError(f"no package for {platform} (the registry has {', '.join(sorted(archives))})")
+            raise CommandError(no_package_message("the version", [platform], sorted(archives)))
         base = client.url(f"mirror/v1/{selection.addr.hostname}/{selection.addr.namespace}/{selection.addr.type}/")
         return await client.download(entry["url"], progress, base=base)
 

@@ -68,8 +68,9 @@ def missing_platforms(offered: Iterable[Platform], requested: Iterable[Platform]
     return [p for p in requested if p not in available]
 
 
-def no_package_message(what: str, missing: list[Platform], offered: Iterable[Platform]) -> str:
-    """`provider X 1.0.0 has no package for a_b, c_d (it offers: …)`."""
+def no_package_message(what: str, missing: list[Platform], offered: Iterable[Platform | str]) -> str:
+    """`provider X 1.0.0 has no package for a_b, c_d (it offers: …)`: the proxy's 404, and `warm`'s failure
+    for a platform the proxy lists no archive of (`offered` as the proxy's answer names them)."""
     return (
         f"{what} has no package for {', '.join(map(str, missing))} "
         f"(it offers: {', '.join(map(str, offered)) or 'none'})"

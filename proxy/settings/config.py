@@ -895,3 +895,8 @@ OPTIONS = (*options_of(Settings), *options_of(ClientOptions), *options_of(CheckO
 def options_for(command: str) -> tuple[Any, ...]:
     """The options `command` takes, in the order they are declared."""
     return tuple(spec for spec in OPTIONS if command in spec.commands)
+
+
+def declared(flag: str) -> Any:
+    """The option declared with `flag` (an Option; StopIteration if none is: a renamed option fails loudly)."""
+    return next(spec for spec in OPTIONS if spec.flag == flag)

@@ -2,15 +2,15 @@
 
 This module is the package's only public face (an import-linter contract keeps the rest inside):
 
-- `ArchiveStore`, the interface of a backend (`protocol`), and `archive_store(settings)`, which picks
-  one (`factory`): a content-addressed directory (`disk`) or S3-compatible object storage (`s3`,
-  its answers read by `s3answers`). Both stage downloads in a per-process temp directory (`staging`)
-  and publish only verified content, whole.
+- `ArchiveStore`, the interface of a backend (`interface`), and `archive_store(settings)`, which picks
+  one (`factory`): a content-addressed directory (`disk`, reading through a reused buffer:
+  `read_buffer`) or S3-compatible object storage (`s3`, its answers read by `s3_answers`). Both stage
+  downloads in a per-process temp directory (`staging`) and publish only verified content, whole.
 - `ArchiveGuard`, the one integrity check between a store and a client (`guard`): sizes on every
   lookup, the SHA-256 of every whole body served, quarantine of what fails.
-- `ServedArchives` (`served`: pins while an archive is sent, last-served times through a
-  `ServedTimes`), `Evictor` (`evictor`: the size cap) and its pure policy (`eviction`), and
-  `DiskSpace` (`space`: the free-space floor, "disk full" errors).
+- `ArchiveUsage` (`usage`: pins while an archive is sent, last-served times through a
+  `ServedTimes`), `Evictor` (`size_cap`: the size cap) and its pure choice of victims and of gc's
+  orphans (`victims`), and `DiskSpace` (`space`: the free-space floor, "disk full" errors).
 - What a store says it holds (`objects`): `StoredArchive`, `ObjectInfo`, `Leftover` and its kinds.
 
 docs/integrity.md#archive-stores says what the stores guarantee.
@@ -35,10 +35,8 @@ from proxy.storage.objects import (
 from proxy.storage.size_cap import EvictionRun, Evictor
 from proxy.storage.space import DiskSpace, SpaceReport, is_disk_full
 from proxy.storage.staging import LOCK_NAME, PendingArchive, file_digest, sha256_file
-from proxy.storage.usage import ServedArchives
+from proxy.storage.usage import ArchiveUsage
 from proxy.storage.victims import orphans
-
-ArchiveStorage = ArchiveStore  # the interface's name before it became a package (until the branches are merged)
 
 __all__ = [
     "LOCK_NAME",
@@ -49,8 +47,8 @@ __all__ = [
     "UPLOAD",
     "ArchiveGuard",
     "ArchiveReader",
-    "ArchiveStorage",
     "ArchiveStore",
+    "ArchiveUsage",
     "DiskSpace",
     "EvictionRun",
     "Evictor",
@@ -58,7 +56,6 @@ __all__ = [
     "ObjectCheck",
     "ObjectInfo",
     "PendingArchive",
-    "ServedArchives",
     "ServedTimes",
     "SpaceReport",
     "StoredArchive",

@@ -27,7 +27,7 @@ from proxy.storage import victims
 from proxy.storage.interface import ArchiveStore, ServedTimes
 from proxy.storage.objects import ObjectInfo, StoredArchive
 from proxy.storage.space import DiskSpace
-from proxy.storage.usage import ServedArchives
+from proxy.storage.usage import ArchiveUsage
 
 log = structlog.get_logger(__name__)
 LOCK_KEY = "store-eviction"
@@ -50,7 +50,7 @@ class Evictor:
     def __init__(
         self,
         store: ArchiveStore,
-        served: ServedArchives,
+        usage: ArchiveUsage,
         times: ServedTimes,
         locks: FleetLocks,
         space: DiskSpace,
@@ -62,7 +62,7 @@ class Evictor:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
-        self._served = served
+        self._usage = usage
         self._times = times
         self._locks = locks
         self._space = space
@@ -155,7 +155,7 @@ class Evictor:
             return EvictionRun(self._objects, self._bytes, excess)
         now = self._clock()
         chosen = victims.victims(
-            objects, served, excess=excess, now=now, grace=self._grace, pinned=self._served.pinned()
+            objects, served, excess=excess, now=now, grace=self._grace, pinned=self._usage.pinned()
         )
         last_used = {obj.sha256: victims.last_use(obj, served, now, self._grace) for obj in chosen}
         evicted, freed = await self._remove(chosen, last_used)
@@ -171,14 +171,14 @@ class Evictor:
         evicted: list[str] = []
         freed = 0
         for obj in chosen:
-            if self._served.is_pinned(obj.sha256):  # a response began sending it since the choice
+            if self._usage.is_pinned(obj.sha256):  # a response began sending it since the choice
                 continue
             size = await self._store.remove(obj.sha256)
             if not size:
                 continue  # gone already (another process, or gc)
             evicted.append(obj.sha256)
             freed += size
-            self._served.forget(obj.sha256)
+            self._usage.forget(obj.sha256)
             self._bytes -= size
             self._objects -= 1
             self._metrics.evictions.inc()

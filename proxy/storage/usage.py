@@ -1,6 +1,6 @@
 """Which archives are in use: pinned while a response streams them, and when each was last served.
 
-`ServedArchives.serving(sha256)` pins an archive in this process for as long as a response sends
+`ArchiveUsage.serving(sha256)` pins an archive in this process for as long as a response sends
 it (eviction never removes a pinned archive) and notes the time. Last-served times go where the
 metadata's connection is (`ServedTimes`: a Redis sorted set for the fleet, a table of the embedded
 file) at most once per `every` seconds per archive and process, so a hot archive costs one write a
@@ -21,7 +21,7 @@ WRITE_EVERY = 60.0
 REMEMBERED = 100_000  # archives whose last write time this process keeps (the least recently served are dropped)
 
 
-class ServedArchives:
+class ArchiveUsage:
     """Pins and throttled last-served times for one process."""
 
     def __init__(

@@ -36,12 +36,13 @@ from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
 from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
-from proxy.storage import ArchiveGuard, ArchiveStore, DiskSpace, Evictor, ServedArchives, ServedTimes, archive_store
+from proxy.storage import ArchiveGuard, ArchiveStore, ArchiveUsage, DiskSpace, Evictor, ServedTimes, archive_store
 from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import catalog_api, health, home, lock_hashes, network_mirror, registry, well_known
 from proxy.web.access import ACCESS, Access, access_control
 from proxy.web.app_keys import (
+    ARCHIVE_USAGE,
     CATALOG,
     GATEKEEPER,
     GUARD,
@@ -51,8 +52,7 @@ from proxy.web.app_keys import (
     MIRROR,
     MODULES,
     PUBLISH_DATES,
-    RENDERED,
-    SERVED,
+    RENDERINGS,
     SETTINGS,
     WARM_ANSWERS,
 )
@@ -80,7 +80,7 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
-    app[RENDERED] = Renderings()
+    app[RENDERINGS] = Renderings()
     app[ON_SIGHUP] = []
     app.cleanup_ctx.extend(
         [
@@ -142,15 +142,18 @@ async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
     """The metadata store (embedded or Redis) and the fleet's locks, behind the memory front and the 404 store."""
     settings, metrics = app[SETTINGS], app[METRICS]
     backend, locks, served_times = await open_metadata(settings, metrics)
-    front = app[MEMORY_FRONT] = MemoryFront(SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer)
-    await front.follow_purges()  # the purge mark as of now: later purges make this process forget
-    cache = negative_bound(settings, backend, metrics, front=front)
-    app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
-    app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
+    outermost: MetadataStore = backend  # closed whatever fails once the backend is open (closing passes inwards)
     try:
+        front = app[MEMORY_FRONT] = MemoryFront(
+            SkipWritesWhenFull(backend), remember_absence=settings.sole_metadata_writer
+        )
+        await front.follow_purges()  # the purge mark as of now: later purges make this process forget
+        outermost = cache = negative_bound(settings, backend, metrics, front=front)
+        app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
+        app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
         yield
     finally:
-        await cache.close()
+        await outermost.close()
 
 
 async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -184,16 +187,16 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
     path = settings.policy.policy_file
     policy = await asyncio.to_thread(load_policy, path) if path is not None else None
     audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
-    first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
-    gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
-    app[MIRROR].on_dated(gate.dated, gate.dates_wanted)
-    if audit.enabled:
-        app[MIRROR].on_fetched(gate.fetched)
-        app[MODULES].on_fetched = gate.fetched
-    if path is not None:
-        app[ON_SIGHUP].append(gate.reload)
-        log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
     try:
+        first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
+        gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
+        app[MIRROR].on_dated(gate.dated, gate.dates_wanted)
+        if audit.enabled:
+            app[MIRROR].on_fetched(gate.fetched)
+            app[MODULES].on_fetched = gate.fetched
+        if path is not None:
+            app[ON_SIGHUP].append(gate.reload)
+            log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
         yield
     finally:
         audit.close()
@@ -286,8 +289,8 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             space=space,
             metrics=metrics,
         )
-        served = app[SERVED] = ServedArchives(app[SERVED_TIMES])
-        inventory = app[INVENTORY] = InventoryReader(settings, cache, served)
+        usage = app[ARCHIVE_USAGE] = ArchiveUsage(app[SERVED_TIMES])
+        inventory = app[INVENTORY] = InventoryReader(settings, cache, usage)
         app[CATALOG] = Catalog(cache, store, app[SERVED_TIMES], inventory)
         git = GitFetcher(
             AddressPolicy(settings.upstreams.private_host_exceptions),
@@ -311,7 +314,7 @@ async def evictor_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     evictor = Evictor(
         app[ARCHIVE_STORE],
-        app[SERVED],
+        app[ARCHIVE_USAGE],
         app[SERVED_TIMES],
         app[FLEET_LOCKS],
         app[DISK_SPACE],
@@ -368,13 +371,17 @@ async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
     upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
-    keys = IssuerKeys(upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh)
-    access.oidc = OidcAuthenticator(keys, app[METRICS])
     try:
-        yield
+        keys = IssuerKeys(
+            upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh
+        )
+        try:
+            access.oidc = OidcAuthenticator(keys, app[METRICS])
+            yield
+        finally:
+            access.oidc = None
+            await keys.close()
     finally:
-        access.oidc = None
-        await keys.close()
         await upstream.close()
 
 

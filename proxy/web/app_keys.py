@@ -13,7 +13,7 @@ from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
 from proxy.runtime.metrics import Metrics
 from proxy.settings.config import Settings
-from proxy.storage import ArchiveGuard, ServedArchives
+from proxy.storage import ArchiveGuard, ArchiveUsage
 from proxy.web.renderings import Renderings
 from proxy.web.warm_answers import WarmAnswers
 
@@ -22,9 +22,9 @@ MIRROR = web.AppKey("mirror", Mirror)
 METRICS = web.AppKey("metrics", Metrics)
 MODULES = web.AppKey("modules", ModuleMirror)
 GUARD = web.AppKey("guard", ArchiveGuard)
-RENDERED = web.AppKey("rendered", Renderings)
+RENDERINGS = web.AppKey("renderings", Renderings)
 INVENTORY = web.AppKey("inventory", InventoryReader)
-SERVED = web.AppKey("served", ServedArchives)
+ARCHIVE_USAGE = web.AppKey("archive_usage", ArchiveUsage)
 CATALOG = web.AppKey("catalog", Catalog)
 MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)

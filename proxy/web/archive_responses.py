@@ -48,7 +48,7 @@ from proxy.identity.tokens import GRANT_PARAM
 from proxy.protocol.http_ranges import evaluate
 from proxy.services.relay import UpstreamRelay
 from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
-from proxy.web.app_keys import GUARD, METRICS, SERVED, SETTINGS
+from proxy.web.app_keys import ARCHIVE_USAGE, GUARD, METRICS, SETTINGS
 from proxy.web.server import write_paced
 
 CHUNK = 1 << 18
@@ -87,9 +87,9 @@ async def _serve_pinned(
     if isinstance(stored, UpstreamRelay):
         response = await serve_archive(request, stored, filename, content_type)
         if stored.stored and stored.etag is not None:  # a download followed to its end: stored and served now
-            await request.app[SERVED].note(stored.etag)
+            await request.app[ARCHIVE_USAGE].note(stored.etag)
         return response
-    async with request.app[SERVED].serving(stored.sha256):
+    async with request.app[ARCHIVE_USAGE].serving(stored.sha256):
         return await serve_archive(request, stored, filename, content_type)
 
 

@@ -21,7 +21,7 @@ from proxy.protocol.proxy_urls import archive_filename
 from proxy.providers.mirror import PlatformArchive
 from proxy.services.freshness import note_fresh_for, request_fresh_for
 from proxy.web.access import UrlSigner, url_signer
-from proxy.web.app_keys import MIRROR, RENDERED, WARM_ANSWERS
+from proxy.web.app_keys import MIRROR, RENDERINGS, WARM_ANSWERS
 from proxy.web.archive_responses import Found, may_follow, serve_found
 from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, note_served
 from proxy.web.renderings import Rendering
@@ -78,7 +78,7 @@ async def _render(
     signer: UrlSigner | None,
 ) -> tuple[Rendering, float]:
     """The answer, and until when (the policy's clock) the policy's decisions in it hold (infinite without one)."""
-    mirror, rendered = request.app[MIRROR], request.app[RENDERED]
+    mirror, rendered = request.app[MIRROR], request.app[RENDERINGS]
     if name == "index.json":
         if gate is None or client is None:
             versions = await mirror.provider_versions(addr)

@@ -23,7 +23,7 @@ from proxy.governance.policy_documents import (
 )
 from proxy.protocol.proxy_urls import rewrite_download_document, under
 from proxy.web.access import url_signer
-from proxy.web.app_keys import MIRROR, MODULES, RENDERED, SETTINGS
+from proxy.web.app_keys import MIRROR, MODULES, RENDERINGS, SETTINGS
 from proxy.web.archive_responses import Found, serve_found
 from proxy.web.policy_checks import client_identity, gatekeeper, note_served, terraform_client
 from proxy.web.responses import json_response, rendered_response
@@ -49,7 +49,7 @@ def _platform(request: web.Request) -> Platform:
 
 def _raw_json(request: web.Request, key: tuple, body: bytes) -> web.Response:
     """An upstream's JSON answer as it sent it, with its ETag (hashed once per cached body)."""
-    return rendered_response(request, request.app[RENDERED].body(key, body))
+    return rendered_response(request, request.app[RENDERINGS].body(key, body))
 
 
 async def provider_versions(request: web.Request) -> web.Response:
@@ -68,7 +68,7 @@ async def provider_versions(request: web.Request) -> web.Response:
     filtered = await gate.filter(addr, versions, client, versions)
     body = await mirror.versions_document(addr)
     key = ("provider versions", addr, gate.client_key(client))
-    rendered = request.app[RENDERED].json(key, filtered, lambda f: filtered_versions_document(body, f, str(addr)))
+    rendered = request.app[RENDERINGS].json(key, filtered, lambda f: filtered_versions_document(body, f, str(addr)))
     return rendered_response(request, rendered)
 
 
@@ -103,7 +103,7 @@ async def provider_download(request: web.Request) -> web.Response:
         }
 
     key = ("provider download", addr, version, platform, signer and signer.key)
-    rendered = request.app[RENDERED].json(key, document, render)
+    rendered = request.app[RENDERINGS].json(key, document, render)
     return rendered_response(request, rendered)
 
 
@@ -133,7 +133,7 @@ async def module_versions(request: web.Request) -> web.Response:
     filtered = await gate.filter(addr, versions, client, versions)
     body = await modules.versions_document(addr)
     key = ("module versions", addr, gate.client_key(client))
-    rendered = request.app[RENDERED].json(key, filtered, lambda f: filtered_module_versions(body, f))
+    rendered = request.app[RENDERINGS].json(key, filtered, lambda f: filtered_module_versions(body, f))
     return rendered_response(request, rendered)
 
 
@@ -153,7 +153,7 @@ async def module_download(request: web.Request) -> web.Response:
     if location.startswith("/"):  # the proxy's own archive URL (not a passed-through source)
         location = under(request.app[SETTINGS].server.public_path, signer.sign(location) if signer else location)
     # The answer depends on the location alone: it is the key, and the source is always the same (None).
-    rendered = request.app[RENDERED].json(("module download", location), None, lambda _: {"location": location})
+    rendered = request.app[RENDERINGS].json(("module download", location), None, lambda _: {"location": location})
     return rendered_response(request, rendered, headers={"X-Terraform-Get": location})
 
 

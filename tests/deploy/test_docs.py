@@ -1,10 +1,12 @@
 """README.md and docs/*.md against the code: every `--flag` and `REGISTRY_PROXY_*` variable they name
-exists, every link (and its #anchor) resolves, the README stays a short quick start, each guide has
-contents, and the container facts the deployment guide gives match deploy/Containerfile."""
+exists, every link (and its #anchor) resolves, docs/architecture.md names every module of proxy/ and shows
+the stack of setup.cfg's `layers` contract, the README stays a short quick start, each guide has contents,
+and the container facts the deployment guide gives match deploy/Containerfile."""
 
 from __future__ import annotations
 
 import argparse
+import configparser
 import re
 from pathlib import Path
 
@@ -16,8 +18,6 @@ from tests.deploy.envvars import unknown
 from tests.fakes.process import REPO_ROOT
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
-# Written by other branches, linked ahead of their merge: a link to them is not checked until they exist.
-PENDING = {"docs/configuration.md", "docs/integrity.md"}
 # Guides that must open with their contents.
 GUIDES = ["usage", "deployment", "operations", "security", "performance", "development", "protocol", "policy"]
 # Flags of other programs the docs show, and where they belong.
@@ -136,11 +136,7 @@ def broken_links(path: Path) -> list[str]:
             continue  # https:, mailto:
         file, _, anchor = target.partition("#")
         linked = (path.parent / file).resolve() if file else path
-        relative = linked.relative_to(REPO_ROOT).as_posix() if linked.is_relative_to(REPO_ROOT) else str(linked)
-        if not linked.exists():
-            if relative not in PENDING:
-                broken.append(target)
-        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
             broken.append(target)
     return broken
 
@@ -154,6 +150,69 @@ def test_the_link_check_can_fail(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Title\n\n## A `b`: c\n\n[ok](#a-b-c) [gone](#a-b) [file](missing.md) [web](https://x.org/)\n")
     assert broken_links(page) == ["#a-b", "missing.md"]
+
+
+MODULE = re.compile(r"`((?:[\w.-]+/)*)(\w+\.py)`")  # `mirror.py`, `proxy/cli.py`, `metadata_store/factory.py`
+
+
+def unlisted_modules(text: str, modules: list[Path]) -> tuple[set[str], set[str]]:
+    """The modules of `modules` (paths under proxy/) that `text` never names, and the `x.py` it names that
+    are none of them (but paths of tests/, bench/ and scripts/)."""
+    others = ("tests/", "bench/", "scripts/")
+    named_there = {name for folder, name in MODULE.findall(text) if not folder.startswith(others)}
+    names = {path.name for path in modules if path.name != "__main__.py"}
+    return names - named_there - {"__init__.py"}, named_there - names
+
+
+def test_docs_architecture_names_every_module_and_only_modules():
+    modules = sorted((REPO_ROOT / "proxy").rglob("*.py"))
+    missing, gone = unlisted_modules((REPO_ROOT / "docs" / "architecture.md").read_text(), modules)
+    assert (missing, gone) == (set(), set()), "docs/architecture.md: modules it lacks, and names of no module"
+
+
+def test_the_module_check_can_fail():
+    text = "`a.py` and `proxy/gone.py`, `__init__.py`; `tests/b.py`, `bench/c.py`"
+    modules = [Path("proxy/x/a.py"), Path("proxy/x/b.py"), Path("proxy/x/__init__.py")]
+    assert unlisted_modules(text, modules) == ({"b.py"}, {"gone.py"})
+
+
+def documented_layers(text: str) -> list[frozenset[str]]:
+    """The stack as docs/architecture.md's table under "The stack" gives it, top first: each row's packages
+    (`web/` is proxy.web, `proxy/cli.py` is proxy.cli), `, then ` between layers of one row, `\\|` between
+    siblings of one layer."""
+    section = text.split("## The stack", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for row in re.findall(r"^\| [^|]+ \| (.+?) \| [^\n]*\|$", section, flags=re.MULTILINE)[2:]:  # past the header
+        for layer in row.split(", then "):
+            names = re.findall(r"`(?:proxy/)?(\w+)(?:/|\.py)`", layer)
+            layers.append(frozenset(f"proxy.{name}" for name in names))
+    return layers
+
+
+def linted_layers() -> list[frozenset[str]]:
+    """The stack of setup.cfg's `layers` contract, top first."""
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    lines = config["importlinter:contract:layers"]["layers"].split("\n")
+    return [frozenset(name.strip() for name in line.split("|")) for line in lines if line.strip()]
+
+
+def test_docs_architecture_shows_the_stack_lint_imports_checks():
+    assert documented_layers((REPO_ROOT / "docs" / "architecture.md").read_text()) == linted_layers()
+    assert len(linted_layers()) > 8
+
+
+def test_the_stack_check_can_fail():
+    text = (
+        "## The stack\n\n| layer | packages | what |\n| --- | --- | --- |\n| entry | `proxy/cli.py` | x |\n"
+        "| edges | `web/` \\| `commands/` | y |\n| low | `a/`, then `b/` | z |\n\n## Next\n| x | `c/` | w |\n"
+    )
+    assert documented_layers(text) == [
+        {"proxy.cli"},
+        {"proxy.web", "proxy.commands"},
+        {"proxy.a"},
+        {"proxy.b"},
+    ]
 
 
 def test_the_readme_is_a_quick_start():

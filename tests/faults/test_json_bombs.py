@@ -109,4 +109,6 @@ async def test_a_big_version_list_does_not_stall_the_worker(registry, in_process
     status, _, body = await request
     assert status == 200, body[:300]
     assert len(json.loads(body)["versions"]) == 8_600
-    assert slowest < whole / 4, f"/healthz took {slowest:.3f}s while the {whole:.3f}s request parsed the list"
+    # A blocked worker answers nothing for most of the request; one parse step holding the GIL (the list is
+    # parsed in a thread of this process) may delay a probe, the more so on a loaded machine.
+    assert slowest < whole / 2, f"/healthz took {slowest:.3f}s while the {whole:.3f}s request parsed the list"

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from proxy.errors import StoreUnavailableError
 from proxy.identity.tokens import AuthConfigError
+from proxy.metadata_store.memory import MemoryFront
 from proxy.settings.config import Settings
 from proxy.web.app import create_app
 from proxy.web.server import serve_app
@@ -179,3 +180,18 @@ async def test_a_step_that_fails_to_open_leaves_nothing_open(make_local_settings
     with pytest.raises(error) as raised:
         await start_and_stop(create_app(settings))
     assert Footprint.now().left_since(baseline) == [], f"{failure}: {raised.value!r}"
+
+
+async def test_a_failure_inside_a_step_after_its_resource_opened_closes_that_resource(
+    make_local_settings, baseline, monkeypatch
+):
+    """The metadata store's step opens the store, then reads the purge mark: a failure there (or a stop
+    landing on that await) still closes the store it opened."""
+
+    async def fails(self) -> bool:
+        raise StartFailedError("reading the purge mark fails")
+
+    monkeypatch.setattr(MemoryFront, "follow_purges", fails)
+    with pytest.raises(StartFailedError):
+        await start_and_stop(create_app(make_local_settings()))
+    assert Footprint.now().left_since(baseline) == []

@@ -169,7 +169,9 @@ async def test_warm_reports_failures_by_name(proxy, registry, config_dir, ca_fil
             client, [Platform.parse("plan9_mips")], directory=config_dir, progress=False, say=lambda _: None
         )
     assert list(report.failed) == [f"provider {PROVIDER} 1.0.0 plan9_mips"]
-    assert "no package for plan9_mips" in report.failed[f"provider {PROVIDER} 1.0.0 plan9_mips"]
+    assert report.failed[f"provider {PROVIDER} 1.0.0 plan9_mips"] == (
+        "the version has no package for plan9_mips (it offers: darwin_arm64, linux_amd64, windows_amd64)"
+    )
 
 
 # ---- bundles -------------------------------------------------------------------------------------

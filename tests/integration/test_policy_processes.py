@@ -103,6 +103,17 @@ async def test_explain_says_which_rule_decides_for_the_client_and_scope_given(tm
     assert "decision: allow by acme-only" in output, output
 
 
+async def test_explain_reads_the_policy_file_from_serves_variable(tmp_path, monkeypatch):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[default]\naction = "deny"\nreason = "not vetted"\n')
+    monkeypatch.delenv("REGISTRY_PROXY_POLICY", raising=False)
+    code, output = await registry_proxy_in_process("policy", "explain", "registry.terraform.io/acme/foo")
+    assert code == 2 and "--policy FILE or REGISTRY_PROXY_POLICY" in output, output  # names both ways to give it
+    monkeypatch.setenv("REGISTRY_PROXY_POLICY", str(policy))  # the variable `serve --policy` reads
+    code, output = await registry_proxy_in_process("policy", "explain", "registry.terraform.io/acme/foo")
+    assert code == 0 and f"policy {policy}" in output and "decision: deny by default" in output, output
+
+
 @contextlib.asynccontextmanager
 async def two_replicas(make_settings, client_ssl, redis_server, tmp_path) -> AsyncIterator[tuple]:
     """Two replicas sharing a Redis (a prefix of their own per test) with a 72h cooldown policy."""

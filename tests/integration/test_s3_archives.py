@@ -20,7 +20,7 @@ from proxy.errors import StoreUnavailableError
 from proxy.settings.config import parse_s3_location
 from proxy.storage import ObjectInfo
 from proxy.storage.s3 import S3Options, S3Store
-from proxy.web.app_keys import GUARD, SERVED
+from proxy.web.app_keys import ARCHIVE_USAGE, GUARD
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION
@@ -227,20 +227,20 @@ async def test_a_redirect_is_a_serve_and_head_is_answered_by_the_proxy(s3_settin
     data, sha = big.zips["linux_amd64"], big.sha256("linux_amd64")
     async with serve_proxy(s3_settings(archive_redirect=True), client_ssl) as proxy:
         assert (await proxy.get(BIG))[:1] == (200,)  # cold: relayed as it downloads
-        served = proxy.app[SERVED]
-        assert list(await served.last_served([sha])) == [sha]  # a download followed to its end is a serve
+        usage = proxy.app[ARCHIVE_USAGE]
+        assert list(await usage.last_served([sha])) == [sha]  # a download followed to its end is a serve
         pinned_while_redirected = []
         presign = proxy.app[GUARD].presign
 
         async def watched(stored, expires):
-            pinned_while_redirected.append(served.is_pinned(stored.sha256))
+            pinned_while_redirected.append(usage.is_pinned(stored.sha256))
             return await presign(stored, expires)
 
         proxy.app[GUARD].presign = watched
         async with proxy.session.get(proxy.url + BIG, allow_redirects=False) as response:
             assert response.status == 307
         assert pinned_while_redirected == [True]  # pinned (and so noted) when redirected: eviction spares it
-        assert list(await served.last_served([sha])) == [sha]
+        assert list(await usage.last_served([sha])) == [sha]
         async with proxy.session.head(proxy.url + BIG, allow_redirects=False) as response:
             assert response.status == 200, response.headers
             assert "Location" not in response.headers

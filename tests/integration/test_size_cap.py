@@ -1,4 +1,4 @@
-"""`Evictor` and `ServedArchives` on a real store and real metadata stores: the free-space floor, the
+"""`Evictor` and `ArchiveUsage` on a real store and real metadata stores: the free-space floor, the
 periodic run, an unreadable fleet view, pins and the throttle of served-time writes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from proxy.metadata_store.redis import RedisStore
 from proxy.runtime.coalescing import LocalLocks
 from proxy.runtime.metrics import Metrics
 from proxy.settings.config import SpaceFloor
-from proxy.storage import ArchiveStore, DiskSpace, Evictor, ServedArchives
+from proxy.storage import ArchiveStore, ArchiveUsage, DiskSpace, Evictor
 from proxy.storage.disk import DiskStore
 from tests.fakes.process import wait_for, wait_until
 
@@ -47,11 +47,11 @@ def evictor(
     cap: int | None,
     floor: SpaceFloor = NO_FLOOR,
     interval: float = 3600.0,
-    served: ServedArchives | None = None,
+    usage: ArchiveUsage | None = None,
 ) -> Evictor:
     return Evictor(
         store,
-        served or ServedArchives(metadata),
+        usage or ArchiveUsage(metadata),
         metadata,
         LocalLocks(),
         DiskSpace(store.root, floor),
@@ -120,25 +120,25 @@ async def test_nothing_is_evicted_while_the_fleet_s_served_times_cannot_be_read(
     await metadata.close()
 
 
-async def test_served_archives_pin_while_serving_and_write_once_a_minute(tmp_path):
+async def test_archive_usage_pins_while_serving_and_writes_once_a_minute(tmp_path):
     metadata = EmbeddedStore(tmp_path / "meta.sqlite")
     clock = [1_000_000.0]
-    served = ServedArchives(metadata, every=60.0, clock=lambda: clock[0])
+    usage = ArchiveUsage(metadata, every=60.0, clock=lambda: clock[0])
     sha = "a" * 64
-    async with served.serving(sha):
-        async with served.serving(sha):
-            assert served.pinned() == {sha}
-        assert served.is_pinned(sha)  # the other response still sends it
-    assert not served.is_pinned(sha)
+    async with usage.serving(sha):
+        async with usage.serving(sha):
+            assert usage.pinned() == {sha}
+        assert usage.is_pinned(sha)  # the other response still sends it
+    assert not usage.is_pinned(sha)
     assert await metadata.served_times() == {sha: 1_000_000.0}
     clock[0] += 59
-    await served.note(sha)
+    await usage.note(sha)
     assert await metadata.served_times() == {sha: 1_000_000.0}  # throttled
     clock[0] += 2
-    await served.note(sha)
+    await usage.note(sha)
     assert await metadata.served_times() == {sha: 1_000_061.0}
-    served.forget(sha)  # evicted: the next serve is written at once
+    usage.forget(sha)  # evicted: the next serve is written at once
     clock[0] += 1
-    await served.note(sha)
+    await usage.note(sha)
     assert await metadata.served_times() == {sha: 1_000_062.0}
     await metadata.close()

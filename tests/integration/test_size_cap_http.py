@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from proxy.web.app_keys import METRICS, SERVED, SETTINGS
+from proxy.web.app_keys import ARCHIVE_USAGE, METRICS, SETTINGS
 from tests.conftest import REGISTRY_HOST, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.process import wait_for
@@ -53,7 +53,7 @@ def releases(registry, signing_key) -> tuple[Release, Release, Release]:
 
 async def age(proxy, shas: list[str]) -> None:
     """Make the archives look stored and last served long ago, the first the longest."""
-    metadata = proxy.app[SERVED]._times
+    metadata = proxy.app[ARCHIVE_USAGE]._times
     now = time.time()
     await metadata.forget_served(shas)
     await metadata.note_served({sha: now - LONG_AGO + 3600 * n for n, sha in enumerate(shas)})
@@ -87,7 +87,7 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
         )
         slow.send(request(url(huge, a), headers={"Connection": "close"}))
         await wait_for(lambda: slow.received >= 256 * 1024, WAIT, "the first 256 KiB of A")
-        await wait_for(lambda: proxy.app[SERVED].is_pinned(sha[a]), WAIT, "A pinned while it is sent")
+        await wait_for(lambda: proxy.app[ARCHIVE_USAGE].is_pinned(sha[a]), WAIT, "A pinned while it is sent")
         await age(proxy, [sha[a], sha[b], sha[c]])  # and A's serving just now is forgotten: only its pin protects it
 
         try:
@@ -102,7 +102,7 @@ async def test_eviction_under_a_small_cap_while_serving_and_downloading(make_set
             status, _, d_body = await asyncio.wait_for(d_request, WAIT)
             assert status == 200 and d_body == new.zips["linux_amd64"]
             await wait_for(lambda: stored_shas(proxy) == {sha[a], sha["d"]}, WAIT, "B and C evicted, A and D kept")
-            assert proxy.app[SERVED].is_pinned(sha[a])  # A was still being sent during the run
+            assert proxy.app[ARCHIVE_USAGE].is_pinned(sha[a])  # A was still being sent during the run
 
             # A's client gets every byte, unharmed by the eviction.
             assert len(slow.body()) < sizes[a]

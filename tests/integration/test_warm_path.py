@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.settings.config import FreshnessTtls
-from proxy.web.app_keys import MIRROR, RENDERED
+from proxy.web.app_keys import MIRROR, RENDERINGS
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import wait_for
@@ -69,11 +69,11 @@ async def test_a_warm_hit_neither_decodes_nor_encodes_json(proxy, net_module, mo
         monkeypatch.setattr(
             json, name, lambda *a, _name=name, _original=original, **k: (calls.append(_name), _original(*a, **k))[1]
         )
-    renders = proxy.app[RENDERED].renders
+    renders = proxy.app[RENDERINGS].renders
     for path in METADATA * 3:
         assert (await proxy.get(path))[0] == 200
     assert calls == []
-    assert proxy.app[RENDERED].renders == renders
+    assert proxy.app[RENDERINGS].renders == renders
 
 
 async def test_the_etag_changes_when_the_version_list_changes(make_settings, client_ssl, registry, signing_key):
