@@ -57,7 +57,7 @@ EARLY_ARCHIVE_WAIT = 10.0  # seconds a download started early waits for a client
 EARLY_ARCHIVES = 4  # downloads started early at once in a process, at most (no more are started early)
 
 
-class _EarlyDropped(Exception):
+class _EarlyDroppedError(Exception):
     """A download started early that no client asked for in time was stopped."""
 
 
@@ -151,7 +151,7 @@ class ProviderArchives:
             early.asked.set()
         try:
             found_or_growing = await self._fetched(addr, version, d, follow=follow)
-        except _EarlyDropped:  # asked for just as it was stopped: fetched again
+        except _EarlyDroppedError:  # asked for just as it was stopped: fetched again
             found_or_growing = await self._fetched(addr, version, d, follow=follow)
         note_cache("miss")
         return found_or_growing
@@ -234,7 +234,7 @@ class ProviderArchives:
             platform=str(d.platform),
             reason=f"no client asked for it within {EARLY_ARCHIVE_WAIT:g} s of its download document",
         )
-        raise _EarlyDropped(keys.archive(addr, version, d.platform))
+        raise _EarlyDroppedError(keys.archive(addr, version, d.platform))
 
     def _early_done(self, key: str, task: asyncio.Task[None]) -> None:
         self._early_tasks.discard(task)
