@@ -19,10 +19,8 @@ Send = Callable[[bytes], Awaitable[None]]
 @dataclass(frozen=True)
 class UpstreamRelay:
     """A verified-on-the-way relay of an upstream archive; `etag` is its SHA-256 when that is the pin, `size`
-    its length when known before it is streamed (a download followed as it grows: its Content-Length);
-    `stored`: the archive is in the store once the relay ended (a followed download), so it is noted as served."""
+    its length when known before it is streamed (a download followed as it grows: its Content-Length)."""
 
     etag: str | None
     stream: Callable[[Begin, Send], Awaitable[None]]
     size: int | None = None
-    stored: bool = False

@@ -85,10 +85,7 @@ async def _serve_pinned(
     An archive evicted between its lookup and the pin is gone when it is opened: StoreCorruptionError,
     so `serve_found` looks it up once more, which fetches it again."""
     if isinstance(stored, UpstreamRelay):
-        response = await serve_archive(request, stored, filename, content_type)
-        if stored.stored and stored.etag is not None:  # a download followed to its end: stored and served now
-            await request.app[ARCHIVE_USAGE].note(stored.etag)
-        return response
+        return await serve_archive(request, stored, filename, content_type)
     async with request.app[ARCHIVE_USAGE].serving(stored.sha256):
         return await serve_archive(request, stored, filename, content_type)
 
