@@ -36,10 +36,13 @@ LOOPS = ("asyncio", "uvloop") if importlib.util.find_spec("uvloop") else ("async
 class BareAiohttp(StaticServer):
     """One bare aiohttp server process answering the files under `root/www` from memory."""
 
-    def __init__(self, root: Path, cert: Path, key: Path, loop: str, workers: int = 1) -> None:
+    def __init__(
+        self, root: Path, cert: Path, key: Path, loop: str, workers: int = 1, wrapper: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(root, cert, key)
         self.loop = loop
         self.workers = workers
+        self.wrapper = wrapper  # a script (and its arguments) that runs this one: `python WRAPPER... bare.py ...`
 
     async def start(self, ca_file: Path) -> None:
         self.put("/healthz", b"ok\n")
@@ -47,6 +50,7 @@ class BareAiohttp(StaticServer):
         log = open(log_path, "ab")  # noqa: ASYNC230, SIM115 - handed to the child process
         self.process = await asyncio.create_subprocess_exec(
             sys.executable,
+            *self.wrapper,
             __file__,
             "--port",
             str(self.port),

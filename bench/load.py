@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shutil
 import ssl
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from yarl import URL
 
+T = TypeVar("T")
 WRK = shutil.which("wrk")
 CURL = shutil.which("curl")
 MIB = 1 << 20
@@ -106,6 +111,28 @@ class RssSampler:
     def __exit__(self, *exc) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+# ---- a benchmark's run -----------------------------------------------------------------------------
+
+
+async def in_temp_dir(prefix: str, keep: bool, run: Callable[[Path], Awaitable[T]]) -> T:
+    """`run(root)` in a new temp dir `root`, removed afterwards unless `keep` (then its path is printed)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        return await run(root)
+    finally:
+        if keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def save_results(name: str, results: dict) -> None:
+    """`results` as bench/results/NAME.json."""
+    out = Path(__file__).parent / "results" / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 # ---- requests per second ---------------------------------------------------------------------

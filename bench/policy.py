@@ -27,35 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import load
-from bench.world import archive_document, build_world, mirror_path
+from bench.world import archive_document, build_world, mirror_path, policy_text
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 
 GOAL = 0.05
-
-
-def policy_text(rules: int) -> str:
-    """`rules` rules of every kind; none denies acme/foo 1.0.0 on linux_amd64."""
-    kinds = [
-        '[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmodules = ["*/*/*/*"]\nmin-age = "72h"\n',
-        '[[rule]]\nname = "platforms"\nproviders = ["*/*/*"]\nplatforms = ["linux_amd64", "linux_arm64", '
-        '"darwin_arm64"]\n',
-    ]
-    for index in range(rules - len(kinds)):
-        if index % 3 == 0:
-            kinds.insert(
-                0,
-                f'[[rule]]\nname = "bad-{index}"\nproviders = ["{REGISTRY_HOST}/acme/foo"]\n'
-                f'versions = "= 9.{index}.0"\naction = "deny"\nreason = "known bad"\n',
-            )
-        elif index % 3 == 1:
-            kinds.insert(0, f'[[rule]]\nname = "ns-{index}"\nproviders = ["*/vendor{index}/*"]\naction = "deny"\n')
-        else:
-            kinds.insert(
-                0,
-                f'[[rule]]\nname = "team-{index}"\nproviders = ["*/*/tool{index}*"]\nclients = ["team{index}-*"]\n'
-                'action = "deny"\n',
-            )
-    return "\n".join(kinds) + '\n[default]\naction = "allow"\n'
 
 
 async def main() -> int:

@@ -9,8 +9,8 @@
 4. `terraform init` through the proxy: cold, warm, and from a static mirror (nginx);
 5. cold fleet fan-out: 100 clients split across two replicas (each with `--fleet-workers`
    worker processes) sharing Redis and a data dir, upstream GETs per artifact;
-6. warm archive throughput from S3 (`--archive-store s3://…` on moto's S3 server over HTTPS)
-   against the same proxy serving from its local disk, interleaved in one run;
+6. warm archive throughput by archive store and policy: a proxy with `--workers` N per setup (archive
+   store on disk or in S3 on moto's server over HTTPS, with or without a policy) against nginx, interleaved;
 7. (`--only init-wan`) cold `terraform init` across a WAN: every upstream answer delayed by
    `--upstream-latency`, through an empty proxy (network mirror, `host` block) against direct.
 """
@@ -42,7 +42,7 @@ from bench.bare import LOOPS, BareAiohttp
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
 from bench.wan import Step, WanRun, connection_steps, process_cpu_seconds, proxy_steps, render, upstream_steps
-from bench.world import PLATFORM, World, archive_document, build_world, mirror_path
+from bench.world import PLATFORM, World, archive_document, build_world, mirror_path, policy_text
 from proxy.settings.values import format_duration, parse_duration
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
@@ -54,7 +54,9 @@ from tests.fakes.wan_relay import WanRelay
 REDIS_SERVER = shutil.which("redis-server")
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"
-PHASES = ("cold", "archive", "fleet", "json", "init-big", "init-small")  # a default run
+PHASES = ("cold", "archive", "stores", "fleet", "json", "init-big", "init-small")  # a default run
+STORE_SETUPS = ("disk", "disk+policy", "s3", "s3+policy")  # benchmark 6: archive store, policy or none
+STORE_POLICY_RULES = 50  # the policy of benchmark 6: rules of every kind (`bench.world.policy_text`)
 ON_REQUEST = ("init-cold", "init-wan")  # only when asked for
 INIT_MODES = ("direct", "mirror", "host")  # straight from the upstream; through a network mirror; `host` block
 
@@ -186,6 +188,8 @@ class Suite:
             only = set(args.only or PHASES)
             if only & {"cold", "archive", "fleet", "json", "init-big"}:
                 await self._proxies_phases(stack, only)
+            elif "stores" in only:
+                await self.archive_stores(stack)
             if "init-small" in only:
                 await self.init_small(stack)
             if "init-cold" in only:
@@ -194,24 +198,25 @@ class Suite:
                 await self.init_wan(stack)
 
     async def _proxies_phases(self, stack: contextlib.AsyncExitStack, only: set[str]) -> None:
-        """Benchmarks 1, 3, 5, 2 and 4b (those of `only`) on the proxy with 1 and with N workers."""
+        """Benchmarks 1, 3, 6, 5, 2 and 4b (those of `only`): the proxy with 1 and with N workers, then 6's own."""
         args = self.args
         proxy = await self._start_proxy(stack, "proxy-a")
         probe = ProcessProbe(proxy.process.pid)
         if "cold" in only:
             await self.cold_fanout(proxy, probe)
         elif only & {"archive", "init-big"}:
-            await self._fetch_big(proxy)
+            await self._fetch_big(proxy, "the proxy")
         workers = None
         if only & {"archive", "json"}:
             self.progress(f"starting the proxy with --workers {args.workers} (and caching the big archive in it)")
             workers = await self._start_proxy(stack, "proxy-workers", "--workers", str(args.workers))
         if "archive" in only:
-            await self._fetch_big(workers)
+            await self._fetch_big(workers, "the N-worker proxy")
             await self.warm_archive(
                 {"proxy": (proxy, probe), "proxy_workers": (workers, ProcessProbe(workers.process.pid, tree=True))}
             )
-            await self.s3_archive(stack, proxy, probe)
+        if only & {"archive", "stores"}:
+            await self.archive_stores(stack)
         fleet = await self._start_fleet(stack) if only & {"fleet", "json"} else None
         redis_proxy = None
         if fleet is not None:
@@ -531,7 +536,7 @@ class Suite:
 
     # ---- 3. warm archive throughput ------------------------------------------------------------
 
-    async def _fetch_big(self, proxy: ProxyProcess) -> None:
+    async def _fetch_big(self, proxy: ProxyProcess, label: str) -> None:
         """One download of the big archive through `proxy`, so that it has it cached."""
         release = self.world.big
         context = ssl.create_default_context(cafile=str(proxy.ca_file))
@@ -539,7 +544,7 @@ class Suite:
             proxy.url + mirror_path(release, archive_document(release)), context, hash_body=True
         )
         self.check(
-            "big archive cached in the N-worker proxy: 200 and the right sha256",
+            f"big archive cached in {label}: 200 and the right sha256",
             download.status == 200 and download.sha256 == release.sha256(PLATFORM),
             str(download.status),
         )
@@ -672,52 +677,94 @@ class Suite:
             )
         )
 
-    # ---- 6. archives from S3 ---------------------------------------------------------------------
+    # ---- 6. archive stores and policy ------------------------------------------------------------
 
-    async def s3_archive(self, stack: contextlib.AsyncExitStack, proxy: ProxyProcess, probe: ProcessProbe) -> None:
-        """The big archive served through a proxy whose archive store is S3 (moto's server mode over HTTPS,
-        in its own process), against the disk proxy (1 worker each), rounds interleaved."""
-        if self.args.no_s3:
-            self.note("S3 benchmark disabled (--no-s3)")
+    async def archive_stores(self, stack: contextlib.AsyncExitStack) -> None:
+        """The big archive served by one proxy per setup of `--store-setups` (archive store on disk or in S3 on
+        moto's server over HTTPS, with or without a policy), each with `--workers` N, against nginx, rounds
+        interleaved: MiB/s, the servers' CPU s per GiB, peak RSS per worker."""
+        args, world = self.args, self.world
+        setups = [s for s in args.store_setups if not (args.no_s3 and _store_of(s) == "s3")]
+        if len(setups) < len(args.store_setups):
+            self.note("S3 setups of benchmark 6 disabled (--no-s3)")
+        if not setups:
             return
-        world = self.world
-        self.progress("6. warm archive throughput from S3 (moto server) vs local disk")
-        os.environ.update(CREDENTIALS)  # botocore's default chain, in the proxy process started below
-        s3 = await asyncio.to_thread(S3Server, world.cert_file, world.key_file, world.ca_file)
-        stack.callback(s3.stop)
-        bucket = await asyncio.to_thread(s3.bucket)
-        s3_proxy = await self._start_proxy(stack, "proxy-s3", *s3.flags(bucket))
-        await self._fetch_big(s3_proxy)  # cold: fetched, verified, uploaded
-        self.check("big archive uploaded to the bucket", len(await asyncio.to_thread(s3.keys, bucket)) == 1)
+        self.progress(f"6. warm archive throughput by archive store and policy: {', '.join(setups)}")
+        s3, bucket = None, ""
+        if any(_store_of(s) == "s3" for s in setups):
+            os.environ.update(CREDENTIALS)  # botocore's default chain, in the proxy processes started below
+            s3 = await asyncio.to_thread(S3Server, world.cert_file, world.key_file, world.ca_file)
+            stack.callback(s3.stop)
+            bucket = await asyncio.to_thread(s3.bucket)  # one for all: a second proxy finds the object there
+        policy = self.root / "policy.toml"
+        policy.write_text(policy_text(STORE_POLICY_RULES))
+        proxies: dict[str, tuple[ProxyProcess, ProcessProbe]] = {}
+        for setup in setups:
+            name = "stores-" + setup.replace("+", "-")
+            extra = ["--workers", str(args.workers)]
+            if _store_of(setup) == "s3":
+                extra += s3.flags(bucket)
+            if setup.endswith("+policy"):
+                extra += ["--policy", str(policy), "--audit-log", str(self.root / name / "audit.log")]
+            proxy = await self._start_proxy(stack, name, *extra)
+            await self._fetch_big(proxy, setup)  # cold: fetched, verified, stored (uploaded to the bucket)
+            proxies[setup] = (proxy, ProcessProbe(proxy.process.pid, tree=True))
+        if s3 is not None:
+            keys = await asyncio.to_thread(s3.keys, bucket)
+            self.check("benchmark 6: the big archive is one object in the bucket", len(keys) == 1, str(keys))
         path = mirror_path(world.big, archive_document(world.big))
-        s3_probe, store_probe = ProcessProbe(s3_proxy.process.pid), ProcessProbe(s3.process.pid)
-        store_cpu = store_probe.cpu_seconds()
-        result = await self._throughput(
-            {
-                "proxy_disk": (proxy.url + path, proxy.ca_file, probe),
-                "proxy_s3": (s3_proxy.url + path, s3_proxy.ca_file, s3_probe),
-            }
-        )
-        result["s3_server_cpu_s"] = round(store_probe.cpu_seconds() - store_cpu, 2)
-        self.results["s3_archive"] = result
-        for name in ("proxy_disk", "proxy_s3"):
-            gets = result[name]["upstream_archive_gets"]
-            self.check(f"S3 benchmark: {name} made no upstream request", gets == 0, f"{gets} archive GETs upstream")
-        disk, remote = result["proxy_disk"], result["proxy_s3"]
-        keys = [("single_mib_s", "1 client"), ("concurrent4_mib_s", "4 clients")]
-        if "wrk8_mib_s" in remote:
-            keys.insert(0, ("wrk8_mib_s", "wrk -c8"))
-        for key, label in keys:
+        targets = {setup: (proxy.url + path, proxy.ca_file, probe) for setup, (proxy, probe) in proxies.items()}
+        if self.nginx is not None:
+            targets["nginx"] = (self.nginx.url + path, world.ca_file, ProcessProbe(self.nginx.process.pid, tree=True))
+        store_probe = ProcessProbe(s3.process.pid) if s3 is not None else None
+        store_cpu = store_probe.cpu_seconds() if store_probe is not None else 0.0
+        for _, probe in proxies.values():
+            probe.reset_peak()
+        result: dict = {"setups": setups, "workers": args.workers, **await self._throughput(targets)}
+        if store_probe is not None:
+            result["s3_server_cpu_s"] = round(store_probe.cpu_seconds() - store_cpu, 2)
+        for setup, (proxy, probe) in proxies.items():
+            supervisor, *workers = probe.peak_mib_each().values()
+            result[setup].update(
+                peak_rss_mib_worker=round(max(workers), 1), peak_rss_mib_supervisor=round(supervisor, 1)
+            )
+            gets = result[setup]["upstream_archive_gets"]
+            self.check(f"benchmark 6: {setup} made no upstream request", gets == 0, f"{gets} archive GETs upstream")
+            await proxy.stop()
+        self.results["archive_stores"] = result
+        self._store_rows(result)
+
+    def _store_rows(self, result: dict) -> None:
+        nginx, workers = result.get("nginx", {}), result["workers"]
+        keys = [("single_mib_s", "1 client MiB/s"), ("concurrent4_mib_s", "4 clients MiB/s")]
+        if self._use_wrk:
+            keys = [("wrk8_mib_s", "wrk -c8 MiB/s"), *keys, ("wrk8_cpu_s_per_gib", "server CPU s/GiB (wrk -c8)")]
+        moto = result.get("s3_server_cpu_s")
+        for setup in result["setups"]:
+            own = result[setup]
+            for key, label in keys:
+                shown = "{:.2f}" if key == "wrk8_cpu_s_per_gib" else "{:.0f}"
+                note = ""
+                if key == "wrk8_cpu_s_per_gib":
+                    note = "the proxy's processes only"
+                    if moto is not None and _store_of(setup) == "s3":
+                        note += f"; moto's CPU over all S3 rounds {moto:.1f} s"
+                self.rows.append(
+                    Row(
+                        f"archive, {setup} x{workers}: {label}",
+                        shown.format(own[key]),
+                        f"{shown.format(nginx[key])} (nginx)" if key in nginx else "-",
+                        _ratio(own[key], nginx.get(key)),
+                        note,
+                    )
+                )
             self.rows.append(
                 Row(
-                    f"archive from S3 MiB/s, {label}",
-                    f"{remote[key]:.0f}",
-                    f"{disk[key]:.0f} (local disk)",
-                    _ratio(remote[key], disk[key]),
-                    "through the proxy; the S3 server is moto (Python) on the same 2 cores",
+                    f"archive, {setup} x{workers}: peak RSS per worker",
+                    f"{own['peak_rss_mib_worker']:.0f} MiB",
+                    note=f"goal < 150 MiB; supervisor {own['peak_rss_mib_supervisor']:.0f} MiB",
                 )
             )
-        await s3_proxy.stop()
 
     # ---- 2. warm JSON ----------------------------------------------------------------------------
 
@@ -1093,7 +1140,7 @@ class Suite:
 
     async def init_wan(self, stack: contextlib.AsyncExitStack) -> None:
         """Cold inits across a WAN of each `--upstream-latency` (`bench/wan.py`): direct, through a new empty
-        proxy as a network mirror and through another as a `host` block (and, with `--baseline-checkout`,
+        proxy as a network mirror and through another as a `host` block (and, with `--baseline`,
         both through that checkout's proxy), interleaved per round."""
         if self._no_terraform():
             return
@@ -1137,7 +1184,7 @@ class Suite:
 
     def _wan_modes(self) -> tuple[str, ...]:
         """The inits of a round, in order: direct, then each proxy mode (after its baseline's, if any)."""
-        if self.args.baseline_checkout is None:
+        if self.args.baseline is None:
             return INIT_MODES
         return ("direct", "mirror-base", "mirror", "host-base", "host")
 
@@ -1159,7 +1206,7 @@ class Suite:
             f"proxy-{name}",
             *extra,
             upstream=self._upstream_url,
-            source=self.args.baseline_checkout if mode.endswith("-base") else None,
+            source=self.args.baseline if mode.endswith("-base") else None,
         )
         try:
             before = process_cpu_seconds(proxy.process.pid)
@@ -1269,8 +1316,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         action="append",
         choices=(*PHASES, *ON_REQUEST),
-        help="run only these benchmarks (repeatable): cold (1), archive (3), fleet (5), json (2), "
-        "init-big (4, warm), init-small (4, cold vs direct and warm); init-cold (the big "
+        help="run only these benchmarks (repeatable): cold (1), archive (3 and 6), stores (6), fleet (5), "
+        "json (2), init-big (4, warm), init-small (4, cold vs direct and warm); init-cold (the big "
         "provider's init through an empty proxy vs direct) and init-wan (7, cold inits across a WAN) "
         "run only when asked for",
     )
@@ -1296,7 +1343,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "segment, connection set-up included; the default) or answers (the fake upstream delays each answer)",
     )
     parser.add_argument(
-        "--baseline-checkout",
+        "--baseline",
         type=Path,
         help="init-wan: another checkout of the project (e.g. the main branch's) whose proxy runs too, "
         "interleaved, for a before/after comparison in one run",
@@ -1306,12 +1353,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx baselines")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis benchmarks (fleet, Redis JSON)")
-    parser.add_argument("--no-s3", action="store_true", help="skip the S3 archive benchmark")
+    parser.add_argument(
+        "--store-setups",
+        type=_store_setups,
+        default=list(STORE_SETUPS),
+        help="benchmark 6: the proxies to serve the big archive, comma-separated (default "
+        f"{','.join(STORE_SETUPS)}: archive store on disk or in S3 (moto), with a policy of "
+        f"{STORE_POLICY_RULES} rules and the audit log, or without)",
+    )
+    parser.add_argument("--no-s3", action="store_true", help="leave the S3 setups out of benchmark 6")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load loop even if wrk exists")
     parser.add_argument("--time-limit", type=float, default=720, help="abort the whole run after this many s")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     return parser.parse_args(argv)
+
+
+def _store_setups(text: str) -> list[str]:
+    """`disk,s3+policy` → the setups of benchmark 6, checked."""
+    setups = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [s for s in setups if s not in STORE_SETUPS]
+    if unknown or not setups:
+        raise argparse.ArgumentTypeError(f"unknown setup(s) {unknown}: choose from {', '.join(STORE_SETUPS)}")
+    return setups
+
+
+def _store_of(setup: str) -> str:
+    """`s3+policy` → `s3`."""
+    return setup.partition("+")[0]
 
 
 def _latencies(text: str) -> list[float]:

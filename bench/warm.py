@@ -2,7 +2,7 @@
 """Issue 23 item 1: warm `index.json` and `:version.json` of the proxy against the bare aiohttp app, in one run.
 
     .venv/bin/python bench/warm.py [--seconds 8] [--rounds 3] [--connections 64] [--workers 2] [--py-spy]
-        [-- PROXY FLAGS]
+        [--baseline CHECKOUT] [-- PROXY FLAGS]
 
 The proxy runs as shipped (`serve --workers N`, access control, metrics and the access log at their
 defaults; the access log goes to a file). The bare app (`bench/bare.py`) is N uvloop processes on one
@@ -13,6 +13,9 @@ processes, from /proc: what the load of the machine barely moves), the ratios pr
 ≥ 0.8, p99 ≤ 2), and the load average. At saturation on 2 cores the req/s ratio follows the inverse ratio of
 CPU per request. Results in `bench/results/warm.json`; exit 1 when a request failed.
 
+With `--baseline CHECKOUT` (another checkout of the project, e.g. `git worktree add --detach ../base main`), that
+checkout's proxy is served alike and measured in the same rounds ("baseline"): before and after in one run.
+
 With `--py-spy` (`pip install py-spy`), one more wrk run per document is sampled by py-spy in one proxy worker,
 and the frames with the largest inclusive share of its samples are printed (and kept in the JSON).
 """
@@ -21,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import ssl
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,39 +62,58 @@ async def measure(url: str, probe: load.ProcessProbe, args: argparse.Namespace) 
 
 
 def summary(runs: dict[str, list[dict]]) -> dict:
-    """Medians per server, and the ratios proxy / bare."""
+    """Medians per server, the ratios proxy / bare, and with a baseline its CPU ratio to bare and the proxy's to it."""
     median = {
         server: {field: statistics.median(r[field] for r in rs) for field in ("requests_per_s", "p99_ms", "p50_ms")}
         | {"cpu_us_per_request": statistics.median(r["cpu_us_per_request"] for r in rs)}
         for server, rs in runs.items()
     }
     proxy, bare = median["proxy"], median["bare"]
+    baseline = median.get("baseline")
     return {
         "median": median,
         "rate_ratio": proxy["requests_per_s"] / bare["requests_per_s"],
         "p99_ratio": proxy["p99_ms"] / bare["p99_ms"],
         "cpu_ratio": proxy["cpu_us_per_request"] / bare["cpu_us_per_request"],
         "load_1min": [r["load_1min"] for rs in runs.values() for r in rs],
-    }
+    } | (
+        {
+            "baseline_cpu_ratio": baseline["cpu_us_per_request"] / bare["cpu_us_per_request"],
+            "cpu_vs_baseline": proxy["cpu_us_per_request"] / baseline["cpu_us_per_request"],
+        }
+        if baseline is not None
+        else {}
+    )
 
 
 async def run(args: argparse.Namespace, root: Path) -> dict:
     world = await build_world(root, 1 << 10, 1 << 10)
     proxy = ProxyProcess(root / "proxy", world.registry.url, world.ca_file, "--workers", str(args.workers), *args.flags)
+    proxies = {"proxy": proxy}
+    if args.baseline is not None:
+        baseline = ProxyProcess(root / "base", world.registry.url, world.ca_file, "--workers", str(args.workers))
+        baseline.args[baseline.args.index("--workers") + 2 :] = args.flags
+        baseline.source = args.baseline
+        proxies["baseline"] = baseline
     bare: BareAiohttp | None = None
     try:
-        await proxy.start()
+        for started in proxies.values():
+            await started.start()
         context = ssl.create_default_context(cafile=str(proxy.ca_file))
         documents = {"index.json": "index.json", ":version.json": f"{world.small.version}.json"}
         paths = {label: mirror_path(world.small, name) for label, name in documents.items()}
-        status, _ = await get(proxy.url + mirror_path(world.small, archive_document(world.small)), context)
-        assert status == 200, f"archive: {status}"
         bodies = {}
-        for label, path in paths.items():
-            for _ in range(2):  # the first request fills the cache
-                status, body = await get(proxy.url + path, context)
-            assert status == 200, (label, status, body[:200])
-            bodies[label] = body
+        for started in proxies.values():
+            archive = mirror_path(world.small, archive_document(world.small))
+            status, _ = await get(started.url + archive, ssl.create_default_context(cafile=str(started.ca_file)))
+            assert status == 200, f"archive: {status}"
+            for label, path in paths.items():
+                for _ in range(2):  # the first request fills the cache
+                    status, body = await get(
+                        started.url + path, ssl.create_default_context(cafile=str(started.ca_file))
+                    )
+                assert status == 200, (label, status, body[:200])
+                bodies.setdefault(label, body)
         tls = proxy.data_dir / "tls"
         bare = BareAiohttp(root / "bare", tls / "server.pem", tls / "server-key.pem", LOOPS[-1], args.workers)
         for label, path in paths.items():
@@ -102,12 +122,14 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
         for label, path in paths.items():
             status, body = await get(bare.url + path, context)
             assert (status, body) == (200, bodies[label]), (label, status)
-        assert bare.process is not None and proxy.process is not None
-        servers = {
-            "proxy": (proxy.url, load.ProcessProbe(proxy.process.pid, tree=True)),
-            "bare": (bare.url, load.ProcessProbe(bare.process.pid, tree=True)),
+        assert bare.process is not None
+        servers = {name: (started.url, process_probe(started.process)) for name, started in proxies.items()}
+        servers["bare"] = (bare.url, process_probe(bare.process))
+        results: dict = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "loop": LOOPS[-1],
+            "documents": {},
         }
-        results: dict = {"args": {k: v for k, v in vars(args).items()}, "loop": LOOPS[-1], "documents": {}}
         for label, path in paths.items():
             runs: dict[str, list[dict]] = {server: [] for server in servers}
             for round_ in range(args.rounds):
@@ -124,9 +146,16 @@ async def run(args: argparse.Namespace, root: Path) -> dict:
     finally:
         if bare is not None:
             await bare.stop()
-        await proxy.stop()
+        for started in proxies.values():
+            await started.stop()
         await world.registry.stop()
         stop_gpg_agent(root / "gpg")
+
+
+def process_probe(process: asyncio.subprocess.Process | None) -> load.ProcessProbe:
+    """The CPU and memory of a started server process and its workers."""
+    assert process is not None
+    return load.ProcessProbe(process.pid, tree=True)
 
 
 async def profile(url: str, pid: int, root: Path, args: argparse.Namespace) -> list[tuple[str, float, float]]:
@@ -173,11 +202,11 @@ def report(results: dict) -> bool:
     )
     for label, entry in results["documents"].items():
         median = entry["median"]
-        for server in ("proxy", "bare"):
+        for server in median:
             m = median[server]
             rates = ", ".join(f"{r['requests_per_s']:.0f}" for r in entry["runs"][server])
             print(
-                f"  {label:>13} {server:>5}: {m['requests_per_s']:8.0f} req/s, p50 {m['p50_ms']:.2f} ms, "
+                f"  {label:>13} {server:>8}: {m['requests_per_s']:8.0f} req/s, p50 {m['p50_ms']:.2f} ms, "
                 f"p99 {m['p99_ms']:.2f} ms, {m['cpu_us_per_request']:6.1f} µs CPU/request  (req/s: {rates})"
             )
         loads = entry["load_1min"]
@@ -186,8 +215,13 @@ def report(results: dict) -> bool:
             f"p99 {entry['p99_ratio']:.2f}x (goal <= {GOAL_P99}), CPU/request {entry['cpu_ratio']:.2f}x; "
             f"load {min(loads):.1f}-{max(loads):.1f}"
         )
+        if "cpu_vs_baseline" in entry:
+            print(
+                f"  {label:>13} CPU/request: baseline/bare {entry['baseline_cpu_ratio']:.2f}x, "
+                f"proxy/baseline {entry['cpu_vs_baseline']:.2f}x"
+            )
         ok = ok and all(r["errors"] == 0 for runs in entry["runs"].values() for r in runs)
-        for server in ("proxy", "bare"):
+        for server in median:
             if f"profile_{server}" in entry:
                 print(f"    py-spy, one {server} worker: inclusive % (own %) of its samples")
             for frame, inclusive, own in entry.get(f"profile_{server}", []):
@@ -202,23 +236,15 @@ async def main() -> int:
     load.add_round_arguments(parser, seconds=8.0, rounds=3, connections=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--py-spy", action="store_true", help="profile one proxy worker per document")
+    parser.add_argument("--baseline", type=Path, help="another checkout of the project, measured in the same rounds")
     parser.add_argument("flags", nargs="*", help="more flags for `proxy serve` (after --)")
     args = parser.parse_args()
     if not load.WRK:
         print("wrk is needed (apt-get install wrk)")
         return 1
-    root = Path(tempfile.mkdtemp(prefix="bench-warm-"))
-    try:
-        results = await run(args, root)
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    results = await load.in_temp_dir("bench-warm-", args.keep, lambda root: run(args, root))
     ok = report(results)
-    out = Path(__file__).parent / "results" / "warm.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    load.save_results("warm", results)
     return 0 if ok else 1
 
 

@@ -46,6 +46,32 @@ def write_random_zip(path: Path, type_: str, version: str, size: int) -> None:
             remaining -= len(block)
 
 
+def policy_text(rules: int) -> str:
+    """`rules` rules of every kind (namespace, version and client denials, a min-age and a platform list); none
+    denies a release of the world (acme/foo, acme/big, acme/mid 1.0.0) on linux_amd64."""
+    kinds = [
+        '[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmodules = ["*/*/*/*"]\nmin-age = "72h"\n',
+        '[[rule]]\nname = "platforms"\nproviders = ["*/*/*"]\nplatforms = ["linux_amd64", "linux_arm64", '
+        '"darwin_arm64"]\n',
+    ]
+    for index in range(rules - len(kinds)):
+        if index % 3 == 0:
+            kinds.insert(
+                0,
+                f'[[rule]]\nname = "bad-{index}"\nproviders = ["{REGISTRY_HOST}/acme/foo"]\n'
+                f'versions = "= 9.{index}.0"\naction = "deny"\nreason = "known bad"\n',
+            )
+        elif index % 3 == 1:
+            kinds.insert(0, f'[[rule]]\nname = "ns-{index}"\nproviders = ["*/vendor{index}/*"]\naction = "deny"\n')
+        else:
+            kinds.insert(
+                0,
+                f'[[rule]]\nname = "team-{index}"\nproviders = ["*/*/tool{index}*"]\nclients = ["team{index}-*"]\n'
+                'action = "deny"\n',
+            )
+    return "\n".join(kinds) + '\n[default]\naction = "allow"\n'
+
+
 @dataclass
 class World:
     root: Path

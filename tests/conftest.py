@@ -18,6 +18,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.settings.config import Settings
+from proxy.web.aiohttp_internals import put_in_front
 from proxy.web.app import create_app
 from tests.fakes import ports
 from tests.fakes.children import ProcessMarkCheck
@@ -270,6 +271,7 @@ async def serve_proxy(
     app.middlewares.extend(middlewares)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
     await runner.setup()
+    put_in_front(runner)  # as `proxy.web.server.serve_app` does: `proxy.web.front_door`
     server_ssl = None
     if not settings.tls.plain_http:
         server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -13,6 +13,7 @@ See docs/deployment.md#a-micro-cache-in-front.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -45,10 +46,14 @@ def cache_control(status: int, fresh_for: float | None, private: bool, windows: 
         return f"{scope}, no-cache"
     if fresh_for == math.inf:
         return f"{scope}, max-age={IMMUTABLE_MAX_AGE}"
-    stale = _seconds(windows.stale)
-    return (
-        f"{scope}, max-age={_seconds(fresh_for - CLOCK_GRAIN)}, stale-while-revalidate={stale}, stale-if-error={stale}"
-    )
+    return _fresh(scope, _seconds(fresh_for - CLOCK_GRAIN), windows.stale)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fresh(scope: str, max_age: int, stale_window: float) -> str:
+    """The value of an answer fresh for `max_age` whole seconds (made once: a warm answer asks for it every time)."""
+    stale = _seconds(stale_window)
+    return f"{scope}, max-age={max_age}, stale-while-revalidate={stale}, stale-if-error={stale}"
 
 
 def _seconds(value: float) -> int:

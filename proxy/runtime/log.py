@@ -1,9 +1,9 @@
 """Logging: structlog set-up (JSON when not on a terminal; console lines in colour only on one), request ids and
 cache status.
 
-A request id (from `X-Request-Id` or a new one) lives in a context variable (`bind_request_id`) and is added
-to every log line of the request (`add_request_id`, a structlog processor). The cache outcome of a request
-(hit, miss, stale) is collected in another context variable for the access log.
+A request id (from `X-Request-Id` or a new one) is kept in the request's state (`proxy.runtime.request_state`) and
+added to every log line of the request (`add_request_id`, a structlog processor). The cache outcome of a request
+(hit, miss, stale) is noted there too, for the access log.
 
 Access-log lines (`access`) are the one thing logged per request: with JSON logging they are
 written as one JSON line directly, the same fields a structlog line has, without its processor
@@ -25,16 +25,14 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import structlog
 
-_cache_status: ContextVar[list[str] | None] = ContextVar("cache_status", default=None)
-_request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+from proxy.runtime.request_state import current
+
 _escape = json.encoder.encode_basestring_ascii  # a str as a JSON string (C): what the JSON encoder does
-_RANK = {"hit": 0, "miss": 1, "stale": 2}
 _access_log = structlog.get_logger("proxy.access")
 _access_writer: Callable[[str, dict[str, Any]], None] | None = None  # set up by setup_logging for JSON
 ACCESS_FLUSH_AFTER = 0.05  # seconds an access-log line waits for others at most
@@ -132,18 +130,14 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
 atexit.register(flush_access_log)
 
 
-def bind_request_id(request_id: str) -> None:
-    """The id of the request this context serves now (it replaces the last one of a keep-alive connection)."""
-    _request_id.set(request_id)
-
-
 def current_request_id() -> str | None:
-    return _request_id.get()
+    state = current()
+    return None if state is None else state.request_id
 
 
 def add_request_id(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     """structlog processor: the request's id on every line logged while it is served."""
-    request_id = _request_id.get()
+    request_id = current_request_id()
     if request_id is not None:
         event_dict.setdefault("request_id", request_id)
     return event_dict
@@ -241,18 +235,14 @@ def new_request_id(given: str | None) -> str:
     return f"{random.getrandbits(64):016x}"
 
 
-def begin_request() -> None:
-    _cache_status.set([])
-
-
 def note_cache(status: str) -> None:
     """Record a cache outcome (hit, miss or stale) for the current request."""
-    seen = _cache_status.get()
-    if seen is not None:
-        seen.append(status)
+    state = current()
+    if state is not None:
+        state.note_cache(status)
 
 
 def request_cache_status() -> str:
     """The worst outcome seen by this request: stale > miss > hit; '-' if the cache was not used."""
-    seen = _cache_status.get() or []
-    return max(seen, key=_RANK.__getitem__) if seen else "-"
+    state = current()
+    return "-" if state is None or state.cache is None else state.cache

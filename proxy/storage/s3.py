@@ -30,6 +30,7 @@ from typing import Any
 
 import structlog
 from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import get_session
 from aiohttp import ClientPayloadError
 from botocore.exceptions import (
@@ -43,6 +44,7 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 
 from proxy.errors import StoreCorruptionError, StoreUnavailableError
+from proxy.runtime.client_reads import PIECE, read_into_shared_buffer
 from proxy.settings.config import S3Location
 from proxy.storage.objects import QUARANTINE as QUARANTINED
 from proxy.storage.objects import (
@@ -145,6 +147,7 @@ class S3Store(Staged):
             read_timeout=o.timeout,
             retries={"total_max_attempts": ATTEMPTS, "mode": "standard"},
             response_checksum_validation="when_required",
+            http_session_cls=SharedBufferSession,
         )
         self._client_context = get_session().create_client(
             "s3",
@@ -480,9 +483,18 @@ class S3Store(Staged):
             return await self._s3.generate_presigned_url("get_object", Params=params, ExpiresIn=int(expires))
 
 
+class SharedBufferSession(AIOHTTPSession):
+    """aiobotocore's HTTP session, its connections reading into one buffer of the process
+    (`proxy.runtime.client_reads`: without it every TLS record of a body read costs an mmap and an munmap)."""
+
+    async def _create_connector(self, proxy_url: str | None) -> Any:
+        return read_into_shared_buffer(await super()._create_connector(proxy_url))
+
+
 class ObjectReader:
-    """A span of one object read with ranged GETs naming its ETag, in chunks of the size asked for (a hop
-    per chunk, however small the network's reads are).
+    """A span of one object read with ranged GETs naming its ETag, a chunk of the size asked for at a time
+    (a hop per chunk, however small the network's reads are), handed out in the pieces it was read in
+    (`PIECE` at most: never copied into one block).
 
     A body cut off before its end (the connection closed early) is taken up again where it stopped, with
     another GET of the rest of the span from the same object, up to `RESUMES` times: uvloop drops what
@@ -506,13 +518,15 @@ class ObjectReader:
         self._body = await self._store._get_range(self._stored, offset, self._end)
 
     async def chunks(self, size: int) -> AsyncGenerator[bytes, None]:
-        offset, resumes = self._start, 0
+        # A body is read `PIECE` at a time at most: aiohttp joins what it holds up to the amount asked for into one
+        # new block, and one of 128 KiB or more is mapped and unmapped on its own (the pinned mmap threshold).
+        offset, resumes, piece = self._start, 0, min(size, PIECE)
         while offset < self._end:
             want = min(size, self._end - offset) if resumes == 0 else min(max(size, EAGER), self._end - offset)
             parts: list[bytes] = []
             try:
                 with _translated(reading=True):
-                    await _read_into(self._body, want, parts)
+                    await _read_into(self._body, want, piece, parts)
             except StoreUnavailableError as exc:
                 if not _cut(exc.__cause__) or resumes >= RESUMES:
                     raise
@@ -522,23 +536,22 @@ class ObjectReader:
                 await self.get(offset + got)
                 if not got:
                     continue
-            data = b"".join(parts)
-            if not data:
+            if not parts:
                 return  # the object ended early: the caller sees fewer bytes than it asked for
-            offset += len(data)
-            for at in range(0, len(data), size):
-                yield data[at : at + size] if len(data) > size else data
+            for part in parts:  # as they came: never joined into one block (mapped on its own from 128 KiB)
+                offset += len(part)
+                yield part
 
     def close(self) -> None:
         if self._body is not None:
             self._body.close()
 
 
-async def _read_into(body: Any, size: int, parts: list[bytes]) -> None:
-    """Up to `size` bytes of a streamed body into `parts` (fewer only at its end); what was read before a
-    failure stays in `parts`."""
+async def _read_into(body: Any, size: int, piece: int, parts: list[bytes]) -> None:
+    """Up to `size` bytes of a streamed body into `parts`, `piece` bytes at most each (fewer in all only at its
+    end); what was read before a failure stays in `parts`."""
     have = 0
-    while have < size and (part := await body.read(size - have)):
+    while have < size and (part := await body.read(min(piece, size - have))):
         parts.append(part)
         have += len(part)
 

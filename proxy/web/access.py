@@ -259,19 +259,47 @@ def _check_route(
                 raise _forbidden(holder, host, f"the token this URL's grant was made for may not read {host} now")
             request[CLIENT] = holder  # who downloads it, for the log
             return
-        if client is None:
-            raise _unauthorized(host, presented, problem)
-        if not client.may_read(host, namespace):
-            raise _forbidden(
-                client,
-                host,
-                f"this token may not read {host}" + (f"/{namespace}" if namespace and client.may_read(host) else ""),
-            )
-        if route == "lock" and not client.may_lock(host, namespace):
+    if may_read(access, client, host, namespace):
+        if route == "lock" and client is not None and not client.may_lock(host, namespace):
             raise _forbidden(client, host, "this token may not call /lock/v1")
-    elif host in access.private:  # answered as a host the proxy does not serve: the answer does not confirm it
+        return
+    if not access.required:  # a private host: answered as a host the proxy does not serve, which does not confirm it
         log.info("auth.refused", host=host, reason="private host, no client tokens configured")
         raise HostNotAllowedError.for_host(host)
+    if client is None:
+        raise _unauthorized(host, presented, problem)
+    raise _forbidden(
+        client,
+        host,
+        f"this token may not read {host}" + (f"/{namespace}" if namespace and client.may_read(host) else ""),
+    )
+
+
+def may_read(access: Access, client: Client | None, host: str, namespace: str | None) -> bool:
+    """Whether `client` (None: anonymous) may read upstream `host` (and `namespace`) through a route naming it:
+    with client tokens, a token whose scope holds it; without them, any host but a private one. (A grant, and
+    `/lock/v1`'s own permission, are `_check_route`'s.)"""
+    if access.required:
+        return client is not None and client.may_read(host, namespace)
+    return host not in access.private
+
+
+def quietly_admitted(access: Access, authorization: str | None, hostname: str, namespace: str) -> Client | bool:
+    """For a route naming upstream `hostname` that takes no grant: the static token's client a request with this
+    `Authorization` header is let in as (True: let in without one), or False when it would be refused or needs more
+    than a look (an unknown or OIDC token, a malformed host). Nothing is logged: on False, `access_control` decides
+    (and logs a refusal)."""
+    presented = bearer_token(authorization)
+    client = access.book.authenticate(presented) if presented is not None else None
+    if presented is not None and client is None:
+        return False
+    try:
+        host = str(Hostname.parse(hostname))
+    except AddressError:
+        return False
+    if not may_read(access, client, host, namespace):
+        return False
+    return client if client is not None else True
 
 
 def _unauthorized(what: str, presented: str | None, problem: Problem | None = None) -> ProxyError:
@@ -334,4 +362,9 @@ def url_signer(request: web.Request) -> UrlSigner | None:
     client = request.get(CLIENT)
     if client is None:
         return None
-    return UrlSigner(request.app[ACCESS].grants, client, Grants.expiry(time.time(), client), request.rel_url)
+    return signer_for(request.app[ACCESS].grants, client, request.rel_url)
+
+
+def signer_for(grants: Grants, client: Client, base: URL) -> UrlSigner:
+    """The signer of the URLs of a document for `client`, answering a request for `base` (its URL)."""
+    return UrlSigner(grants, client, Grants.expiry(time.time(), client), base)

@@ -7,6 +7,10 @@ subclasses aiohttp's per-connection protocol (`aiohttp.web_protocol.RequestHandl
 `web.Server` builds it) and overrides `handle_error`, which aiohttp calls with the parser's exception;
 `describe_parse_error` reads that exception (its class and, for a line too long, the limit in its args).
 
+The server's handler of every request is put behind `proxy.web.front_door` by replacing the low-level server's
+`request_handler` (the application's `_handle`, which every connection's protocol takes when it is made):
+`put_in_front`.
+
 Everything else of the server uses public interfaces: the handler is an asyncio protocol that
 `proxy.web.server` wraps, and the connection limits live in that wrapper. When an aiohttp release changes
 what this module relies on, tests/unit/test_library_internals.py fails and says what changed.
@@ -15,12 +19,34 @@ what this module relies on, tests/unit/test_library_internals.py fails and says 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import http_exceptions, web
 from aiohttp.web_protocol import RequestHandler
 
 Reject = Callable[[web.BaseRequest, int, "BaseException | None"], web.StreamResponse]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class Front(Protocol):
+    """What an application may put in front of its own handler (`FRONT`)."""
+
+    def open(self, inner: Handler) -> Handler:
+        """The handler of every request, in front of `inner` (the application's routing and middlewares)."""
+        ...
+
+
+FRONT = web.AppKey("front", Front)
+
+
+def put_in_front(runner: web.AppRunner) -> None:
+    """Have the connections of `runner`'s server (after `runner.setup()`: the application has started) hand every
+    request to the application's `FRONT`, when it has one, in front of the application's own handler."""
+    front = runner.app.get(FRONT)
+    server = runner.server
+    if front is not None and server is not None:
+        server.request_handler = front.open(server.request_handler)
 
 
 class JsonErrorRequestHandler(RequestHandler):

@@ -41,6 +41,7 @@ from proxy.upstream.client import UpstreamClient, create_ssl_context
 from proxy.upstream.netguard import AddressPolicy
 from proxy.web import catalog_api, health, home, lock_hashes, network_mirror, registry, well_known
 from proxy.web.access import ACCESS, Access, access_control
+from proxy.web.aiohttp_internals import FRONT
 from proxy.web.app_keys import (
     ARCHIVE_USAGE,
     CATALOG,
@@ -57,6 +58,7 @@ from proxy.web.app_keys import (
     WARM_ANSWERS,
 )
 from proxy.web.eventloop import loop_name
+from proxy.web.front_door import FrontDoor
 from proxy.web.middlewares import request_context, server_header
 from proxy.web.renderings import Renderings
 from proxy.web.warm_answers import WarmAnswers
@@ -81,6 +83,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[RENDERINGS] = Renderings()
+    app[FRONT] = FrontDoor(app)  # put before the middlewares by the server (`proxy.web.server.serve_app`)
     app[ON_SIGHUP] = []
     app.cleanup_ctx.extend(
         [

@@ -12,7 +12,6 @@ from aiohttp import web
 from proxy.governance.gatekeeper import Gatekeeper
 from proxy.identity.tokens import GRANT_PARAM, Client
 from proxy.protocol.cache_control import StaleWindows, cache_control
-from proxy.services.freshness import request_fresh_for
 from proxy.settings.config import Settings
 
 METADATA_ROUTES = frozenset(
@@ -52,14 +51,16 @@ def add_cache_headers(
     client: Client | None,
     settings: Settings | None,
     gate: Gatekeeper | None,
+    fresh_for: float | None,
 ) -> None:
     """Set the metadata answer's `Cache-Control` and `Vary: Authorization` (other routes: left alone); `route`: the
     request's route name, `client`: who it came from (`proxy.web.access.CLIENT`), `settings`: the application's,
-    `gate`: its gatekeeper when a policy is in force."""
+    `gate`: its gatekeeper when a policy is in force, `fresh_for`: how long the answer stays fresh
+    (`proxy.services.freshness.request_fresh_for`)."""
     if route not in METADATA_ROUTES or response.prepared or settings is None:
         return
     headers = response.headers
     headers["Cache-Control"] = cache_control(
-        response.status, request_fresh_for(), client_dependent(request, client, gate), _windows(settings)
+        response.status, fresh_for, client_dependent(request, client, gate), _windows(settings)
     )
     headers["Vary"] = "Authorization"

@@ -29,7 +29,6 @@ aiohttp, which drops the connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 
@@ -50,15 +49,9 @@ from proxy.errors import (
 from proxy.identity.tokens import Client
 from proxy.metadata_store.memory import MemoryFront
 from proxy.protocol.forwarded import ClientView, client_view
-from proxy.runtime.deadline import request_budget
-from proxy.runtime.log import (
-    access,
-    begin_request,
-    bind_request_id,
-    new_request_id,
-    request_cache_status,
-    request_line,
-)
+from proxy.runtime.deadline import budget
+from proxy.runtime.log import access, new_request_id, request_cache_status, request_line
+from proxy.runtime.request_state import begin_request
 from proxy.services import freshness
 from proxy.settings.config import Settings
 from proxy.web.access import CLIENT
@@ -83,7 +76,16 @@ FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Proto", "X-Fo
 CLIENT_VIEW = web.RequestKey("client_view", ClientView)
 
 
-def _as_the_client_made_it(request: web.Request, settings: Settings | None) -> web.Request:
+def request_arrived(request: web.BaseRequest) -> None:
+    """Tell the connection its request head arrived: its request-head timer stops
+    (`proxy.web.server.LimitedConnection`)."""
+    transport = request.transport
+    arrived = getattr(transport.get_protocol(), "request_arrived", None) if transport is not None else None
+    if arrived is not None:
+        arrived()
+
+
+def as_the_client_made_it(request: web.Request, settings: Settings | None) -> web.Request:
     """With --trusted-proxies, the request as the client made it: its address in `request.remote`, and the
     scheme and host it used for `client_origin`."""
     if settings is None or not settings.server.trusted_proxies:
@@ -118,45 +120,37 @@ async def server_header(request: web.Request, response: web.StreamResponse) -> N
 @web.middleware
 async def request_context(request: web.Request, handler) -> web.StreamResponse:
     """The one middleware around every request (one layer, one await, on the warm path): tell the connection its
-    request head arrived, see the request as the client made it, bind a request id, give the request its time
-    budget, follow purges made elsewhere, time it, log it, and turn errors into JSON bodies."""
-    transport = request.transport
-    arrived = getattr(transport.get_protocol(), "request_arrived", None) if transport is not None else None
-    if arrived is not None:  # the connection's request-head timer stops (`proxy.web.server.LimitedConnection`)
-        arrived()
+    request head arrived, see the request as the client made it, begin its state (`proxy.runtime.request_state`: its
+    id and time budget), follow purges made elsewhere, time it, log it, and turn errors into JSON bodies."""
+    request_arrived(request)
     app = request.app
     settings = app.get(SETTINGS)
-    request = _as_the_client_made_it(request, settings)
+    request = as_the_client_made_it(request, settings)
     request_id = new_request_id(request.headers.get("X-Request-Id"))
-    bind_request_id(request_id)
-    begin_request()
-    freshness.begin_request()
+    limits = settings.limits if settings is not None else None
+    begin_request(request_id, budget(limits.request_deadline, limits.stale_deadline) if limits is not None else None)
     started = time.perf_counter()
     try:
-        with (
-            request_budget(settings.limits.request_deadline, settings.limits.stale_deadline)
-            if settings is not None
-            else contextlib.nullcontext()
-        ):
-            front = app.get(MEMORY_FRONT)
-            if front is not None and front.purge_check_due():
-                await _follow_purges(front)
-            if (request.version.major, request.version.minor) not in SUPPORTED_VERSIONS:
-                version = f"HTTP/{request.version.major}.{request.version.minor}"
-                response = _proxy_error_response(HttpVersionNotSupportedError(f"HTTP version not supported: {version}"))
-            else:
-                try:
-                    response = await handler(request)
-                except Exception as exc:
-                    answer = _error_answer(request, exc)
-                    if answer is None:
-                        raise
-                    response = answer
+        front = app.get(MEMORY_FRONT)
+        if front is not None and front.purge_check_due():
+            await _follow_purges(front)
+        if (request.version.major, request.version.minor) not in SUPPORTED_VERSIONS:
+            version = f"HTTP/{request.version.major}.{request.version.minor}"
+            response = _proxy_error_response(HttpVersionNotSupportedError(f"HTTP version not supported: {version}"))
+        else:
+            try:
+                response = await handler(request)
+            except Exception as exc:
+                answer = _error_answer(request, exc)
+                if answer is None:
+                    raise
+                response = answer
         route = request.match_info.route.name or "unmatched"
         client = request.get(CLIENT)
-        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app))
+        fresh_for = freshness.request_fresh_for()
+        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app), fresh_for)
     except (ConnectionError, asyncio.CancelledError) as exc:
-        _record(
+        record_request(
             request,
             app,
             settings,
@@ -171,8 +165,9 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
         )
         raise
     response.headers["X-Request-Id"] = request_id
+    response.headers["Server"] = SERVER  # before aiohttp's own headers, as `proxy.web.front_door` sends it
     sent = response.body_length if response.prepared else (response.content_length or 0)
-    _record(request, app, settings, route, client, request_id, "request", response.status, sent, started)
+    record_request(request, app, settings, route, client, request_id, "request", response.status, sent, started)
     return response
 
 
@@ -183,7 +178,7 @@ async def _follow_purges(front: MemoryFront) -> None:
         log.info("purge.memos_dropped", pid=os.getpid(), reason="a purge elsewhere")
 
 
-def _record(
+def record_request(
     request: web.Request,
     app: web.Application,
     settings: Settings | None,

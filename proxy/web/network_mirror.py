@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from aiohttp import web
 
@@ -17,10 +18,11 @@ from proxy.domain.addresses import Platform, ProviderAddr, Version
 from proxy.errors import DocumentNotFoundError, InvalidRequestError
 from proxy.governance.audit import ClientIdentity
 from proxy.governance.gatekeeper import Gatekeeper
+from proxy.identity.tokens import Client
 from proxy.protocol.proxy_urls import archive_filename
 from proxy.providers.mirror import PlatformArchive
 from proxy.services.freshness import note_fresh_for, request_fresh_for
-from proxy.web.access import UrlSigner, url_signer
+from proxy.web.access import ACCESS, CLIENT, UrlSigner, signer_for
 from proxy.web.app_keys import MIRROR, RENDERINGS, WARM_ANSWERS
 from proxy.web.archive_responses import Found, may_follow, serve_found
 from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, note_served
@@ -28,6 +30,7 @@ from proxy.web.renderings import Rendering
 from proxy.web.responses import rendered_response
 
 PREFIX = "/mirror/v1/{hostname}/{namespace}/{type}"
+MIRROR_ROUTE = "mirror_json"  # the route of `index.json` and `:version.json`
 
 
 def _addr(request: web.Request) -> ProviderAddr:
@@ -37,36 +40,73 @@ def _addr(request: web.Request) -> ProviderAddr:
 
 async def json_document(request: web.Request) -> web.Response:
     """`index.json` (version list) or `:version.json` (archives of one version), from rendered bytes when warm,
-    and for a moment from the very answer made last time (`proxy.web.warm_answers`)."""
+    and for a moment from the very answer made last time (`proxy.web.warm_answers`, also sent by
+    `proxy.web.front_door` before this handler is reached)."""
     name = request.match_info["document"]
     if not name.endswith(".json"):
         _addr(request)  # a malformed address is a 400 first
         raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
     app = request.app
-    gate = app_gatekeeper(app)
-    client = client_identity(request) if gate is not None else None
-    signer = url_signer(request) if name != "index.json" else None
-    # What the answer depends on besides its path: the signed URLs' key, and the policy's view of the client.
-    # A policy in warn mode records a would-be denial on every request: its answers are not reused.
-    policy = gate.policy if gate is not None else None
-    reusable = policy is None or policy.mode == "enforce"
-    key = (
-        request.path,
-        signer and signer.key,
-        gate.client_key(client) if gate is not None and client is not None else None,
-    )
-    warm = app[WARM_ANSWERS]
-    policy_now, stamp = (gate.clock(), gate.stamp) if gate is not None else (0.0, 0)
-    if reusable and (kept := warm.get(key, policy, policy_now, stamp)) is not None:
+    reuse = _reuse(app, request, name, request.get(CLIENT), app_gatekeeper(app))
+    if (kept := reused(app, reuse)) is not None:
         rendered, fresh_for = kept
         note_fresh_for(fresh_for)
-        app[MIRROR].count_reused()
         return rendered_response(request, rendered)
+    warm = app[WARM_ANSWERS]
     mark = warm.mark()
-    rendered, valid_until = await _render(request, _addr(request), name, gate, client, signer)
-    if reusable:
-        warm.put(key, rendered, request_fresh_for(), mark, policy, valid_until, stamp)
+    rendered, valid_until = await _render(request, _addr(request), name, reuse.gate, reuse.client, reuse.signer)
+    if reuse.reusable:
+        warm.put(reuse.key, rendered, request_fresh_for(), mark, reuse.policy, valid_until, reuse.stamp)
     return rendered_response(request, rendered)
+
+
+class Reuse(NamedTuple):
+    """What reusing (or keeping) a document's answer depends on besides its path."""
+
+    key: tuple  # the request's path, the signed URLs' key, the policy's view of the client
+    reusable: bool  # not under a policy in warn mode (which records a would-be denial on every request)
+    gate: Gatekeeper | None
+    client: ClientIdentity | None
+    signer: UrlSigner | None
+    policy: object
+    policy_now: float
+    stamp: int
+
+
+def _reuse(
+    app: web.Application, request: web.Request, name: str, token: Client | None, gate: Gatekeeper | None
+) -> Reuse:
+    """The reuse key and conditions of document `name` for this request of `app` from `token`'s holder (None:
+    anonymous; `request[CLIENT]`), under `gate` (`app_gatekeeper(app)`)."""
+    signer = (
+        signer_for(app[ACCESS].grants, token, request.rel_url) if token is not None and name != "index.json" else None
+    )
+    if gate is None:
+        return Reuse((request.path, signer and signer.key, None), True, None, None, signer, None, 0.0, 0)
+    client = client_identity(request)
+    policy = gate.policy
+    key = (request.path, signer and signer.key, gate.client_key(client))
+    reusable = policy is None or policy.mode == "enforce"
+    return Reuse(key, reusable, gate, client, signer, policy, gate.clock(), gate.stamp)
+
+
+def reused(app: web.Application, reuse: Reuse) -> tuple[Rendering, float] | None:
+    """The answer kept for `reuse` and how long it stays fresh, counted as the cache hit it stands for; None when
+    none may be reused now."""
+    if not reuse.reusable:
+        return None
+    kept = app[WARM_ANSWERS].get(reuse.key, reuse.policy, reuse.policy_now, reuse.stamp)
+    if kept is not None:
+        app[MIRROR].count_reused()
+    return kept
+
+
+def warm_document(
+    app: web.Application, request: web.Request, name: str, token: Client | None, gate: Gatekeeper | None
+) -> tuple[Rendering, float] | None:
+    """`reused` for the answer `json_document` would give this request (not yet routed) for document `name`, from
+    `token`'s holder (`request[CLIENT]`) under `gate` (`app_gatekeeper(app)`), or None."""
+    return reused(app, _reuse(app, request, name, token, gate))
 
 
 async def _render(
@@ -147,5 +187,5 @@ async def archive(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get(PREFIX + "/{document}", json_document, name="mirror_json")
+    app.router.add_get(PREFIX + "/{document}", json_document, name=MIRROR_ROUTE)
     app.router.add_get(PREFIX + "/{version}/{platform}/{filename}", archive, name="mirror_archive")

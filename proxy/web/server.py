@@ -59,7 +59,7 @@ from proxy.errors import (
 )
 from proxy.runtime.metrics import Metrics
 from proxy.settings.config import Settings
-from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
+from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler, put_in_front
 from proxy.web.allocator import BurstTrimmer, pin_mmap_threshold
 from proxy.web.app_keys import METRICS
 from proxy.web.eventloop import new_event_loop
@@ -367,6 +367,7 @@ async def serve_app(
     listeners: list[asyncio.Server] = []
     try:
         await runner.setup()
+        put_in_front(runner)  # `proxy.web.front_door`
         listeners = await listen(runner)
         await stopped()
     finally:

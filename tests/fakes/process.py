@@ -73,9 +73,9 @@ class ProxyProcess:
             *extra,
         ]
         self.process: asyncio.subprocess.Process | None = None
-        self.source = REPO_ROOT  # the checkout whose `proxy` package runs (a benchmark may compare another)
         self.log_path = data_dir.parent / f"proxy-{self.port}.log"
         self.plain_http = "--plain-http" in extra
+        self.source = REPO_ROOT  # the checkout whose `proxy` package runs (a benchmark may run another's)
 
     @property
     def url(self) -> str:

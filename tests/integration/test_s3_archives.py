@@ -17,9 +17,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.errors import StoreUnavailableError
+from proxy.runtime.client_reads import SharedBufferReads
 from proxy.settings.config import parse_s3_location
 from proxy.storage import ObjectInfo
-from proxy.storage.s3 import S3Options, S3Store
+from proxy.storage.s3 import PIECE, S3Options, S3Store
 from proxy.web.app_keys import ARCHIVE_USAGE, GUARD
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
@@ -297,6 +298,33 @@ async def test_a_failed_multipart_upload_is_aborted_and_leaves_no_object(s3_serv
         assert pending.path.exists()  # the caller discards it
     finally:
         await store.close()
+
+
+async def test_an_object_is_read_through_the_shared_buffer_in_pieces_never_joined(
+    s3_server, s3_bucket, tmp_path, monkeypatch
+):
+    """No block of 128 KiB or more per piece of a body (mapped and unmapped on its own with the pinned mmap
+    threshold): the store's connections read into the process's buffer, and a chunk asked for is handed out
+    in the pieces it was read in, not copied into one block."""
+    data = os.urandom(3 << 20)
+    sha = hashlib.sha256(data).hexdigest()
+    s3_server.client.put_object(Bucket=s3_bucket, Key=PREFIX + sha, Body=data)
+    buffered: list[int] = []
+    hand_on = SharedBufferReads.buffer_updated
+    monkeypatch.setattr(SharedBufferReads, "buffer_updated", lambda self, n: (buffered.append(n), hand_on(self, n)))
+    store = await open_store(s3_server, s3_bucket, tmp_path / "a")
+    try:
+        stored = await store.get(sha)
+        reader = await store.open_reader(stored, 0, stored.size)
+        try:
+            pieces = [chunk async for chunk in reader.chunks(256 * 1024)]
+        finally:
+            reader.close()
+    finally:
+        await store.close()
+    assert b"".join(pieces) == data
+    assert max(map(len, pieces)) <= PIECE < 128 * 1024
+    assert sum(buffered) > len(data)  # the body (and the answers' heads) came through the shared buffer
 
 
 async def test_list_objects_and_remove(s3_server, s3_bucket, tmp_path):

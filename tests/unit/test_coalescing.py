@@ -9,6 +9,7 @@ import pytest
 from proxy.errors import ShuttingDownError
 from proxy.runtime import deadline
 from proxy.runtime.coalescing import SingleFlight
+from proxy.runtime.request_state import begin_request
 
 
 class Work:
@@ -206,7 +207,7 @@ async def test_shared_work_runs_without_the_callers_request_budget() -> None:
     async def work() -> None:
         seen.append(deadline.remaining())
 
-    with deadline.request_budget(5, 1):
-        assert deadline.remaining() is not None
-        await SingleFlight().run("key", work)
+    begin_request("a request", deadline.budget(5, 1))
+    assert deadline.remaining() is not None
+    await SingleFlight().run("key", work)
     assert seen == [None]

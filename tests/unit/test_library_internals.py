@@ -1,6 +1,6 @@
-"""What proxy/web/aiohttp_internals.py and proxy/web/gunicorn_internals.py rely on still holds in the
-installed aiohttp and gunicorn (pinned in constraints.txt). A failure here names what a new release changed:
-review that module before upgrading."""
+"""What proxy/web/aiohttp_internals.py, proxy/runtime/client_reads.py and proxy/web/gunicorn_internals.py rely
+on still holds in the installed aiohttp, aiobotocore and gunicorn (pinned in constraints.txt). A failure here names
+what a new release changed: review that module before upgrading."""
 
 from __future__ import annotations
 
@@ -8,23 +8,33 @@ import ast
 import asyncio
 import inspect
 import json
+import os
 import signal
 import socket
+import ssl
 from importlib.metadata import version
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiobotocore.httpsession import AIOHTTPSession
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from gunicorn.arbiter import Arbiter
 from gunicorn.config import Config
 from gunicorn.sock import TCPSocket
 
+from proxy.runtime import client_reads
+from proxy.runtime.client_reads import SharedBufferReads, read_into_shared_buffer
+from proxy.storage.s3 import SharedBufferSession
 from proxy.web import aiohttp_internals, gunicorn_internals
 from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
+from proxy.web.eventloop import new_event_loop
 
 AIOHTTP = f"aiohttp {version('aiohttp')} changed what proxy/web/aiohttp_internals.py relies on"
 GUNICORN = f"gunicorn {version('gunicorn')} changed what proxy/web/gunicorn_internals.py relies on"
+CLIENT = f"aiohttp {version('aiohttp')} changed what proxy/runtime/client_reads.py relies on"
+BOTOCORE = f"aiobotocore {version('aiobotocore')} changed what proxy/storage/s3.py's SharedBufferSession relies on"
 MAX_LINE, MAX_FIELD, MAX_HEADERS = 200, 100, 8
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +46,7 @@ def _pinned(name: str) -> str:
     raise AssertionError(f"{name} is not pinned in constraints.txt")
 
 
-@pytest.mark.parametrize("name", ["aiohttp", "gunicorn"])
+@pytest.mark.parametrize("name", ["aiohttp", "aiobotocore", "gunicorn"])
 def test_the_libraries_whose_internals_are_used_are_pinned(name):
     assert _pinned(name)  # the modules were reviewed against the pinned versions
 
@@ -55,10 +65,12 @@ def test_aiohttps_protocol_takes_the_options_and_calls_handle_error_as_before():
 
 
 class LowLevelServer:
-    """aiohttp's low-level server with the proxy's protocol; records what `reject` was given."""
+    """aiohttp's low-level server (or `server`, an AppRunner's) with the proxy's protocol; records what `reject` was
+    given."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: web.Server | None = None) -> None:
         self.rejected: list[tuple[int, BaseException | None]] = []
+        self.server = server
 
     def reject(self, request: web.BaseRequest, status: int, exc: BaseException | None) -> web.StreamResponse:
         self.rejected.append((status, exc))
@@ -72,7 +84,7 @@ class LowLevelServer:
         async def handle(request: web.BaseRequest) -> web.StreamResponse:
             return web.Response(text="application")
 
-        server = web.Server(handle)
+        server = self.server or web.Server(handle)
         self.listener = await asyncio.get_running_loop().create_server(
             lambda: new_request_handler(
                 server,
@@ -131,6 +143,39 @@ async def test_a_request_aiohttp_parsed_reaches_the_application_and_not_handle_e
     assert (answered, body, server.rejected) == (200, b"application", [])
 
 
+async def test_a_handler_put_in_front_of_an_app_runners_server_gets_every_request():
+    seen: list[str] = []
+
+    class Front:
+        def open(self, inner: aiohttp_internals.Handler) -> aiohttp_internals.Handler:
+            async def handle(request: web.BaseRequest) -> web.StreamResponse:
+                seen.append(request.path)
+                return web.Response(text="front") if request.path == "/front" else await inner(request)
+
+            return handle
+
+    async def application(request: web.Request) -> web.Response:
+        return web.Response(text="application")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", application)
+    app[aiohttp_internals.FRONT] = Front()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    aiohttp_internals.put_in_front(runner)
+    assert runner.server is not None
+    try:
+        async with LowLevelServer(runner.server) as server:
+            answers = [
+                await server.exchange(f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".encode())
+                for path in ("/front", "/app")
+            ]
+    finally:
+        await runner.cleanup()
+    assert answers == [(200, b"front"), (200, b"application")], f"{AIOHTTP}: web.Server.request_handler"
+    assert seen == ["/front", "/app"]
+
+
 def test_gunicorns_arbiter_dispatches_sighup_to_handle_hup_and_knows_its_workers():
     assert Arbiter.SIG_NAMES.get(signal.SIGHUP) == "hup", f"{GUNICORN}: SIGHUP's name"
     assert signal.SIGHUP in Arbiter.SIGNALS, f"{GUNICORN}: the arbiter no longer queues SIGHUP"
@@ -156,7 +201,55 @@ def test_gunicorns_listener_wraps_a_real_socket():
         listener.close()
 
 
-PRIVATE = frozenset({"aiohttp.web_protocol", "aiohttp.http_exceptions", "gunicorn.arbiter", "gunicorn.sock"})
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_client_connections_read_every_byte_through_the_shared_buffer(loop, server_cert_files, ca_file):
+    """A body of several MiB over TLS, on a new connection and on one reused from the pool, reaches aiohttp
+    whole through `SharedBufferReads` (aiohttp built the connection's protocol with the connector's `_factory`,
+    and the loop's SSL transport took the buffered protocol swapped in)."""
+    body = os.urandom(3 << 20)
+
+    async def exchange() -> list[tuple[object, bytes]]:
+        async def answer(request: web.Request) -> web.Response:
+            return web.Response(body=body)
+
+        app = web.Application()
+        app.router.add_get("/", answer)
+        server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ssl.load_cert_chain(*map(str, server_cert_files))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
+        await site.start()
+        url = f"https://127.0.0.1:{runner.addresses[0][1]}/"
+        connector = read_into_shared_buffer(aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(ca_file))))
+        answers = []
+        try:
+            async with aiohttp.ClientSession(connector=connector) as session:
+                for _ in range(2):
+                    async with session.get(url) as response:
+                        protocol = response.connection.transport.get_protocol()
+                        answers.append((protocol, await response.read()))
+        finally:
+            await runner.cleanup()
+        return answers
+
+    with asyncio.Runner(loop_factory=lambda: new_event_loop(loop)) as runner:
+        answers = runner.run(exchange())
+    for protocol, received in answers:
+        assert isinstance(protocol, SharedBufferReads), f"{CLIENT}: {type(protocol).__name__} reads the connection"
+        assert received == body
+
+
+def test_aiobotocores_session_builds_its_connector_in_create_connector():
+    assert issubclass(SharedBufferSession, AIOHTTPSession), f"{BOTOCORE}: its HTTP session class"
+    create = inspect.getattr_static(AIOHTTPSession, "_create_connector", None)
+    assert inspect.iscoroutinefunction(create), f"{BOTOCORE}: AIOHTTPSession has no coroutine _create_connector"
+    assert list(inspect.signature(create).parameters) == ["self", "proxy_url"], f"{BOTOCORE}: its parameters"
+
+
+PRIVATE = frozenset(
+    {"aiohttp.web_protocol", "aiohttp.http_exceptions", "aiohttp.client_proto", "gunicorn.arbiter", "gunicorn.sock"}
+)
 
 
 def imported_modules(source: str) -> set[str]:
@@ -172,7 +265,7 @@ def imported_modules(source: str) -> set[str]:
 
 
 def test_only_the_internals_modules_import_those_internals():
-    allowed = {Path(aiohttp_internals.__file__).resolve(), Path(gunicorn_internals.__file__).resolve()}
+    allowed = {Path(m.__file__).resolve() for m in (aiohttp_internals, client_reads, gunicorn_internals)}
     offenders = [
         f"{path.relative_to(REPO)}: {name}"
         for path in sorted((REPO / "proxy").rglob("*.py"))

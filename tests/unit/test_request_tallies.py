@@ -10,7 +10,7 @@ import json
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from proxy.runtime import log, metrics
+from proxy.runtime import log, metrics, request_state
 from proxy.runtime.metrics import DURATION_BUCKETS, Metrics
 
 DURATIONS = (0.0, 0.004, 0.005, 0.0051, 0.3, 2.5, 899.0, 900.0, 1e6)  # on the bounds, between, beyond the last
@@ -117,6 +117,6 @@ def test_a_request_line_formatted_directly_is_the_line_the_json_encoder_writes(m
 
 
 def test_log_lines_carry_the_request_id_bound_for_the_request():
-    log.bind_request_id("req-1")
+    request_state.begin_request("req-1")
     assert log.add_request_id(None, "info", {"event": "x"}) == {"event": "x", "request_id": "req-1"}
     assert log.add_request_id(None, "info", {"request_id": "own"})["request_id"] == "own"

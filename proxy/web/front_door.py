@@ -1,0 +1,117 @@
+"""The server's request handler: a warm network-mirror document answered at the front, everything else by the
+application as before.
+
+aiohttp hands every request to the application's handler: routing, then the middlewares (aiohttp's own,
+`request_context` and `access_control`), then the route's handler. A warm `index.json` or `:version.json` that
+this process answered a moment ago (`proxy.web.warm_answers`) needs none of that: `FrontDoor` recognises its path,
+lets it in as `access_control` would (`proxy.web.access.quietly_admitted`), finds the kept answer as
+`json_document` would (`proxy.web.network_mirror.warm_document`) and sends it with what the middlewares give every
+answer: `Cache-Control` and `Vary`, `X-Request-Id`, `Server`, the metrics and the access-log line. An ETag the
+client names is answered 304, and HEAD as aiohttp answers it.
+
+Anything else goes to the application unchanged, which answers it as before: another path or method, a
+percent-encoded path or a query, another HTTP version, an `Expect` header, a purge check due, a token that is not
+a valid static one (OIDC, unknown), a request access control would refuse (the application refuses it, and logs
+it), no answer kept.
+Up to that point the front door has logged and counted nothing, and what it noted (the request's state, its
+token's client) the application notes again.
+
+The server puts it in front of the application's handler once the application has started (`open`, called by
+`proxy.web.aiohttp_internals.put_in_front` for the application's `FRONT`); an application served without it answers
+the same, through the middlewares. What a new middleware or `on_response_prepare` handler adds to every answer must be
+added here too: tests/integration/test_front_door.py compares the two answers header by header.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import hdrs, web
+
+from proxy.runtime.log import new_request_id
+from proxy.runtime.request_state import begin_request
+from proxy.web.access import ACCESS, CLIENT, quietly_admitted
+from proxy.web.aiohttp_internals import Handler
+from proxy.web.app_keys import MEMORY_FRONT, SETTINGS
+from proxy.web.cache_headers import add_cache_headers
+from proxy.web.middlewares import (
+    SERVER,
+    SUPPORTED_VERSIONS,
+    as_the_client_made_it,
+    record_request,
+    request_arrived,
+)
+from proxy.web.network_mirror import MIRROR_ROUTE, warm_document
+from proxy.web.policy_checks import app_gatekeeper
+from proxy.web.responses import rendered_response
+
+PREFIX = "/mirror/v1/"  # a network-mirror document: /mirror/v1/HOST/NAMESPACE/TYPE/DOCUMENT
+METHODS = frozenset({"GET", "HEAD"})
+
+
+class FrontDoor:
+    """Warm network-mirror documents answered before routing and the middlewares; everything else handed on."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+        self._inner: Handler | None = None
+        self.answered = 0  # requests answered here: for tests and profiling
+
+    def open(self, inner: Handler) -> Handler:
+        """The request handler to give the server in place of `inner` (the application's own), once the application
+        has started (its resources are open)."""
+        self._inner = inner
+        app = self._app
+        self._settings = app[SETTINGS]
+        self._access = app.get(ACCESS)
+        self._front = app.get(MEMORY_FRONT)
+        return self.handle
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.raw_path.startswith(PREFIX):
+            response = self.answer(request)  # type: ignore[arg-type]  # the application's requests are `web.Request`s
+            if response is not None:
+                return response
+        assert self._inner is not None, "open() first"
+        return await self._inner(request)
+
+    def answer(self, request: web.Request) -> web.Response | None:
+        """The kept answer to `request` as the application would send it, or None (the application answers)."""
+        started = time.perf_counter()
+        path = request.path
+        if path != request.raw_path or request.method not in METHODS or request.version not in SUPPORTED_VERSIONS:
+            return None
+        headers = request.headers
+        if hdrs.EXPECT in headers:  # aiohttp's routing answers it (100 Continue, or 417)
+            return None
+        parts = path.split("/")  # "", "mirror", "v1", HOST, NAMESPACE, TYPE, DOCUMENT
+        if len(parts) != 7 or not parts[6].endswith(".json"):
+            return None
+        front = self._front
+        if front is not None and front.purge_check_due():
+            return None
+        app, settings, access = self._app, self._settings, self._access
+        request_arrived(request)
+        request = as_the_client_made_it(request, settings)
+        client = None
+        if access is not None and access.active:
+            admitted = quietly_admitted(access, headers.get("Authorization"), parts[3], parts[4])
+            if admitted is False:
+                return None
+            if admitted is not True:
+                client = request[CLIENT] = admitted
+        gate = app_gatekeeper(app)
+        request_id = new_request_id(headers.get("X-Request-Id"))
+        begin_request(request_id)  # no budget: nothing is waited for (the cache outcome is noted by `warm_document`)
+        kept = warm_document(app, request, parts[6], client, gate)
+        if kept is None:
+            return None
+        rendered, fresh_for = kept
+        response = rendered_response(request, rendered)
+        add_cache_headers(request, response, MIRROR_ROUTE, client, settings, gate, fresh_for)
+        response.headers["X-Request-Id"] = request_id
+        response.headers["Server"] = SERVER  # what `server_header` sets on the application's answers
+        status, sent = response.status, response.content_length or 0
+        record_request(request, app, settings, MIRROR_ROUTE, client, request_id, "request", status, sent, started)
+        self.answered += 1
+        return response
