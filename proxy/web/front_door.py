@@ -86,8 +86,8 @@ class FrontDoor:
         """The kept answer to `request` as the application would send it, whole, and whether the connection stays
         open after it; or None (the application answers)."""
         started = time.perf_counter()
-        path = request.path
-        if path != request.raw_path or request.method not in METHODS or request.version not in SUPPORTED_VERSIONS:
+        path, method, version = request.path, request.method, request.version
+        if path != request.raw_path or method not in METHODS or version not in SUPPORTED_VERSIONS:
             return None
         headers = request.headers
         if hdrs.EXPECT in headers:  # aiohttp's routing answers it (100 Continue, or 417)
@@ -118,9 +118,7 @@ class FrontDoor:
         status = 304 if not_modified(request, rendered) else 200
         cache_control = metadata_cache_control(request, status, client, settings, gate, fresh_for)
         keep_alive = request.keep_alive
-        whole = whole_answer(
-            request.version.minor, status, rendered, cache_control, request_id, keep_alive, request.method == "HEAD"
-        )
+        whole = whole_answer(version.minor, status, rendered, cache_control, request_id, keep_alive, method == "HEAD")
         sent = len(rendered.body) if status == 200 else 0
         record_request(request, app, settings, MIRROR_ROUTE, client, request_id, "request", status, sent, started)
         self.answered += 1
