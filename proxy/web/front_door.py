@@ -130,7 +130,8 @@ def whole_answer(
 ) -> bytes:
     """A metadata answer (200 with `rendered`, or 304) to an HTTP/1.`minor` request, as aiohttp writes the
     application's (`proxy.web.responses.rendered_response` with the middlewares' header fields): the same fields in
-    the same order; `head`: a HEAD request's, without its body."""
+    the same order; `head`: a HEAD request's, without its body. No value is checked for line breaks as aiohttp checks
+    them: all are the proxy's own, the client's `request_id` as `new_request_id` lets it through (printable)."""
     connection = CONNECTION.get((minor, keep_alive), "")
     if status == 304:
         return (
