@@ -97,7 +97,7 @@ class LiveDownload:
         async def stream(begin: Begin, send: Send) -> None:
             await self._follow(begin, send, rest)
 
-        return UpstreamRelay(self.sha256, stream, self.size)
+        return UpstreamRelay(self.sha256, stream, self.size, stored_as=self.sha256)
 
     async def _follow(self, begin: Begin, send: Send, rest: Rest | None) -> None:
         await begin(self.size)

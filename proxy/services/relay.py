@@ -19,8 +19,11 @@ Send = Callable[[bytes], Awaitable[None]]
 @dataclass(frozen=True)
 class UpstreamRelay:
     """A verified-on-the-way relay of an upstream archive; `etag` is its SHA-256 when that is the pin, `size`
-    its length when known before it is streamed (a download followed as it grows: its Content-Length)."""
+    its length when known before it is streamed (a download followed as it grows: its Content-Length), and
+    `stored_as` the SHA-256 the store keeps it under once verified (a followed download, which counts as a
+    serve of that archive; None for a relay that is not stored)."""
 
     etag: str | None
     stream: Callable[[Begin, Send], Awaitable[None]]
     size: int | None = None
+    stored_as: str | None = None
