@@ -13,6 +13,7 @@ import os
 import signal
 import ssl
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,17 @@ class Footprint:
         return left
 
 
+async def left_since(baseline: Footprint, settle: float = 5.0) -> list[str]:
+    """What is still held that was not at `baseline`, once it stops shrinking within `settle` seconds: a thread
+    or task that is on its way out when the footprint is taken is not left behind; a leak stays."""
+    deadline = time.monotonic() + settle
+    while True:
+        left = Footprint.now().left_since(baseline)
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(0.05)
+
+
 async def _no_listener(runner: web.AppRunner) -> list[asyncio.Server]:
     return []
 
@@ -119,7 +131,7 @@ async def test_a_start_that_fails_after_any_step_closes_every_step_before_it(mak
         app.cleanup_ctx.insert(position, failing_step)
         with pytest.raises(StartFailedError):
             await start_and_stop(app)
-        assert Footprint.now().left_since(baseline) == [], f"a failure after {opened_before} left these open"
+        assert await left_since(baseline) == [], f"a failure after {opened_before} left these open"
 
 
 async def test_a_stop_while_the_application_boots_closes_what_it_opened(make_local_settings, baseline):
@@ -137,7 +149,7 @@ async def test_a_stop_while_the_application_boots_closes_what_it_opened(make_loc
     starting.cancel()  # what a stop signal does to a booting server (proxy.web.server.run_until_complete)
     with pytest.raises(asyncio.CancelledError):
         await starting
-    assert Footprint.now().left_since(baseline) == []
+    assert await left_since(baseline) == []
 
 
 def _garbage(path: Path) -> Path:
@@ -188,7 +200,7 @@ async def test_a_step_that_fails_to_open_leaves_nothing_open(make_local_settings
     settings = make_local_settings(**{"data_dir": fresh.data_dir, **overrides(fresh)})
     with pytest.raises(error) as raised:
         await start_and_stop(create_app(settings))
-    assert Footprint.now().left_since(baseline) == [], f"{failure}: {raised.value!r}"
+    assert await left_since(baseline) == [], f"{failure}: {raised.value!r}"
 
 
 async def test_a_failure_inside_a_step_after_its_resource_opened_closes_that_resource(
@@ -203,4 +215,4 @@ async def test_a_failure_inside_a_step_after_its_resource_opened_closes_that_res
     monkeypatch.setattr(MemoryFront, "follow_purges", fails)
     with pytest.raises(StartFailedError):
         await start_and_stop(create_app(make_local_settings()))
-    assert Footprint.now().left_since(baseline) == []
+    assert await left_since(baseline) == []
