@@ -9,7 +9,10 @@ subclasses aiohttp's per-connection protocol (`aiohttp.web_protocol.RequestHandl
 
 The server's handler of every request is put behind `proxy.web.front_door` by replacing the low-level server's
 `request_handler` (the application's `_handle`, which every connection's protocol takes when it is made):
-`put_in_front`.
+`put_in_front`. The front door writes a warm answer whole (head and body, one write through the request's public
+`writer`) and returns a response that is already sent (`send_whole`): aiohttp's protocol then calls its `prepare`
+and `write_eof` (nothing left to do) and reads its `keep_alive` (`RequestHandler.finish_response` and `start`), and
+asks nothing else of it with its own access log off.
 
 Everything else of the server uses public interfaces: the handler is an asyncio protocol that
 `proxy.web.server` wraps, and the connection limits live in that wrapper. When an aiohttp release changes
@@ -47,6 +50,36 @@ def put_in_front(runner: web.AppRunner) -> None:
     server = runner.server
     if front is not None and server is not None:
         server.request_handler = front.open(server.request_handler)
+
+
+class _Sent(web.StreamResponse):
+    """A response already written whole through `request.writer`: nothing to prepare or end; the connection stays
+    open after it when `keep_alive`. Immutable, so one of each kind serves every request."""
+
+    def __init__(self, keep_alive: bool) -> None:
+        super().__init__()
+        self._keeps = keep_alive
+
+    @property
+    def keep_alive(self) -> bool:
+        return self._keeps
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
+
+
+_SENT = (_Sent(False), _Sent(True))
+
+
+async def send_whole(request: web.BaseRequest, whole: bytes, keep_alive: bool) -> web.StreamResponse:
+    """Send `whole` (an HTTP/1 response: status line, header fields, blank line, body) as the answer to `request`;
+    what the request handler returns to aiohttp then. `keep_alive`: the connection stays open after it (then the
+    answer says so as HTTP/1.0 and HTTP/1.1 need: `request.keep_alive`)."""
+    await request.writer.write_eof(whole)
+    return _SENT[keep_alive]
 
 
 class JsonErrorRequestHandler(RequestHandler):

@@ -26,7 +26,7 @@ METADATA_ROUTES = frozenset(
 )
 
 
-def client_dependent(request: web.Request, client: Client | None, gate: Gatekeeper | None) -> bool:
+def client_dependent(request: web.BaseRequest, client: Client | None, gate: Gatekeeper | None) -> bool:
     """Whether the answer may differ by client: a token or a grant was shown (`client`: who showed it), or a policy
     judges the client (`gate`: the gatekeeper when a policy is in force, `proxy.web.policy_checks.app_gatekeeper`)."""
     return client is not None or gate is not None or "Authorization" in request.headers or GRANT_PARAM in request.query
@@ -60,7 +60,17 @@ def add_cache_headers(
     if route not in METADATA_ROUTES or response.prepared or settings is None:
         return
     headers = response.headers
-    headers["Cache-Control"] = cache_control(
-        response.status, fresh_for, client_dependent(request, client, gate), _windows(settings)
-    )
+    headers["Cache-Control"] = metadata_cache_control(request, response.status, client, settings, gate, fresh_for)
     headers["Vary"] = "Authorization"
+
+
+def metadata_cache_control(
+    request: web.BaseRequest,
+    status: int,
+    client: Client | None,
+    settings: Settings,
+    gate: Gatekeeper | None,
+    fresh_for: float | None,
+) -> str:
+    """The `Cache-Control` of a metadata answer with `status` to `request` (the rest as `add_cache_headers`)."""
+    return cache_control(status, fresh_for, client_dependent(request, client, gate), _windows(settings))

@@ -7,7 +7,9 @@ this process answered a moment ago (`proxy.web.warm_answers`) needs none of that
 lets it in as `access_control` would (`proxy.web.access.quietly_admitted`), finds the kept answer as
 `json_document` would (`proxy.web.network_mirror.warm_document`) and sends it with what the middlewares give every
 answer: `Cache-Control` and `Vary`, `X-Request-Id`, `Server`, the metrics and the access-log line. An ETag the
-client names is answered 304, and HEAD as aiohttp answers it.
+client names is answered 304, and HEAD as aiohttp answers it. The answer is written as aiohttp would write the
+application's, header by header in the same order (`whole_answer`), as one block of bytes: no response object is
+made for it (`proxy.web.aiohttp_internals.send_whole`).
 
 Anything else goes to the application unchanged, which answers it as before: another path or method, a
 percent-encoded path or a query, another HTTP version, an `Expect` header, a purge check due, a token that is not
@@ -19,21 +21,23 @@ token's client) the application notes again.
 The server puts it in front of the application's handler once the application has started (`open`, called by
 `proxy.web.aiohttp_internals.put_in_front` for the application's `FRONT`); an application served without it answers
 the same, through the middlewares. What a new middleware or `on_response_prepare` handler adds to every answer must be
-added here too: tests/integration/test_front_door.py compares the two answers header by header.
+added here too: tests/integration/test_front_door.py compares the two answers header by header, and the bytes of
+their heads.
 """
 
 from __future__ import annotations
 
 import time
+from email.utils import formatdate
 
 from aiohttp import hdrs, web
 
 from proxy.runtime.log import new_request_id
 from proxy.runtime.request_state import begin_request
 from proxy.web.access import ACCESS, CLIENT, quietly_admitted
-from proxy.web.aiohttp_internals import Handler
+from proxy.web.aiohttp_internals import Handler, send_whole
 from proxy.web.app_keys import MEMORY_FRONT, SETTINGS
-from proxy.web.cache_headers import add_cache_headers
+from proxy.web.cache_headers import metadata_cache_control
 from proxy.web.middlewares import (
     SERVER,
     SUPPORTED_VERSIONS,
@@ -43,10 +47,13 @@ from proxy.web.middlewares import (
 )
 from proxy.web.network_mirror import MIRROR_ROUTE, warm_document
 from proxy.web.policy_checks import app_gatekeeper
-from proxy.web.responses import rendered_response
+from proxy.web.renderings import Rendering
+from proxy.web.responses import JSON, not_modified
 
 PREFIX = "/mirror/v1/"  # a network-mirror document: /mirror/v1/HOST/NAMESPACE/TYPE/DOCUMENT
 METHODS = frozenset({"GET", "HEAD"})
+# The `Connection` field aiohttp writes, by (HTTP/1.x minor version, keep-alive): only where it is not the default.
+CONNECTION = {(0, True): "Connection: keep-alive\r\n", (1, False): "Connection: close\r\n"}
 
 
 class FrontDoor:
@@ -69,17 +76,18 @@ class FrontDoor:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.raw_path.startswith(PREFIX):
-            response = self.answer(request)  # type: ignore[arg-type]  # the application's requests are `web.Request`s
-            if response is not None:
-                return response
+            answer = self.answer(request)  # type: ignore[arg-type]  # the application's requests are `web.Request`s
+            if answer is not None:
+                return await send_whole(request, *answer)
         assert self._inner is not None, "open() first"
         return await self._inner(request)
 
-    def answer(self, request: web.Request) -> web.Response | None:
-        """The kept answer to `request` as the application would send it, or None (the application answers)."""
+    def answer(self, request: web.Request) -> tuple[bytes, bool] | None:
+        """The kept answer to `request` as the application would send it, whole, and whether the connection stays
+        open after it; or None (the application answers)."""
         started = time.perf_counter()
-        path = request.path
-        if path != request.raw_path or request.method not in METHODS or request.version not in SUPPORTED_VERSIONS:
+        path, method, version = request.path, request.method, request.version
+        if path != request.raw_path or method not in METHODS or version not in SUPPORTED_VERSIONS:
             return None
         headers = request.headers
         if hdrs.EXPECT in headers:  # aiohttp's routing answers it (100 Continue, or 417)
@@ -107,11 +115,46 @@ class FrontDoor:
         if kept is None:
             return None
         rendered, fresh_for = kept
-        response = rendered_response(request, rendered)
-        add_cache_headers(request, response, MIRROR_ROUTE, client, settings, gate, fresh_for)
-        response.headers["X-Request-Id"] = request_id
-        response.headers["Server"] = SERVER  # what `server_header` sets on the application's answers
-        status, sent = response.status, response.content_length or 0
+        status = 304 if not_modified(request, rendered) else 200
+        cache_control = metadata_cache_control(request, status, client, settings, gate, fresh_for)
+        keep_alive = request.keep_alive
+        whole = whole_answer(version.minor, status, rendered, cache_control, request_id, keep_alive, method == "HEAD")
+        sent = len(rendered.body) if status == 200 else 0
         record_request(request, app, settings, MIRROR_ROUTE, client, request_id, "request", status, sent, started)
         self.answered += 1
-        return response
+        return whole, keep_alive
+
+
+def whole_answer(
+    minor: int, status: int, rendered: Rendering, cache_control: str, request_id: str, keep_alive: bool, head: bool
+) -> bytes:
+    """A metadata answer (200 with `rendered`, or 304) to an HTTP/1.`minor` request, as aiohttp writes the
+    application's (`proxy.web.responses.rendered_response` with the middlewares' header fields): the same fields in
+    the same order; `head`: a HEAD request's, without its body. No value is checked for line breaks as aiohttp checks
+    them: all are the proxy's own, the client's `request_id` as `new_request_id` lets it through (printable)."""
+    connection = CONNECTION.get((minor, keep_alive), "")
+    if status == 304:
+        return (
+            f"HTTP/1.{minor} 304 Not Modified\r\nETag: {rendered.etag}\r\nCache-Control: {cache_control}\r\n"
+            f"Vary: Authorization\r\nX-Request-Id: {request_id}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
+            f"{connection}\r\n"
+        ).encode()
+    body = rendered.body
+    fields = (
+        f"HTTP/1.{minor} 200 OK\r\nETag: {rendered.etag}\r\nContent-Type: {JSON}\r\nCache-Control: {cache_control}"
+        f"\r\nVary: Authorization\r\nX-Request-Id: {request_id}\r\nServer: {SERVER}\r\nContent-Length: {len(body)}"
+        f"\r\nDate: {http_date()}\r\n{connection}\r\n"
+    ).encode()
+    return fields if head else fields + body
+
+
+_date = (-1, "")  # the last second an HTTP date was written for, and its date
+
+
+def http_date() -> str:
+    """The `Date` of an answer now (IMF-fixdate, RFC 9110 §5.6.7), made once per second."""
+    global _date
+    second = int(time.time())
+    if second != _date[0]:
+        _date = (second, formatdate(second, usegmt=True))
+    return _date[1]

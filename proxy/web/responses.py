@@ -31,12 +31,18 @@ def rendered_response(
 ) -> web.Response:
     """The rendered answer with its ETag, or 304 when the client's `If-None-Match` names it."""
     fields = {"ETag": rendered.etag, **headers} if headers else {"ETag": rendered.etag}
-    if "If-None-Match" in request.headers:
-        if_none_match = ", ".join(request.headers.getall("If-None-Match"))
-        if evaluate(rendered.etag, 0, if_none_match=if_none_match).status == 304:
-            return web.Response(status=304, headers=fields)
+    if not_modified(request, rendered):
+        return web.Response(status=304, headers=fields)
     fields["Content-Type"] = content_type
     return web.Response(body=rendered.body, headers=fields)
+
+
+def not_modified(request: web.BaseRequest, rendered: Rendering) -> bool:
+    """Whether the answer to `request` is `304 Not Modified`: its `If-None-Match` names the rendering's ETag."""
+    if "If-None-Match" not in request.headers:
+        return False
+    if_none_match = ", ".join(request.headers.getall("If-None-Match"))
+    return evaluate(rendered.etag, 0, if_none_match=if_none_match).status == 304
 
 
 def error_response(error: ProxyError) -> web.Response:

@@ -10,8 +10,10 @@ the two are compared, so the `Cache-Control` max-age of both is counted from one
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import ssl
 from dataclasses import dataclass
 
 import pytest
@@ -97,6 +99,19 @@ async def both_ways(
     return at_front, by_application
 
 
+async def exchange(proxy: RunningProxy, client_ssl: ssl.SSLContext, data: bytes) -> bytes:
+    """The bytes the proxy answers `data` with on one connection (which the last request of `data` closes), its
+    `Date` fields blanked."""
+    host, port = proxy.url.removeprefix("https://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), ssl=client_ssl)
+    try:
+        writer.write(data)
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    return re.sub(rb"\r\nDate: [^\r]*\r\n", b"\r\nDate: -\r\n", answer)
+
+
 async def warm(proxy: RunningProxy, path: str, headers: dict[str, str] | None = None) -> str:
     """Make `path`'s answer warm; its ETag."""
     for _ in range(2):
@@ -125,6 +140,42 @@ async def test_a_warm_document_is_answered_at_the_front_as_the_application_answe
             names = [name.lower() for name, _ in at_front.headers]
             assert {b"etag", b"cache-control", b"vary", b"x-request-id", b"server"} <= set(names)
         assert (await proxy.get(path))[1]["Server"] == "registry-proxy"
+
+
+async def test_the_front_doors_answers_are_the_applications_bytes_on_keep_alive_and_pipelined_connections(
+    make_settings, client_ssl, monkeypatch
+):
+    async with serve_proxy(make_settings(), client_ssl) as proxy:
+        etag = await warm(proxy, INDEX)
+        request = f"{{}} {INDEX} HTTP/1.{{}}\r\nHost: a\r\nX-Request-Id: {REQUEST_ID}\r\n{{}}\r\n"
+        pipelined = "".join(
+            request.format(method, minor, fields)
+            for method, minor, fields in [
+                ("GET", 1, ""),
+                ("HEAD", 1, ""),
+                ("GET", 1, f"If-None-Match: {etag}\r\n"),
+                ("GET", 0, "Connection: keep-alive\r\n"),
+                ("HEAD", 0, "Connection: keep-alive\r\n"),
+                ("GET", 1, "Connection: close\r\n"),
+            ]
+        ).encode()
+        closing = request.format("GET", 0, "").encode()  # HTTP/1.0 without keep-alive: closed after it
+        front = proxy.app[FRONT]
+        documents = proxy.app[MIRROR]._documents
+        now = documents.clock()
+        monkeypatch.setattr(documents, "clock", lambda: now)
+        answered = front.answered
+        at_front = [await exchange(proxy, client_ssl, data) for data in (pipelined, closing)]
+        assert front.answered == answered + 7
+        with monkeypatch.context() as patch:
+            patch.setattr(front, "answer", lambda request: None)
+            by_application = [await exchange(proxy, client_ssl, data) for data in (pipelined, closing)]
+        assert front.answered == answered + 7
+        assert at_front == by_application
+        assert at_front[0].count(b"HTTP/1.") == 6 and at_front[0].count(b"\r\nConnection: keep-alive\r\n") == 2
+        assert at_front[0].count(b"HTTP/1.1 304 Not Modified\r\n") == 1 and at_front[0].endswith(
+            b"Connection: close\r\n\r\n" + (await proxy.get(INDEX))[2]
+        )
 
 
 @pytest.mark.parametrize("path", [INDEX, VERSION_DOC])

@@ -176,6 +176,32 @@ async def test_a_handler_put_in_front_of_an_app_runners_server_gets_every_reques
     assert seen == ["/front", "/app"]
 
 
+async def test_an_answer_sent_whole_through_the_requests_writer_keeps_the_connection_as_told():
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        keep_alive = request.keep_alive
+        close = b"" if keep_alive else b"Connection: close\r\n"
+        whole = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(request.path), close, request.path.encode())
+        return await aiohttp_internals.send_whole(request, whole, keep_alive)
+
+    pipelined = b"".join(
+        f"GET /{name} HTTP/1.1\r\nHost: a\r\n{fields}\r\n".encode()
+        for name, fields in [("one", ""), ("two", ""), ("three", "Connection: close\r\n")]
+    )
+    async with LowLevelServer(web.Server(handle)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(pipelined)
+            answer = await asyncio.wait_for(reader.read(), 3)  # closed after the third (idle ones: after 5 s)
+        finally:
+            writer.close()
+    assert answer == (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n/one"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n/two"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\n/three"
+    ), f"{AIOHTTP}: a response the handler sent itself (prepare, write_eof, keep_alive)"
+    assert server.rejected == []
+
+
 def test_gunicorns_arbiter_dispatches_sighup_to_handle_hup_and_knows_its_workers():
     assert Arbiter.SIG_NAMES.get(signal.SIGHUP) == "hup", f"{GUNICORN}: SIGHUP's name"
     assert signal.SIGHUP in Arbiter.SIGNALS, f"{GUNICORN}: the arbiter no longer queues SIGHUP"
