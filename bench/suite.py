@@ -41,7 +41,7 @@ from bench import load
 from bench.bare import LOOPS, BareAiohttp
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
-from bench.wan import Step, proxy_steps, render, upstream_steps
+from bench.wan import Step, WanRun, connection_steps, process_cpu_seconds, proxy_steps, render, upstream_steps
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path, policy_text
 from proxy.settings.values import format_duration, parse_duration
 from tests.fakes.packages import Release
@@ -49,6 +49,7 @@ from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terrafor
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.s3_server import CREDENTIALS, S3Server
 from tests.fakes.signing import stop_gpg_agent
+from tests.fakes.wan_relay import WanRelay
 
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -154,6 +155,7 @@ class Suite:
         self.terraform = Terraform(root / "tf")
         self._workdirs = 0
         self.last_init_started = 0.0
+        self.wan: WanRelay | None = None  # benchmark 7's WAN relay while it runs
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -290,16 +292,25 @@ class Suite:
         self.nginx = nginx
 
     async def _start_proxy(
-        self, stack: contextlib.AsyncExitStack, name: str, *extra: str, data_dir: Path | None = None
+        self,
+        stack: contextlib.AsyncExitStack,
+        name: str,
+        *extra: str,
+        data_dir: Path | None = None,
+        upstream: str | None = None,
+        source: Path | None = None,
     ) -> ProxyProcess:
+        """A proxy process of this checkout (or of `source`), its upstream the fake registry (or `upstream`)."""
         proxy = ProxyProcess(
             data_dir or self.root / name / "data",
-            self.world.registry.url,
+            upstream or self.world.registry.url,
             self.world.ca_file,
             "--log-level",
             "warning",
             *extra,
         )
+        if source is not None:
+            proxy.source = source
         stack.callback(stop_gpg_agent, proxy.data_dir / "gnupg")  # the proxy's keyring, after it stopped
         await proxy.start()
         stack.push_async_callback(proxy.stop)
@@ -1128,53 +1139,91 @@ class Suite:
     # ---- 7. cold init across a WAN --------------------------------------------------------------
 
     async def init_wan(self, stack: contextlib.AsyncExitStack) -> None:
-        """Cold inits with every upstream answer delayed by each `--upstream-latency`: direct, through a new
-        empty proxy as a network mirror and through another as a `host` block, interleaved per round."""
+        """Cold inits across a WAN of each `--upstream-latency` (`bench/wan.py`): direct, through a new empty
+        proxy as a network mirror and through another as a `host` block (and, with `--baseline`,
+        both through that checkout's proxy), interleaved per round."""
         if self._no_terraform():
             return
         world = self.world
         release = {"small": world.small, "mid": world.mid, "big": world.big}[self.args.wan_release]
-        results = self.results.setdefault("init_wan", {"release": f"{release.namespace}/{release.type}"})
+        results = self.results.setdefault(
+            "init_wan", {"release": f"{release.namespace}/{release.type}", "wan": self.args.wan}
+        )
+        modes = self._wan_modes()
+        relay = None
+        if self.args.wan == "relay":
+            relay = WanRelay(world.registry.port)
+            await relay.start()
+            stack.push_async_callback(relay.stop)
+            world.registry.files_base = relay.url  # the download documents name the archive behind the WAN too
+        self.wan = relay
         try:
             for latency in self.args.upstream_latency:
-                world.registry.latency = latency
+                if relay is None:
+                    world.registry.latency = latency
+                else:
+                    relay.latency = latency
                 shown = format_duration(latency) if latency else "0 ms"
-                self.progress(f"7. cold terraform init of {release.type} across a WAN, upstream latency {shown}")
-                runs: dict[str, list[float]] = {mode: [] for mode in INIT_MODES}
+                self.progress(f"7. cold terraform init of {release.type} across a WAN ({self.args.wan}), {shown}")
+                runs: dict[str, list[WanRun]] = {mode: [] for mode in modes}
                 for round_ in range(self.args.wan_repeats):
-                    for mode in INIT_MODES:
+                    for mode in modes:
                         runs[mode].append(await self._wan_init(stack, release, mode, f"wan{round_}", latency))
                 result = _wan_result(runs)
                 if self.args.timeline:
                     result["timeline"] = {
-                        mode: await self._wan_timeline(stack, release, mode, latency) for mode in INIT_MODES
+                        mode: await self._wan_timeline(stack, release, mode, latency) for mode in modes
                     }
                 results[shown] = result
-                for mode in ("mirror", "host"):
+                for mode in modes[1:]:
                     self._wan_row(shown, mode, result)
         finally:
             world.registry.latency = 0.0
+            world.registry.files_base = None
+            self.wan = None
+
+    def _wan_modes(self) -> tuple[str, ...]:
+        """The inits of a round, in order: direct, then each proxy mode (after its baseline's, if any)."""
+        if self.args.baseline is None:
+            return INIT_MODES
+        return ("direct", "mirror-base", "mirror", "host-base", "host")
+
+    @property
+    def _upstream_url(self) -> str:
+        """Where terraform and the proxies reach the upstream: through the WAN relay, if there is one."""
+        return self.world.registry.url if self.wan is None else self.wan.url
 
     async def _wan_init(
         self, stack: contextlib.AsyncExitStack, release: Release, mode: str, label: str, latency: float, *extra: str
-    ) -> float:
-        """One cold init in `mode`; through a proxy started (and idle) before the clock starts, stopped after."""
+    ) -> WanRun:
+        """One cold init in `mode`; through a proxy started (and idle) before the clock starts, stopped after,
+        its CPU time (with the gpg processes it waited for) taken before it stops."""
         name = f"{label}-{mode}-{latency * 1000:.0f}ms"
         if mode == "direct":
-            return await self._init(release, self.world.registry.url, self.world.ca_file, name, mode=mode)
-        proxy = await self._start_proxy(stack, f"proxy-{name}", *extra)
+            return WanRun(await self._init(release, self._upstream_url, self.world.ca_file, name, mode=mode))
+        proxy = await self._start_proxy(
+            stack,
+            f"proxy-{name}",
+            *extra,
+            upstream=self._upstream_url,
+            source=self.args.baseline if mode.endswith("-base") else None,
+        )
         try:
-            return await self._init(release, proxy.url, proxy.ca_file, name, mode=mode)
+            before = process_cpu_seconds(proxy.process.pid)
+            elapsed = await self._init(release, proxy.url, proxy.ca_file, name, mode=mode.removesuffix("-base"))
+            return WanRun(elapsed, process_cpu_seconds(proxy.process.pid) - before)
         finally:
             await proxy.stop()
 
     async def _wan_timeline(self, stack: contextlib.AsyncExitStack, release: Release, mode: str, latency: float) -> str:
         """One traced cold init in `mode` (the proxy at `--log-level debug`): its timeline as a text table."""
         registry = self.world.registry
-        elapsed = await self._wan_init(stack, release, mode, "traced", latency, "--log-level", "debug")
+        run = await self._wan_init(stack, release, mode, "traced", latency, "--log-level", "debug")
         since = self.last_init_started
         who = "terraform" if mode == "direct" else "proxy"
-        steps = [Step(0.0, elapsed, "terraform", f"init ({mode})"), *upstream_steps(registry.timeline, since, who)]
+        steps = [Step(0.0, run.seconds, "terraform", f"init ({mode})"), *upstream_steps(registry.timeline, since, who)]
+        if self.wan is not None:
+            steps += connection_steps(self.wan.connections, since, who)
         if mode != "direct":
             name = f"proxy-traced-{mode}-{latency * 1000:.0f}ms"
             steps += proxy_steps(next((self.root / name).glob("proxy-*.log")), since)
@@ -1183,14 +1232,20 @@ class Suite:
         return table
 
     def _wan_row(self, shown: str, mode: str, result: dict) -> None:
+        proxy_mode = mode.removesuffix("-base")
+        title = "network mirror" if proxy_mode == "mirror" else "host block"
+        if mode.endswith("-base"):
+            title += " (baseline checkout)"
+        cpu = f"proxy CPU {result[mode + '_cpu_s'] * 1000:.0f} ms per init; "
         self.rows.append(
             Row(
-                f"cold init, upstream latency {shown}, {'network mirror' if mode == 'mirror' else 'host block'}",
+                f"cold init, upstream latency {shown}, {title}",
                 f"{result[mode + '_s']:.2f} s",
                 f"{result['direct_s']:.2f} s (direct)",
                 _ratio(result[mode + "_s"], result["direct_s"]),
-                f"median of pair ratios {result[mode + '_pair_ratio']:.2f}x; medians of {len(result['direct_runs'])} "
-                f"interleaved; {self.args.wan_release} provider, each run a new empty proxy",
+                f"median of pair ratios {result[mode + '_pair_ratio']:.2f}x; {cpu}medians of "
+                f"{len(result['direct_runs'])} interleaved; {self.args.wan_release} provider, each run a new empty "
+                f"proxy; WAN: {self.args.wan}",
             )
         )
 
@@ -1279,7 +1334,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="mid",
         help="init-wan: the provider (small: kilobytes, three platforms; mid: --fleet-mib; big: --size-mib)",
     )
-    parser.add_argument("--wan-repeats", type=int, default=3, help="init-wan: interleaved rounds per latency")
+    parser.add_argument("--wan-repeats", type=int, default=5, help="init-wan: interleaved rounds per latency")
+    parser.add_argument(
+        "--wan",
+        choices=("relay", "answers"),
+        default="relay",
+        help="init-wan: how the latency is added: relay (a TCP relay in front of the fake upstream delays every "
+        "segment, connection set-up included; the default) or answers (the fake upstream delays each answer)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="init-wan: another checkout of the project (e.g. the main branch's) whose proxy runs too, "
+        "interleaved, for a before/after comparison in one run",
+    )
     parser.add_argument(
         "--timeline", action="store_true", help="init-wan: one traced init per mode and latency, its timeline printed"
     )
@@ -1323,17 +1391,20 @@ def _latencies(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _wan_result(runs: dict[str, list[float]]) -> dict:
-    """Medians of each mode's runs, and each proxy mode's ratios to direct (of the medians; median of pairs)."""
-    direct = runs["direct"]
+def _wan_result(runs: dict[str, list[WanRun]]) -> dict:
+    """Medians of each mode's runs, each proxy mode's ratios to direct (of the medians; median of the per-round
+    ratios) and the proxy's median CPU time per init."""
+    direct = [run.seconds for run in runs["direct"]]
     result: dict = {"direct_s": round(statistics.median(direct), 3), "direct_runs": [round(t, 3) for t in direct]}
-    for mode in ("mirror", "host"):
-        result[mode + "_s"] = round(statistics.median(runs[mode]), 3)
-        result[mode + "_runs"] = [round(t, 3) for t in runs[mode]]
-        result[mode + "_ratio"] = round(statistics.median(runs[mode]) / statistics.median(direct), 3)
-        result[mode + "_pair_ratio"] = round(
-            statistics.median(p / d for p, d in zip(runs[mode], direct, strict=True)), 3
-        )
+    for mode, mode_runs in runs.items():
+        if mode == "direct":
+            continue
+        times = [run.seconds for run in mode_runs]
+        result[mode + "_s"] = round(statistics.median(times), 3)
+        result[mode + "_runs"] = [round(t, 3) for t in times]
+        result[mode + "_ratio"] = round(statistics.median(times) / statistics.median(direct), 3)
+        result[mode + "_pair_ratio"] = round(statistics.median(p / d for p, d in zip(times, direct, strict=True)), 3)
+        result[mode + "_cpu_s"] = round(statistics.median(run.cpu_seconds for run in mode_runs), 3)
     return result
 
 

@@ -1,15 +1,23 @@
-"""Cold `terraform init` across a WAN: the timeline of one init through the proxy (benchmark 7, `--timeline`).
+"""Cold `terraform init` across a WAN (benchmark 7): the WAN, and the timeline of one init (`--timeline`).
 
-The fake upstream delays every answer by the upstream latency (`FakeRegistry.latency`), for terraform
-straight from it and for the proxy alike. A traced run merges three sources on one wall clock: the
-registry's arrival and answer of each upstream request (`FakeRegistry.timeline`), and the proxy's JSON log
-at debug level: the client's requests (access lines: their end and duration), upstream connections made or
-reused, gpg runs, the signature verified and the archive stored.
+The WAN (`tests/fakes/wan_relay.py`, `--wan relay`, the default) is a TCP relay in front of the fake
+upstream that stands for a network with a round-trip time of the upstream latency: each segment waits
+half of it in each direction, and nothing a client sends gets through before one round trip after it
+connected (TCP's handshake), so a new TLS connection costs its round trips as on a real network and a
+reused one none. Terraform straight from the upstream and the proxy both reach the upstream through it.
+With `--wan answers` the fake upstream instead delays every answer by the latency (`FakeRegistry.latency`)
+and connecting costs nothing.
+
+A traced run merges four sources on one wall clock: the connections the relay accepted, the registry's
+arrival and answer of each upstream request (`FakeRegistry.timeline`), and the proxy's JSON log at debug
+level: the client's requests (access lines: their end and duration), upstream connections made (with their
+TCP and TLS set-up time) or reused, gpg runs, the signature verified and the archive stored.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,11 +29,26 @@ _EVENTS = {
     "request": "client → proxy",
     "upstream.connected": "new upstream connection",
     "upstream.connection_reused": "upstream connection reused",
+    "upstream.spare_opened": "spare upstream connection opened",
     "gpg.imported": "gpg: key import",
     "gpg.verified": "gpg: verify",
     "verify.signature_ok": "SHA256SUMS signature verified",
     "archive.stored": "archive stored and recorded",
 }
+
+
+@dataclass(frozen=True)
+class WanRun:
+    """One cold init: its wall-clock time, and the CPU time of the proxy it went through (0 for direct)."""
+
+    seconds: float
+    cpu_seconds: float = 0.0
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system time of a process and of its children it waited for (gpg runs), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -75,3 +98,8 @@ def render(steps: list[Step]) -> str:
     for step in sorted(steps, key=lambda s: (s.start, s.end)):
         lines.append(f"| {step.start * 1000:.0f} | {step.end * 1000:.0f} | {step.who} | {step.what} |")
     return "\n".join(lines)
+
+
+def connection_steps(opened: list[float], since: float, who: str) -> list[Step]:
+    """The connections the WAN relay accepted after `since` (wall clock), from `who`."""
+    return [Step(t - since, t - since, "wan", f"{who}: new TCP connection") for t in opened if t >= since]

@@ -344,6 +344,10 @@ class Gatekeeper:
         youngest = policy.decide(subject, client.name, scopes=client.scopes, published=now, now=now)
         return youngest.until is not None
 
+    def dates_wanted(self) -> bool:
+        """Whether a publish time (e.g. a SHA256SUMS's `Last-Modified`) may hold a release back now."""
+        return self.policy is not None and self.policy.ages and self.first_seen is not None
+
     async def dated(self, addr: ProviderAddr, version: Version, last_modified: str) -> None:
         """A release's SHA256SUMS was fetched with this `Last-Modified`: a publish time, recorded when a min-age
         rule may need it (`Mirror.on_dated`)."""

@@ -3,20 +3,28 @@
 A stored archive is served while its record is admitted (`VerificationChain.admit_stored`), agrees
 with the release's signed SHA256SUMS (`VerificationChain.agrees`, defence in depth behind the sealed
 metadata store) and its file, of the recorded size, is in the store. A missing one is fetched from
-the upstream in one place (`ProviderArchives._fetch`), once for the whole fleet: the release's facts
-first (the package's download document, the verified SHA256SUMS: `proxy.providers.release_sums`), then the
-archive streamed into a temp file while hashed (`proxy.services.downloader`), checked by the chain, published
-to the content-addressed store and recorded. Nothing unverified is stored or served whole: clients
-waiting for a cold archive follow its download (`proxy.services.live_downloads`), its last chunk held back until
+the upstream in one place (`ProviderArchives._fetch`), once for the whole fleet: given the package's
+download document, the archive streams into a temp file while hashed (`proxy.services.downloader`) as the
+release's SHA256SUMS is fetched and verified (`proxy.providers.release_sums`), and once both are done it is
+checked by the chain, published to the content-addressed store and recorded. Nothing unverified is
+stored or served whole: clients waiting for a cold archive follow its download
+(`proxy.services.live_downloads`) once the signed sums are known, its last chunk held back until
 verified; while the disk is full, an archive is relayed from the upstream unstored, its last chunk
 held back until its SHA-256 matched the signed SHA256SUMS (`proxy.services.relay`); if the disk fills up
 during a download, its followers get the rest that way.
+
+A client given a package's download document (the registry protocol) asks for its SHA256SUMS, the
+signature and then the archive: `fetch_early` starts the archive's download then, into a temp file only.
+A download started early that no client asked for within `EARLY_ARCHIVE_WAIT` is stopped and its temp
+file discarded (unless it ended, verified, before), and at most `EARLY_ARCHIVES` run at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -31,7 +39,9 @@ from proxy.providers.metadata import ProviderMetadata
 from proxy.providers.release_sums import ReleaseSums
 from proxy.providers.verification import PackageHashes, SignedSums, VerificationChain
 from proxy.runtime import deadline
+from proxy.runtime.deadline import detached_context
 from proxy.runtime.log import note_cache
+from proxy.runtime.memo import Memo
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.downloader import Downloader
@@ -43,6 +53,19 @@ from proxy.storage import PendingArchive, StoredArchive
 
 log = structlog.get_logger(__name__)
 Found = tuple[StoredArchive, ArchiveRecord]
+EARLY_ARCHIVE_WAIT = 10.0  # seconds a download started early waits for a client to ask for its archive
+EARLY_ARCHIVES = 4  # downloads started early at once in a process, at most (no more are started early)
+
+
+class _EarlyDroppedError(Exception):
+    """A download started early that no client asked for in time was stopped."""
+
+
+@dataclass
+class _Early:
+    """An archive's download started early: `asked` is set once a client asks for the archive."""
+
+    asked: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ProviderArchives:
@@ -69,6 +92,9 @@ class ProviderArchives:
         self._metrics = metrics
         self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
         self.on_fetched: Callable[[ProviderAddr, Version, str | None], None] | None = None  # the audit trail
+        self._early: dict[str, _Early] = {}  # archive key → its download started early, while it runs
+        self._started_early: Memo[str, bool] = Memo()  # archive keys `fetch_early` was asked for
+        self._early_tasks: set[asyncio.Task[None]] = set()
 
     async def records(
         self, addr: ProviderAddr, version: Version, platforms: list[Platform]
@@ -118,17 +144,103 @@ class ProviderArchives:
             note_cache("hit")
             return found
         await self._metadata.offered(addr, version, [platform])
-        d, sums = await self._release(addr, version, platform)  # waited for within the request deadline
+        d = await self._metadata.download(addr, version, platform)  # waited for within the request deadline
         key = keys.archive(addr, version, platform)
-        with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
-            flight = self._shared_fetches.once_for_the_fleet(
-                key, lambda: self._stored(addr, version, platform), lambda: self._fetch(addr, version, d, sums)
-            )
-            listed = sums.listed(d) if follow else None
-            live = self._downloader.live_downloads
-            found_or_growing = await (flight if listed is None else live.result_or_growing(key, listed.sha256, flight))
+        early = self._early.get(key)
+        if early is not None:
+            early.asked.set()
+        try:
+            found_or_growing = await self._fetched(addr, version, d, follow=follow)
+        except _EarlyDroppedError:  # asked for just as it was stopped: fetched again
+            found_or_growing = await self._fetched(addr, version, d, follow=follow)
         note_cache("miss")
         return found_or_growing
+
+    async def _fetched(
+        self, addr: ProviderAddr, version: Version, d: DownloadInfo, *, follow: bool
+    ) -> Found | LiveDownload:
+        """The archive once the fleet's one download stored it (started now if none runs), or with `follow` its
+        download as soon as it grows; the release's SHA256SUMS verified meanwhile, within the request deadline."""
+        key = keys.archive(addr, version, d.platform)
+        with deadline.unbounded():  # the download itself is bounded by the idle timeout and minimum rate
+            flight = asyncio.ensure_future(
+                self._shared_fetches.once_for_the_fleet(
+                    key, lambda: self._stored(addr, version, d.platform), lambda: self._fetch(addr, version, d)
+                )
+            )
+        try:
+            try:
+                sums = await self._sums.verified(addr, version, d)  # while the download is under way
+            except Exception:  # the download stops too: the error is told once nothing of it is left
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(deadline.remaining()):
+                        await asyncio.wait({flight})
+                raise
+            listed = sums.listed(d) if follow else None
+            with deadline.unbounded():
+                live = self._downloader.live_downloads
+                return await (flight if listed is None else live.result_or_growing(key, listed.sha256, flight))
+        finally:
+            if not flight.done():  # only this request's wait: the download goes on for the others
+                flight.cancel()
+            flight.add_done_callback(_retrieved)
+
+    def fetch_early(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> None:
+        """Start the download of a package's archive when a client was given its download document (it asks for
+        the archive after the SHA256SUMS and signature), once per archive in this process; detached from the
+        request. Stopped if no client asks for the archive within `EARLY_ARCHIVE_WAIT` (`_unless_unasked`)."""
+        key = keys.archive(addr, version, d.platform)
+        if self._started_early.get(key) or len(self._early) >= EARLY_ARCHIVES or self._settings.upstreams.offline:
+            return
+        if self._sums.dates_wanted():  # the SHA256SUMS's date may hold the release back: nothing before it
+            return
+        self._started_early.put(key, True)
+        early = self._early[key] = _Early()
+        task = asyncio.get_running_loop().create_task(
+            self._fetch_early(addr, version, d, early), context=detached_context()
+        )
+        self._early_tasks.add(task)
+        task.add_done_callback(lambda done: self._early_done(key, done))
+
+    async def _fetch_early(self, addr: ProviderAddr, version: Version, d: DownloadInfo, early: _Early) -> None:
+        if await self._stored(addr, version, d.platform) is not None:
+            return
+        await self._shared_fetches.once_for_the_fleet(
+            keys.archive(addr, version, d.platform),
+            lambda: self._stored(addr, version, d.platform),
+            lambda: self._unless_unasked(addr, version, d, early),
+        )
+
+    async def _unless_unasked(self, addr: ProviderAddr, version: Version, d: DownloadInfo, early: _Early) -> Found:
+        """`_fetch`, stopped (its temp file discarded) if it still runs when no client asked for the archive
+        within `EARLY_ARCHIVE_WAIT`."""
+        fetch = asyncio.ensure_future(self._fetch(addr, version, d))
+        asked = asyncio.ensure_future(early.asked.wait())
+        try:
+            await asyncio.wait({fetch, asked}, timeout=EARLY_ARCHIVE_WAIT, return_when=asyncio.FIRST_COMPLETED)
+            if fetch.done() or early.asked.is_set():
+                return await fetch
+            fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+        finally:
+            asked.cancel()
+            fetch.cancel()
+        if early.asked.is_set():  # a client asked while it stopped
+            return await self._fetch(addr, version, d)
+        log.info(
+            "archive.early_dropped",
+            provider=str(addr),
+            version=str(version),
+            platform=str(d.platform),
+            reason=f"no client asked for it within {EARLY_ARCHIVE_WAIT:g} s of its download document",
+        )
+        raise _EarlyDroppedError(keys.archive(addr, version, d.platform))
+
+    def _early_done(self, key: str, task: asyncio.Task[None]) -> None:
+        self._early_tasks.discard(task)
+        self._early.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("archive.early_failed", key=key, error=str(task.exception()))
 
     async def _stored(self, addr: ProviderAddr, version: Version, platform: Platform) -> Found | None:
         """The archive if its verified record exists, is admitted, agrees with the signed sums, and its file,
@@ -163,7 +275,7 @@ class ProviderArchives:
     async def _release(
         self, addr: ProviderAddr, version: Version, platform: Platform
     ) -> tuple[DownloadInfo, SignedSums]:
-        """The package's download document and its release's verified SHA256SUMS: what its download needs first."""
+        """The package's download document and its release's verified SHA256SUMS."""
         d = await self._metadata.download(addr, version, platform)
         return d, await self._sums.verified(addr, version, d)
 
@@ -172,39 +284,86 @@ class ProviderArchives:
         d, sums = await self._release(addr, version, platform)
         return d, self._chain.expected(addr, version, d, sums)
 
-    async def _fetch(self, addr: ProviderAddr, version: Version, d: DownloadInfo, sums: SignedSums) -> Found:
-        """The one place where a provider archive is fetched from its upstream: verified, stored, recorded."""
-        expected = self._chain.expected(addr, version, d, sums)
-        # Another address or protocol (or this one, before the metadata was lost) may have stored the
-        # same bytes already: adopted only if they hash to the address. Not with private hosts: a public
-        # release whose signed SHA256SUMS lists a private archive's digest (lock files show digests) would
-        # otherwise be served the private bytes without ever fetching them.
-        stored = None if self._private_hosts else await self._downloader.adopt(expected.sha256)
+    async def _fetch(self, addr: ProviderAddr, version: Version, d: DownloadInfo) -> Found:
+        """The one place where a provider archive is fetched from its upstream: verified, stored, recorded.
+
+        Unless a copy is in the store already (`_adopted`), the download starts at once, while the release's
+        SHA256SUMS are fetched and verified if they are not recorded yet, and is checked after both (stopped as
+        soon as they fail). While a policy may hold a release back by their date, they come first."""
+        self._chain.admit(addr, version, d)  # nothing is downloaded for a package the chain would refuse
+        recorded = await self._sums.recorded(addr, d)
+        if recorded is None and self._sums.dates_wanted():  # their date may hold the release back: them first
+            recorded = await self._sums.verified(addr, version, d)
+        stored = await self._adopted(addr, version, d, recorded)
         if stored is not None:
-            hashes = await asyncio.to_thread(self._chain.archive_hashes, addr, version, d, stored.path, expected)
-            return stored, await self._record(addr, version, d, stored, hashes)
+            return stored
+        sums = asyncio.ensure_future(self._sums.verified(addr, version, d))
+        try:
+            return await self._download(addr, version, d, sums)
+        finally:
+            if not sums.done():  # only this wait: the SHA256SUMS go on being fetched for their own requests
+                sums.cancel()
+            sums.add_done_callback(_retrieved)
+
+    async def _adopted(
+        self, addr: ProviderAddr, version: Version, d: DownloadInfo, recorded: SignedSums | None
+    ) -> Found | None:
+        """Another address or protocol (or this one, before the metadata was lost) may have stored the same bytes
+        already: adopted only if they hash to the address (the registry's shasum, which the signed SHA256SUMS
+        must list: they are verified first if `recorded` is None). Not with private hosts: a public release
+        whose signed SHA256SUMS lists a private archive's digest (lock files show digests) would otherwise be
+        served the private bytes without ever fetching them."""
+        stored = None if self._private_hosts else await self._downloader.adopt(d.shasum.sha256)
+        if stored is None:
+            return None
+        expected = self._chain.expected(addr, version, d, recorded or await self._sums.verified(addr, version, d))
+        hashes = await asyncio.to_thread(self._chain.archive_hashes, addr, version, d, stored.path, expected)
+        return stored, await self._record(addr, version, d, stored, hashes)
+
+    async def _download(
+        self, addr: ProviderAddr, version: Version, d: DownloadInfo, sums: asyncio.Future[SignedSums]
+    ) -> Found:
+        """The archive streamed into a temp file while `sums` are verified; checked against them, stored, recorded."""
         # The members are hashed while the archive streams in; at the end only its central directory is read.
         streamed = ZipStreamHasher()
 
+        async def expected() -> Hash:
+            return self._chain.expected(addr, version, d, await sums)
+
+        listed = asyncio.ensure_future(expected())
+        sha256 = asyncio.ensure_future(_sha256_of(listed))
+
         async def check(pending: PendingArchive, sha256: str) -> PackageHashes:
-            self._chain.check_archive(addr, version, d, sha256, expected)
-            return await asyncio.to_thread(
-                self._chain.archive_hashes, addr, version, d, pending.path, expected, streamed
-            )
+            want = await listed  # raises what the SHA256SUMS's verification raised: the download is discarded
+            self._chain.check_archive(addr, version, d, sha256, want)
+            return await asyncio.to_thread(self._chain.archive_hashes, addr, version, d, pending.path, want, streamed)
 
         async def record(stored: StoredArchive, hashes: PackageHashes) -> None:
             await self._record(addr, version, d, stored, hashes)  # before the followers get the end
 
         if self.on_fetched is not None:
             self.on_fetched(addr, version, str(d.platform))
-        stored, hashes = await self._downloader.download(
-            d.download_url,
-            self._settings.limits.max_archive_bytes,
-            check,
-            follow=(keys.archive(addr, version, d.platform), expected.sha256),
-            then=record,
-            tap=streamed.feed,
+        download = asyncio.ensure_future(
+            self._downloader.download(
+                d.download_url,
+                self._settings.limits.max_archive_bytes,
+                check,
+                follow=(keys.archive(addr, version, d.platform), sha256),
+                then=record,
+                tap=streamed.feed,
+            )
         )
+        try:
+            await asyncio.wait({download, listed}, return_when=asyncio.FIRST_COMPLETED)
+            if not download.done() and _failed(listed):  # it can never be verified: not downloaded further
+                download.cancel()
+                await asyncio.gather(download, return_exceptions=True)
+                listed.result()
+            stored, hashes = await download
+        finally:
+            for future in (download, sha256, listed):
+                future.cancel()
+                future.add_done_callback(_retrieved)
         return stored, hashes.record(stored.size, d.filename, unsigned=d.unsigned)
 
     async def _record(
@@ -268,3 +427,17 @@ class ProviderArchives:
             if length
             else None,
         )
+
+
+async def _sha256_of(listed: asyncio.Future[Hash]) -> str:
+    return (await asyncio.shield(listed)).sha256
+
+
+def _failed(future: asyncio.Future) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is not None
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark a future's outcome as seen (its error is raised, or logged, where it matters)."""
+    if not future.cancelled():
+        future.exception()

@@ -76,12 +76,15 @@ class ProviderMetadata:
     async def _versions_early(self, addr: ProviderAddr) -> None:
         """With neither the host's discovery document nor the provider's version list in the store, the list
         is fetched at its usual place while discovery says where it is (its answer used only if that is the
-        place: one round trip instead of two)."""
+        place: one round trip instead of two), and spare connections to the host are opened meanwhile for the
+        download documents and release files that follow several at once."""
         usual = await self._documents.usual_service_url(
             addr.hostname, provider_registry.USUAL_PATH, keys.versions(addr)
         )
         if usual is not None:
-            self._documents.fetch_early(provider_registry.versions_url(usual, addr))
+            versions = provider_registry.versions_url(usual, addr)
+            self._documents.fetch_early(versions)
+            self._documents.open_spares(versions)
 
     async def versions_document(self, addr: ProviderAddr) -> bytes:
         """The upstream's `versions` answer, byte for byte (registry pass-through)."""

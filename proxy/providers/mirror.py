@@ -126,7 +126,8 @@ class Mirror:
         """The upstream's download metadata as it sent it, unknown fields included, once admitted."""
         d = await self._package(addr, version, platform)
         self._chain.admit(addr, version, d)  # passed on as sent: without keys when the registry lists none
-        self._sums.verify_early(addr, version, d)  # the client's next request (laziness allows: this release)
+        self._sums.verify_early(addr, version, d)  # the client's next requests: this release's SHA256SUMS,
+        self._archives.fetch_early(addr, version, d)  # then this archive (into a temp file only)
         return d.raw
 
     async def signed_sums(self, addr: ProviderAddr, version: Version, platform: Platform) -> tuple[bytes, bytes]:
@@ -194,9 +195,13 @@ class Mirror:
 
     # ---- archives ---------------------------------------------------------------------------
 
-    def on_dated(self, note: Callable[[ProviderAddr, Version, str], Awaitable[None]]) -> None:
-        """Tell `note` the `Last-Modified` of each release's SHA256SUMS fetched (the policy's publish times)."""
+    def on_dated(
+        self, note: Callable[[ProviderAddr, Version, str], Awaitable[None]], wanted: Callable[[], bool]
+    ) -> None:
+        """Tell `note` the `Last-Modified` of each release's SHA256SUMS fetched (the policy's publish times);
+        while `wanted()` (a rule may hold a release back by its date), an archive is fetched only after them."""
         self._sums.on_dated = note
+        self._sums.dates_wanted = wanted
 
     def on_fetched(self, note: Callable[[ProviderAddr, Version, str | None], None]) -> None:
         """Call `note` whenever an archive is fetched from its upstream (the audit trail)."""

@@ -61,6 +61,7 @@ class ReleaseSums:
         self._started_early: Memo[str, bool] = Memo()  # keys of the releases `verify_early` was asked for
         # Told the SHA256SUMS's Last-Modified (a publish time for the policy's min-age) when one is fetched.
         self.on_dated: Callable[[ProviderAddr, Version, str], Awaitable[None]] | None = None
+        self.dates_wanted: Callable[[], bool] = _never  # whether such a time may hold a release back now
 
     def key(self, addr: ProviderAddr, d: DownloadInfo) -> str:
         """The metadata-store key of the release's record (`sums_key`)."""
@@ -141,3 +142,7 @@ class ReleaseSums:
         else:
             log.info("verify.signature_ok", provider=str(addr), version=str(version), key_id=sums.key_id)
         return record
+
+
+def _never() -> bool:
+    return False

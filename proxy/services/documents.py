@@ -68,6 +68,7 @@ INLINE_PARSE_BYTES = 64 * 1024  # bigger documents are parsed in a worker thread
 PARSE_ERRORS = (UpstreamError, TypeError, KeyError, AttributeError, ValueError, RecursionError)
 EARLY_KEEP = 30.0  # seconds an early answer nobody asked for is kept before it is dropped
 EARLY_FETCHES = 64  # early fetches kept at most (the oldest dropped first: its refresh fetches again)
+SPARE_CONNECTIONS = 2  # connections opened ahead to a cold host, beside its discovery and version list
 
 
 def require_online(settings: Settings, what: str) -> None:
@@ -105,6 +106,8 @@ class DocumentCache:
         self._records: Memo[str, tuple[bytes, Any]] = Memo()
         self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
         self._early: Memo[str, asyncio.Future[UpstreamResponse]] = Memo(EARLY_FETCHES)  # URL → its early fetch
+        self._spares: set[asyncio.Future[None]] = set()  # spare connections being opened
+        self._spared: Memo[str, bool] = Memo()  # the hosts (origins) spare connections were opened to
 
     async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
         """Decode a cached entry, reusing the last decoding while the stored bytes are the same object (a big
@@ -171,6 +174,18 @@ class DocumentCache:
         if any(value is not None for value in await self._cache.get_many([key, unless_cached])):
             return None
         return url.join(URL(path))
+
+    def open_spares(self, url: URL) -> None:
+        """Open `SPARE_CONNECTIONS` more connections to `url`'s host in the background (`UpstreamClient.open_spares`),
+        once per host in this process: for a cold host, whose next requests (download documents, SHA256SUMS,
+        archives) go out several at once."""
+        origin = str(url.origin())
+        if self._settings.upstreams.offline or self._spared.get(origin):
+            return
+        self._spared.put(origin, True)
+        spares = asyncio.ensure_future(self._upstream.open_spares(url, SPARE_CONNECTIONS))
+        self._spares.add(spares)
+        spares.add_done_callback(self._spares.discard)
 
     def fetch_early(self, url: URL) -> None:
         """Start fetching the document at `url` before a request is sure to need it; the refresh of an uncached

@@ -13,6 +13,7 @@ Downloads have upstream slots of their own, shared fairly between hosts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -97,7 +98,7 @@ class Downloader:
         max_bytes: int,
         check: Callable[[PendingArchive, str], Awaitable[T]],
         *,
-        follow: tuple[str, str] | None = None,
+        follow: tuple[str, str | asyncio.Future[str]] | None = None,
         then: Callable[[StoredArchive, T], Awaitable[None]] | None = None,
         tap: Callable[[bytes], None] | None = None,
     ) -> tuple[StoredArchive, T]:
@@ -109,7 +110,8 @@ class Downloader:
 
         With `follow=(key, expected sha256)` and a Content-Length from the upstream, the temp file is
         announced under `key` in `growing` once there is room for it, for requests to follow; they get
-        the end of the archive once `then` is done.
+        the end of the archive once `then` is done. The expected sha256 may be a future (the download
+        started before the signed sums were verified): the file is announced once it is known, if ever.
 
         Raises DiskFullError, leaving no temp file behind, when the disk is below the free-space
         floor (before or, by the upstream's Content-Length, during the download) or a write fails
@@ -131,34 +133,53 @@ class Downloader:
         what: str,
         max_bytes: int,
         check: Callable[[PendingArchive, str], Awaitable[T]],
-        follow: tuple[str, str] | None,
+        follow: tuple[str, str | asyncio.Future[str]] | None,
         then: Callable[[StoredArchive, T], Awaitable[None]] | None,
         tap: Callable[[bytes], None] | None,
     ) -> tuple[StoredArchive, T]:
         pending: PendingArchive = await asyncio.to_thread(self._store.begin)
         growing: LiveDownload | None = None
+        announcing: asyncio.Future[None] | None = None
+        written = 0
         tapped = _Tap(tap) if tap is not None else None
         try:
 
             async def sink(chunk: bytes) -> None:
+                nonlocal written
                 await asyncio.to_thread(pending.write, chunk)
+                written += len(chunk)
                 if growing is not None:
                     growing.advance(len(chunk))
                 if tapped is not None:
                     await tapped.put(chunk)
 
-            async def room(length: int | None) -> None:
+            def announce(key: str, length: int, sha256: str) -> None:
                 nonlocal growing
+                growing = LiveDownload(pending.path, length, sha256)
+                growing.advance(written)
+                self.live_downloads.announce(key, growing)
+
+            async def announce_once_known(key: str, length: int, sha256: asyncio.Future[str]) -> None:
+                with contextlib.suppress(Exception):  # unknown for good: the check refuses the download
+                    announce(key, length, await asyncio.shield(sha256))
+
+            async def room(length: int | None) -> None:
+                nonlocal announcing
                 if length:
                     await self._space.require_room(what, length)
                 if length and follow is not None:
-                    growing = LiveDownload(pending.path, length, follow[1])
-                    self.live_downloads.announce(follow[0], growing)
+                    key, sha256 = follow
+                    if isinstance(sha256, str):
+                        announce(key, length, sha256)
+                    else:
+                        announcing = asyncio.ensure_future(announce_once_known(key, length, sha256))
 
             async with self._slots.hold(url, self._settings.limits.download_slot_wait, str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)
             self._metrics.upstream_fetches.labels("archive", "200").inc()
             self._metrics.upstream_bytes.inc(pending.size)
+            if announcing is not None:  # followers may join from here until it is published
+                await announcing
             # The file is fsynced while the tap catches up and it is checked (e.g. its zip's central directory
             # read from the page cache), and published only once both are done.
             synced = asyncio.ensure_future(asyncio.to_thread(pending.finish))
@@ -190,6 +211,8 @@ class Downloader:
         finally:
             if tapped is not None:
                 tapped.cancel()
+            if announcing is not None:
+                announcing.cancel()
             if growing is not None and follow is not None:
                 self.live_downloads.withdraw(follow[0], growing)
 

@@ -196,6 +196,34 @@ class UpstreamClient:
         # A half-written sink cannot be replayed, so downloads are not retried here.
         await self._request(url, {"Accept": "*/*"}, timeout, stream, None)
 
+    async def open_spares(self, url: URL, count: int) -> None:
+        """Open `count` more connections to `url`'s host into the pool, for the requests that follow: requests
+        that then go out together find a connection each instead of each waiting for its own TCP and TLS
+        handshakes. No request is sent (`BaseConnector.connect` with a request that is never sent; the connector
+        applies the SSRF guard's resolver as for any request). Not through an egress proxy (the connections
+        would bypass it). Nothing of it fails anything: errors are dropped."""
+        if uses_egress_proxy(url):
+            return
+        try:
+            await self._check_url(url)
+        except UpstreamError:
+            return
+        limits = self._limits
+        timeout = aiohttp.ClientTimeout(total=limits.metadata_timeout, connect=limits.connect_timeout)
+        connector = self._session.connector
+        assert connector is not None
+
+        async def one() -> None:
+            request = aiohttp.ClientRequest("GET", url, loop=asyncio.get_running_loop())
+            connection = await connector.connect(request, [], timeout)
+            connection.release()  # into the pool, as after an answer read whole
+
+        for outcome in await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.debug("upstream.spare_failed", url=_show(url), error=str(outcome))
+            else:
+                log.debug("upstream.spare_opened", url=_show(url))
+
     async def _with_retries(self, url, headers, handle, max_redirects):
         clock = asyncio.get_running_loop().time
         give_up = clock() + self._limits.metadata_timeout

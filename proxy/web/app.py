@@ -193,7 +193,7 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
         gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
-        app[MIRROR].on_dated(gate.dated)
+        app[MIRROR].on_dated(gate.dated, gate.dates_wanted)
         if audit.enabled:
             app[MIRROR].on_fetched(gate.fetched)
             app[MODULES].on_fetched = gate.fetched
