@@ -7,17 +7,12 @@ to what it holds (one TLS record, up to 16 KiB). With glibc's mmap threshold pin
 page faults per TLS record, about 4 CPU s per GiB of an archive read from an S3 store over HTTPS, more than
 the rest of serving it (docs/performance.md#archives-from-s3-and-with-a-policy).
 
-A buffered protocol gets the decrypted bytes written into a buffer it hands out instead. So a connection made
+A buffered protocol gets the decrypted bytes written into a buffer it hands out instead
+(`proxy.runtime.shared_reads`: the process's one buffer, sized to all that is pending). So a connection made
 with `read_into_shared_buffer`'s connector swaps its transport's protocol, once it is made, for
-`SharedBufferReads`: the transport reads into one buffer of the process and `buffer_updated` hands aiohttp
-copies of what arrived in pieces of 64 KiB (served from malloc's free lists, never mapped), while aiohttp keeps
-its own protocol object for everything else (requests, pausing, the connection pool).
-
-The buffer always holds all that the SSL protocol has pending (its size hint): asyncio's protocol reads a
-buffer once when the peer closes while reading is paused and drops whatever did not fit, and uvloop's drops
-what it has not handed on when the connection ends, so a smaller buffer would lose the end of a body that
-the store sent before it closed the connection. It grows to the most the protocols hold (their flow control
-bounds it to a few hundred KiB) and is never freed.
+`SharedBufferReads`: the transport reads into that buffer and aiohttp gets copies of what arrived in pieces of
+64 KiB, while aiohttp keeps its own protocol object for everything else (requests, pausing, the connection
+pool).
 """
 
 from __future__ import annotations
@@ -28,31 +23,23 @@ import functools
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-PIECE = 64 * 1024  # what aiohttp is handed at a time: below the mmap threshold, the copies come from the heap
+from proxy.runtime.shared_reads import PIECE, SharedReadBuffer
+
+__all__ = ["PIECE", "BufferedResponseHandler", "SharedBufferReads", "read_into_shared_buffer"]
 
 
 class SharedBufferReads(asyncio.BufferedProtocol):
-    """A transport's protocol that reads into the process's one buffer and passes every event on to aiohttp's
-    protocol.
-
-    Sharing one buffer is safe: the transports call `get_buffer` and `buffer_updated` back to back, and the
-    bytes are copied out before anything else runs (one event loop per process makes client connections, the
-    server's or a command's, as for the server's own read buffer)."""
-
-    buffer = memoryview(bytearray(PIECE))  # of the process: replaced by a larger one when a hint asks for more
+    """A transport's protocol that reads into the process's one buffer (`SharedReadBuffer`) and passes every
+    event on to aiohttp's protocol."""
 
     def __init__(self, handler: ResponseHandler) -> None:
         self.handler = handler
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if sizehint > len(SharedBufferReads.buffer):
-            SharedBufferReads.buffer = memoryview(bytearray(sizehint))
-        return SharedBufferReads.buffer
+        return SharedReadBuffer.get(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        buffer, handler = SharedBufferReads.buffer, self.handler
-        for start in range(0, nbytes, PIECE):
-            handler.data_received(buffer[start : min(start + PIECE, nbytes)].tobytes())
+        SharedReadBuffer.hand_on(nbytes, self.handler.data_received)
 
     def eof_received(self) -> bool | None:
         return self.handler.eof_received()

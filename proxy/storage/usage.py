@@ -11,6 +11,7 @@ written yet.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -25,10 +26,17 @@ class ArchiveUsage:
     """Pins and throttled last-served times for one process."""
 
     def __init__(
-        self, times: ServedTimes, *, every: float = WRITE_EVERY, clock: Callable[[], float] = time.time
+        self,
+        times: ServedTimes,
+        *,
+        every: float = WRITE_EVERY,
+        grace: float = math.inf,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`grace`: eviction's; a serve not written yet must stay within it, so writes are at most half of it
+        apart (a grace below two minutes is for tests only)."""
         self._times = times
-        self._every = every
+        self._every = min(every, grace / 2)
         self._clock = clock
         self._pins: Counter[str] = Counter()
         self._written: OrderedDict[str, float] = OrderedDict()

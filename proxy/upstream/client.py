@@ -30,6 +30,7 @@ from proxy.errors import (
     UpstreamTooSlowError,
     UpstreamUnreachableError,
 )
+from proxy.runtime.client_reads import read_into_shared_buffer
 from proxy.settings.config import Limits
 from proxy.upstream.netguard import (
     AddressPolicy,
@@ -104,11 +105,14 @@ class UpstreamClient:
     ) -> UpstreamClient:
         """Build the session (must run inside the event loop); `tls` from `create_ssl_context`, which reads the
         trust store's files (call it off the loop)."""
-        connector = aiohttp.TCPConnector(
-            resolver=GuardedResolver(policy),
-            ssl=tls,
-            limit=limits.upstream_concurrency * 4,
-            ttl_dns_cache=60,
+        # Reading into the process's one buffer: no 256 KiB block mapped and unmapped per TLS record of a download.
+        connector = read_into_shared_buffer(
+            aiohttp.TCPConnector(
+                resolver=GuardedResolver(policy),
+                ssl=tls,
+                limit=limits.upstream_concurrency * 4,
+                ttl_dns_cache=60,
+            )
         )
         session = aiohttp.ClientSession(
             connector=connector,

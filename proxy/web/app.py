@@ -292,7 +292,7 @@ async def services_ctx(app: web.Application) -> AsyncIterator[None]:
             space=space,
             metrics=metrics,
         )
-        usage = app[ARCHIVE_USAGE] = ArchiveUsage(app[SERVED_TIMES])
+        usage = app[ARCHIVE_USAGE] = ArchiveUsage(app[SERVED_TIMES], grace=settings.archives.eviction_grace)
         inventory = app[INVENTORY] = InventoryReader(settings, cache, usage)
         app[CATALOG] = Catalog(cache, store, app[SERVED_TIMES], inventory)
         git = GitFetcher(

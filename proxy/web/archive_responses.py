@@ -85,10 +85,9 @@ async def _serve_pinned(
     An archive evicted between its lookup and the pin is gone when it is opened: StoreCorruptionError,
     so `serve_found` looks it up once more, which fetches it again."""
     if isinstance(stored, UpstreamRelay):
-        response = await serve_archive(request, stored, filename, content_type)
-        if stored.stored_as is not None and request.method == "GET":  # a download followed to its verified end
-            await request.app[ARCHIVE_USAGE].note(stored.stored_as)  # is a serve of the archive it became
-        return response
+        if stored.stored_as is not None and request.method == "GET":  # a download followed as it arrives (its
+            await request.app[ARCHIVE_USAGE].note(stored.stored_as)  # end only once stored) is a serve of it
+        return await serve_archive(request, stored, filename, content_type)
     async with request.app[ARCHIVE_USAGE].serving(stored.sha256):
         return await serve_archive(request, stored, filename, content_type)
 

@@ -26,11 +26,12 @@ else is set up (`proxy.web.listener`): a port in use is one line and exit 2, not
 - Protocol errors (oversized request line or header, bad method, bad version) get a JSON
   `{"errors": [...]}` body with 414/431/400 instead of aiohttp's plain text.
 
-A connection reads into one buffer of the process (`READ_BUFFER`, a buffered protocol) and hands aiohttp a
-copy of what arrived: the SSL protocols of asyncio and uvloop otherwise allocate a 256 KiB block for every
-read of decrypted bytes, which, with glibc's mmap threshold pinned at 128 KiB (`proxy.web.allocator`), is an
-mmap, an mremap and an munmap per request, and they then learn that nothing more is pending from an
-`SSLWantReadError`, where the buffered path looks at what is pending.
+A connection reads into one buffer of the process (`proxy.runtime.shared_reads`, a buffered protocol) and
+hands aiohttp a copy of what arrived: the SSL protocols of asyncio and uvloop otherwise allocate a 256 KiB block
+for every read of decrypted bytes, which, with glibc's mmap threshold pinned at 128 KiB (`proxy.web.allocator`),
+is an mmap, an mremap and an munmap per request, and they then learn that nothing more is pending from an
+`SSLWantReadError`, where the buffered path looks at what is pending. The buffer holds all that is pending, so
+nothing a client sent before it closed is lost.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from proxy.errors import (
     TooManyConnectionsError,
 )
 from proxy.runtime.metrics import Metrics
+from proxy.runtime.shared_reads import SharedReadBuffer
 from proxy.settings.config import Settings
 from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler, put_in_front
 from proxy.web.allocator import BurstTrimmer, pin_mmap_threshold
@@ -74,8 +76,6 @@ MAX_REQUEST_LINE = 8192  # method, target and version (414 beyond)
 MAX_HEADER_LINE = 8190  # one header field (431 beyond; aiohttp's default); must differ from MAX_REQUEST_LINE
 MAX_HEADERS = 128  # header fields per request (431 beyond)
 SPARE_FILES = 256  # file descriptors beyond one per connection: archives, stores, upstream sockets
-READ_BUFFER_SIZE = 64 * 1024  # bytes taken from a connection per read (the SSL protocols read again for more)
-READ_BUFFER = memoryview(bytearray(READ_BUFFER_SIZE))  # every connection of the process reads into it, in turn
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class LimitedConnection(asyncio.BufferedProtocol):
     """One client connection: admitted against the cap (else answered 503 and closed), dropped when its
     first request head has not arrived `header_timeout` after accept or when it stays write-blocked for
     `send_timeout`. Everything else is aiohttp's protocol for the connection, made once it is admitted,
-    which gets every event (what arrived as `data_received`, read into the process's `READ_BUFFER`)."""
+    which gets every event (what arrived as `data_received`, read into the process's `SharedReadBuffer`)."""
 
     def __init__(
         self,
@@ -186,13 +186,14 @@ class LimitedConnection(asyncio.BufferedProtocol):
             self._header_timer = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        """Where the transport puts what arrives: the process's one buffer, handed on in `buffer_updated` before
-        any other connection reads (asyncio and uvloop call the two back to back)."""
-        return READ_BUFFER
+        """Where the transport puts what arrives: the process's one buffer, large enough for all that is pending,
+        handed on in `buffer_updated` before any other connection reads (asyncio and uvloop call the two back to
+        back)."""
+        return SharedReadBuffer.get(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._handler is not None:
-            self._handler.data_received(READ_BUFFER[:nbytes].tobytes())
+            SharedReadBuffer.hand_on(nbytes, self._handler.data_received)
 
     def eof_received(self) -> bool | None:
         return self._handler.eof_received() if self._handler is not None else None
