@@ -84,9 +84,9 @@ run: install-runtime
 	$(BIN)/registry-proxy serve $(ARGS)
 
 # The suite runs in parallel (pytest-xdist): three workers per two cores, since many tests wait on child
-# processes, sockets and timers rather than compute; each test goes to whichever worker is free. On 2 cores
-# from a clean clone, pytest's wall and the CPU of everything: 3 workers 257 s / 454 s and 274 s / 494 s,
-# 4 workers 267 s / 519 s (each worker collects the suite and starts its own servers), 2 workers 315 s.
+# processes, sockets and timers rather than compute; each test goes to whichever worker is free (more workers
+# cost more: each collects the suite and starts its own servers). From a clean clone on a quiet 2-core machine
+# with the Debian packages present: `make test` 202 s, of it pytest 187 s, 312 s of CPU (docs/testing.md).
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every worker and every proxy process a
 # test starts would otherwise compile the package (and pytest rewrite the tests) again. The test modules
 # themselves are not compiled ahead: pytest rewrites them into bytecode of its own.
