@@ -33,7 +33,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -45,6 +44,7 @@ from proxy.identity.jose import JwtError, SigningKeys, check_claims, peek
 from proxy.identity.tokens import OidcClient
 from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.keys import OIDC_KEYS
+from proxy.runtime.background import BackgroundTasks
 from proxy.runtime.metrics import Metrics
 from proxy.upstream.client import UpstreamClient
 
@@ -103,7 +103,7 @@ class IssuerKeys:
         self._failed: dict[str, str] = {}  # why the last fetch failed, while it did
         self._looked: dict[str, float] = {}  # when this process last looked in the store
         self._fetches: dict[str, asyncio.Task[HeldKeys]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("oidc.refresh_failed")
 
     async def keys_for(self, issuer: Issuer, key_id: str | None) -> SigningKeys:
         """Keys to verify a token of `issuer` naming `key_id` with: those held if they have it, else those fetched
@@ -180,9 +180,7 @@ class IssuerKeys:
             with contextlib.suppress(_FetchFailedError):  # logged by the fetch; the keys held stay
                 await self._fetch(issuer)
 
-        task = asyncio.get_running_loop().create_task(refresh())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.start(refresh())
 
     async def _fetch(self, issuer: Issuer) -> HeldKeys:
         """One fetch per issuer at a time in this process, detached from the request that asked (shielded)."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import structlog
 
@@ -39,6 +38,7 @@ from proxy.providers.metadata import ProviderMetadata
 from proxy.providers.release_sums import ReleaseSums
 from proxy.providers.verification import PackageHashes, SignedSums, VerificationChain
 from proxy.runtime import deadline
+from proxy.runtime.background import BackgroundTasks
 from proxy.runtime.deadline import detached_context
 from proxy.runtime.log import note_cache
 from proxy.runtime.memo import Memo
@@ -59,13 +59,6 @@ EARLY_ARCHIVES = 4  # downloads started early at once in a process, at most (no 
 
 class _EarlyDroppedError(Exception):
     """A download started early that no client asked for in time was stopped."""
-
-
-@dataclass
-class _Early:
-    """An archive's download started early: `asked` is set once a client asks for the archive."""
-
-    asked: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ProviderArchives:
@@ -92,9 +85,10 @@ class ProviderArchives:
         self._metrics = metrics
         self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
         self.on_fetched: Callable[[ProviderAddr, Version, str | None], None] | None = None  # the audit trail
-        self._early: dict[str, _Early] = {}  # archive key → its download started early, while it runs
+        # archive key → set once a client asks for the archive whose download was started early, while it runs
+        self._early: dict[str, asyncio.Event] = {}
         self._started_early: Memo[str, bool] = Memo()  # archive keys `fetch_early` was asked for
-        self._early_tasks: set[asyncio.Task[None]] = set()
+        self._early_tasks = BackgroundTasks("archive.early_failed")
 
     async def records(
         self, addr: ProviderAddr, version: Version, platforms: list[Platform]
@@ -146,9 +140,9 @@ class ProviderArchives:
         await self._metadata.offered(addr, version, [platform])
         d = await self._metadata.download(addr, version, platform)  # waited for within the request deadline
         key = keys.archive(addr, version, platform)
-        early = self._early.get(key)
-        if early is not None:
-            early.asked.set()
+        asked = self._early.get(key)
+        if asked is not None:
+            asked.set()
         try:
             found_or_growing = await self._fetched(addr, version, d, follow=follow)
         except _EarlyDroppedError:  # asked for just as it was stopped: fetched again
@@ -195,37 +189,39 @@ class ProviderArchives:
         if self._sums.dates_wanted():  # the SHA256SUMS's date may hold the release back: nothing before it
             return
         self._started_early.put(key, True)
-        early = self._early[key] = _Early()
-        task = asyncio.get_running_loop().create_task(
-            self._fetch_early(addr, version, d, early), context=detached_context()
+        asked = self._early[key] = asyncio.Event()
+        self._early_tasks.start(
+            self._fetch_early(addr, version, d, asked),
+            context=detached_context(),
+            then=lambda _: self._early.pop(key, None),
         )
-        self._early_tasks.add(task)
-        task.add_done_callback(lambda done: self._early_done(key, done))
 
-    async def _fetch_early(self, addr: ProviderAddr, version: Version, d: DownloadInfo, early: _Early) -> None:
+    async def _fetch_early(self, addr: ProviderAddr, version: Version, d: DownloadInfo, asked: asyncio.Event) -> None:
         if await self._stored(addr, version, d.platform) is not None:
             return
         await self._shared_fetches.once_for_the_fleet(
             keys.archive(addr, version, d.platform),
             lambda: self._stored(addr, version, d.platform),
-            lambda: self._unless_unasked(addr, version, d, early),
+            lambda: self._unless_unasked(addr, version, d, asked),
         )
 
-    async def _unless_unasked(self, addr: ProviderAddr, version: Version, d: DownloadInfo, early: _Early) -> Found:
+    async def _unless_unasked(
+        self, addr: ProviderAddr, version: Version, d: DownloadInfo, asked: asyncio.Event
+    ) -> Found:
         """`_fetch`, stopped (its temp file discarded) if it still runs when no client asked for the archive
         within `EARLY_ARCHIVE_WAIT`."""
         fetch = asyncio.ensure_future(self._fetch(addr, version, d))
-        asked = asyncio.ensure_future(early.asked.wait())
+        waiting = asyncio.ensure_future(asked.wait())
         try:
-            await asyncio.wait({fetch, asked}, timeout=EARLY_ARCHIVE_WAIT, return_when=asyncio.FIRST_COMPLETED)
-            if fetch.done() or early.asked.is_set():
+            await asyncio.wait({fetch, waiting}, timeout=EARLY_ARCHIVE_WAIT, return_when=asyncio.FIRST_COMPLETED)
+            if fetch.done() or asked.is_set():
                 return await fetch
             fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
         finally:
-            asked.cancel()
+            waiting.cancel()
             fetch.cancel()
-        if early.asked.is_set():  # a client asked while it stopped
+        if asked.is_set():  # a client asked while it stopped
             return await self._fetch(addr, version, d)
         log.info(
             "archive.early_dropped",
@@ -235,12 +231,6 @@ class ProviderArchives:
             reason=f"no client asked for it within {EARLY_ARCHIVE_WAIT:g} s of its download document",
         )
         raise _EarlyDroppedError(keys.archive(addr, version, d.platform))
-
-    def _early_done(self, key: str, task: asyncio.Task[None]) -> None:
-        self._early_tasks.discard(task)
-        self._early.pop(key, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("archive.early_failed", key=key, error=str(task.exception()))
 
     async def _stored(self, addr: ProviderAddr, version: Version, platform: Platform) -> Found | None:
         """The archive if its verified record exists, is admitted, agrees with the signed sums, and its file,

@@ -22,6 +22,7 @@ from proxy.metadata_store.records import SumsRecord
 from proxy.protocol.provider_registry import DownloadInfo
 from proxy.providers.signatures import Keyring
 from proxy.providers.verification import SignedSums, VerificationChain
+from proxy.runtime.background import BackgroundTasks
 from proxy.runtime.deadline import detached_context
 from proxy.runtime.memo import Memo
 from proxy.services.documents import DocumentCache
@@ -57,7 +58,7 @@ class ReleaseSums:
         self._chain = chain
         self._space = space
         self._private_hosts = settings.upstreams.upstream_credentials.private_hosts
-        self._early: set[asyncio.Task[SignedSums]] = set()
+        self._early = BackgroundTasks("sums.early_failed")
         self._started_early: Memo[str, bool] = Memo()  # keys of the releases `verify_early` was asked for
         # Told the SHA256SUMS's Last-Modified (a publish time for the policy's min-age) when one is fetched.
         self.on_dated: Callable[[ProviderAddr, Version, str], Awaitable[None]] | None = None
@@ -78,14 +79,7 @@ class ReleaseSums:
         if self._started_early.get(key):
             return
         self._started_early.put(key, True)
-        task = asyncio.get_running_loop().create_task(self.verified(addr, version, d), context=detached_context())
-        self._early.add(task)
-        task.add_done_callback(self._early_done)
-
-    def _early_done(self, task: asyncio.Task[SignedSums]) -> None:
-        self._early.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("sums.early_failed", error=str(task.exception()))
+        self._early.start(self.verified(addr, version, d), context=detached_context())
 
     async def recorded(self, addr: ProviderAddr, d: DownloadInfo) -> SignedSums | None:
         """The release's verified SHA256SUMS if it is recorded, never fetching it."""

@@ -51,6 +51,7 @@ from proxy.metadata_store import (
 )
 from proxy.protocol import discovery
 from proxy.runtime import deadline
+from proxy.runtime.background import BackgroundTasks
 from proxy.runtime.log import note_cache
 from proxy.runtime.memo import Memo, memoised
 from proxy.runtime.metrics import Metrics
@@ -106,7 +107,7 @@ class DocumentCache:
         self._records: Memo[str, tuple[bytes, Any]] = Memo()
         self._discovery_urls: Memo[Hostname, tuple[None, tuple[str, URL]]] = Memo()  # key and URL per host
         self._early: Memo[str, asyncio.Future[UpstreamResponse]] = Memo(EARLY_FETCHES)  # URL → its early fetch
-        self._spares: set[asyncio.Future[None]] = set()  # spare connections being opened
+        self._spares = BackgroundTasks("upstream.spares_failed")  # spare connections being opened
         self._spared: Memo[str, bool] = Memo()  # the hosts (origins) spare connections were opened to
 
     async def _decode(self, key: str, raw: bytes | None) -> CacheEntry | None:
@@ -183,9 +184,7 @@ class DocumentCache:
         if self._settings.upstreams.offline or self._spared.get(origin):
             return
         self._spared.put(origin, True)
-        spares = asyncio.ensure_future(self._upstream.open_spares(url, SPARE_CONNECTIONS))
-        self._spares.add(spares)
-        spares.add_done_callback(self._spares.discard)
+        self._spares.start(self._upstream.open_spares(url, SPARE_CONNECTIONS))
 
     def fetch_early(self, url: URL) -> None:
         """Start fetching the document at `url` before a request is sure to need it; the refresh of an uncached
