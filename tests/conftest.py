@@ -28,7 +28,14 @@ from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, ProxyProcess
 from tests.fakes.redis_server import METADATA_SECRET, ClusterSetup, RedisServer, SentinelSetup, Tls
 from tests.fakes.registry import FakeRegistry
-from tests.fakes.s3_server import CREDENTIALS, ENV_BUCKET, ENV_CA, ENV_ENDPOINT, S3Server
+from tests.fakes.s3_server import (
+    CREDENTIALS,
+    ENV_BUCKET,
+    ENV_CA,
+    ENV_ENDPOINT,
+    S3Server,
+    sessions_sharing_one_loader,
+)
 from tests.fakes.served_in_process import ServedInProcess, captured_logs
 from tests.fakes.signing import SigningKey
 
@@ -197,8 +204,12 @@ def s3_server(server_cert_files, ca_file) -> S3Server:
     """One real S3 API server (moto's server mode, over HTTPS) for the session; tests use a fresh bucket each.
 
     The dummy AWS credentials go into the environment, where botocore's default chain (of this
-    process and of every proxy process a test starts) finds them."""
+    process and of every proxy process a test starts) finds them. The S3 stores opened in this process
+    read botocore's models once (`sessions_sharing_one_loader`)."""
+    from proxy.storage import s3 as s3_store
+
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(s3_store, "get_session", sessions_sharing_one_loader())
         for name, value in CREDENTIALS.items():
             patch.setenv(name, value)
         patch.delenv("AWS_PROFILE", raising=False)
