@@ -1,0 +1,61 @@
+"""`Lru`: the one bounded in-process mapping that forgets the least recently used key first.
+
+Its users say what a use is: `put` and `touch` are uses (the key becomes the most recently used); `get`,
+`in` and iteration are not, so a lookup that decides nothing (an entry found stale, a check refused) leaves
+the order as it was. Beyond `limit` entries, the least recently used go. (`proxy.runtime.memo.Memo` is the
+other bounded memo: oldest put first out, whatever was read.) Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Mapping
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Lru(Mapping[K, V]):
+    """At most `limit` entries; `put` and `touch` make a key the most recently used, the least recently
+    used is dropped first."""
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, default: V | None = None) -> V | None:
+        """The value of `key` (not a use)."""
+        return self._entries.get(key, default)
+
+    def put(self, key: K, value: V) -> None:
+        """Set `key` and make it the most recently used; drops the least recently used beyond the limit."""
+        entries = self._entries
+        entries[key] = value
+        entries.move_to_end(key)
+        while len(entries) > self.limit:
+            entries.popitem(last=False)
+
+    def touch(self, key: K) -> None:
+        """Make `key`, if held, the most recently used (its value unchanged)."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
+    def pop(self, key: K) -> V | None:
+        """Forget `key`; its value, or None if it was not held."""
+        return self._entries.pop(key, None)
+
+    def __getitem__(self, key: K) -> V:
+        return self._entries[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        """The keys, least recently used first."""
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,34 @@
+"""`proxy.domain.lru`: the one bounded mapping that drops the least recently used key first."""
+
+from __future__ import annotations
+
+from proxy.domain.lru import Lru
+
+
+def test_beyond_its_limit_the_least_recently_put_or_touched_key_goes_first():
+    lru: Lru[str, int] = Lru(3)
+    for key, value in (("a", 1), ("b", 2), ("c", 3)):
+        lru.put(key, value)
+    lru.touch("a")  # a use: "b" is now the least recently used
+    lru.put("d", 4)
+    assert list(lru) == ["c", "a", "d"]
+    lru.put("c", 30)  # putting a key held is a use too, and takes no room
+    lru.put("e", 5)
+    assert dict(lru) == {"d": 4, "c": 30, "e": 5}
+
+
+def test_reads_are_not_uses():
+    lru: Lru[str, int] = Lru(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert (lru.get("a"), lru["a"], "a" in lru, lru.get("z"), "z" in lru) == (1, 1, True, None, False)
+    lru.put("c", 3)
+    assert list(lru) == ["b", "c"]
+
+
+def test_pop_forgets_a_key_and_touch_of_an_absent_key_adds_nothing():
+    lru: Lru[str, int] = Lru(2)
+    lru.put("a", 1)
+    assert lru.pop("a") == 1 and lru.pop("a") is None
+    lru.touch("a")
+    assert len(lru) == 0 and lru.get("a") is None
