@@ -32,3 +32,17 @@ def test_pop_forgets_a_key_and_touch_of_an_absent_key_adds_nothing():
     assert lru.pop("a") == 1 and lru.pop("a") is None
     lru.touch("a")
     assert len(lru) == 0 and lru.get("a") is None
+
+
+def test_with_weigh_the_weight_in_all_is_bounded_too_and_one_heavier_than_the_bound_is_not_held():
+    lru: Lru[str, bytes] = Lru(10, weigh=lambda key, value: len(value), max_weight=6)
+    lru.put("a", b"11")
+    lru.put("b", b"22")
+    lru.touch("a")
+    lru.put("c", b"333")  # 7 in all: "b", the least recently used, goes
+    assert (list(lru), lru.weight) == (["a", "c"], 5)
+    lru.put("a", b"1")  # replacing counts the new value only
+    assert lru.weight == 4
+    lru.put("c", b"x" * 7)  # heavier than the whole bound: not held, its old value forgotten, nothing else lost
+    assert (dict(lru), lru.weight) == ({"a": b"1"}, 1)
+    assert lru.pop("a") == b"1" and lru.weight == 0
