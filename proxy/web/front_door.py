@@ -31,12 +31,13 @@ from __future__ import annotations
 import time
 from email.utils import formatdate
 
-from aiohttp import hdrs, web
+from aiohttp import web
+from aiohttp.hdrs import AUTHORIZATION, EXPECT, IF_NONE_MATCH
 
 from proxy.runtime.log import new_request_id
 from proxy.web.access import ACCESS, CLIENT, quietly_admitted
 from proxy.web.aiohttp_internals import Handler, send_whole
-from proxy.web.app_keys import MEMORY_FRONT, SETTINGS
+from proxy.web.app_keys import GATEKEEPER, MEMORY_FRONT, SETTINGS
 from proxy.web.cache_headers import metadata_cache_control
 from proxy.web.middlewares import (
     SERVER,
@@ -46,7 +47,6 @@ from proxy.web.middlewares import (
     request_arrived,
 )
 from proxy.web.network_mirror import MIRROR_ROUTE, reuse_of, warm_document
-from proxy.web.policy_checks import app_gatekeeper
 from proxy.web.renderings import Rendering
 from proxy.web.responses import JSON, not_modified
 
@@ -72,6 +72,7 @@ class FrontDoor:
         self._settings = app[SETTINGS]
         self._access = app.get(ACCESS)
         self._front = app.get(MEMORY_FRONT)
+        self._gatekeeper = app.get(GATEKEEPER)
         return self.handle
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -90,7 +91,7 @@ class FrontDoor:
         if path != request.raw_path or method not in METHODS or version not in SUPPORTED_VERSIONS:
             return None
         headers = request.headers
-        if hdrs.EXPECT in headers:  # aiohttp's routing answers it (100 Continue, or 417)
+        if EXPECT in headers:  # aiohttp's routing answers it (100 Continue, or 417)
             return None
         parts = path.split("/")  # "", "mirror", "v1", HOST, NAMESPACE, TYPE, DOCUMENT
         if len(parts) != 7 or not parts[6].endswith(".json"):
@@ -103,18 +104,19 @@ class FrontDoor:
         request = as_the_client_made_it(request, settings)
         client = None
         if access is not None and access.active:
-            admitted = quietly_admitted(access, headers.get("Authorization"), parts[3], parts[4])
+            admitted = quietly_admitted(access, headers.get(AUTHORIZATION), parts[3], parts[4])
             if admitted is False:
                 return None
             if admitted is not True:
                 client = request[CLIENT] = admitted
-        gate = app_gatekeeper(app)
+        keeper = self._gatekeeper
+        gate = keeper if keeper is not None and keeper.active else None  # as `app_gatekeeper(app)`
         kept = warm_document(app, reuse_of(app, request, parts[6], client, gate))
         if kept is None:
             return None
         rendered, fresh_for = kept
         request_id = new_request_id(headers.get("X-Request-Id"))
-        status = 304 if "If-None-Match" in headers and not_modified(request, rendered) else 200
+        status = 304 if IF_NONE_MATCH in headers and not_modified(request, rendered) else 200
         cache_control = metadata_cache_control(request, status, client, settings, gate, fresh_for)
         keep_alive = request.keep_alive
         whole = whole_answer(version.minor, status, rendered, cache_control, request_id, keep_alive, method == "HEAD")
