@@ -34,11 +34,12 @@ from email.utils import formatdate
 from aiohttp import web
 from aiohttp.hdrs import AUTHORIZATION, EXPECT, IF_NONE_MATCH
 
+from proxy.protocol.cache_control import cache_control as cache_control_of
 from proxy.runtime.log import new_request_id
 from proxy.web.access import ACCESS, CLIENT, quietly_admitted
 from proxy.web.aiohttp_internals import Handler, send_whole
 from proxy.web.app_keys import GATEKEEPER, MEMORY_FRONT, SETTINGS
-from proxy.web.cache_headers import metadata_cache_control
+from proxy.web.cache_headers import shown_client, stale_windows
 from proxy.web.middlewares import (
     SERVER,
     SUPPORTED_VERSIONS,
@@ -73,6 +74,7 @@ class FrontDoor:
         self._access = app.get(ACCESS)
         self._front = app.get(MEMORY_FRONT)
         self._gatekeeper = app.get(GATEKEEPER)
+        self._windows = stale_windows(self._settings)
         return self.handle
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -117,7 +119,8 @@ class FrontDoor:
         rendered, fresh_for = kept
         request_id = new_request_id(headers.get("X-Request-Id"))
         status = 304 if IF_NONE_MATCH in headers and not_modified(request, rendered) else 200
-        cache_control = metadata_cache_control(request, status, client, settings, gate, fresh_for)
+        # `metadata_cache_control` for a request without a query (the front door takes none)
+        cache_control = cache_control_of(status, fresh_for, shown_client(headers, client, gate), self._windows)
         keep_alive = request.keep_alive
         whole = whole_answer(version.minor, status, rendered, cache_control, request_id, keep_alive, method == "HEAD")
         sent = len(rendered.body) if status == 200 else 0
