@@ -74,8 +74,8 @@ log = structlog.get_logger("proxy.server")
 WRITE_BUFFER_HIGH = 64 * 1024  # bytes queued per connection before writers wait (asyncio: 512 KiB for TLS)
 # `write_paced`'s slices: seven whole TLS records, which the SSL protocol reads out of OpenSSL's memory BIO as one
 # `bytes` of 114,842 bytes, under glibc's mmap threshold pinned at 128 KiB (`proxy.web.allocator`), so from the
-# heap, not a new mapping. Each slice is one SSL write, one BIO read and one send: 112 KiB slices took about 0.2
-# CPU s per GiB less than 64 KiB ones (docs/performance.md#serving-archives-over-tls).
+# heap, not a new mapping. Each slice is one SSL write, one BIO read and one send: 112 KiB slices took 5-10 % less
+# CPU per GiB than 64 KiB ones (docs/performance.md#slices-of-seven-tls-records-issue-23-item-4).
 WRITE_SLICE = 7 * 16 * 1024
 MAX_REQUEST_LINE = 8192  # method, target and version (414 beyond)
 MAX_HEADER_LINE = 8190  # one header field (431 beyond; aiohttp's default); must differ from MAX_REQUEST_LINE
