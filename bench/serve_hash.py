@@ -5,7 +5,7 @@
 ```
 
 Every whole-body serve of a stored archive is hashed (docs/integrity.md#archive-stores). This measures,
-in one process and interleaved, the reader the server uses (`ArchiveReader.chunks(256 KiB)`, what
+in one process and interleaved, the reader the server uses (`ArchiveReader.chunks(CHUNK)`, what
 `web/archive_responses.py` writes to the client) reading a whole archive in three ways, for both backends:
 
 - `first serve`: the SHA-256 checked, and the BLAKE3 fingerprint of the content taken on the way (a
@@ -43,9 +43,9 @@ from proxy.settings.config import parse_s3_location
 from proxy.storage import ArchiveGuard, ArchiveReader, ArchiveStore, StoredArchive
 from proxy.storage.disk import DiskStore
 from proxy.storage.s3 import S3Options, S3Store
+from proxy.web.archive_responses import CHUNK
 from tests.fakes.s3_server import CREDENTIALS, REGION, S3Server
 
-CHUNK = 1 << 18  # proxy.web.archive_responses.CHUNK
 MIB = 1 << 20
 
 

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -38,6 +37,7 @@ from urllib.parse import urlsplit
 import structlog
 from yarl import URL
 
+from proxy.domain.lru import Lru
 from proxy.errors import OidcIssuerUnavailableError, UpstreamError
 from proxy.identity.issuers import Issuer, IssuerBook
 from proxy.identity.jose import JwtError, SigningKeys, check_claims, peek
@@ -334,7 +334,7 @@ class OidcAuthenticator:
     def __init__(self, keys: IssuerKeys, metrics: Metrics | None = None) -> None:
         self.keys = keys  # and its clock, which tells the tokens' times too
         self._metrics = metrics
-        self._signed_in: OrderedDict[bytes, _SignedIn] = OrderedDict()
+        self._signed_in: Lru[bytes, _SignedIn] = Lru(REMEMBERED_TOKENS)  # a use: a sign-in (not a refusal)
 
     async def authenticate(self, token: str, book: IssuerBook) -> OidcClient:
         """The client `token` signs in (its claims judged by its issuer's rules in `book`). Raises
@@ -347,15 +347,13 @@ class OidcAuthenticator:
                 and self.keys.clock() < remembered.until
                 and self.keys.held(remembered.issuer) is remembered.keys
             ):
-                self._signed_in.move_to_end(digest)
+                self._signed_in.touch(digest)
                 self._count_accepted(remembered.client)
                 return remembered.client
-            del self._signed_in[digest]
+            self._signed_in.pop(digest)
         signed_in = await self._check(token, book)
         self._count_accepted(signed_in.client)
-        self._signed_in[digest] = signed_in
-        if len(self._signed_in) > REMEMBERED_TOKENS:
-            self._signed_in.popitem(last=False)
+        self._signed_in.put(digest, signed_in)
         return signed_in.client
 
     async def _check(self, token: str, book: IssuerBook) -> _SignedIn:

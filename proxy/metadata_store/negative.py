@@ -18,10 +18,10 @@ and reported, never an answer.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+from proxy.domain.lru import Lru
 from proxy.metadata_store import CacheEntry, MetadataStore, Refuse, StoreWrapper
 from proxy.metadata_store.keys import NEGATIVE
 
@@ -73,13 +73,11 @@ class MemoryNegatives:
         report: Report | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
         self._retention = retention
         self._report = report
         self._clock = clock
-        self._items: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
-        self._bytes = 0
+        # (value, when written); a use: a write, or a read that finds the entry within the retention
+        self._items: Lru[str, tuple[bytes, float]] = Lru(max_entries, weigh=_size, max_weight=max_bytes)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -87,52 +85,43 @@ class MemoryNegatives:
     @property
     def size(self) -> int:
         """Bytes held (keys and values)."""
-        return self._bytes
+        return self._items.weight
 
     async def get(self, key: str) -> bytes | None:
         item = self._items.get(key)
         if item is None:
             return None
         if not 0 <= self._clock() - item[1] < self._retention:
-            self._drop(key)
+            self._items.pop(key)
             self._reported()
             return None
-        self._items.move_to_end(key)
+        self._items.touch(key)
         return item[0]
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         return [await self.get(key) for key in keys]
 
     async def put(self, key: str, value: bytes) -> None:
-        self._drop(key)
-        if _size(key, value) <= self._max_bytes:
-            self._items[key] = (value, self._clock())
-            self._bytes += _size(key, value)
-        while len(self._items) > self._max_entries or self._bytes > self._max_bytes:
-            self._drop(next(iter(self._items)))
+        self._items.put(key, (value, self._clock()))  # one larger than the byte bound alone is not kept
         self._reported()
 
     async def discard(self, key: str) -> None:
         if key in self._items:
-            self._drop(key)
+            self._items.pop(key)
             self._reported()
 
     async def expired(self, now: float | None = None) -> list[tuple[str, int]]:
         """None for gc: these entries live in one process's memory, and leave it with the process."""
         return []
 
-    def _drop(self, key: str) -> None:
-        item = self._items.pop(key, None)
-        if item is not None:
-            self._bytes -= _size(key, item[0])
-
     def _reported(self) -> None:
         if self._report is not None:
-            self._report(len(self._items), self._bytes)
+            self._report(len(self._items), self._items.weight)
 
 
-def _size(key: str, value: bytes) -> int:
-    return len(key.encode()) + len(value)
+def _size(key: str, item: tuple[bytes, float]) -> int:
+    """The bytes a remembered 404 holds: its key and its value."""
+    return len(key.encode()) + len(item[0])
 
 
 class NegativeBound(StoreWrapper):

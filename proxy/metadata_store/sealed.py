@@ -24,12 +24,12 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from proxy.domain.lru import Lru
 from proxy.metadata_store import MetadataStore, StoreWrapper
 from proxy.settings.config import ConfigError, Settings
 
@@ -40,7 +40,7 @@ _CONTEXT = b"registry-proxy metadata seal v1\x00"
 _MAC_HEX = 64
 MIN_SECRET_BYTES = 16
 SECRET_FILE = "metadata.secret"
-_REPORTED_KEYS = 10_000
+_REPORTED_KEYS = 10_000  # keys refused and logged, each logged once while remembered (the first reported go first)
 
 
 def _mac(secret: bytes, key: str, value: bytes) -> bytes:
@@ -73,11 +73,11 @@ class Seal:
         self._secret = secret
         self.store = store
         self._on_reject = on_reject
-        self._reported: OrderedDict[str, None] = OrderedDict()
+        self._reported: Lru[str, None] = Lru(_REPORTED_KEYS)  # a use: a key's first report (not a repeat)
 
     def close(self, key: str, value: bytes) -> bytes:
         """`value` sealed to be stored under `key` (the full name it is stored under, namespace included)."""
-        self._reported.pop(key, None)
+        self._reported.pop(key)
         return seal(self._secret, key, value)
 
     def open(self, key: str, stored: bytes | None) -> bytes | None:
@@ -87,8 +87,8 @@ class Seal:
         value, why = unseal(self._secret, key, stored)
         if value is None:
             self.refuse(key, why, "no_seal" if why.startswith("no seal") else "bad_seal")
-        elif key in self._reported:
-            del self._reported[key]
+        else:
+            self._reported.pop(key)
         return value
 
     def refuse(self, key: str, why: str, reason: str) -> None:
@@ -97,9 +97,7 @@ class Seal:
             self._on_reject(self.store, reason)
         if key in self._reported:
             return
-        self._reported[key] = None
-        while len(self._reported) > _REPORTED_KEYS:
-            self._reported.popitem(last=False)
+        self._reported.put(key, None)
         log.error(
             "security.metadata_poisoned",
             key=key,

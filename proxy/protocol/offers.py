@@ -10,11 +10,11 @@ however many made-up names arrive. Pure: no I/O here.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TypeVar
 
 from proxy.domain.addresses import Platform
+from proxy.domain.lru import Lru
 
 T = TypeVar("T")
 MAX_TRACKED = 10_000
@@ -27,9 +27,8 @@ class RecheckGate:
         self, interval: float, *, max_keys: int = MAX_TRACKED, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.interval = interval
-        self._max_keys = max_keys
         self._clock = clock
-        self._last: OrderedDict[Hashable, float] = OrderedDict()
+        self._last: Lru[Hashable, float] = Lru(max_keys)  # a use: a recheck allowed (not one refused)
 
     def allow(self, key: Hashable) -> bool:
         """True (and remembered) if `key` was not rechecked within the interval."""
@@ -37,10 +36,7 @@ class RecheckGate:
         last = self._last.get(key)
         if last is not None and 0 <= now - last < self.interval:
             return False
-        self._last[key] = now
-        self._last.move_to_end(key)
-        while len(self._last) > self._max_keys:
-            self._last.popitem(last=False)
+        self._last.put(key, now)
         return True
 
 

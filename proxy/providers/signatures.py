@@ -117,10 +117,15 @@ class Keyring:
         return SignatureResult(key_id=verified.key_id or primary[-16:], fingerprint=primary)
 
     def _verify(self, data: bytes, signature: bytes) -> gnupg.Verify:
-        with tempfile.NamedTemporaryFile(dir=self._home, prefix="sig-", suffix=".sig") as sig_file:
-            sig_file.write(signature)
-            sig_file.flush()
+        """`signature` goes through a file of its own (gpg reads the data from stdin), removed whatever happens:
+        a `NamedTemporaryFile` whose closing flush fails (a full disk) is left to the garbage collector."""
+        descriptor, path = tempfile.mkstemp(dir=self._home, prefix="sig-", suffix=".sig")
+        try:
+            with open(descriptor, "wb") as sig_file:
+                sig_file.write(signature)
             started = time.monotonic()
-            verified = self._gpg.verify_data(sig_file.name, data)
+            verified = self._gpg.verify_data(path, data)
             log.debug("gpg.verified", seconds=round(time.monotonic() - started, 4), status=verified.status)
             return verified
+        finally:
+            os.unlink(path)

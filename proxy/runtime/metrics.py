@@ -252,9 +252,10 @@ class Metrics:
             registry=self.registry,
         )
 
-    def count_request(self, route: str, status: int, seconds: float) -> None:
-        """One request served: its count by route and status, its duration by route (runs per request: tallied,
-        and folded into the series later)."""
+    def count_request(self, route: str, status: int, seconds: float, cache: str | None = None) -> None:
+        """One request served: its count by route and status, its duration by route, and the metadata cache outcome
+        `cache` it stands for when given (see `count_cache`; runs per request: tallied, and folded into the series
+        later)."""
         series = self._request_series.get((route, status))
         if series is None:
             series = self._request_series[route, status] = (
@@ -268,7 +269,9 @@ class Metrics:
             timed = self._timed[series[1]] = [0.0] * (len(DURATION_BUCKETS) + 2)  # the sum, the buckets, +Inf
         timed[0] += seconds
         timed[1 + bisect_left(DURATION_BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds
-        if self._fold_timer is None:
+        if cache is not None:
+            self.count_cache(cache)
+        elif self._fold_timer is None:
             self._fold_later()
 
     def count_cache(self, outcome: str) -> None:

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Hashable, Mapping
-from typing import TypeVar
 
 import structlog
 from blake3 import blake3
 
+from proxy.domain.lru import Lru
 from proxy.errors import StoreCorruptionError
 from proxy.runtime.coalescing import SingleFlight
 from proxy.runtime.metrics import Metrics
@@ -41,8 +40,7 @@ from proxy.storage.interface import ArchiveStore, ObjectReader
 from proxy.storage.objects import StoredArchive
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
-FOUND_INTACT = 100_000  # copies remembered as found intact, and contents' fingerprints (the oldest go first)
+FOUND_INTACT = 100_000  # copies remembered as found intact, and contents' fingerprints (least recently remembered out)
 
 
 class ArchiveGuard:
@@ -52,8 +50,8 @@ class ArchiveGuard:
         self.store = store
         self._metrics = metrics
         self._checks = SingleFlight()
-        self._intact: OrderedDict[str, Hashable] = OrderedDict()
-        self._fingerprints: OrderedDict[str, bytes] = OrderedDict()
+        self._intact: Lru[str, Hashable] = Lru(FOUND_INTACT)  # a use: found intact (not a lookup)
+        self._fingerprints: Lru[str, bytes] = Lru(FOUND_INTACT)
 
     async def lookup(self, sha256: str, expected_size: int) -> StoredArchive | None:
         """The stored copy if its size is the recorded one; a wrong size is quarantined (None)."""
@@ -154,9 +152,9 @@ class ArchiveGuard:
     def remember_intact(self, stored: StoredArchive, fingerprint: bytes | None = None) -> None:
         """Note that this very copy was hashed whole and found intact (a range of it needs no hash first),
         and with `fingerprint` the BLAKE3 of the content that matched its SHA-256."""
-        _remember(self._intact, stored.sha256, stored.version)
+        self._intact.put(stored.sha256, stored.version)
         if fingerprint is not None:
-            _remember(self._fingerprints, stored.sha256, fingerprint)
+            self._fingerprints.put(stored.sha256, fingerprint)
 
     def body_check(self, sha256: str) -> BodyCheck:
         """What a whole body of `sha256` is checked with: its fingerprint once known (even if only while the
@@ -247,13 +245,6 @@ class BodyCheck:
 
     def fingerprint(self) -> bytes:
         return self._blake3.digest()
-
-
-def _remember(memo: OrderedDict[str, T], key: str, value: T) -> None:
-    memo[key] = value
-    memo.move_to_end(key)
-    while len(memo) > FOUND_INTACT:
-        memo.popitem(last=False)
 
 
 def _corrupt(stored: StoredArchive) -> StoreCorruptionError:

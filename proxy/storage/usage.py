@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
+from proxy.domain.lru import Lru
 from proxy.storage.interface import ServedTimes
 
 WRITE_EVERY = 60.0
@@ -39,7 +40,7 @@ class ArchiveUsage:
         self._every = min(every, grace / 2)
         self._clock = clock
         self._pins: Counter[str] = Counter()
-        self._written: OrderedDict[str, float] = OrderedDict()
+        self._written: Lru[str, float] = Lru(REMEMBERED)  # a use: every serve noted, written or not
 
     @contextlib.asynccontextmanager
     async def serving(self, sha256: str) -> AsyncIterator[None]:
@@ -65,12 +66,9 @@ class ArchiveUsage:
         now = self._clock()
         last = self._written.get(sha256)
         if last is not None and 0 <= now - last < self._every:
-            self._written.move_to_end(sha256)
+            self._written.touch(sha256)
             return
-        self._written[sha256] = now
-        self._written.move_to_end(sha256)
-        while len(self._written) > REMEMBERED:
-            self._written.popitem(last=False)
+        self._written.put(sha256, now)
         await self._times.note_served({sha256: now})
 
     async def last_served(self, sha256s: list[str]) -> dict[str, float]:
@@ -80,4 +78,4 @@ class ArchiveUsage:
 
     def forget(self, sha256: str) -> None:
         """An archive removed from the store: its next serve is written at once."""
-        self._written.pop(sha256, None)
+        self._written.pop(sha256)

@@ -200,7 +200,8 @@ class UpstreamClient:
         """Open `count` more connections to `url`'s host into the pool, for the requests that follow: requests
         that then go out together find a connection each instead of each waiting for its own TCP and TLS
         handshakes. No request is sent (`BaseConnector.connect` with a request that is never sent; the connector
-        applies the SSRF guard's resolver as for any request). Not through an egress proxy (the connections
+        applies the SSRF guard's resolver as for any request; aiohttp has no public way, and
+        tests/unit/test_library_internals.py checks the one used). Not through an egress proxy (the connections
         would bypass it). Nothing of it fails anything: errors are dropped."""
         if uses_egress_proxy(url):
             return

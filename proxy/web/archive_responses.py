@@ -2,13 +2,13 @@
 
 Both modes answer conditionals and ranges alike (`proxy.protocol.http_ranges.evaluate`, ETag = SHA-256).
 Over TLS there is no kernel TLS on these hosts, so bytes go through user space anyway; over
-plain HTTP they do too, so that they are checked (no `sendfile`): a loop reads 256 KiB chunks
+plain HTTP they do too, so that they are checked (no `sendfile`): a loop reads 112 KiB chunks
 (`proxy.storage.ArchiveReader`, straight from the page cache in the event loop when its pages
 are there, into one buffer per response, reused once no view of the last chunk is alive) and
-writes each with `write_paced` (64 KiB slices, waiting for the client in between); the loop
-is about ten times faster than aiohttp's sendfile emulation
+writes each with `write_paced` (one slice of seven TLS records, waiting for the client between
+chunks); the loop is about ten times faster than aiohttp's sendfile emulation
 (docs/performance.md#serving-archives-over-tls). A client that stops reading pins about
-0.55 MiB of the proxy's memory: its TLS state, one chunk and the slices in the write buffers,
+0.5 MiB of the proxy's memory: its TLS state, one chunk and the slice in the write buffers,
 no read-ahead (measured by bench/connections.py).
 
 No stored archive goes out whole unless it matched its SHA-256 while it was sent
@@ -49,9 +49,9 @@ from proxy.protocol.http_ranges import evaluate
 from proxy.services.relay import UpstreamRelay
 from proxy.storage import ArchiveGuard, ArchiveReader, StoredArchive
 from proxy.web.app_keys import ARCHIVE_USAGE, GUARD, METRICS, SETTINGS
-from proxy.web.server import write_paced
+from proxy.web.server import WRITE_SLICE, write_paced
 
-CHUNK = 1 << 18
+CHUNK = WRITE_SLICE  # read, hashed and written at a time (224 KiB chunks: the same CPU, more held per stalled client)
 Found = tuple[StoredArchive | UpstreamRelay, str, str]  # the file (or a relay), its download name, its content type
 log = structlog.get_logger(__name__)
 

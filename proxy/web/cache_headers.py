@@ -7,7 +7,10 @@ Applied to the answers of `METADATA_ROUTES` only, errors included; archives set 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aiohttp import web
+from aiohttp.hdrs import AUTHORIZATION
 
 from proxy.governance.gatekeeper import Gatekeeper
 from proxy.identity.tokens import GRANT_PARAM, Client
@@ -29,13 +32,18 @@ METADATA_ROUTES = frozenset(
 def client_dependent(request: web.BaseRequest, client: Client | None, gate: Gatekeeper | None) -> bool:
     """Whether the answer may differ by client: a token or a grant was shown (`client`: who showed it), or a policy
     judges the client (`gate`: the gatekeeper when a policy is in force, `proxy.web.policy_checks.app_gatekeeper`)."""
-    return client is not None or gate is not None or "Authorization" in request.headers or GRANT_PARAM in request.query
+    return shown_client(request.headers, client, gate) or GRANT_PARAM in request.query
+
+
+def shown_client(headers: Mapping[str, str], client: Client | None, gate: Gatekeeper | None) -> bool:
+    """`client_dependent` for a request without a query (no grant in it): a token shown, or a policy judging."""
+    return client is not None or gate is not None or AUTHORIZATION in headers
 
 
 _last_windows: tuple[Settings, StaleWindows] | None = None
 
 
-def _windows(settings: Settings) -> StaleWindows:
+def stale_windows(settings: Settings) -> StaleWindows:
     """The stale windows of `settings` (frozen: made once per settings object, not per request)."""
     global _last_windows
     last = _last_windows
@@ -73,4 +81,4 @@ def metadata_cache_control(
     fresh_for: float | None,
 ) -> str:
     """The `Cache-Control` of a metadata answer with `status` to `request` (the rest as `add_cache_headers`)."""
-    return cache_control(status, fresh_for, client_dependent(request, client, gate), _windows(settings))
+    return cache_control(status, fresh_for, client_dependent(request, client, gate), stale_windows(settings))

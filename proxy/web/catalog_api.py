@@ -12,6 +12,7 @@ from proxy.errors import AdminScopeError, ProxyError, StoreUnavailableError
 from proxy.governance.catalog import Catalog, PurgeTarget, parse_limit
 from proxy.web.access import CLIENT, readable
 from proxy.web.app_keys import CATALOG
+from proxy.web.responses import json_response
 
 log = structlog.get_logger(__name__)
 NO_STORE = {"Cache-Control": "no-store"}
@@ -29,7 +30,7 @@ async def catalog_page(request: web.Request) -> web.Response:
         raise
     except Exception as exc:
         raise StoreUnavailableError(f"the catalog could not be read: {str(exc) or type(exc).__name__}") from exc
-    return web.json_response(page.document(), headers=NO_STORE)
+    return json_response(page.document(), headers=NO_STORE)
 
 
 async def purge(request: web.Request) -> web.Response:
@@ -41,7 +42,7 @@ async def purge(request: web.Request) -> web.Response:
             "(without client tokens: `registry-proxy purge`)"
         )
     report = await request.app[CATALOG].purge(target, who=f"token:{client.name}")  # static tokens only purge
-    return web.json_response(report.document(), headers=NO_STORE)
+    return json_response(report.document(), headers=NO_STORE)
 
 
 def add_routes(app: web.Application) -> None:

@@ -189,16 +189,18 @@ def record_request(
     status: int,
     sent: int,
     started: float,
+    cache: str | None = None,
     **extra,
 ) -> None:
-    """The request metrics, and its access-log line if `--access-log` wants it."""
+    """The request metrics, and its access-log line if `--access-log` wants it; `cache`: the cache outcome the answer
+    stands for when the request's state did not note it (`proxy.web.front_door`: a warm answer reused is a hit)."""
     duration = time.perf_counter() - started
-    app[METRICS].count_request(route, status, duration)
+    app[METRICS].count_request(route, status, duration, cache)
     mode = settings.logging.access_log if settings is not None else "all"
     if route in HEALTH_ROUTES:
         log.debug(event, method=request.method, path=request.path, status=status, remote=request.remote)
     elif mode == "all" or (mode == "errors" and (status >= 400 or duration >= SLOW_REQUEST)):
-        cache = request_cache_status()
+        cache = cache or request_cache_status()
         user_agent = request.headers.get("User-Agent", "")
         if client is None and not extra:  # the usual line, formatted directly
             request_line(
@@ -207,7 +209,7 @@ def record_request(
                 request.path,
                 status,
                 sent,
-                round(duration * 1000, 2),
+                int(duration * 100_000 + 0.5) / 100,  # milliseconds, two decimals (as `round`, without its cost)
                 cache,
                 request.remote,
                 user_agent,

@@ -47,7 +47,7 @@ async def json_document(request: web.Request) -> web.Response:
         _addr(request)  # a malformed address is a 400 first
         raise DocumentNotFoundError(f"no such document {name!r}: expected index.json or VERSION.json")
     app = request.app
-    reuse = _reuse(app, request, name, request.get(CLIENT), app_gatekeeper(app))
+    reuse = reuse_of(app, request, name, request.get(CLIENT), app_gatekeeper(app))
     if (kept := reused(app, reuse)) is not None:
         rendered, fresh_for = kept
         note_fresh_for(fresh_for)
@@ -73,7 +73,7 @@ class Reuse(NamedTuple):
     stamp: int
 
 
-def _reuse(
+def reuse_of(
     app: web.Application, request: web.Request, name: str, token: Client | None, gate: Gatekeeper | None
 ) -> Reuse:
     """The reuse key and conditions of document `name` for this request of `app` from `token`'s holder (None:
@@ -93,20 +93,18 @@ def _reuse(
 def reused(app: web.Application, reuse: Reuse) -> tuple[Rendering, float] | None:
     """The answer kept for `reuse` and how long it stays fresh, counted as the cache hit it stands for; None when
     none may be reused now."""
-    if not reuse.reusable:
-        return None
-    kept = app[WARM_ANSWERS].get(reuse.key, reuse.policy, reuse.policy_now, reuse.stamp)
+    kept = warm_document(app, reuse)
     if kept is not None:
         app[MIRROR].count_reused()
     return kept
 
 
-def warm_document(
-    app: web.Application, request: web.Request, name: str, token: Client | None, gate: Gatekeeper | None
-) -> tuple[Rendering, float] | None:
-    """`reused` for the answer `json_document` would give this request (not yet routed) for document `name`, from
-    `token`'s holder (`request[CLIENT]`) under `gate` (`app_gatekeeper(app)`), or None."""
-    return reused(app, _reuse(app, request, name, token, gate))
+def warm_document(app: web.Application, reuse: Reuse) -> tuple[Rendering, float] | None:
+    """The answer kept for `reuse` (`reuse_of` the request) and how long it stays fresh, not counted (the caller
+    counts the cache hit it stands for: `proxy.web.middlewares.record_request`); None when none may be reused now."""
+    if not reuse.reusable:
+        return None
+    return app[WARM_ANSWERS].get(reuse.key, reuse.policy, reuse.policy_now, reuse.stamp)
 
 
 async def _render(

@@ -22,7 +22,7 @@ else is set up (`proxy.web.listener`): a port in use is one line and exit 2, not
 - `--send-timeout`: the longest time the connection may stay write-blocked (its send buffer
   above the high-water mark) without the client taking more; then it is aborted, which
   fails the handler's next write so it unwinds (files closed). Write buffers are kept small
-  (`WRITE_BUFFER_HIGH`); large bodies are written with `write_paced`.
+  (`WRITE_BUFFER_HIGH`); large bodies are written with `write_paced`, in slices of `WRITE_SLICE`.
 - Protocol errors (oversized request line or header, bad method, bad version) get a JSON
   `{"errors": [...]}` body with 414/431/400 instead of aiohttp's plain text.
 
@@ -72,6 +72,11 @@ from proxy.web.responses import error_response
 log = structlog.get_logger("proxy.server")
 
 WRITE_BUFFER_HIGH = 64 * 1024  # bytes queued per connection before writers wait (asyncio: 512 KiB for TLS)
+# `write_paced`'s slices: seven whole TLS records, which the SSL protocol reads out of OpenSSL's memory BIO as one
+# `bytes` of 114,842 bytes, under glibc's mmap threshold pinned at 128 KiB (`proxy.web.allocator`), so from the
+# heap, not a new mapping. Each slice is one SSL write, one BIO read and one send: 112 KiB slices took 5-10 % less
+# CPU per GiB than 64 KiB ones (docs/performance.md#slices-of-seven-tls-records-issue-23-item-4).
+WRITE_SLICE = 7 * 16 * 1024
 MAX_REQUEST_LINE = 8192  # method, target and version (414 beyond)
 MAX_HEADER_LINE = 8190  # one header field (431 beyond; aiohttp's default); must differ from MAX_REQUEST_LINE
 MAX_HEADERS = 128  # header fields per request (431 beyond)
@@ -185,11 +190,10 @@ class LimitedConnection(asyncio.BufferedProtocol):
             self._header_timer.cancel()
             self._header_timer = None
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        """Where the transport puts what arrives: the process's one buffer, large enough for all that is pending,
-        handed on in `buffer_updated` before any other connection reads (asyncio and uvloop call the two back to
-        back)."""
-        return SharedReadBuffer.get(sizehint)
+    # Where the transport puts what arrives (`get_buffer(sizehint)`): the process's one buffer, large enough for all
+    # that is pending, handed on in `buffer_updated` before any other connection reads (asyncio and uvloop call the
+    # two back to back). The buffer's own function: no call of this protocol's in between, per read.
+    get_buffer = staticmethod(SharedReadBuffer.get)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._handler is not None:
@@ -283,12 +287,12 @@ def _host(peer: object) -> str | None:
 
 
 async def write_paced(response: web.StreamResponse, data: bytes) -> None:
-    """Write `data` in slices no larger than the write buffer's high-water mark, waiting for the
-    client between slices: a client that stops reading then pins at most about two slices of
-    this connection's memory instead of a whole chunk several times over (TLS copies it)."""
+    """Write `data` in slices of `WRITE_SLICE`, waiting for the client between slices (once the
+    write buffer is above its high-water mark): a client that stops reading then pins about one
+    slice of this connection's memory instead of a whole chunk several times over (TLS copies it)."""
     view = memoryview(data)
-    for offset in range(0, len(view), WRITE_BUFFER_HIGH):
-        await response.write(view[offset : offset + WRITE_BUFFER_HIGH])
+    for offset in range(0, len(view), WRITE_SLICE):
+        await response.write(view[offset : offset + WRITE_SLICE])
 
 
 # ---- running ------------------------------------------------------------------------------

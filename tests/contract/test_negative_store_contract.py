@@ -117,6 +117,21 @@ async def test_entries_older_than_the_retention_are_dropped(make_negatives):
     assert reports[-1][0] == 1
 
 
+async def test_in_memory_a_read_within_the_retention_is_a_use_and_a_stale_one_is_not():
+    clock = Clock()
+    negatives = MemoryNegatives(2, 1 << 20, 60, clock=clock)
+    await negatives.put("old", b"v")
+    await negatives.put("stale", b"v")
+    clock.now += 30
+    await negatives.put("new", b"v")  # "old" goes: 2 entries at most
+    clock.now += 31
+    assert await negatives.get("stale") is None  # past the retention: dropped, not used
+    await negatives.put("newer", b"v")
+    assert await negatives.get("new") == b"v"  # a use: "newer" is now the least recently used
+    await negatives.put("newest", b"v")
+    assert [await negatives.get(key) for key in ("old", "new", "newer", "newest")] == [None, b"v", None, b"v"]
+
+
 def refused_into(refused: list[tuple[str, str]]):
     """A `refuse` callback of NegativeBound that notes (key, reason)."""
     return lambda key, why, reason: refused.append((key, reason))

@@ -182,7 +182,7 @@ async def test_clients_that_stop_reading_are_dropped_after_send_timeout_with_bou
     assert await _until(all_dropped, 30, interval=0.1), "a client that stopped reading was never dropped"
     assert all(c.received < len(big_release.zips["linux_amd64"]) for c in clients)
     # Before the fix each stalled reader pinned ~4 MiB (a 1 MiB chunk in the TLS and socket
-    # buffers twice over); now about 1 MiB (its TLS buffers, one 256 KiB chunk, 64 KiB slices).
+    # buffers twice over); now about 0.5 MiB (its TLS buffers, one 112 KiB chunk written as one slice).
     assert peak - before < readers * 1.5, f"RSS grew {peak - before:.1f} MiB for {readers} stalled readers"
     assert open_handles >= 1  # the archive was being served from the store...
     assert await _until(lambda: not _archive_handles(proc.process.pid), 10), "archive file handles leaked"

@@ -21,6 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from proxy.providers.signatures import Keyring
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import wait_for
 from tests.fakes.registry import ModuleRelease
@@ -35,7 +36,11 @@ FOO = f"{MIRROR}/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.
 MODULES = "/registry/registry.example.test/modules/v1/acme"
 PROVIDERS = "/registry/registry.example.test/providers/v1/acme"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT)
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT),
+    # A file object the proxy left to the garbage collector would be closed late, reported only as this warning.
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
 
 
 @pytest.fixture
@@ -211,6 +216,19 @@ async def test_enospc_while_downloading_and_failed_metadata_writes(
     status, _, data = await client.get(BIG)
     assert status == 200 and hashlib.sha256(data).hexdigest() == big.sha256("linux_amd64")
     assert stored(small_disk) == {big.sha256("linux_amd64")}
+
+
+def test_a_signature_that_cannot_be_written_leaves_no_file_behind(small_disk, signing_key):
+    keyring = Keyring(small_disk / "gnupg")
+    try:
+        keyring.import_keys([signing_key.armored_public_key])
+        fill(small_disk, leave=0)
+        with pytest.raises(OSError) as raised:
+            keyring.verify_detached(b"data", signing_key.sign(b"data"), [signing_key.armored_public_key])
+        assert raised.value.errno == errno.ENOSPC
+        assert list((small_disk / "gnupg").glob("sig-*")) == []  # removed now, not by the garbage collector
+    finally:
+        keyring.close()
 
 
 async def test_a_client_following_a_cold_download_gets_it_whole_when_the_disk_fills(

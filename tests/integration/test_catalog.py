@@ -6,7 +6,9 @@ request fetch from the upstream again."""
 from __future__ import annotations
 
 import hashlib
+import json
 
+import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
@@ -62,13 +64,22 @@ async def fetch(proxy, namespace: str, version: str, token: str = ADMIN) -> int:
 
 async def catalog(proxy, token: str, query: str = "") -> tuple[int, dict]:
     async with proxy.session.get(proxy.url + "/api/v1/catalog" + query, headers=auth(token)) as response:
-        return response.status, await response.json(content_type=None)
+        return response.status, await answered_json(response)
 
 
 async def delete(proxy, target: str, token: str | None = ADMIN) -> tuple[int, dict]:
     headers = auth(token) if token else {}
     async with proxy.session.delete(proxy.url + "/api/v1/catalog/" + target, headers=headers) as response:
-        return response.status, await response.json(content_type=None)
+        return response.status, await answered_json(response)
+
+
+async def answered_json(response: aiohttp.ClientResponse) -> dict:
+    """The body of an answer of the catalog API, which is sent as every JSON answer of the proxy is: exactly
+    `application/json`, compact."""
+    assert response.headers["Content-Type"] == "application/json"
+    body = await response.read()
+    assert body == json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False).encode()
+    return json.loads(body)
 
 
 async def test_the_catalog_lists_what_the_token_may_read_a_page_at_a_time(catalog_settings, client_ssl, shared):

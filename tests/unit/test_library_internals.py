@@ -1,6 +1,7 @@
-"""What proxy/web/aiohttp_internals.py, proxy/runtime/client_reads.py and proxy/web/gunicorn_internals.py rely
-on still holds in the installed aiohttp, aiobotocore and gunicorn (pinned in constraints.txt). A failure here names
-what a new release changed: review that module before upgrading."""
+"""What proxy/web/aiohttp_internals.py, proxy/runtime/client_reads.py, proxy/web/gunicorn_internals.py and
+`UpstreamClient.open_spares` (proxy/upstream/client.py) rely on still holds in the installed aiohttp, aiobotocore and
+gunicorn (pinned in constraints.txt). A failure here names what a new release changed: review that module before
+upgrading."""
 
 from __future__ import annotations
 
@@ -23,10 +24,15 @@ from aiohttp.web_protocol import RequestHandler
 from gunicorn.arbiter import Arbiter
 from gunicorn.config import Config
 from gunicorn.sock import TCPSocket
+from structlog.testing import capture_logs
+from yarl import URL
 
 from proxy.runtime import client_reads
 from proxy.runtime.client_reads import SharedBufferReads, read_into_shared_buffer
+from proxy.settings.config import Limits
 from proxy.storage.s3 import SharedBufferSession
+from proxy.upstream.client import UpstreamClient, create_ssl_context
+from proxy.upstream.netguard import AddressPolicy
 from proxy.web import aiohttp_internals, gunicorn_internals
 from proxy.web.aiohttp_internals import describe_parse_error, new_request_handler
 from proxy.web.eventloop import new_event_loop
@@ -34,6 +40,7 @@ from proxy.web.eventloop import new_event_loop
 AIOHTTP = f"aiohttp {version('aiohttp')} changed what proxy/web/aiohttp_internals.py relies on"
 GUNICORN = f"gunicorn {version('gunicorn')} changed what proxy/web/gunicorn_internals.py relies on"
 CLIENT = f"aiohttp {version('aiohttp')} changed what proxy/runtime/client_reads.py relies on"
+SPARES = f"aiohttp {version('aiohttp')} changed what proxy/upstream/client.py's UpstreamClient.open_spares relies on"
 BOTOCORE = f"aiobotocore {version('aiobotocore')} changed what proxy/storage/s3.py's SharedBufferSession relies on"
 MAX_LINE, MAX_FIELD, MAX_HEADERS = 200, 100, 8
 REPO = Path(__file__).resolve().parents[2]
@@ -264,6 +271,45 @@ def test_client_connections_read_every_byte_through_the_shared_buffer(loop, serv
     for protocol, received in answers:
         assert isinstance(protocol, SharedBufferReads), f"{CLIENT}: {type(protocol).__name__} reads the connection"
         assert received == body
+
+
+def test_a_connection_is_asked_of_the_connector_with_a_request_built_by_hand():
+    connect = list(inspect.signature(aiohttp.BaseConnector.connect).parameters)
+    assert connect == ["self", "req", "traces", "timeout"], f"{SPARES}: BaseConnector.connect's parameters"
+    request = inspect.signature(aiohttp.ClientRequest.__init__).parameters
+    assert "loop" in request and request["loop"].kind is inspect.Parameter.KEYWORD_ONLY, f"{SPARES}: ClientRequest"
+    assert callable(getattr(aiohttp.connector.Connection, "release", None)), f"{SPARES}: Connection.release"
+
+
+async def test_spare_connections_serve_the_requests_that_follow_together(upstream_ssl, ca_file):
+    """The spares (a connection asked of the session's connector for a request never sent, released into the
+    pool) are taken by the next requests to the host, one each, and the server never sees a request of theirs."""
+    requests: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        requests.append(request.method)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=upstream_ssl)
+    await site.start()
+    url = URL(f"https://127.0.0.1:{runner.addresses[0][1]}/")
+    upstream = UpstreamClient.create(AddressPolicy(frozenset({"127.0.0.1"})), Limits(), create_ssl_context(ca_file))
+    try:
+        with capture_logs() as spares:
+            await upstream.open_spares(url, 2)
+        with capture_logs() as gets:
+            await asyncio.gather(*(upstream.get(url, max_bytes=100) for _ in range(2)))
+    finally:
+        await upstream.close()
+        await runner.cleanup()
+    assert [entry["event"] for entry in spares] == ["upstream.spare_opened"] * 2, f"{SPARES}: {spares}"
+    events = [entry["event"] for entry in gets]
+    assert events.count("upstream.connection_reused") == 2 and "upstream.connected" not in events, f"{SPARES}"
+    assert requests == ["GET", "GET"]
 
 
 def test_aiobotocores_session_builds_its_connector_in_create_connector():

@@ -40,6 +40,19 @@ def test_tallied_requests_fold_into_exactly_what_observing_each_gives():
         assert samples(tallied.exposition(), prefix) == samples(expected, prefix)
 
 
+def test_a_request_counted_with_its_cache_outcome_counts_it_as_count_cache_does():
+    together, apart = Metrics(), Metrics()
+    for outcome in ("hit", "hit", "stale"):
+        together.count_request("mirror_json", 200, 0.002, outcome)  # no event loop: folded at once
+        apart.count_request("mirror_json", 200, 0.002)
+        apart.count_cache(outcome)
+    together.count_request("mirror_json", 404, 0.002)  # no outcome: none counted
+    apart.count_request("mirror_json", 404, 0.002)
+    for prefix in ("registry_proxy_requests_total{", "registry_proxy_cache_total{"):
+        assert samples(together.exposition(), prefix) == samples(apart.exposition(), prefix)
+    assert together.registry.get_sample_value("registry_proxy_cache_total", {"outcome": "hit"}) == 2
+
+
 async def test_on_the_event_loop_the_tallies_fold_within_a_second_or_when_reported(monkeypatch):
     monkeypatch.setattr(metrics, "FOLD_EVERY", 0.05)
     counted = Metrics()
@@ -114,6 +127,25 @@ def test_a_request_line_formatted_directly_is_the_line_the_json_encoder_writes(m
         timestamp = json.loads(encoded)["timestamp"]
         assert json.loads(direct) | {"timestamp": timestamp} == json.loads(encoded)
         assert direct.rsplit('"timestamp"', 1)[0] == encoded.rsplit('"timestamp"', 1)[0]  # byte for byte
+
+
+def test_the_texts_request_lines_repeat_are_escaped_once_and_the_memo_stays_bounded(monkeypatch):
+    stream = io.StringIO()
+    lines = log.AccessLines(stream, after=3600, limit=0)  # written at once
+    monkeypatch.setattr(log, "_access_lines", lines)
+    monkeypatch.setattr(log, "_access_writer", log._json_lines(lines))
+    monkeypatch.setattr(log, "JSON_STRINGS", 8)
+    monkeypatch.setattr(log, "_json_strings", {None: "null"})
+    written = []
+    for n in range(6):  # each line brings new texts: the memo is emptied when it would hold more than 8
+        agent = f'agent "{n % 3}"\n'
+        log.request_line("request", "GET", f"/p/{n}", 200, 1, 0.5, "hit", None, agent, "id", 7)
+        assert len(log._json_strings) <= 8
+        written.append(json.loads(stream.getvalue().splitlines()[-1]))
+    assert [(line["path"], line["user_agent"], line["remote"]) for line in written] == [
+        (f"/p/{n}", f'agent "{n % 3}"\n', None) for n in range(6)
+    ]
+    assert log._json_strings['agent "2"\n'] == json.dumps('agent "2"\n')
 
 
 def test_log_lines_carry_the_request_id_bound_for_the_request():

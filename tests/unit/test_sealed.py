@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from proxy.cli import build_parser, settings_from_args
-from proxy.metadata_store import encode_record
+from proxy.metadata_store import encode_record, sealed
 from proxy.metadata_store.embedded import EmbeddedStore
 from proxy.metadata_store.sealed import Seal, SealedStore, metadata_secret, seal, unseal
 from proxy.settings.config import ConfigError, Settings
@@ -69,6 +69,17 @@ async def test_sealed_store_reports_a_poisoned_key_once_and_counts_every_refusal
         assert await store.get(KEY) is None
     assert [e["reason"][:8] for e in logs if e["event"] == "security.metadata_poisoned"] == ["bad seal"]
     await store.close()
+
+
+def test_the_keys_reported_are_bounded_and_a_repeated_report_is_not_a_use(monkeypatch):
+    monkeypatch.setattr(sealed, "_REPORTED_KEYS", 2)
+    refused: list[str] = []
+    store_seal = Seal(SECRET, store="embedded", on_reject=lambda _store, reason: refused.append(reason))
+    with capture_logs() as logs:
+        for key in ("a", "b", "a", "c", "a", "b"):  # "a" again is no use: "c" pushes "a" out, "a" pushes "b" out
+            store_seal.refuse(key, "bad seal", "bad_seal")
+    assert [e["key"] for e in logs if e["event"] == "security.metadata_poisoned"] == ["a", "b", "c", "a", "b"]
+    assert len(refused) == 6  # every refusal counted
 
 
 def test_embedded_secret_is_made_once_private_and_reused(tmp_path):
