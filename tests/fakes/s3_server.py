@@ -175,8 +175,8 @@ test_store.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 def sessions_sharing_one_loader() -> Callable[[], Any]:
     """A stand-in for aiobotocore's `get_session`: a new session each time, as the S3 store asks for, all
     reading botocore's data files (the S3 service model, endpoints) through one loader, which keeps what it
-    read. A new session reads and parses them again: about 0.1 s of CPU per store opened, in hundreds of
-    openings a run. Credentials, configuration and clients stay the session's own."""
+    read. A new session reads and parses them again: about 0.1 s of CPU per store opened. Credentials,
+    configuration and clients stay the session's own."""
     from aiobotocore.session import get_session
 
     loader = get_session().get_component("data_loader")
