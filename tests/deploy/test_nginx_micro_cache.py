@@ -20,6 +20,9 @@ pytestmark = pytest.mark.process
 INDEX = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json"
 VERSION = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.0.0.json"
 TTL = 3  # --ttl-versions of these tests: nginx's max-age is what remains of it, in whole seconds
+# The warm list's: its max-age (4, a second less than what remains, rounded down) leaves a loaded machine the time
+# to ask twice within it; with 3 the max-age is 1 and the second answer can come after it.
+WARM_TTL = 6
 TOKEN_A, TOKEN_B = "rpt_front-client-a-0123456789abcdef", "rpt_front-client-b-0123456789abcdef"
 
 
@@ -70,21 +73,27 @@ async def until(setup: BehindNginx, path: str, done, timeout: float, **headers: 
 async def test_warm_metadata_is_answered_by_nginx_within_the_ttl_and_by_the_proxy_after_it(
     behind_nginx, registry, signing_key
 ) -> None:
-    setup = await behind_nginx("--ttl-versions", f"{TTL}s")
+    setup = await behind_nginx("--ttl-versions", f"{WARM_TTL}s")
+    asked = time.monotonic()
     first = await fetch(setup, INDEX)
     fetched = time.monotonic()  # the proxy fetched the list before it answered: its TTL runs out before this + TTL
     assert first.status == 200 and first.cache_status == "MISS"
     assert first.cache_control.startswith("public, max-age=")
-    assert 0 < int(first.cache_control.split("max-age=")[1].split(",")[0]) <= TTL
+    max_age = int(first.cache_control.split("max-age=")[1].split(",")[0])
+    assert 0 < max_age <= WARM_TTL
     assert "stale-while-revalidate=" in first.cache_control and "stale-if-error=" in first.cache_control
     second = await fetch(setup, INDEX)
-    assert (second.cache_status, second.body) == ("HIT", first.body)
-    assert await logged_by_proxy(setup, INDEX, 1) == 1
+    took = time.monotonic() - asked
+    # nginx keeps the list at least max-age seconds from when it got it: a hit, unless asking twice took that long
+    # (a loaded machine), when it may be the old list while nginx asks the proxy again.
+    expected = ("HIT",) if took < max_age else ("HIT", "STALE", "UPDATING")
+    assert second.cache_status in expected and second.body == first.body, (took, second)
+    assert await logged_by_proxy(setup, INDEX, 1) == 1 or second.cache_status != "HIT"
 
     registry.add(Release("acme", "foo", "1.2.0", signing_key))  # the upstream moves on
-    seen = await until(setup, INDEX, lambda a: "1.2.0" in a.body, timeout=TTL + 10)
+    seen = await until(setup, INDEX, lambda a: "1.2.0" in a.body, timeout=WARM_TTL + 10)
     for when, answer in seen:
-        if "1.2.0" not in answer.body and when - fetched >= TTL:
+        if "1.2.0" not in answer.body and when - fetched >= WARM_TTL:
             # The old list after the proxy's TTL only while nginx is asking the proxy again (stale-while-revalidate,
             # in the background): never as a cache hit.
             assert answer.cache_status in ("STALE", "UPDATING"), (when - fetched, answer)
