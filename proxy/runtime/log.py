@@ -11,7 +11,10 @@ chain (a third of the cost), and a request's line with the usual fields (`reques
 directly, at a fifth of the JSON encoder's cost; otherwise they go through structlog like every other line.
 The JSON lines are written together (`AccessLines`): one write for the lines of `ACCESS_FLUSH_AFTER` seconds
 or `ACCESS_BUFFER_BYTES`, and always before any other log line (the log keeps its order) and when the process
-ends (`flush_access_log`: the application's cleanup, and at exit): no line is lost on a stop.
+ends (`flush_access_log`: the application's cleanup, and at exit): no line is lost on a stop. Lines are logged
+from threads too (a SIGHUP's reload, `asyncio.to_thread`): each is written in one piece (`WriteLogger`: the line
+and its newline in one write), after the access-log lines gathered before it and under the same lock as the
+event loop's writes, so no line is torn by another or lost.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -41,7 +45,8 @@ ACCESS_BUFFER_BYTES = 64 * 1024  # access-log lines written at once when this mu
 
 class AccessLines:
     """Lines for `stream` written together: once `limit` characters have gathered, `after` seconds after the
-    first of them (on the running event loop; at once without one), and on `flush`."""
+    first of them (on the running event loop; at once without one), and on `flush`. Safe from any thread: they
+    are written under one lock (a line is added without it), and only the event loop's own calls touch its timer."""
 
     def __init__(self, stream: TextIO, *, after: float = ACCESS_FLUSH_AFTER, limit: int = ACCESS_BUFFER_BYTES) -> None:
         self.stream = stream
@@ -50,28 +55,41 @@ class AccessLines:
         self._lines: list[str] = []
         self._size = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._lock = threading.Lock()
 
     def add(self, line: str) -> None:
-        self._lines.append(line)
-        self._size += len(line)
+        self._lines.append(line)  # one step under the GIL: a write from another thread takes whole lines
+        self._size += len(line)  # (a count another thread resets may be off by a line: it only says when to write)
         if self._size >= self._limit:
-            self.flush()
+            self.write_before("")
         elif self._timer is None:
             try:
-                self._timer = asyncio.get_running_loop().call_later(self._after, self.flush)
-            except RuntimeError:  # no event loop: nothing would flush later
-                self.flush()
+                self._timer = asyncio.get_running_loop().call_later(self._after, self._on_timer)
+            except RuntimeError:  # no event loop: nothing would write them later
+                self.write_before("")
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.write_before("")
 
     def flush(self) -> None:
+        """Write the lines gathered (on the event loop's thread, or once it has stopped)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._lines:
-            text = "".join(self._lines)
-            self._lines.clear()
-            self._size = 0
-            self.stream.write(text)
-            self.stream.flush()
+        self.write_before("")
+
+    def write_before(self, text: str) -> None:
+        """Write the lines gathered, then `text` (from any thread; the timer, if any, finds nothing left)."""
+        with self._lock:
+            lines = self._lines
+            if count := len(lines):  # the lines gathered so far; one added meanwhile stays for the next write
+                text = "".join(lines[:count]) + text
+                del lines[:count]
+                self._size = 0
+            if text:
+                self.stream.write(text)
+                self.stream.flush()
 
 
 class _AfterAccessLines:
@@ -81,11 +99,11 @@ class _AfterAccessLines:
         self._lines = lines
 
     def write(self, text: str) -> int:
-        self._lines.flush()
-        return self._lines.stream.write(text)
+        self._lines.write_before(text)
+        return len(text)
 
     def flush(self) -> None:
-        self._lines.stream.flush()
+        pass  # every write is flushed
 
 
 _access_lines: AccessLines | None = None  # with JSON logging: the access-log lines not yet written
@@ -121,7 +139,7 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),  # a line in one write
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=stream)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
+import sys
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from proxy.runtime import log, metrics, request_state
@@ -99,6 +102,40 @@ async def test_access_lines_are_written_when_enough_gathered_before_other_lines_
     lines.add("d\n")
     lines.flush()  # at shutdown
     assert stream.getvalue().endswith("other\nd\n")
+
+
+class _Writes(io.StringIO):
+    """A non-terminal stderr that keeps each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+
+async def test_a_line_logged_from_a_thread_is_written_whole_after_the_access_lines_gathered_before_it(monkeypatch):
+    """A SIGHUP's reload logs from a thread while the event loop gathers access-log lines: its line goes out in
+    one write with them (a line written in two parts, the line then its newline, could have another write in
+    between and be torn: the log would lose it)."""
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    for name in ("_access_lines", "_access_writer"):
+        monkeypatch.setattr(log, name, None)
+    monkeypatch.setattr(logging, "basicConfig", lambda **_: None)  # stdlib logging as it is
+    saved = structlog.get_config()
+    try:
+        log.setup_logging("json", "info")
+        log.access("request", {"request_id": "r1"})  # gathered for a moment
+        await asyncio.to_thread(structlog.get_logger("test").info, "policy.reloaded", pid=1)
+        log.flush_access_log()
+    finally:
+        structlog.configure(**saved)
+    assert stderr.writes and all(text.endswith("\n") for text in stderr.writes), stderr.writes
+    events = [json.loads(line)["event"] for line in "".join(stderr.writes).splitlines()]
+    assert events == ["request", "policy.reloaded"]
 
 
 def test_a_request_line_formatted_directly_is_the_line_the_json_encoder_writes(monkeypatch):
