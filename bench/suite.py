@@ -81,6 +81,13 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
+def _nginx_row(metric: str, key: str, own: dict, nginx: dict, note: str = "") -> Row:
+    """A row of `own[key]` against nginx's `nginx[key]` (CPU s per GiB with two decimals, MiB/s with none)."""
+    shown = "{:.2f}" if key == "wrk8_cpu_s_per_gib" else "{:.0f}"
+    baseline = f"{shown.format(nginx[key])} (nginx)" if key in nginx else "-"
+    return Row(metric, shown.format(own[key]), baseline, _ratio(own[key], nginx.get(key)), note)
+
+
 def _main_tf(release: Release) -> str:
     source = f"{REGISTRY_HOST}/{release.namespace}/{release.type}"
     return (
@@ -724,21 +731,13 @@ class Suite:
         nginx, many, workers = result.get("nginx", {}), result["proxy_workers"], self.args.workers
         plain = result["ceiling_plain"]
         for key, metric in metrics:
-            shown = "{:.2f}" if key == "wrk8_cpu_s_per_gib" else "{:.0f}"
             for name, hashed in CEILINGS.items():
                 own = result[name]
                 note = f"proxy x{workers} / ceiling {_ratio(many[key], own[key])}"
                 if hashed:
                     note += f"; hashed / not hashed {_ratio(own[key], plain[key])}"
-                self.rows.append(
-                    Row(
-                        f"{metric}: ceiling x{workers}, file, {'hashed' if hashed else 'not hashed'}",
-                        shown.format(own[key]),
-                        f"{shown.format(nginx[key])} (nginx)" if key in nginx else "-",
-                        _ratio(own[key], nginx.get(key)),
-                        note,
-                    )
-                )
+                kind = "hashed" if hashed else "not hashed"
+                self.rows.append(_nginx_row(f"{metric}: ceiling x{workers}, file, {kind}", key, own, nginx, note))
 
     # ---- 6. archive stores and policy ------------------------------------------------------------
 
@@ -806,21 +805,12 @@ class Suite:
         for setup in result["setups"]:
             own = result[setup]
             for key, label in keys:
-                shown = "{:.2f}" if key == "wrk8_cpu_s_per_gib" else "{:.0f}"
                 note = ""
                 if key == "wrk8_cpu_s_per_gib":
                     note = "the proxy's processes only"
                     if moto is not None and _store_of(setup) == "s3":
                         note += f"; moto's CPU over all S3 rounds {moto:.1f} s"
-                self.rows.append(
-                    Row(
-                        f"archive, {setup} x{workers}: {label}",
-                        shown.format(own[key]),
-                        f"{shown.format(nginx[key])} (nginx)" if key in nginx else "-",
-                        _ratio(own[key], nginx.get(key)),
-                        note,
-                    )
-                )
+                self.rows.append(_nginx_row(f"archive, {setup} x{workers}: {label}", key, own, nginx, note))
             self.rows.append(
                 Row(
                     f"archive, {setup} x{workers}: peak RSS per worker",
