@@ -26,6 +26,7 @@ import signal
 import socket
 import ssl
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def _app(www: Path, archive: ArchiveServe | None) -> web.Application:
     return app
 
 
-def _streamer(file: Path, archive: ArchiveServe):
+def _streamer(file: Path, archive: ArchiveServe) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler streaming `file`: read into one reused buffer (a new one only while a view of it is alive),
     hashed, written; one `write` per chunk, which waits while the transport is above its high-water mark."""
 
