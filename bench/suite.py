@@ -38,12 +38,14 @@ from pathlib import Path
 import aiohttp
 
 from bench import load
-from bench.bare import LOOPS, BareAiohttp
+from bench.bare import LOOPS, ArchiveServe, BareAiohttp
 from bench.load import MIB, ProcessProbe, RssSampler
 from bench.nginx import NGINX, Nginx, nginx_version
 from bench.wan import Step, WanRun, connection_steps, process_cpu_seconds, proxy_steps, render, upstream_steps
 from bench.world import PLATFORM, World, archive_document, build_world, mirror_path, policy_text
 from proxy.settings.values import format_duration, parse_duration
+from proxy.web.archive_responses import CHUNK
+from proxy.web.server import WRITE_BUFFER_HIGH
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, TERRAFORM, ProxyProcess, Terraform
 from tests.fakes.redis_server import RedisServer
@@ -58,6 +60,7 @@ PHASES = ("cold", "archive", "stores", "fleet", "json", "init-big", "init-small"
 STORE_SETUPS = ("disk", "disk+policy", "s3", "s3+policy")  # benchmark 6: archive store, policy or none
 STORE_POLICY_RULES = 50  # the policy of benchmark 6: rules of every kind (`bench.world.policy_text`)
 ON_REQUEST = ("init-cold", "init-wan")  # only when asked for
+CEILINGS = {"ceiling_hashed": True, "ceiling_plain": False}  # benchmark 3's bare aiohttp file servers: BLAKE3 or not
 INIT_MODES = ("direct", "mirror", "host")  # straight from the upstream; through a network mirror; `host` block
 
 
@@ -76,6 +79,13 @@ def _ratio(value: float | None, base: float | None) -> str:
     if value is None or not base:
         return "-"
     return f"{value / base:.2f}x"
+
+
+def _nginx_row(metric: str, key: str, own: dict, nginx: dict, note: str = "") -> Row:
+    """A row of `own[key]` against nginx's `nginx[key]` (CPU s per GiB with two decimals, MiB/s with none)."""
+    shown = "{:.2f}" if key == "wrk8_cpu_s_per_gib" else "{:.0f}"
+    baseline = f"{shown.format(nginx[key])} (nginx)" if key in nginx else "-"
+    return Row(metric, shown.format(own[key]), baseline, _ratio(own[key], nginx.get(key)), note)
 
 
 def _main_tf(release: Release) -> str:
@@ -602,7 +612,39 @@ class Suite:
         return results
 
     async def warm_archive(self, proxies: dict[str, tuple[ProxyProcess, ProcessProbe]]) -> None:
-        """The proxy with 1 and with N workers, nginx, and the fake registry (aiohttp from memory)."""
+        """The proxy with 1 and with N workers, nginx, the fake registry (aiohttp from memory), and the ceiling
+        of a serve on the proxy's stack: bare aiohttp with N workers streaming the file, hashed and not."""
+        async with contextlib.AsyncExitStack() as stack:
+            await self._warm_archive(proxies, await self._start_ceilings(stack))
+
+    async def _start_ceilings(self, stack: contextlib.AsyncExitStack) -> dict[str, BareAiohttp]:
+        """Bare aiohttp with `--workers` N on uvloop (as the proxy's), streaming the big archive's file in the
+        proxy's chunks with its write-buffer limit, BLAKE3 on every chunk or none (`bench.bare`)."""
+        world, servers = self.world, {}
+        path = mirror_path(world.big, archive_document(world.big))
+        loop = "uvloop" if "uvloop" in LOOPS else "asyncio"
+        if loop != "uvloop":
+            self.note("uvloop is not installed: the archive ceiling runs on asyncio, the proxy's workers do not")
+        for name, hashed in CEILINGS.items():
+            archive = ArchiveServe(path, CHUNK, WRITE_BUFFER_HIGH, hashed=hashed)
+            bare = BareAiohttp(
+                self.root / name, world.cert_file, world.key_file, loop, self.args.workers, archive=archive
+            )
+            bare.put(path, world.big_zip)
+            await bare.start(world.ca_file)
+            stack.push_async_callback(bare.stop)
+            servers[name] = bare
+            download = await load.download_aiohttp(bare.url + path, world.client_ssl(), hash_body=True)
+            self.check(
+                f"{name}: the big archive, 200 and the right sha256",
+                download.status == 200 and download.sha256 == world.big.sha256(PLATFORM),
+                str(download.status),
+            )
+        return servers
+
+    async def _warm_archive(
+        self, proxies: dict[str, tuple[ProxyProcess, ProcessProbe]], ceilings: dict[str, BareAiohttp]
+    ) -> None:
         world = self.world
         client = "curl" if load.CURL else "aiohttp"
         self.progress(
@@ -613,6 +655,8 @@ class Suite:
         targets = {name: (proxy.url + path, proxy.ca_file, probe) for name, (proxy, probe) in proxies.items()}
         if self.nginx is not None:
             targets["nginx"] = (self.nginx.url + path, world.ca_file, ProcessProbe(self.nginx.process.pid, tree=True))
+        for name, bare in ceilings.items():
+            targets[name] = (bare.url + path, world.ca_file, ProcessProbe(bare.process.pid, tree=True))
         targets["fake_registry_aiohttp"] = (
             world.registry.url + world.registry.archive_path(world.big, PLATFORM),
             world.ca_file,
@@ -666,6 +710,10 @@ class Suite:
                     _ratio(many["wrk8_cpu_s_per_gib"], base),
                 )
             )
+        metrics = [(key, f"warm archive MiB/s, {label}") for key, label in labels]
+        if "wrk8_cpu_s_per_gib" in one:
+            metrics.append(("wrk8_cpu_s_per_gib", "warm archive: server CPU s per GiB (wrk -c8)"))
+        self._ceiling_rows(result, metrics)
         supervisor, *workers = many["peak_rss_mib_each"]
         self.rows.append(
             Row(
@@ -676,6 +724,20 @@ class Suite:
                 proxy_workers=f"{max(workers):.0f} MiB",
             )
         )
+
+    def _ceiling_rows(self, result: dict, metrics: list[tuple[str, str]]) -> None:
+        """The ceiling's rows: bare aiohttp xN streaming the file, hashed and not, against nginx; the note has the
+        proxy xN against the ceiling (and, hashed, what hashing costs the ceiling)."""
+        nginx, many, workers = result.get("nginx", {}), result["proxy_workers"], self.args.workers
+        plain = result["ceiling_plain"]
+        for key, metric in metrics:
+            for name, hashed in CEILINGS.items():
+                own = result[name]
+                note = f"proxy x{workers} / ceiling {_ratio(many[key], own[key])}"
+                if hashed:
+                    note += f"; hashed / not hashed {_ratio(own[key], plain[key])}"
+                kind = "hashed" if hashed else "not hashed"
+                self.rows.append(_nginx_row(f"{metric}: ceiling x{workers}, file, {kind}", key, own, nginx, note))
 
     # ---- 6. archive stores and policy ------------------------------------------------------------
 
@@ -743,21 +805,12 @@ class Suite:
         for setup in result["setups"]:
             own = result[setup]
             for key, label in keys:
-                shown = "{:.2f}" if key == "wrk8_cpu_s_per_gib" else "{:.0f}"
                 note = ""
                 if key == "wrk8_cpu_s_per_gib":
                     note = "the proxy's processes only"
                     if moto is not None and _store_of(setup) == "s3":
                         note += f"; moto's CPU over all S3 rounds {moto:.1f} s"
-                self.rows.append(
-                    Row(
-                        f"archive, {setup} x{workers}: {label}",
-                        shown.format(own[key]),
-                        f"{shown.format(nginx[key])} (nginx)" if key in nginx else "-",
-                        _ratio(own[key], nginx.get(key)),
-                        note,
-                    )
-                )
+                self.rows.append(_nginx_row(f"archive, {setup} x{workers}: {label}", key, own, nginx, note))
             self.rows.append(
                 Row(
                     f"archive, {setup} x{workers}: peak RSS per worker",
