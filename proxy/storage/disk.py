@@ -245,11 +245,15 @@ class DiskStore(Staged):
         return None  # clients reach archives on disk through the proxy only
 
 
+FAIR_SHARE = 1024 * 1024  # bytes one serve reads from the page cache before the event loop runs other work
+
+
 class FileReader:
     """A span of an open stored file, read one chunk at a time: straight from the page cache in the event
-    loop when the chunk is all there (`RWF_NOWAIT`), else in a worker thread. Either way the event loop
-    runs between chunks: a client fast enough never to pause its writer must not keep the others waiting,
-    and a connection lost in the meantime fails the next write.
+    loop when the chunk is all there (`RWF_NOWAIT`), else in a worker thread. The event loop runs at least
+    once per `FAIR_SHARE` bytes read: a client fast enough never to pause its writer must not keep the others
+    waiting, and a connection lost in the meantime fails a write soon after. Not after every chunk: a turn of
+    the loop per chunk (an `epoll_wait`, the whole stack of generators resumed) cost about 0.05 CPU s per GiB.
 
     Chunks are views of one buffer reused from chunk to chunk (`proxy.storage.read_buffer`): a chunk is
     read into it again only once no view of it is alive, so a caller that keeps a chunk keeps its bytes,
@@ -265,14 +269,16 @@ class FileReader:
     async def chunks(self, size: int) -> AsyncGenerator[memoryview, None]:
         fd, offset, end = self._handle.fileno(), self._start, self._start + self._length
         buffers = ReadBuffer(min(size, self._length))
+        unshared = 0  # bytes read in the event loop since it last ran anything else
         while offset < end:
             want = min(size, end - offset)
             buffer = buffers.take()
             count = _read_cached(fd, buffer, want, offset)
             if count is None:
-                count = await _finish_in_thread(_read_into, fd, buffer, want, offset)
-            else:
+                count, unshared = await _finish_in_thread(_read_into, fd, buffer, want, offset), 0
+            elif (unshared := unshared + count) >= FAIR_SHARE:
                 await asyncio.sleep(0)
+                unshared = 0
             if not count:
                 return  # the file shrank: the caller sees fewer bytes than it asked for
             offset += count

@@ -139,7 +139,8 @@ async def test_a_trusted_file_that_shrank_while_open_raises(store):
     reader.close()
 
 
-async def test_the_event_loop_runs_between_chunks_read_from_the_page_cache(store):
+async def test_the_event_loop_runs_once_per_fair_share_of_chunks_read_from_the_page_cache(store, monkeypatch):
+    monkeypatch.setattr(disk, "FAIR_SHARE", 2 * CHUNK)
     stored = await publish(store)
     reader = await ArchiveGuard(store, Metrics()).open(stored, 0, stored.size)
     ticks = 0
@@ -153,10 +154,13 @@ async def test_the_event_loop_runs_between_chunks_read_from_the_page_cache(store
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
     try:
-        before, chunks = ticks, 0
-        async for _ in reader.chunks(CHUNK):
+        before, last, chunks, unshared = ticks, ticks, 0, 0
+        async for chunk in reader.chunks(CHUNK):
             chunks += 1
-        assert ticks - before >= chunks - 1  # the ticker ran between any two chunks
+            unshared = 0 if ticks != last else unshared + len(chunk)  # read since the ticker last ran
+            last = ticks
+            assert unshared < disk.FAIR_SHARE
+        assert 0 < ticks - before < chunks - 1  # not a turn of the loop after every chunk
     finally:
         task.cancel()
         reader.close()
