@@ -92,7 +92,7 @@ run: install-runtime
 # processes, sockets and timers rather than compute; each test goes to whichever worker is free (more workers
 # cost more: each collects the suite and starts its own servers; one per core cost 10 % less CPU but took half
 # as long again: docs/testing.md). From a clean clone on a quiet 2-core machine with the Debian packages
-# present: `make test` 202 s, of it pytest 187 s, 312 s of CPU.
+# present: `make test` 169 s, of it pytest 158 s, 247 s of CPU (docs/testing.md).
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every worker and every proxy process a
 # test starts would otherwise compile the package (and pytest rewrite the tests) again. The test modules
 # themselves are not compiled ahead: pytest rewrites them into bytecode of its own.
