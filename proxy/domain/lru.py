@@ -73,6 +73,12 @@ class Lru(Mapping[K, V]):
         self.weight -= self._weigh(key, value)
         return value
 
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries.clear()
+        if self._weigh is not None:
+            self.weight = 0
+
     def __getitem__(self, key: K) -> V:
         return self._entries[key]
 

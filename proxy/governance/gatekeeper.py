@@ -351,9 +351,10 @@ class Gatekeeper:
     async def dated(self, addr: ProviderAddr, version: Version, last_modified: str) -> None:
         """A release's SHA256SUMS was fetched with this `Last-Modified`: a publish time, recorded when a min-age
         rule may need it (`Mirror.on_dated`)."""
-        policy, when = self.policy, parse_last_modified(last_modified)
-        if policy is None or not policy.ages or when is None or self.first_seen is None:
+        when = parse_last_modified(last_modified)
+        if when is None or not self.dates_wanted():
             return
+        assert self.first_seen is not None  # (`dates_wanted`)
         try:
             await self.first_seen.note_published(addr, version, when, LAST_MODIFIED)
         except StoreUnavailableError as exc:  # the SHA256SUMS fetched is not failed by it

@@ -17,9 +17,9 @@ only after that interval, so any request that arrives after it, in any process, 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
+from proxy.domain.lru import Lru
 from proxy.metadata_store import MetadataStore, StoreWrapper, keys
 from proxy.runtime.memo import forget_all
 
@@ -45,11 +45,9 @@ class MemoryFront(StoreWrapper):
         self._clock = clock
         self._next_purge_check = float("-inf")
         self._purge_mark: bytes | None = _UNREAD
-        self._max = max_entries
-        self._max_absent = max_absent
         self._remember_absence = remember_absence
-        self._values: OrderedDict[str, bytes] = OrderedDict()
-        self._absent: OrderedDict[str, None] = OrderedDict()
+        self._values: Lru[str, bytes] = Lru(max_entries)
+        self._absent: Lru[str, None] = Lru(max_absent)
         self._epoch = 0  # bumped by every set/delete, so a read that raced a write is not remembered
 
     def generation(self) -> int:
@@ -139,17 +137,17 @@ class MemoryFront(StoreWrapper):
         """Whether memory knows `key` (a value, or a remembered absence); marks it recently used."""
         for memo in (self._values, self._absent):
             if key in memo:
-                memo.move_to_end(key)
+                memo.touch(key)
                 return True
         return False
 
     def _forget(self, key: str) -> None:
-        self._values.pop(key, None)
-        self._absent.pop(key, None)
+        self._values.pop(key)
+        self._absent.pop(key)
 
     def _remember(self, key: str, value: bytes | None) -> None:
         self._forget(key)
-        memo, limit = (self._absent, self._max_absent) if value is None else (self._values, self._max)
-        memo[key] = value
-        while len(memo) > limit:
-            memo.popitem(last=False)
+        if value is None:
+            self._absent.put(key, None)
+        else:
+            self._values.put(key, value)

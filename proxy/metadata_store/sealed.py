@@ -77,7 +77,8 @@ class Seal:
 
     def close(self, key: str, value: bytes) -> bytes:
         """`value` sealed to be stored under `key` (the full name it is stored under, namespace included)."""
-        self._reported.pop(key)
+        if key in self._reported:
+            self._reported.pop(key)
         return seal(self._secret, key, value)
 
     def open(self, key: str, stored: bytes | None) -> bytes | None:
@@ -87,7 +88,7 @@ class Seal:
         value, why = unseal(self._secret, key, stored)
         if value is None:
             self.refuse(key, why, "no_seal" if why.startswith("no seal") else "bad_seal")
-        else:
+        elif key in self._reported:  # (almost never: a membership test, not a call, on every read)
             self._reported.pop(key)
         return value
 

@@ -23,9 +23,9 @@ import functools
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from proxy.runtime.shared_reads import PIECE, SharedReadBuffer
+from proxy.runtime.shared_reads import SharedReadBuffer
 
-__all__ = ["PIECE", "BufferedResponseHandler", "SharedBufferReads", "read_into_shared_buffer"]
+__all__ = ["BufferedResponseHandler", "SharedBufferReads", "read_into_shared_buffer"]
 
 
 class SharedBufferReads(asyncio.BufferedProtocol):
@@ -35,8 +35,7 @@ class SharedBufferReads(asyncio.BufferedProtocol):
     def __init__(self, handler: ResponseHandler) -> None:
         self.handler = handler
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return SharedReadBuffer.get(sizehint)
+    get_buffer = staticmethod(SharedReadBuffer.get)  # no call of this protocol's in between, per read
 
     def buffer_updated(self, nbytes: int) -> None:
         SharedReadBuffer.hand_on(nbytes, self.handler.data_received)

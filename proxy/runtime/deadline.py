@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from proxy.errors import UpstreamTimeoutError
 from proxy.runtime.request_state import Budget, current
 
-__all__ = ["Budget", "budget", "detached_context", "remaining", "stale_wait", "timed_out", "unbounded"]
+__all__ = ["budget", "detached_context", "remaining", "stale_wait", "timed_out", "unbounded"]
 
 # Set (to True) only where waits are bounded otherwise or shared by many requests: the request's budget is not theirs.
 _unbudgeted: contextvars.ContextVar[bool] = contextvars.ContextVar("unbudgeted", default=False)

@@ -98,7 +98,7 @@ class Downloader:
         max_bytes: int,
         check: Callable[[PendingArchive, str], Awaitable[T]],
         *,
-        follow: tuple[str, str | asyncio.Future[str]] | None = None,
+        follow: tuple[str, asyncio.Future[str]] | None = None,
         then: Callable[[StoredArchive, T], Awaitable[None]] | None = None,
         tap: Callable[[bytes], None] | None = None,
     ) -> tuple[StoredArchive, T]:
@@ -110,8 +110,8 @@ class Downloader:
 
         With `follow=(key, expected sha256)` and a Content-Length from the upstream, the temp file is
         announced under `key` in `growing` once there is room for it, for requests to follow; they get
-        the end of the archive once `then` is done. The expected sha256 may be a future (the download
-        started before the signed sums were verified): the file is announced once it is known, if ever.
+        the end of the archive once `then` is done. The expected sha256 is a future (the download may
+        start before the signed sums are verified): the file is announced once it is known, if ever.
 
         Raises DiskFullError, leaving no temp file behind, when the disk is below the free-space
         floor (before or, by the upstream's Content-Length, during the download) or a write fails
@@ -133,7 +133,7 @@ class Downloader:
         what: str,
         max_bytes: int,
         check: Callable[[PendingArchive, str], Awaitable[T]],
-        follow: tuple[str, str | asyncio.Future[str]] | None,
+        follow: tuple[str, asyncio.Future[str]] | None,
         then: Callable[[StoredArchive, T], Awaitable[None]] | None,
         tap: Callable[[bytes], None] | None,
     ) -> tuple[StoredArchive, T]:
@@ -153,15 +153,12 @@ class Downloader:
                 if tapped is not None:
                     await tapped.put(chunk)
 
-            def announce(key: str, length: int, sha256: str) -> None:
-                nonlocal growing
-                growing = LiveDownload(pending.path, length, sha256)
-                growing.advance(written)
-                self.live_downloads.announce(key, growing)
-
             async def announce_once_known(key: str, length: int, sha256: asyncio.Future[str]) -> None:
+                nonlocal growing
                 with contextlib.suppress(Exception):  # unknown for good: the check refuses the download
-                    announce(key, length, await asyncio.shield(sha256))
+                    growing = LiveDownload(pending.path, length, await asyncio.shield(sha256))
+                    growing.advance(written)
+                    self.live_downloads.announce(key, growing)
 
             async def room(length: int | None) -> None:
                 nonlocal announcing
@@ -169,10 +166,7 @@ class Downloader:
                     await self._space.require_room(what, length)
                 if length and follow is not None:
                     key, sha256 = follow
-                    if isinstance(sha256, str):
-                        announce(key, length, sha256)
-                    else:
-                        announcing = asyncio.ensure_future(announce_once_known(key, length, sha256))
+                    announcing = asyncio.ensure_future(announce_once_known(key, length, sha256))
 
             async with self._slots.hold(url, self._settings.limits.download_slot_wait, str(url.with_query(None))):
                 await self._upstream.download(url, sink, max_bytes=max_bytes, on_response=room)

@@ -44,7 +44,8 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 
 from proxy.errors import StoreCorruptionError, StoreUnavailableError
-from proxy.runtime.client_reads import PIECE, read_into_shared_buffer
+from proxy.runtime.client_reads import read_into_shared_buffer
+from proxy.runtime.shared_reads import PIECE
 from proxy.settings.config import S3Location
 from proxy.storage.objects import QUARANTINE as QUARANTINED
 from proxy.storage.objects import (

@@ -15,6 +15,7 @@ from aiohttp.hdrs import AUTHORIZATION
 from proxy.governance.gatekeeper import Gatekeeper
 from proxy.identity.tokens import GRANT_PARAM, Client
 from proxy.protocol.cache_control import StaleWindows, cache_control
+from proxy.services.freshness import request_fresh_for
 from proxy.settings.config import Settings
 
 METADATA_ROUTES = frozenset(
@@ -59,26 +60,14 @@ def add_cache_headers(
     client: Client | None,
     settings: Settings | None,
     gate: Gatekeeper | None,
-    fresh_for: float | None,
 ) -> None:
     """Set the metadata answer's `Cache-Control` and `Vary: Authorization` (other routes: left alone); `route`: the
     request's route name, `client`: who it came from (`proxy.web.access.CLIENT`), `settings`: the application's,
-    `gate`: its gatekeeper when a policy is in force, `fresh_for`: how long the answer stays fresh
+    `gate`: its gatekeeper when a policy is in force. The answer stays fresh as long as the request noted
     (`proxy.services.freshness.request_fresh_for`)."""
     if route not in METADATA_ROUTES or response.prepared or settings is None:
         return
     headers = response.headers
-    headers["Cache-Control"] = metadata_cache_control(request, response.status, client, settings, gate, fresh_for)
+    private = client_dependent(request, client, gate)
+    headers["Cache-Control"] = cache_control(response.status, request_fresh_for(), private, stale_windows(settings))
     headers["Vary"] = "Authorization"
-
-
-def metadata_cache_control(
-    request: web.BaseRequest,
-    status: int,
-    client: Client | None,
-    settings: Settings,
-    gate: Gatekeeper | None,
-    fresh_for: float | None,
-) -> str:
-    """The `Cache-Control` of a metadata answer with `status` to `request` (the rest as `add_cache_headers`)."""
-    return cache_control(status, fresh_for, client_dependent(request, client, gate), stale_windows(settings))

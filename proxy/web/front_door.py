@@ -119,7 +119,7 @@ class FrontDoor:
         rendered, fresh_for = kept
         request_id = new_request_id(headers.get("X-Request-Id"))
         status = 304 if IF_NONE_MATCH in headers and not_modified(request, rendered) else 200
-        # `metadata_cache_control` for a request without a query (the front door takes none)
+        # `add_cache_headers`'s Cache-Control for a request without a query (the front door takes none)
         cache_control = cache_control_of(status, fresh_for, shown_client(headers, client, gate), self._windows)
         keep_alive = request.keep_alive
         whole = whole_answer(version.minor, status, rendered, cache_control, request_id, keep_alive, method == "HEAD")

@@ -52,7 +52,6 @@ from proxy.protocol.forwarded import ClientView, client_view
 from proxy.runtime.deadline import budget
 from proxy.runtime.log import access, new_request_id, request_cache_status, request_line
 from proxy.runtime.request_state import begin_request
-from proxy.services import freshness
 from proxy.settings.config import Settings
 from proxy.web.access import CLIENT
 from proxy.web.app_keys import MEMORY_FRONT, METRICS, SETTINGS
@@ -147,8 +146,7 @@ async def request_context(request: web.Request, handler) -> web.StreamResponse:
                 response = answer
         route = request.match_info.route.name or "unmatched"
         client = request.get(CLIENT)
-        fresh_for = freshness.request_fresh_for()
-        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app), fresh_for)
+        add_cache_headers(request, response, route, client, settings, app_gatekeeper(app))
     except (ConnectionError, asyncio.CancelledError) as exc:
         record_request(
             request,
