@@ -18,7 +18,7 @@ from proxy.governance.catalog import Catalog
 from proxy.governance.gatekeeper import Gatekeeper, load_policy
 from proxy.governance.inventory import InventoryReader
 from proxy.governance.release_times import FirstSeen, PublishDates
-from proxy.identity.oidc import IssuerKeys, OidcAuthenticator
+from proxy.identity.oidc import FETCH_DEADLINE, IssuerKeys, OidcAuthenticator
 from proxy.identity.tokens import Grants, grant_key
 from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.factory import negative_bound, open_metadata
@@ -65,7 +65,7 @@ from proxy.web.warm_answers import WarmAnswers
 
 log = structlog.get_logger(__name__)
 
-OIDC_FETCH_TIMEOUT = 10.0  # seconds: an issuer's discovery document or keys, retry included
+OIDC_FETCH_TIMEOUT = FETCH_DEADLINE  # seconds: an issuer's discovery document and keys together, retries included
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -364,19 +364,25 @@ async def _settle_tallies(app: web.Application) -> None:
 async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
     """With --oidc-issuers: the issuers' key cache (shared through the metadata store) and its own upstream
     session, which never carries upstream credentials, with a short timeout (a token waits on it at most once
-    a minute, when it names a key not held)."""
+    a minute, when it names a key not held): one deadline for a fetch's discovery document and key set together,
+    at most 8 s and --request-deadline, so a hanging issuer's 503 comes before Terraform gives up (10 s)."""
     settings, access = app[SETTINGS], app[ACCESS]
     if settings.access.oidc_issuers is None:
         yield
         return
     limits = dataclasses.replace(
-        settings.limits, metadata_timeout=min(settings.limits.metadata_timeout, OIDC_FETCH_TIMEOUT)
+        settings.limits,
+        metadata_timeout=min(settings.limits.metadata_timeout, settings.limits.request_deadline, OIDC_FETCH_TIMEOUT),
     )
     tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
     upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
     try:
         keys = IssuerKeys(
-            upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh
+            upstream,
+            app[METADATA_BACKEND],
+            app[METRICS],
+            refresh_interval=settings.access.oidc_keys_refresh,
+            fetch_deadline=limits.metadata_timeout,
         )
         try:
             access.oidc = OidcAuthenticator(keys, app[METRICS])

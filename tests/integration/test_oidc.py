@@ -6,7 +6,9 @@ an issuer that goes down, the SSRF guard, static tokens alongside.
 from __future__ import annotations
 
 import json
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -339,3 +341,40 @@ async def test_a_reload_of_a_file_that_is_not_text_keeps_the_issuers(oidc_settin
         [failed] = events(logs, "oidc.reload_failed")
         assert "utf-8" in failed["error"] and failed["effect"] == "the previous issuers and rules stay"
         assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200
+
+
+@pytest.fixture
+def hanging_issuer() -> Iterator[str]:
+    """An issuer URL whose port accepts connections (the kernel completes the handshake) and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"https://127.0.0.1:{listener.getsockname()[1]}"
+
+
+async def test_a_hanging_issuer_gets_a_503_within_the_request_deadline(
+    make_local_settings, client_ssl, issuer, tmp_path, hanging_issuer
+):
+    request_deadline = 2.0  # scaled down from the default 8 s (Terraform gives up at 10 s)
+    path = tmp_path / "hanging.toml"
+    path.write_text(issuers_toml(issuer).replace(issuer.url, hanging_issuer))
+    port = hanging_issuer.rpartition(":")[2]
+    settings = make_local_settings(
+        oidc_issuers=path,
+        allowed_private_hosts=frozenset({f"127.0.0.1:{port}"}),
+        request_deadline=request_deadline,
+        stale_deadline=min(2.0, request_deadline),
+    )
+    token = issuer.mint(iss=hanging_issuer, kid="never-seen")
+    async with serve_proxy(settings, client_ssl) as proxy:
+        with capture_logs() as logs:
+            started = time.monotonic()
+            status, headers, body = await proxy.get(INDEX, **bearer(token))
+            took = time.monotonic() - started
+    assert (status, json.loads(body)["code"]) == (503, "oidc_issuer_unavailable"), body
+    # the discovery document and the key set share one deadline: the request's (a margin for a loaded machine)
+    assert took < request_deadline + 1.5, took
+    assert f"within the {request_deadline:g}s request deadline" in json.loads(body)["errors"][0]
+    # and the fetch itself gave up at the same deadline (not the upstream timeout's 30 s)
+    keys = proxy.app[ACCESS].oidc.keys if proxy.app[ACCESS].oidc else None
+    assert keys is None or keys._fetch_deadline == request_deadline
