@@ -18,8 +18,9 @@ from proxy.governance.catalog import Catalog
 from proxy.governance.gatekeeper import Gatekeeper, load_policy
 from proxy.governance.inventory import InventoryReader
 from proxy.governance.release_times import FirstSeen, PublishDates
+from proxy.identity.grant_cipher import create_grants
 from proxy.identity.oidc import FETCH_DEADLINE, IssuerKeys, OidcAuthenticator
-from proxy.identity.tokens import Grants, grant_key
+from proxy.identity.tokens import grant_key
 from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.full_disk import SkipWritesWhenFull
@@ -178,7 +179,7 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     (`reload_ctx`)."""
     settings = app[SETTINGS]
     secret = await asyncio.to_thread(metadata_secret, settings)
-    access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
+    access = app[ACCESS] = await asyncio.to_thread(Access, settings, create_grants(grant_key(secret)))
     if settings.access.clients_required:
         app[ON_SIGHUP].append(access.reload)
     yield
