@@ -323,6 +323,11 @@ versions = ">= 2.0.0"
 action = "deny"
 reason = "breaks IAM policies"
 
+[[rule]]
+name = "cooldown"
+providers = ["{REGISTRY_HOST}/acme/echo"]
+min-age = "72h"
+
 [default]
 action = "allow"
 """
@@ -346,9 +351,15 @@ async def test_warm_goes_on_past_refusals_and_lists_each_with_its_rule_and_reaso
     policy.write_text(WARM_POLICY)
     config = tmp_path / "config"
     config.mkdir()
-    wanted = {"alpha": "~> 1.0", "bravo": "~> 1.0", "charlie": "~> 2.0", "delta": "~> 1.0"}
+    wanted = {"alpha": "~> 1.0", "bravo": "~> 1.0", "charlie": "~> 2.0", "delta": "~> 1.0", "echo": "~> 1.1"}
     (config / "main.tf").write_text(required_providers(wanted))
+    registry.add(Release("acme", "echo", "1.0.0", signing_key))
     async with serve_proxy(make_local_settings(policy_file=policy), client_ssl) as running:
+        assert (await running.json(f"{MIRROR}/echo/index.json"))[0] == 200  # listed: echo seen
+        registry.add(Release("acme", "echo", "1.1.0", signing_key))  # then a new version, seen now: held back
+        await running.app[MIRROR_SERVICE].provider_versions(
+            ProviderAddr.parse(REGISTRY_HOST, "acme", "echo"), max_age=0
+        )
         code, output = await registry_proxy_in_process(
             "warm", str(config), "--proxy", running.url, "--ca-file", str(ca_file), "--platform", "linux_amd64"
         )
@@ -356,10 +367,11 @@ async def test_warm_goes_on_past_refusals_and_lists_each_with_its_rule_and_reaso
     for name in ("alpha", "delta"):  # before and after the refusals: warmed
         assert registry.count(registry.archive_path(registry.releases[("acme", name)]["1.0.0"], "linux_amd64")) == 1
         assert f"provider {REGISTRY_HOST}/acme/{name} 1.0.0 linux_amd64: ok" in output
-    assert "warm: 2 fetched" in output and "2 refused by policy" in output, output
+    assert "warm: 2 fetched" in output and "3 refused by policy" in output, output
     summary = output[output.index("refused by policy") :]
     assert f"refused provider {REGISTRY_HOST}/acme/bravo" in summary
     assert "rule unvetted: namespace not approved (SEC-123)" in summary
     assert f"refused provider {REGISTRY_HOST}/acme/charlie" in summary and "2.0.0" in summary
     assert "rule charlie-bad: breaks IAM policies" in summary
-    assert not [p for p in upstream_paths(registry) if "bravo" in p or "charlie_2.0.0" in p]
+    assert f"refused provider {REGISTRY_HOST}/acme/echo 1.1.0: rule cooldown: " in summary
+    assert not [p for p in upstream_paths(registry) if "bravo" in p or "charlie_2.0.0" in p or "echo_1.1.0" in p]
