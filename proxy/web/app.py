@@ -66,8 +66,6 @@ from proxy.web.warm_answers import WarmAnswers
 
 log = structlog.get_logger(__name__)
 
-OIDC_FETCH_TIMEOUT = FETCH_DEADLINE  # seconds: an issuer's discovery document and keys together, retries included
-
 
 def create_app(settings: Settings) -> web.Application:
     """A ready-to-run application; resources open on start-up and close on shutdown.
@@ -373,7 +371,7 @@ async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     limits = dataclasses.replace(
         settings.limits,
-        metadata_timeout=min(settings.limits.metadata_timeout, settings.limits.request_deadline, OIDC_FETCH_TIMEOUT),
+        metadata_timeout=min(settings.limits.metadata_timeout, settings.limits.request_deadline, FETCH_DEADLINE),
     )
     tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
     upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
