@@ -213,19 +213,16 @@ class IssuerKeys:
         self._tried[name] = self.clock()
         jwks_url = issuer.jwks_url
         try:
-            async with asyncio.timeout(self._fetch_deadline):  # one deadline for both documents
-                if jwks_url is None:
-                    jwks_url = await self._discover(issuer)
-                keys = SigningKeys.from_jwks(await self._get(issuer, jwks_url, "JWKS"))
-        except TimeoutError:
-            exc = _FetchFailedError(
-                f"issuer {issuer.name} did not answer within {self._fetch_deadline:g}s (its discovery document and "
-                "key set together)"
-            )
-            self._failed[name] = exc.message
-            self._count(issuer, "failed")
-            log.warning("oidc.keys_fetch_failed", issuer=issuer.name, error=exc.message, effect=_FETCH_FAILED_EFFECT)
-            raise exc from None
+            try:
+                async with asyncio.timeout(self._fetch_deadline):  # one deadline for both documents
+                    if jwks_url is None:
+                        jwks_url = await self._discover(issuer)
+                    keys = SigningKeys.from_jwks(await self._get(issuer, jwks_url, "JWKS"))
+            except TimeoutError:
+                raise _FetchFailedError(
+                    f"issuer {issuer.name} did not answer within {self._fetch_deadline:g}s (its discovery document "
+                    "and key set together)"
+                ) from None
         except _FetchFailedError as exc:
             self._failed[name] = exc.message
             self._count(issuer, "failed")
@@ -233,7 +230,7 @@ class IssuerKeys:
                 "oidc.keys_fetch_failed",
                 issuer=issuer.name,
                 error=exc.message,
-                effect=_FETCH_FAILED_EFFECT,
+                effect="the keys held (if any) stay in use; tokens naming other keys are refused (503)",
             )
             raise
         except JwtError as exc:
@@ -284,9 +281,6 @@ class IssuerKeys:
     def _count(self, issuer: Issuer, outcome: str) -> None:
         if self._metrics is not None:
             self._metrics.oidc_key_fetches.labels(issuer.name, outcome).inc()
-
-
-_FETCH_FAILED_EFFECT = "the keys held (if any) stay in use; tokens naming other keys are refused (503)"
 
 
 class _FetchFailedError(Exception):
