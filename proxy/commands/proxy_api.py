@@ -130,7 +130,7 @@ class ProxyClient:
     async def provider_warnings(self, addr: ProviderAddr) -> list[str]:
         """The `warnings` of the registry protocol's version list (the proxy names there the versions its policy
         withholds from this client, and why)."""
-        host, namespace, type_ = _path(addr).split("/")
+        host, namespace, type_ = (quote(part, safe="") for part in (str(addr.hostname), addr.namespace, addr.type))
         document = await self.json(f"registry/{host}/providers/v1/{namespace}/{type_}/versions")
         return [w for w in document.get("warnings") or [] if isinstance(w, str)]
 
