@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from proxy.identity.grant_cipher import create_grants
 from proxy.identity.issuers import parse_issuers
+from proxy.identity.oidc import FETCH_DEADLINE
 from proxy.identity.tokens import GRANT_PARAM, grant_key, hash_token, with_grant
 from proxy.web.access import ACCESS
 from proxy.web.app_keys import METRICS
@@ -383,6 +384,8 @@ async def test_a_hanging_issuer_gets_a_503_within_the_request_deadline(
     # and the fetch itself gave up at that deadline too (not the upstream timeout's 30 s), logged at warning
     [failed] = events(logs, "oidc.keys_fetch_failed")
     assert failed["log_level"] == "warning" and f"did not answer within {request_deadline:g}s" in failed["error"]
+    # with the defaults the bound is 8 s, before Terraform's client gives up (10 s)
+    assert min(make_local_settings().limits.request_deadline, FETCH_DEADLINE) == 8.0
 
 
 async def test_an_oidc_grant_is_opaque_and_opens_its_url_on_every_replica(
