@@ -25,12 +25,14 @@ from proxy.protocol.safe_json import loads as load_json
 
 
 class ProxyRequestError(Exception):
-    """The proxy answered with an error (its message is kept)."""
+    """The proxy answered with an error (its message is kept; a policy's refusal: its rule and reason too)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, rule: str | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.rule = rule
+        self.reason = reason
 
 
 class ProxyUnreachableError(Exception):
@@ -109,7 +111,7 @@ class ProxyClient:
         async with self._request(self.url(path), params) as response:
             body = await response.read()
             if response.status != 200:
-                raise ProxyRequestError(response.status, _error_message(response.status, body))
+                raise _request_error(response.status, body)
             try:
                 return load_json(body)
             except JSONDocumentError as exc:
@@ -124,6 +126,13 @@ class ProxyClient:
             except AddressError:
                 continue
         return versions
+
+    async def provider_warnings(self, addr: ProviderAddr) -> list[str]:
+        """The `warnings` of the registry protocol's version list (the proxy names there the versions its policy
+        withholds from this client, and why)."""
+        host, namespace, type_ = (quote(part, safe="") for part in (str(addr.hostname), addr.namespace, addr.type))
+        document = await self.json(f"registry/{host}/providers/v1/{namespace}/{type_}/versions")
+        return [w for w in document.get("warnings") or [] if isinstance(w, str)]
 
     async def lock_hashes(self, addr: ProviderAddr, version: Version, platforms: list[Platform]) -> dict[str, Any]:
         return await self.json(f"lock/v1/{_path(addr)}/{version}", [("platform", str(p)) for p in platforms])
@@ -150,7 +159,7 @@ class ProxyClient:
         url = (base or self.base).join(URL(path, encoded=True)) if not path.startswith("/") else self.url(path)
         async with self._request(url) as response:
             if response.status != 200:
-                raise ProxyRequestError(response.status, _error_message(response.status, await response.read()))
+                raise _request_error(response.status, await response.read())
             total = 0
             async for chunk in response.content.iter_chunked(1 << 20):
                 total += len(chunk)
@@ -183,11 +192,18 @@ def _module_path(addr: ModuleAddr) -> str:
     return f"registry/{quote(str(addr.hostname), safe='')}/modules/v1/" + "/".join(quote(p, safe="") for p in parts)
 
 
-def _error_message(status: int, body: bytes) -> str:
+def _request_error(status: int, body: bytes) -> ProxyRequestError:
+    """The error of an answer with `status`: the messages of its `{"errors": [...]}` body, and the rule and reason
+    of a policy's refusal."""
     try:
-        errors = load_json(body).get("errors")
-        if errors:
-            return "; ".join(str(e) for e in errors)
-    except (ValueError, AttributeError):
-        pass
-    return f"HTTP {status}"
+        document = load_json(body)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        return ProxyRequestError(status, f"HTTP {status}")
+    errors = document.get("errors")
+    message = "; ".join(str(e) for e in errors) if isinstance(errors, list) and errors else f"HTTP {status}"
+    rule, reason = document.get("rule"), document.get("reason")
+    if isinstance(rule, str) and isinstance(reason, str):
+        return ProxyRequestError(status, message, rule, reason)
+    return ProxyRequestError(status, message)

@@ -107,13 +107,15 @@ async def _warm(args: argparse.Namespace) -> int:
     )
     print(
         f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
-        f"{len(report.failed)} failed"
+        f"{len(report.refused)} refused by policy, {len(report.failed)} failed"
     )
     for name, reason in report.skipped.items():
         print(f"  skipped {name}: {reason}")
+    for refusal in report.refused:
+        print(f"  refused {refusal}", file=sys.stderr)
     for name, reason in report.failed.items():
         print(f"  FAILED {name}: {reason}", file=sys.stderr)
-    return 1 if report.failed else 0
+    return 1 if report.failed or report.refused else 0
 
 
 def _store_settings(args: argparse.Namespace) -> Settings:

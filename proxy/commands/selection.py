@@ -1,16 +1,24 @@
-"""Choosing provider versions the way `init` does: keep what is locked, else the newest match."""
+"""Choosing provider versions the way `init` does: keep what is locked, else the newest match.
+
+Where the proxy's policy is why nothing can be chosen (the provider denied, or every matching version withheld),
+the error is a `PolicyRefusedError` naming each rule and its reason: the proxy says them in a refusal's body, and
+in the `warnings` of the registry protocol's version list for the versions it leaves out of lists.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
-from proxy.commands import CommandError
+from proxy.commands import CommandError, PolicyRefusedError, Refusal
 from proxy.commands.proxy_api import ProxyClient, ProxyRequestError
 from proxy.commands.terraform_config import Requirements
 from proxy.domain import constraints
-from proxy.domain.addresses import ProviderAddr, Version
+from proxy.domain.addresses import AddressError, ProviderAddr, Version
 from proxy.domain.lockfile import LockedProvider
+from proxy.governance.policy import WITHHELD_WARNING
 
 
 @dataclass(frozen=True)
@@ -29,14 +37,19 @@ async def select_versions(
     requirements: Requirements, locked: dict[str, LockedProvider], client: ProxyClient, *, upgrade: bool = False
 ) -> list[Selection]:
     """One version per required provider, or CommandError naming what cannot be satisfied."""
-    return list(
-        await asyncio.gather(
-            *(
-                _select(addr, texts, locked.get(lock_key(addr)), client, upgrade)
-                for addr, texts in sorted(requirements.providers.items(), key=lambda item: str(item[0]))
-            )
-        )
-    )
+    pending = each_selection(requirements, locked, client, upgrade=upgrade)
+    return list(await asyncio.gather(*(selection for _, selection in pending)))
+
+
+def each_selection(
+    requirements: Requirements, locked: dict[str, LockedProvider], client: ProxyClient, *, upgrade: bool = False
+) -> list[tuple[ProviderAddr, Coroutine[Any, Any, Selection]]]:
+    """Each required provider (sorted by address) and its selection, to be awaited: each raises its own
+    CommandError (PolicyRefusedError when the policy is why)."""
+    return [
+        (addr, _select(addr, texts, locked.get(lock_key(addr)), client, upgrade))
+        for addr, texts in sorted(requirements.providers.items(), key=lambda item: str(item[0]))
+    ]
 
 
 async def _select(
@@ -60,9 +73,38 @@ async def _select(
     except ProxyRequestError as exc:
         if exc.status == 404:
             raise CommandError(f"provider {addr} is unknown: {exc.message}") from None
-        raise CommandError(f"provider {addr}: the proxy answered {exc.status}: {exc.message}") from None
+        message = f"provider {addr}: the proxy answered {exc.status}: {exc.message}"
+        if exc.rule is not None and exc.reason is not None:
+            raise PolicyRefusedError(message, [Refusal(f"provider {addr}", exc.rule, exc.reason)]) from None
+        raise CommandError(message) from None
     version = constraints.newest(terms, available)
     if version is None:
         shown = ", ".join(str(v) for v in sorted(available)[-8:]) or "none"
-        raise CommandError(f"provider {addr}: no available version matches {canonical!r} (newest available: {shown})")
+        message = f"provider {addr}: no available version matches {canonical!r} (newest available: {shown})"
+        refusals = await _withheld(addr, terms, client)
+        if refusals:
+            named = "; ".join(str(refusal) for refusal in refusals)
+            raise PolicyRefusedError(f"{message}; the proxy's policy withholds {named}", refusals)
+        raise CommandError(message)
     return Selection(addr, version, canonical)
+
+
+async def _withheld(addr: ProviderAddr, terms: list[constraints.Constraint], client: ProxyClient) -> list[Refusal]:
+    """The versions matching `terms` the proxy's policy withholds from this client, each with its rule and reason
+    (none when the proxy says nothing of it, or cannot be asked)."""
+    try:
+        warnings = await client.provider_warnings(addr)
+    except ProxyRequestError:
+        return []
+    refusals = []
+    for warning in warnings:
+        found = WITHHELD_WARNING.match(warning)
+        if found is None:
+            continue
+        try:
+            version = Version.parse(found["version"])
+        except AddressError:
+            continue
+        if constraints.allows(terms, version):
+            refusals.append(Refusal(f"provider {addr} {version}", found["rule"], found["reason"]))
+    return refusals

@@ -4,7 +4,9 @@ Downloads, through the proxy, every provider version (for each requested platfor
 every registry module a configuration or lock file needs, a bounded number at a time.
 The proxy verifies and stores each one as it passes. On a terminal two progress bars show
 items and bytes; otherwise one log line per item. Returns a `WarmReport`: what was done,
-what failed and why, what was skipped, and the bytes fetched.
+what the proxy's policy refused (each with its rule and reason), what failed and why, what
+was skipped, and the bytes fetched. Nothing refused or failed stops the rest: every other
+provider and module is still warmed.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from proxy.commands import CommandError
+from proxy.commands import CommandError, PolicyRefusedError, Refusal
 from proxy.commands.proxy_api import ProxyClient, ProxyRequestError
-from proxy.commands.selection import Selection, select_versions
+from proxy.commands.selection import Selection, each_selection
 from proxy.commands.terraform_config import ModuleCall, ProjectConfigError, Requirements, read_requirements
 from proxy.domain import constraints
 from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
@@ -32,6 +34,7 @@ class WarmReport:
     done: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    refused: list[Refusal] = field(default_factory=list)  # by the proxy's policy, each with its rule and reason
     bytes: int = 0
 
 
@@ -46,14 +49,14 @@ async def run_warm(
     progress: bool | None = None,
     say: Callable[[str], None] = print,
 ) -> WarmReport:
-    selections, modules = await _targets(client, directory, lock_file, default_host)
+    report = WarmReport()
+    selections, modules = await _targets(client, directory, lock_file, default_host, report, say)
     items: list[tuple[str, Callable[[Callable[[int], None]], Awaitable[int | None]]]] = []
     for s in selections:
         for platform in platforms:
             items.append((f"provider {s.addr} {s.version} {platform}", _provider_job(client, s, platform)))
     for call in modules:
         items.append((f"module {call.source} {call.version or '(newest)'}", _module_job(client, call)))
-    report = WarmReport()
     show_bars = sys.stderr.isatty() if progress is None else progress
     items_bar = tqdm(total=len(items), unit="item", desc="items", disable=not show_bars, position=0)
     bytes_bar = tqdm(
@@ -69,9 +72,16 @@ async def run_warm(
         async with slots:
             try:
                 size = await job(count)
-            except (ProxyRequestError, CommandError) as exc:
-                report.failed[name] = exc.message if isinstance(exc, ProxyRequestError) else str(exc)
-                outcome = f"FAILED: {report.failed[name]}"
+            except ProxyRequestError as exc:
+                if exc.rule is not None and exc.reason is not None:
+                    report.refused.append(Refusal(name, exc.rule, exc.reason))
+                    outcome = f"refused by policy rule {exc.rule}: {exc.reason}"
+                else:
+                    report.failed[name] = exc.message
+                    outcome = f"FAILED: {exc.message}"
+            except CommandError as exc:
+                report.failed[name] = str(exc)
+                outcome = f"FAILED: {exc}"
             else:
                 if size is None:
                     report.skipped[name] = "its source is not cached by the proxy (passed through)"
@@ -92,14 +102,36 @@ async def run_warm(
 
 
 async def _targets(
-    client: ProxyClient, directory: Path | None, lock_file: Path | None, default_host: str
+    client: ProxyClient,
+    directory: Path | None,
+    lock_file: Path | None,
+    default_host: str,
+    report: WarmReport,
+    say: Callable[[str], None],
 ) -> tuple[list[Selection], list[ModuleCall]]:
+    """The provider versions and modules to warm; a provider whose version cannot be chosen goes into `report`
+    (refused by the policy, or failed) and the others are warmed."""
     if directory is None and lock_file is None:
         raise CommandError("name a configuration directory or --lock-file")
     locked, requirements = await asyncio.to_thread(_read_inputs, directory, lock_file, default_host)
     if requirements is None:
         return [_from_lock(key, entry.version) for key, entry in sorted(locked.items())], []
-    return await select_versions(requirements, locked, client), requirements.modules
+    selections = []
+    pending = each_selection(requirements, locked, client)
+    outcomes = await asyncio.gather(*(selection for _, selection in pending), return_exceptions=True)
+    for (addr, _), outcome in zip(pending, outcomes, strict=True):
+        if isinstance(outcome, PolicyRefusedError):
+            report.refused.extend(outcome.refusals)
+            for refusal in outcome.refusals:
+                say(f"warm: {refusal.what}: refused by policy rule {refusal.rule}: {refusal.reason}")
+        elif isinstance(outcome, CommandError):
+            report.failed[f"provider {addr}"] = str(outcome)
+            say(f"warm: FAILED: {outcome}")
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            selections.append(outcome)
+    return selections, requirements.modules
 
 
 def _read_inputs(

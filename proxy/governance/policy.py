@@ -160,6 +160,14 @@ class Filtered:
         ]
 
 
+# A line of `Filtered.warnings`, read back by the commands (`warm`, `lock`) to name why no version matched.
+WITHHELD_WARNING = re.compile(
+    r"^registry-proxy policy: (?P<address>\S+) (?P<version>\S+) withheld by rule (?P<rule>[A-Za-z0-9_.-]{1,64}): "
+    r"(?P<reason>.*)\Z",
+    re.DOTALL,
+)
+
+
 @dataclass(frozen=True)
 class Rule:
     """One `[[rule]]`, its globs compiled."""

@@ -11,7 +11,10 @@ and in the shared metadata store (sealed), so every worker and replica uses the 
   the issuer withdrew stops being accepted; a rotated key is picked up at its first token;
 - an issuer that cannot be reached leaves the keys held working; a token naming a key not held while it is
   down is refused at once with a 503 (`OidcIssuerUnavailableError`), never waits on it again within the
-  interval.
+  interval;
+- one fetch, its discovery document and its key set together, ends within `fetch_deadline` (`FETCH_DEADLINE`,
+  8 s, at most `--request-deadline`), and a request waits for it no longer than its own budget
+  (`proxy.runtime.deadline`): a hanging issuer gets the token its 503 before Terraform gives up (10 s).
 
 The discovery document must name the issuer itself, and its `jwks_uri` must be https on the issuer's host
 (another host only when the issuers file names it as `jwks_url`). A private or loopback issuer is fetched
@@ -44,6 +47,7 @@ from proxy.identity.jose import JwtError, SigningKeys, check_claims, peek
 from proxy.identity.tokens import OidcClient
 from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.keys import OIDC_KEYS
+from proxy.runtime import deadline
 from proxy.runtime.background import BackgroundTasks
 from proxy.runtime.metrics import Metrics
 from proxy.upstream.client import UpstreamClient
@@ -53,6 +57,7 @@ log = structlog.get_logger("proxy.identity.oidc")
 REFRESH_INTERVAL = 60.0  # seconds: at most one fetch of an issuer's keys per this long, per process
 KEYS_MAX_AGE = 15 * 60.0  # seconds: older keys are fetched again (in the background) when used
 STORE_CHECK_INTERVAL = 1.0  # seconds: how often a process looks in the store for keys another one fetched
+FETCH_DEADLINE = 8.0  # seconds: a fetch's discovery document and key set together (Terraform waits 10 s at most)
 MAX_DOCUMENT_BYTES = 1 << 20  # a discovery document or JWKS larger than this is refused
 REMEMBER_FOR = 60.0  # seconds: a token that signed a client in is not checked again for this long
 REMEMBERED_TOKENS = 4096  # tokens remembered at most (the least recently used go first)
@@ -91,6 +96,7 @@ class IssuerKeys:
         clock: Callable[[], float] = time.time,
         refresh_interval: float = REFRESH_INTERVAL,
         max_age: float = KEYS_MAX_AGE,
+        fetch_deadline: float = FETCH_DEADLINE,
     ) -> None:
         self._upstream = upstream
         self._store = store
@@ -98,6 +104,7 @@ class IssuerKeys:
         self.clock = clock  # injectable: the tests move it past the refresh interval
         self._interval = refresh_interval
         self._max_age = max_age
+        self._fetch_deadline = fetch_deadline
         self._held: dict[str, HeldKeys] = {}
         self._tried: dict[str, float] = {}  # when this process last fetched (or tried to)
         self._failed: dict[str, str] = {}  # why the last fetch failed, while it did
@@ -120,9 +127,13 @@ class IssuerKeys:
             return held.keys
         if self._may_fetch(name, held, now):
             try:
-                return (await self._fetch(issuer)).keys
+                async with asyncio.timeout(deadline.remaining()):  # the request's budget (None: no bound)
+                    return (await self._fetch(issuer)).keys
             except _FetchFailedError as exc:
                 raise _unavailable(issuer, key_id, exc.message, self._interval) from None
+            except TimeoutError:  # the fetch goes on, bounded by its own deadline
+                why = deadline.timed_out(f"the keys of issuer {issuer.name}").message
+                raise _unavailable(issuer, key_id, why, self._interval) from None
         if held is None or name in self._failed:
             why = self._failed.get(name, "no keys fetched yet")
             raise _unavailable(
@@ -189,16 +200,29 @@ class IssuerKeys:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._download(name, issuer))
             self._fetches[name] = task
-            task.add_done_callback(lambda _: self._fetches.pop(name, None))
+            task.add_done_callback(lambda done: self._fetch_ended(name, done))
         return await asyncio.shield(task)
+
+    def _fetch_ended(self, name: str, task: asyncio.Task[HeldKeys]) -> None:
+        """Forget the fetch; its failure is retrieved here too (logged by it), for when no request waits any more."""
+        self._fetches.pop(name, None)
+        if not task.cancelled():
+            task.exception()
 
     async def _download(self, name: str, issuer: Issuer) -> HeldKeys:
         self._tried[name] = self.clock()
         jwks_url = issuer.jwks_url
         try:
-            if jwks_url is None:
-                jwks_url = await self._discover(issuer)
-            keys = SigningKeys.from_jwks(await self._get(issuer, jwks_url, "JWKS"))
+            try:
+                async with asyncio.timeout(self._fetch_deadline):  # one deadline for both documents
+                    if jwks_url is None:
+                        jwks_url = await self._discover(issuer)
+                    keys = SigningKeys.from_jwks(await self._get(issuer, jwks_url, "JWKS"))
+            except TimeoutError:
+                raise _FetchFailedError(
+                    f"issuer {issuer.name} did not answer within {self._fetch_deadline:g}s (its discovery document "
+                    "and key set together)"
+                ) from None
         except _FetchFailedError as exc:
             self._failed[name] = exc.message
             self._count(issuer, "failed")

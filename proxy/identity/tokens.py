@@ -22,7 +22,8 @@ CI jobs may sign in with an OIDC workload token instead (`proxy.identity.issuers
 is an `OidcClient`, whose scope is that of the issuer's rules its claims match. Both kinds of client have an
 `Identity` (for logs and the audit trail: never the token) and share one `Scope` type, so a new permission is
 added once for both. A grant made for an OIDC client is bound to its identity (issuer, subject and the claims
-that granted access) and dies no later than its token's `exp`.
+that granted access), which it carries encrypted (`proxy.identity.grant_cipher`: nothing of it is readable in
+the URL), and dies no later than its token's `exp`.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ import json
 import re
 import secrets
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.errors import GrantExpiredError, GrantInvalidError, GrantRevokedError
 
@@ -360,6 +361,14 @@ def bearer_token(header: str | None) -> str | None:
     return value if scheme.lower() == "bearer" and value else None
 
 
+class IdentityCipher(Protocol):
+    """Authenticated encryption of a grant's identity, bound to a context (`proxy.identity.grant_cipher`)."""
+
+    def seal(self, plaintext: bytes, context: Sequence[bytes]) -> bytes: ...
+
+    def open(self, sealed: bytes, context: Sequence[bytes]) -> bytes | None: ...
+
+
 class Grants:
     """Signed, expiring permissions to download exactly one URL path, made for one client: put into the URLs
     of archives, SHA256SUMS and module packages in the documents served to a client that showed its token
@@ -368,13 +377,15 @@ class Grants:
 
     For a static token a grant is `EXPIRES.TOKENID.MAC`: the HMAC binds the path, the token's hash and the
     expiry, so it opens nothing else, dies with its token (removed from the tokens file, or given a new hash)
-    and expires after `GRANT_LIFETIME`. For an OIDC client it is `EXPIRES.ISSUER.IDENTITY.MAC`: IDENTITY is the
-    subject and the claims that granted access (base64url JSON), bound by the HMAC with the path and the
-    expiry, which is no later than the token's `exp`; the issuer's rules in force decide again what those
-    claims may read, so the grant dies with the issuer or the rules that granted it."""
+    and expires after `GRANT_LIFETIME`; TOKENID is an HMAC of the token's hash, which names no one. For an OIDC
+    client it is `EXPIRES.SEALED`: SEALED is the issuer's name, the subject and the claims that granted access,
+    encrypted by `cipher` (base64url) with the path and the expiry bound to it, which is no later than the
+    token's `exp`; the issuer's rules in force decide again what those claims may read, so the grant dies with
+    the issuer or the rules that granted it."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, cipher: IdentityCipher) -> None:
         self._key = key
+        self._cipher = cipher
 
     def token_id(self, token: Token) -> str:
         """The token's name in its grants: not its hash, and not linkable to it without the key."""
@@ -384,7 +395,8 @@ class Grants:
         """What a client's grants name it by (part of the key of the documents rendered for it)."""
         if isinstance(client, Token):
             return self.token_id(client)
-        return f"{client.identity.issuer}.{_identity_payload(client.identity)}"
+        text = b"grant holder\0" + _identity_text(client.identity)
+        return "oidc." + hmac.new(self._key, text, hashlib.sha256).hexdigest()[:32]
 
     @staticmethod
     def expiry(now: float, client: Client | None = None) -> int:
@@ -397,8 +409,8 @@ class Grants:
         """A grant to GET `path` (the URL's path, percent-decoded, without its query) until `expires`."""
         if isinstance(client, Token):
             return f"{expires}.{self.token_id(client)}.{self._mac(path, client, expires)}"
-        issuer, payload = client.identity.issuer or "", _identity_payload(client.identity)
-        return f"{expires}.{issuer}.{payload}.{self._oidc_mac(path, issuer, payload, expires)}"
+        sealed = self._cipher.seal(_identity_text(client.identity), _oidc_context(path, expires))
+        return f"{expires}.{base64.urlsafe_b64encode(sealed).decode().rstrip('=')}"
 
     def holder(
         self,
@@ -413,9 +425,9 @@ class Grants:
         GrantInvalidError (malformed, forged, or made for another path), GrantRevokedError (its token, issuer
         or rule is gone) or GrantExpiredError."""
         parts = grant.split(".")
-        if not (len(parts) in (3, 4) and parts[0].isdigit() and len(parts[0]) <= 12):
+        if not (len(parts) in (2, 3) and parts[0].isdigit() and len(parts[0]) <= 12):
             raise GrantInvalidError("the grant in this URL is malformed")
-        if len(parts) == 4:
+        if len(parts) == 2:
             return self._oidc_holder(path, parts, now, oidc)
         expires_text, token_id, mac = parts
         if not _GRANT_ID.match(token_id):
@@ -432,17 +444,23 @@ class Grants:
         return token
 
     def _oidc_holder(self, path: str, parts: list[str], now: float, oidc: OidcHolders | None) -> OidcClient:
-        expires_text, issuer, payload, mac = parts
-        if not (ISSUER_NAME.match(issuer) and _GRANT_PAYLOAD.match(payload)):
+        expires_text, payload = parts
+        if not _GRANT_PAYLOAD.match(payload):
             raise GrantInvalidError("the grant in this URL is malformed")
-        expected = self._oidc_mac(path, issuer, payload, int(expires_text))
-        if not hmac.compare_digest(mac.encode(), expected.encode()):
+        try:
+            sealed = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        except (ValueError, binascii.Error):
+            raise GrantInvalidError("the grant in this URL is malformed") from None
+        opened = self._cipher.open(sealed, _oidc_context(path, int(expires_text)))
+        if opened is None:  # altered, or made for another path or expiry, or by another fleet
             raise GrantInvalidError("the grant in this URL was not made for it")
         _check_expiry(int(expires_text), now)
         try:
-            subject, claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        except (ValueError, TypeError, binascii.Error):
+            issuer, subject, claims = json.loads(opened)
+        except (ValueError, TypeError):
             raise GrantInvalidError("the grant in this URL is malformed") from None
+        if not (isinstance(issuer, str) and ISSUER_NAME.match(issuer)):
+            raise GrantInvalidError("the grant in this URL is malformed")
         client = oidc(issuer, subject, claims, int(expires_text)) if oidc is not None else None
         if client is None:
             raise GrantRevokedError(
@@ -455,15 +473,17 @@ class Grants:
         message = f"grant v2\0{path}\0{token.digest.hex()}\0{expires}".encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:40]
 
-    def _oidc_mac(self, path: str, issuer: str, payload: str, expires: int) -> str:
-        message = f"grant oidc v1\0{path}\0{issuer}\0{payload}\0{expires}".encode()
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:40]
+
+def _identity_text(identity: Identity) -> bytes:
+    """An OIDC identity in a grant (before it is sealed): its issuer's name, subject and the claims that granted
+    access, as JSON."""
+    document = [identity.issuer or "", identity.name, dict(identity.claims)]
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _identity_payload(identity: Identity) -> str:
-    """An OIDC identity in a grant: its subject and the claims that granted access, as unpadded base64url JSON."""
-    text = json.dumps([identity.name, dict(identity.claims)], sort_keys=True, separators=(",", ":"))
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+def _oidc_context(path: str, expires: int) -> tuple[bytes, ...]:
+    """What an OIDC grant's sealed identity is bound to: the grant's version, the path it opens, its expiry."""
+    return (b"grant oidc v2", path.encode("utf-8", "surrogatepass"), str(expires).encode())
 
 
 def _check_expiry(expires: int, now: float) -> None:

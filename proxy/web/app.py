@@ -18,8 +18,9 @@ from proxy.governance.catalog import Catalog
 from proxy.governance.gatekeeper import Gatekeeper, load_policy
 from proxy.governance.inventory import InventoryReader
 from proxy.governance.release_times import FirstSeen, PublishDates
-from proxy.identity.oidc import IssuerKeys, OidcAuthenticator
-from proxy.identity.tokens import Grants, grant_key
+from proxy.identity.grant_cipher import create_grants
+from proxy.identity.oidc import FETCH_DEADLINE, IssuerKeys, OidcAuthenticator
+from proxy.identity.tokens import grant_key
 from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.full_disk import SkipWritesWhenFull
@@ -64,8 +65,6 @@ from proxy.web.renderings import Renderings
 from proxy.web.warm_answers import WarmAnswers
 
 log = structlog.get_logger(__name__)
-
-OIDC_FETCH_TIMEOUT = 10.0  # seconds: an issuer's discovery document or keys, retry included
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -178,7 +177,7 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     (`reload_ctx`)."""
     settings = app[SETTINGS]
     secret = await asyncio.to_thread(metadata_secret, settings)
-    access = app[ACCESS] = await asyncio.to_thread(Access, settings, Grants(grant_key(secret)))
+    access = app[ACCESS] = await asyncio.to_thread(Access, settings, create_grants(grant_key(secret)))
     if settings.access.clients_required:
         app[ON_SIGHUP].append(access.reload)
     yield
@@ -364,19 +363,25 @@ async def _settle_tallies(app: web.Application) -> None:
 async def oidc_keys_ctx(app: web.Application) -> AsyncIterator[None]:
     """With --oidc-issuers: the issuers' key cache (shared through the metadata store) and its own upstream
     session, which never carries upstream credentials, with a short timeout (a token waits on it at most once
-    a minute, when it names a key not held)."""
+    a minute, when it names a key not held): one deadline for a fetch's discovery document and key set together,
+    at most 8 s and --request-deadline, so a hanging issuer's 503 comes before Terraform gives up (10 s)."""
     settings, access = app[SETTINGS], app[ACCESS]
     if settings.access.oidc_issuers is None:
         yield
         return
     limits = dataclasses.replace(
-        settings.limits, metadata_timeout=min(settings.limits.metadata_timeout, OIDC_FETCH_TIMEOUT)
+        settings.limits,
+        metadata_timeout=min(settings.limits.metadata_timeout, settings.limits.request_deadline, FETCH_DEADLINE),
     )
     tls = await asyncio.to_thread(create_ssl_context, settings.upstreams.upstream_ca_file)
     upstream = UpstreamClient.create(AddressPolicy(settings.upstreams.private_host_exceptions), limits, tls)
     try:
         keys = IssuerKeys(
-            upstream, app[METADATA_BACKEND], app[METRICS], refresh_interval=settings.access.oidc_keys_refresh
+            upstream,
+            app[METADATA_BACKEND],
+            app[METRICS],
+            refresh_interval=settings.access.oidc_keys_refresh,
+            fetch_deadline=limits.metadata_timeout,
         )
         try:
             access.oidc = OidcAuthenticator(keys, app[METRICS])

@@ -14,6 +14,7 @@ import time
 import aiohttp
 import pytest
 
+from proxy.identity.grant_cipher import create_grants
 from proxy.identity.tokens import GRANT_LIFETIME, GRANT_PARAM, Grants, grant_key, hash_token, parse_tokens, with_grant
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_for
@@ -117,7 +118,7 @@ async def test_an_expired_grant_is_refused(in_process_proxy, tokens):
     url = await granted_archive(proxy, FIRST)
     path = url.partition("?")[0]
     # the proxy's own signer: the same key (from the same metadata secret) and the same token
-    grants = Grants(grant_key(METADATA_SECRET.encode()))
+    grants = create_grants(grant_key(METADATA_SECRET.encode()))
     [first, _] = parse_tokens(tokens.read_text()).tokens
     now = time.time()
     assert (await get(proxy, with_grant(path, grants.sign(path, first, Grants.expiry(now)))))[0] == 200

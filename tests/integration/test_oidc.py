@@ -6,18 +6,25 @@ an issuer that goes down, the SSRF guard, static tokens alongside.
 from __future__ import annotations
 
 import json
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.identity.tokens import hash_token
+from proxy.identity.grant_cipher import create_grants
+from proxy.identity.issuers import parse_issuers
+from proxy.identity.oidc import FETCH_DEADLINE
+from proxy.identity.tokens import GRANT_PARAM, grant_key, hash_token, with_grant
 from proxy.web.access import ACCESS
 from proxy.web.app_keys import METRICS
 from tests.conftest import serve_proxy
 from tests.fakes.oidc import AUDIENCE, SUBJECT, FakeIssuer
 from tests.fakes.process import REGISTRY_HOST
+from tests.fakes.redis_server import METADATA_SECRET
+from tests.unit.test_tokens_and_grants import readable_texts
 
 MIRROR = f"/mirror/v1/{REGISTRY_HOST}/acme/foo"
 INDEX = f"{MIRROR}/index.json"
@@ -339,3 +346,81 @@ async def test_a_reload_of_a_file_that_is_not_text_keeps_the_issuers(oidc_settin
         [failed] = events(logs, "oidc.reload_failed")
         assert "utf-8" in failed["error"] and failed["effect"] == "the previous issuers and rules stay"
         assert (await proxy.get(INDEX, **bearer(issuer.mint())))[0] == 200
+
+
+@pytest.fixture
+def hanging_issuer() -> Iterator[str]:
+    """An issuer URL whose port accepts connections (the kernel completes the handshake) and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"https://127.0.0.1:{listener.getsockname()[1]}"
+
+
+async def test_a_hanging_issuer_gets_a_503_within_the_request_deadline(
+    make_local_settings, client_ssl, issuer, tmp_path, hanging_issuer
+):
+    request_deadline = 2.0  # scaled down from the default 8 s (Terraform gives up at 10 s)
+    path = tmp_path / "hanging.toml"
+    path.write_text(issuers_toml(issuer).replace(issuer.url, hanging_issuer))
+    port = hanging_issuer.rpartition(":")[2]
+    settings = make_local_settings(
+        oidc_issuers=path,
+        allowed_private_hosts=frozenset({f"127.0.0.1:{port}"}),
+        request_deadline=request_deadline,
+        stale_deadline=min(2.0, request_deadline),
+    )
+    token = issuer.mint(iss=hanging_issuer, kid="never-seen")
+    async with serve_proxy(settings, client_ssl) as proxy:
+        with capture_logs() as logs:
+            started = time.monotonic()
+            status, _, body = await proxy.get(INDEX, **bearer(token))
+            took = time.monotonic() - started
+            await proxy.app[ACCESS].oidc.keys.settled()
+    assert (status, json.loads(body)["code"]) == (503, "oidc_issuer_unavailable"), body
+    # the discovery document and the key set share one deadline: the request's (a margin for a loaded machine)
+    assert took < request_deadline + 1.5, took
+    assert f"within the {request_deadline:g}s request deadline" in json.loads(body)["errors"][0]
+    # and the fetch itself gave up at that deadline too (not the upstream timeout's 30 s), logged at warning
+    [failed] = events(logs, "oidc.keys_fetch_failed")
+    assert failed["log_level"] == "warning" and f"did not answer within {request_deadline:g}s" in failed["error"]
+    # with the defaults the bound is 8 s, before Terraform's client gives up (10 s)
+    assert min(make_local_settings().limits.request_deadline, FETCH_DEADLINE) == 8.0
+
+
+async def test_an_oidc_grant_is_opaque_and_opens_its_url_on_every_replica(
+    oidc_settings, client_ssl, issuer, issuers_file, tmp_path, registry
+):
+    release = registry.releases[("acme", "foo")]["1.0.0"]
+    replicas = [oidc_settings(data_dir=tmp_path / name, metadata_secret=METADATA_SECRET) for name in ("a", "b")]
+    token = issuer.mint()
+    async with serve_proxy(replicas[0], client_ssl) as first, serve_proxy(replicas[1], client_ssl) as second:
+        status, _, body = await first.get(f"{MIRROR}/1.0.0.json", **bearer(token))
+        assert status == 200, body
+        url = json.loads(body)["archives"]["linux_amd64"]["url"]
+        grant = url.partition(f"?{GRANT_PARAM}=")[2]
+        shown = readable_texts(grant)  # what anyone who sees the URL (a CI log) reads of it
+        for text in (SUBJECT, "infra", "refs/heads", "repository_owner", '"acme"'):
+            assert text not in shown, (text, grant)
+        for replica in (second, first):  # any replica of the fleet (the same secret) opens it
+            status, _, data = await replica.get(f"{MIRROR}/{url}")
+            assert (status, data) == (200, release.zips["linux_amd64"])
+        expires, _, sealed = grant.partition(".")
+        path = f"{MIRROR}/{url.partition('?')[0]}"
+        for forged in (
+            f"{expires}.{sealed[:20]}{'A' if sealed[20] != 'A' else 'B'}{sealed[21:]}",  # one character changed
+            f"{int(expires) + 600}.{sealed}",  # a longer life
+        ):
+            status, _, body = await second.get(with_grant(path, forged))
+            assert (status, json.loads(body)["code"]) == (401, "grant_invalid"), body
+        other = path.replace("linux_amd64", "darwin_arm64")  # another URL
+        status, _, body = await second.get(with_grant(other, grant))
+        assert (status, json.loads(body)["code"]) == (401, "grant_invalid"), body
+        # a grant the fleet made (its key, from the same secret) that has expired
+        [ci] = parse_issuers(issuers_file.read_text()).issuers
+        client = ci.client(SUBJECT, {"repository_owner": "acme", "ref": "refs/heads/main"}, int(time.time()) + 60)
+        made = create_grants(grant_key(METADATA_SECRET.encode()))
+        status, _, body = await second.get(with_grant(path, made.sign(path, client, int(time.time()) - 1)))
+        assert (status, json.loads(body)["code"]) == (401, "grant_expired"), body
+        status, _, _ = await second.get(with_grant(path, made.sign(path, client, int(time.time()) + 60)))
+        assert status == 200

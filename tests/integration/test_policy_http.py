@@ -17,7 +17,7 @@ from proxy.web.app_keys import GATEKEEPER, METRICS
 from proxy.web.app_keys import MIRROR as MIRROR_SERVICE
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
-from tests.fakes.process import REGISTRY_HOST
+from tests.fakes.process import REGISTRY_HOST, registry_proxy_in_process
 from tests.fakes.registry import ModuleRelease
 from tests.integration.test_lock_warm_bundle import _stores
 
@@ -219,9 +219,9 @@ async def test_warm_obeys_the_policy_and_names_the_rule(policed, ca_file, regist
     lock.write_text(f'provider "{REGISTRY_HOST}/acme/foo" {{\n  version = "1.1.0"\n}}\n')
     async with ProxyClient(policed.url, ca_file) as client:
         report = await run_warm(client, [LINUX], lock_file=lock, progress=False, say=lambda _: None)
-    assert report.done == []
-    [(what, why)] = report.failed.items()
-    assert "1.1.0" in what and "foo-known-bad" in why and "breaks IAM policies" in why
+    assert report.done == [] and report.failed == {}
+    [refusal] = report.refused
+    assert "1.1.0" in refusal.what and (refusal.rule, refusal.reason) == ("foo-known-bad", "breaks IAM policies")
     assert not [p for p in upstream_paths(registry) if "1.1.0" in p]
 
 
@@ -307,3 +307,71 @@ async def test_rules_limited_by_scope_give_tokens_of_different_scopes_different_
     assert seen["ops"] == {"1.0.0", "1.0.1", "1.1.0"}
     assert seen["release", "1.1.0"] == {(403, "release-pinned")}
     assert seen["ops", "1.1.0"] == {(200, None)}
+
+
+WARM_POLICY = f"""
+[[rule]]
+name = "unvetted"
+providers = ["{REGISTRY_HOST}/acme/bravo"]
+action = "deny"
+reason = "namespace not approved (SEC-123)"
+
+[[rule]]
+name = "charlie-bad"
+providers = ["{REGISTRY_HOST}/acme/charlie"]
+versions = ">= 2.0.0"
+action = "deny"
+reason = "breaks IAM policies"
+
+[[rule]]
+name = "cooldown"
+providers = ["{REGISTRY_HOST}/acme/echo"]
+min-age = "72h"
+
+[default]
+action = "allow"
+"""
+
+
+def required_providers(constraints: dict[str, str]) -> str:
+    entries = "".join(
+        f'    {name} = {{\n      source  = "{REGISTRY_HOST}/acme/{name}"\n      version = "{version}"\n    }}\n'
+        for name, version in constraints.items()
+    )
+    return f"terraform {{\n  required_providers {{\n{entries}  }}\n}}\n"
+
+
+async def test_warm_goes_on_past_refusals_and_lists_each_with_its_rule_and_reason(
+    make_local_settings, client_ssl, registry, signing_key, ca_file, tmp_path
+):
+    for name, version in (("alpha", "1.0.0"), ("bravo", "1.0.0"), ("charlie", "1.0.0"), ("charlie", "2.0.0")):
+        registry.add(Release("acme", name, version, signing_key))
+    registry.add(Release("acme", "delta", "1.0.0", signing_key))
+    policy = tmp_path / "warm-policy.toml"
+    policy.write_text(WARM_POLICY)
+    config = tmp_path / "config"
+    config.mkdir()
+    wanted = {"alpha": "~> 1.0", "bravo": "~> 1.0", "charlie": "~> 2.0", "delta": "~> 1.0", "echo": "~> 1.1"}
+    (config / "main.tf").write_text(required_providers(wanted))
+    registry.add(Release("acme", "echo", "1.0.0", signing_key))
+    async with serve_proxy(make_local_settings(policy_file=policy), client_ssl) as running:
+        assert (await running.json(f"{MIRROR}/echo/index.json"))[0] == 200  # listed: echo seen
+        registry.add(Release("acme", "echo", "1.1.0", signing_key))  # then a new version, seen now: held back
+        await running.app[MIRROR_SERVICE].provider_versions(
+            ProviderAddr.parse(REGISTRY_HOST, "acme", "echo"), max_age=0
+        )
+        code, output = await registry_proxy_in_process(
+            "warm", str(config), "--proxy", running.url, "--ca-file", str(ca_file), "--platform", "linux_amd64"
+        )
+    assert code == 1, output
+    for name in ("alpha", "delta"):  # before and after the refusals: warmed
+        assert registry.count(registry.archive_path(registry.releases[("acme", name)]["1.0.0"], "linux_amd64")) == 1
+        assert f"provider {REGISTRY_HOST}/acme/{name} 1.0.0 linux_amd64: ok" in output
+    assert "warm: 2 fetched" in output and "3 refused by policy" in output, output
+    summary = output[output.index("refused by policy") :]
+    assert f"refused provider {REGISTRY_HOST}/acme/bravo" in summary
+    assert "rule unvetted: namespace not approved (SEC-123)" in summary
+    assert f"refused provider {REGISTRY_HOST}/acme/charlie" in summary and "2.0.0" in summary
+    assert "rule charlie-bad: breaks IAM policies" in summary
+    assert f"refused provider {REGISTRY_HOST}/acme/echo 1.1.0: rule cooldown: " in summary
+    assert not [p for p in upstream_paths(registry) if "bravo" in p or "charlie_2.0.0" in p or "echo_1.1.0" in p]

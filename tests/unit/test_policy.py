@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from proxy.domain.addresses import Version
-from proxy.governance.policy import MODULE, PROVIDER, PolicyError, Subject, describe, parse_policy
+from proxy.governance.policy import (
+    MODULE,
+    PROVIDER,
+    WITHHELD_WARNING,
+    Decision,
+    Filtered,
+    PolicyError,
+    Subject,
+    describe,
+    parse_policy,
+)
 
 # The example of issue 20, as written.
 EXAMPLE = """
@@ -195,3 +205,14 @@ def test_rule_names_are_unique():
 def test_describe_lists_the_rules_in_order(policy):
     lines = list(describe(policy))
     assert lines[1].startswith("1. unvetted-namespace: deny") and lines[-1] == "default: allow"
+
+
+def test_a_withheld_versions_warning_reads_back_with_its_rule_and_reason():
+    held = Decision(False, "cool-down.v2", "younger than 72h: released at 2030-01-01T00:00:00Z", until=1.0)
+    filtered = Filtered(frozenset(), ((Version.parse("1.2.0"), held),), 1.0)
+    [warning] = filtered.warnings("registry.terraform.io/acme/foo")
+    found = WITHHELD_WARNING.match(warning)
+    assert found is not None
+    assert found.group("address", "version", "rule") == ("registry.terraform.io/acme/foo", "1.2.0", "cool-down.v2")
+    assert found["reason"] == held.reason
+    assert WITHHELD_WARNING.match("the upstream's own warning: 1.2.0 is deprecated") is None

@@ -103,7 +103,7 @@ def test_every_parser_of_outside_json_refuses_a_bomb_with_its_own_error():
     from yarl import URL
 
     from proxy.commands.healthcheck import _verdict
-    from proxy.commands.proxy_api import _error_message
+    from proxy.commands.proxy_api import _request_error
     from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
     from proxy.errors import UpstreamError
     from proxy.protocol import discovery, module_registry, provider_registry
@@ -127,4 +127,4 @@ def test_every_parser_of_outside_json_refuses_a_bomb_with_its_own_error():
         False,
         "unhealthy: https://proxy.test/readyz answered 200 without a readiness document",
     )
-    assert _error_message(502, BOMB) == "HTTP 502"
+    assert _request_error(502, BOMB).message == "HTTP 502"
