@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 
 import pytest
 
+from proxy.commands import run
 from proxy.identity.tokens import hash_token
 from proxy.protocol.cache_control import FRONT_BOUND
 from tests.deploy.test_nginx_micro_cache import Answer, fetch
 from tests.fakes.nginx import BehindNginx
 from tests.fakes.packages import Release
-from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, wait_for
+from tests.fakes.process import REGISTRY_HOST, registry_proxy_in_process, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -136,29 +136,44 @@ async def test_tokens_enabled_by_a_restart_reach_clients_behind_the_front_within
 
 
 async def test_a_purged_version_reaches_clients_behind_the_front_within_its_bound(
-    behind_nginx, registry, signing_key
+    behind_nginx, registry, signing_key, monkeypatch
 ) -> None:
     setup = await behind_nginx()
     old = registry.releases[("acme", "foo")]["1.0.0"]
     kept = await warm(setup, OLDER)
     assert old.sha256("linux_amd64") in kept[OLDER].body
     new = registry.add(Release("acme", "foo", "1.0.0", signing_key, padding=4096))  # published again, other bytes
-    process = await asyncio.create_subprocess_exec(
-        *[
-            sys.executable,
-            "-m",
-            "proxy",
-            "purge",
-            f"{REGISTRY_HOST}/acme/foo@1.0.0",
-            "--data-dir",
-            str(setup.proxy.data_dir),
-        ],
-        cwd=REPO_ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, stderr = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, stderr.decode()
-    changed_at = time.monotonic()  # the command returns once every process of the proxy has seen the purge
+    changed_at = await purged(setup, f"{REGISTRY_HOST}/acme/foo@1.0.0", monkeypatch)
     fresh = new.sha256("linux_amd64")
     await shown_within_the_bound(setup, OLDER, changed_at, lambda a: a.status == 200 and fresh in a.body)
+
+
+async def test_the_fronts_stale_copy_never_stands_in_for_the_proxys_own_error(
+    behind_nginx, registry, monkeypatch
+) -> None:
+    """A version purged while the upstream is down: the proxy has nothing to answer with (502); nginx passes that
+    on rather than the purged copy it kept (it answers stale only when no replica answers at all)."""
+    setup = await behind_nginx()
+    gone = registry.releases[("acme", "foo")]["1.0.0"].sha256("linux_amd64")
+    await warm(setup, OLDER)
+    await registry.stop()
+    changed_at = await purged(setup, f"{REGISTRY_HOST}/acme/foo@1.0.0", monkeypatch)
+    answer = None
+
+    def shows(a: Answer) -> bool:
+        nonlocal answer
+        answer = a
+        return gone not in a.body
+
+    await shown_within_the_bound(setup, OLDER, changed_at, shows)
+    assert answer is not None and answer.status == 502 and answer.cache_status != "STALE", answer
+
+
+async def purged(setup: BehindNginx, target: str, monkeypatch: pytest.MonkeyPatch) -> float:
+    """`registry-proxy purge TARGET` on the proxy's stores (the command's `main`, in this process: its logging set-up
+    left out, which would replace the one capturing the proxy's records); when it returned, by when every process
+    of the proxy has seen the purge."""
+    monkeypatch.setattr(run, "setup_logging", lambda *_: None)
+    code, output = await registry_proxy_in_process("purge", target, "--data-dir", str(setup.proxy.data_dir))
+    assert code == 0 and output.startswith(f"purged {target}: "), output
+    return time.monotonic()
