@@ -4,7 +4,7 @@ micro-cache): pure, from the answer's status, its remaining freshness and whethe
 - A 200 (or 304) is fresh for what remains of the first-expiring document it was made from (less a second),
   but never more than `FRONT_MAX_AGE`, then may be served stale while one request revalidates it for
   `FRONT_STALE` more, and when the proxy fails for as long as the proxy itself would serve its stale copy
-  (`stale-while-revalidate`, `stale-if-error`). A cache can not know that the proxy's decisions changed (a
+  (`stale-while-revalidate`, `stale-if-error`). A cache cannot know that the proxy's decisions changed (a
   policy, tokens or OIDC issuers read again, a purge): these two bound how long it answers one made before
   (`FRONT_BOUND`), whatever the TTLs.
 - A 404 is remembered as the proxy remembers it: at most `--ttl-negative` (and `FRONT_MAX_AGE`), no stale use.
