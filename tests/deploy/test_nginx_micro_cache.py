@@ -20,8 +20,8 @@ pytestmark = pytest.mark.process
 INDEX = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json"
 VERSION = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/1.0.0.json"
 TTL = 3  # --ttl-versions of these tests: nginx's max-age is what remains of it, in whole seconds
-# The warm list's: its max-age (4, a second less than what remains, rounded down) leaves a loaded machine the time
-# to ask twice within it; with 3 the max-age is 1 and the second answer can come after it.
+# The warm list's: its max-age (3, the front's bound, under a second less than what remains) leaves a loaded machine
+# the time to ask twice within it; with 3 the max-age is 1 and the second answer can come after it.
 WARM_TTL = 6
 TOKEN_A, TOKEN_B = "rpt_front-client-a-0123456789abcdef", "rpt_front-client-b-0123456789abcdef"
 

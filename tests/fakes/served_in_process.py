@@ -83,7 +83,7 @@ class ServedInProcess:
 
     async def start(self) -> None:
         """Bind a free port, prepare as `serve` does (ConfigError as it would stop it), and serve once listening."""
-        sock = bind_listener("127.0.0.1", 0)
+        sock = bind_listener("127.0.0.1", self.port)  # a free port, or the one it listened on before a restart
         self.port = sock.getsockname()[1]
         try:
             settings = settings_from_args(build_parser().parse_args(self._arguments()))
@@ -110,6 +110,15 @@ class ServedInProcess:
             listened.cancel()
             await self._task  # raises what stopped the start
             raise RuntimeError("the proxy stopped before it listened")
+
+    async def restart(self, *more: str) -> None:
+        """Stop, then serve again on the same port and data dir with `more` arguments (a restart with new flags);
+        `events` then reads the records since this start."""
+        await self.stop()
+        self._extra = (*self._extra, *more)
+        self._stopped = asyncio.Event()
+        self._first_log = len(self.logs)
+        await self.start()
 
     def events(self, event: str | None = None) -> list[dict]:
         """The log records since this start (those named `event`, if given); those of another proxy served in
