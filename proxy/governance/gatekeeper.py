@@ -216,13 +216,13 @@ class Gatekeeper:
                     until = min(until, decision.until)
         withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
         filtered = Filtered(frozenset(allowed), tuple(withheld), until)
-        self._filtered.put(memo_key, (source, policy, filtered, stamp))
         for version, decision in withheld:  # recorded when a list is filtered anew, not on every request
-            self.audit.withheld(
+            self.audit.withheld(  # (with --audit-required, a refusal leaves the list to be filtered anew)
                 artifact_of(subject_of(addr, version)), client, rule=decision.rule, reason=decision.reason
             )
             if self.metrics is not None:
                 self.metrics.policy_decisions.labels(decision.rule, "withheld").inc()
+        self._filtered.put(memo_key, (source, policy, filtered, stamp))
         return filtered
 
     async def check(
