@@ -361,10 +361,8 @@ class Gatekeeper:
             log.warning("policy.publish_time_not_recorded", artifact=f"{addr} {version}", error=exc.message)
 
     def _refuse(self, subject: Subject, client: ClientIdentity, decision: Decision) -> None:
-        """Record the denial (or would-be denial), and raise it unless in warn mode."""
-        self.audit.denied(
-            artifact_of(subject), client, rule=decision.rule, reason=decision.reason, decision=decision.outcome
-        )
+        """Record the denial (or would-be denial), and raise it unless in warn mode (AuditUnavailableError instead
+        when --audit-required and the audit log cannot be written: counted and logged all the same)."""
         if self.metrics is not None:
             self.metrics.policy_decisions.labels(decision.rule, decision.outcome).inc()
         log.info(
@@ -373,6 +371,9 @@ class Gatekeeper:
             client=client.name,
             rule=decision.rule,
             reason=decision.reason,
+        )
+        self.audit.denied(
+            artifact_of(subject), client, rule=decision.rule, reason=decision.reason, decision=decision.outcome
         )
         if not decision.enforced:
             return
