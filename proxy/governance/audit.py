@@ -247,39 +247,31 @@ class AuditLog:
         if self._sink is None:
             return
         key = (client.name, client.address or "", json.dumps(artifact, sort_keys=True))
-        self._once(key, "served", artifact=artifact, **client.fields())
+        if not self._written_this_hour(key) and self.write("served", artifact=artifact, **client.fields()):
+            self._note_written(key)
 
     def withheld(self, artifact: dict[str, Any], client: ClientIdentity, *, rule: str, reason: str) -> None:
         """A version left out of a list (once per client, version and hour): `denied` with `withheld`."""
         key = (client.name, "withheld", json.dumps(artifact, sort_keys=True))
-        if not self._once_this_hour(key):
+        if self._written_this_hour(key):
             return
         self._remember(artifact, client, rule, reason, "withheld")
-        self._served.discard(key)
-        self._once(key, "denied", artifact=artifact, decision="withheld", rule=rule, reason=reason, **client.fields())
+        if self.write("denied", artifact=artifact, decision="withheld", rule=rule, reason=reason, **client.fields()):
+            self._note_written(key)
 
-    def _once(self, key: tuple, event: str, **fields: Any) -> None:
-        """`write`, once per `key` and hour: a dropped or refused event is not remembered (the next one tries)."""
-        if not self._once_this_hour(key):
-            return
-        written = False
-        try:
-            written = self.write(event, **fields)
-        finally:
-            if not written:
-                self._served.discard(key)
-
-    def _once_this_hour(self, key: tuple) -> bool:
+    def _written_this_hour(self, key: tuple) -> bool:
+        """Whether the once-an-hour event `key` was written in this hour (one dropped or refused was not: the next
+        request tries again)."""
         period = int(self.clock() // SERVED_PERIOD)
         if period != self._served_period:
             self._served.clear()
             self._served_period = period
-        if key in self._served:
-            return False
+        return key in self._served
+
+    def _note_written(self, key: tuple) -> None:
         if len(self._served) >= MAX_REMEMBERED:  # bounded: at worst an event is written twice in an hour
             self._served.clear()
         self._served.add(key)
-        return True
 
     def _remember(self, artifact: dict[str, Any], client: ClientIdentity, rule: str, reason: str, decision: str):
         text = " ".join(str(artifact[k]) for k in ("address", "version", "platform") if artifact.get(k))
@@ -294,7 +286,7 @@ class AuditLog:
 
 
 def _reason(exc: BaseException) -> str:
-    return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+    return (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
 
 
 def _iso(epoch: float) -> str:
