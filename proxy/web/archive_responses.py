@@ -27,8 +27,8 @@ JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
 
-`on_body` (the audit trail's `served` event) is called before the status line of a GET that sends the archive:
-what it raises (`audit_unavailable` under `--audit-required`) is an ordinary error answer, nothing is sent.
+`on_body` (the audit trail's `served` event) is called before the status line of a GET that sends the archive (or
+redirects to it, `--archive-redirect`): what it raises (`audit_unavailable` under `--audit-required`) is an ordinary error answer, nothing is sent.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ async def serve_archive(
     if settings.archives.archive_redirect and request.method != "HEAD":  # a URL signed for GET only
         redirect = await _redirect(request, guard, stored)
         if redirect is not None:
+            if on_body is not None:  # the archive is served from the object store: recorded all the same
+                on_body()
             return redirect
     if answer.status == 416:
         raise RangeNotSatisfiableError(
