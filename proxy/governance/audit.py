@@ -91,7 +91,7 @@ class AuditFile:
     requests (a `served` once per client, artifact and hour)."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        self.path = os.path.abspath(path)  # reopened at the same place whatever the working directory then
         self._descriptor = _open_for_appending(path)
         self._swap = threading.Lock()  # `reopen` runs in a thread (the SIGHUP reload), appends on the loop
 
