@@ -199,7 +199,9 @@ async def test_a_full_disk_drops_whole_events_in_order_and_counts_them(proxy_pro
     for n in range(3):
         sent.append(f"freed-{n}")
         assert await deny(client, sent[-1]) == 403
-    assert audit.read_bytes().startswith(while_full), "what was dropped is never written later"
+    after = audit.read_bytes()
+    assert after.startswith(while_full), "what was dropped is never written later"
+    assert request_ids(after[len(while_full) :].decode().splitlines()) == ["freed-0", "freed-1", "freed-2"]
     written = request_ids(lines_of(audit))  # each line a whole JSON event (else json.loads raises)
     assert written == [r for r in sent if r in written], "events in the order they happened"
     assert written[0] == "first" and written[-3:] == ["freed-0", "freed-1", "freed-2"]
