@@ -28,7 +28,8 @@ with the last chunk (and, chunked, the final empty chunk) unsent: the body is ne
 A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
 
 `on_body` (the audit trail's `served` event) is called before the status line of a GET that sends the archive (or
-redirects to it, `--archive-redirect`): what it raises (`audit_unavailable` under `--audit-required`) is an ordinary error answer, nothing is sent.
+redirects to it, `--archive-redirect`): what it raises (`audit_unavailable` under `--audit-required`) is an
+ordinary error answer, nothing is sent.
 """
 
 from __future__ import annotations
