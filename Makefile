@@ -13,6 +13,8 @@ BENCH_PACKAGES  := wrk nginx-light curl
 # nginx runs deploy/nginx.conf in front of a proxy in the tests; the package's own server (port 80) is not
 # wanted here: its service is stopped and disabled at once.
 TEST_SERVERS := nginx-light
+# logrotate runs deploy/logrotate/registry-proxy against a running proxy (tests/faults/test_audit_trail.py).
+TEST_SERVERS += logrotate
 # promtool checks and unit-tests deploy/monitoring's alert rules; Debian ships it in `prometheus`, whose own
 # server is not wanted here: installed without recommends, its service stopped and disabled at once.
 MONITORING_PACKAGES := prometheus

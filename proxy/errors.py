@@ -513,6 +513,14 @@ class StoreUnavailableError(ProxyError):
     code = "store_unavailable"
 
 
+class AuditUnavailableError(ProxyError):
+    """The audit log cannot be written (a full disk, a removed directory) and `--audit-required` is set: a request
+    that would produce an audit event is refused until it can be, so nothing is served unaudited."""
+
+    status = 503
+    code = "audit_unavailable"
+
+
 class OidcIssuerUnavailableError(ProxyError):
     """The OIDC token names a signing key the proxy does not hold, and its issuer's keys could not be fetched
     now (the issuer is unreachable or answers nonsense): retry later."""

@@ -216,13 +216,13 @@ class Gatekeeper:
                     until = min(until, decision.until)
         withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
         filtered = Filtered(frozenset(allowed), tuple(withheld), until)
-        self._filtered.put(memo_key, (source, policy, filtered, stamp))
         for version, decision in withheld:  # recorded when a list is filtered anew, not on every request
-            self.audit.withheld(
+            self.audit.withheld(  # (with --audit-required, a refusal leaves the list to be filtered anew)
                 artifact_of(subject_of(addr, version)), client, rule=decision.rule, reason=decision.reason
             )
             if self.metrics is not None:
                 self.metrics.policy_decisions.labels(decision.rule, "withheld").inc()
+        self._filtered.put(memo_key, (source, policy, filtered, stamp))
         return filtered
 
     async def check(
@@ -361,10 +361,8 @@ class Gatekeeper:
             log.warning("policy.publish_time_not_recorded", artifact=f"{addr} {version}", error=exc.message)
 
     def _refuse(self, subject: Subject, client: ClientIdentity, decision: Decision) -> None:
-        """Record the denial (or would-be denial), and raise it unless in warn mode."""
-        self.audit.denied(
-            artifact_of(subject), client, rule=decision.rule, reason=decision.reason, decision=decision.outcome
-        )
+        """Record the denial (or would-be denial), and raise it unless in warn mode (AuditUnavailableError instead
+        when --audit-required and the audit log cannot be written: counted and logged all the same)."""
         if self.metrics is not None:
             self.metrics.policy_decisions.labels(decision.rule, decision.outcome).inc()
         log.info(
@@ -373,6 +371,9 @@ class Gatekeeper:
             client=client.name,
             rule=decision.rule,
             reason=decision.reason,
+        )
+        self.audit.denied(
+            artifact_of(subject), client, rule=decision.rule, reason=decision.reason, decision=decision.outcome
         )
         if not decision.enforced:
             return

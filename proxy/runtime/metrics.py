@@ -244,6 +244,12 @@ class Metrics:
         self.evicted_bytes = Counter(
             "registry_proxy_store_evicted_bytes_total", "Bytes freed by evicting archives", registry=self.registry
         )
+        self.audit_dropped = Counter(
+            "registry_proxy_audit_events_dropped_total",
+            "Audit events that could not be written to --audit-log (a full disk, a removed directory) and were "
+            "dropped; with --audit-required, the requests that would have produced them were refused",
+            registry=self.registry,
+        )
         self.policy_decisions = Counter(
             "registry_proxy_policy_decisions_total",
             "Policy decisions that refused (deny) or would have refused (would-deny, warn mode) a request, and "

@@ -757,6 +757,17 @@ class PolicySettings:
         "to FILE (appended) or to stdout; separate from the access log",
         metavar="FILE|stdout",
     )
+    audit_required: bool = option(
+        "--audit-required",
+        Switch(),
+        "refuse (503 audit_unavailable) every request that would produce an audit event while --audit-log cannot "
+        "be written (a full disk): nothing is served unaudited; without it, serving goes on and the events that "
+        "could not be written are dropped and counted",
+    )
+
+    def __post_init__(self) -> None:
+        if self.audit_required and self.audit_log is None:
+            raise ConfigError("--audit-required needs --audit-log")
 
 
 @dataclass(frozen=True, kw_only=True, init=False)

@@ -184,11 +184,17 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The policy (`--policy`, read again on SIGHUP) and the audit trail (`--audit-log`), closed on shutdown."""
+    """The policy (`--policy`, read again on SIGHUP) and the audit trail (`--audit-log`, reopened on SIGHUP), closed
+    on shutdown."""
     settings = app[SETTINGS]
     path = settings.policy.policy_file
     policy = await asyncio.to_thread(load_policy, path) if path is not None else None
-    audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
+    audit = await asyncio.to_thread(
+        AuditLog.open,
+        settings.policy.audit_log,
+        required=settings.policy.audit_required,
+        on_dropped=app[METRICS].audit_dropped.inc,
+    )
     try:
         first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
         gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
@@ -196,6 +202,7 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
         if audit.enabled:
             app[MIRROR].on_fetched(gate.fetched)
             app[MODULES].on_fetched = gate.fetched
+            app[ON_SIGHUP].append(audit.reopen)  # after a rotation, the events go to a new file
         if path is not None:
             app[ON_SIGHUP].append(gate.reload)
             log.info("policy.loaded", file=str(path), rules=len(policy.rules), mode=policy.mode)
@@ -205,8 +212,8 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def reload_ctx(app: web.Application) -> AsyncIterator[None]:
-    """SIGHUP reads the tokens file and the policy again, in every worker (the supervisor passes its SIGHUP on:
-    proxy.web.workers), off the loop."""
+    """SIGHUP reads the tokens file and the policy again and reopens the audit log, in every worker (the supervisor
+    passes its SIGHUP on: proxy.web.workers), off the loop."""
     reloaders = list(app[ON_SIGHUP])
     if not reloaders:
         yield

@@ -26,6 +26,10 @@ download too. Headers go out with the first relayed chunk, so a refusal before t
 JSON error; a refusal after it aborts the connection
 with the last chunk (and, chunked, the final empty chunk) unsent: the body is never complete.
 A client that goes away meanwhile is logged as on the warm path (`request.aborted`, 499).
+
+`on_body` (the audit trail's `served` event) is called before the status line of a GET that sends the archive (or
+redirects to it, `--archive-redirect`): what it raises (`audit_unavailable` under `--audit-required`) is an
+ordinary error answer, nothing is sent.
 """
 
 from __future__ import annotations
@@ -63,22 +67,27 @@ def may_follow(request: web.Request) -> bool:
     return request.method in ("GET", "HEAD") and "Range" not in request.headers and "If-Match" not in request.headers
 
 
-async def serve_found(request: web.Request, find: Callable[[], Awaitable[Found]]) -> web.StreamResponse:
+OnBody = Callable[[], None] | None  # called before a GET's archive is sent (`serve_found`)
+
+
+async def serve_found(
+    request: web.Request, find: Callable[[], Awaitable[Found]], on_body: OnBody = None
+) -> web.StreamResponse:
     """Serve what `find()` returns; a copy found corrupt before the first byte went out (it is
     quarantined by then), or a download followed in a process that died before it, is looked up
     once more, which fetches and verifies it again."""
     stored, filename, content_type = await find()
     try:
-        return await _serve_pinned(request, stored, filename, content_type)
+        return await _serve_pinned(request, stored, filename, content_type, on_body)
     except (StoreCorruptionError, FollowedDownloadLostError):
         if request.transport is None or request.transport.is_closing():
             raise
     stored, filename, content_type = await find()
-    return await _serve_pinned(request, stored, filename, content_type)
+    return await _serve_pinned(request, stored, filename, content_type, on_body)
 
 
 async def _serve_pinned(
-    request: web.Request, stored: StoredArchive | UpstreamRelay, filename: str, content_type: str
+    request: web.Request, stored: StoredArchive | UpstreamRelay, filename: str, content_type: str, on_body: OnBody
 ) -> web.StreamResponse:
     """`serve_archive`, the stored archive pinned against eviction while it is sent (and noted as served).
 
@@ -87,16 +96,20 @@ async def _serve_pinned(
     if isinstance(stored, UpstreamRelay):
         if stored.stored_as is not None and request.method == "GET":  # a download followed as it arrives (its
             await request.app[ARCHIVE_USAGE].note(stored.stored_as)  # end only once stored) is a serve of it
-        return await serve_archive(request, stored, filename, content_type)
+        return await serve_archive(request, stored, filename, content_type, on_body)
     async with request.app[ARCHIVE_USAGE].serving(stored.sha256):
-        return await serve_archive(request, stored, filename, content_type)
+        return await serve_archive(request, stored, filename, content_type, on_body)
 
 
 async def serve_archive(
-    request: web.Request, stored: StoredArchive | UpstreamRelay, filename: str, content_type: str = "application/zip"
+    request: web.Request,
+    stored: StoredArchive | UpstreamRelay,
+    filename: str,
+    content_type: str = "application/zip",
+    on_body: OnBody = None,
 ) -> web.StreamResponse:
     if isinstance(stored, UpstreamRelay):
-        return await _relay(request, stored, filename, content_type)
+        return await _relay(request, stored, filename, content_type, on_body)
     etag = f'"{stored.sha256}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes", **_common_headers(request, filename)}
     answer = evaluate(
@@ -115,12 +128,16 @@ async def serve_archive(
     if settings.archives.archive_redirect and request.method != "HEAD":  # a URL signed for GET only
         redirect = await _redirect(request, guard, stored)
         if redirect is not None:
+            if on_body is not None:  # the archive is served from the object store: recorded all the same
+                on_body()
             return redirect
     if answer.status == 416:
         raise RangeNotSatisfiableError(
             f"range not satisfiable: the archive has {stored.size} bytes",
             headers={"Content-Range": f"bytes */{stored.size}"},
         )
+    if on_body is not None and request.method == "GET":
+        on_body()
     span = answer.span
     start, end = span if span is not None else (0, stored.size - 1)
     length = max(end - start + 1, 0)
@@ -150,7 +167,9 @@ async def serve_archive(
     return response
 
 
-async def _relay(request: web.Request, relay: UpstreamRelay, filename: str, content_type: str) -> web.StreamResponse:
+async def _relay(
+    request: web.Request, relay: UpstreamRelay, filename: str, content_type: str, on_body: OnBody
+) -> web.StreamResponse:
     """Send a verified-on-the-way relay; abort the connection if it fails once the headers went out."""
     headers = _common_headers(request, filename)
     if relay.etag is not None:
@@ -171,11 +190,16 @@ async def _relay(request: web.Request, relay: UpstreamRelay, filename: str, cont
         nonlocal length
         length = size
 
+    def prepare() -> Awaitable[object]:
+        if on_body is not None:
+            on_body()
+        return response.prepare(request)
+
     async def send(chunk: bytes) -> None:
         if not response.prepared:
             if length is not None:
                 response.content_length = length
-            await response.prepare(request)
+            await prepare()
         await write_paced(response, chunk)
         request.app[METRICS].served_bytes.inc(len(chunk))
 
@@ -193,7 +217,7 @@ async def _relay(request: web.Request, relay: UpstreamRelay, filename: str, cont
         raise
     if not response.prepared:  # a verified empty body
         response.content_length = 0
-        await response.prepare(request)
+        await prepare()
     await response.write_eof()
     return response
 

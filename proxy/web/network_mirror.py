@@ -25,7 +25,7 @@ from proxy.services.freshness import note_fresh_for, request_fresh_for
 from proxy.web.access import ACCESS, CLIENT, UrlSigner, signer_for
 from proxy.web.app_keys import MIRROR, RENDERINGS, WARM_ANSWERS
 from proxy.web.archive_responses import Found, may_follow, serve_found
-from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, note_served
+from proxy.web.policy_checks import app_gatekeeper, client_identity, gatekeeper, served_note
 from proxy.web.renderings import Rendering
 from proxy.web.responses import rendered_response
 
@@ -179,9 +179,7 @@ async def archive(request: web.Request) -> web.StreamResponse:
         )
         return archive_or_relay, filename, "application/zip"
 
-    response = await serve_found(request, find)
-    note_served(request, response, addr, version, str(platform))
-    return response
+    return await serve_found(request, find, served_note(request, addr, version, str(platform)))
 
 
 def add_routes(app: web.Application) -> None:

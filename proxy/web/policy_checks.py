@@ -8,6 +8,8 @@ nothing denied is fetched from an upstream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from proxy.domain.addresses import Version
@@ -41,13 +43,16 @@ def app_gatekeeper(app: web.Application) -> Gatekeeper | None:
     return gate if gate is not None and gate.active else None
 
 
-def note_served(
-    request: web.Request, response: web.StreamResponse, addr: Address, version: Version, platform: str | None
-) -> None:
-    """The audit trail's `served` event for an archive answered (once per client, artifact and hour)."""
+def served_note(
+    request: web.Request, addr: Address, version: Version, platform: str | None
+) -> Callable[[], None] | None:
+    """The audit trail's `served` event for an archive about to be sent (once per client, artifact and hour), for
+    `serve_found`'s `on_body`: written before the body, so that under `--audit-required` an event that cannot be
+    written refuses the request (None: no audit trail)."""
     gate = request.app.get(GATEKEEPER)
-    if gate is not None and gate.audit.enabled and response.status < 300 and request.method == "GET":
-        gate.served(addr, version, platform, client_identity(request))
+    if gate is None or not gate.audit.enabled:
+        return None
+    return lambda: gate.served(addr, version, platform, client_identity(request))
 
 
 def terraform_client(request: web.Request) -> bool:

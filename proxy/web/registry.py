@@ -25,7 +25,7 @@ from proxy.protocol.proxy_urls import rewrite_download_document, under
 from proxy.web.access import url_signer
 from proxy.web.app_keys import MIRROR, MODULES, RENDERINGS, SETTINGS
 from proxy.web.archive_responses import Found, serve_found
-from proxy.web.policy_checks import client_identity, gatekeeper, note_served, terraform_client
+from proxy.web.policy_checks import client_identity, gatekeeper, served_note, terraform_client
 from proxy.web.responses import json_response, rendered_response
 
 _FILE_URLS = ("download_url", "shasums_url", "shasums_signature_url")
@@ -171,9 +171,7 @@ async def module_archive(request: web.Request) -> web.StreamResponse:
             _CONTENT_TYPES.get(record.archive, "application/octet-stream"),
         )
 
-    response = await serve_found(request, find)
-    note_served(request, response, addr, version, None)
-    return response
+    return await serve_found(request, find, served_note(request, addr, version, None))
 
 
 _CONTENT_TYPES = {

@@ -371,6 +371,17 @@ CASES = {
         [series("registry_proxy_store_corruptions_total", "0 1x10", check="sha256")],
         [("3m", "RegistryProxyStoreCorrupted", expected("RegistryProxyStoreCorrupted", {**A, "check": "sha256"}))],
     ),
+    "audit": (
+        "1m",
+        [
+            series("registry_proxy_audit_events_dropped_total", "0 0 3x10"),
+            series("registry_proxy_audit_events_dropped_total", "0x12", **B),
+        ],
+        [
+            ("1m", "RegistryProxyAuditEventsDropped", []),
+            ("4m", "RegistryProxyAuditEventsDropped", expected("RegistryProxyAuditEventsDropped", A)),
+        ],
+    ),
     "redis": (
         "1m",
         [series("registry_proxy_redis_up", "1 1 0x10"), series("registry_proxy_redis_up", "1x12", **B)],

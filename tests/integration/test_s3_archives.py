@@ -9,8 +9,10 @@ removal, and the custom CA option.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import ssl
+import time
 
 import aiohttp
 import pytest
@@ -21,7 +23,7 @@ from proxy.runtime.client_reads import SharedBufferReads
 from proxy.settings.config import parse_s3_location
 from proxy.storage import ObjectInfo
 from proxy.storage.s3 import PIECE, S3Options, S3Store
-from proxy.web.app_keys import ARCHIVE_USAGE, GUARD
+from proxy.web.app_keys import ARCHIVE_USAGE, GATEKEEPER, GUARD
 from tests.conftest import PROVIDER, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.s3_server import REGION
@@ -247,6 +249,16 @@ async def test_a_redirect_is_a_serve_and_head_is_answered_by_the_proxy(s3_settin
             assert "Location" not in response.headers
             assert response.headers["Content-Length"] == str(len(data))
             assert response.headers["ETag"] == f'"{sha}"'
+
+
+async def test_a_redirect_is_recorded_as_served_in_the_audit_trail(s3_settings, client_ssl, tmp_path, big):
+    audit = tmp_path / "audit.log"
+    async with serve_proxy(s3_settings(archive_redirect=True, audit_log=str(audit)), client_ssl) as proxy:
+        assert (await proxy.get(BIG))[:1] == (200,)  # cold: fetched, relayed, served
+        proxy.app[GATEKEEPER].audit.clock = lambda: time.time() + 3600  # an hour later: a serve is recorded again
+        async with proxy.session.get(proxy.url + BIG, allow_redirects=False) as response:
+            assert response.status == 307
+    assert [json.loads(line)["event"] for line in audit.read_text().splitlines()] == ["fetched", "served", "served"]
 
 
 # ---- the store ----------------------------------------------------------------------------------
