@@ -80,7 +80,7 @@ async def test_a_replica_with_another_secret_exits_2_while_the_fleet_serves_on(
 
 
 async def test_a_lost_marker_is_made_again_and_a_replica_it_no_longer_opens_for_turns_unready(
-    in_process_proxy, connect, redis_server, attacker, prefix, tmp_path
+    in_process_proxy, connect, registry, redis_server, attacker, prefix, tmp_path
 ):
     first = await in_process_proxy(*store_args(redis_server, prefix, OLD), data_dir=tmp_path / "a")
     client = await connect(first)
@@ -90,12 +90,16 @@ async def test_a_lost_marker_is_made_again_and_a_replica_it_no_longer_opens_for_
 
     attacker.delete(marker)  # FLUSHDB, an eviction or a restart without persistence
     other = await in_process_proxy(*store_args(redis_server, prefix, NEW), data_dir=tmp_path / "b")
-    assert (await (await connect(other)).get("/readyz"))[0] == 200  # the marker made again, with its secret
+    other_client = await connect(other)
+    assert (await other_client.get("/readyz"))[0] == 200  # the marker made again, with its secret
+    assert (await other_client.get(ARCHIVE.format(v="1.1.0")))[0] == 200  # records sealed with its secret
 
     status, _, body = await client.get("/readyz")
     assert status == 503
     assert b"--metadata-secret differs from the fleet's" in body
     assert [r["event"] for r in first.events("metadata.secret_mismatch")] == ["metadata.secret_mismatch"]
+    status, _, body = await client.get(ARCHIVE.format(v="1.1.0"))  # served, without reading the store
+    assert (status, body) == (200, registry.releases[("acme", "foo")]["1.1.0"].zips["linux_amd64"])
     assert first.events("security.metadata_poisoned") == []
 
 
@@ -107,9 +111,12 @@ async def test_a_forged_marker_is_a_mismatch_not_a_new_fleet(
         await in_process_proxy(*store_args(redis_server, prefix, OLD), data_dir=tmp_path / "a")
 
 
-async def test_an_embedded_data_dir_sealed_with_another_secret_refuses_to_start(in_process_proxy, connect, tmp_path):
+async def test_an_embedded_data_dir_sealed_with_another_secret_refuses_to_start_until_rotated(
+    in_process_proxy, connect, registry, tmp_path
+):
     data_dir = tmp_path / "data"
     first = await in_process_proxy(data_dir=data_dir)  # the data dir's own secret, made on first start
+    assert (await (await connect(first)).get(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
     assert (await (await connect(first)).get(ARCHIVE.format(v="1.0.0")))[0] == 200
     await first.stop()
     own = (data_dir / "metadata" / "metadata.secret").read_text().strip()
@@ -127,10 +134,19 @@ async def test_an_embedded_data_dir_sealed_with_another_secret_refuses_to_start(
     assert str(refused.value) == f"--metadata-secret differs from the one that sealed {database}"
     assert rows() == before  # nothing written with the other secret
 
-    # the data dir's secret accepted for reading: the rotation, as on Redis
-    again = await in_process_proxy("--metadata-secret", NEW, "--metadata-secret-accepted", own, data_dir=data_dir)
+    # the rotation, as on Redis: the data dir's secret accepted for reading, the store sealed again, then dropped
+    requests = len(registry.requests)
+    accepting = ("--metadata-secret", NEW, "--metadata-secret-accepted", own)
+    again = await in_process_proxy(*accepting, data_dir=data_dir)
     assert (await (await connect(again)).get(ARCHIVE.format(v="1.0.0")))[0] == 200
-    assert again.events("security.metadata_poisoned") == []
+    code, output = await registry_proxy_in_process("rotate-secret", "--data-dir", str(data_dir), *accepting)
+    assert code == 0 and "marker sealed with the new secret" in output, output
+    await again.stop()
+    rotated = await in_process_proxy("--metadata-secret", NEW, data_dir=data_dir)
+    assert (await (await connect(rotated)).get(ARCHIVE.format(v="1.0.0")))[0] == 200
+    assert (await (await connect(rotated)).get(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
+    assert registry.requests[requests:] == []
+    assert again.events("security.metadata_poisoned") == rotated.events("security.metadata_poisoned") == []
 
 
 @pytest.mark.process
