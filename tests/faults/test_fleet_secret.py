@@ -153,30 +153,38 @@ async def test_an_embedded_data_dir_sealed_with_another_secret_refuses_to_start_
 async def test_rotating_the_secret_through_a_rolling_restart_refuses_nothing(
     proxy_process, connect, registry, signing_key, redis_server, prefix, tmp_path
 ):
-    """The procedure of docs/operations.md, on two replicas: each step restarts one replica at a time while the
-    other serves (and writes records) under the step before."""
-    added = [f"1.{minor}.0" for minor in range(2, 14)]  # two fetches before each restart and after the last
+    """The procedure of docs/operations.md, on two replicas restarted one at a time: after each restart the
+    restarted replica writes a new version's records, and then each replica reads every version's records
+    written so far, under whichever secret, from the store (the restarted one has nothing in memory) without
+    asking the upstream again and without refusing one."""
+    added = [f"1.{minor}.0" for minor in range(2, 8)]  # one per restart
     for version in added:
         registry.add(Release("acme", "foo", version, signing_key, platforms=("linux_amd64",)))
-    versions = iter(["1.0.0", "1.1.0", *added])
+    versions = iter(["1.0.0", *added])
     served: list[str] = []
     shared = tmp_path / "shared-data"  # one archive store, as a fleet has
     running = {name: await proxy_process(*store_args(redis_server, prefix, OLD), data_dir=shared) for name in "ab"}
 
-    async def fetch_through_each() -> None:
+    async def write_then_read_all(writer: str) -> None:
+        version, client = next(versions), await connect(running[writer])
+        assert (await client.get(f"/mirror/v1/{PROVIDER}/{version}.json"))[0] == 200
+        assert (await client.get(ARCHIVE.format(v=version)))[0] == 200
+        served.append(version)
+        requests = len(registry.requests)
         for proxy in running.values():
-            version, client = next(versions), await connect(proxy)
-            assert (await client.get(f"/mirror/v1/{PROVIDER}/{version}.json"))[0] == 200
-            assert (await client.get(ARCHIVE.format(v=version)))[0] == 200
-            served.append(version)
+            client = await connect(proxy)
+            for version in served:
+                assert (await client.get(f"/mirror/v1/{PROVIDER}/{version}.json"))[0] == 200
+                assert (await client.get(ARCHIVE.format(v=version)))[0] == 200
+        assert registry.requests[requests:] == []
 
     async def roll(*args: str) -> None:
         for name in running:
             await running[name].stop()
             running[name] = await proxy_process(*args, data_dir=shared)
-            await fetch_through_each()
+            await write_then_read_all(name)
 
-    await fetch_through_each()
+    await write_then_read_all("a")
     await roll(*store_args(redis_server, prefix, OLD, NEW))  # 1. the new secret accepted everywhere
     await roll(*store_args(redis_server, prefix, NEW, OLD))  # 2. written with the new one, the old accepted
     code, output = await registry_proxy_in_process("rotate-secret", *store_args(redis_server, prefix, NEW, OLD))
@@ -184,13 +192,6 @@ async def test_rotating_the_secret_through_a_rolling_restart_refuses_nothing(
     assert "marker sealed with the new secret" in output
     await roll(*store_args(redis_server, prefix, NEW))  # 3. the old secret dropped
 
-    requests = len(registry.requests)
-    for proxy in running.values():  # every record, whoever wrote it under whichever secret, opens
-        client = await connect(proxy)
-        for version in served:
-            assert (await client.get(ARCHIVE.format(v=version)))[0] == 200
-            assert (await client.get(f"/mirror/v1/{PROVIDER}/{version}.json"))[0] == 200
-    assert registry.requests[requests:] == []
     for proxy in running.values():
         assert proxy.events("security.metadata_poisoned") == []
         assert proxy.events("metadata.secret_mismatch") == []
