@@ -125,5 +125,5 @@ def _negative_store(settings: Settings, backend: SealedStore, metrics: Metrics |
         from proxy.metadata_store.redis import RedisNegatives, RedisStore
 
         if isinstance(backend.inner, RedisStore):
-            return RedisNegatives(backend.inner, backend.seal, *bounds, report=report)
+            return RedisNegatives(backend.inner, backend.seal, *bounds, report=report, usable=backend.usable)
     return MemoryNegatives(*bounds, report=report)

@@ -451,9 +451,13 @@ class RedisNegatives:
         *,
         report: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.time,
+        usable: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._store = store
         self._seal = seal
+        self._usable = (
+            usable  # False: the fleet's marker does not open with the seal's secrets (nothing read or written)
+        )
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._retention = retention
@@ -465,19 +469,27 @@ class RedisNegatives:
     def _entry(self, key: str) -> str:
         return self._store.key(NEGATIVE.key(key))
 
+    async def _unusable(self) -> bool:
+        return self._usable is not None and not await self._usable()
+
     async def get(self, key: str) -> bytes | None:
+        if await self._unusable():
+            return None
         name = NEGATIVE.key(key)
         return self._seal.open(
             name, await self._store._call(self._store.client.get(self._entry(key)), None, keys=(name,))
         )
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if await self._unusable():
+            return [None] * len(keys)
         names = [NEGATIVE.key(key) for key in keys]
         found = await self._store.read_many(names, lambda pipeline, name: pipeline.get(name))
         return [self._seal.open(name, raw) for name, raw in zip(names, found, strict=True)]
 
     async def put(self, key: str, value: bytes) -> None:
-        await self._run("put", key, self._seal.close(NEGATIVE.key(key), value))
+        if not await self._unusable():
+            await self._run("put", key, self._seal.close(NEGATIVE.key(key), value))
 
     async def discard(self, key: str) -> None:
         await self._run("discard", key, b"")

@@ -147,21 +147,22 @@ class SealedStore(StoreWrapper):
         """The secret's mismatch with the fleet's, else why the store under this wrapper is unusable, or None."""
         return (self.fleet.problem if self.fleet is not None else None) or self.inner.problem
 
-    async def _usable(self) -> bool:
+    async def usable(self) -> bool:
+        """False while the fleet's marker does not open with this seal's secrets (checked again now and then)."""
         return self.fleet is None or await self.fleet.confirm()
 
     async def get(self, key: str) -> bytes | None:
-        if not await self._usable():
+        if not await self.usable():
             return None
         return self.seal.open(key, await self.inner.get(key))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        if not await self._usable():
+        if not await self.usable():
             return [None] * len(keys)
         return [self.seal.open(key, raw) for key, raw in zip(keys, await self.inner.get_many(keys), strict=True)]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        if await self._usable():
+        if await self.usable():
             await self.inner.set(key, self.seal.close(key, value), ttl)
 
     async def delete(self, key: str) -> None:

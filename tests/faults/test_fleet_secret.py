@@ -24,6 +24,7 @@ from tests.fakes.process import ProxyProcess, child_environment, registry_proxy_
 
 PROVIDER = "registry.example.test/acme/foo"
 ARCHIVE = "/mirror/v1/" + PROVIDER + "/{v}/linux_amd64/terraform-provider-foo_{v}_linux_amd64.zip"
+UNKNOWN = "/mirror/v1/registry.example.test/acme/nope/index.json"
 OLD = "old-fleet-secret-0123456789abcdef"
 NEW = "new-fleet-secret-fedcba9876543210"
 
@@ -93,11 +94,13 @@ async def test_a_lost_marker_is_made_again_and_a_replica_it_no_longer_opens_for_
     other_client = await connect(other)
     assert (await other_client.get("/readyz"))[0] == 200  # the marker made again, with its secret
     assert (await other_client.get(ARCHIVE.format(v="1.1.0")))[0] == 200  # records sealed with its secret
+    assert (await other_client.get(UNKNOWN))[0] == 404  # and a remembered 404
 
     status, _, body = await client.get("/readyz")
     assert status == 503
     assert b"--metadata-secret differs from the fleet's" in body
     assert [r["event"] for r in first.events("metadata.secret_mismatch")] == ["metadata.secret_mismatch"]
+    assert (await client.get(UNKNOWN))[0] == 404
     status, _, body = await client.get(ARCHIVE.format(v="1.1.0"))  # served, without reading the store
     assert (status, body) == (200, registry.releases[("acme", "foo")]["1.1.0"].zips["linux_amd64"])
     assert first.events("security.metadata_poisoned") == []
