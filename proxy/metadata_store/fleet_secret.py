@@ -146,17 +146,16 @@ class FleetSecret:
         return marker
 
     def _note(self, standing: Standing, loud: bool) -> None:
+        """Take `standing` as the replica's, logging a change to or from a mismatch if `loud`."""
         if standing is self.standing:
             return
-        if not loud:
-            pass
-        elif standing is Standing.OTHER:
+        if loud and standing is Standing.OTHER:
             log.error(
                 "metadata.secret_mismatch",
                 error=self._mismatch,
                 effect="this replica neither reads nor writes the metadata store and /readyz answers 503; "
                 "restart it with the fleet's secret (docs/operations.md, 'Rotating the metadata secret')",
             )
-        elif self.standing is Standing.OTHER:
+        elif loud and self.standing is Standing.OTHER:
             log.warning("metadata.secret_matched", standing=standing.value, effect="the metadata store is used again")
         self.standing = standing
