@@ -251,6 +251,18 @@ def _add_store_commands(commands) -> None:
         "target", metavar="ADDRESS[@VERSION]", help="provider HOST/NS/TYPE or module HOST/NS/NAME/SYSTEM"
     )
 
+    add_command(
+        commands,
+        "rotate-secret",
+        config=True,
+        help="seal the metadata store's records and marker again with a new --metadata-secret",
+        description='The last step of a rotation of the metadata secret (docs/operations.md, "Rotating the '
+        'metadata secret"): run with the new secret as --metadata-secret and the old one as '
+        "--metadata-secret-accepted once every replica reads with both and writes with the new one. Every record "
+        "the old secret sealed is sealed again with the new one (its expiry kept), then the fleet's marker: the "
+        "replicas may then drop the old secret. Exits 2, changing nothing, when neither secret opens the marker.",
+    )
+
 
 _HEALTHCHECK_ABOUT = (
     "Ask the proxy started with the same settings (the same flags or REGISTRY_PROXY_* variables: listen address, "
@@ -404,6 +416,7 @@ def serve(args: argparse.Namespace) -> int:
     from proxy.web.server import run_server
 
     setup_logging(settings.logging.log_format, settings.logging.log_level)
+    asyncio.run(prepare_metadata_store(settings))  # first: a secret that differs from the fleet's is its one line
     warn_about_short_timings(settings, below_safe_minimums(args, "serve"))
     warn_about_plain_http_upstreams(settings)
     context = server_ssl_context(settings, sorted(settings.tls.tls_hostnames))
@@ -413,7 +426,6 @@ def serve(args: argparse.Namespace) -> int:
         log.info("proxy.listening", mirror_url=url, workers=settings.server.workers)
 
     warn_about_access(settings)
-    asyncio.run(prepare_metadata_store(settings))
     if settings.server.workers > 1:
         from proxy.web.workers import run_workers  # gunicorn: only for a supervisor of workers
 
@@ -432,13 +444,16 @@ def serve(args: argparse.Namespace) -> int:
 
 async def prepare_metadata_store(settings: Settings) -> None:
     """Open the metadata store once before serving: the metadata secret is made and the embedded file checked
-    (records of an older version sealed, a damaged file moved aside) by one process, and a store that does not
-    answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it)."""
+    (records of an older version sealed, a damaged file moved aside) by one process, the fleet's secret marker
+    opened (ConfigError, exit 2, when the secret differs: `proxy.metadata_store.fleet_secret`), and a store that
+    does not answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it;
+    the marker is checked once it answers)."""
     from proxy.metadata_store.factory import open_metadata_store
 
     store, _ = await open_metadata_store(settings)
     try:
-        await store.ping()  # a failure is logged by the store (`redis.down`), once
+        if await store.ping() and store.fleet is not None:  # a failure is logged by the store (`redis.down`), once
+            await store.fleet.require()
     finally:
         await store.close()
 

@@ -14,6 +14,8 @@ from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundl
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
 from proxy.commands.proxy_api import ProxyClient, ProxyUnreachableError
+from proxy.commands.rotate_secret import report_lines as rotation_lines
+from proxy.commands.rotate_secret import rotate_secret
 from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.domain.addresses import AddressError, Platform
@@ -50,6 +52,8 @@ async def dispatch(args: argparse.Namespace) -> int:
         return await _gc(args)
     if args.command == "purge":
         return await _purge(args)
+    if args.command == "rotate-secret":
+        return await _rotate_secret(args)
     raise CommandError(f"unknown command {args.command}")
 
 
@@ -124,9 +128,16 @@ def _store_settings(args: argparse.Namespace) -> Settings:
 
 
 async def _metadata(settings: Settings) -> tuple[NegativeBound, ServedTimes]:
-    """The metadata store opened (and sealed) exactly as `serve` opens it, and the archives' last-served
-    times kept on the same connection."""
+    """The metadata store opened (and sealed) exactly as `serve` opens it, its fleet's secret marker checked as
+    `serve` checks it (ConfigError, exit 2, when the secret differs), and the archives' last-served times kept
+    on the same connection."""
     backend, _, times = await open_metadata(settings)
+    try:
+        if backend.fleet is not None and await backend.ping():
+            await backend.fleet.require()
+    except BaseException:
+        await backend.close()
+        raise
     return negative_bound(settings, backend), times
 
 
@@ -251,6 +262,21 @@ async def _purge(args: argparse.Namespace) -> int:
     if report.unreadable:
         print(f"{len(report.unreadable)} records could not be read (a wrong --metadata-secret?): no archive removed")
     return 0
+
+
+async def _rotate_secret(args: argparse.Namespace) -> int:
+    settings = _store_settings(args)
+    backend, _, store = await open_metadata(settings)
+    try:
+        if backend.fleet is None or not await backend.ping():
+            raise CommandError(f"the metadata store cannot be used now ({backend.problem}): nothing was changed")
+        await backend.fleet.require()  # neither secret opens the marker: exit 2, nothing changed
+        report = await rotate_secret(store, backend.seal, backend.fleet)
+    finally:
+        await backend.close()
+    for line in rotation_lines(report):
+        print(line)
+    return 0 if report.marker else 1
 
 
 async def _verify(args: argparse.Namespace) -> int:

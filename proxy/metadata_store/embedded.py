@@ -35,6 +35,7 @@ import aiosqlite
 import structlog
 
 from proxy.metadata_store.breaker import Breaker
+from proxy.metadata_store.keys import FLEET_SECRET
 
 
 def _import_sqlite_cache() -> type:
@@ -126,7 +127,8 @@ class EmbeddedStore:
         cache = await self._open()
         if not prefix:
             async for key in cache.keys():
-                yield key
+                if key != FLEET_SECRET:  # the secret's marker is not metadata
+                    yield key
             return
         # A range of the key index: only keys of this kind are read (all of them first, see `_select_value`).
         after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
@@ -136,7 +138,28 @@ class EmbeddedStore:
         ):
             found = await cursor.fetchall()
         for (key,) in found:
-            yield key
+            if key != FLEET_SECRET:
+                yield key
+
+    def sealed_keys(self) -> AsyncIterator[str]:
+        """Every key whose value the seal wrote, the marker aside (for `rotate-secret`)."""
+        return self.keys()
+
+    async def get_kept(self, key: str) -> bytes | None:
+        """The value under `key` (nothing expires here)."""
+        return await self.get(key)
+
+    async def add(self, key: str, value: bytes) -> bool | None:
+        """Write `value` under `key` unless a value is there (one statement): whether it was written, None when
+        the file could not be used."""
+        statement = f"INSERT OR IGNORE INTO `{TABLE}` (key, value) VALUES (?, ?)"
+        return await self._call(lambda cache: _changed(cache, statement, (key, value)), None, retry_fresh=True)
+
+    async def swap(self, key: str, old: bytes, new: bytes) -> bool | None:
+        """Replace `old` by `new` under `key` only if `old` is still there: whether it was replaced, None when the
+        file could not be used."""
+        statement = f"UPDATE `{TABLE}` SET value = ? WHERE key = ? AND value = ?"
+        return await self._call(lambda cache: _changed(cache, statement, (new, key, old)), None)
 
     async def note_served(self, times: Mapping[str, float]) -> None:
         """Upsert into the `served` table, keeping the later time."""
@@ -328,6 +351,12 @@ async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes
         db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor,
     ):
         return {key: value for key, value in await cursor.fetchall()}
+
+
+async def _changed(cache: SQLiteCache, statement: str, parameters: tuple) -> bool:
+    """Whether `statement` changed a row (its cursor closed at once, see `_select_value`)."""
+    async with cache.get_connection() as db, db.execute(statement, parameters) as cursor:
+        return cursor.rowcount > 0
 
 
 async def _served_write(cache: SQLiteCache, statement: str, rows: list[tuple]) -> None:

@@ -8,6 +8,7 @@ retention the server gives each kind of entry.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -15,11 +16,13 @@ import structlog
 from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.embedded import EmbeddedStore
 from proxy.metadata_store.file_locks import FileLocks
+from proxy.metadata_store.fleet_secret import FleetSecret
 from proxy.metadata_store.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
-from proxy.metadata_store.sealed import SECRET_FILE, Seal, SealedStore, metadata_secret
+from proxy.metadata_store.sealed import SECRET_FILE, Seal, SealedStore, accepted_secrets, metadata_secret
 from proxy.runtime.coalescing import FleetLocks, LocalLocks
 from proxy.runtime.metrics import Metrics
 from proxy.settings.config import Settings
+from proxy.settings.values import shown_redis_url
 
 if TYPE_CHECKING:
     from proxy.metadata_store.redis import RedisStore
@@ -50,7 +53,7 @@ async def open_metadata(
     if settings.metadata.redis_url:
         from proxy.metadata_store.redis import RedisFleetLocks, RedisStore  # redis-py: only for a store in Redis
 
-        seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="redis", on_reject=on_reject)
+        seal = await _seal(settings, "redis", on_reject)
         ca_file = settings.metadata.redis_ca_file
         redis_store = RedisStore(
             settings.metadata.redis_url,
@@ -62,8 +65,9 @@ async def open_metadata(
             refuse=seal.refuse,
         )
         redis_store.follow_failovers()
+        mismatch = f"--metadata-secret differs from the fleet's in {shown_redis_url(settings.metadata.redis_url)}"
         return (
-            SealedStore(redis_store, seal),
+            SealedStore(redis_store, seal, FleetSecret(redis_store, seal, mismatch=mismatch)),
             RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),
             redis_store,
         )
@@ -73,9 +77,10 @@ async def open_metadata(
         and not settings.metadata.metadata_secret_file
         and await asyncio.to_thread(lambda: database.exists() and not (settings.cache_dir / SECRET_FILE).exists())
     )
-    seal = Seal(await asyncio.to_thread(metadata_secret, settings), store="embedded", on_reject=on_reject)
+    seal = await _seal(settings, "embedded", on_reject)
     embedded = EmbeddedStore(database)
-    sealed = SealedStore(embedded, seal)
+    mismatch = f"--metadata-secret differs from the one that sealed {database}"
+    sealed = SealedStore(embedded, seal, FleetSecret(embedded, seal, mismatch=mismatch))
     if await sealed.ping() and upgrading:  # the ping also checks the file (and moves a damaged one aside)
         log.info(
             "metadata.records_sealed",
@@ -83,6 +88,13 @@ async def open_metadata(
             reason="first start with sealed metadata: the existing records of this data dir were sealed",
         )
     return sealed, FileLocks(settings.lock_dir) if settings.server.workers > 1 else LocalLocks(), embedded
+
+
+async def _seal(settings: Settings, store: str, on_reject: Callable[[str, str], None] | None) -> Seal:
+    """The seal of the metadata secret, opening also what the accepted secrets sealed (ConfigError when one
+    cannot be had)."""
+    secret, accepted = await asyncio.to_thread(lambda: (metadata_secret(settings), accepted_secrets(settings)))
+    return Seal(secret, store=store, accepted=accepted, on_reject=on_reject)
 
 
 def negative_bound(
@@ -113,5 +125,5 @@ def _negative_store(settings: Settings, backend: SealedStore, metrics: Metrics |
         from proxy.metadata_store.redis import RedisNegatives, RedisStore
 
         if isinstance(backend.inner, RedisStore):
-            return RedisNegatives(backend.inner, backend.seal, *bounds, report=report)
+            return RedisNegatives(backend.inner, backend.seal, *bounds, report=report, usable=backend.usable)
     return MemoryNegatives(*bounds, report=report)

@@ -98,6 +98,7 @@ FLEET_LOCK = WrappedKey("lock")  # a Redis fleet lock
 NEGATIVE = WrappedKey("negative")  # a remembered 404 in Redis
 NEGATIVE_BOOKKEEPING = ("negatives", "negatives:sizes", "negatives:bytes")  # Redis: write order, sizes, total
 SERVED = "served"  # Redis: sorted set of archive SHA-256s by the time they were last served
+FLEET_SECRET = "fleet-secret"  # the fleet's secret marker, never expiring (proxy.metadata_store.fleet_secret)
 PURGES = "purges"  # the last purge's mark: every process drops its in-memory copies when it changes
 
 

@@ -39,7 +39,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.metadata_store import Refuse
 from proxy.metadata_store.breaker import Breaker
-from proxy.metadata_store.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.metadata_store.keys import FLEET_LOCK, FLEET_SECRET, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
 from proxy.metadata_store.redis_client import RedisConnection
 from proxy.metadata_store.sealed import Seal
 from proxy.settings.config import parse_redis_target
@@ -52,8 +52,10 @@ DEFAULT_RETENTION = 90 * 86400.0
 # this many connections (each pool would open more, or refuse: redis-py 8's refuses its 101st, which
 # counted as Redis failing), the same on one server, Sentinel and Cluster.
 IN_FLIGHT = 64
-# fleet locks and remembered 404s are never exported
-_NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
+# fleet locks, remembered 404s and the fleet's secret marker are never exported
+_NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED, FLEET_SECRET)
+_NOT_SEALED = (FLEET_LOCK.prefix, *NEGATIVE_BOOKKEEPING, SERVED)
+_UNANSWERED = object()
 # RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 FAILURES = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
@@ -101,6 +103,7 @@ class RedisStore:
         self._breaker = Breaker(retry_interval, clock)
         self._refuse = refuse
         self._slots = asyncio.Semaphore(IN_FLIGHT)
+        self._swap = self.client.register_script(_SWAP)
 
     @property
     def problem(self) -> str | None:
@@ -181,6 +184,33 @@ class RedisStore:
             name = key.decode() if isinstance(key, bytes) else key
             if not name[skip:].startswith(_NOT_LISTED):
                 yield name[skip:]
+
+    async def sealed_keys(self) -> AsyncIterator[str]:
+        """Every key whose value the seal wrote, remembered 404s included, the marker aside (for `rotate-secret`;
+        SCAN, never KEYS); raises if Redis is unavailable."""
+        seen: set[str] = set()
+        for pattern in dict.fromkeys((self.key("*"), self.key(NEGATIVE.key("*")))):
+            async for name in self.client.scan_iter(match=pattern, count=500):
+                key = self.names.key(name.decode() if isinstance(name, bytes) else name)
+                if key not in seen and key != FLEET_SECRET and not key.startswith(_NOT_SEALED):
+                    seen.add(key)
+                    yield key
+
+    async def get_kept(self, key: str) -> bytes | None:
+        """The value under `key`, its expiry (or none) left as it is."""
+        return await self._call(self.client.get(self.key(key)), None, keys=(key,))
+
+    async def add(self, key: str, value: bytes) -> bool | None:
+        """Write `value` under `key`, never to expire, unless a value is there (SET NX): whether it was written,
+        None when Redis did not answer."""
+        written = await self._call(self.client.set(self.key(key), value, nx=True), _UNANSWERED, keys=(key,))
+        return None if written is _UNANSWERED else bool(written)
+
+    async def swap(self, key: str, old: bytes, new: bytes) -> bool | None:
+        """Replace `old` by `new` under `key`, keeping its expiry, only if `old` is still there (one script):
+        whether it was replaced, None when Redis did not answer."""
+        swapped = await self._call(self._swap(keys=[self.key(key)], args=[old, new]), _UNANSWERED, keys=(key,))
+        return None if swapped is _UNANSWERED else bool(swapped)
 
     async def note_served(self, times: Mapping[str, float]) -> None:
         """ZADD GT into `PREFIX:served` (a later time wins, whichever replica wrote first); the set
@@ -282,6 +312,11 @@ return 0
 # KEYS[1]: a fleet lock. ARGV[1]: the holder's token. Deleted only if still held with it.
 _LEASE_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# KEYS[1]: a sealed value. ARGV: the value expected there, its replacement (same expiry). 1 when replaced.
+_SWAP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') return 1 end
 return 0
 """
 RENEWALS_PER_LEASE = 4  # a holder survives three renewals lost in a row (a Redis blip, a busy event loop)
@@ -416,9 +451,13 @@ class RedisNegatives:
         *,
         report: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.time,
+        usable: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._store = store
         self._seal = seal
+        self._usable = (
+            usable  # False: the fleet's marker does not open with the seal's secrets (nothing read or written)
+        )
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._retention = retention
@@ -430,19 +469,27 @@ class RedisNegatives:
     def _entry(self, key: str) -> str:
         return self._store.key(NEGATIVE.key(key))
 
+    async def _unusable(self) -> bool:
+        return self._usable is not None and not await self._usable()
+
     async def get(self, key: str) -> bytes | None:
+        if await self._unusable():
+            return None
         name = NEGATIVE.key(key)
         return self._seal.open(
             name, await self._store._call(self._store.client.get(self._entry(key)), None, keys=(name,))
         )
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if await self._unusable():
+            return [None] * len(keys)
         names = [NEGATIVE.key(key) for key in keys]
         found = await self._store.read_many(names, lambda pipeline, name: pipeline.get(name))
         return [self._seal.open(name, raw) for name, raw in zip(names, found, strict=True)]
 
     async def put(self, key: str, value: bytes) -> None:
-        await self._run("put", key, self._seal.close(NEGATIVE.key(key), value))
+        if not await self._unusable():
+            await self._run("put", key, self._seal.close(NEGATIVE.key(key), value))
 
     async def discard(self, key: str) -> None:
         await self._run("discard", key, b"")

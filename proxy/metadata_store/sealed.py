@@ -26,12 +26,16 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from proxy.domain.lru import Lru
 from proxy.metadata_store import MetadataStore, StoreWrapper
 from proxy.settings.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from proxy.metadata_store.fleet_secret import FleetSecret
 
 log = structlog.get_logger(__name__)
 
@@ -69,8 +73,16 @@ class Seal:
     """One store's secret: seals values under the keys they are written to, opens what is read, and reports
     (once per key, counting every time) each value it refuses."""
 
-    def __init__(self, secret: bytes, *, store: str, on_reject: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        store: str,
+        accepted: tuple[bytes, ...] = (),
+        on_reject: Callable[[str, str], None] | None = None,
+    ) -> None:
         self._secret = secret
+        self._accepted = tuple(other for other in accepted if other != secret)  # also opened, never sealed with
         self.store = store
         self._on_reject = on_reject
         self._reported: Lru[str, None] = Lru(_REPORTED_KEYS)  # a use: a key's first report (not a repeat)
@@ -85,12 +97,25 @@ class Seal:
         """The value sealed under `key`, or None: nothing stored, or a value refused (and reported)."""
         if stored is None:
             return None
-        value, why = unseal(self._secret, key, stored)
+        value, _, why = self.unseal(key, stored)
         if value is None:
             self.refuse(key, why, "no_seal" if why.startswith("no seal") else "bad_seal")
         elif key in self._reported:  # (almost never: a membership test, not a call, on every read)
             self._reported.pop(key)
         return value
+
+    def unseal(self, key: str, stored: bytes) -> tuple[bytes | None, bool, str]:
+        """(value, whether it was sealed with this seal's own secret, "") when `stored` opens under `key` with
+        the secret or one of the accepted ones (a rotation under way); else (None, False, why not). Reports
+        nothing."""
+        value, why = unseal(self._secret, key, stored)
+        if value is not None:
+            return value, True, ""
+        for other in self._accepted if why.startswith("bad seal") else ():
+            value, _ = unseal(other, key, stored)
+            if value is not None:
+                return value, False, ""
+        return None, False, why
 
     def refuse(self, key: str, why: str, reason: str) -> None:
         """Report a value found under `key` that is never used: counted by `reason`, logged once per key."""
@@ -109,20 +134,36 @@ class Seal:
 
 
 class SealedStore(StoreWrapper):
-    """MetadataStore wrapper that seals what it writes and refuses what it cannot verify."""
+    """MetadataStore wrapper that seals what it writes and refuses what it cannot verify; while the fleet's
+    marker (`fleet`) does not open with its secrets, it neither reads nor writes (a miss, a write skipped)."""
 
-    def __init__(self, inner: MetadataStore, seal: Seal) -> None:
+    def __init__(self, inner: MetadataStore, seal: Seal, fleet: FleetSecret | None = None) -> None:
         super().__init__(inner)
         self.seal = seal
+        self.fleet = fleet
+
+    @property
+    def problem(self) -> str | None:
+        """The secret's mismatch with the fleet's, else why the store under this wrapper is unusable, or None."""
+        return (self.fleet.problem if self.fleet is not None else None) or self.inner.problem
+
+    async def usable(self) -> bool:
+        """False while the fleet's marker does not open with this seal's secrets (checked again now and then)."""
+        return self.fleet is None or await self.fleet.confirm()
 
     async def get(self, key: str) -> bytes | None:
+        if not await self.usable():
+            return None
         return self.seal.open(key, await self.inner.get(key))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if not await self.usable():
+            return [None] * len(keys)
         return [self.seal.open(key, raw) for key, raw in zip(keys, await self.inner.get_many(keys), strict=True)]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        await self.inner.set(key, self.seal.close(key, value), ttl)
+        if await self.usable():
+            await self.inner.set(key, self.seal.close(key, value), ttl)
 
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
@@ -142,24 +183,37 @@ class SealedStore(StoreWrapper):
 
 def metadata_secret(settings: Settings) -> bytes:
     """The operator's secret, or (embedded store only) the data dir's own, made on first start."""
-    if settings.metadata.metadata_secret:
-        return settings.metadata.metadata_secret.strip().encode()
-    if settings.metadata.metadata_secret_file is not None:
-        try:
-            secret = settings.metadata.metadata_secret_file.read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read --metadata-secret-file {settings.metadata.metadata_secret_file}: {exc.strerror or exc}"
-            ) from None
-        if len(secret) < MIN_SECRET_BYTES:
-            raise ConfigError(
-                f"--metadata-secret-file {settings.metadata.metadata_secret_file} must hold at least "
-                f"{MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)"
-            )
+    metadata = settings.metadata
+    secret = _given_secret(metadata.metadata_secret, metadata.metadata_secret_file, "--metadata-secret-file")
+    if secret is not None:
         return secret
-    if settings.metadata.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
+    if metadata.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
         raise ConfigError("a shared Redis store needs --metadata-secret or --metadata-secret-file")
     return _local_secret(settings.cache_dir / SECRET_FILE)
+
+
+def accepted_secrets(settings: Settings) -> tuple[bytes, ...]:
+    """The secrets accepted for reading besides `metadata_secret` (--metadata-secret-accepted, for a rotation)."""
+    metadata = settings.metadata
+    accepted = _given_secret(
+        metadata.metadata_secret_accepted, metadata.metadata_secret_accepted_file, "--metadata-secret-accepted-file"
+    )
+    return () if accepted is None else (accepted,)
+
+
+def _given_secret(value: str | None, file: Path | None, flag: str) -> bytes | None:
+    """A secret given as text or in a file (ConfigError when the file cannot be read or holds too little)."""
+    if value:
+        return value.strip().encode()
+    if file is None:
+        return None
+    try:
+        secret = file.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {flag} {file}: {exc.strerror or exc}") from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigError(f"{flag} {file} must hold at least {MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)")
+    return secret
 
 
 def _local_secret(path: Path) -> bytes:

@@ -101,7 +101,14 @@ DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # Which commands take an option besides `serve` (they read the same variables and --config file).
-STORE_COMMANDS = ("export", "import", "verify", "gc", "purge")  # open the data dir's stores as `serve` does
+STORE_COMMANDS = (
+    "export",
+    "import",
+    "verify",
+    "gc",
+    "purge",
+    "rotate-secret",
+)  # open the data dir's stores as `serve` does
 CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
 SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
 
@@ -533,10 +540,28 @@ class MetadataSettings:
         metavar="FILE",
         commands=SERVE_AND_STORE,
     )
+    metadata_secret_accepted: str | None = option(
+        "--metadata-secret-accepted",
+        Text(min_bytes=16, hint="the fleet's secret before or after a rotation"),
+        "another secret whose seals are accepted when reading, never written with: the other half of a rotation "
+        'of --metadata-secret (docs/operations.md, "Rotating the metadata secret")',
+        metavar="SECRET",
+        commands=SERVE_AND_STORE,
+        secret=True,
+    )
+    metadata_secret_accepted_file: Path | None = option(
+        "--metadata-secret-accepted-file",
+        FILE,
+        "read --metadata-secret-accepted from this file instead",
+        metavar="FILE",
+        commands=SERVE_AND_STORE,
+    )
 
     def __post_init__(self) -> None:
         if self.metadata_secret is not None and self.metadata_secret_file is not None:
             raise ConfigError("give either --metadata-secret or --metadata-secret-file, not both")
+        if self.metadata_secret_accepted is not None and self.metadata_secret_accepted_file is not None:
+            raise ConfigError("give either --metadata-secret-accepted or --metadata-secret-accepted-file, not both")
         target = parse_redis_target(self.redis_url) if self.redis_url else None
         if self.redis_sentinel_password is not None and (target is None or target.kind != "sentinel"):
             raise ConfigError(

@@ -353,6 +353,15 @@ def parse_redis_url(text: str) -> str:
     return text
 
 
+def shown_redis_url(text: str) -> str:
+    """A Redis URL as it may be shown (a message, a log): without its user, password and query (which may hold
+    a password); the scheme, hosts, ports and path kept."""
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        return text
+    return f"{scheme}://{rest.partition('?')[0].rpartition('@')[2]}"  # hosts and paths hold no @; a password may
+
+
 def parse_http_url(text: str) -> str:
     """An `http://` or `https://` URL."""
     url = _url(text)

@@ -46,6 +46,7 @@ from proxy.web.aiohttp_internals import FRONT
 from proxy.web.app_keys import (
     ARCHIVE_USAGE,
     CATALOG,
+    FLEET_SECRET,
     GATEKEEPER,
     GUARD,
     INVENTORY,
@@ -152,6 +153,8 @@ async def metadata_store_ctx(app: web.Application) -> AsyncIterator[None]:
         await front.follow_purges()  # the purge mark as of now: later purges make this process forget
         outermost = cache = negative_bound(settings, backend, metrics, front=front)
         app[METADATA_BACKEND], app[METADATA_CACHE] = backend, cache
+        if backend.fleet is not None:
+            app[FLEET_SECRET] = backend.fleet
         app[FLEET_LOCKS], app[SERVED_TIMES] = locks, served_times
         yield
     finally:

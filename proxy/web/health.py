@@ -6,7 +6,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.web.access import shown_host
-from proxy.web.app_keys import METRICS, MIRROR, SETTINGS
+from proxy.web.app_keys import FLEET_SECRET, METRICS, MIRROR, SETTINGS
 from proxy.web.responses import json_response
 
 
@@ -15,12 +15,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """503 when archives cannot be stored (unwritable, or below --min-free-space); a metadata store
-    outage is "degraded" but serving."""
+    """503 when archives cannot be stored (unwritable, or below --min-free-space) or when the metadata secret
+    differs from the fleet's (its marker read again now); a metadata store outage is "degraded" but serving."""
     mirror = request.app[MIRROR]
     checks = await mirror.ready()
     space = await mirror.disk_space()
-    if not checks["archive_store"] or not checks["disk_space"]:
+    fleet = request.app.get(FLEET_SECRET)
+    if fleet is not None and checks["metadata_store"]:
+        await fleet.check()
+    mismatched = fleet is not None and fleet.problem is not None
+    if mismatched:
+        checks["metadata_store"] = False
+    if not checks["archive_store"] or not checks["disk_space"] or mismatched:
         status, code = "not ready", 503
     elif not checks["metadata_store"]:
         status, code = "degraded", 200

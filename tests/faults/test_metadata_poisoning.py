@@ -15,7 +15,9 @@ import uuid
 import pytest
 
 from proxy.domain.hashes import Hash, h1_of_zip
+from proxy.metadata_store.keys import FLEET_SECRET
 from proxy.metadata_store.sealed import seal, unseal
+from proxy.settings.config import ConfigError
 
 PROVIDER = "registry.example.test/acme/foo"
 ARCHIVE = "/mirror/v1/" + PROVIDER + "/{v}/{p}/terraform-provider-foo_{v}_{p}.zip"
@@ -135,19 +137,16 @@ def _payload_field(value: bytes, name: str) -> str:
     return json.loads(value[start:])["data"][name]
 
 
-async def test_a_replica_with_another_secret_treats_records_as_misses(
-    in_process_proxy, connect, registry, redis_server, prefix, tmp_path
-):
-    release = registry.releases[("acme", "foo")]["1.0.0"]
+async def test_a_replica_with_another_secret_does_not_start(in_process_proxy, connect, redis_server, prefix, tmp_path):
+    """It would read every record as forged: the fleet's marker stops it first (tests/faults/test_fleet_secret.py)."""
     first = await in_process_proxy(*redis_args(redis_server, prefix), data_dir=tmp_path / "a")
     status, _, _ = await (await connect(first)).get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
     assert status == 200
-    other = await in_process_proxy(
-        *redis_args(redis_server, prefix, secret="another-secret-of-a-forgotten-replica"), data_dir=tmp_path / "b"
-    )
-    status, _, body = await (await connect(other)).get(ARCHIVE.format(v="1.0.0", p="linux_amd64"))
-    assert (status, body) == (200, release.zips["linux_amd64"])
-    assert f"archive:{PROVIDER}/1.0.0/linux_amd64" in {r["key"] for r in other.events("security.metadata_poisoned")}
+    with pytest.raises(ConfigError, match="--metadata-secret differs from the fleet's"):
+        await in_process_proxy(
+            *redis_args(redis_server, prefix, secret="another-secret-of-a-forgotten-replica"), data_dir=tmp_path / "b"
+        )
+    assert first.events("security.metadata_poisoned") == []
 
 
 async def test_redis_without_a_secret_refuses_to_start(proxy_process, redis_server, prefix):
@@ -187,10 +186,11 @@ async def test_upgrading_an_embedded_data_dir_seals_its_records_and_keeps_servin
     assert (await client.get(f"/mirror/v1/{PROVIDER}/1.0.0.json"))[0] == 200
     assert (await client.get(ARCHIVE.format(v="1.0.0", p="linux_amd64")))[0] == 200
     await proc.stop()
-    # As a version before seals left it: the same records, unsealed, and no secret file.
+    # As a version before seals left it: the same records, unsealed, and no secret file (nor its marker).
     secret_file = data_dir / "metadata" / "metadata.secret"
     secret = secret_file.read_bytes().strip()
     with sqlite3.connect(data_dir / "metadata" / "metadata.sqlite") as db:
+        assert db.execute("DELETE FROM metadata WHERE key = ?", (FLEET_SECRET,)).rowcount == 1
         for key, value in db.execute("SELECT key, value FROM metadata").fetchall():
             plain, why = unseal(secret, key, bytes(value))
             assert why == ""

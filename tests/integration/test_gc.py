@@ -10,8 +10,10 @@ Redis, in the fleet's negative bookkeeping).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sqlite3
 import time
 
 import pytest
@@ -161,8 +163,19 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
     store = DiskStore(settings.archive_dir)
     os.utime(store.path_for(live), (time.time() - LONG_AGO,) * 2)
     secret = settings.data_dir / "metadata" / "metadata.secret"
+    own = secret.read_text()
     secret.write_text("another-secret-0123456789abcdef\n")  # as if gc ran with the wrong --metadata-secret
+    code, out = await gc(settings)
+    assert (code, out.strip()) == (
+        2,
+        f"registry-proxy: error: --metadata-secret differs from the one that sealed "
+        f"{settings.data_dir / 'metadata' / 'metadata.sqlite'}",
+    )
+    assert store.path_for(live).exists()
 
+    secret.write_text(own)
+    with contextlib.closing(sqlite3.connect(settings.data_dir / "metadata" / "metadata.sqlite")) as db, db:
+        assert db.execute("UPDATE metadata SET value = ? WHERE key LIKE 'archive:%'", (b"forged",)).rowcount == 1
     code, out = await gc(settings)
     assert code == 0, out
     assert lines_of(out, "archive") == []

@@ -52,6 +52,8 @@ VARIABLES = [
     "MAX_MODULE_UNPACKED_SIZE",
     "MAX_STORE_SIZE",
     "METADATA_SECRET",
+    "METADATA_SECRET_ACCEPTED",
+    "METADATA_SECRET_ACCEPTED_FILE",
     "METADATA_SECRET_FILE",
     "METRICS_TOKEN_REQUIRED",
     "MIN_DOWNLOAD_RATE",
@@ -100,7 +102,19 @@ VARIABLES = [
     "WORKERS",
 ]
 FLAG_ONLY = {("healthcheck", "--timeout"), ("gc", "--grace")}
-COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "purge", "healthcheck", "token"]
+COMMANDS = [
+    "serve",
+    "lock",
+    "warm",
+    "export",
+    "import",
+    "verify",
+    "gc",
+    "purge",
+    "rotate-secret",
+    "healthcheck",
+    "token",
+]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
 
 
