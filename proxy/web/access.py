@@ -42,6 +42,8 @@ from yarl import URL
 from proxy.domain.addresses import AddressError, Hostname
 from proxy.domain.credentials import on_behalf_of
 from proxy.errors import (
+    GrantInvalidError,
+    GrantRevokedError,
     HostNotAllowedError,
     OidcAlgorithmRefusedError,
     OidcAudienceError,
@@ -95,14 +97,16 @@ Problem = TokenRefusedError | OidcIssuerUnavailableError
 class Access:
     """The tokens and OIDC issuers in force (each replaced whole on reload, and with them the clients grants may
     name), the private hosts, and the grant signer. `oidc` (the OIDC token checker) is set once its resources
-    are open (`proxy.web.app`)."""
+    are open (`proxy.web.app`). `accepted`: the grants of the secrets accepted for reading during a rotation
+    (`--metadata-secret-accepted`): grants they made are honoured, none is made with them."""
 
-    def __init__(self, settings: Settings, grants: Grants) -> None:
+    def __init__(self, settings: Settings, grants: Grants, accepted: tuple[Grants, ...] = ()) -> None:
         self.path: Path | None = settings.access.auth_tokens
         self.issuers_path: Path | None = settings.access.oidc_issuers
         self.private = settings.upstreams.upstream_credentials.private_hosts
         self.metrics_token_required = settings.access.metrics_token_required
         self.grants = grants
+        self._accepted = accepted
         self._use(load_tokens(self.path) if self.path is not None else TokenBook())
         self.issuers = load_issuers(self.issuers_path) if self.issuers_path is not None else IssuerBook()
         self.oidc: OidcAuthenticator | None = None
@@ -151,11 +155,22 @@ class Access:
     def _use(self, book: TokenBook) -> None:
         """Put `book` in force: its tokens, and the grants made for them (a grant of a token not in it is refused)."""
         self.book = book
-        self._grant_holders = {self.grants.token_id(token): token for token in book.tokens}
+        self._grant_holders = [
+            (grants, {grants.token_id(token): token for token in book.tokens})
+            for grants in (self.grants, *self._accepted)
+        ]
 
     def grant_holder(self, path: str, grant: str, now: float) -> Client:
-        """The client in force that `grant` was made for, if it allows `path` now (else a 401 is raised)."""
-        return self.grants.holder(path, grant, now, self._grant_holders, self.issuers.grant_holder)
+        """The client in force that `grant` was made for, if it allows `path` now (else a 401 is raised): made with
+        the secret in force, or with one accepted during a rotation (the first key's refusal is the one raised)."""
+        refused: GrantInvalidError | GrantRevokedError | None = None
+        for grants, holders in self._grant_holders:
+            try:
+                return grants.holder(path, grant, now, holders, self.issuers.grant_holder)
+            except (GrantInvalidError, GrantRevokedError) as exc:  # perhaps made with another key: try the next
+                refused = refused or exc
+        assert refused is not None
+        raise refused
 
 
 def _reload_failed(event: str, path: Path, exc: Exception, effect: str) -> None:

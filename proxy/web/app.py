@@ -25,7 +25,7 @@ from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.full_disk import SkipWritesWhenFull
 from proxy.metadata_store.memory import MemoryFront
-from proxy.metadata_store.sealed import metadata_secret
+from proxy.metadata_store.sealed import accepted_secrets, metadata_secret
 from proxy.modules.git_sources import GitFetcher
 from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
@@ -179,8 +179,9 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     """Client tokens, OIDC issuers and archive grants; with a tokens or issuers file, SIGHUP reads them again
     (`reload_ctx`)."""
     settings = app[SETTINGS]
-    secret = await asyncio.to_thread(metadata_secret, settings)
-    access = app[ACCESS] = await asyncio.to_thread(Access, settings, create_grants(grant_key(secret)))
+    secret, accepted = await asyncio.to_thread(lambda: (metadata_secret(settings), accepted_secrets(settings)))
+    rotating = tuple(create_grants(grant_key(old)) for old in accepted)
+    access = app[ACCESS] = await asyncio.to_thread(Access, settings, create_grants(grant_key(secret)), rotating)
     if settings.access.clients_required:
         app[ON_SIGHUP].append(access.reload)
     yield

@@ -127,3 +127,26 @@ async def test_an_expired_grant_is_refused(in_process_proxy, tokens):
     # and the proxy's own grant expires within its lifetime and a minute
     expires = int(grant_of(url).partition(".")[0])
     assert now + GRANT_LIFETIME - 5 <= expires <= now + GRANT_LIFETIME + 65
+
+
+async def test_a_grant_made_with_the_secret_accepted_during_a_rotation_is_honoured(in_process_proxy, tokens):
+    """Step 2 of a rotation (docs/operations.md): a replica writing with the new secret, the old accepted, honours
+    the grants made by a replica still writing with the old one; without the old one accepted it refuses them."""
+    new_secret = "n" * 32
+    rotating = await in_process_proxy(
+        "--auth-tokens", str(tokens), "--metadata-secret", new_secret, "--metadata-secret-accepted", METADATA_SECRET
+    )
+    url = await granted_archive(rotating, FIRST)
+    path = url.partition("?")[0]
+    [first, _] = parse_tokens(tokens.read_text()).tokens
+    expires = Grants.expiry(time.time())
+    old_grant = create_grants(grant_key(METADATA_SECRET.encode())).sign(path, first, expires)
+    assert old_grant != grant_of(url)  # the replica makes its grants with the new secret
+    assert (await get(rotating, with_grant(path, old_grant)))[0] == 200
+    forged = create_grants(grant_key(b"f" * 32)).sign(path, first, expires)  # neither secret's
+    status, body = await get(rotating, with_grant(path, forged))
+    assert (status, body["code"]) == (401, "grant_revoked")
+    await rotating.stop()
+    dropped = await in_process_proxy("--auth-tokens", str(tokens), "--metadata-secret", new_secret)  # step 4
+    status, body = await get(dropped, with_grant(path, old_grant))
+    assert (status, body["code"]) == (401, "grant_revoked")
