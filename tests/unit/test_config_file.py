@@ -92,6 +92,8 @@ SAMPLES = {
     "--redis-ca-file": "redis-ca.pem",
     "--metadata-secret": "0123456789abcdef0123",
     "--metadata-secret-file": "secret",
+    "--metadata-secret-accepted": "fedcba98765432100123",
+    "--metadata-secret-accepted-file": "old-secret",
     "--public-url": "https://proxy.example/",
     "--auth-tokens": "tokens.toml",
     "--policy": "policy.toml",
