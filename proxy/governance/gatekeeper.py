@@ -28,7 +28,9 @@ from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import PolicyDeniedError, PolicyHeldBackError, StoreUnavailableError
 from proxy.governance.audit import AuditLog, ClientIdentity
 from proxy.governance.policy import (
+    FIRST_LISTING,
     MODULE,
+    NEVER,
     PROVIDER,
     Decision,
     Filtered,
@@ -205,15 +207,13 @@ class Gatekeeper:
             return known[2]
         versions = list(versions)
         times = await self._times(policy, addr, versions, client)
-        allowed, withheld, until = set(), [], _FOREVER
-        for version in versions:
-            decision = _decide(policy, subject_of(addr, version), client, times.get(version), now)
-            if decision.allowed or not decision.enforced:
-                allowed.add(version)
-            else:
-                withheld.append((version, decision))
-                if decision.until is not None:
-                    until = min(until, decision.until)
+        allowed, withheld, until = self._sort(policy, addr, versions, client, times, now)
+        unknown = [version for version, _ in withheld if not times[version].age_known] if times else []
+        if unknown and self.first_seen is not None:  # where the upstream dates them, its dates decide
+            await self.first_seen.learn_unknown(addr, unknown)
+            stamp = self.stamp
+            times = await self._times(policy, addr, versions, client)
+            allowed, withheld, until = self._sort(policy, addr, versions, client, times, now)
         withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
         filtered = Filtered(frozenset(allowed), tuple(withheld), until)
         self._filtered.put(memo_key, (source, policy, filtered, stamp))
@@ -224,6 +224,27 @@ class Gatekeeper:
             if self.metrics is not None:
                 self.metrics.policy_decisions.labels(decision.rule, "withheld").inc()
         return filtered
+
+    @staticmethod
+    def _sort(
+        policy: Policy,
+        addr: Address,
+        versions: list[Version],
+        client: ClientIdentity,
+        times: Mapping[Version, ReleaseTime],
+        now: float,
+    ) -> tuple[set[Version], list[tuple[Version, Decision]], float]:
+        """The versions allowed, those withheld with their decisions, and the first time a held one is not."""
+        allowed, withheld, until = set(), [], _FOREVER
+        for version in versions:
+            decision = _decide(policy, subject_of(addr, version), client, times.get(version), now)
+            if decision.allowed or not decision.enforced:
+                allowed.add(version)
+            else:
+                withheld.append((version, decision))
+                if decision.until is not None:
+                    until = min(until, decision.until)
+        return allowed, withheld, until
 
     async def check(
         self,
@@ -260,7 +281,7 @@ class Gatekeeper:
                     return None  # not in the upstream's list: the service answers 404
                 time_of = (await self._times(policy, addr, versions, client)).get(version)
             decision = _decide(policy, subject, client, time_of, now)
-            if time_of is not None and self._age_decides(policy, subject, client, decision, now):
+            if time_of is not None and self._age_decides(policy, subject, client, decision, time_of, now):
                 time_of = await self.first_seen.learn(addr, version)  # asks for the publish time once
                 decision = _decide(policy, subject, client, time_of, now)
                 stamp = self.stamp
@@ -335,12 +356,22 @@ class Gatekeeper:
         return 0 if self.first_seen is None else self.first_seen.changes
 
     def _age_decides(
-        self, policy: Policy, subject: Subject, client: ClientIdentity, decision: Decision, now: float
+        self,
+        policy: Policy,
+        subject: Subject,
+        client: ClientIdentity,
+        decision: Decision,
+        time_of: ReleaseTime,
+        now: float,
     ) -> bool:
-        """Whether a publish time could hold back a version its known times let through: asked for only then
-        (a version denied, held back or in warn mode would-be denied already costs no request)."""
-        if not decision.allowed or self.first_seen is None:
+        """Whether a publish time could hold back a version its known times let through, or tell the age of a
+        version held for an unknown one: asked for only then (a version denied, held back by a known age or
+        in warn mode would-be denied already costs no request)."""
+        if self.first_seen is None:
             return False
+        if not decision.allowed:  # held for an unknown age only (an old age would let it through): a date may tell
+            old = policy.decide(subject, client.name, scopes=client.scopes, published=FIRST_LISTING, now=now)
+            return not time_of.age_known and decision.enforced and old.allowed
         youngest = policy.decide(subject, client.name, scopes=client.scopes, published=now, now=now)
         return youngest.until is not None
 
@@ -415,6 +446,7 @@ def _decide(
         published=time_of.counted_from,
         now=now,
         age_source=time_of.decided_by,
+        age_known=time_of.age_known,
     )
 
 
@@ -429,7 +461,13 @@ def explain(
             lines.append("age: not known (give --age or --published): a min-age rule holds the version back")
         else:
             counted = released.counted_from
-            lines.append(f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})")
+            if not released.age_known:
+                since = "" if counted == NEVER else f"; listed since {_timestamp(counted)} ({_age_text(now - counted)})"
+                lines.append(f"age: unknown: no first-seen record, no publish time{since}")
+            else:
+                lines.append(
+                    f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})"
+                )
     for index, rule in enumerate(policy.rules, 1):
         selects = rule.selects(subject, client, scopes)
         if selects is False:
@@ -445,7 +483,9 @@ def explain(
         if rule.platforms is not None:
             parts.append(f"refuses platforms other than {', '.join(sorted(rule.platforms))}")
         if rule.min_age is not None:
-            parts.append(f"holds back versions younger than {rule.min_age_text}")
+            parts.append(
+                f"holds back versions younger than {rule.min_age_text} (of an unknown age: {rule.unknown_age})"
+            )
         lines.append(f"{index}. {rule.name}: {'; '.join(parts)}")
     if subject.version is None:
         decision = policy.decide_address(subject, client, scopes)
@@ -460,6 +500,7 @@ def explain(
             published=None if released is None else released.counted_from,
             now=now,
             age_source="" if released is None else released.decided_by,
+            age_known=released is None or released.age_known,
         )
     verdict = "allow" if decision.allowed else "deny"
     warn = "" if decision.enforced else " (warn mode: not enforced)"

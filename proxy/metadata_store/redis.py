@@ -2,7 +2,9 @@
 
 Keys are `PREFIX:KEY` (see docs/operations.md, "Redis key schema"); every key has a TTL, the retention
 period, renewed whenever the key is written or read (GETEX), so entries in use never expire
-and an abandoned prefix drains by itself.
+and an abandoned prefix drains by itself; but for the records a policy depends on (`keys.KEPT`: first-seen
+times, baselines), which are written without one and read with GETEX PERSIST: an expired or evicted one would
+make ages unknown (held back by default).
 Values are the versioned JSON of `proxy.metadata_store`, sealed (`proxy.metadata_store.sealed`), so a replica never
 crashes on a format it does not know, nor uses a value it cannot authenticate: either is a miss.
 
@@ -39,7 +41,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.metadata_store import Refuse
 from proxy.metadata_store.breaker import Breaker
-from proxy.metadata_store.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.metadata_store.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames, kept
 from proxy.metadata_store.redis_client import RedisConnection
 from proxy.metadata_store.sealed import Seal
 from proxy.settings.config import parse_redis_target
@@ -140,10 +142,18 @@ class RedisStore:
         return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
+        if kept(key):
+            return await self._call(self.client.getex(self.key(key), persist=True), None, keys=(key,))
         return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None, keys=(key,))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return await self.read_many(keys, lambda pipeline, name: pipeline.getex(name, ex=self._ttl()))
+        return await self.read_many(keys, self._read_renewing)
+
+    def _read_renewing(self, pipeline: Any, name: str) -> object:
+        """GETEX renewing the retention, or removing any TTL from a kept record's name."""
+        if kept(self.names.key(name)):
+            return pipeline.getex(name, persist=True)
+        return pipeline.getex(name, ex=self._ttl())
 
     async def read_many(self, keys: list[str], read: Callable[[Any, str], object]) -> list[bytes | None]:
         """The values under `keys`, read in one pipeline by `read(pipeline, prefixed name)`; a key that is
@@ -167,6 +177,9 @@ class RedisStore:
         return max(1, int(self._retention))
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        if kept(key):  # a record a policy depends on never expires, whatever the caller asks
+            await self._call(self.client.set(self.key(key), value), None)
+            return
         seconds = max(1, int(ttl)) if ttl is not None else self._ttl()
         await self._call(self.client.set(self.key(key), value, ex=seconds), None)
 
