@@ -100,6 +100,22 @@ def _add_policy_command(commands) -> None:
         help="how long ago the upstream says it published the version (registry API, SHA256SUMS Last-Modified); "
         "the age counts from the later of this and --age, and the output says which decided",
     )
+    baseline = add_command(
+        actions,
+        "baseline",
+        config=True,
+        options_of="serve",
+        help="record the versions the upstream lists now as old, on purpose, for min-age rules",
+        description="Record the versions each ADDRESS's upstream lists now (fetched as the proxy fetches them) as "
+        "old, on purpose: a min-age rule then lets them through where their age is unknown (a fresh deployment, "
+        "a flushed or lost metadata store). Without ADDRESS: every provider and module the store knows. A version "
+        "the proxy has a first-seen time for keeps it. Takes the options of `serve` (the same flags, variables "
+        "and --config); audited as `baselined` with --actor.",
+    )
+    baseline.add_argument("addresses", nargs="*", metavar="ADDRESS", help="HOST/NAMESPACE/TYPE or HOST/NS/NAME/SYSTEM")
+    baseline.add_argument(
+        "--actor", metavar="NAME", help="who baselines, for the audit trail (default: cli:USER, the OS user)"
+    )
 
 
 def _add_token_command(commands) -> None:
@@ -498,6 +514,32 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _policy_baseline(args: argparse.Namespace) -> int:
+    """`policy baseline`: serve's options resolved as serve resolves them, then the baseline."""
+    import getpass
+
+    from proxy.commands.baseline import run_baseline
+    from proxy.runtime.log import setup_logging
+    from proxy.settings.command_line import resolve
+
+    resolve(args, "serve", os.environ)
+    settings = settings_from_args(args)
+    if not structlog.is_configured():  # (run inside a test's process, it logs where that process does)
+        setup_logging("auto", "info")  # the policy.baselined records on stderr: JSON unless on a terminal
+    actor = args.actor or f"cli:{getpass.getuser()}"
+    report = asyncio.run(run_baseline(settings, args.addresses, actor))
+    for address, versions in report.recorded.items():
+        kept = report.kept.get(address, [])
+        print(
+            f"baselined {address}: {len(versions)} versions recorded as old"
+            + (f" ({', '.join(map(str, versions))})" if versions else "")
+            + (f"; {len(kept)} kept with their first-seen time ({', '.join(map(str, kept))})" if kept else "")
+        )
+    for address, reason in report.failed.items():
+        print(f"FAILED {address}: {reason}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
 def _token_new(args: argparse.Namespace) -> int:
     from proxy.identity.tokens import AuthConfigError, new_token, token_entry
 
@@ -537,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
             return healthcheck.run(args)
         if args.command == "token":
             return _token_new(args)
+        if args.command == "policy" and args.policy_command == "baseline":
+            return _policy_baseline(args)
         if args.command == "policy":
             from proxy.commands import policy
 

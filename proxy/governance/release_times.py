@@ -289,6 +289,10 @@ class FirstSeen:
         self._remember(key, Releases(record, await self._baseline(addr)))
         log.info("policy.publish_time", artifact=f"{addr} {version}", source=source, published=dated)
 
+    async def releases(self, addr: Address) -> Releases:
+        """The records of `addr` as stored now (first-seen and baseline)."""
+        return Releases(await self._read(keys.first_seen(addr)) or ReleaseRecord(), await self._baseline(addr))
+
     async def record_baseline(self, addr: Address, versions: Iterable[Version], by: str) -> Baseline:
         """Record `versions` as old on purpose (kept with those baselined before), by `by`."""
         key = keys.baseline(addr)
