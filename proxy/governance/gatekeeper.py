@@ -208,7 +208,9 @@ class Gatekeeper:
         versions = list(versions)
         times = await self._times(policy, addr, versions, client)
         allowed, withheld, until = self._sort(policy, addr, versions, client, times, now)
-        unknown = [version for version, _ in withheld if not times[version].age_known] if times else []
+        unknown = [
+            v for v, d in withheld if self._date_may_tell(policy, subject_of(addr, v), client, times.get(v), now)
+        ]
         if unknown and self.first_seen is not None:  # where the upstream dates them, its dates decide
             await self.first_seen.learn_unknown(addr, unknown)
             stamp = self.stamp
@@ -369,11 +371,20 @@ class Gatekeeper:
         in warn mode would-be denied already costs no request)."""
         if self.first_seen is None:
             return False
-        if not decision.allowed:  # held for an unknown age only (an old age would let it through): a date may tell
-            old = policy.decide(subject, client.name, scopes=client.scopes, published=FIRST_LISTING, now=now)
-            return not time_of.age_known and decision.enforced and old.allowed
+        if not decision.allowed:
+            return decision.enforced and self._date_may_tell(policy, subject, client, time_of, now)
         youngest = policy.decide(subject, client.name, scopes=client.scopes, published=now, now=now)
         return youngest.until is not None
+
+    @staticmethod
+    def _date_may_tell(
+        policy: Policy, subject: Subject, client: ClientIdentity, time_of: ReleaseTime | None, now: float
+    ) -> bool:
+        """Whether a version is held for an unknown age only (an old one would let it through): a publish date
+        may tell it."""
+        if time_of is None or time_of.age_known:
+            return False
+        return policy.decide(subject, client.name, scopes=client.scopes, published=FIRST_LISTING, now=now).allowed
 
     def dates_wanted(self) -> bool:
         """Whether a publish time (e.g. a SHA256SUMS's `Last-Modified`) may hold a release back now."""
