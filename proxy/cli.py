@@ -450,13 +450,35 @@ async def prepare_metadata_store(settings: Settings) -> None:
     """Open the metadata store once before serving: the metadata secret is made and the embedded file checked
     (records of an older version sealed, a damaged file moved aside) by one process, and a store that does not
     answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it)."""
-    from proxy.metadata_store.factory import open_metadata_store
+    from proxy.metadata_store.factory import open_metadata
 
-    store, _ = await open_metadata_store(settings)
+    store, _, backend = await open_metadata(settings)
     try:
         await store.ping()  # a failure is logged by the store (`redis.down`), once
+        if settings.metadata.redis_url and settings.policy.policy_file is not None:
+            await warn_about_redis_durability(settings, backend)
     finally:
         await store.close()
+
+
+async def warn_about_redis_durability(settings: Settings, backend) -> None:
+    """One warning when a min-age rule is in force and its Redis may lose the records the rule depends on
+    (first-seen times, baselines): an evicting maxmemory-policy, no persistence, or a configuration it cannot
+    read. A lost record makes ages unknown (held back by default), never old."""
+    from proxy.governance.gatekeeper import load_policy
+    from proxy.metadata_store.redis import durability_risks
+
+    if not load_policy(settings.policy.policy_file).ages:
+        return
+    risks = durability_risks(await backend.durability())
+    if risks:
+        log.warning(
+            "redis.policy_records_at_risk",
+            risks=risks,
+            effect="a min-age rule is in force: if Redis loses its first-seen records or baselines, the ages of "
+            "those versions become unknown and are held back (unknown-age = hold) until they are dated, "
+            "baselined again (`registry-proxy policy baseline`) or listed for the min-age",
+        )
 
 
 def warn_about_short_timings(settings: Settings, lowered: dict) -> None:

@@ -469,7 +469,10 @@ def explain(
     lines = []
     if subject.version is not None and policy.needs_age(subject, client, scopes):
         if released is None:
-            lines.append("age: not known (give --age or --published): a min-age rule holds the version back")
+            lines.append(
+                "age: unknown (no first-seen time or publish time given: --age, --published): each min-age rule"
+                " decides by its unknown-age"
+            )
         else:
             counted = released.counted_from
             if not released.age_known:

@@ -59,6 +59,7 @@ _NOT_LISTED = (FLEET_LOCK.prefix, NEGATIVE.prefix, *NEGATIVE_BOOKKEEPING, SERVED
 # RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 FAILURES = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+DURABILITY = ("maxmemory", "maxmemory-policy", "save", "appendonly")  # `RedisStore.durability`
 _POISON = ("WRONGTYPE", "value is not an integer", "value is not a valid float")  # Redis's words for them
 
 
@@ -229,6 +230,23 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._connection.close()
+
+    async def durability(self) -> dict[str, str] | None:
+        """What decides whether this Redis keeps what it is given: `maxmemory`, `maxmemory-policy`, `save`,
+        `appendonly` (CONFIG GET); None when they cannot be read (CONFIG refused or renamed: a managed Redis)."""
+        found: dict[str, str] = {}
+        try:
+            await self._connection.ready()
+            for name in DURABILITY:
+                answer = await self.client.config_get(name)
+                value = answer.get(name) if isinstance(answer, dict) else None
+                if value is None:
+                    return None
+                found[name] = value.decode() if isinstance(value, bytes) else str(value)
+        except (*FAILURES, AttributeError) as exc:
+            log.info("redis.config_unreadable", error=str(exc))
+            return None
+        return found
 
     async def _call(self, command: Awaitable[T], default: T, *, keys: Iterable[str] = ()) -> T:
         """`command`'s result, or `default` while Redis fails (the breaker) or when one of `keys` is poison."""
@@ -492,3 +510,24 @@ class RedisNegatives:
             )
         if self._report is not None:
             self._report(int(counts[0]), int(counts[1]))
+
+
+def durability_risks(config: Mapping[str, str] | None) -> list[str]:
+    """How a Redis so configured may lose the records a min-age rule depends on (`keys.KEPT`, written without a
+    TTL): an `allkeys-*` maxmemory-policy evicts any key (`volatile-*` only keys with a TTL: not those), and
+    without RDB save points or AOF a restart empties it. None: the configuration could not be read."""
+    if config is None:
+        return [
+            "its configuration cannot be read (CONFIG GET refused: a managed Redis?): whether it evicts or "
+            "persists the policy's records is unknown"
+        ]
+    risks = []
+    policy = config.get("maxmemory-policy", "")
+    if policy.startswith("allkeys-"):
+        risks.append(
+            f"maxmemory-policy {policy} (maxmemory {config.get('maxmemory', '?')}) evicts any key, the policy's "
+            "records too (use noeviction or a volatile-* policy: they have no TTL)"
+        )
+    if not config.get("save", "").strip() and config.get("appendonly") == "no":
+        risks.append("it persists nothing (no RDB save points, appendonly no): a restart of Redis empties it")
+    return risks

@@ -206,7 +206,9 @@ def test_explain_says_which_source_the_age_counts_from():
     assert lines[-1].startswith("decision: deny by cooldown") and API in lines[-1]
     lines = explain(COOLDOWN, SUBJECT, "anonymous", ReleaseTime(NOW - 100 * HOUR), NOW)
     assert lines[0].startswith(f"age: 4d 4h, counted from {FIRST_SEEN}") and lines[-1].startswith("decision: allow")
-    assert explain(COOLDOWN, SUBJECT, "anonymous", None, NOW)[0].startswith("age: not known")
+    unknown = explain(COOLDOWN, SUBJECT, "anonymous", None, NOW)
+    assert unknown[0].startswith("age: unknown") and "its age is unknown" in unknown[-1]
+    assert "held by unknown-age = hold" in unknown[-1] and unknown[-1].startswith("decision: deny by cooldown")
     lines = explain(COOLDOWN, SUBJECT, "anonymous", ReleaseTime(NOW - HOUR, known=False), NOW)
     assert lines[0] == "age: unknown: no first-seen record, no publish time; listed since 2030-03-17T16:46:40Z (1h)"
     assert "(of an unknown age: hold)" in lines[1] and "held by unknown-age = hold" in lines[-1]
