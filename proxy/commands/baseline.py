@@ -57,6 +57,8 @@ class BaselineReport:
 
 def parse_address(text: str) -> Address:
     """`HOST/NAMESPACE/TYPE` (a provider) or `HOST/NAMESPACE/NAME/SYSTEM` (a module); CommandError otherwise."""
+    if "@" in text:
+        raise CommandError(f"{text!r}: a baseline records every version listed now: name the address, no @VERSION")
     parts = text.strip().split("/")
     try:
         if len(parts) == 3:
@@ -65,7 +67,7 @@ def parse_address(text: str) -> Address:
             return ModuleAddr.parse(*parts)
     except AddressError as exc:
         raise CommandError(str(exc)) from None
-    raise CommandError(f"{text!r}: expected HOST/NAMESPACE/TYPE or HOST/NAMESPACE/NAME/SYSTEM (no @VERSION)")
+    raise CommandError(f"{text!r}: expected HOST/NAMESPACE/TYPE or HOST/NAMESPACE/NAME/SYSTEM")
 
 
 async def run_baseline(settings: Settings, addresses: list[str], actor: str) -> BaselineReport:

@@ -210,7 +210,7 @@ class FirstSeen:
         self._shared_fetches = shared_fetches
         self.clock = clock
         self.dates = dates
-        self.changes = 0  # counts the publish times this process learned (decisions made before are made again)
+        self.changes = 0  # counts the publish times and baselines this process learned (decisions are made again)
         self._known: Memo[str, Releases] = Memo()
         self._writing = asyncio.Lock()  # this process's writes of records, one at a time
 
@@ -221,6 +221,14 @@ class FirstSeen:
         key = keys.first_seen(addr)
         known = self._known.get(key)
         if known is not None and wanted <= known.record.listed():
+            if wanted.isdisjoint(known.record.since):
+                return known.times()
+            # some ages are unknown: a baseline recorded meanwhile (by `policy baseline`) decides them now
+            baseline = await self._baseline(addr)
+            if baseline != known.baseline:
+                known = Releases(known.record, baseline)
+                self._known.put(key, known)
+                self.changes += 1  # decisions remembered before are made again
             return known.times()
 
         def seeing(stored: ReleaseRecord | None) -> ReleaseRecord | None:

@@ -55,12 +55,12 @@ async def listed(proxy) -> set[str]:
     return set(body["versions"])
 
 
-async def baseline(registry, ca_file, data_dir, flags, address: str, actor: str) -> tuple[int, str]:
-    """`registry-proxy policy baseline ADDRESS` with the options of the proxy `in_process_proxy` started."""
+async def baseline(registry, ca_file, data_dir, flags, *addresses: str, actor: str) -> tuple[int, str]:
+    """`registry-proxy policy baseline [ADDRESS...]` with the options of the proxy `in_process_proxy` started."""
     return await registry_proxy_in_process(
         "policy",
         "baseline",
-        address,
+        *addresses,
         "--actor",
         actor,
         "--data-dir",
@@ -101,7 +101,7 @@ async def test_a_lost_or_forged_first_seen_record_never_lets_a_young_version_thr
         data_dir = tmp_path / "proxy-data"
         proxy = await in_process_proxy(*flags, data_dir=data_dir)
         assert await listed(proxy) == ({"1.0.0"} if loss in FLUSHED else set())  # a first listing: ages unknown
-        code, output = await baseline(registry, ca_file, data_dir, flags, HELLO, "alice")
+        code, output = await baseline(registry, ca_file, data_dir, flags, HELLO, actor="alice")
         assert code == 0 and f"baselined {HELLO}: 1 versions recorded as old (1.0.0)" in output, output
         events = [json.loads(line) for line in audit.read_text().splitlines()]
         assert {(e["event"], e["client"], tuple(e["versions"])) for e in events if e["event"] == "baselined"} == {

@@ -120,7 +120,7 @@ async def cooldown_proxy(in_process_proxy, tmp_path, registry, ca_file):
     path = tmp_path / "policy.toml"
     path.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
     proxy = await in_process_proxy("--policy", str(path))
-    code, output = await baseline(registry, ca_file, proxy.data_dir, ("--policy", str(path)), PROVIDER, "ops")
+    code, output = await baseline(registry, ca_file, proxy.data_dir, ("--policy", str(path)), PROVIDER, actor="ops")
     assert code == 0 and "2 versions recorded as old" in output, output
     return proxy
 
