@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 HELLO = f"{REGISTRY_HOST}/acme/hello"
 FIRST_SEEN = f"first-seen:{HELLO}"
+VERSIONS = "/v1/providers/acme/hello/versions"  # the upstream's version list
 POLICY = '[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n'
 PREFIX = "cooldown"
 LOSSES = ["del", "flushdb", "redis-restart", "unsealed", "sealed-with-another-secret", "sqlite-row"]
@@ -119,6 +120,15 @@ async def test_a_lost_or_forged_first_seen_record_never_lets_a_young_version_thr
         assert await listed(proxy) == {"1.0.0"}
 
         lose_the_record(loss, server, data_dir)
+        refreshes = registry.count(VERSIONS)
+
+        async def refreshed() -> bool:  # the list (2s) fetched again since the loss
+            await listed(proxy)
+            return registry.count(VERSIONS) > refreshes
+
+        await wait_until(refreshed, 30, "the version list to be refreshed")
+        assert await listed(proxy) == {"1.0.0"}
+        assert (await get(proxy, f"/mirror/v1/{HELLO}/1.1.0.json"))[0] == 403
         await proxy.stop()  # a restart: nothing of the record is left in the proxy's memory either
         proxy = await in_process_proxy(*flags, data_dir=data_dir)
         assert await listed(proxy) == {"1.0.0"}
