@@ -9,8 +9,11 @@ version and platform. Version lists are filtered (`filter`), so a constraint res
 version; the filtered list is the same object while the list, the policy and the held-back times are.
 
 The min-age rules go by the times of `proxy.governance.release_times.FirstSeen`: when any replica first saw a version,
-and the upstream's publish time where it gives one, the later of the two. Lists use what is recorded; a
-version a client asks for, whose age decides, has its publish time asked for (once for the fleet) first.
+and the upstream's publish time where it gives one, the later of the two, or an operator's baseline. Lists use
+what is recorded; a version a client asks for, whose age decides, has its publish time asked for (once for the
+fleet) first. An age none of them establishes is unknown (a first listing, a lost or forged record), decided by
+the rule's `unknown-age` (hold by default); a list withholding versions for it asks the registry API for their
+dates first (`FirstSeen.learn_unknown`).
 """
 
 from __future__ import annotations
