@@ -335,10 +335,9 @@ class Policy:
 def _unknown_reason(subject: Subject, rule: Rule, until: float) -> str:
     """Why a version whose age is unknown is held back, and what ends it."""
     ends = "" if until == NEVER else f"; available from {_timestamp(until)} (min-age {rule.min_age_text} since listed)"
-    address = subject.address + (f"@{subject.version}" if subject.version is not None else "")
     reason = (
         f"{subject.version}: {UNKNOWN}; held by unknown-age = hold{ends};"
-        f" run `registry-proxy policy baseline {address}` to record the versions listed now as old, or wait"
+        f" run `registry-proxy policy baseline {subject.address}` to record the versions listed now as old, or wait"
     )
     return reason + (f" ({rule.reason})" if rule.reason else "")
 
