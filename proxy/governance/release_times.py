@@ -239,7 +239,14 @@ class FirstSeen:
             new = dict.fromkeys(wanted - record.listed(), now)
             if not record.listed():  # never listed, or lost, flushed, evicted or forged: no evidence of age
                 if stored is None:
-                    log.info("policy.release_times_unknown", artifact=str(addr), versions=len(new))
+                    log.warning(
+                        "policy.release_times_unknown",
+                        artifact=str(addr),
+                        versions=len(new),
+                        effect="no first-seen record (a first listing, or one lost or forged): the ages of the "
+                        "versions listed are unknown, held back by min-age rules with unknown-age = hold until "
+                        "dated, baselined (`registry-proxy policy baseline`) or listed for the min-age",
+                    )
                 return replace(record, since={**record.since, **new})
             return replace(record, seen={**record.seen, **new})
 

@@ -132,6 +132,10 @@ async def test_a_lost_or_forged_first_seen_record_never_lets_a_young_version_thr
         await proxy.stop()  # a restart: nothing of the record is left in the proxy's memory either
         proxy = await in_process_proxy(*flags, data_dir=data_dir)
         assert await listed(proxy) == {"1.0.0"}
+        [unknown] = proxy.events("policy.release_times_unknown")  # said loudly, once
+        assert unknown["level"] == "warning" and unknown["artifact"] == HELLO
+        if loss in ("unsealed", "sealed-with-another-secret"):
+            assert [e["key"] for e in proxy.events("security.metadata_poisoned")] == [FIRST_SEEN]
         status, body = await get(proxy, f"/mirror/v1/{HELLO}/1.1.0.json")
         assert status == 403 and body["code"] == "policy_held_back", body
         assert "its age is unknown" in body["reason"], body
