@@ -456,29 +456,13 @@ async def prepare_metadata_store(settings: Settings) -> None:
     try:
         await store.ping()  # a failure is logged by the store (`redis.down`), once
         if settings.metadata.redis_url and settings.policy.policy_file is not None:
-            await warn_about_redis_durability(settings, backend)
+            from proxy.governance.gatekeeper import load_policy
+            from proxy.governance.release_times import warn_if_records_at_risk
+
+            policy = await asyncio.to_thread(load_policy, settings.policy.policy_file)
+            await warn_if_records_at_risk(policy, backend)
     finally:
         await store.close()
-
-
-async def warn_about_redis_durability(settings: Settings, backend) -> None:
-    """One warning when a min-age rule is in force and its Redis may lose the records the rule depends on
-    (first-seen times, baselines): an evicting maxmemory-policy, no persistence, or a configuration it cannot
-    read. A lost record makes ages unknown (held back by default), never old."""
-    from proxy.governance.gatekeeper import load_policy
-    from proxy.metadata_store.redis import durability_risks
-
-    if not load_policy(settings.policy.policy_file).ages:
-        return
-    risks = durability_risks(await backend.durability())
-    if risks:
-        log.warning(
-            "redis.policy_records_at_risk",
-            risks=risks,
-            effect="a min-age rule is in force: if Redis loses its first-seen records or baselines, the ages of "
-            "those versions become unknown and are held back (unknown-age = hold) until they are dated, "
-            "baselined again (`registry-proxy policy baseline`) or listed for the min-age",
-        )
 
 
 def warn_about_short_timings(settings: Settings, lowered: dict) -> None:
@@ -538,28 +522,11 @@ def _loopback(host: str) -> bool:
 
 def _policy_baseline(args: argparse.Namespace) -> int:
     """`policy baseline`: serve's options resolved as serve resolves them, then the baseline."""
-    import getpass
-
-    from proxy.commands.baseline import run_baseline
-    from proxy.runtime.log import setup_logging
+    from proxy.commands.baseline import baseline_command
     from proxy.settings.command_line import resolve
 
     resolve(args, "serve", os.environ)
-    settings = settings_from_args(args)
-    if not structlog.is_configured():  # (run inside a test's process, it logs where that process does)
-        setup_logging("auto", "info")  # the policy.baselined records on stderr: JSON unless on a terminal
-    actor = args.actor or f"cli:{getpass.getuser()}"
-    report = asyncio.run(run_baseline(settings, args.addresses, actor))
-    for address, versions in report.recorded.items():
-        kept = report.kept.get(address, [])
-        print(
-            f"baselined {address}: {len(versions)} versions recorded as old"
-            + (f" ({', '.join(map(str, versions))})" if versions else "")
-            + (f"; {len(kept)} kept with their first-seen time ({', '.join(map(str, kept))})" if kept else "")
-        )
-    for address, reason in report.failed.items():
-        print(f"FAILED {address}: {reason}", file=sys.stderr)
-    return 1 if report.failed else 0
+    return baseline_command(settings_from_args(args), args.addresses, args.actor)
 
 
 def _token_new(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ for.
 from __future__ import annotations
 
 import asyncio
+import getpass
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ from proxy.metadata_store.factory import negative_bound, open_metadata_store
 from proxy.protocol import module_registry
 from proxy.protocol.offers import list_ttl
 from proxy.providers.metadata import ProviderMetadata
+from proxy.runtime.log import setup_logging
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.shared_fetches import SharedFetches
@@ -68,6 +71,23 @@ def parse_address(text: str) -> Address:
     except AddressError as exc:
         raise CommandError(str(exc)) from None
     raise CommandError(f"{text!r}: expected HOST/NAMESPACE/TYPE or HOST/NAMESPACE/NAME/SYSTEM")
+
+
+def baseline_command(settings: Settings, addresses: list[str], actor: str | None) -> int:
+    """Run the baseline and print what it recorded (exit 1 when an address failed)."""
+    if not structlog.is_configured():  # (run inside a test's process, it logs where that process does)
+        setup_logging("auto", "info")  # the policy.baselined records on stderr: JSON unless on a terminal
+    report = asyncio.run(run_baseline(settings, addresses, actor or f"cli:{getpass.getuser()}"))
+    for address, versions in report.recorded.items():
+        kept = report.kept.get(address, [])
+        print(
+            f"baselined {address}: {len(versions)} versions recorded as old"
+            + (f" ({', '.join(map(str, versions))})" if versions else "")
+            + (f"; {len(kept)} kept with their first-seen time ({', '.join(map(str, kept))})" if kept else "")
+        )
+    for address, reason in report.failed.items():
+        print(f"FAILED {address}: {reason}", file=sys.stderr)
+    return 1 if report.failed else 0
 
 
 async def run_baseline(settings: Settings, addresses: list[str], actor: str) -> BaselineReport:

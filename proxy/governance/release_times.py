@@ -32,7 +32,7 @@ import structlog
 
 from proxy.domain.addresses import ModuleAddr, ProviderAddr, Version
 from proxy.errors import NotFoundError, UpstreamError, UpstreamTimeoutError
-from proxy.governance.policy import FIRST_LISTING, NEVER, ReleaseTime, believed
+from proxy.governance.policy import FIRST_LISTING, NEVER, Policy, ReleaseTime, believed
 from proxy.metadata_store import MetadataStore, decode_record, encode_record, keys
 from proxy.protocol import discovery
 from proxy.protocol.publish_dates import REGISTRY_API, SOURCES, parse_published_at, registry_api_url
@@ -342,6 +342,25 @@ class FirstSeen:
 
     async def _baseline(self, addr: Address) -> Baseline:
         return read_baseline(await self._store.get(keys.baseline(addr)))
+
+
+async def warn_if_records_at_risk(policy: Policy, backend: object) -> None:
+    """One warning when the policy has a min-age rule and its Redis (`backend`, a `RedisStore`) may lose the
+    records the rule depends on: an evicting maxmemory-policy, no persistence, or a configuration it cannot
+    read. A lost record makes ages unknown (held back by default), never old."""
+    from proxy.metadata_store.redis import RedisStore, durability_risks  # redis-py: only with Redis
+
+    if not isinstance(backend, RedisStore) or not policy.ages:
+        return
+    risks = durability_risks(await backend.durability())
+    if risks:
+        log.warning(
+            "redis.policy_records_at_risk",
+            risks=risks,
+            effect="a min-age rule is in force: if Redis loses its first-seen records or baselines, the ages of "
+            "those versions become unknown and are held back (unknown-age = hold) until they are dated, "
+            "baselined again (`registry-proxy policy baseline`) or listed for the min-age",
+        )
 
 
 def _with_date(stored: ReleaseRecord | None, version: Version, source: str, when: float | None) -> ReleaseRecord | None:
