@@ -100,6 +100,22 @@ def _add_policy_command(commands) -> None:
         help="how long ago the upstream says it published the version (registry API, SHA256SUMS Last-Modified); "
         "the age counts from the later of this and --age, and the output says which decided",
     )
+    baseline = add_command(
+        actions,
+        "baseline",
+        config=True,
+        options_of="serve",
+        help="record the versions the upstream lists now as old, on purpose, for min-age rules",
+        description="Record the versions each ADDRESS's upstream lists now (fetched as the proxy fetches them) as "
+        "old, on purpose: a min-age rule then lets them through where their age is unknown (a fresh deployment, "
+        "a flushed or lost metadata store). Without ADDRESS: every provider and module the store knows. A version "
+        "the proxy has a first-seen time for keeps it. Takes the options of `serve` (the same flags, variables "
+        "and --config); audited as `baselined` with --actor.",
+    )
+    baseline.add_argument("addresses", nargs="*", metavar="ADDRESS", help="HOST/NAMESPACE/TYPE or HOST/NS/NAME/SYSTEM")
+    baseline.add_argument(
+        "--actor", metavar="NAME", help="who baselines, for the audit trail (default: cli:USER, the OS user)"
+    )
 
 
 def _add_token_command(commands) -> None:
@@ -448,12 +464,18 @@ async def prepare_metadata_store(settings: Settings) -> None:
     opened (ConfigError, exit 2, when the secret differs: `proxy.metadata_store.fleet_secret`), and a store that
     does not answer (Redis down) is said once, at start (then `/readyz` says why, and serving goes on without it;
     the marker is checked once it answers)."""
-    from proxy.metadata_store.factory import open_metadata_store
+    from proxy.metadata_store.factory import open_metadata
 
-    store, _ = await open_metadata_store(settings)
+    store, _, backend = await open_metadata(settings)
     try:
         if await store.ping() and store.fleet is not None:  # a failure is logged by the store (`redis.down`), once
             await store.fleet.require()
+        if settings.metadata.redis_url and settings.policy.policy_file is not None:
+            from proxy.governance.gatekeeper import load_policy
+            from proxy.governance.release_times import warn_if_records_at_risk
+
+            policy = await asyncio.to_thread(load_policy, settings.policy.policy_file)
+            await warn_if_records_at_risk(policy, backend)
     finally:
         await store.close()
 
@@ -513,6 +535,15 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _policy_baseline(args: argparse.Namespace) -> int:
+    """`policy baseline`: serve's options resolved as serve resolves them, then the baseline."""
+    from proxy.commands.baseline import baseline_command
+    from proxy.settings.command_line import resolve
+
+    resolve(args, "serve", os.environ)
+    return baseline_command(settings_from_args(args), args.addresses, args.actor)
+
+
 def _token_new(args: argparse.Namespace) -> int:
     from proxy.identity.tokens import AuthConfigError, new_token, token_entry
 
@@ -552,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
             return healthcheck.run(args)
         if args.command == "token":
             return _token_new(args)
+        if args.command == "policy" and args.policy_command == "baseline":
+            return _policy_baseline(args)
         if args.command == "policy":
             from proxy.commands import policy
 

@@ -170,16 +170,18 @@ async def export_bundle(
 def _denied(
     policy: Policy | None, addr: ProviderAddr | ModuleAddr, version: Version, platform: str | None, values: dict
 ) -> str | None:
-    """Why `policy` denies the artifact (rule: reason), or None. Its age: from the fleet's first-seen and publish
-    times (an artifact cached before any was recorded counts as old, as in the proxy)."""
+    """Why `policy` denies the artifact (rule: reason), or None. Its age: from the fleet's first-seen, baseline
+    and publish times (an artifact without any has an unknown age, decided by the rule's unknown-age, as in the
+    proxy)."""
     if policy is None:
         return None
-    released = release_time_in(values.get(keys.first_seen(addr)), version)
+    released = release_time_in(values.get(keys.first_seen(addr)), version, values.get(keys.baseline(addr)))
     decision = policy.decide(
         subject_of(addr, version, platform),
         published=released.counted_from,
         now=time.time(),
         age_source=released.decided_by,
+        age_known=released.age_known,
     )
     return None if not decision.denied else f"denied by policy rule {decision.rule}: {decision.reason}"
 

@@ -9,8 +9,11 @@ version and platform. Version lists are filtered (`filter`), so a constraint res
 version; the filtered list is the same object while the list, the policy and the held-back times are.
 
 The min-age rules go by the times of `proxy.governance.release_times.FirstSeen`: when any replica first saw a version,
-and the upstream's publish time where it gives one, the later of the two. Lists use what is recorded; a
-version a client asks for, whose age decides, has its publish time asked for (once for the fleet) first.
+and the upstream's publish time where it gives one, the later of the two, or an operator's baseline. Lists use
+what is recorded; a version a client asks for, whose age decides, has its publish time asked for (once for the
+fleet) first. An age none of them establishes is unknown (a first listing, a lost or forged record), decided by
+the rule's `unknown-age` (hold by default); a list withholding versions for it asks the registry API for their
+dates first (`FirstSeen.learn_unknown`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.errors import PolicyDeniedError, PolicyHeldBackError, StoreUnavailableError
 from proxy.governance.audit import AuditLog, ClientIdentity
 from proxy.governance.policy import (
+    FIRST_LISTING,
     MODULE,
+    NEVER,
     PROVIDER,
     Decision,
     Filtered,
@@ -205,15 +210,15 @@ class Gatekeeper:
             return known[2]
         versions = list(versions)
         times = await self._times(policy, addr, versions, client)
-        allowed, withheld, until = set(), [], _FOREVER
-        for version in versions:
-            decision = _decide(policy, subject_of(addr, version), client, times.get(version), now)
-            if decision.allowed or not decision.enforced:
-                allowed.add(version)
-            else:
-                withheld.append((version, decision))
-                if decision.until is not None:
-                    until = min(until, decision.until)
+        allowed, withheld, until = self._sort(policy, addr, versions, client, times, now)
+        unknown = [
+            v for v, d in withheld if self._date_may_tell(policy, subject_of(addr, v), client, times.get(v), now)
+        ]
+        if unknown and self.first_seen is not None:  # where the upstream dates them, its dates decide
+            await self.first_seen.learn_unknown(addr, unknown)
+            stamp = self.stamp
+            times = await self._times(policy, addr, versions, client)
+            allowed, withheld, until = self._sort(policy, addr, versions, client, times, now)
         withheld.sort(key=lambda pair: pair[0].precedence(), reverse=True)
         filtered = Filtered(frozenset(allowed), tuple(withheld), until)
         for version, decision in withheld:  # recorded when a list is filtered anew, not on every request
@@ -224,6 +229,27 @@ class Gatekeeper:
                 self.metrics.policy_decisions.labels(decision.rule, "withheld").inc()
         self._filtered.put(memo_key, (source, policy, filtered, stamp))
         return filtered
+
+    @staticmethod
+    def _sort(
+        policy: Policy,
+        addr: Address,
+        versions: list[Version],
+        client: ClientIdentity,
+        times: Mapping[Version, ReleaseTime],
+        now: float,
+    ) -> tuple[set[Version], list[tuple[Version, Decision]], float]:
+        """The versions allowed, those withheld with their decisions, and the first time a held one is not."""
+        allowed, withheld, until = set(), [], _FOREVER
+        for version in versions:
+            decision = _decide(policy, subject_of(addr, version), client, times.get(version), now)
+            if decision.allowed or not decision.enforced:
+                allowed.add(version)
+            else:
+                withheld.append((version, decision))
+                if decision.until is not None:
+                    until = min(until, decision.until)
+        return allowed, withheld, until
 
     async def check(
         self,
@@ -260,7 +286,7 @@ class Gatekeeper:
                     return None  # not in the upstream's list: the service answers 404
                 time_of = (await self._times(policy, addr, versions, client)).get(version)
             decision = _decide(policy, subject, client, time_of, now)
-            if time_of is not None and self._age_decides(policy, subject, client, decision, now):
+            if time_of is not None and self._age_decides(policy, subject, client, decision, time_of, now):
                 time_of = await self.first_seen.learn(addr, version)  # asks for the publish time once
                 decision = _decide(policy, subject, client, time_of, now)
                 stamp = self.stamp
@@ -335,14 +361,33 @@ class Gatekeeper:
         return 0 if self.first_seen is None else self.first_seen.changes
 
     def _age_decides(
-        self, policy: Policy, subject: Subject, client: ClientIdentity, decision: Decision, now: float
+        self,
+        policy: Policy,
+        subject: Subject,
+        client: ClientIdentity,
+        decision: Decision,
+        time_of: ReleaseTime,
+        now: float,
     ) -> bool:
-        """Whether a publish time could hold back a version its known times let through: asked for only then
-        (a version denied, held back or in warn mode would-be denied already costs no request)."""
-        if not decision.allowed or self.first_seen is None:
+        """Whether a publish time could hold back a version its known times let through, or tell the age of a
+        version held for an unknown one: asked for only then (a version denied, held back by a known age or
+        in warn mode would-be denied already costs no request)."""
+        if self.first_seen is None:
             return False
+        if not decision.allowed:
+            return decision.enforced and self._date_may_tell(policy, subject, client, time_of, now)
         youngest = policy.decide(subject, client.name, scopes=client.scopes, published=now, now=now)
         return youngest.until is not None
+
+    @staticmethod
+    def _date_may_tell(
+        policy: Policy, subject: Subject, client: ClientIdentity, time_of: ReleaseTime | None, now: float
+    ) -> bool:
+        """Whether a version is held for an unknown age only (an old one would let it through): a publish date
+        may tell it."""
+        if time_of is None or time_of.age_known:
+            return False
+        return policy.decide(subject, client.name, scopes=client.scopes, published=FIRST_LISTING, now=now).allowed
 
     def dates_wanted(self) -> bool:
         """Whether a publish time (e.g. a SHA256SUMS's `Last-Modified`) may hold a release back now."""
@@ -416,6 +461,7 @@ def _decide(
         published=time_of.counted_from,
         now=now,
         age_source=time_of.decided_by,
+        age_known=time_of.age_known,
     )
 
 
@@ -427,10 +473,19 @@ def explain(
     lines = []
     if subject.version is not None and policy.needs_age(subject, client, scopes):
         if released is None:
-            lines.append("age: not known (give --age or --published): a min-age rule holds the version back")
+            lines.append(
+                "age: unknown (no first-seen time or publish time given: --age, --published): each min-age rule"
+                " decides by its unknown-age"
+            )
         else:
             counted = released.counted_from
-            lines.append(f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})")
+            if not released.age_known:
+                since = "" if counted == NEVER else f"; listed since {_timestamp(counted)} ({_age_text(now - counted)})"
+                lines.append(f"age: unknown: no first-seen record, no publish time{since}")
+            else:
+                lines.append(
+                    f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})"
+                )
     for index, rule in enumerate(policy.rules, 1):
         selects = rule.selects(subject, client, scopes)
         if selects is False:
@@ -446,7 +501,9 @@ def explain(
         if rule.platforms is not None:
             parts.append(f"refuses platforms other than {', '.join(sorted(rule.platforms))}")
         if rule.min_age is not None:
-            parts.append(f"holds back versions younger than {rule.min_age_text}")
+            parts.append(
+                f"holds back versions younger than {rule.min_age_text} (of an unknown age: {rule.unknown_age})"
+            )
         lines.append(f"{index}. {rule.name}: {'; '.join(parts)}")
     if subject.version is None:
         decision = policy.decide_address(subject, client, scopes)
@@ -461,6 +518,7 @@ def explain(
             published=None if released is None else released.counted_from,
             now=now,
             age_source="" if released is None else released.decided_by,
+            age_known=released is None or released.age_known,
         )
     verdict = "allow" if decision.allowed else "deny"
     warn = "" if decision.enforced else " (warn mode: not enforced)"

@@ -18,6 +18,7 @@ The policy file (`--policy`, TOML) holds ordered rules, the first that matches d
     name = "cooldown"
     providers = ["*/*/*"]
     min-age = "72h"             # versions younger than this are held back (with the time they are not)
+    unknown-age = "hold"        # or "allow": a version whose age the proxy cannot establish (default: hold)
 
     [[rule]]
     name = "platforms"
@@ -55,16 +56,37 @@ ACTIONS = ("allow", "deny")
 ANONYMOUS = "anonymous"  # the client name of a request without a token, for `clients` globs
 PROVIDER = "provider"
 MODULE = "module"
-_ALIASES = {"min_age": "min-age", "provider": "providers", "module": "modules", "version": "versions"}
+_ALIASES = {
+    "min_age": "min-age",
+    "unknown_age": "unknown-age",
+    "provider": "providers",
+    "module": "modules",
+    "version": "versions",
+}
 _RULE_KEYS = frozenset(
-    {"name", "providers", "modules", "versions", "clients", "scopes", "action", "reason", "min-age", "platforms"}
+    {
+        "name",
+        "providers",
+        "modules",
+        "versions",
+        "clients",
+        "scopes",
+        "action",
+        "reason",
+        "min-age",
+        "unknown-age",
+        "platforms",
+    }
 )
+UNKNOWN_AGE = ("hold", "allow")  # what a min-age rule does with a version whose age is unknown
 _GLOB_PART = re.compile(r"^[A-Za-z0-9._:*?-]+\Z")
 _PLATFORM = re.compile(r"^[a-z0-9]+_[a-z0-9]+\Z")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 DEFAULT_RULE = "default"
-FIRST_LISTING = 0.0  # the first-seen time of the versions listed when the proxy first saw their provider: long ago
+FIRST_LISTING = 0.0  # the first-seen time of a version recorded as old on purpose (a baseline): long ago
 FIRST_SEEN = "the time the proxy first saw it"
+NEVER = float("inf")  # no lower bound on an unknown age: nothing says how long the version has been listed
+UNKNOWN = "its age is unknown (no first-seen record, no publish time)"
 Scopes = tuple[str, ...]  # a client's scope texts, `HOST/NAMESPACE` (`proxy.identity.tokens.Scope.texts`)
 
 
@@ -112,29 +134,46 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseTime:
-    """What a version's age is counted from: when any replica first saw it (`FIRST_LISTING`: in the list the
-    proxy first saw, so not known) and the upstream's publish time when it gives one, with its source.
+    """What a version's age is counted from: when any replica first saw it and the upstream's publish time when
+    it gives one, with its source.
 
     The later of the two counts: min-age holds back what is new, and an upstream can make a version look
     older than it is (a wrong or forged date, a version added to a list long after its date) but no upstream
     makes the proxy see it sooner. A publish time in the future is not believed beyond the moment the proxy
-    learned it (`believed`)."""
+    learned it (`believed`).
+
+    `known` False: the proxy has no first-seen time for the version (it was listed when the proxy first saw
+    the provider or module, or after its record was lost, flushed, evicted or forged); `first_seen` is then
+    only since when the proxy has listed it (`NEVER`: not even that), a lower bound of its age. Its age is
+    unknown unless a publish time gives it (which then decides alone). `basis`: what a `first_seen` of
+    `FIRST_LISTING` means (a baseline)."""
 
     first_seen: float
     published: float | None = None
     source: str = ""
+    known: bool = True
+    basis: str = ""
+
+    @property
+    def age_known(self) -> bool:
+        return self.known or self.published is not None
 
     @property
     def counted_from(self) -> float:
-        return self.first_seen if self.published is None else max(self.first_seen, self.published)
+        """When the age counts from (for an unknown age: since when the version has been listed, at least)."""
+        if self.published is None:
+            return self.first_seen
+        return max(self.first_seen, self.published) if self.known else self.published
 
     @property
     def decided_by(self) -> str:
         """Which source the age is counted from."""
-        if self.published is not None and self.published >= self.first_seen:
+        if self.published is not None and (not self.known or self.published >= self.first_seen):
             return self.source
+        if not self.known:
+            return UNKNOWN
         if self.first_seen == FIRST_LISTING:
-            return "its listing when the proxy first saw the provider or module (counts as old; no publish date)"
+            return self.basis or "a baseline (recorded as old on purpose; no publish date)"
         return FIRST_SEEN
 
 
@@ -184,6 +223,7 @@ class Rule:
     platforms: frozenset[str] | None
     min_age_text: str = ""
     scopes: re.Pattern[str] | None = None  # globs of the clients' scope texts (`HOST/NAMESPACE`)
+    unknown_age: str = "hold"  # a min-age rule's decision about a version whose age is unknown
 
     @property
     def conditional(self) -> bool:
@@ -238,10 +278,13 @@ class Policy:
         published: float | None = None,
         now: float = 0,
         age_source: str = "",
+        age_known: bool = True,
     ) -> Decision:
         """The decision for `subject` (with its version) asked for by `client` (with `scopes`); `published`: when
-        the version was published (or first seen), for min-age rules (None: unknown, held back); `age_source`:
-        where that time comes from (`ReleaseTime.decided_by`), named in the reason of a held-back version."""
+        the version was published (or first seen), for min-age rules (None: unknown, with no lower bound);
+        `age_source`: where that time comes from (`ReleaseTime.decided_by`), named in the reason of a held-back
+        version; `age_known` False: `published` is only since when the version has been listed (its age is
+        unknown, at least that), decided by the rule's `unknown-age` until the min-age has passed since then."""
         for rule in self.rules:
             if not rule.selects(subject, client, scopes):
                 continue
@@ -251,18 +294,19 @@ class Policy:
                 reason = rule.reason or f"platform {subject.platform} is not one of {', '.join(sorted(rule.platforms))}"
                 return self._decision(False, rule.name, reason)
             if rule.min_age is not None and subject.version is not None:
-                if published is None:
-                    return self._decision(False, rule.name, rule.reason or "its publish time is not known yet")
-                until = published + rule.min_age
-                if now < until:
-                    counted = f" (age counted from: {age_source})" if age_source else ""
-                    reason = (
-                        f"{subject.version} is younger than {rule.min_age_text}{counted};"
-                        f" available from {_timestamp(until)}"
-                    )
-                    return self._decision(
-                        False, rule.name, reason + (f" ({rule.reason})" if rule.reason else ""), until
-                    )
+                since = NEVER if published is None else published
+                until = since + rule.min_age
+                if now >= until:
+                    continue  # old enough, whether its age is known or only bounded
+                if published is None or not age_known:
+                    if rule.unknown_age == "allow":
+                        continue
+                    reason = _unknown_reason(subject, rule, until)
+                    return self._decision(False, rule.name, reason, None if until == NEVER else until)
+                counted = f" (age counted from: {age_source})" if age_source else ""
+                reason = f"{subject.version} is younger than {rule.min_age_text}{counted}"
+                reason += f"; available from {_timestamp(until)}"
+                return self._decision(False, rule.name, reason + (f" ({rule.reason})" if rule.reason else ""), until)
         return self._decision(self.default_action == "allow", DEFAULT_RULE, self.default_reason or "the default")
 
     def decide_address(self, subject: Subject, client: str = ANONYMOUS, scopes: Scopes = ()) -> Decision | None:
@@ -294,6 +338,16 @@ class Policy:
 
     def _decision(self, allowed: bool, rule: str, reason: str, until: float | None = None) -> Decision:
         return Decision(allowed, rule, reason, self.mode == "enforce", until)
+
+
+def _unknown_reason(subject: Subject, rule: Rule, until: float) -> str:
+    """Why a version whose age is unknown is held back, and what ends it."""
+    ends = "" if until == NEVER else f"; available from {_timestamp(until)} (min-age {rule.min_age_text} since listed)"
+    reason = (
+        f"{subject.version}: {UNKNOWN}; held by unknown-age = hold{ends};"
+        f" run `registry-proxy policy baseline {subject.address}` to record the versions listed now as old, or wait"
+    )
+    return reason + (f" ({rule.reason})" if rule.reason else "")
 
 
 def _default_reason(rule: Rule, subject: Subject) -> str:
@@ -393,6 +447,11 @@ def _rule(source: str, index: int, table: object) -> Rule:
             raise fail("min-age", str(exc)) from None
         if min_age <= 0:
             raise fail("min-age", "must be longer than 0")
+    unknown_age = entries.get("unknown-age", "hold")
+    if "unknown-age" in entries and min_age is None:
+        raise fail("unknown-age", "only a rule with min-age decides about unknown ages")
+    if unknown_age not in UNKNOWN_AGE:
+        raise fail("unknown-age", f'must be "hold" or "allow", not {unknown_age!r}')
     platforms = None
     if "platforms" in entries:
         given = entries["platforms"]
@@ -427,6 +486,7 @@ def _rule(source: str, index: int, table: object) -> Rule:
         platforms,
         min_age_text,
         scopes,
+        str(unknown_age),
     )
 
 
@@ -456,7 +516,7 @@ def describe(policy: Policy) -> Iterable[str]:
         if rule.versions is not None:
             what.append(f"versions {rule.versions_text}")
         if rule.min_age is not None:
-            what.append(f"min-age {rule.min_age_text}")
+            what.append(f"min-age {rule.min_age_text}, unknown-age {rule.unknown_age}")
         if rule.platforms is not None:
             what.append(f"platforms {', '.join(sorted(rule.platforms))}")
         if rule.clients is not None or rule.scopes is not None:

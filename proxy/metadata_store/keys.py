@@ -85,6 +85,12 @@ MODULE = KeyPattern("module", "host", "namespace", "name", "system", "version")
 # When each version was first seen by any replica (the policy's min-age), per provider or module.
 FIRST_SEEN = KeyPattern("first-seen", "host", "namespace", "type")
 MODULE_FIRST_SEEN = KeyPattern("module-first-seen", "host", "namespace", "name", "system")
+# the versions an operator recorded as old on purpose (`registry-proxy policy baseline`)
+BASELINE = KeyPattern("baseline", "host", "namespace", "type")
+MODULE_BASELINE = KeyPattern("module-baseline", "host", "namespace", "name", "system")
+# records a policy depends on: never written with a TTL, so no store expires them (nor Redis's volatile-* evicts)
+KEPT = (FIRST_SEEN, MODULE_FIRST_SEEN, BASELINE, MODULE_BASELINE)
+_KEPT_PREFIXES = tuple(kind.prefix for kind in KEPT)
 # An OIDC issuer's signing keys (its JWKS), shared by the workers and replicas; not metadata of a registry, so
 # not among STORED_KINDS (bundles carry none). `issuer`: the SHA-256 of the issuer's URL and JWKS URL.
 OIDC_KEYS = KeyPattern("oidc-keys", "issuer")
@@ -172,6 +178,17 @@ def first_seen(addr: ProviderAddr | ModuleAddr) -> str:
     if isinstance(addr, ModuleAddr):
         return MODULE_FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
     return FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
+
+
+def baseline(addr: ProviderAddr | ModuleAddr) -> str:
+    if isinstance(addr, ModuleAddr):
+        return MODULE_BASELINE.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
+    return BASELINE.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
+
+
+def kept(key: str) -> bool:
+    """Whether `key` holds a record a policy depends on (`KEPT`): stored without a TTL."""
+    return key.startswith(_KEPT_PREFIXES)
 
 
 def module_download(addr: ModuleAddr, version: Version) -> str:

@@ -2,7 +2,9 @@
 
 Keys are `PREFIX:KEY` (see docs/operations.md, "Redis key schema"); every key has a TTL, the retention
 period, renewed whenever the key is written or read (GETEX), so entries in use never expire
-and an abandoned prefix drains by itself.
+and an abandoned prefix drains by itself; but for the records a policy depends on (`keys.KEPT`: first-seen
+times, baselines), which are written without one and read with GETEX PERSIST: an expired or evicted one would
+make ages unknown (held back by default).
 Values are the versioned JSON of `proxy.metadata_store`, sealed (`proxy.metadata_store.sealed`), so a replica never
 crashes on a format it does not know, nor uses a value it cannot authenticate: either is a miss.
 
@@ -39,7 +41,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.metadata_store import Refuse
 from proxy.metadata_store.breaker import Breaker
-from proxy.metadata_store.keys import FLEET_LOCK, FLEET_SECRET, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.metadata_store.keys import FLEET_LOCK, FLEET_SECRET, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames, kept
 from proxy.metadata_store.redis_client import RedisConnection
 from proxy.metadata_store.sealed import Seal
 from proxy.settings.config import parse_redis_target
@@ -59,6 +61,7 @@ _UNANSWERED = object()
 # RedisClusterException: a Redis Cluster none of whose nodes answers, or whose slots are not all served
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 FAILURES = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+DURABILITY = ("maxmemory", "maxmemory-policy", "save", "appendonly")  # `RedisStore.durability`
 _POISON = ("WRONGTYPE", "value is not an integer", "value is not a valid float")  # Redis's words for them
 
 
@@ -143,10 +146,18 @@ class RedisStore:
         return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
+        if kept(key):
+            return await self._call(self.client.getex(self.key(key), persist=True), None, keys=(key,))
         return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None, keys=(key,))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return await self.read_many(keys, lambda pipeline, name: pipeline.getex(name, ex=self._ttl()))
+        return await self.read_many(keys, self._read_renewing)
+
+    def _read_renewing(self, pipeline: Any, name: str) -> object:
+        """GETEX renewing the retention, or removing any TTL from a kept record's name."""
+        if kept(self.names.key(name)):
+            return pipeline.getex(name, persist=True)
+        return pipeline.getex(name, ex=self._ttl())
 
     async def read_many(self, keys: list[str], read: Callable[[Any, str], object]) -> list[bytes | None]:
         """The values under `keys`, read in one pipeline by `read(pipeline, prefixed name)`; a key that is
@@ -170,6 +181,9 @@ class RedisStore:
         return max(1, int(self._retention))
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        if kept(key):  # a record a policy depends on never expires, whatever the caller asks
+            await self._call(self.client.set(self.key(key), value), None)
+            return
         seconds = max(1, int(ttl)) if ttl is not None else self._ttl()
         await self._call(self.client.set(self.key(key), value, ex=seconds), None)
 
@@ -246,6 +260,23 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._connection.close()
+
+    async def durability(self) -> dict[str, str] | None:
+        """What decides whether this Redis keeps what it is given: `maxmemory`, `maxmemory-policy`, `save`,
+        `appendonly` (CONFIG GET); None when they cannot be read (CONFIG refused or renamed: a managed Redis)."""
+        found: dict[str, str] = {}
+        try:
+            await self._connection.ready()
+            for name in DURABILITY:
+                answer = await self.client.config_get(name)
+                value = answer.get(name) if isinstance(answer, dict) else None
+                if value is None:
+                    return None
+                found[name] = value.decode() if isinstance(value, bytes) else str(value)
+        except (*FAILURES, AttributeError) as exc:
+            log.info("redis.config_unreadable", error=str(exc))
+            return None
+        return found
 
     async def _call(self, command: Awaitable[T], default: T, *, keys: Iterable[str] = ()) -> T:
         """`command`'s result, or `default` while Redis fails (the breaker) or when one of `keys` is poison."""
@@ -526,3 +557,24 @@ class RedisNegatives:
             )
         if self._report is not None:
             self._report(int(counts[0]), int(counts[1]))
+
+
+def durability_risks(config: Mapping[str, str] | None) -> list[str]:
+    """How a Redis so configured may lose the records a min-age rule depends on (`keys.KEPT`, written without a
+    TTL): an `allkeys-*` maxmemory-policy evicts any key (`volatile-*` only keys with a TTL: not those), and
+    without RDB save points or AOF a restart empties it. None: the configuration could not be read."""
+    if config is None:
+        return [
+            "its configuration cannot be read (CONFIG GET refused: a managed Redis?): whether it evicts or "
+            "persists the policy's records is unknown"
+        ]
+    risks = []
+    policy = config.get("maxmemory-policy", "")
+    if policy.startswith("allkeys-"):
+        risks.append(
+            f"maxmemory-policy {policy} (maxmemory {config.get('maxmemory', '?')}) evicts any key, the policy's "
+            "records too (use noeviction or a volatile-* policy: they have no TTL)"
+        )
+    if not config.get("save", "").strip() and config.get("appendonly") == "no":
+        risks.append("it persists nothing (no RDB save points, appendonly no): a restart of Redis empties it")
+    return risks

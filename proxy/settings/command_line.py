@@ -82,8 +82,11 @@ class OptionParser(argparse.ArgumentParser):
         return self.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
 
 
-def add_command(commands: Any, name: str, *, config: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
-    """The parser of subcommand `name` with its declared options (and `--config FILE` when `config`)."""
+def add_command(
+    commands: Any, name: str, *, config: bool = False, options_of: str | None = None, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """The parser of subcommand `name` with its declared options (those of command `options_of`, when given:
+    `resolve` them as that command's) and `--config FILE` when `config`."""
     parser = commands.add_parser(name, **kwargs)
     if config:
         parser.add_argument(
@@ -93,7 +96,7 @@ def add_command(commands: Any, name: str, *, config: bool = False, **kwargs: Any
             help="TOML file of settings, keys as the long flags (dashes or underscores); flags and environment "
             f"variables win over it [env: {CONFIG_ENV}]",
         )
-    for spec in options_for(name):
+    for spec in options_for(options_of or name):
         _add_argument(parser, spec)
     return parser
 

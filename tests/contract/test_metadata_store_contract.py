@@ -7,9 +7,11 @@ import uuid
 
 import pytest
 
-from proxy.metadata_store import CacheEntry, decode_record, encode_record
+from proxy.domain.addresses import ProviderAddr
+from proxy.metadata_store import CacheEntry, decode_record, encode_record, keys
 from proxy.metadata_store.embedded import EmbeddedStore
 from proxy.metadata_store.memory import MemoryFront
+from proxy.metadata_store.redis import RedisStore
 from proxy.metadata_store.sealed import Seal, SealedStore
 from tests.fakes.redis_server import REDIS_SETUPS
 
@@ -144,4 +146,26 @@ async def test_a_burst_of_commands_is_answered_in_full(open_store):
     assert found[300:400] == [[b"value", None]] * 100
     assert await store.get_many([f"burst:{n}" for n in range(100)]) == [b"v"] * 100
     assert await store.ping() is True and store.problem is None
+    await store.close()
+
+
+async def test_a_record_a_policy_depends_on_is_kept_without_a_ttl(open_store):
+    """First-seen times and baselines (`keys.KEPT`) never expire, whatever TTL a caller asks for: an expired one
+    would make ages unknown. Redis, where every other key has one, writes them without and removes one on read
+    (a record an older version wrote with the retention)."""
+    store = open_store()
+    addr = ProviderAddr.parse("registry.example.test", "acme", "foo")
+    kept = [keys.first_seen(addr), keys.baseline(addr)]
+    for key in kept:
+        await store.set(key, b"record", ttl=1.0)
+    await store.set(keys.versions(addr), b"list", ttl=60.0)
+    redis = store if isinstance(store, RedisStore) else getattr(store, "inner", None)
+    if isinstance(redis, RedisStore):
+        assert [await redis.client.ttl(redis.key(key)) for key in kept] == [-1, -1]
+        assert 0 < await redis.client.ttl(redis.key(keys.versions(addr))) <= 60  # the others keep theirs
+        for key in kept:
+            await redis.client.expire(redis.key(key), 100)
+        assert await store.get(kept[0]) == b"record" and await store.get_many(kept[1:]) == [b"record"]
+        assert [await redis.client.ttl(redis.key(key)) for key in kept] == [-1, -1]
+    assert await store.get_many(kept) == [b"record", b"record"]
     await store.close()

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from tests.conftest import PROVIDER
+from tests.e2e.test_cooldown_state_loss_e2e import baseline
 from tests.e2e.test_network_mirror_e2e import mirror_config, provider_tf
 from tests.e2e.test_registry_e2e import host_config
 from tests.fakes.packages import Release
@@ -110,13 +112,17 @@ async def test_mirror_mode_refuses_a_denied_version_and_the_audit_trail_says_why
 
 
 @pytest.fixture
-async def cooldown_proxy(in_process_proxy, tmp_path, registry):
-    """A proxy with a 72h cooldown, before the registry API says foo 1.1.0 was published an hour ago."""
+async def cooldown_proxy(in_process_proxy, tmp_path, registry, ca_file):
+    """A proxy with a 72h cooldown whose operator baselined foo (1.0.0 and 1.1.0 old, on purpose), before the
+    registry API says 1.1.0 was published an hour ago (a publish time still counts)."""
     an_hour_ago = time.gmtime(time.time() - 3600)
     registry.published_at[("acme", "foo", "1.1.0")] = time.strftime("%Y-%m-%dT%H:%M:%SZ", an_hour_ago)
     path = tmp_path / "policy.toml"
     path.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
-    return await in_process_proxy("--policy", str(path))
+    proxy = await in_process_proxy("--policy", str(path))
+    code, output = await baseline(registry, ca_file, proxy.data_dir, ("--policy", str(path)), PROVIDER, actor="ops")
+    assert code == 0 and "2 versions recorded as old" in output, output
+    return proxy
 
 
 async def test_registry_mode_shows_a_hold_by_the_registry_apis_publish_time(registry, cooldown_proxy, terraform):

@@ -7,12 +7,15 @@ import json
 
 import pytest
 
+from proxy.commands import CommandError
 from proxy.commands.bundle import export_bundle
 from proxy.commands.proxy_api import ProxyClient
 from proxy.commands.warm import run_warm
-from proxy.domain.addresses import Platform, ProviderAddr
+from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
 from proxy.governance.gatekeeper import load_policy
+from proxy.governance.release_times import FirstSeen
 from proxy.identity.tokens import hash_token
+from proxy.services.shared_fetches import SharedFetches
 from proxy.web.app_keys import GATEKEEPER, METRICS
 from proxy.web.app_keys import MIRROR as MIRROR_SERVICE
 from tests.conftest import serve_proxy
@@ -72,12 +75,20 @@ def policy_file(tmp_path):
     return path
 
 
+async def baseline(running, addr: ProviderAddr | ModuleAddr, *versions: str) -> None:
+    """What `registry-proxy policy baseline` records: `versions` of `addr` are old, on purpose (their ages would be
+    unknown on a first listing, and held back)."""
+    await running.app[GATEKEEPER].first_seen.record_baseline(addr, [Version.parse(v) for v in versions], "test")
+
+
 @pytest.fixture
 async def policed(make_settings, client_ssl, policy_file, tmp_path, registry, signing_key):
+    """The policy in force, after an operator baselined the versions of foo the registry lists."""
     registry.add(Release("acme", "foo", "1.0.1", signing_key))
     audit = tmp_path / "audit.jsonl"
     settings = make_settings(policy_file=policy_file, audit_log=str(audit), versions=600.0)
     async with serve_proxy(settings, client_ssl) as running:
+        await baseline(running, FOO, "1.0.0", "1.0.1", "1.1.0")
         running.audit = audit
         yield running
 
@@ -165,7 +176,7 @@ async def test_min_age_holds_new_versions_back_until_the_injected_clock_passes_i
     gate = policed.app[GATEKEEPER]
     gate.clock = gate.first_seen.clock = clock
     status, index = await policed.json(f"{MIRROR}/foo/index.json")
-    assert set(index["versions"]) == {"1.0.0", "1.0.1"}  # seen on the first listing: old
+    assert set(index["versions"]) == {"1.0.0", "1.0.1"}  # baselined: old
     registry.add(Release("acme", "foo", "1.2.0", signing_key))
     clock.now += 3600
     await policed.app[MIRROR_SERVICE].provider_versions(FOO, max_age=0.0)  # the list refreshed: 1.2.0 seen now
@@ -233,11 +244,14 @@ async def test_export_leaves_out_what_the_policy_denies(make_local_settings, cli
             assert (await running.get(path))[0] == 200
     cache, store = await _stores(settings.data_dir)
     try:
+        with pytest.raises(CommandError, match="nothing to export"):  # their ages are unknown: held back
+            await export_bundle(cache, store, tmp_path / "a.tar", [], load_policy(policy_file))
+        await FirstSeen(cache, SharedFetches(), lambda: 0.0).record_baseline(FOO, [Version.parse("1.0.0")], "test")
         report = await export_bundle(cache, store, tmp_path / "b.tar", [], load_policy(policy_file))
     finally:
         await cache.close()
         await store.close()
-    assert [p.split()[1] for p in report.providers] == ["1.0.0"]
+    assert [p.split()[1] for p in report.providers] == ["1.0.0"]  # baselined
     assert len(report.denied_left_out) == 1 and "1.1.0" in report.denied_left_out[0]
     assert "foo-known-bad: breaks IAM policies" in report.denied_left_out[0]
 

@@ -20,6 +20,7 @@ from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, registry_proxy, registry_proxy_in_process, wait_for
 from tests.fakes.redis_server import METADATA_SECRET
 from tests.integration.test_access_processes import status_of
+from tests.integration.test_policy_http import baseline
 
 INDEX = f"/mirror/v1/{REGISTRY_HOST}/acme/foo/index.json"
 DENY_110 = f"""
@@ -116,7 +117,8 @@ async def test_explain_reads_the_policy_file_from_serves_variable(tmp_path, monk
 
 @contextlib.asynccontextmanager
 async def two_replicas(make_settings, client_ssl, redis_server, tmp_path) -> AsyncIterator[tuple]:
-    """Two replicas sharing a Redis (a prefix of their own per test) with a 72h cooldown policy."""
+    """Two replicas sharing a Redis (a prefix of their own per test) with a 72h cooldown policy, after an operator
+    baselined foo's versions (through the first: the record is the fleet's)."""
     policy = tmp_path / "policy.toml"
     policy.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
     shared = {
@@ -128,6 +130,7 @@ async def two_replicas(make_settings, client_ssl, redis_server, tmp_path) -> Asy
         serve_proxy(make_settings(data_dir=tmp_path / "a", policy_file=policy, **shared), client_ssl) as a,
         serve_proxy(make_settings(data_dir=tmp_path / "b", policy_file=policy, **shared), client_ssl) as b,
     ):
+        await baseline(a, ProviderAddr.parse(REGISTRY_HOST, "acme", "foo"), "1.0.0", "1.1.0")
         yield a, b
 
 
@@ -142,7 +145,7 @@ async def test_two_replicas_sharing_redis_agree_on_first_seen_times(
             replica.app[GATEKEEPER].clock = replica.app[GATEKEEPER].first_seen.clock = lambda n=name: clocks[n]
         for replica in (a, b):
             status, index = await replica.json(INDEX)
-            assert status == 200 and set(index["versions"]) == {"1.0.0", "1.1.0"}  # the first list: baseline
+            assert status == 200 and set(index["versions"]) == {"1.0.0", "1.1.0"}  # baselined through a
         registry.add(Release("acme", "foo", "1.2.0", signing_key))
         for replica in (a, b):
             await replica.app[MIRROR].provider_versions(addr, max_age=0.0)  # both see 1.2.0 now

@@ -10,12 +10,23 @@ from email.utils import format_datetime
 
 import pytest
 
+from proxy.domain.addresses import ModuleAddr
 from proxy.web.app_keys import GATEKEEPER
 from tests.conftest import serve_proxy
 from tests.fakes.packages import MODULE_FILES, Release, module_tar_gz
 from tests.fakes.process import REGISTRY_HOST
 from tests.fakes.registry import Fault, ModuleRelease
-from tests.integration.test_policy_http import MIRROR, POLICY, REGISTRY, TERRAFORM, Clock, audit_events, upstream_paths
+from tests.integration.test_policy_http import (
+    FOO,
+    MIRROR,
+    POLICY,
+    REGISTRY,
+    TERRAFORM,
+    Clock,
+    audit_events,
+    baseline,
+    upstream_paths,
+)
 
 pytestmark = pytest.mark.one_metadata_store
 
@@ -35,7 +46,8 @@ def per_version_requests(registry, version: str) -> list[str]:
 async def dated(make_settings, client_ssl, tmp_path, registry, signing_key):
     """A proxy with the cooldown policy (72h) and an injected clock, before the registry lists 1.3.0 (published
     an hour ago by the registry API), 1.0.1 (published 100 days ago) and 1.4.0 (no date in the API; its
-    SHA256SUMS last modified an hour ago)."""
+    SHA256SUMS last modified an hour ago); an operator baselined the versions listed (old on purpose: a publish
+    time still counts)."""
     clock = Clock()
     registry.add(Release("acme", "foo", "1.0.1", signing_key))
     registry.add(Release("acme", "foo", "1.3.0", signing_key))
@@ -51,6 +63,7 @@ async def dated(make_settings, client_ssl, tmp_path, registry, signing_key):
     async with serve_proxy(make_settings(policy_file=policy, audit_log=str(audit)), client_ssl) as running:
         gate = running.app[GATEKEEPER]
         gate.clock = gate.first_seen.clock = clock
+        await baseline(running, FOO, "1.0.0", "1.0.1", "1.3.0", "1.4.0")
         running.clock, running.audit = clock, audit
         yield running
 
@@ -119,7 +132,7 @@ async def test_a_failing_malformed_or_future_published_at_is_no_date_or_counts_f
     registry.sums_last_modified.clear()
     for version in ("1.3.0", "1.0.1"):
         status, _ = await dated.json(f"{MIRROR}/foo/{version}.json")
-        assert status == 200  # listed when the proxy first saw the provider: old
+        assert status == 200  # baselined: old
     status, body = await dated.json(f"{MIRROR}/foo/1.4.0.json")
     assert status == 403 and body["available_at"] == iso(dated.clock.now + 72 * HOUR)  # not 1000h ahead
 
@@ -136,6 +149,7 @@ async def test_modules_are_held_back_by_their_published_at(make_settings, client
     async with serve_proxy(make_settings(policy_file=policy), client_ssl) as running:
         gate = running.app[GATEKEEPER]
         gate.clock = gate.first_seen.clock = clock
+        await baseline(running, ModuleAddr.parse(REGISTRY_HOST, "acme", "net", "aws"), "1.0.0", "1.1.0")
         status, document = await running.json(f"{modules}/versions")
         assert status == 200 and len(document["modules"][0]["versions"]) == 2
         status, body = await running.json(f"{modules}/1.1.0/download")
@@ -143,3 +157,32 @@ async def test_modules_are_held_back_by_their_published_at(make_settings, client
         assert (await running.get(f"{modules}/1.0.0/download"))[0] in (200, 204)
     assert per_version_requests(registry, "1.1.0") == ["/v1/modules/acme/net/aws/1.1.0"]
     assert not [p for p in upstream_paths(registry) if "1.1.0/download" in p or p.endswith("net.tar.gz")]
+
+
+async def test_without_a_baseline_a_list_of_unknown_ages_is_decided_by_the_registry_apis_dates(
+    make_settings, client_ssl, tmp_path, registry, signing_key
+):
+    """A fresh deployment (or a lost first-seen record): the ages of the versions listed are unknown, so the list
+    asks the registry API for their dates (once for the fleet): dated long ago, listed; dated lately or not
+    dated, held back, the undated with the unknown age named."""
+    clock = Clock()
+    registry.add(Release("acme", "foo", "1.3.0", signing_key))
+    registry.published_at[("acme", "foo", "1.0.0")] = iso(clock.now - 100 * 24 * HOUR)
+    registry.published_at[("acme", "foo", "1.3.0")] = iso(clock.now - HOUR)
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
+    async with serve_proxy(make_settings(policy_file=policy), client_ssl) as running:
+        gate = running.app[GATEKEEPER]
+        gate.clock = gate.first_seen.clock = clock
+        for _ in range(2):
+            status, index = await running.json(f"{MIRROR}/foo/index.json")
+            assert status == 200 and set(index["versions"]) == {"1.0.0"}
+        for version in ("1.0.0", "1.1.0", "1.3.0"):
+            assert per_version_requests(registry, version) == [f"/v1/providers/acme/foo/{version}"]  # once
+        status, body = await running.json(f"{MIRROR}/foo/1.1.0.json")
+        assert status == 403 and body["code"] == "policy_held_back"
+        assert "its age is unknown" in body["reason"] and "registry-proxy policy baseline" in body["reason"]
+        status, body = await running.json(f"{MIRROR}/foo/1.3.0.json")
+        assert status == 403 and "registry API's published_at" in body["reason"]
+        clock.now += 72 * HOUR  # listed for the min-age: old enough, whatever its age
+        assert (await running.json(f"{MIRROR}/foo/1.1.0.json"))[0] == 200

@@ -157,8 +157,14 @@ def test_a_version_constraint_selects_pre_releases_by_order():
 
 
 def test_aliases_of_keys_mean_the_same():
-    policy = parse_policy('[[rule]]\nname = "c"\nprovider = ["*/*/*"]\nmin_age = "1h"\n')
-    assert policy.rules[0].min_age == HOUR
+    policy = parse_policy('[[rule]]\nname = "c"\nprovider = ["*/*/*"]\nmin_age = "1h"\nunknown_age = "allow"\n')
+    assert policy.rules[0].min_age == HOUR and policy.rules[0].unknown_age == "allow"
+
+
+def test_unknown_age_defaults_to_hold_and_describe_shows_it():
+    policy = parse_policy('[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n')
+    assert policy.rules[0].unknown_age == "hold"
+    assert list(describe(policy))[1] == "1. cooldown: deny (min-age 72h, unknown-age hold)"
 
 
 @pytest.mark.parametrize(
@@ -176,6 +182,8 @@ def test_aliases_of_keys_mean_the_same():
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nplatforms = ["linux"]\n', ("'platforms'",)),
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\n', ("rule 'r' (#1)", "'action'")),
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nmin-age = "1h"\naction = "allow"\n', ("'action'",)),
+        ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nmin-age = "1h"\nunknown-age = "old"\n', ("'unknown-age'",)),
+        ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\naction = "deny"\nunknown-age = "hold"\n', ("'unknown-age'",)),
         ('[[rule]]\nname = "r"\naction = "deny"\n', ("rule 'r' (#1)", "'providers' or 'modules'")),
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nscopes = ["acme"]\naction = "deny"\n', ("rule 'r'", "'scopes'")),
         ('[[rule]]\nname = "r"\nproviders = ["*/*/*"]\nscopes = ["h/[a"]\naction = "deny"\n', ("rule 'r'", "'scopes'")),
