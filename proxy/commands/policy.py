@@ -18,6 +18,8 @@ def run(args: argparse.Namespace) -> int:
         policy = _load(args.file)
         for line in describe(policy):
             print(line)
+        for line in policy.keys.describe():  # signing keys: key-change and the pins in force
+            print(line)
         print(f"{args.file}: OK")
         return 0
     if not args.policy_path:

@@ -88,6 +88,10 @@ MODULE_FIRST_SEEN = KeyPattern("module-first-seen", "host", "namespace", "name",
 # An OIDC issuer's signing keys (its JWKS), shared by the workers and replicas; not metadata of a registry, so
 # not among STORED_KINDS (bundles carry none). `issuer`: the SHA-256 of the issuer's URL and JWKS URL.
 OIDC_KEYS = KeyPattern("oidc-keys", "issuer")
+# The fingerprints of the keys that signed a provider's releases (`proxy.governance.key_trust`): a record the
+# signing-key checks depend on, so never expired (`persistent`), never purged, not among STORED_KINDS.
+SIGNING_KEYS = KeyPattern("signing-keys", "host", "namespace", "type")
+PERSISTENT_KINDS = (SIGNING_KEYS,)
 
 STORED_KINDS = (DISCOVERY, VERSIONS, DOWNLOAD, SUMS, ARCHIVE, MODULE_VERSIONS, MODULE_DOWNLOAD, MODULE)
 
@@ -171,6 +175,15 @@ def first_seen(addr: ProviderAddr | ModuleAddr) -> str:
     if isinstance(addr, ModuleAddr):
         return MODULE_FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, name=addr.name, system=addr.system)
     return FIRST_SEEN.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
+
+
+def signing_keys(addr: ProviderAddr) -> str:
+    return SIGNING_KEYS.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
+
+
+def persistent(key: str) -> bool:
+    """Whether `key` holds a record a security decision depends on: written and read without a TTL in Redis."""
+    return any(key.startswith(pattern.prefix) for pattern in PERSISTENT_KINDS)
 
 
 def module_download(addr: ModuleAddr, version: Version) -> str:

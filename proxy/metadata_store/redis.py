@@ -2,7 +2,8 @@
 
 Keys are `PREFIX:KEY` (see docs/operations.md, "Redis key schema"); every key has a TTL, the retention
 period, renewed whenever the key is written or read (GETEX), so entries in use never expire
-and an abandoned prefix drains by itself.
+and an abandoned prefix drains by itself; but the records a security decision depends on
+(`keys.persistent`: a provider's signing keys), which are written and read without one.
 Values are the versioned JSON of `proxy.metadata_store`, sealed (`proxy.metadata_store.sealed`), so a replica never
 crashes on a format it does not know, nor uses a value it cannot authenticate: either is a miss.
 
@@ -39,7 +40,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from proxy.metadata_store import Refuse
 from proxy.metadata_store.breaker import Breaker
-from proxy.metadata_store.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames
+from proxy.metadata_store.keys import FLEET_LOCK, NEGATIVE, NEGATIVE_BOOKKEEPING, SERVED, RedisNames, persistent
 from proxy.metadata_store.redis_client import RedisConnection
 from proxy.metadata_store.sealed import Seal
 from proxy.settings.config import parse_redis_target
@@ -140,6 +141,8 @@ class RedisStore:
         return self._breaker.available
 
     async def get(self, key: str) -> bytes | None:
+        if persistent(key):  # a record a security decision depends on: no TTL (one set by an older version: gone)
+            return await self._call(self.client.getex(self.key(key), persist=True), None, keys=(key,))
         return await self._call(self.client.getex(self.key(key), ex=self._ttl()), None, keys=(key,))
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
@@ -167,6 +170,9 @@ class RedisStore:
         return max(1, int(self._retention))
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        if persistent(key):
+            await self._call(self.client.set(self.key(key), value), None)
+            return
         seconds = max(1, int(ttl)) if ttl is not None else self._ttl()
         await self._call(self.client.set(self.key(key), value, ex=seconds), None)
 

@@ -101,7 +101,7 @@ DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # Which commands take an option besides `serve` (they read the same variables and --config file).
-STORE_COMMANDS = ("export", "import", "verify", "gc", "purge")  # open the data dir's stores as `serve` does
+STORE_COMMANDS = ("export", "import", "verify", "gc", "purge", "trust")  # open the data dir's stores as `serve` does
 CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
 SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
 
@@ -756,6 +756,7 @@ class PolicySettings:
         "write the audit trail (JSON lines: fetched from upstream, served per client and hour, every denial) "
         "to FILE (appended) or to stdout; separate from the access log",
         metavar="FILE|stdout",
+        commands=("serve", "trust"),
     )
 
 

@@ -8,6 +8,7 @@ from proxy.governance.catalog import Catalog
 from proxy.governance.gatekeeper import Gatekeeper
 from proxy.governance.inventory import InventoryReader
 from proxy.governance.release_times import PublishDates
+from proxy.governance.signing_keys import SigningKeys
 from proxy.metadata_store.memory import MemoryFront
 from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
@@ -30,3 +31,4 @@ MEMORY_FRONT = web.AppKey("memory_front", MemoryFront)
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 PUBLISH_DATES = web.AppKey("publish_dates", PublishDates)
 WARM_ANSWERS = web.AppKey("warm_answers", WarmAnswers)
+SIGNING_KEYS = web.AppKey("signing_keys", SigningKeys)
