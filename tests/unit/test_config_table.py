@@ -99,7 +99,7 @@ VARIABLES = [
     "WORKERS",
 ]
 FLAG_ONLY = {("healthcheck", "--timeout"), ("gc", "--grace")}
-COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "purge", "healthcheck", "token"]
+COMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "purge", "trust", "healthcheck", "token"]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
 
 
