@@ -60,9 +60,13 @@ async def test_a_new_key_is_served_and_warned_about_by_default(
     make_settings, client_ssl, tmp_path, rotated, signing_key, other_key
 ):
     audit = tmp_path / "audit.jsonl"
+    settings = make_settings(audit_log=str(audit))
     with captured_logs() as logs:
-        async with serve_proxy(make_settings(audit_log=str(audit)), client_ssl) as proxy:
+        async with serve_proxy(settings, client_ssl) as proxy:
             assert (await proxy.get(archive("1.0.0")))[0] == 200  # the first key: trusted on first use
+            if settings.metadata.redis_url:  # a record a security decision depends on never expires
+                redis = proxy.app[METADATA_BACKEND].inner
+                assert await redis.client.ttl(redis.key(keys.signing_keys(FOO_ADDR))) == -1
             assert not [e for e in logs if e["event"] == "security.signing_key_changed"]
             assert (await proxy.get(archive("1.2.0")))[0] == 200
             assert (await proxy.get(archive("1.2.0", "darwin_arm64")))[0] == 200  # one release, one change
