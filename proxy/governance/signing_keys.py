@@ -27,6 +27,7 @@ from proxy.errors import SigningKeyChangedError, SigningKeyNotPinnedError
 from proxy.governance.audit import AuditLog
 from proxy.governance.key_trust import (
     DEFAULT_TRUST,
+    UNREADABLE,
     KeyChange,
     KeyRecord,
     KeyTrust,
@@ -65,10 +66,15 @@ class KeyEvent:
 
 @dataclass(frozen=True)
 class Stored:
-    """A provider's record as read: the record (None: missing or unreadable) and whether it is unreadable."""
+    """A provider's record as read: the record (None: missing or unreadable), and why it cannot be used when one
+    may be stored that cannot be read (`unreadable`: it fails its seal, or the store is unavailable)."""
 
     record: KeyRecord | None
-    unreadable: bool
+    why_unreadable: str = ""
+
+    @property
+    def unreadable(self) -> bool:
+        return bool(self.why_unreadable)
 
 
 class SigningKeys:
@@ -95,20 +101,31 @@ class SigningKeys:
         self.recent: deque[KeyEvent] = deque(maxlen=RECENT_EVENTS)
 
     async def read(self, addr: ProviderAddr) -> Stored:
-        """The provider's record, and whether one is stored that cannot be read (logged by the seal, or here)."""
+        """The provider's record, and whether one may be stored that cannot be read: present and failing its seal
+        (logged by the seal, and here), or not known because the store is unavailable (a missing record is a
+        provider never seen only while the store answers)."""
+        stored = await self._read(addr)
+        if not stored.unreadable:
+            return stored
+        log.error(
+            "security.signing_keys_unreadable",
+            provider=str(addr),
+            key=keys.signing_keys(addr),
+            reason=stored.why_unreadable,
+            effect="a key not known to this process counts as a key change (held in hold mode) until the record "
+            "can be read, or `trust accept` records one",
+        )
+        return stored
+
+    async def _read(self, addr: ProviderAddr) -> Stored:
+        """`read`, without the log line."""
         key = keys.signing_keys(addr)
         raw = await self._store.inner.get(key)
         if raw is None:
-            return Stored(None, False)
+            problem = self._store.problem
+            return Stored(None) if problem is None else Stored(None, f"the metadata store is unavailable ({problem})")
         record = read_key_record(self._store.seal.open(key, raw))
-        if record is None:
-            log.error(
-                "security.signing_keys_unreadable",
-                provider=str(addr),
-                key=key,
-                effect="every key of the provider counts as a key change until `trust accept` records one",
-            )
-        return Stored(record, record is None)
+        return Stored(record) if record is not None else Stored(None, UNREADABLE)
 
     def check_pin(self, addr: ProviderAddr, version: Version, key_id: str, fingerprint: str) -> None:
         """Refuse a release (recorded already) whose key a pin selecting its provider does not list. Pure and
@@ -130,6 +147,11 @@ class SigningKeys:
         if self._known.get((address, fingerprint)):
             self.check_pin(addr, version, key_id, fingerprint)  # a pin added by a reload still counts
             return
+        seen = (await self._read(addr)).record  # no lock for a key known already (unless a pin refuses it)
+        known = seen is not None and fingerprint in seen.known
+        if known and judge(trust, address, fingerprint, seen, unreadable=False).kind in ("known", "pinned"):
+            self._known.put((address, fingerprint), True)
+            return
         key = keys.signing_keys(addr)
         async with self._writing, self._locks.hold(key, _nothing):
             stored = await self.read(addr)
@@ -141,7 +163,8 @@ class SigningKeys:
             new_key = KnownKey(key_id, now, str(version))
             changed = None
             if verdict.kind == "changed":
-                changed = KeyChange(now, str(version), verdict.old, key_id, fingerprint, verdict.decision)
+                old = (stored.why_unreadable,) if stored.unreadable else verdict.old
+                changed = KeyChange(now, str(version), old, key_id, fingerprint, verdict.decision)
                 first_time = fingerprint not in record.held  # a held key is recorded once, however often asked
                 if verdict.refused:
                     if first_time and not stored.unreadable:
@@ -209,7 +232,7 @@ class SigningKeys:
             "decision": change.decision,
         }
         if unreadable:
-            log.error("security.signing_key_changed", **facts, reason="the provider's key record is unreadable")
+            log.error("security.signing_key_changed", **facts, reason=f"the provider's key record: {old}")
         elif change.decision == "allow":
             log.info("security.signing_key_changed", **facts)
         else:

@@ -13,7 +13,7 @@ from proxy.domain.addresses import ProviderAddr
 from proxy.metadata_store import keys
 from proxy.web.app import METADATA_BACKEND
 from proxy.web.app_keys import METRICS, SIGNING_KEYS
-from tests.conftest import serve_proxy
+from tests.conftest import METADATA_SECRET, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, registry_proxy_in_process
 from tests.fakes.served_in_process import captured_logs
@@ -176,3 +176,21 @@ async def test_a_record_that_fails_its_seal_is_a_key_change_never_a_first_use(
     assert [e for e in logs if e["event"] == "security.signing_key_changed" and e["log_level"] == "error"], [
         (e["event"], e.get("log_level"), e.get("level")) for e in logs if "security" in e["event"]
     ]
+
+
+async def test_with_the_store_unavailable_no_key_is_trusted_on_first_use_in_hold_mode(
+    make_local_settings, client_ssl, tmp_path, policy, refused_port
+):
+    """Redis down answers like a miss: a missing record then cannot tell a provider never seen from a lost record,
+    so a key this process does not know already is a key change (held), never a first use."""
+    settings = make_local_settings(
+        redis_url=f"redis://127.0.0.1:{refused_port}/0",
+        metadata_secret=METADATA_SECRET,
+        policy_file=policy('key-change = "hold"\n'),
+        audit_log=str(tmp_path / "a.jsonl"),
+    )
+    async with serve_proxy(settings, client_ssl) as proxy:
+        status, _, body = await proxy.get(archive("1.0.0"))
+    document = json.loads(body)
+    assert (status, document["code"]) == (403, "signing_key_changed"), document
+    assert "the metadata store is unavailable" in document["reason"]
