@@ -106,3 +106,15 @@ def test_the_record_round_trips_and_names_held_keys_by_key_id():
     accepted = record.with_known(NEW, KnownKey(NEW[-16:], 3.0, "1.2.0", "cli:alice"))
     assert NEW not in accepted.held and accepted.known[NEW].accepted_by == "cli:alice"
     assert read_key_record(b'{"v": 1}') is None and read_key_record(None) is None
+
+
+def test_policy_check_lists_key_change_and_the_pins_in_force(tmp_path, capsys):
+    from proxy.cli import main
+
+    path = tmp_path / "policy.toml"
+    path.write_text(f'key-change = "hold"\n[[pin]]\nname = "acme"\nproviders = ["*/acme/*"]\nkeys = ["{OLD}"]\n')
+    assert main(["policy", "check", str(path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "key-change: hold" in printed
+    assert f"pin acme: */acme/* signed by {OLD}" in printed
+    assert f"pin hashicorp-official: registry.terraform.io/hashicorp/* signed by {HASHICORP_FINGERPRINT}" in printed
