@@ -129,18 +129,18 @@ class SigningKeys:
 
     def check_pin(self, addr: ProviderAddr, version: Version, key_id: str, fingerprint: str) -> None:
         """Refuse a release (recorded already) whose key a pin selecting its provider does not list. Pure and
-        cheap: asked every time a release's recorded SHA256SUMS is used."""
-        if not fingerprint:
-            return
+        cheap: asked every time a release's recorded SHA256SUMS is used. An unsigned release (no `fingerprint`,
+        admitted by `--unsigned-providers`) of a pinned provider is refused too."""
         verdict = judge(self.trust(), str(addr), fingerprint, None, unreadable=False)
         if verdict.kind == "unpinned":
             self._refuse_unpinned(addr, version, key_id, fingerprint, verdict)
 
     async def check(self, addr: ProviderAddr, version: Version, key_id: str, fingerprint: str) -> None:
         """Decide about a release whose signature just verified with the key `fingerprint` (empty: an unsigned
-        release, admitted by `--unsigned-providers`: nothing to decide), recording the key as the verdict says;
-        raises when the release is refused."""
+        release, admitted by `--unsigned-providers`: refused if a pin selects its provider, else nothing to
+        decide), recording the key as the verdict says; raises when the release is refused."""
         if not fingerprint:
+            self.check_pin(addr, version, key_id, fingerprint)
             return
         address = str(addr)
         trust = self.trust()
@@ -259,9 +259,9 @@ class SigningKeys:
         pin = verdict.pin
         assert pin is not None
         allowed = ", ".join(sorted(pin.keys))
-        reason = (
-            f"{addr} {version} is signed by key {key_id} ({fingerprint}), which pin {pin.name} does not list "
-            f"(it allows {allowed})" + (f": {pin.reason}" if pin.reason else "")
+        signer = f"signed by key {key_id} ({fingerprint})" if fingerprint else "unsigned (no signing keys listed)"
+        reason = f"{addr} {version} is {signer}: pin {pin.name} allows only {allowed}" + (
+            f" ({pin.reason})" if pin.reason else ""
         )
         if self._metrics is not None:
             self._metrics.signing_key_changes.labels("unpinned").inc()
@@ -282,7 +282,9 @@ class SigningKeys:
             pin=pin.name,
         )
         self.recent.appendleft(
-            KeyEvent(self.clock(), str(addr), str(version), tuple(sorted(pin.keys)), key_id, "unpinned", reason)
+            KeyEvent(
+                self.clock(), str(addr), str(version), tuple(sorted(pin.keys)), key_id or "none", "unpinned", reason
+            )
         )
         raise SigningKeyNotPinnedError(
             f"provider {addr} {version} is refused by pin {pin.name}: {reason}", rule=f"pin {pin.name}", reason=reason

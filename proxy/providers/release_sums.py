@@ -94,7 +94,7 @@ class ReleaseSums:
         return None if record is None else self._signed(addr, d, record)
 
     def _check_signer(self, addr: ProviderAddr, version: Version, record: SumsRecord) -> None:
-        if self.check_signer is not None and not record.unsigned:
+        if self.check_signer is not None:  # (an unsigned release has no key: a pin refuses it)
             self.check_signer(addr, version, record.key_id, record.fingerprint)
 
     def _signed(self, addr: ProviderAddr, d: DownloadInfo, record: SumsRecord) -> SignedSums:
@@ -116,7 +116,7 @@ class ReleaseSums:
                 lambda: self._fetch(key, addr, version, d),
                 str(d.shasums_url.with_query(None)),
             )
-        elif self.on_signed is not None and not record.unsigned:  # known keys: from memory; a pin: checked again
+        elif self.on_signed is not None:  # known keys: from memory; a pin: checked again (an unsigned release too)
             await self.on_signed(addr, version, record.key_id, record.fingerprint)
         return record
 
@@ -134,7 +134,7 @@ class ReleaseSums:
             if not is_disk_full(exc):
                 raise
             raise self._space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
-        if self.on_signed is not None and not sums.unsigned:  # a new key may hold the release back: not recorded
+        if self.on_signed is not None:  # a new key (or none, for a pinned provider) may refuse it: not recorded
             await self.on_signed(addr, version, sums.key_id, sums.fingerprint)
         record = self._chain.sums_record(sums, document, signature)
         await self._documents.put_record(key, record)

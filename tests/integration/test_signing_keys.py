@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from yarl import URL
 
 from proxy.domain.addresses import ProviderAddr
 from proxy.metadata_store import keys
@@ -194,3 +195,23 @@ async def test_with_the_store_unavailable_no_key_is_trusted_on_first_use_in_hold
     document = json.loads(body)
     assert (status, document["code"]) == (403, "signing_key_changed"), document
     assert "the metadata store is unavailable" in document["reason"]
+
+
+@pytest.mark.one_metadata_store
+async def test_a_pinned_provider_is_not_served_unsigned(make_settings, client_ssl, registry, tmp_path, policy):
+    """registry.opentofu.org's releases are admitted without signing keys by default (`--unsigned-providers`): a
+    pin on them refuses a release that lists none."""
+    registry.signing_keys_override = []
+    text = f'[[pin]]\nname = "tofu-acme"\nproviders = ["registry.opentofu.org/acme/*"]\nkeys = ["{"A" * 40}"]\n'
+    settings = make_settings(
+        upstream_map={"registry.opentofu.org": URL(registry.url)},
+        policy_file=policy(text),
+        audit_log=str(tmp_path / "a.jsonl"),
+    )
+    async with serve_proxy(settings, client_ssl) as proxy:
+        status, _, body = await proxy.get(
+            "/mirror/v1/registry.opentofu.org/acme/foo/1.0.0/linux_amd64/terraform-provider-foo_1.0.0_linux_amd64.zip"
+        )
+    document = json.loads(body)
+    assert (status, document["code"], document["rule"]) == (403, "signing_key_not_pinned", "pin tofu-acme")
+    assert "unsigned" in document["reason"]
