@@ -118,3 +118,14 @@ def test_policy_check_lists_key_change_and_the_pins_in_force(tmp_path, capsys):
     assert "key-change: hold" in printed
     assert f"pin acme: */acme/* signed by {OLD}" in printed
     assert f"pin hashicorp-official: registry.terraform.io/hashicorp/* signed by {HASHICORP_FINGERPRINT}" in printed
+
+
+def test_policy_explain_says_how_a_providers_signing_keys_are_decided(tmp_path, capsys):
+    from proxy.cli import main
+
+    path = tmp_path / "policy.toml"
+    path.write_text('key-change = "hold"\n')
+    assert main(["policy", "explain", "--policy", str(path), "registry.terraform.io/hashicorp/aws@5.0.0"]) == 0
+    assert f"signing keys: pinned by hashicorp-official to {HASHICORP_FINGERPRINT}" in capsys.readouterr().out
+    assert main(["policy", "explain", "--policy", str(path), "registry.terraform.io/acme/foo"]) == 0
+    assert "signing keys: key-change = hold" in capsys.readouterr().out
