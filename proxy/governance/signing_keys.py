@@ -185,6 +185,7 @@ class SigningKeys:
         key = keys.signing_keys(addr)
         async with self._writing, self._locks.hold(key, _nothing):
             stored = await self.read(addr)
+            self._check_available()
             record = stored.record or KeyRecord()
             fingerprint = record.resolve(given)
             if fingerprint is None:
@@ -201,6 +202,7 @@ class SigningKeys:
                 by,
             )
             await self._write(key, record.with_known(fingerprint, accepted))
+            self._check_available()  # a write the store did not take is no acceptance
         self.audit.write(
             "signing_key_accepted",
             provider=str(addr),
@@ -211,6 +213,11 @@ class SigningKeys:
         )
         log.warning("trust.key_accepted", provider=str(addr), fingerprint=fingerprint, key_id=accepted.key_id, by=by)
         return fingerprint, accepted
+
+    def _check_available(self) -> None:
+        problem = self._store.problem
+        if problem is not None:
+            raise TrustAcceptError(f"the metadata store is unavailable ({problem}): nothing was accepted")
 
     async def _write(self, key: str, record: KeyRecord) -> None:
         await self._store.set(key, record.encode())

@@ -215,3 +215,20 @@ async def test_a_pinned_provider_is_not_served_unsigned(make_settings, client_ss
     document = json.loads(body)
     assert (status, document["code"], document["rule"]) == (403, "signing_key_not_pinned", "pin tofu-acme")
     assert "unsigned" in document["reason"]
+
+
+@pytest.mark.one_metadata_store
+async def test_trust_accept_with_the_store_unavailable_accepts_nothing(refused_port, other_key, tmp_path):
+    code, output = await registry_proxy_in_process(
+        "trust",
+        "accept",
+        FOO,
+        other_key.fingerprint,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--redis-url",
+        f"redis://127.0.0.1:{refused_port}/0",
+        "--metadata-secret",
+        METADATA_SECRET,
+    )
+    assert code == 1 and "the metadata store is unavailable" in output and "nothing was accepted" in output, output
