@@ -13,7 +13,7 @@ from yarl import URL
 from proxy.domain.addresses import ProviderAddr
 from proxy.metadata_store import keys
 from proxy.web.app import METADATA_BACKEND
-from proxy.web.app_keys import METRICS, SIGNING_KEYS
+from proxy.web.app_keys import GATEKEEPER, METRICS, SIGNING_KEYS
 from tests.conftest import METADATA_SECRET, serve_proxy
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, registry_proxy_in_process
@@ -232,3 +232,19 @@ async def test_trust_accept_with_the_store_unavailable_accepts_nothing(refused_p
         METADATA_SECRET,
     )
     assert code == 1 and "the metadata store is unavailable" in output and "nothing was accepted" in output, output
+
+
+@pytest.mark.one_metadata_store
+async def test_a_pin_added_by_a_reload_refuses_releases_recorded_before_it(
+    make_settings, client_ssl, tmp_path, policy, signing_key, other_key
+):
+    path = policy("")
+    async with serve_proxy(make_settings(policy_file=path, audit_log=str(tmp_path / "a.jsonl")), client_ssl) as proxy:
+        sums = f"/registry/{REGISTRY_HOST}/providers/v1/acme/foo/1.0.0/download/linux/amd64/SHA256SUMS"
+        assert (await proxy.get(sums))[0] == 200  # recorded, signed by the session's key
+        assert (await proxy.get(archive("1.0.0")))[0] == 200  # stored
+        path.write_text(f'[[pin]]\nname = "other"\nproviders = ["{FOO}"]\nkeys = ["{other_key.fingerprint}"]\n')
+        proxy.app[GATEKEEPER].reload()  # what SIGHUP does
+        for path in (sums, archive("1.0.0"), archive("1.1.0")):  # recorded, stored, new
+            status, _, body = await proxy.get(path)
+            assert (status, json.loads(body)["code"]) == (403, "signing_key_not_pinned"), path
