@@ -54,6 +54,7 @@ def build_parser() -> OptionParser:
     )
     _add_token_command(commands)
     _add_policy_command(commands)
+    _add_trust_command(commands)
     return parser
 
 
@@ -115,6 +116,28 @@ def _add_policy_command(commands) -> None:
     baseline.add_argument("addresses", nargs="*", metavar="ADDRESS", help="HOST/NAMESPACE/TYPE or HOST/NS/NAME/SYSTEM")
     baseline.add_argument(
         "--actor", metavar="NAME", help="who baselines, for the audit trail (default: cli:USER, the OS user)"
+    )
+
+
+def _add_trust_command(commands) -> None:
+    trust = add_command(
+        commands,
+        "trust",
+        config=True,
+        help="list or accept the signing keys recorded for a provider (key continuity, docs/policy.md)",
+        description="`trust list ADDRESS`: the signing keys the fleet recorded for a provider's releases (seen or "
+        "accepted, held back), and the last key changes; exit 1 when the record cannot be read. `trust accept "
+        "ADDRESS KEY_ID`: record KEY_ID as a signing key of ADDRESS, accepted on purpose, so that a release it "
+        'signs is no longer a key change (with key-change = "hold", no longer refused); KEY_ID is the key id '
+        "the refusal named (16 hex digits, of a key held back or seen) or the key's full fingerprint; written to "
+        "the audit trail (--audit-log) with who accepted it. A [[pin]] still refuses a key it does not list. "
+        "Uses the metadata store `serve` uses (the same store options).",
+    )
+    trust.add_argument("trust_command", choices=("list", "accept"), metavar="list|accept")
+    trust.add_argument("address", metavar="ADDRESS", help="the provider, HOST/NAMESPACE/TYPE")
+    trust.add_argument("key_id", nargs="?", metavar="KEY_ID", help="accept: key id (16 hex digits) or fingerprint")
+    trust.add_argument(
+        "--by", metavar="NAME", help="accept: who accepts it, for the audit trail (default: the OS user)"
     )
 
 

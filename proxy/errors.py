@@ -281,6 +281,19 @@ class PolicyHeldBackError(PolicyDeniedError):
     code = "policy_held_back"
 
 
+class SigningKeyChangedError(PolicyDeniedError):
+    """A release is signed by a key never seen for its provider, whose earlier releases another key signed, and
+    the policy's `key-change` is `hold`: refused until an operator accepts the key (`registry-proxy trust accept`)."""
+
+    code = "signing_key_changed"
+
+
+class SigningKeyNotPinnedError(PolicyDeniedError):
+    """A release of a provider a `[[pin]]` selects is signed by a key the pin does not list."""
+
+    code = "signing_key_not_pinned"
+
+
 def status_reason(text: str) -> str:
     """`text` as an HTTP reason phrase: one line of printable ASCII, at most 200 characters."""
     cleaned = "".join(c if " " <= c <= "~" else "?" for c in " ".join(text.split()))

@@ -18,6 +18,8 @@ def run(args: argparse.Namespace) -> int:
         policy = _load(args.file)
         for line in describe(policy):
             print(line)
+        for line in policy.keys.describe():  # signing keys: key-change and the pins in force
+            print(line)
         print(f"{args.file}: OK")
         return 0
     if not args.policy_path:
@@ -44,7 +46,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"{subject.kind} {subject} asked for by {asker}, policy {args.policy_path} ({policy.mode} mode):")
     for line in explain(policy, subject, args.client, _released(args, now), now, scopes):
         print(f"  {line}")
+    if isinstance(addr, ProviderAddr):
+        print(f"  signing keys: {_key_trust(policy, str(addr))}")
     return 0
+
+
+def _key_trust(policy: Policy, address: str) -> str:
+    """What the policy says about the signing keys of the provider `address`."""
+    pin = policy.keys.pin_for(address)
+    if pin is not None:
+        return f"pinned by {pin.name} to {', '.join(sorted(pin.keys))} (any other key, or none, is refused)"
+    return f"key-change = {policy.keys.key_change} (a key never seen for the provider, after another)"
 
 
 def _released(args: argparse.Namespace, now: float) -> ReleaseTime | None:

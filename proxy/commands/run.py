@@ -54,6 +54,10 @@ async def dispatch(args: argparse.Namespace) -> int:
         return await _purge(args)
     if args.command == "rotate-secret":
         return await _rotate_secret(args)
+    if args.command == "trust":
+        from proxy.commands.trust import run_trust
+
+        return await run_trust(args, _store_settings(args))
     raise CommandError(f"unknown command {args.command}")
 
 

@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 
 from proxy.domain import constraints
 from proxy.domain.addresses import Version
+from proxy.governance.key_trust import DEFAULT_TRUST, KEYS, KeyTrust, KeyTrustError, parse_key_trust
 from proxy.settings.values import ConfigError, format_duration, parse_duration
 
 MODES = ("enforce", "warn")
@@ -256,6 +257,7 @@ class Policy:
     default_reason: str = ""
     mode: str = "enforce"
     source: str = ""
+    keys: KeyTrust = DEFAULT_TRUST  # signing-key continuity and pins (`proxy.governance.key_trust`)
     ages: bool = field(init=False)  # any rule with a min-age (else no publish times are needed)
     names_clients: bool = field(init=False)  # any rule limited to some clients (decisions depend on the client)
     names_scopes: bool = field(init=False)  # any rule limited to some scopes (decisions depend on the scopes)
@@ -367,9 +369,16 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{source}: not valid TOML: {exc}") from None
-    unknown = set(data) - {"mode", "rule", "default"}
+    unknown = set(data) - {"mode", "rule", "default"} - KEYS
     if unknown:
-        raise PolicyError(f"{source}: unknown top-level key {sorted(unknown)[0]!r} (known: mode, [[rule]], [default])")
+        raise PolicyError(
+            f"{source}: unknown top-level key {sorted(unknown)[0]!r} (known: mode, key-change, default-pins, "
+            "[[rule]], [[pin]], [default])"
+        )
+    try:
+        key_trust = parse_key_trust(data, source)
+    except KeyTrustError as exc:
+        raise PolicyError(str(exc)) from None
     mode = data.get("mode", "enforce")
     if mode not in MODES:
         raise PolicyError(f'{source}: key \'mode\': must be "enforce" or "warn", not {mode!r}')
@@ -395,7 +404,7 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
     reason = default.get("reason", "")
     if not isinstance(reason, str):
         raise PolicyError(f"{source}: [default]: key 'reason': must be a string")
-    return Policy(tuple(rules), action, _one_line(reason), mode, source)
+    return Policy(tuple(rules), action, _one_line(reason), mode, source, key_trust)
 
 
 def _rule(source: str, index: int, table: object) -> Rule:

@@ -88,12 +88,17 @@ MODULE_FIRST_SEEN = KeyPattern("module-first-seen", "host", "namespace", "name",
 # the versions an operator recorded as old on purpose (`registry-proxy policy baseline`)
 BASELINE = KeyPattern("baseline", "host", "namespace", "type")
 MODULE_BASELINE = KeyPattern("module-baseline", "host", "namespace", "name", "system")
-# records a policy depends on: never written with a TTL, so no store expires them (nor Redis's volatile-* evicts)
-KEPT = (FIRST_SEEN, MODULE_FIRST_SEEN, BASELINE, MODULE_BASELINE)
-_KEPT_PREFIXES = tuple(kind.prefix for kind in KEPT)
 # An OIDC issuer's signing keys (its JWKS), shared by the workers and replicas; not metadata of a registry, so
 # not among STORED_KINDS (bundles carry none). `issuer`: the SHA-256 of the issuer's URL and JWKS URL.
 OIDC_KEYS = KeyPattern("oidc-keys", "issuer")
+# The fingerprints of the keys that signed a provider's releases (`proxy.governance.key_trust`): a record the
+# signing-key checks depend on, so never expired (`kept`), never purged, not among STORED_KINDS.
+SIGNING_KEYS = KeyPattern("signing-keys", "host", "namespace", "type")
+# records a security decision depends on (the policy's ages, a provider's signing keys): never written with a
+# TTL, so no store expires them (nor does Redis's volatile-* eviction)
+KEPT = (FIRST_SEEN, MODULE_FIRST_SEEN, BASELINE, MODULE_BASELINE, SIGNING_KEYS)
+_KEPT_PREFIXES = tuple(kind.prefix for kind in KEPT)
+
 
 STORED_KINDS = (DISCOVERY, VERSIONS, DOWNLOAD, SUMS, ARCHIVE, MODULE_VERSIONS, MODULE_DOWNLOAD, MODULE)
 
@@ -187,8 +192,12 @@ def baseline(addr: ProviderAddr | ModuleAddr) -> str:
 
 
 def kept(key: str) -> bool:
-    """Whether `key` holds a record a policy depends on (`KEPT`): stored without a TTL."""
+    """Whether `key` holds a record a security decision depends on (`KEPT`): stored without a TTL."""
     return key.startswith(_KEPT_PREFIXES)
+
+
+def signing_keys(addr: ProviderAddr) -> str:
+    return SIGNING_KEYS.key(host=addr.hostname, namespace=addr.namespace, type=addr.type)
 
 
 def module_download(addr: ModuleAddr, version: Version) -> str:

@@ -2,9 +2,9 @@
 
 Keys are `PREFIX:KEY` (see docs/operations.md, "Redis key schema"); every key has a TTL, the retention
 period, renewed whenever the key is written or read (GETEX), so entries in use never expire
-and an abandoned prefix drains by itself; but for the records a policy depends on (`keys.KEPT`: first-seen
-times, baselines), which are written without one and read with GETEX PERSIST: an expired or evicted one would
-make ages unknown (held back by default).
+and an abandoned prefix drains by itself; but for the records a security decision depends on (`keys.KEPT`:
+first-seen times, baselines, a provider's signing keys), which are written without one and read with GETEX
+PERSIST: an expired or evicted one would make ages unknown (held back by default) or a known key unknown.
 Values are the versioned JSON of `proxy.metadata_store`, sealed (`proxy.metadata_store.sealed`), so a replica never
 crashes on a format it does not know, nor uses a value it cannot authenticate: either is a miss.
 

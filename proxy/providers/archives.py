@@ -249,7 +249,7 @@ class ProviderArchives:
             reason = "the archive record's hashes do not parse"
         else:
             d = await self._metadata.cached_download(addr, version, platform)
-            sums = None if d is None else await self._sums.recorded(addr, d)
+            sums = None if d is None else await self._sums.recorded(addr, d, version)
             if d is None or sums is None or self._chain.agrees(record, d, sums):
                 return True
             reason = "the archive record disagrees with the signed SHA256SUMS of its download"
@@ -281,7 +281,7 @@ class ProviderArchives:
         SHA256SUMS are fetched and verified if they are not recorded yet, and is checked after both (stopped as
         soon as they fail). While a policy may hold a release back by their date, they come first."""
         self._chain.admit(addr, version, d)  # nothing is downloaded for a package the chain would refuse
-        recorded = await self._sums.recorded(addr, d)
+        recorded = await self._sums.recorded(addr, d, version)
         if recorded is None and self._sums.dates_wanted():  # their date may hold the release back: them first
             recorded = await self._sums.verified(addr, version, d)
         stored = await self._adopted(addr, version, d, recorded)

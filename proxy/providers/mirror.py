@@ -203,6 +203,17 @@ class Mirror:
         self._sums.on_dated = note
         self._sums.dates_wanted = wanted
 
+    def on_signed(
+        self,
+        check: Callable[[ProviderAddr, Version, str, str], Awaitable[None]],
+        check_pin: Callable[[ProviderAddr, Version, str, str], None],
+    ) -> None:
+        """Tell `check` the signing key (id, fingerprint) of each release when its signature verified, before it is
+        recorded, and when its record is used; `check_pin` that of a recorded release served from the store
+        (key continuity and pins: either raises to refuse the release)."""
+        self._sums.on_signed = check
+        self._sums.check_signer = check_pin
+
     def on_fetched(self, note: Callable[[ProviderAddr, Version, str | None], None]) -> None:
         """Call `note` whenever an archive is fetched from its upstream (the audit trail)."""
         self._archives.on_fetched = note

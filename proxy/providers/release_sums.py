@@ -63,6 +63,10 @@ class ReleaseSums:
         # Told the SHA256SUMS's Last-Modified (a publish time for the policy's min-age) when one is fetched.
         self.on_dated: Callable[[ProviderAddr, Version, str], Awaitable[None]] | None = None
         self.dates_wanted: Callable[[], bool] = _never  # whether such a time may hold a release back now
+        # Told the key of each release whose signature verified, before it is recorded, and of a recorded one when it
+        # is used (may refuse it: raises); `check_signer`: the pins alone, without I/O (key continuity, the policy's).
+        self.on_signed: Callable[[ProviderAddr, Version, str, str], Awaitable[None]] | None = None
+        self.check_signer: Callable[[ProviderAddr, Version, str, str], None] | None = None
 
     def key(self, addr: ProviderAddr, d: DownloadInfo) -> str:
         """The metadata-store key of the release's record (`sums_key`)."""
@@ -81,10 +85,17 @@ class ReleaseSums:
         self._started_early.put(key, True)
         self._early.start(self.verified(addr, version, d), context=detached_context())
 
-    async def recorded(self, addr: ProviderAddr, d: DownloadInfo) -> SignedSums | None:
-        """The release's verified SHA256SUMS if it is recorded, never fetching it."""
+    async def recorded(self, addr: ProviderAddr, d: DownloadInfo, version: Version | None = None) -> SignedSums | None:
+        """The release's verified SHA256SUMS if it is recorded, never fetching it (given its `version`, its signing
+        key checked against the pins)."""
         record = await self._documents.record(self.key(addr, d), SumsRecord)
+        if record is not None and version is not None:
+            self._check_signer(addr, version, record)
         return None if record is None else self._signed(addr, d, record)
+
+    def _check_signer(self, addr: ProviderAddr, version: Version, record: SumsRecord) -> None:
+        if self.check_signer is not None:  # (an unsigned release has no key: a pin refuses it)
+            self.check_signer(addr, version, record.key_id, record.fingerprint)
 
     def _signed(self, addr: ProviderAddr, d: DownloadInfo, record: SumsRecord) -> SignedSums:
         return self._documents.parsed(self.key(addr, d), record, lambda r: self._chain.recorded_sums(d, r))
@@ -105,6 +116,8 @@ class ReleaseSums:
                 lambda: self._fetch(key, addr, version, d),
                 str(d.shasums_url.with_query(None)),
             )
+        elif self.on_signed is not None:  # known keys: from memory; a pin: checked again (an unsigned release too)
+            await self.on_signed(addr, version, record.key_id, record.fingerprint)
         return record
 
     async def _fetch(self, key: str, addr: ProviderAddr, version: Version, d: DownloadInfo) -> SumsRecord:
@@ -121,6 +134,8 @@ class ReleaseSums:
             if not is_disk_full(exc):
                 raise
             raise self._space.full(exc, f"verify the SHA256SUMS of {addr} {version}") from None
+        if self.on_signed is not None:  # a new key (or none, for a pinned provider) may refuse it: not recorded
+            await self.on_signed(addr, version, sums.key_id, sums.fingerprint)
         record = self._chain.sums_record(sums, document, signature)
         await self._documents.put_record(key, record)
         if self.on_dated is not None and last_modified is not None:

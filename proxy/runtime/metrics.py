@@ -257,6 +257,13 @@ class Metrics:
             ["rule", "decision"],
             registry=self.registry,
         )
+        self.signing_key_changes = Counter(
+            "registry_proxy_signing_key_changes_total",
+            "Releases signed by a key never seen for their provider, whose earlier releases another key signed, by "
+            "what the policy's key-change decided (hold, warn, allow), and releases a pin refused (unpinned)",
+            ["decision"],
+            registry=self.registry,
+        )
 
     def count_request(self, route: str, status: int, seconds: float, cache: str | None = None) -> None:
         """One request served: its count by route and status, its duration by route, and the metadata cache outcome

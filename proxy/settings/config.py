@@ -108,6 +108,7 @@ STORE_COMMANDS = (
     "gc",
     "purge",
     "rotate-secret",
+    "trust",
 )  # open the data dir's stores as `serve` does
 CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
 SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
@@ -781,6 +782,7 @@ class PolicySettings:
         "write the audit trail (JSON lines: fetched from upstream, served per client and hour, every denial) "
         "to FILE (appended) or to stdout; separate from the access log",
         metavar="FILE|stdout",
+        commands=("serve", "trust"),
     )
     audit_required: bool = option(
         "--audit-required",

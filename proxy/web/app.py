@@ -17,7 +17,9 @@ from proxy.governance.audit import AuditLog
 from proxy.governance.catalog import Catalog
 from proxy.governance.gatekeeper import Gatekeeper, load_policy
 from proxy.governance.inventory import InventoryReader
+from proxy.governance.key_trust import DEFAULT_TRUST
 from proxy.governance.release_times import FirstSeen, PublishDates
+from proxy.governance.signing_keys import SigningKeys
 from proxy.identity.grant_cipher import create_grants
 from proxy.identity.oidc import FETCH_DEADLINE, IssuerKeys, OidcAuthenticator
 from proxy.identity.tokens import grant_key
@@ -25,7 +27,7 @@ from proxy.metadata_store import MetadataStore
 from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.full_disk import SkipWritesWhenFull
 from proxy.metadata_store.memory import MemoryFront
-from proxy.metadata_store.sealed import accepted_secrets, metadata_secret
+from proxy.metadata_store.sealed import SealedStore, accepted_secrets, metadata_secret
 from proxy.modules.git_sources import GitFetcher
 from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
@@ -57,6 +59,7 @@ from proxy.web.app_keys import (
     PUBLISH_DATES,
     RENDERINGS,
     SETTINGS,
+    SIGNING_KEYS,
     WARM_ANSWERS,
 )
 from proxy.web.eventloop import loop_name
@@ -202,6 +205,16 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         first_seen = FirstSeen(app[METADATA_BACKEND], app[SHARED_FETCHES], time.time, app[PUBLISH_DATES])
         gate = app[GATEKEEPER] = Gatekeeper(policy, path=path, first_seen=first_seen, audit=audit, metrics=app[METRICS])
+        backend = app[METADATA_BACKEND]
+        assert isinstance(backend, SealedStore)  # (`open_metadata`): a record present but unsealed is told apart
+        signing = app[SIGNING_KEYS] = SigningKeys(
+            backend,
+            app[FLEET_LOCKS],
+            trust=lambda: DEFAULT_TRUST if gate.policy is None else gate.policy.keys,  # the policy in force
+            audit=audit,
+            metrics=app[METRICS],
+        )
+        app[MIRROR].on_signed(signing.check, signing.check_pin)
         app[MIRROR].on_dated(gate.dated, gate.dates_wanted)
         if audit.enabled:
             app[MIRROR].on_fetched(gate.fetched)

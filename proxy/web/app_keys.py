@@ -9,6 +9,7 @@ from proxy.governance.gatekeeper import Gatekeeper
 from proxy.governance.inventory import InventoryReader
 from proxy.governance.release_times import PublishDates
 from proxy.metadata_store.fleet_secret import FleetSecret
+from proxy.governance.signing_keys import SigningKeys
 from proxy.metadata_store.memory import MemoryFront
 from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
@@ -32,3 +33,4 @@ GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 PUBLISH_DATES = web.AppKey("publish_dates", PublishDates)
 WARM_ANSWERS = web.AppKey("warm_answers", WarmAnswers)
 FLEET_SECRET = web.AppKey("fleet_secret", FleetSecret)  # the metadata store's marker of the fleet's secret
+SIGNING_KEYS = web.AppKey("signing_keys", SigningKeys)

@@ -15,7 +15,7 @@ from proxy import __version__
 from proxy.errors import CaNotFoundError
 from proxy.web import home_page
 from proxy.web.access import readable
-from proxy.web.app_keys import GATEKEEPER, INVENTORY, METRICS, MIRROR, SETTINGS
+from proxy.web.app_keys import GATEKEEPER, INVENTORY, METRICS, MIRROR, SETTINGS, SIGNING_KEYS
 from proxy.web.middlewares import client_origin
 
 MAX_QUERY = 200  # characters of a search kept
@@ -49,6 +49,7 @@ async def index(request: web.Request) -> web.Response:
         nonce=nonce,
         now=time.time(),
         policy=_policy_view(request, visible),
+        key_events=_key_events(request, visible),
     )
     return web.Response(
         text=home_page.render(data),
@@ -78,6 +79,15 @@ def _policy_view(request: web.Request, visible) -> home_page.PolicyView | None:
         return visible(host, rest.partition("/")[0])
 
     return home_page.PolicyView(gate.policy.mode, rules, [d for d in audit.recent if shown(d.artifact)])
+
+
+def _key_events(request: web.Request, visible) -> list:
+    """The signing-key changes and pin refusals of this server process, of the hosts (and namespaces) this client
+    may read."""
+    signing = request.app.get(SIGNING_KEYS)
+    if signing is None:
+        return []
+    return [e for e in signing.recent if visible(*e.address.split("/")[:2])]
 
 
 def _generated_ca(request: web.Request) -> bool:

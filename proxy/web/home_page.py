@@ -145,6 +145,7 @@ class PageData:
     nonce: str
     now: float
     policy: PolicyView | None = None
+    key_events: list[Any] = field(default_factory=list)  # proxy.governance.signing_keys.KeyEvent, newest first
 
 
 @dataclass(frozen=True)

@@ -351,6 +351,22 @@ CASES = {
             ("25m", "RegistryProxyVerificationFailed", []),
         ],
     ),
+    "signing keys": (
+        "1m",
+        [
+            series("registry_proxy_signing_key_changes_total", "0x3 1x30", decision="hold"),
+            series("registry_proxy_signing_key_changes_total", "0x33", decision="warn"),
+        ],
+        [
+            ("2m", "RegistryProxySigningKeyChanged", []),
+            (
+                "5m",
+                "RegistryProxySigningKeyChanged",
+                expected("RegistryProxySigningKeyChanged", {**A, "decision": "hold"}),
+            ),
+            ("25m", "RegistryProxySigningKeyChanged", []),
+        ],
+    ),
     "seals": (
         "1m",
         [

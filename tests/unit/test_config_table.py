@@ -112,6 +112,7 @@ COMMANDS = [
     "gc",
     "purge",
     "rotate-secret",
+    "trust",
     "healthcheck",
     "token",
 ]
