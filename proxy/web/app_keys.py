@@ -8,8 +8,8 @@ from proxy.governance.catalog import Catalog
 from proxy.governance.gatekeeper import Gatekeeper
 from proxy.governance.inventory import InventoryReader
 from proxy.governance.release_times import PublishDates
-from proxy.metadata_store.fleet_secret import FleetSecret
 from proxy.governance.signing_keys import SigningKeys
+from proxy.metadata_store.fleet_secret import FleetSecret
 from proxy.metadata_store.memory import MemoryFront
 from proxy.modules.mirror import ModuleMirror
 from proxy.providers.mirror import Mirror
