@@ -120,6 +120,8 @@ class SigningKeys:
     async def _read(self, addr: ProviderAddr) -> Stored:
         """`read`, without the log line."""
         key = keys.signing_keys(addr)
+        if not await self._store.usable():  # the fleet's marker does not open: nothing of the store is believed
+            return Stored(None, f"the metadata store is unavailable ({self._store.problem})")
         raw = await self._store.inner.get(key)
         if raw is None:
             problem = self._store.problem
