@@ -26,14 +26,13 @@ import structlog
 
 from proxy.commands import CommandError
 from proxy.domain.addresses import AddressError, ModuleAddr, ProviderAddr, Version
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, RegistryModuleNotFoundError
 from proxy.governance.audit import AuditLog
 from proxy.governance.gatekeeper import artifact_of, subject_of
 from proxy.governance.release_times import FirstSeen
 from proxy.metadata_store import MetadataStore, keys
 from proxy.metadata_store.factory import negative_bound, open_metadata_store
-from proxy.protocol import module_registry
-from proxy.protocol.offers import list_ttl
+from proxy.modules.metadata import module_versions
 from proxy.providers.metadata import ProviderMetadata
 from proxy.runtime.log import setup_logging
 from proxy.runtime.metrics import Metrics
@@ -175,14 +174,7 @@ class _VersionLists:
     async def versions(self, addr: Address) -> Iterable[Version]:
         if isinstance(addr, ProviderAddr):
             return (await self._providers.versions(addr)).keys()
-        self._documents.check_allowed(addr.hostname)
-        base = await self._documents.service_url(addr.hostname, "modules.v1")
-        _, versions = await self._documents.document(
-            keys.module_versions(addr),
-            module_registry.versions_url(base, addr),
-            ttl=list_ttl(self._settings.freshness.versions, None),
-            parse=lambda entry: frozenset(module_registry.parse_versions(entry.body, addr)),
-        )
-        if versions is None:
-            raise CommandError(f"module {addr} is not known to its registry")
-        return versions
+        try:
+            return (await module_versions(self._settings, self._documents, addr))[1]
+        except RegistryModuleNotFoundError as exc:
+            raise CommandError(exc.message) from None

@@ -26,7 +26,6 @@ from proxy.errors import (
     DiskFullError,
     ModuleNotCachedError,
     ModuleSourceRefusedError,
-    RegistryModuleNotFoundError,
     UpstreamTooLargeError,
     VerificationError,
     VersionNotFoundError,
@@ -34,9 +33,10 @@ from proxy.errors import (
 from proxy.metadata_store import CacheEntry, keys
 from proxy.metadata_store.records import ModuleRecord
 from proxy.modules.git_sources import GitFetcher
+from proxy.modules.metadata import module_versions
 from proxy.modules.packing import ArchiveError, ArchiveTooLargeError, check_archive
 from proxy.protocol import module_registry
-from proxy.protocol.offers import RecheckGate, list_ttl, listed
+from proxy.protocol.offers import RecheckGate, listed
 from proxy.protocol.proxy_urls import module_archive_path
 from proxy.runtime import deadline
 from proxy.runtime.log import note_cache
@@ -93,17 +93,7 @@ class ModuleMirror:
     async def _versions_entry(
         self, addr: ModuleAddr, max_age: float | None = None
     ) -> tuple[CacheEntry, frozenset[Version]]:
-        self._documents.check_allowed(addr.hostname)
-        base = await self._documents.service_url(addr.hostname, "modules.v1")
-        entry, versions = await self._documents.document(
-            keys.module_versions(addr),
-            module_registry.versions_url(base, addr),
-            ttl=list_ttl(self._settings.freshness.versions, max_age),
-            parse=lambda e: frozenset(module_registry.parse_versions(e.body, addr)),
-        )
-        if versions is None:
-            raise RegistryModuleNotFoundError(f"module {addr} is not known to its registry")
-        return entry, versions
+        return await module_versions(self._settings, self._documents, addr, max_age)
 
     async def _require_version(self, addr: ModuleAddr, version: Version) -> None:
         """404 unless the module's version list has `version`, before any per-version upstream request.

@@ -13,6 +13,7 @@ import pytest
 from tests.e2e.test_cooldown_state_loss_e2e import baseline
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_until
+from tests.fakes.registry import ModuleRelease
 
 FOO = f"{REGISTRY_HOST}/acme/foo"
 COOLDOWN = '[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n'
@@ -75,3 +76,21 @@ async def test_baseline_refuses_what_is_not_an_address_and_says_when_nothing_is_
     assert code == 1 and "no @VERSION" in output, output
     code, output = await baseline(registry, ca_file, tmp_path / "data", flags, actor="x")
     assert code == 1 and "nothing to baseline" in output, output
+
+
+@pytest.mark.one_metadata_store
+async def test_baseline_of_a_module_records_the_versions_its_registry_lists(
+    in_process_proxy, registry, ca_file, tmp_path
+):
+    registry.add_module(ModuleRelease("acme", "net", "aws", "1.0.0", "{base}/static/net-1.0.0.tar.gz"))
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[rule]]\nname = "cooldown"\nmodules = ["*/*/*/*"]\nmin-age = "72h"\n')
+    flags = ("--policy", str(policy))
+    proxy = await in_process_proxy(*flags)
+    versions = f"/registry/{REGISTRY_HOST}/modules/v1/acme/net/aws/versions"
+    status, body = await get(proxy, versions)
+    assert status == 200 and [v["version"] for v in body["modules"][0]["versions"]] == [], body  # unknown age
+    code, output = await baseline(registry, ca_file, proxy.data_dir, flags, f"{REGISTRY_HOST}/acme/net/aws", actor="x")
+    assert code == 0 and f"baselined {REGISTRY_HOST}/acme/net/aws: 1 versions recorded as old (1.0.0)" in output
+    code, output = await baseline(registry, ca_file, proxy.data_dir, flags, f"{REGISTRY_HOST}/acme/gone/aws", actor="x")
+    assert code == 1 and "not known to its registry" in output, output
