@@ -2,11 +2,11 @@
 micro-cache): pure, from the answer's status, its remaining freshness and whether it depends on the client.
 
 - A 200 (or 304) is fresh for what remains of the first-expiring document it was made from (less a second),
-  but never more than `FRONT_MAX_AGE`, then may be served stale while one request revalidates it for
-  `FRONT_STALE` more, and when the proxy fails for as long as the proxy itself would serve its stale copy
-  (`stale-while-revalidate`, `stale-if-error`). A cache cannot know that the proxy's decisions changed (a
-  policy, tokens or OIDC issuers read again, a purge): these two bound how long it answers one made before
-  (`FRONT_BOUND`), whatever the TTLs.
+  but never more than `FRONT_MAX_AGE`, then may be served stale while one request revalidates it, or while no
+  replica answers, for `FRONT_STALE` more (`stale-while-revalidate`, `stale-if-error`). A cache cannot know
+  that the proxy's decisions changed (a policy, tokens or OIDC issuers read again, a purge): these bound how
+  long it answers one made before (`FRONT_BOUND`), whatever the TTLs, also while the proxy is down (the proxy
+  itself serves its stale copies when the upstream fails; a front does not stand in for the proxy's decisions).
 - A 404 is remembered as the proxy remembers it: at most `--ttl-negative` (and `FRONT_MAX_AGE`), no stale use.
 - Any other error: `no-store` (the proxy does not cache it either).
 - An answer a token or a grant opened, or that a policy made for this client, is `private`: a shared cache
@@ -27,8 +27,9 @@ CACHEABLE = frozenset({200, 203, 304})
 # one second less, so no copy outlives the proxy's own.
 CLOCK_GRAIN = 1
 # A shared cache's bound on an answer the proxy made: fresh at most FRONT_MAX_AGE seconds, then answered while one
-# request revalidates it at most FRONT_STALE more, and a second of clock grain: no answer decided before a change
-# of the proxy's decisions (a restart, a SIGHUP, a purge) is given from the cache later than FRONT_BOUND after it.
+# request revalidates it, or while no replica answers, at most FRONT_STALE more, and a second of clock grain: no
+# answer decided before a change of the proxy's decisions (a restart, a SIGHUP, a purge) is given from the cache
+# later than FRONT_BOUND after it.
 FRONT_MAX_AGE = 3
 FRONT_STALE = 1
 FRONT_BOUND = FRONT_MAX_AGE + FRONT_STALE + CLOCK_GRAIN
@@ -64,9 +65,8 @@ def _max_age(fresh_for: float) -> int:
 @functools.lru_cache(maxsize=4096)
 def _fresh(scope: str, max_age: int, stale_window: float) -> str:
     """The value of an answer fresh for `max_age` whole seconds (made once: a warm answer asks for it every time)."""
-    stale = _seconds(stale_window)
-    revalidating = min(stale, FRONT_STALE)
-    return f"{scope}, max-age={max_age}, stale-while-revalidate={revalidating}, stale-if-error={stale}"
+    stale = min(_seconds(stale_window), FRONT_STALE)
+    return f"{scope}, max-age={max_age}, stale-while-revalidate={stale}, stale-if-error={stale}"
 
 
 def _seconds(value: float) -> int:

@@ -15,9 +15,9 @@ WINDOWS = StaleWindows(stale=7200, negative_ttl=60)
 @pytest.mark.parametrize(
     ("fresh_for", "expected"),
     [
-        (3.5, "public, max-age=2, stale-while-revalidate=1, stale-if-error=7200"),
-        (1.9, "public, max-age=0, stale-while-revalidate=1, stale-if-error=7200"),
-        (-5.0, "public, max-age=0, stale-while-revalidate=1, stale-if-error=7200"),  # served stale
+        (3.5, "public, max-age=2, stale-while-revalidate=1, stale-if-error=1"),
+        (1.9, "public, max-age=0, stale-while-revalidate=1, stale-if-error=1"),
+        (-5.0, "public, max-age=0, stale-while-revalidate=1, stale-if-error=1"),  # served stale
         (None, "public, no-cache"),
     ],
 )
@@ -28,9 +28,10 @@ def test_an_answer_is_fresh_for_what_remains_of_its_documents_less_a_second(fres
 
 @pytest.mark.parametrize("fresh_for", [600.0, math.inf])  # a version list's 10 minutes, an immutable document
 def test_a_shared_cache_keeps_an_answer_no_longer_than_the_fronts_bound(fresh_for) -> None:
-    """Fresh 3 s, answered while revalidated 1 s more, and a second of clock grain: a cache does not know the proxy's
-    decisions changed (a policy, tokens, a purge), so whatever the TTLs it answers one made before 5 s at most."""
-    expected = "public, max-age=3, stale-while-revalidate=1, stale-if-error=7200"
+    """Fresh 3 s, answered while revalidated or while no replica answers 1 s more, and a second of clock grain: a cache
+    does not know the proxy's decisions changed (a policy, tokens, a purge), so whatever the TTLs and the proxy's own
+    stale window (7200 s here) it answers one made before 5 s at most."""
+    expected = "public, max-age=3, stale-while-revalidate=1, stale-if-error=1"
     assert cache_control(200, fresh_for, False, WINDOWS) == expected
     assert FRONT_BOUND == 5
     assert cache_control(200, fresh_for, False, StaleWindows(stale=0, negative_ttl=60)) == (
