@@ -1,9 +1,9 @@
 """Issue 30, item 1: no loss, flush, eviction or forgery of the proxy's state shortens a cooldown.
 
 The issue's reproduction, against a real redis-server (one of the test's own: it is flushed and restarted) or
-the embedded SQLite file, and a real `terraform init`: a policy with only a 72h cooldown, `--ttl-versions 2s`;
-the upstream lists hello 1.0.0, the proxy sees it and an operator baselines it (`policy baseline`); the
-upstream adds 1.1.0, held back. Then the first-seen record is lost (DEL, FLUSHDB, a restart of Redis without
+the embedded SQLite file, and a real `terraform init`: a policy with only a 72h cooldown, `--ttl-versions 1s`
+(the issue's 2s, halved for time); the upstream lists hello 1.0.0, the proxy sees it and an operator baselines
+it (`policy baseline`); the upstream adds 1.1.0, held back. Then the first-seen record is lost (DEL, FLUSHDB, a restart of Redis without
 persistence, a deleted SQLite row) or forged (unsealed, or sealed with another secret). 1.1.0 must stay held
 after the list is refreshed and after the proxy restarts, never fetched; `~> 1.0` resolves to 1.0.0 (by the
 baseline where it survives; where the flush took it too, by the registry API's publish date)."""
@@ -98,7 +98,7 @@ async def test_a_lost_or_forged_first_seen_record_never_lets_a_young_version_thr
         policy = tmp_path / "policy.toml"
         policy.write_text(POLICY)
         audit = tmp_path / "audit.jsonl"
-        flags = ("--policy", str(policy), "--ttl-versions", "2s", "--audit-log", str(audit), *store)
+        flags = ("--policy", str(policy), "--ttl-versions", "1s", "--audit-log", str(audit), *store)
         data_dir = tmp_path / "proxy-data"
         proxy = await in_process_proxy(*flags, data_dir=data_dir)
         assert await listed(proxy) == ({"1.0.0"} if loss in FLUSHED else set())  # a first listing: ages unknown
@@ -111,7 +111,7 @@ async def test_a_lost_or_forged_first_seen_record_never_lets_a_young_version_thr
 
         registry.add(Release("acme", "hello", "1.1.0", signing_key))
 
-        async def held() -> bool:  # once the list (2s) is refreshed, 1.1.0 is new: held back
+        async def held() -> bool:  # once the list (1s) is refreshed, 1.1.0 is new: held back
             return (await get(proxy, f"/mirror/v1/{HELLO}/1.1.0.json"))[0] == 403
 
         await wait_until(held, 30, "1.1.0 to be listed and held back")
@@ -122,7 +122,7 @@ async def test_a_lost_or_forged_first_seen_record_never_lets_a_young_version_thr
         lose_the_record(loss, server, data_dir)
         refreshes = registry.count(VERSIONS)
 
-        async def refreshed() -> bool:  # the list (2s) fetched again since the loss
+        async def refreshed() -> bool:  # the list (1s) fetched again since the loss
             await listed(proxy)
             return registry.count(VERSIONS) > refreshes
 
