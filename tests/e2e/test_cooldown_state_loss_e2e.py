@@ -1,12 +1,12 @@
 """Issue 30, item 1: no loss, flush, eviction or forgery of the proxy's state shortens a cooldown.
 
-The issue's reproduction, against a real redis-server (one of the test's own: it is flushed and restarted) or
-the embedded SQLite file, and a real `terraform init`: a policy with only a 72h cooldown, `--ttl-versions 1s`
-(the issue's 2s, halved for time); the upstream lists hello 1.0.0, the proxy sees it and an operator baselines
-it (`policy baseline`); the upstream adds 1.1.0, held back. Then the first-seen record is lost (DEL, FLUSHDB, a restart of Redis without
-persistence, a deleted SQLite row) or forged (unsealed, or sealed with another secret). 1.1.0 must stay held
-after the list is refreshed and after the proxy restarts, never fetched; `~> 1.0` resolves to 1.0.0 (by the
-baseline where it survives; where the flush took it too, by the registry API's publish date)."""
+The issue's reproduction, against a real redis-server (one of the test's own: it is flushed and restarted) or the
+embedded SQLite file, and a real `terraform init`: a policy with only a 72h cooldown, `--ttl-versions 1s` (the
+issue's 2s, halved for time); the upstream lists hello 1.0.0, the proxy sees it and an operator baselines it
+(`policy baseline`); the upstream adds 1.1.0, held back. Then the first-seen record is lost (DEL, FLUSHDB, a
+restart of Redis without persistence, a deleted SQLite row) or forged (unsealed, or sealed with another secret).
+1.1.0 must stay held after the list is refreshed and after the proxy restarts, never fetched; `~> 1.0` resolves to
+1.0.0 (by the baseline where it survives; where the flush took it too, by the registry API's publish date)."""
 
 from __future__ import annotations
 
