@@ -90,15 +90,15 @@ deps:
 run: install-runtime
 	$(BIN)/registry-proxy serve $(ARGS)
 
-# The suite runs in parallel (pytest-xdist): three workers per two cores, since many tests wait on child
-# processes, sockets and timers rather than compute; each test goes to whichever worker is free (more workers
-# cost more: each collects the suite and starts its own servers; one per core cost 10 % less CPU but took half
-# as long again: docs/testing.md). From a clean clone on a quiet 2-core machine with the Debian packages
-# present: `make test` 169 s, of it pytest 158 s, 247 s of CPU (docs/testing.md).
+# The suite runs in parallel (pytest-xdist): two workers per core, since many tests wait on child processes,
+# sockets, timers and nginx's cache rather than compute; each test goes to whichever worker is free (more workers
+# cost more CPU: each collects the suite and starts its own servers; docs/testing.md). From a clean clone on a
+# quiet 2-core machine with the Debian packages present: `make test` 225 s, of it pytest 209 s, 390 s of CPU (three
+# workers: 247 s and 232 s; docs/testing.md).
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: every worker and every proxy process a
 # test starts would otherwise compile the package (and pytest rewrite the tests) again. The test modules
 # themselves are not compiled ahead: pytest rewrites them into bytecode of its own.
-TEST_WORKERS ?= $(shell echo $$(( ($$(nproc) * 3 + 1) / 2 )))
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 test: deps
