@@ -23,15 +23,27 @@ CONNECTIONS = 8
 
 
 def open_store(setup, prefix: str, **options) -> RedisStore:
+    listening = switch_listeners(setup)
     store = setup.open_store(prefix=prefix, **options)
     store.follow_failovers()
+    store.watch = (setup, listening)  # `busy` waits until its watcher listens on the sentinel too
     return store
 
 
+def switch_listeners(setup) -> int:
+    """How many clients listen to the sentinel (the stores' failover watchers, on `+switch-master`)."""
+    with setup.sentinel_client() as client:  # a sentinel has no PUBSUB: its clients with a subscription
+        return sum(1 for entry in client.client_list() if int(entry.get("sub", 0)) > 0)
+
+
 async def busy(store: RedisStore) -> None:
-    """Writes at once: the store's pool then holds several connections to the master."""
+    """Writes at once: the store's pool then holds several connections to the master; and its watcher listens on
+    the sentinel (on a loaded machine it subscribes a moment after the store opens: a failover before that is
+    one the store only learns of later, by itself, which is not what these tests check)."""
     await asyncio.gather(*(store.set(f"warm:{n}", b"v") for n in range(CONNECTIONS)))
     assert store.available
+    setup, listening = store.watch
+    await wait_for(lambda: switch_listeners(setup) > listening, 10, "the store's watcher to subscribe")
 
 
 def holds(server, name: str) -> bool:
