@@ -274,22 +274,9 @@ class SigningKeys:
         )
         if self._metrics is not None:
             self._metrics.signing_key_changes.labels("unpinned").inc()
-        log.error(
-            "security.signing_key_not_pinned",
-            provider=str(addr),
-            version=str(version),
-            key_id=key_id,
-            fingerprint=fingerprint,
-            pin=pin.name,
-        )
-        self.audit.write(
-            "signing_key_refused",
-            provider=str(addr),
-            version=str(version),
-            key_id=key_id,
-            fingerprint=fingerprint,
-            pin=pin.name,
-        )
+        facts = {"provider": str(addr), "version": str(version), "key_id": key_id, "fingerprint": fingerprint}
+        log.error("security.signing_key_not_pinned", **facts, pin=pin.name)
+        self.audit.write("signing_key_refused", **facts, pin=pin.name)
         self.recent.appendleft(
             KeyEvent(
                 self.clock(), str(addr), str(version), tuple(sorted(pin.keys)), key_id or "none", "unpinned", reason
