@@ -5,24 +5,16 @@ the version list; a version with a first-seen time keeps it."""
 from __future__ import annotations
 
 import json
-import ssl
 
-import aiohttp
 import pytest
 
-from tests.e2e.test_cooldown_state_loss_e2e import baseline
+from tests.e2e.test_cooldown_state_loss_e2e import baseline, get
 from tests.fakes.packages import Release
 from tests.fakes.process import REGISTRY_HOST, wait_until
 from tests.fakes.registry import ModuleRelease
 
 FOO = f"{REGISTRY_HOST}/acme/foo"
 COOLDOWN = '[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n'
-
-
-async def get(proxy, path: str) -> tuple[int, dict]:
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    async with aiohttp.ClientSession() as session, session.get(proxy.url + path, ssl=context) as response:
-        return response.status, await response.json(content_type=None)
 
 
 async def listed(proxy) -> set[str]:
