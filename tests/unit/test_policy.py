@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.domain.addresses import Version
@@ -224,3 +226,15 @@ def test_a_withheld_versions_warning_reads_back_with_its_rule_and_reason():
     assert found.group("address", "version", "rule") == ("registry.terraform.io/acme/foo", "1.2.0", "cool-down.v2")
     assert found["reason"] == held.reason
     assert WITHHELD_WARNING.match("the upstream's own warning: 1.2.0 is deprecated") is None
+
+
+def test_the_example_policy_of_docs_policy_md_parses_as_it_says() -> None:
+    """The first policy in docs/policy.md is what a reader copies: it parses, with each key it shows in effect."""
+    text = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    policy = parse_policy(example, "docs/policy.md")
+    assert [rule.name for rule in policy.rules] == ["unvetted-namespace", "aws-known-bad", "cooldown", "platforms"]
+    cooldown = policy.rules[2]
+    assert cooldown.min_age == 72 * 3600 and cooldown.unknown_age == "hold"
+    assert policy.keys.key_change == "warn" and policy.keys.default_pins
+    assert [pin.name for pin in policy.keys.pins] == ["acme-releases"]
