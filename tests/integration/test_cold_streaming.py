@@ -61,6 +61,9 @@ async def test_first_bytes_reach_the_client_before_the_upstream_finished(proxy, 
 async def test_a_tampered_archive_is_cut_short_and_not_stored(proxy, registry, big):
     body = big.zips["linux_amd64"]
     registry.tampered.add(big.filename("linux_amd64"))
+    # About 0.75 s upstream: the download must still be running when the proxy starts to stream (its SHA256SUMS
+    # verified, the provider's signing key checked); one that ended first is refused whole (a 502), not cut short.
+    registry.trickle[registry.archive_path(big, "linux_amd64")] = 4 * MiB
     received = b""
     with capture_logs() as logs:
         async with proxy.session.get(proxy.url + BIG) as response:
