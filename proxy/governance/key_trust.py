@@ -22,11 +22,11 @@ hold mode, loudly served in the others, never rewritten as if it were new.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from proxy.governance.globs import NAME, address_globs, compile_globs, one_line
 from proxy.metadata_store import decode_record, encode_record
 
 KEY_CHANGES = ("hold", "warn", "allow")
@@ -34,8 +34,6 @@ DEFAULT_KEY_CHANGE = "warn"
 KEYS = frozenset({"key-change", "pin", "default-pins"})  # the policy file's top-level keys of this module
 _PIN_KEYS = frozenset({"name", "providers", "keys", "reason"})
 _FINGERPRINT = re.compile(r"^[0-9A-F]{40}\Z")
-_GLOB = re.compile(r"^[A-Za-z0-9._:*?-]+/[A-Za-z0-9._:*?-]+/[A-Za-z0-9._:*?-]+\Z")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 RECENT_CHANGES = 20  # key changes kept in a provider's record (newest last)
 
 # HashiCorp's release signing key, the one Terraform embeds to mark the official tier: `HashicorpPublicKey` in
@@ -69,8 +67,7 @@ class Pin:
 
 
 def _pin(name: str, globs: tuple[str, ...], keys: frozenset[str], reason: str = "") -> Pin:
-    pattern = re.compile("|".join(fnmatch.translate(glob.lower()) for glob in globs), re.IGNORECASE)
-    return Pin(name, pattern, keys, globs, reason)
+    return Pin(name, compile_globs(globs), keys, globs, reason)
 
 
 DEFAULT_PINS = (
@@ -137,19 +134,16 @@ def _parse_pin(source: str, index: int, table: object) -> Pin:
     if not isinstance(table, dict):
         raise KeyTrustError(f"{where}: must be a [[pin]] table")
     name = table.get("name", f"pin-{index}")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not NAME.match(name):
         raise KeyTrustError(f"{where}: key 'name': use 1-64 letters, digits, '_', '-', '.'")
     where = f"{source}: pin {name!r} (#{index})"
     unknown = set(table) - _PIN_KEYS
     if unknown:
         raise KeyTrustError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_PIN_KEYS))})")
-    globs = table.get("providers")
-    if (
-        not isinstance(globs, list)
-        or not globs
-        or not all(isinstance(g, str) and _GLOB.match(g.strip()) for g in globs)
-    ):
-        raise KeyTrustError(f"{where}: key 'providers': must be a list of HOST/NAMESPACE/TYPE globs")
+    malformed = KeyTrustError(f"{where}: key 'providers': must be a list of HOST/NAMESPACE/TYPE globs")
+    globs = address_globs(table.get("providers"), 3, "HOST/NAMESPACE/TYPE", lambda _why: malformed)
+    if globs is None:
+        raise malformed
     given = table.get("keys")
     if not isinstance(given, list) or not given or not all(isinstance(k, str) for k in given):
         raise KeyTrustError(f"{where}: key 'keys': must be a list of key fingerprints (40 hex digits each)")
@@ -165,7 +159,7 @@ def _parse_pin(source: str, index: int, table: object) -> Pin:
     reason = table.get("reason", "")
     if not isinstance(reason, str):
         raise KeyTrustError(f"{where}: key 'reason': must be a string")
-    return _pin(name, tuple(g.strip() for g in globs), frozenset(keys), " ".join(reason.split()))
+    return _pin(name, globs, frozenset(keys), one_line(reason))
 
 
 # ---- the record of a provider's keys ----------------------------------------------------------------

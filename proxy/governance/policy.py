@@ -43,12 +43,13 @@ from __future__ import annotations
 import fnmatch
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from proxy.domain import constraints
 from proxy.domain.addresses import Version
+from proxy.governance.globs import NAME, address_globs, compile_globs, one_line
 from proxy.governance.key_trust import DEFAULT_TRUST, KEYS, KeyTrust, KeyTrustError, parse_key_trust
 from proxy.settings.values import ConfigError, format_duration, parse_duration
 
@@ -80,9 +81,7 @@ _RULE_KEYS = frozenset(
     }
 )
 UNKNOWN_AGE = ("hold", "allow")  # what a min-age rule does with a version whose age is unknown
-_GLOB_PART = re.compile(r"^[A-Za-z0-9._:*?-]+\Z")
 _PLATFORM = re.compile(r"^[a-z0-9]+_[a-z0-9]+\Z")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 DEFAULT_RULE = "default"
 FIRST_LISTING = 0.0  # the first-seen time of a version recorded as old on purpose (a baseline): long ago
 FIRST_SEEN = "the time the proxy first saw it"
@@ -404,7 +403,7 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
     reason = default.get("reason", "")
     if not isinstance(reason, str):
         raise PolicyError(f"{source}: [default]: key 'reason': must be a string")
-    return Policy(tuple(rules), action, _one_line(reason), mode, source, key_trust)
+    return Policy(tuple(rules), action, one_line(reason), mode, source, key_trust)
 
 
 def _rule(source: str, index: int, table: object) -> Rule:
@@ -418,7 +417,7 @@ def _rule(source: str, index: int, table: object) -> Rule:
             raise PolicyError(f"{where}: key {key!r}: given twice (as {canonical!r} too)")
         entries[canonical] = value
     name = entries.get("name", f"rule-{index}")
-    if not isinstance(name, str) or not _NAME.match(name) or name == DEFAULT_RULE:
+    if not isinstance(name, str) or not NAME.match(name) or name == DEFAULT_RULE:
         raise PolicyError(f"{where}: key 'name': use 1-64 letters, digits, '_', '-', '.' (not 'default')")
     where = f"{source}: rule {name!r} (#{index})"
     unknown = set(entries) - _RULE_KEYS
@@ -490,7 +489,7 @@ def _rule(source: str, index: int, table: object) -> Rule:
         versions_text,
         clients,
         action,
-        _one_line(reason),
+        one_line(reason),
         min_age,
         platforms,
         min_age_text,
@@ -499,22 +498,9 @@ def _rule(source: str, index: int, table: object) -> Rule:
     )
 
 
-def _globs(value: object, parts: int, shape: str, fail) -> re.Pattern[str] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
-        raise fail(f"must be a list of {shape} globs")
-    translated = []
-    for glob in value:
-        pieces = glob.strip().split("/")
-        if len(pieces) != parts or not all(_GLOB_PART.match(piece) for piece in pieces):
-            raise fail(f"{glob!r} is not a {shape} glob (each part: letters, digits, '.', '-', '_', ':', '*', '?')")
-        translated.append(fnmatch.translate(glob.strip().lower()))
-    return re.compile("|".join(translated), re.IGNORECASE)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+def _globs(value: object, parts: int, shape: str, fail: Callable[[str], Exception]) -> re.Pattern[str] | None:
+    globs = address_globs(value, parts, shape, fail)
+    return None if globs is None else compile_globs(globs)
 
 
 def describe(policy: Policy) -> Iterable[str]:
