@@ -491,8 +491,7 @@ async def prepare_metadata_store(settings: Settings) -> None:
 
     store, _, backend = await open_metadata(settings)
     try:
-        if await store.ping() and store.fleet is not None:  # a failure is logged by the store (`redis.down`), once
-            await store.fleet.require()
+        await store.require_fleet()  # a store that does not answer is logged by the store (`redis.down`), once
         if settings.metadata.redis_url and settings.policy.policy_file is not None:
             from proxy.governance.gatekeeper import load_policy
             from proxy.governance.release_times import warn_if_records_at_risk

@@ -103,6 +103,7 @@ async def run_baseline(settings: Settings, addresses: list[str], actor: str) -> 
     shared_fetches = SharedFetches(locks)
     audit = await asyncio.to_thread(AuditLog.open, settings.policy.audit_log)
     try:
+        await store.require_fleet()  # another fleet's secret: exit 2, nothing recorded (its writes would be skipped)
         documents = DocumentCache(settings, upstream, negative_bound(settings, store), Metrics(), shared_fetches)
         lists = _VersionLists(settings, documents)
         first_seen = FirstSeen(store, shared_fetches, time.time)

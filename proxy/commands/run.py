@@ -137,8 +137,7 @@ async def _metadata(settings: Settings) -> tuple[NegativeBound, ServedTimes]:
     on the same connection."""
     backend, _, times = await open_metadata(settings)
     try:
-        if backend.fleet is not None and await backend.ping():
-            await backend.fleet.require()
+        await backend.require_fleet()
     except BaseException:
         await backend.close()
         raise

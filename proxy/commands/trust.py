@@ -27,6 +27,11 @@ async def run_trust(args: argparse.Namespace, settings: Settings) -> int:
     except AddressError as exc:
         raise CommandError(str(exc)) from None
     store, locks = await open_metadata_store(settings)
+    try:
+        await store.require_fleet()  # another fleet's secret: exit 2, nothing read or accepted
+    except BaseException:
+        await store.close()
+        raise
     audit = AuditLog.open(settings.policy.audit_log)
     try:
         signing = SigningKeys(store, locks, audit=audit)

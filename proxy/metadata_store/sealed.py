@@ -147,6 +147,12 @@ class SealedStore(StoreWrapper):
         """The secret's mismatch with the fleet's, else why the store under this wrapper is unusable, or None."""
         return (self.fleet.problem if self.fleet is not None else None) or self.inner.problem
 
+    async def require_fleet(self) -> None:
+        """Check the fleet's secret marker once the store answers (ConfigError, exit 2, when this secret does not
+        open it: `proxy.metadata_store.fleet_secret`); a store that does not answer is said by the store itself."""
+        if self.fleet is not None and await self.ping():
+            await self.fleet.require()
+
     async def usable(self) -> bool:
         """False while the fleet's marker does not open with this seal's secrets (checked again now and then)."""
         return self.fleet is None or await self.fleet.confirm()

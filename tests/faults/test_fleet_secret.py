@@ -211,3 +211,21 @@ async def test_rotate_secret_without_the_fleets_secret_changes_nothing(
         f"registry-proxy: error: --metadata-secret differs from the fleet's in {redis_server.url}",
     )
     assert attacker.get(f"{prefix}:{FLEET_SECRET}") == marker
+
+
+@pytest.mark.parametrize(
+    "command", [("policy", "baseline", PROVIDER), ("trust", "list", PROVIDER), ("trust", "accept", PROVIDER, "0" * 40)]
+)
+async def test_a_store_command_with_another_secret_exits_2_and_writes_nothing(
+    redis_server, attacker, prefix, in_process_proxy, tmp_path, command
+):
+    """`policy baseline` and `trust` check the marker as `serve` does: with another fleet's secret their writes
+    would be skipped unseen, and `baseline` would say it recorded what it did not."""
+    await in_process_proxy(*store_args(redis_server, prefix, OLD), data_dir=tmp_path / "a")
+    before = sorted(attacker.keys(f"{prefix}:*"))
+    code, output = await registry_proxy_in_process(*command, *store_args(redis_server, prefix, NEW))
+    assert (code, output.strip().splitlines()[-1]) == (
+        2,
+        f"registry-proxy: error: --metadata-secret differs from the fleet's in {redis_server.url}",
+    )
+    assert sorted(attacker.keys(f"{prefix}:*")) == before
