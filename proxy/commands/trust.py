@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
-from datetime import UTC, datetime
 
 from proxy.commands import CommandError
 from proxy.domain.addresses import AddressError, ProviderAddr
 from proxy.governance.audit import AuditLog
+from proxy.governance.policy import utc_timestamp
 from proxy.governance.signing_keys import SigningKeys, TrustAcceptError
 from proxy.metadata_store.embedded import FAILURES as EMBEDDED_FAILURES
 from proxy.metadata_store.factory import open_metadata_store
@@ -60,14 +60,13 @@ async def run_trust(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{addr}:")
     for fingerprint, key in record.known.items():
         how = f"accepted by {key.accepted_by}" if key.accepted_by else f"seen first with {key.version or '?'}"
-        print(f"  key {key.key_id} {fingerprint}: {how}, {_when(key.since)}")
+        print(f"  key {key.key_id} {fingerprint}: {how}, {utc_timestamp(key.since)}")
     for fingerprint, key in record.held.items():
-        print(f"  HELD key {key.key_id} {fingerprint}: signed {key.version}, {_when(key.since)}")
+        print(f"  HELD key {key.key_id} {fingerprint}: signed {key.version}, {utc_timestamp(key.since)}")
     for change in record.changes:
         old = ", ".join(change.old) or "none"
-        print(
-            f"  change {_when(change.at)}: {change.version} signed by {change.new} (before: {old}): {change.decision}"
-        )
+        when = utc_timestamp(change.at)
+        print(f"  change {when}: {change.version} signed by {change.new} (before: {old}): {change.decision}")
     return 0
 
 
@@ -76,7 +75,3 @@ def _parts(address: str) -> list[str]:
     if len(parts) != 3:
         raise AddressError(f"{address!r}: expected a provider address, HOST/NAMESPACE/TYPE")
     return parts
-
-
-def _when(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
@@ -43,6 +42,7 @@ from proxy.governance.policy import (
     Scopes,
     Subject,
     parse_policy,
+    utc_timestamp,
 )
 from proxy.governance.release_times import FirstSeen
 from proxy.protocol.provider_registry import VersionInfo
@@ -424,7 +424,7 @@ class Gatekeeper:
             return
         message = f"{subject.kind} {subject} is denied by policy rule {decision.rule}: {decision.reason}"
         if decision.until is not None:
-            available = _timestamp(decision.until)
+            available = utc_timestamp(decision.until)
             raise PolicyHeldBackError(message, rule=decision.rule, reason=decision.reason, available_at=available)
         raise PolicyDeniedError(message, rule=decision.rule, reason=decision.reason)
 
@@ -442,10 +442,6 @@ def _age_text(seconds: float) -> str:
     minutes = max(0, int(seconds // 60))
     days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
     return " ".join(f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if n) or "0m"
-
-
-def _timestamp(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _decide(
@@ -480,11 +476,13 @@ def explain(
         else:
             counted = released.counted_from
             if not released.age_known:
-                since = "" if counted == NEVER else f"; listed since {_timestamp(counted)} ({_age_text(now - counted)})"
+                since = (
+                    "" if counted == NEVER else f"; listed since {utc_timestamp(counted)} ({_age_text(now - counted)})"
+                )
                 lines.append(f"age: unknown: no first-seen record, no publish time{since}")
             else:
                 lines.append(
-                    f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({_timestamp(counted)})"
+                    f"age: {_age_text(now - counted)}, counted from {released.decided_by} ({utc_timestamp(counted)})"
                 )
     for index, rule in enumerate(policy.rules, 1):
         selects = rule.selects(subject, client, scopes)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from proxy.governance.globs import NAME, address_globs, compile_globs, one_line
 from proxy.metadata_store import decode_record, encode_record
@@ -89,10 +90,15 @@ class KeyTrust:
     pins: tuple[Pin, ...] = ()
     default_pins: bool = True
 
+    @cached_property
+    def in_force(self) -> tuple[Pin, ...]:
+        """The pins in the order they are asked: the file's, then the shipped ones (unless switched off)."""
+        return self.pins + (DEFAULT_PINS if self.default_pins else ())
+
     def pin_for(self, address: str) -> Pin | None:
         """The first pin that selects the provider `address` (`HOST/NAMESPACE/TYPE`), the file's before the
         shipped ones."""
-        for pin in self.pins + (DEFAULT_PINS if self.default_pins else ()):
+        for pin in self.in_force:
             if pin.selects(address):
                 return pin
         return None
@@ -100,7 +106,7 @@ class KeyTrust:
     def describe(self) -> list[str]:
         """One line each (for `policy check`)."""
         lines = [f"key-change: {self.key_change}"]
-        for pin in self.pins + (DEFAULT_PINS if self.default_pins else ()):
+        for pin in self.in_force:
             lines.append(f"pin {pin.name}: {', '.join(pin.globs)} signed by {', '.join(sorted(pin.keys))}")
         return lines
 

@@ -306,7 +306,7 @@ class Policy:
                     return self._decision(False, rule.name, reason, None if until == NEVER else until)
                 counted = f" (age counted from: {age_source})" if age_source else ""
                 reason = f"{subject.version} is younger than {rule.min_age_text}{counted}"
-                reason += f"; available from {_timestamp(until)}"
+                reason += f"; available from {utc_timestamp(until)}"
                 return self._decision(False, rule.name, reason + (f" ({rule.reason})" if rule.reason else ""), until)
         return self._decision(self.default_action == "allow", DEFAULT_RULE, self.default_reason or "the default")
 
@@ -343,7 +343,9 @@ class Policy:
 
 def _unknown_reason(subject: Subject, rule: Rule, until: float) -> str:
     """Why a version whose age is unknown is held back, and what ends it."""
-    ends = "" if until == NEVER else f"; available from {_timestamp(until)} (min-age {rule.min_age_text} since listed)"
+    ends = (
+        "" if until == NEVER else f"; available from {utc_timestamp(until)} (min-age {rule.min_age_text} since listed)"
+    )
     reason = (
         f"{subject.version}: {UNKNOWN}; held by unknown-age = hold{ends};"
         f" run `registry-proxy policy baseline {subject.address}` to record the versions listed now as old, or wait"
@@ -355,7 +357,8 @@ def _default_reason(rule: Rule, subject: Subject) -> str:
     return f"{subject.kind} {subject} is {'allowed' if rule.action == 'allow' else 'denied'} by rule {rule.name}"
 
 
-def _timestamp(epoch: float) -> str:
+def utc_timestamp(epoch: float) -> str:
+    """`epoch` as the policy's reasons and commands show a time: ISO 8601 UTC to the second."""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

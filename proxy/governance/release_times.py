@@ -26,16 +26,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 
 import structlog
 
 from proxy.domain.addresses import ModuleAddr, ProviderAddr, Version
 from proxy.errors import NotFoundError, UpstreamError, UpstreamTimeoutError
-from proxy.governance.policy import FIRST_LISTING, NEVER, Policy, ReleaseTime, believed
+from proxy.governance.policy import FIRST_LISTING, NEVER, Policy, ReleaseTime, believed, utc_timestamp
 from proxy.metadata_store import MetadataStore, decode_record, encode_record, keys
 from proxy.protocol import discovery
 from proxy.protocol.publish_dates import REGISTRY_API, SOURCES, parse_published_at, registry_api_url
+from proxy.runtime.coalescing import no_recheck
 from proxy.runtime.memo import Memo
 from proxy.services.documents import INLINE_PARSE_BYTES, DocumentCache
 from proxy.services.shared_fetches import SharedFetches
@@ -105,7 +105,7 @@ class Releases:
         if version in self.record.seen:
             return ReleaseTime(self.record.seen[version], published, source)
         if version in self.baseline.versions:
-            when = _when(self.baseline.versions[version])
+            when = utc_timestamp(self.baseline.versions[version])
             basis = f"the baseline recorded by {self.baseline.by or 'an operator'} ({when})"
             return ReleaseTime(FIRST_LISTING, published, source, basis=basis)
         return ReleaseTime(self.record.since.get(version, NEVER), published, source, known=False)
@@ -149,10 +149,6 @@ def _times(found: object) -> dict[Version, float]:
     if not isinstance(found, dict):
         raise TypeError("not a table of versions")
     return {Version.parse(text): float(when) for text, when in found.items()}
-
-
-def _when(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def release_time_in(raw: bytes | None, version: Version, baseline: bytes | None = None) -> ReleaseTime:
@@ -312,7 +308,7 @@ class FirstSeen:
         """Record `versions` as old on purpose (kept with those baselined before), by `by`."""
         key = keys.baseline(addr)
         now = self.clock()
-        async with self._writing, self._shared_fetches.locks.hold(key, _nothing):
+        async with self._writing, self._shared_fetches.locks.hold(key, no_recheck):
             stored = read_baseline(await self._store.get(key))
             added = {version: now for version in versions if version not in stored.versions}
             baseline = Baseline({**stored.versions, **added}, by)
@@ -329,7 +325,7 @@ class FirstSeen:
     async def _update(self, key: str, change: Callable[[ReleaseRecord | None], ReleaseRecord | None]) -> ReleaseRecord:
         """Read, change and write the record under `key` (under the fleet lock of the key, and one write at a
         time in this process); `change` returns None when there is nothing to write."""
-        async with self._writing, self._shared_fetches.locks.hold(key, _nothing):
+        async with self._writing, self._shared_fetches.locks.hold(key, no_recheck):
             stored = await self._read(key)
             changed = change(stored)
             if changed is None:
@@ -371,7 +367,3 @@ def _with_date(stored: ReleaseRecord | None, version: Version, source: str, when
         return None
     dates = {**record.published.get(version, {}), source: when}
     return replace(record, published={**record.published, version: dates})
-
-
-async def _nothing() -> None:
-    return None

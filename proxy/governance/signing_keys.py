@@ -38,7 +38,7 @@ from proxy.governance.key_trust import (
 )
 from proxy.metadata_store import keys
 from proxy.metadata_store.sealed import SealedStore
-from proxy.runtime.coalescing import FleetLocks
+from proxy.runtime.coalescing import FleetLocks, no_recheck
 from proxy.runtime.memo import Memo
 from proxy.runtime.metrics import Metrics
 
@@ -155,7 +155,7 @@ class SigningKeys:
             self._known.put((address, fingerprint), True)
             return
         key = keys.signing_keys(addr)
-        async with self._writing, self._locks.hold(key, _nothing):
+        async with self._writing, self._locks.hold(key, no_recheck):
             stored = await self.read(addr)
             verdict = judge(trust, address, fingerprint, stored.record, unreadable=stored.unreadable)
             if verdict.kind == "unpinned":
@@ -185,7 +185,7 @@ class SigningKeys:
         accepted for it by `by`; an unreadable record is replaced. Audited. Raises TrustAcceptError when the
         key cannot be told."""
         key = keys.signing_keys(addr)
-        async with self._writing, self._locks.hold(key, _nothing):
+        async with self._writing, self._locks.hold(key, no_recheck):
             stored = await self.read(addr)
             self._check_available()
             record = stored.record or KeyRecord()
@@ -285,7 +285,3 @@ class SigningKeys:
         raise SigningKeyNotPinnedError(
             f"provider {addr} {version} is refused by pin {pin.name}: {reason}", rule=f"pin {pin.name}", reason=reason
         )
-
-
-async def _nothing() -> None:
-    return None

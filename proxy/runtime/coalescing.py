@@ -31,6 +31,11 @@ class FleetLocks(Protocol):
         ...
 
 
+async def no_recheck() -> None:
+    """The `recheck` of a fleet lock held to change a record in place: nobody else's work replaces the caller's."""
+    return None
+
+
 class LocalLocks:
     """A single process needs no fleet lock: in-process single flight already coalesces."""
 
