@@ -129,6 +129,10 @@ class SigningKeys:
         record = read_key_record(self._store.seal.open(key, raw))
         return Stored(record) if record is not None else Stored(None, UNREADABLE)
 
+    def pinned(self, addr: ProviderAddr) -> bool:
+        """Whether a pin in force selects the provider `addr`."""
+        return self.trust().pin_for(str(addr)) is not None
+
     def check_pin(self, addr: ProviderAddr, version: Version, key_id: str, fingerprint: str) -> None:
         """Refuse a release (recorded already) whose key a pin selecting its provider does not list. Pure and
         cheap: asked every time a release's recorded SHA256SUMS is used. An unsigned release (no `fingerprint`,

@@ -244,13 +244,19 @@ class ProviderArchives:
 
     async def _agrees(self, addr: ProviderAddr, version: Version, platform: Platform, record: ArchiveRecord) -> bool:
         """`VerificationChain.agrees`, from cached metadata only (a hit never goes upstream); with nothing cached
-        to compare, the sealed record stands."""
+        to compare, the sealed record stands, but for a provider a pin selects: its release's signer cannot be
+        checked against the pin, so the archive is fetched and verified again (a miss; fails closed)."""
         if PackageHashes.of_record(record) is None:
             reason = "the archive record's hashes do not parse"
         else:
             d = await self._metadata.cached_download(addr, version, platform)
             sums = None if d is None else await self._sums.recorded(addr, d, version)
-            if d is None or sums is None or self._chain.agrees(record, d, sums):
+            if d is None or sums is None:
+                if not self._sums.pinned(addr):
+                    return True
+                log.info("archive.signer_unknown", artifact=f"{addr} {version} {platform}", effect="verified again")
+                return False
+            if self._chain.agrees(record, d, sums):
                 return True
             reason = "the archive record disagrees with the signed SHA256SUMS of its download"
         log.error(

@@ -207,12 +207,15 @@ class Mirror:
         self,
         check: Callable[[ProviderAddr, Version, str, str], Awaitable[None]],
         check_pin: Callable[[ProviderAddr, Version, str, str], None],
+        pinned: Callable[[ProviderAddr], bool],
     ) -> None:
         """Tell `check` the signing key (id, fingerprint) of each release when its signature verified, before it is
         recorded, and when its record is used; `check_pin` that of a recorded release served from the store
-        (key continuity and pins: either raises to refuse the release)."""
+        (key continuity and pins: either raises to refuse the release); `pinned` whether a pin selects a provider
+        (a stored archive whose release's signer is no longer known is then fetched and verified again)."""
         self._sums.on_signed = check
         self._sums.check_signer = check_pin
+        self._sums.pinned = pinned
 
     def on_fetched(self, note: Callable[[ProviderAddr, Version, str | None], None]) -> None:
         """Call `note` whenever an archive is fetched from its upstream (the audit trail)."""

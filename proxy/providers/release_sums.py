@@ -67,6 +67,8 @@ class ReleaseSums:
         # is used (may refuse it: raises); `check_signer`: the pins alone, without I/O (key continuity, the policy's).
         self.on_signed: Callable[[ProviderAddr, Version, str, str], Awaitable[None]] | None = None
         self.check_signer: Callable[[ProviderAddr, Version, str, str], None] | None = None
+        # whether a pin selects the provider (its releases' signers must be known to serve them)
+        self.pinned: Callable[[ProviderAddr], bool] = _no_pins
 
     def key(self, addr: ProviderAddr, d: DownloadInfo) -> str:
         """The metadata-store key of the release's record (`sums_key`)."""
@@ -154,4 +156,8 @@ class ReleaseSums:
 
 
 def _never() -> bool:
+    return False
+
+
+def _no_pins(addr: ProviderAddr) -> bool:
     return False

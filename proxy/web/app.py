@@ -214,7 +214,7 @@ async def policy_ctx(app: web.Application) -> AsyncIterator[None]:
             audit=audit,
             metrics=app[METRICS],
         )
-        app[MIRROR].on_signed(signing.check, signing.check_pin)
+        app[MIRROR].on_signed(signing.check, signing.check_pin, signing.pinned)
         app[MIRROR].on_dated(gate.dated, gate.dates_wanted)
         if audit.enabled:
             app[MIRROR].on_fetched(gate.fetched)

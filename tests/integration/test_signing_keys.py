@@ -10,7 +10,7 @@ import json
 import pytest
 from yarl import URL
 
-from proxy.domain.addresses import ProviderAddr
+from proxy.domain.addresses import Platform, ProviderAddr, Version
 from proxy.metadata_store import keys
 from proxy.web.app import METADATA_BACKEND
 from proxy.web.app_keys import GATEKEEPER, METRICS, SIGNING_KEYS
@@ -232,6 +232,24 @@ async def test_trust_accept_with_the_store_unavailable_accepts_nothing(refused_p
         METADATA_SECRET,
     )
     assert code == 1 and "the metadata store is unavailable" in output and "nothing was accepted" in output, output
+
+
+@pytest.mark.one_metadata_store
+async def test_a_pinned_providers_stored_archive_whose_signer_is_no_longer_known_is_not_served(
+    make_settings, client_ssl, tmp_path, policy, registry, other_key
+):
+    """A pin added after an archive was stored, and the release's download document lost since (evicted, flushed):
+    its signer cannot be checked against the pin from what is cached, so the archive is verified again, never
+    served on its record alone; with the upstream down, refused."""
+    async with serve_proxy(make_settings(), client_ssl) as proxy:
+        assert (await proxy.get(archive("1.0.0")))[0] == 200  # stored, signed by the session's key
+    pinned = policy(f'[[pin]]\nname = "other"\nproviders = ["{FOO}"]\nkeys = ["{other_key.fingerprint}"]\n')
+    async with serve_proxy(make_settings(policy_file=pinned), client_ssl) as proxy:
+        platform = Platform.parse("linux_amd64")
+        await proxy.app[METADATA_BACKEND].delete(keys.download(FOO_ADDR, Version.parse("1.0.0"), platform))
+        await registry.stop()
+        status, _, body = await proxy.get(archive("1.0.0"))
+        assert status != 200 and json.loads(body)["errors"], (status, body)
 
 
 @pytest.mark.one_metadata_store
