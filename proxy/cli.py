@@ -213,9 +213,21 @@ def _add_store_commands(commands) -> None:
         config=True,
         help="write the verified cache into an air-gap bundle",
         description="Write verified archives and the metadata needed to serve them into one file "
-        "(.tar, .tar.gz or .tar.zst by the name of --out).",
+        "(.tar, .tar.gz or .tar.zst by the name of --out), or with --format filesystem-mirror the provider "
+        "archives into a directory that Terraform's and OpenTofu's `filesystem_mirror` read.",
     )
-    export.add_argument("--out", required=True, help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst")
+    export.add_argument(
+        "--out",
+        required=True,
+        help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst; a directory for --format filesystem-mirror",
+    )
+    export.add_argument(
+        "--format",
+        choices=("bundle", "filesystem-mirror"),
+        default="bundle",
+        help="bundle (for `import` into a proxy) or filesystem-mirror (the packed layout "
+        "HOST/NAMESPACE/TYPE/terraform-provider-TYPE_VERSION_OS_ARCH.zip, providers only)",
+    )
     export.add_argument(
         "--only",
         action="append",

@@ -84,8 +84,7 @@ async def export_bundle(
     """Write every cached provider archive and module (or those matching `only`) with their metadata; what
     `policy` denies is left out (and listed in the report)."""
     check_bundle_name(out)
-    names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
-    values = {key: value for key in names if (value := await cache.get(key)) is not None}
+    names, values = await read_cache(cache)
     report = BundleReport()
     wanted: set[str] = set()
     manifest: dict[str, Any] = {
@@ -97,43 +96,32 @@ async def export_bundle(
         "modules": [],
     }
     files: set[str] = set()
+    for provider in await exportable_providers(names, values, store, only, policy, report):
+        key, parts, record, entry = provider.key, provider.parts, provider.record, provider.download
+        addr, version, platform = provider_of(parts)
+        download_key = keys.DOWNLOAD.key_for(parts)
+        sums_key = release_sums_key(parts, entry)
+        related = [key, download_key, sums_key, keys.versions(addr), keys.discovery(addr.hostname)]
+        wanted.update(k for k in related if k in values)
+        siblings = [k for k in names if _same_release(keys.DOWNLOAD.parse(k), parts) and k != download_key]
+        wanted.update(siblings)
+        files.add(record.sha256)
+        sums_record = records.decode(values.get(sums_key), SumsRecord)
+        if sums_record and sums_record.fingerprint:
+            report.signing_keys.add(sums_record.fingerprint)
+        manifest["providers"].append(
+            {
+                "archive_key": key,
+                "download_key": download_key,
+                "sums_key": sums_key,
+                "sha256": record.sha256,
+                "filename": record.filename,
+                "other_platforms": siblings,
+            }
+        )
+        report.providers.append(f"{addr} {version} {platform}")
     for key in names:
-        if (parts := keys.ARCHIVE.parse(key)) and _selected(keys.ARCHIVE.subject(key), only):
-            record = records.decode(values.get(key), ArchiveRecord)
-            stored = await store.get(record.sha256) if record else None
-            download_key = keys.DOWNLOAD.key_for(parts)
-            entry = CacheEntry.decode(values.get(download_key))
-            if record is None or stored is None or entry is None or entry.negative:
-                continue
-            if record.unsigned:  # only TLS vouched for it, and a bundle does not carry TLS across
-                report.unsigned_left_out.append(keys.ARCHIVE.subject(key))
-                continue
-            addr, version, platform = provider_of(parts)
-            refusal = _denied(policy, addr, version, str(platform), values)
-            if refusal is not None:
-                report.denied_left_out.append(f"{addr} {version} {platform}: {refusal}")
-                continue
-            sums_key = release_sums_key(parts, entry)
-            related = [key, download_key, sums_key, keys.versions(addr), keys.discovery(addr.hostname)]
-            wanted.update(k for k in related if k in values)
-            siblings = [k for k in names if _same_release(keys.DOWNLOAD.parse(k), parts) and k != download_key]
-            wanted.update(siblings)
-            files.add(record.sha256)
-            sums_record = records.decode(values.get(sums_key), SumsRecord)
-            if sums_record and sums_record.fingerprint:
-                report.signing_keys.add(sums_record.fingerprint)
-            manifest["providers"].append(
-                {
-                    "archive_key": key,
-                    "download_key": download_key,
-                    "sums_key": sums_key,
-                    "sha256": record.sha256,
-                    "filename": record.filename,
-                    "other_platforms": siblings,
-                }
-            )
-            report.providers.append(f"{addr} {version} {platform}")
-        elif (parts := keys.MODULE.parse(key)) and _selected(keys.MODULE.subject(key), only):
+        if (parts := keys.MODULE.parse(key)) and _selected(keys.MODULE.subject(key), only):
             record = records.decode(values.get(key), ModuleRecord)
             stored = await store.get(record.sha256) if record else None
             if record is None or stored is None:
@@ -165,6 +153,54 @@ async def export_bundle(
                 report.bytes += path.stat().st_size
     report.entries, report.archives = len(wanted), len(files)
     return report
+
+
+@dataclass(frozen=True)
+class ExportableProvider:
+    """A cached provider archive `export` carries: stored, with its download metadata, signed, allowed."""
+
+    key: str  # its `archive:` key
+    parts: dict[str, str]
+    record: ArchiveRecord
+    download: CacheEntry
+
+
+async def read_cache(cache: MetadataStore) -> tuple[list[str], dict[str, bytes]]:
+    """Every key of the metadata store (sorted) and the values it still holds."""
+    names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
+    return names, {key: value for key in names if (value := await cache.get(key)) is not None}
+
+
+async def exportable_providers(
+    names: list[str],
+    values: dict[str, bytes],
+    store: ArchiveStore,
+    only: list[str],
+    policy: Policy | None,
+    report: BundleReport,
+) -> list[ExportableProvider]:
+    """The verified provider archives of the cache (those matching `only`), in key order: stored, with
+    download metadata, signed (nothing carries the TLS that vouched for an unsigned one across) and not
+    denied by `policy`; the unsigned and the denied are listed in `report`."""
+    exportable = []
+    for key in names:
+        if not (parts := keys.ARCHIVE.parse(key)) or not _selected(keys.ARCHIVE.subject(key), only):
+            continue
+        record = records.decode(values.get(key), ArchiveRecord)
+        stored = await store.get(record.sha256) if record else None
+        entry = CacheEntry.decode(values.get(keys.DOWNLOAD.key_for(parts)))
+        if record is None or stored is None or entry is None or entry.negative:
+            continue
+        if record.unsigned:
+            report.unsigned_left_out.append(keys.ARCHIVE.subject(key))
+            continue
+        addr, version, platform = provider_of(parts)
+        refusal = _denied(policy, addr, version, str(platform), values)
+        if refusal is not None:
+            report.denied_left_out.append(f"{addr} {version} {platform}: {refusal}")
+            continue
+        exportable.append(ExportableProvider(key, parts, record, entry))
+    return exportable
 
 
 def _denied(

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.commands import CommandError
-from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
+from proxy.commands.bundle import BundleReport, check_bundle_name, export_bundle, import_bundle
+from proxy.commands.filesystem_mirror import check_mirror_directory, export_filesystem_mirror
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
 from proxy.commands.proxy_api import ProxyClient, ProxyUnreachableError
@@ -160,7 +161,11 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
 
 
 async def _export(args: argparse.Namespace) -> int:
-    check_bundle_name(Path(args.out))
+    out, mirror = Path(args.out), args.format == "filesystem-mirror"
+    if mirror:
+        check_mirror_directory(out)
+    else:
+        check_bundle_name(out)
     policy = None
     if getattr(args, "policy", None):
         try:
@@ -169,10 +174,13 @@ async def _export(args: argparse.Namespace) -> int:
             raise CommandError(str(exc)) from None
     cache, _, store = await _stores(args)
     try:
-        report = await export_bundle(cache, store, Path(args.out), args.only, policy)
+        export = export_filesystem_mirror if mirror else export_bundle
+        report = await export(cache, store, out, args.only, policy)
     finally:
         await cache.close()
         await store.close()
+    if mirror:
+        return _mirror_exported(args.out, report)
     print(
         f"exported {len(report.providers)} provider archives and {len(report.modules)} modules "
         f"({report.archives} files, {report.bytes} bytes, {report.entries} metadata entries) to {args.out}"
@@ -186,6 +194,19 @@ async def _export(args: argparse.Namespace) -> int:
             f"left out {subject}: unsigned (its registry lists no signing keys), so nothing in a bundle can "
             "vouch for it; the proxy behind the air gap cannot serve it"
         )
+    return 0
+
+
+def _mirror_exported(out: str, report: BundleReport) -> int:
+    print(
+        f"exported {len(report.providers)} provider archives to the filesystem mirror {out}: {report.archives} "
+        f"written ({report.bytes} bytes), {report.already_present} already there"
+        + (f", {report.replaced_corrupt} with other content replaced" if report.replaced_corrupt else "")
+    )
+    for refused in report.denied_left_out:
+        print(f"left out {refused}")
+    for subject in report.unsigned_left_out:
+        print(f"left out {subject}: unsigned (its registry lists no signing keys), so no signature vouches for it")
     return 0
 
 
