@@ -398,3 +398,13 @@ def test_kustomize_builds_what_the_chart_renders(target):
         for doc in render_kustomize.render_chart(target.values)
     }
     assert built == charted
+
+
+def test_the_fleet_values_the_deployment_guide_shows_render_valid_objects():
+    guide = (REPO_ROOT / "docs" / "deployment.md").read_text()
+    (shown,) = re.findall(r"```yaml\n(# fleet\.yaml: helm install .*?)```", guide, flags=re.DOTALL)
+    docs = render_chart(yaml.safe_load(shown))
+    for doc in docs:
+        validate(doc, custom=True)
+    assert environment(docs)["REGISTRY_PROXY_REDIS_URL"] == {"name": "registry-proxy-redis", "key": "redis-url"}
+    assert {"HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule"} <= {doc["kind"] for doc in docs}
