@@ -13,6 +13,7 @@ import base64
 import functools
 import os
 import re
+import tarfile
 from collections import Counter
 from typing import Any
 
@@ -324,6 +325,14 @@ def test_the_monitoring_scrapes_the_service_as_job_registry_proxy_with_the_shipp
     assert rule["spec"]["groups"] == yaml.safe_load(alerts.read_text())["groups"]
     link = CHART / "files" / "alerts.yaml"
     assert link.is_symlink() and link.resolve() == alerts  # read from deploy/monitoring, not a copy
+
+
+def test_the_packaged_chart_carries_the_alert_rules_themselves(tmp_path):
+    """`helm package` stores the linked file's content: a chart pulled from a repository has the rules too."""
+    archive = helm_python.package(CHART, destination=tmp_path)
+    with tarfile.open(archive) as packed:
+        member = packed.getmember("registry-proxy/files/alerts.yaml")
+        assert member.isfile() and packed.extractfile(member).read() == (CHART / "files" / "alerts.yaml").read_bytes()
 
 
 @pytest.mark.parametrize(
