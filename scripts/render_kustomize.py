@@ -213,7 +213,10 @@ def files() -> dict[Path, str]:
         objects[target.folder] = {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
         base = objects[target.base] if target.base else {}
         missing = set(base) - set(objects[target.folder])
-        assert not missing, f"{target.folder} lacks {missing} of {target.base}: kustomize cannot take objects away"
+        if missing:
+            raise SystemExit(
+                f"{target.folder} lacks {sorted(missing)} of {target.base}: an overlay only adds and patches"
+            )
         resources, patches = [f"../../{target.base}"] if target.base else [], []
         folder = KUSTOMIZE / target.folder
         for key, doc in objects[target.folder].items():
