@@ -45,6 +45,8 @@ PROVIDER = f"{REGISTRY_HOST}/acme/foo"
 # does not). tests/deploy runs the tools that check the examples (kubectl, promtool, systemd-analyze, nginx).
 PROCESS_FIXTURES = frozenset({"proxy_process", "terraform"})
 PROCESS_FOLDERS = frozenset({"e2e", "browser", "deploy"})
+# Modules of those folders that start nothing unless a test says so (Helm's engine runs in this process, by ctypes)
+IN_PROCESS_MODULES = frozenset({"test_helm_chart.py"})
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -57,7 +59,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.path.parent.name in PROCESS_FOLDERS:
+        in_folder = item.path.parent.name in PROCESS_FOLDERS and item.path.name not in IN_PROCESS_MODULES
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or in_folder:
             item.add_marker(pytest.mark.process)
 
 

@@ -306,7 +306,7 @@ def test_fleet_shares_redis_and_s3_and_scales():
     hpa = by_kind(docs, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "registry-proxy"}
     deployment = by_kind(docs, "Deployment", "registry-proxy")
-    assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"] > 1
+    assert hpa["spec"]["minReplicas"] > 1 and "replicas" not in deployment["spec"]  # the autoscaler's to set
     policy = by_kind(docs, "NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= redis_pod["metadata"]["labels"].items()
     allowed = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
