@@ -89,6 +89,7 @@ class Manifest:
     store: str  # "embedded" or "redis"
     files: list[Entry] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
+    archives: bool = False  # whether the archives were asked for (--archives)
     created: str = ""
     proxy_version: str = __version__
     format: int = FORMAT
@@ -118,6 +119,7 @@ class Manifest:
                 store=str(document["store"]),
                 files=files,
                 left_out=[str(reason) for reason in document["left_out"]],
+                archives=bool(document["archives"]),
                 created=str(document["created"]),
                 proxy_version=str(document["proxy_version"]),
                 format=int(document["format"]),
@@ -195,7 +197,16 @@ def backup(settings: Settings, target: Path, *, archives: bool, force: bool) -> 
             "--archives: the archives are in object storage (--archive-store): back the bucket up with its own tools"
         )
     _clear_target(target, force)
-    report = BackupReport(Manifest("redis" if settings.metadata.redis_url else "embedded"))
+    report = BackupReport(Manifest("redis" if settings.metadata.redis_url else "embedded", archives=archives))
+    try:
+        _write_backup(settings, target, report)
+    except BaseException:
+        _empty(target)  # nothing half-written is left for the next run to refuse
+        raise
+    return report
+
+
+def _write_backup(settings: Settings, target: Path, report: BackupReport) -> None:
     manifest = report.manifest
     database = settings.data_dir / DATABASE
     if manifest.store == "redis":
@@ -219,7 +230,7 @@ def backup(settings: Settings, target: Path, *, archives: bool, force: bool) -> 
     for path in (SECRET, *TLS_FILES):
         if (settings.data_dir / path).is_file():
             manifest.files.append(_copy(settings.data_dir / path, target / path, path))
-    if archives:
+    if manifest.archives:
         _back_up_archives(settings.data_dir, target, report)
     else:
         manifest.left_out.append(
@@ -229,7 +240,6 @@ def backup(settings: Settings, target: Path, *, archives: bool, force: bool) -> 
     manifest.left_out += _operator_files(settings)
     manifest.created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     _write_atomically(target / MANIFEST, manifest.dump(), 0o600)
-    return report
 
 
 def _clear_target(target: Path, force: bool) -> None:
@@ -247,12 +257,16 @@ def _clear_target(target: Path, force: bool) -> None:
                 f"backup {target}: holds a backup already: name a new directory, or --force to replace it"
             )
         (target / MANIFEST).unlink()
-        for entry in entries:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink(missing_ok=True)
+        _empty(target)
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def _empty(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _copy_database(source: Path, dest: Path) -> Entry:
@@ -501,7 +515,7 @@ def _read_secret(path: Path) -> bytes | None:
 
 _DESCRIPTIONS = {
     DATABASE: "the embedded metadata store",
-    SECRET: "the metadata secret (seals every record)",
+    SECRET: "the data dir's metadata secret (seals the embedded store's records)",
     **TLS_FILES,
 }
 
@@ -524,7 +538,7 @@ def backup_lines(report: BackupReport, target: Path) -> list[str]:
         if entry.path == DATABASE and report.records is not None:
             lines.append(f"  {_records_line(report.records)}")
     archives = [entry for entry in manifest.files if kind_of(entry.path) == "archive"]
-    if archives:
+    if manifest.archives:
         lines.append(
             f"backed up {len(archives)} archives ({sum(e.size for e in archives)} bytes; {report.linked} hard-linked, "
             f"{len(archives) - report.linked} copied)"

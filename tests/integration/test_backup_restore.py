@@ -172,3 +172,13 @@ def test_a_filled_or_used_data_dir_and_a_used_backup_dir_are_refused(data_dir, b
     code, output = cli_in_process("backup", str(backup), "--data-dir", str(data_dir), "--force")
     assert code == 0, output
     assert not (backup / "tls" / "stale-file").exists()
+
+
+def test_a_damaged_store_is_not_backed_up_and_nothing_is_left_behind(tmp_path):
+    database = tmp_path / "data" / "metadata" / "metadata.sqlite"
+    database.parent.mkdir(parents=True)
+    database.write_bytes(b"not a database, whatever its name says" * 200)
+    code, output = cli_in_process("backup", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "data"))
+    assert code == 1, output
+    assert output == f"registry-proxy: error: {database}: could not be backed up: file is not a database\n"
+    assert list((tmp_path / "backup").iterdir()) == []
