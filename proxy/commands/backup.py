@@ -114,7 +114,9 @@ class Manifest:
                     f"backup {directory}: format {document['format']} is newer than this version reads ({FORMAT}): "
                     f"restore it with the version that wrote it ({document.get('proxy_version')})"
                 )
-            files = [Entry(f["path"], int(f["size"]), int(f["mode"], 8), str(f["sha256"])) for f in document["files"]]
+            files = [
+                Entry(str(f["path"]), int(f["size"]), int(f["mode"], 8), str(f["sha256"])) for f in document["files"]
+            ]
             manifest = cls(
                 store=str(document["store"]),
                 files=files,
@@ -407,7 +409,7 @@ def _check_target(settings: Settings, manifest: Manifest, force: bool) -> None:
     abandoned = set(store.abandoned_temp_dirs())
     if any(path not in abandoned for path in store.temp_dirs()):
         raise CommandError(
-            f"--data-dir {data_dir} is in use (a running proxy or store command holds a temp dir in "
+            f"--data-dir {data_dir} is in use (a running proxy, or an import or export, holds a temp dir in "
             f"{store.temp_root}): stop it, then restore"
         )
     present = [
