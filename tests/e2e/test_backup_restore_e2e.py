@@ -29,7 +29,7 @@ from tests.fakes.process import registry_proxy_in_process
 
 pytestmark = pytest.mark.e2e
 
-NEW_VERSIONS = ("2.0.0", "2.1.0", "2.2.0", "2.3.0", "2.4.0", "2.5.0")  # fetched (written) while the backup runs
+NEW_VERSIONS = tuple(f"2.{minor}.0" for minor in range(10))  # fetched (written) one by one while the backup runs
 READS = (
     f"/mirror/v1/{PROVIDER}/index.json",
     f"/mirror/v1/{PROVIDER}/1.0.0.json",
@@ -81,6 +81,8 @@ async def test_backup_under_load_then_restore_serves_init_with_the_upstream_down
 
         async def writes(first_written: asyncio.Event) -> None:
             for version in NEW_VERSIONS:
+                if backed_up.is_set():
+                    return
                 await get(f"/mirror/v1/{PROVIDER}/{version}.json")
                 await get(archive_path(version))
                 written.append(version)

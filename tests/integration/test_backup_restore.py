@@ -182,3 +182,19 @@ def test_a_damaged_store_is_not_backed_up_and_nothing_is_left_behind(tmp_path):
     assert code == 1, output
     assert output == f"registry-proxy: error: {database}: could not be backed up: file is not a database\n"
     assert list((tmp_path / "backup").iterdir()) == []
+
+
+def test_with_redis_only_the_secrets_are_backed_up(data_dir, tmp_path):
+    redis = ("--redis-url", "redis://127.0.0.1:1/0", "--metadata-secret", GIVEN_SECRET)  # Redis is never asked
+    code, output = cli_in_process("backup", str(tmp_path / "backup"), "--data-dir", str(data_dir), *redis)
+    assert code == 0, output
+    assert "not backed up: the metadata store: Redis, the fleet's cache" in output, output
+    manifest = json.loads((tmp_path / "backup" / "manifest.json").read_text())
+    assert manifest["store"] == "redis"
+    assert [entry["path"] for entry in manifest["files"]] == [
+        "metadata/metadata.secret",
+        "tls/ca.pem",
+        "tls/ca-key.pem",
+        "tls/server.pem",
+        "tls/server-key.pem",
+    ]
