@@ -1,4 +1,4 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|purge|healthcheck|token`
+"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|purge|backup|restore|...`
 (also `python -m proxy`).
 
 Every option is declared once, in `proxy.settings.config`; `proxy.settings.command_line` makes each a flag, an
@@ -52,6 +52,7 @@ def build_parser() -> OptionParser:
         help="exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)",
         description=_HEALTHCHECK_ABOUT,
     )
+    _add_backup_commands(commands)
     _add_token_command(commands)
     _add_policy_command(commands)
     _add_trust_command(commands)
@@ -116,6 +117,44 @@ def _add_policy_command(commands) -> None:
     baseline.add_argument("addresses", nargs="*", metavar="ADDRESS", help="HOST/NAMESPACE/TYPE or HOST/NS/NAME/SYSTEM")
     baseline.add_argument(
         "--actor", metavar="NAME", help="who baselines, for the audit trail (default: cli:USER, the OS user)"
+    )
+
+
+def _add_backup_commands(commands) -> None:
+    backup = add_command(
+        commands,
+        "backup",
+        config=True,
+        options_of="serve",
+        help="copy the metadata store and the data dir's secrets into DIR, safe while the proxy runs",
+        description="Write into DIR what the data dir cannot get back by itself: the embedded metadata store (a "
+        "consistent copy made with SQLite's online backup, while the proxy serves and writes), the metadata secret, "
+        "the generated CA with its key and the server certificate, and manifest.json (each file's SHA-256). With "
+        "--redis-url only the secrets: Redis is the fleet's cache. The archives are a cache too, fetched again, but "
+        "not behind an air gap: --archives, or `export`. Takes the options of `serve` (the same flags, variables "
+        "and --config).",
+    )
+    backup.add_argument("directory", metavar="DIR", help="a new or empty directory (an earlier backup with --force)")
+    backup.add_argument(
+        "--archives",
+        action="store_true",
+        help="also the archives: hard links where DIR is on the data dir's filesystem, else copies",
+    )
+    backup.add_argument("--force", action="store_true", help="replace the backup DIR holds")
+    restore = add_command(
+        commands,
+        "restore",
+        config=True,
+        options_of="serve",
+        help="restore a backup into a data dir (stopped), verifying every file first",
+        description="Check every file of the backup in DIR against its manifest and that the metadata secret opens "
+        "its records, before anything is written; then write each file into the data dir (atomically, with its "
+        "mode) and open every restored record with the secret. Refuses a data dir in use, and one that already "
+        "holds a metadata store or secrets unless --force. Takes the options of `serve`.",
+    )
+    restore.add_argument("directory", metavar="DIR", help="a backup written by `registry-proxy backup`")
+    restore.add_argument(
+        "--force", action="store_true", help="replace the metadata store and secrets the data dir holds"
     )
 
 
@@ -578,6 +617,20 @@ def _policy_baseline(args: argparse.Namespace) -> int:
     return baseline_command(settings_from_args(args), args.addresses, args.actor)
 
 
+def _backup_or_restore(args: argparse.Namespace) -> int:
+    """`backup` and `restore`: serve's options resolved as serve resolves them (data dir, store, secret)."""
+    from pathlib import Path
+
+    from proxy.commands.backup import backup_command, restore_command
+    from proxy.settings.command_line import resolve
+
+    resolve(args, "serve", os.environ)
+    settings = settings_from_args(args)
+    if args.command == "backup":
+        return backup_command(settings, Path(args.directory), archives=args.archives, force=args.force)
+    return restore_command(settings, Path(args.directory), force=args.force)
+
+
 def _token_new(args: argparse.Namespace) -> int:
     from proxy.identity.tokens import AuthConfigError, new_token, token_entry
 
@@ -617,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
             return healthcheck.run(args)
         if args.command == "token":
             return _token_new(args)
+        if args.command in ("backup", "restore"):
+            return _backup_or_restore(args)
         if args.command == "policy" and args.policy_command == "baseline":
             return _policy_baseline(args)
         if args.command == "policy":

@@ -60,6 +60,7 @@ SQLiteCache = _import_sqlite_cache()
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
+DATABASE_FILE = "metadata.sqlite"  # in the data dir's metadata directory
 TABLE = "metadata"
 SERVED_TABLE = "served"  # archive SHA-256 -> when it was last served (epoch seconds)
 _SERVED_SCHEMA = f"CREATE TABLE IF NOT EXISTS `{SERVED_TABLE}` (sha256 TEXT PRIMARY KEY, at REAL NOT NULL)"

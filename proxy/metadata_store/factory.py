@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from proxy.metadata_store import MetadataStore
-from proxy.metadata_store.embedded import EmbeddedStore
+from proxy.metadata_store.embedded import DATABASE_FILE, EmbeddedStore
 from proxy.metadata_store.file_locks import FileLocks
 from proxy.metadata_store.fleet_secret import FleetSecret
 from proxy.metadata_store.negative import MemoryNegatives, NegativeBound, NegativeStore, negative_retention
@@ -71,7 +71,7 @@ async def open_metadata(
             RedisFleetLocks(redis_store, ttl=settings.metadata.fleet_lock_ttl),
             redis_store,
         )
-    database = settings.cache_dir / "metadata.sqlite"
+    database = settings.cache_dir / DATABASE_FILE
     upgrading = (
         not settings.metadata.metadata_secret
         and not settings.metadata.metadata_secret_file

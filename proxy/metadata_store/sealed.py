@@ -189,13 +189,18 @@ class SealedStore(StoreWrapper):
 
 def metadata_secret(settings: Settings) -> bytes:
     """The operator's secret, or (embedded store only) the data dir's own, made on first start."""
-    metadata = settings.metadata
-    secret = _given_secret(metadata.metadata_secret, metadata.metadata_secret_file, "--metadata-secret-file")
+    secret = given_secret(settings)
     if secret is not None:
         return secret
-    if metadata.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
+    if settings.metadata.redis_url:  # Settings refuses this already; never fall back to a per-replica secret
         raise ConfigError("a shared Redis store needs --metadata-secret or --metadata-secret-file")
     return _local_secret(settings.cache_dir / SECRET_FILE)
+
+
+def given_secret(settings: Settings) -> bytes | None:
+    """The operator's secret (`--metadata-secret` or `--metadata-secret-file`), or None: none given."""
+    metadata = settings.metadata
+    return _given_secret(metadata.metadata_secret, metadata.metadata_secret_file, "--metadata-secret-file")
 
 
 def accepted_secrets(settings: Settings) -> tuple[bytes, ...]:

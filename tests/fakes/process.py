@@ -312,15 +312,17 @@ async def registry_proxy_in_process(*args: str) -> tuple[int, str]:
     `registry-proxy` script and `python -m proxy` call and whose return value is their exit code, run in a
     thread of this process (it runs its own event loop) with stdout and stderr captured together. For tests of
     what a command does and prints; a test of the process itself (signals, exit of `serve`) uses `registry_proxy`."""
+    return await asyncio.to_thread(cli_in_process, *args)
+
+
+def cli_in_process(*args: str) -> tuple[int, str]:
+    """`registry_proxy_in_process` in this thread, for a test without an event loop."""
     from proxy.cli import main
 
-    def run() -> tuple[int, str]:
-        output = io.StringIO()
-        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            try:
-                code = main(list(args))
-            except SystemExit as exc:  # argparse's usage errors
-                code = exc.code if isinstance(exc.code, int) else 1
-        return code, output.getvalue()
-
-    return await asyncio.to_thread(run)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, output.getvalue()

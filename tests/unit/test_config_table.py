@@ -113,6 +113,8 @@ COMMANDS = [
     "purge",
     "rotate-secret",
     "trust",
+    "backup",
+    "restore",
     "healthcheck",
     "token",
 ]
