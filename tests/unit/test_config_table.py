@@ -114,6 +114,7 @@ COMMANDS = [
     "rotate-secret",
     "trust",
     "healthcheck",
+    "doctor",
     "token",
 ]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
