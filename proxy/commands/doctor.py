@@ -448,8 +448,8 @@ async def _upstreams(
         return [ok("upstreams", "--offline: no upstream is contacted")], []
     try:
         tls = await asyncio.to_thread(create_ssl_context, upstreams.upstream_ca_file)
-    except (OSError, ssl.SSLError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        reason = exc.reason.lower().replace("_", " ") if isinstance(exc, ssl.SSLError) and exc.reason else _reason(exc)
         return [
             failed(
                 "upstream-ca-file",
