@@ -44,7 +44,7 @@ import structlog
 from yarl import URL
 
 from proxy.commands.config_files import read_issuers, read_policy, read_tokens, settings_of
-from proxy.commands.doctor_report import Finding, exit_code, failed, json_text, ok, text_lines, warning
+from proxy.commands.doctor_report import Finding, counted, exit_code, failed, json_text, ok, text_lines, warning
 from proxy.commands.healthcheck import verdict
 from proxy.commands.proxy_api import ProxyClient, ProxyRequestError, ProxyUnreachableError
 from proxy.domain.addresses import Hostname
@@ -119,13 +119,17 @@ async def run_doctor(
     """Every check of `settings` (and of the proxy at `url`), in the order they are shown; `clock`: this host's
     wall clock, compared with the upstreams'."""
     files, policy, issuers = await asyncio.to_thread(_files, settings)
+    # the stores' libraries (a second of imports, for redis-py and aiobotocore) loaded before any check's time runs
+    store = await asyncio.to_thread(_backends, settings)
 
     def bounded(check: str, work: Awaitable[list[Finding]], fix: str) -> Awaitable[list[Finding]]:
         return _bounded(check, work, timeout, fix)
 
     local, archives, metadata, running, (upstreams, dates) = await asyncio.gather(
         bounded("data-dir", _data_dir(settings), "a hung disk or network mount under --data-dir?"),
-        bounded("archive-store", _archive_store(settings), "see data-dir; for S3: --s3-endpoint-url, --s3-timeout"),
+        bounded(
+            "archive-store", _archive_store(settings, store), "see data-dir; for S3: --s3-endpoint-url, --s3-timeout"
+        ),
         bounded("metadata-store", _metadata_store(settings, policy), "is --redis-url's server up and reachable?"),
         bounded("proxy-ready", _running_proxy(settings, url, ca_file, timeout), "is --url the proxy's?")
         if url
@@ -133,6 +137,13 @@ async def run_doctor(
         _upstreams(settings, clock, timeout),
     )
     return [*files, *local, *archives, *metadata, *upstreams, _clock(settings, issuers, dates), *running]
+
+
+def _backends(settings: Settings) -> ArchiveStore:
+    """The archive store (not opened), and the Redis client's library imported when Redis is configured."""
+    if settings.metadata.redis_url:
+        import proxy.metadata_store.redis  # noqa: F401
+    return archive_store(settings)
 
 
 async def _bounded(check: str, work: Awaitable[list[Finding]], timeout: float, fix: str) -> list[Finding]:
@@ -168,14 +179,13 @@ def _files(settings: Settings) -> tuple[list[Finding], Policy | None, IssuerBook
     policy = issuers = None
     found = []
     if settings.policy.policy_file is None:
-        found.append(ok("policy", "none (--policy): every provider and module may enter"))
+        found.append(ok("policy", "none (--policy)"))
     else:
         try:
             policy = read_policy(settings.policy.policy_file)
             ages = sum(rule.min_age is not None for rule in policy.rules)
-            found.append(
-                ok("policy", f"{settings.policy.policy_file}: {len(policy.rules)} rules, {ages} with a min-age")
-            )
+            rules = counted(len(policy.rules), "rule")
+            found.append(ok("policy", f"{settings.policy.policy_file}: {rules}, {ages} with a min-age"))
         except ConfigError as exc:
             found.append(failed("policy", str(exc), "correct the rule and key it names (`policy check FILE`)"))
     tokens = settings.access.auth_tokens
@@ -183,7 +193,7 @@ def _files(settings: Settings) -> tuple[list[Finding], Policy | None, IssuerBook
         found.append(ok("auth-tokens", "none (--auth-tokens)"))
     else:
         try:
-            found.append(ok("auth-tokens", f"{tokens}: {len(read_tokens(tokens).tokens)} tokens"))
+            found.append(ok("auth-tokens", f"{tokens}: {counted(len(read_tokens(tokens).tokens), 'token')}"))
         except ConfigError as exc:
             found.append(failed("auth-tokens", str(exc), "correct the entry it names (`registry-proxy token new`)"))
     path = settings.access.oidc_issuers
@@ -192,7 +202,7 @@ def _files(settings: Settings) -> tuple[list[Finding], Policy | None, IssuerBook
     else:
         try:
             issuers = read_issuers(path)
-            found.append(ok("oidc-issuers", f"{path}: {len(issuers.issuers)} issuers"))
+            found.append(ok("oidc-issuers", f"{path}: {counted(len(issuers.issuers), 'issuer')}"))
         except ConfigError as exc:
             found.append(failed("oidc-issuers", str(exc), "correct the issuer and key it names (docs/oidc.md)"))
     return found, policy, issuers
@@ -259,7 +269,7 @@ def _disk_space(settings: Settings, space: SpaceReport, where: Path) -> Finding:
 # ---- the archive store -------------------------------------------------------------------------------------
 
 
-async def _archive_store(settings: Settings) -> list[Finding]:
+async def _archive_store(settings: Settings, store: ArchiveStore) -> list[Finding]:
     """A probe object put, read back and deleted, where `serve` keeps archives."""
     where = str(settings.archives.s3_location or settings.archive_dir)
     fix = (
@@ -270,7 +280,6 @@ async def _archive_store(settings: Settings) -> list[Finding]:
     if settings.archives.s3_location is None and not await asyncio.to_thread(settings.data_dir.is_dir):
         return [ok("archive-store", f"{where} does not exist yet: serve makes it (see data-dir)")]
     started = time.monotonic()
-    store = archive_store(settings)
     try:
         await store.open(claim=False)  # nothing of other processes touched; the probe's temp dir is its own
         try:
@@ -392,10 +401,10 @@ def _durability(config: dict[str, str] | None, risks: list[str], policy: Policy 
     if policy is not None and policy.ages:
         return warning(
             "redis-durability",
-            f"{described}: {'; '.join(risks)}; a min-age rule of --policy depends on those records (lost, the "
-            "versions' ages are unknown and held back)",
+            f"{'; '.join(risks)}; and a min-age rule of --policy depends on those records (lost, the versions' "
+            "ages are unknown and held back)",
             "give Redis persistence (appendonly yes, or RDB save points) and maxmemory-policy noeviction or "
-            "volatile-*; after a loss, `registry-proxy policy baseline` (docs/operations.md)",
+            "volatile-*; after a loss, `registry-proxy policy baseline`",
         )
     return ok("redis-durability", f"{described}: a cache, which no min-age rule of --policy depends on")
 
@@ -587,7 +596,7 @@ def _clock(settings: Settings, issuers: IssuerBook | None, readings: list[ClockR
     said = f"leeway {leeway:g}s" if oidc else f"the default OIDC leeway of {leeway:g}s"
     if worst.beyond <= leeway:
         skew = max(abs(reading.ahead) for reading in readings)
-        return ok("clock", f"within {skew:.1f}s of the Date of {len(readings)} upstreams ({said})")
+        return ok("clock", f"within {skew:.1f}s of the Date of {counted(len(readings), 'upstream')} ({said})")
     direction = "behind" if worst.ahead > 0 else "ahead of"
     detail = f"this host's clock is {abs(worst.ahead):.0f}s {direction} {worst.host}'s Date, beyond the {said}"
     if oidc:

@@ -38,6 +38,11 @@ def failed(check: str, detail: str, fix: str) -> Finding:
     return Finding(FAILED, check, detail, fix)
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 rule`, `2 rules`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def exit_code(findings: Iterable[Finding]) -> int:
     """0: every check ok; 1: the worst is a warning; 2: one failed."""
     return max((_EXIT[finding.status] for finding in findings), default=0)

@@ -139,8 +139,8 @@ async def test_a_fleet_on_redis_with_every_file_passes_every_check(tmp_path, reg
     assert [finding for finding in found.values() if finding.status != OK] == []
     assert "opens with this proxy's metadata secret" in found["fleet-secret"].detail
     assert "appendonly 'yes'" in found["redis-durability"].detail
-    assert found["policy"].detail.endswith("1 rules, 1 with a min-age")
-    assert found["auth-tokens"].detail.endswith("1 tokens") and found["oidc-issuers"].detail.endswith("1 issuers")
+    assert found["policy"].detail.endswith("1 rule, 1 with a min-age")
+    assert found["auth-tokens"].detail.endswith("1 token") and found["oidc-issuers"].detail.endswith("1 issuer")
     assert "leeway 60s" in found["clock"].detail  # the issuers file's own
 
 
