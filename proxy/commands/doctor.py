@@ -503,6 +503,8 @@ async def _upstream(
     except UpstreamError as exc:
         left = give_up - asyncio.get_running_loop().time()
         return await _unreachable(settings, check, url, exc, tls, max(left, 0.5)), None
+    except Exception as exc:  # a doctor reports what it meets, never a traceback
+        return failed(check, f"{url}: {_reason(exc)}", _REACH), None
     return _discovered(check, url, hostname, answer, received - sent), _reading(host, answer, sent, received)
 
 
