@@ -1,4 +1,4 @@
-"""Command-line interface: `registry-proxy serve|lock|warm|export|import|verify|gc|purge|backup|restore|...`
+"""Command-line interface: `registry-proxy serve|doctor|lock|warm|export|import|verify|gc|purge|backup|restore|...`
 (also `python -m proxy`).
 
 Every option is declared once, in `proxy.settings.config`; `proxy.settings.command_line` makes each a flag, an
@@ -20,9 +20,9 @@ import structlog
 
 from proxy import __version__
 from proxy.commands import healthcheck
-from proxy.domain.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
+from proxy.commands.config_files import check_policy_file, check_tokens_file, settings_of
 from proxy.settings.command_line import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
-from proxy.settings.config import ConfigError, Settings, build, declared
+from proxy.settings.config import ConfigError, Settings, declared
 from proxy.web.listener import bind_listener
 
 log = structlog.get_logger("proxy.cli")
@@ -52,11 +52,31 @@ def build_parser() -> OptionParser:
         help="exit 0 when the local proxy's /readyz says ready, 1 otherwise (container health checks)",
         description=_HEALTHCHECK_ABOUT,
     )
+    _add_doctor_command(commands)
     _add_backup_commands(commands)
     _add_token_command(commands)
     _add_policy_command(commands)
     _add_trust_command(commands)
     return parser
+
+
+def _add_doctor_command(commands) -> None:
+    doctor = add_command(
+        commands,
+        "doctor",
+        config=True,
+        options_of="serve",
+        help="check what serve would run with: options, files, data dir, stores, upstreams, clock (one line each)",
+        description="Check, one line each (ok, warning or failed, and the fix), what `serve` would run with: its "
+        "options and files parse; the data dir is writable with the free space the options keep; the archive store "
+        "takes, returns and deletes a probe object; the metadata store answers (for Redis: persistence, "
+        "maxmemory-policy, the fleet's secret marker); each allowed upstream's discovery answers over verified TLS "
+        "(a refused certificate names the CA to trust); the clock is within the OIDC leeway of the upstreams'; "
+        "with --url, the running proxy is ready and serves its discovery document. Takes the options of `serve` "
+        "(the same flags, variables and --config). Exit 0: all ok; 1: warnings; 2: a check failed.",
+    )
+    doctor.add_argument("--url", metavar="URL", help="also check the proxy running at URL (/readyz, discovery)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list, for scripts")
 
 
 def _add_policy_command(commands) -> None:
@@ -363,67 +383,10 @@ _HEALTHCHECK_ABOUT = (
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The Settings of parsed `serve` options (raises ConfigError); reads the tokens and credentials files."""
-    settings = build(Settings, vars(args), upstream_credentials=upstream_credentials(args))
+    settings = settings_of(args)
     check_tokens_file(settings)
     check_policy_file(settings.policy.policy_file)
     return settings
-
-
-def check_policy_file(path) -> None:
-    """A broken `--policy` file stops start-up with one line naming the file, the rule and the key."""
-    from proxy.governance.gatekeeper import load_policy
-    from proxy.governance.policy import PolicyError
-
-    if path is None:
-        return
-    try:
-        load_policy(path)
-    except PolicyError as exc:
-        raise ConfigError(str(exc)) from None
-    except OSError as exc:
-        raise ConfigError(f"--policy {path}: {exc.strerror or exc}") from None
-
-
-def upstream_credentials(args: argparse.Namespace) -> UpstreamCredentials:
-    """The tokens of the `--upstream-credentials` file's blocks and of TF_TOKEN_* variables."""
-    try:
-        file_tokens = {}
-        if args.upstream_credentials:
-            file_tokens = parse_cli_config(
-                args.upstream_credentials.read_text(encoding="utf-8"),
-                f"--upstream-credentials {args.upstream_credentials}",
-            )
-        upstream = merged(file_tokens, from_environment(os.environ))
-    except CredentialsError as exc:
-        raise ConfigError(str(exc)) from None
-    except OSError as exc:
-        raise ConfigError(f"--upstream-credentials {args.upstream_credentials}: {exc.strerror or exc}") from None
-    return UpstreamCredentials(upstream, args.upstream_map)
-
-
-def check_tokens_file(settings: Settings) -> None:
-    """A broken `--auth-tokens` or `--oidc-issuers` file stops start-up, in one line naming the file and what
-    in it is wrong; so does a tokens file without tokens (every client would get 401)."""
-    from proxy.identity.issuers import parse_issuers
-    from proxy.identity.tokens import AuthConfigError, parse_tokens
-
-    for flag, path, parse in (
-        ("--auth-tokens", settings.access.auth_tokens, parse_tokens),
-        ("--oidc-issuers", settings.access.oidc_issuers, parse_issuers),
-    ):
-        if path is None:
-            continue
-        try:
-            parsed = parse(path.read_text(encoding="utf-8"))
-        except AuthConfigError as exc:
-            raise ConfigError(f"{flag} {path}: {exc}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from None
-        if parse is parse_tokens and not parsed.tokens:
-            raise ConfigError(
-                f"--auth-tokens {path}: no tokens in it, so every client would be refused (401); add one "
-                "(`registry-proxy token new NAME` prints its entry), or leave --auth-tokens unset"
-            )
 
 
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
@@ -660,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             if exc.command == "healthcheck":  # its one line, and exit 1: Docker reserves 2
                 return healthcheck.refused(exc)
+            if exc.command == "doctor":  # a check of its own, failed
+                from proxy.commands.doctor import refused
+
+                return refused(exc, as_json=getattr(exc.arguments, "json", False))
             raise
         if args.command == "serve":
             return serve(args)
@@ -672,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
             return _token_new(args)
         if args.command in ("backup", "restore"):
             return _backup_or_restore(args)
+        if args.command == "doctor":
+            from proxy.commands.doctor import doctor_command
+
+            return doctor_command(args)
         if args.command == "policy" and args.policy_command == "baseline":
             return _policy_baseline(args)
         if args.command == "policy":

@@ -85,10 +85,11 @@ def check(probe: Probe) -> tuple[bool, str]:
         return False, f"unhealthy: cannot reach {probe.url}: {getattr(exc, 'strerror', None) or exc}"
     finally:
         connection.close()
-    return _verdict(probe.url, response.status, body)
+    return verdict(probe.url, response.status, body)
 
 
-def _verdict(url: str, status: int, body: bytes) -> tuple[bool, str]:
+def verdict(url: str, status: int, body: bytes) -> tuple[bool, str]:
+    """(healthy, the one line) of a `/readyz` answer: 200 is healthy (ready, or degraded but serving)."""
     try:
         document = load_json(body)
     except ValueError:

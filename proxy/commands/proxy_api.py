@@ -79,6 +79,11 @@ class ProxyClient:
                     f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
                 )
 
+    async def readiness(self) -> tuple[int, bytes]:
+        """GET /readyz: its status and body (a 503, not ready, is an answer too)."""
+        async with self._request(self.url("readyz")) as response:
+            return response.status, await response.read()
+
     @asynccontextmanager
     async def _request(
         self, url: URL, params: list[tuple[str, str]] | None = None

@@ -260,9 +260,9 @@ class EmbeddedStore:
     async def _check(self) -> None:
         """Open with WAL mode and run `quick_check`; a damaged file is moved aside for a fresh one."""
         try:
-            async with self._connect() as db, db.execute("PRAGMA quick_check") as cursor:
-                problems = [row[0] for row in await cursor.fetchall()]
-            if problems != ["ok"]:
+            async with self._connect() as db:
+                problems = await _quick_check(db)
+            if problems:
                 raise sqlite3.DatabaseError(f"database disk image is malformed: {'; '.join(problems[:3])}")
         except FAILURES as exc:
             if not is_corruption(exc):
@@ -323,6 +323,21 @@ class EmbeddedStore:
     def _mark_up(self) -> None:
         if self._breaker.reset():
             log.warning("metadata_store.up", path=str(self.path), effect="metadata is cached again")
+
+
+async def integrity_problems(path: Path) -> list[str]:
+    """What SQLite's `quick_check` finds wrong in the file at `path` (none: it is whole), opened read-only: nothing
+    is moved aside or written (`doctor`). Raises sqlite3.Error when it cannot be read (`is_corruption`: a file
+    that is no database)."""
+    uri = f"{(await asyncio.to_thread(path.resolve)).as_uri()}?mode=ro"
+    async with aiosqlite.connect(uri, uri=True, timeout=BUSY_TIMEOUT) as db:
+        return await _quick_check(db)
+
+
+async def _quick_check(db: aiosqlite.Connection) -> list[str]:
+    async with db.execute("PRAGMA quick_check") as cursor:
+        problems = [row[0] for row in await cursor.fetchall()]
+    return [] if problems == ["ok"] else problems
 
 
 def _as_bytes(value: object) -> bytes:

@@ -94,10 +94,25 @@ class FleetSecret:
             stored = await self._mark()
         if stored is None:
             return Standing.UNKNOWN
-        value, own, _ = self._seal.unseal(FLEET_SECRET, stored)
-        standing = Standing.OTHER if value is None else Standing.OWN if own else Standing.ACCEPTED
+        standing = self._standing(stored)
         self._note(standing, loud)
         return standing
+
+    async def inspect(self) -> Standing | None:
+        """What the marker says of this replica's secrets, read without writing one (`doctor`: a secret being
+        diagnosed must not mark a flushed store as its fleet's): None when there is no marker, or the store did
+        not answer (ask it first). Nothing is noted or logged."""
+        stored = await self._store.get_kept(FLEET_SECRET)
+        return None if stored is None else self._standing(stored)
+
+    @property
+    def mismatch(self) -> str:
+        """The line that says this replica's secret differs from the one that sealed the marker."""
+        return self._mismatch
+
+    def _standing(self, stored: bytes) -> Standing:
+        value, own, _ = self._seal.unseal(FLEET_SECRET, stored)
+        return Standing.OTHER if value is None else Standing.OWN if own else Standing.ACCEPTED
 
     async def require(self) -> Standing:
         """`check`, raising ConfigError with the mismatch line when the marker opens with no secret of this

@@ -73,7 +73,7 @@ class OptionParser(argparse.ArgumentParser):
             try:
                 resolve(parsed, command, os.environ)
             except ConfigError as exc:
-                exc.command = command
+                exc.command, exc.arguments = command, parsed
                 raise
         return parsed, rest
 
@@ -85,7 +85,7 @@ class OptionParser(argparse.ArgumentParser):
 def add_command(
     commands: Any, name: str, *, config: bool = False, options_of: str | None = None, **kwargs: Any
 ) -> argparse.ArgumentParser:
-    """The parser of subcommand `name` with its declared options (those of command `options_of`, when given:
+    """The parser of subcommand `name` with its declared options (and those of command `options_of`, when given:
     `resolve` them as that command's) and `--config FILE` when `config`."""
     parser = commands.add_parser(name, **kwargs)
     if config:
@@ -96,7 +96,8 @@ def add_command(
             help="TOML file of settings, keys as the long flags (dashes or underscores); flags and environment "
             f"variables win over it [env: {CONFIG_ENV}]",
         )
-    for spec in options_for(options_of or name):
+    others = options_for(options_of) if options_of else ()
+    for spec in (*others, *(spec for spec in options_for(name) if spec not in others)):
         _add_argument(parser, spec)
     return parser
 

@@ -886,9 +886,10 @@ class ClientOptions:
         "--ca-file",
         FILE,
         "CA certificate to trust for the proxy (default: SSL_CERT_FILE or the system store; healthcheck: the "
-        "generated CA in DATA_DIR/tls, else --tls-cert)",
+        "generated CA in DATA_DIR/tls, else --tls-cert; doctor --url: the generated CA, unless serve's options "
+        "name a --tls-cert or --plain-http)",
         metavar="FILE",
-        commands=(*CLIENT_COMMANDS, "healthcheck"),
+        commands=(*CLIENT_COMMANDS, "healthcheck", "doctor"),
     )
     default_registry: str = option(
         "--default-registry",

@@ -21,9 +21,11 @@ from proxy.protocol.forwarded import Network
 
 
 class ConfigError(ValueError):
-    """A setting has an invalid value. `command`: the subcommand being configured, when known."""
+    """A setting has an invalid value. `command`: the subcommand being configured, when known; `arguments`: its
+    arguments as argparse parsed them (before the options were resolved), when known."""
 
     command: str | None = None
+    arguments: object = None
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
@@ -75,6 +77,16 @@ def format_size(size: int) -> str:
         if size >= _SIZE_UNITS[unit.lower()] and size % _SIZE_UNITS[unit.lower()] == 0:
             return f"{size // _SIZE_UNITS[unit.lower()]}{unit}"
     return f"{size}B"
+
+
+def human_size(size: int | float) -> str:
+    """Bytes in binary units, rounded for reading, e.g. `1.5 MiB`."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
 
 
 def parse_count(text: str) -> int:

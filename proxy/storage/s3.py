@@ -150,14 +150,16 @@ class S3Store(Staged):
             response_checksum_validation="when_required",
             http_session_cls=SharedBufferSession,
         )
-        self._client_context = get_session().create_client(
+        context = get_session().create_client(
             "s3",
             endpoint_url=o.endpoint_url,
             region_name=o.region,
             config=config,
             verify=str(o.ca_file) if o.ca_file else None,
         )
-        self._client = await self._client_context.__aenter__()
+        # kept only once entered: a context cancelled while it makes its client (credentials) cannot be exited
+        self._client = await context.__aenter__()
+        self._client_context = context
         try:
             await self._client.head_bucket(Bucket=self.location.bucket)
         except (ClientError, BotoCoreError) as exc:

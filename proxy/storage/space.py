@@ -32,6 +32,7 @@ MAX_AGE = 1.0
 class SpaceReport:
     free_bytes: int
     min_free_bytes: int
+    total_bytes: int = 0  # the disk's size (0: not measured)
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,8 @@ class DiskSpace:
         except OSError as exc:
             log.error("storage.statvfs_failed", error=str(exc))
             return SpaceReport(0, self._floor.of(0))
-        return SpaceReport(stats.f_bavail * stats.f_frsize, self._floor.of(stats.f_blocks * stats.f_frsize))
+        total = stats.f_blocks * stats.f_frsize
+        return SpaceReport(stats.f_bavail * stats.f_frsize, self._floor.of(total), total)
 
     @staticmethod
     def _note_change(before: SpaceReport | None, after: SpaceReport) -> None:

@@ -61,6 +61,7 @@ class UpstreamResponse:
     etag: str | None
     terraform_get: str | None = None
     last_modified: str | None = None
+    date: str | None = None  # the upstream's clock (`Date`), for `doctor`
 
 
 Sink = Callable[[bytes], Awaitable[None]]
@@ -153,6 +154,7 @@ class UpstreamClient:
                 response.headers.get("ETag"),
                 response.headers.get("X-Terraform-Get"),
                 response.headers.get("Last-Modified"),
+                response.headers.get("Date"),
             )
 
         return await self._with_retries(url, headers, read, max_redirects)

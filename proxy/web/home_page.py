@@ -21,6 +21,7 @@ from proxy.governance.inventory import CachedModule, CachedProvider, HostHealth,
 from proxy.protocol.forwarded import plain_host
 from proxy.protocol.proxy_urls import registry_base
 from proxy.runtime.metrics import Totals
+from proxy.settings.values import human_size
 
 if TYPE_CHECKING:
     from jinja2 import Environment
@@ -156,16 +157,6 @@ class PolicyView:
     mode: str
     rules: list[tuple[str, str, int]]  # name, action, blocked since start
     denials: list[Any]  # proxy.governance.audit.Denial, newest first
-
-
-def human_size(size: int | float) -> str:
-    """Bytes in binary units, e.g. `1.5 MiB`."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
 
 
 def when(timestamp: float | None) -> str:

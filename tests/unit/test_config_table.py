@@ -116,6 +116,7 @@ COMMANDS = [
     "backup",
     "restore",
     "healthcheck",
+    "doctor",
     "token",
 ]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]

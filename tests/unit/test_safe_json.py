@@ -102,7 +102,7 @@ def test_every_parser_of_outside_json_refuses_a_bomb_with_its_own_error():
     read from a proxy: each names the problem; none raises RecursionError."""
     from yarl import URL
 
-    from proxy.commands.healthcheck import _verdict
+    from proxy.commands.healthcheck import verdict
     from proxy.commands.proxy_api import _request_error
     from proxy.domain.addresses import ModuleAddr, Platform, ProviderAddr, Version
     from proxy.errors import UpstreamError
@@ -123,7 +123,7 @@ def test_every_parser_of_outside_json_refuses_a_bomb_with_its_own_error():
     assert (
         module_registry.parse_download(200, "https://r.test/m.tgz", BOMB, module) == "https://r.test/m.tgz"
     )  # the header
-    assert _verdict("https://proxy.test/readyz", 200, BOMB) == (
+    assert verdict("https://proxy.test/readyz", 200, BOMB) == (
         False,
         "unhealthy: https://proxy.test/readyz answered 200 without a readiness document",
     )
