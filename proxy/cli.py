@@ -193,6 +193,16 @@ def _add_client_commands(commands) -> None:
     warm.add_argument("directory", nargs="?", help="configuration directory (its lock file is used if present)")
     warm.add_argument("--lock-file", help="take providers and versions from this lock file instead")
     _platform_argument(warm)
+    _quiet_argument(warm)
+
+
+def _quiet_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="show no progress on stderr (a bar on a terminal, else a line per step or per few steps, and a "
+        "summary); what the command prints on stdout is the same",
+    )
 
 
 def _platform_argument(parser: argparse.ArgumentParser) -> None:
@@ -223,6 +233,7 @@ def _add_store_commands(commands) -> None:
         metavar="ADDRESS[@VERSION]",
         help="only this provider (HOST/NS/TYPE) or module (HOST/NS/NAME/SYSTEM), repeatable",
     )
+    _quiet_argument(export)
 
     import_ = add_command(
         commands,
@@ -245,6 +256,7 @@ def _add_store_commands(commands) -> None:
         action="store_true",
         help="accept the signing keys the bundle itself carries (only for bundles you made)",
     )
+    _quiet_argument(import_)
 
     verify = add_command(
         commands,
@@ -275,6 +287,7 @@ def _add_store_commands(commands) -> None:
         "never removed. Safe while replicas serve. Use the same store options as `serve`.",
     )
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
+    _quiet_argument(gc)
 
     purge = add_command(
         commands,
@@ -289,6 +302,7 @@ def _add_store_commands(commands) -> None:
     purge.add_argument(
         "target", metavar="ADDRESS[@VERSION]", help="provider HOST/NS/TYPE or module HOST/NS/NAME/SYSTEM"
     )
+    _quiet_argument(purge)
 
     add_command(
         commands,
