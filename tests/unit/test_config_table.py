@@ -115,6 +115,7 @@ COMMANDS = [
     "trust",
     "healthcheck",
     "token",
+    "completion",
 ]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
 
