@@ -289,6 +289,7 @@ def _add_store_commands(commands) -> None:
         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
         "request) and remove abandoned temp dirs",
     )
+    _quiet_argument(verify)
 
     gc = add_command(
         commands,

@@ -303,7 +303,8 @@ async def _verify(args: argparse.Namespace) -> int:
     store = archive_store(settings)
     await store.open(claim=False)  # nothing is written without --repair, not even by opening the store
     try:
-        report = await verify_store(store, repair=args.repair)
+        with _progress(args, "objects") as progress:
+            report = await verify_store(store, repair=args.repair, progress=progress)
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
             cache, _ = await _metadata(settings)
             try:

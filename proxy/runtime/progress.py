@@ -1,4 +1,4 @@
-"""Progress of the long commands (`warm`, `export`, `import`, `gc`, `purge`), on stderr.
+"""Progress of the long commands (`warm`, `export`, `import`, `gc`, `purge`, `verify`), on stderr.
 
 On a terminal a tqdm bar counts the command's steps (archives, items, records) with the bytes beside it; where
 stderr is not a terminal (a pipe, a file, a CI log) plain lines instead of a bar: one per step that has
