@@ -20,7 +20,6 @@ from proxy.commands.completion import SHELLS, script
 from proxy.settings.config import DIRECTORY, FILE, OPTIONS
 from proxy.settings.optionspec import Choice
 
-pytestmark = pytest.mark.process
 PREFIX = "_shtab_registry_proxy"
 
 
@@ -62,6 +61,7 @@ def bash_name(path: tuple[str, ...], flag: str) -> str:
     return "_".join([PREFIX, *path, flag.replace("-", "_")]).replace("-", "_")
 
 
+@pytest.mark.process
 def test_the_bash_script_names_every_command_and_option_and_completes_paths_and_choices(scripts):
     run("bash", "-n", str(scripts["bash"]))
     text = scripts["bash"].read_text()
@@ -90,26 +90,26 @@ def test_the_bash_script_names_every_command_and_option_and_completes_paths_and_
     assert f"{PREFIX}_warm_pos_0_COMPGEN=_shtab_compgen_dirs" in text
 
 
-@pytest.mark.parametrize(
-    ("words", "expected"),
-    [
-        ("registry-proxy ex", "export"),
-        ("registry-proxy gc --dr", "--dry-run"),
-        ("registry-proxy serve --log-format ''", "auto json console"),
-        ("registry-proxy policy ch", "check"),
-        ("registry-proxy completion ''", "bash zsh fish"),
-    ],
-)
-def test_bash_completes(scripts, words, expected):
-    count = len(words.split()) - 1
-    shown = run(
-        "bash",
-        "-c",
-        f'source {scripts["bash"]}; COMP_WORDS=({words}); COMP_CWORD={count}; {PREFIX}; echo "${{COMPREPLY[@]}}"',
+BASH_COMPLETES = {  # what is typed after the program's name: what bash offers (one bash for all)
+    "ex": "export",
+    "gc --dr": "--dry-run",
+    "serve --log-format ''": "auto json console",
+    "policy ch": "check",
+    "completion ''": "bash zsh fish",
+}
+
+
+@pytest.mark.process
+def test_bash_completes_commands_options_and_values(scripts):
+    calls = "".join(
+        f'COMP_WORDS=(registry-proxy {typed}); COMP_CWORD={len(typed.split())}; {PREFIX}; echo "${{COMPREPLY[*]}}"; '
+        for typed in BASH_COMPLETES
     )
-    assert shown.strip() == expected
+    shown = run("bash", "-c", f"source {scripts['bash']}; {calls}")
+    assert shown.splitlines() == list(BASH_COMPLETES.values())
 
 
+@pytest.mark.process
 def test_the_zsh_script_is_valid_and_installs_as_a_function_file(scripts):
     text = scripts["zsh"].read_text()
     assert text.startswith("#compdef registry-proxy\n")
@@ -118,6 +118,7 @@ def test_the_zsh_script_is_valid_and_installs_as_a_function_file(scripts):
     run("zsh", "-n", str(scripts["zsh"]))
 
 
+@pytest.mark.process
 def test_the_fish_script_is_valid_and_completes(scripts):
     run("fish", "--no-execute", str(scripts["fish"]))
     shown = run(
