@@ -18,6 +18,8 @@ TEST_SERVERS += logrotate
 # promtool checks and unit-tests deploy/monitoring's alert rules; Debian ships it in `prometheus`, whose own
 # server is not wanted here: installed without recommends, its service stopped and disabled at once.
 MONITORING_PACKAGES := prometheus
+# zsh and fish check the shell completion scripts `registry-proxy completion` prints (bash is always there).
+TEST_SHELLS := zsh fish
 ARGS   ?=
 
 .PHONY: install install-runtime constraints system-deps deps debian-packages run test test-quick test-unit test-e2e lint bench clean
@@ -57,9 +59,9 @@ constraints: | $(BIN)/python
 	$(BIN)/python scripts/pin_constraints.py
 
 # Debian packages the tests use for real (gpg, git, redis-server, systemd-analyze, chromium and its driver
-# for the page test, nginx, promtool); installed only when missing, after one `apt-get update` for all.
+# for the page test, nginx, promtool, zsh and fish); installed only when missing, after one `apt-get update` for all.
 system-deps:
-	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES) $(TEST_SERVERS)" \
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(DEBIAN_PACKAGES) $(TEST_SERVERS) $(TEST_SHELLS)" \
 	  BARE_PACKAGES="$$(command -v promtool >/dev/null || echo $(MONITORING_PACKAGES))" \
 	  QUIET_SERVICES="nginx-light:nginx prometheus:prometheus"
 	@command -v terraform >/dev/null || echo "WARNING: terraform is not on PATH: the end-to-end tests will be SKIPPED" >&2

@@ -1,5 +1,5 @@
 """Command-line interface: `registry-proxy serve|doctor|lock|warm|export|import|verify|gc|purge|backup|restore|...`
-(also `python -m proxy`).
+(also `python -m proxy`; `registry-proxy completion SHELL` prints the shell's completion of all of it).
 
 Every option is declared once, in `proxy.settings.config`; `proxy.settings.command_line` makes each a flag, an
 environment variable `REGISTRY_PROXY_<NAME>` and a key of the optional `--config` TOML file (flags win over the
@@ -57,6 +57,14 @@ def build_parser() -> OptionParser:
     _add_token_command(commands)
     _add_policy_command(commands)
     _add_trust_command(commands)
+    completion = add_command(
+        commands,
+        "completion",
+        help="print the shell completion script for bash, zsh or fish",
+        description="Print the completion script of SHELL for every command and option; docs/usage.md says where "
+        "to put it (e.g. `registry-proxy completion bash > /etc/bash_completion.d/registry-proxy`).",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"), metavar="bash|zsh|fish")
     return parser
 
 
@@ -88,7 +96,7 @@ def _add_policy_command(commands) -> None:
         description="Validate a policy file without a running proxy: exit 0 and list its rules, or exit 2 with "
         "one line naming the file, the rule and the key.",
     )
-    check.add_argument("file", help="the policy file (TOML)")
+    check.add_argument("file", metavar="FILE", help="the policy file (TOML)")
     explain = actions.add_parser(
         "explain",
         help="print which rule decides about a provider or module, and why",
@@ -238,7 +246,9 @@ def _add_client_commands(commands) -> None:
         "a signed zh: for every platform, through a running proxy. Keeps locked versions "
         "(like init) unless --upgrade.",
     )
-    lock.add_argument("directory", nargs="?", default=".", help="the root module (default: current directory)")
+    lock.add_argument(
+        "directory", nargs="?", default=".", metavar="DIR", help="the root module (default: current directory)"
+    )
     _platform_argument(lock)
     lock.add_argument("--upgrade", action="store_true", help="select the newest matching versions again")
 
@@ -249,9 +259,21 @@ def _add_client_commands(commands) -> None:
         description="Download through the proxy every provider version (for each --platform) and registry module "
         "that a configuration or lock file needs, so later `init`s are served from cache.",
     )
-    warm.add_argument("directory", nargs="?", help="configuration directory (its lock file is used if present)")
-    warm.add_argument("--lock-file", help="take providers and versions from this lock file instead")
+    warm.add_argument(
+        "directory", nargs="?", metavar="DIR", help="configuration directory (its lock file is used if present)"
+    )
+    warm.add_argument("--lock-file", metavar="FILE", help="take providers and versions from this lock file instead")
     _platform_argument(warm)
+    _quiet_argument(warm)
+
+
+def _quiet_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="show no progress on stderr (a bar on a terminal, else a line per step or per few steps, and a "
+        "summary); what the command prints on stdout is the same",
+    )
 
 
 def _platform_argument(parser: argparse.ArgumentParser) -> None:
@@ -278,6 +300,7 @@ def _add_store_commands(commands) -> None:
     export.add_argument(
         "--out",
         required=True,
+        metavar="FILE|DIR",
         help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst; a directory for --format filesystem-mirror",
     )
     export.add_argument(
@@ -294,16 +317,17 @@ def _add_store_commands(commands) -> None:
         metavar="ADDRESS[@VERSION]",
         help="only this provider (HOST/NS/TYPE) or module (HOST/NS/NAME/SYSTEM), repeatable",
     )
+    _quiet_argument(export)
 
     import_ = add_command(
         commands,
         "import",
         config=True,
         help="load an air-gap bundle into a data dir, verifying every archive",
-        description="Verify every archive of BUNDLE against its signed SHA256SUMS (providers) or recorded digest "
-        "(modules), then add it to the data dir. A tampered bundle is rejected as a whole.",
+        description="Verify every archive of the bundle FILE against its signed SHA256SUMS (providers) or recorded "
+        "digest (modules), then add it to the data dir. A tampered bundle is rejected as a whole.",
     )
-    import_.add_argument("bundle", help="bundle file written by `registry-proxy export`")
+    import_.add_argument("bundle", metavar="FILE", help="bundle file written by `registry-proxy export`")
     import_.add_argument(
         "--trust-key",
         action="append",
@@ -316,6 +340,7 @@ def _add_store_commands(commands) -> None:
         action="store_true",
         help="accept the signing keys the bundle itself carries (only for bundles you made)",
     )
+    _quiet_argument(import_)
 
     verify = add_command(
         commands,
@@ -334,6 +359,7 @@ def _add_store_commands(commands) -> None:
         help="move corrupt archives to the quarantine (the proxy fetches them again on the next "
         "request) and remove abandoned temp dirs",
     )
+    _quiet_argument(verify)
 
     gc = add_command(
         commands,
@@ -346,6 +372,7 @@ def _add_store_commands(commands) -> None:
         "never removed. Safe while replicas serve. Use the same store options as `serve`.",
     )
     gc.add_argument("--dry-run", action="store_true", help="print what would go and how many bytes; remove nothing")
+    _quiet_argument(gc)
 
     purge = add_command(
         commands,
@@ -360,6 +387,7 @@ def _add_store_commands(commands) -> None:
     purge.add_argument(
         "target", metavar="ADDRESS[@VERSION]", help="provider HOST/NS/TYPE or module HOST/NS/NAME/SYSTEM"
     )
+    _quiet_argument(purge)
 
     add_command(
         commands,
@@ -643,6 +671,11 @@ def main(argv: list[str] | None = None) -> int:
             from proxy.commands.doctor import doctor_command
 
             return doctor_command(args)
+        if args.command == "completion":
+            from proxy.commands.completion import script
+
+            print(script(build_parser(), args.shell), end="")
+            return 0
         if args.command == "policy" and args.policy_command == "baseline":
             return _policy_baseline(args)
         if args.command == "policy":

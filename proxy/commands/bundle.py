@@ -53,6 +53,7 @@ from proxy.protocol.safe_json import JSONDocumentError
 from proxy.protocol.safe_json import loads as load_json
 from proxy.providers.signatures import Keyring
 from proxy.providers.verification import VerificationChain
+from proxy.runtime.progress import Progress
 from proxy.storage import ArchiveStore
 
 FORMAT = "registry-proxy-bundle"
@@ -79,12 +80,19 @@ class BundleReport:
 
 
 async def export_bundle(
-    cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str], policy: Policy | None = None
+    cache: MetadataStore,
+    store: ArchiveStore,
+    out: Path,
+    only: list[str],
+    policy: Policy | None = None,
+    progress: Progress | None = None,
 ) -> BundleReport:
     """Write every cached provider archive and module (or those matching `only`) with their metadata; what
-    `policy` denies is left out (and listed in the report)."""
+    `policy` denies is left out (and listed in the report). `progress` counts the archives written."""
     check_bundle_name(out)
+    progress = progress or Progress.silent()
     names, values = await read_cache(cache)
+    progress.note(f"read {len(names)} metadata entries")
     report = BundleReport()
     wanted: set[str] = set()
     manifest: dict[str, Any] = {
@@ -141,6 +149,8 @@ async def export_bundle(
         raise CommandError(
             "nothing to export: the cache holds no verified archives" + (f" matching {', '.join(only)}" if only else "")
         )
+    progress.total(len(files))
+    progress.note(f"writing {len(files)} archives and {len(wanted)} metadata entries to {out}")
     with _open_for_writing(out) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
         _add_bytes(tar, "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
         lines = [json.dumps({"key": k, "value": base64.b64encode(values[k]).decode()}) for k in sorted(wanted)]
@@ -150,7 +160,9 @@ async def export_bundle(
                 if path is None:
                     raise CommandError(f"archive {sha} vanished from the store during the export")
                 tar.add(str(path), arcname=f"archives/{sha}", recursive=False)
-                report.bytes += path.stat().st_size
+                size = path.stat().st_size
+                report.bytes += size
+                progress.advance(bytes=size)
     report.entries, report.archives = len(wanted), len(files)
     return report
 
@@ -271,17 +283,29 @@ def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
 
 
 async def import_bundle(
-    bundle: Path, cache: MetadataStore, store: ArchiveStore, keyring: Keyring, trusted_keys: set[str] | None = None
+    bundle: Path,
+    cache: MetadataStore,
+    store: ArchiveStore,
+    keyring: Keyring,
+    trusted_keys: set[str] | None = None,
+    progress: Progress | None = None,
 ) -> BundleReport:
     """Verify everything in `bundle`, then add it to the cache and the store (idempotent).
 
-    `trusted_keys`: fingerprints whose signatures are accepted; None accepts the bundle's own keys.
+    `trusted_keys`: fingerprints whose signatures are accepted; None accepts the bundle's own keys. `progress`
+    counts the archives unpacked (and hashed).
     """
+    progress = progress or Progress.silent()
     report = BundleReport()
     staging = store.temp_dir / "import"
     staging.mkdir(parents=True, exist_ok=True)
     try:
-        manifest, metadata, files = _unpack(bundle, staging)
+        progress.note(f"unpacking {bundle}")
+        manifest, metadata, files = _unpack(bundle, staging, progress)
+        progress.note(
+            f"verifying {len(manifest.get('providers', []))} provider archives and "
+            f"{len(manifest.get('modules', []))} modules"
+        )
         records: dict[str, bytes] = {}
         chain = VerificationChain(keyring, parse_unsigned_policy("refuse"))  # a bundle carries no TLS across
         for entry in manifest.get("providers", []):
@@ -309,6 +333,7 @@ async def import_bundle(
             if key not in covered:
                 raise CommandError(f"bundle rejected: metadata entry {key!r} belongs to no archive in the manifest")
         # Everything verified: publish.
+        progress.note(f"adding {len(files)} archives and {len(metadata)} metadata entries to the data dir")
         for sha, path in files.items():
             present = await store.check(sha)  # a file already there counts only if it hashes to its address
             if present is not None and present.intact:
@@ -327,7 +352,9 @@ async def import_bundle(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, bytes], dict[str, Path]]:
+def _unpack(
+    bundle: Path, staging: Path, progress: Progress
+) -> tuple[dict[str, Any], dict[str, bytes], dict[str, Path]]:
     manifest: dict[str, Any] | None = None
     metadata: dict[str, bytes] = {}
     files: dict[str, Path] = {}
@@ -336,10 +363,12 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
             for member in tar:
                 if member.name == "manifest.json" and member.isfile():
                     manifest = _read_manifest(tar.extractfile(member).read())
+                    progress.total(_archives_named(manifest))
                 elif member.name == "metadata.jsonl" and member.isfile():
                     metadata = _read_metadata(tar.extractfile(member).read())
                 elif (match := _ARCHIVE_MEMBER.match(member.name)) and member.isfile():
                     files[match[1]] = _extract_verified(tar, member, match[1], staging)
+                    progress.advance(bytes=member.size)
                 else:
                     raise CommandError(f"bundle rejected: unexpected member {member.name!r}")
     except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError, ValueError) as exc:
@@ -358,6 +387,14 @@ def _unpack(bundle: Path, staging: Path) -> tuple[dict[str, Any], dict[str, byte
         if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
             raise CommandError(f"bundle rejected: the manifest's {section!r} is not a list of entries")
     return manifest, metadata, files
+
+
+def _archives_named(manifest: Any) -> int:
+    """How many archives a manifest names (0 for one not well-formed, refused once the bundle is read)."""
+    try:
+        return len({entry["sha256"] for section in ("providers", "modules") for entry in manifest.get(section, [])})
+    except (AttributeError, KeyError, TypeError):
+        return 0
 
 
 def _arriving_stale(metadata: dict[str, bytes]) -> dict[str, bytes]:

@@ -20,6 +20,7 @@ from proxy.governance.inventory import provider_of
 from proxy.governance.policy import Policy
 from proxy.metadata_store import MetadataStore
 from proxy.protocol.mirror_layout import packed_path
+from proxy.runtime.progress import Progress
 from proxy.storage import ArchiveStore
 
 
@@ -30,13 +31,20 @@ def check_mirror_directory(out: Path) -> None:
 
 
 async def export_filesystem_mirror(
-    cache: MetadataStore, store: ArchiveStore, out: Path, only: list[str], policy: Policy | None = None
+    cache: MetadataStore,
+    store: ArchiveStore,
+    out: Path,
+    only: list[str],
+    policy: Policy | None = None,
+    progress: Progress | None = None,
 ) -> BundleReport:
     """Write every verified provider archive of the cache (or those matching `only`) into `out` in the packed
     layout; `report.archives` counts the files written, `already_present` those left as they were,
     `replaced_corrupt` those whose other content was replaced."""
     check_mirror_directory(out)
+    progress = progress or Progress.silent()
     names, values = await read_cache(cache)
+    progress.note(f"read {len(names)} metadata entries")
     report = BundleReport()
     providers = await exportable_providers(names, values, store, only, policy, report)
     if not providers:
@@ -44,6 +52,8 @@ async def export_filesystem_mirror(
             "nothing to export: the cache holds no verified provider archives"
             + (f" matching {', '.join(only)}" if only else "")
         )
+    progress.total(len(providers))
+    progress.note(f"writing {len(providers)} provider archives into {out}")
     for provider in providers:
         addr, version, platform = provider_of(provider.parts)
         target = out / packed_path(addr, version, platform)
@@ -53,6 +63,7 @@ async def export_filesystem_mirror(
             present = _digest_of(target)
             if present == sha256:
                 report.already_present += 1
+                progress.advance()
                 continue
             async with store.local_copy(sha256) as path:  # the store's own file, or a temp copy of the S3 object
                 if path is None:
@@ -62,6 +73,7 @@ async def export_filesystem_mirror(
             raise CommandError(f"--out {out}: cannot write {target}: {exc.strerror or exc}") from None
         report.archives += 1
         report.replaced_corrupt += present is not None
+        progress.advance(bytes=target.stat().st_size)
     return report
 
 

@@ -23,6 +23,7 @@ from proxy.metadata_store import CacheEntry, MetadataStore
 from proxy.metadata_store import keys as key_scheme
 from proxy.metadata_store.negative import NegativeBound, is_negative
 from proxy.metadata_store.records import ArchiveRecord, ModuleRecord, decode
+from proxy.runtime.progress import Progress
 from proxy.storage import REMOVABLE, STRAY, ArchiveStore, Leftover, ServedTimes, orphans
 
 _RECORD_KINDS = ((key_scheme.ARCHIVE, ArchiveRecord), (key_scheme.MODULE, ModuleRecord))
@@ -61,16 +62,20 @@ async def collect(
     negative_retention: float,
     dry_run: bool,
     now: float | None = None,
+    progress: Progress | None = None,
 ) -> GcReport:
     """Find (and unless `dry_run`, remove) the garbage of `store` and `metadata` (the archives' last-served
     `times` keep recently used ones); raises if the metadata cannot be listed (a partial listing must never
-    make referenced archives look orphaned)."""
+    make referenced archives look orphaned). `progress` counts the items removed (found, in a dry run)."""
     now = time.time() if now is None else now
+    progress = progress or Progress.silent()
     report = GcReport()
+    progress.note("reading the archive and module records")
     referenced = await _referenced(metadata, report)
     served = await times.served_times()
     objects = await store.list_objects()
     report.referenced = sum(1 for obj in objects if obj.sha256 in referenced)
+    progress.note(f"{len(objects)} archives stored, {report.referenced} of them referenced by a record")
     unreferenced = [obj for obj in objects if obj.sha256 not in referenced]
     unused = [] if report.unreadable else orphans(unreferenced, referenced, served, now=now, grace=grace)
     report.kept_recent = 0 if report.unreadable else len(unreferenced) - len(unused)
@@ -78,9 +83,14 @@ async def collect(
     leftovers = await store.leftovers(now - grace)
     report.garbage += [Garbage(item.kind, item.name, item.size, item) for item in leftovers if item.kind in REMOVABLE]
     report.strays = [item for item in leftovers if item.kind == STRAY]
+    progress.note("looking for expired 404s")
     report.garbage += await _expired_negatives(metadata, now, negative_retention)
-    if not dry_run:
-        await _remove(metadata, store, times, report)
+    progress.total(len(report.garbage))
+    if dry_run:
+        progress.advance(len(report.garbage), bytes=report.bytes)
+    else:
+        progress.note(f"removing {len(report.garbage)} items ({report.bytes} bytes)")
+        await _remove(metadata, store, times, report, progress)
     return report
 
 
@@ -115,9 +125,12 @@ async def _expired_negatives(metadata: NegativeBound, now: float, retention: flo
     return garbage
 
 
-async def _remove(metadata: NegativeBound, store: ArchiveStore, times: ServedTimes, report: GcReport) -> None:
+async def _remove(
+    metadata: NegativeBound, store: ArchiveStore, times: ServedTimes, report: GcReport, progress: Progress
+) -> None:
     archives: list[str] = []
     for item in report.garbage:
+        removed = len(report.removed)
         if item.kind == "archive":
             if await store.remove(item.name):
                 archives.append(item.name)
@@ -131,6 +144,7 @@ async def _remove(metadata: NegativeBound, store: ArchiveStore, times: ServedTim
         elif item.kind == "old-negative":
             await metadata.delete(item.name)
             report.removed.append(item)
+        progress.advance(bytes=item.bytes if len(report.removed) > removed else 0)
     await times.forget_served(archives)
 
 

@@ -32,6 +32,7 @@ from proxy.metadata_store.negative import NegativeBound, negative_retention
 from proxy.metadata_store.redis import FAILURES as REDIS_FAILURES
 from proxy.providers.signatures import Keyring
 from proxy.runtime.log import setup_logging
+from proxy.runtime.progress import Progress
 from proxy.settings.config import FreshnessTtls, Settings, build
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
@@ -101,19 +102,26 @@ async def _lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(args: argparse.Namespace, unit: str) -> Progress:
+    """The progress of the command on stderr (nothing with --quiet)."""
+    return Progress(args.command, unit, quiet=args.quiet)
+
+
 async def _warm(args: argparse.Namespace) -> int:
     platforms = _platforms(args, required=True)
-    report = await _with_client(
-        args,
-        lambda client: run_warm(
-            client,
-            platforms,
-            directory=Path(args.directory) if args.directory else None,
-            lock_file=Path(args.lock_file) if args.lock_file else None,
-            jobs=args.jobs,
-            default_host=args.default_registry,
-        ),
-    )
+    with _progress(args, "items") as progress:
+        report = await _with_client(
+            args,
+            lambda client: run_warm(
+                client,
+                platforms,
+                directory=Path(args.directory) if args.directory else None,
+                lock_file=Path(args.lock_file) if args.lock_file else None,
+                jobs=args.jobs,
+                default_host=args.default_registry,
+                progress=progress,
+            ),
+        )
     print(
         f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
         f"{len(report.refused)} refused by policy, {len(report.failed)} failed"
@@ -175,7 +183,8 @@ async def _export(args: argparse.Namespace) -> int:
     cache, _, store = await _stores(args)
     try:
         export = export_filesystem_mirror if mirror else export_bundle
-        report = await export(cache, store, out, args.only, policy)
+        with _progress(args, "archives") as progress:
+            report = await export(cache, store, out, args.only, policy, progress)
     finally:
         await cache.close()
         await store.close()
@@ -220,7 +229,8 @@ async def _import(args: argparse.Namespace) -> int:
                 "or --trust-bundle-keys to accept the keys the bundle carries"
             )
         trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
-        report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted)
+        with _progress(args, "archives") as progress:
+            report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted, progress)
     finally:
         await cache.close()
         await store.close()
@@ -241,14 +251,16 @@ async def _gc(args: argparse.Namespace) -> int:
         if store.local and not (store.root / "sha256").is_dir():
             raise CommandError(f"{store.root} holds no archive store (is --data-dir the proxy's data directory?)")
         try:
-            report = await collect(
-                cache,
-                store,
-                times,
-                grace=args.grace,
-                dry_run=args.dry_run,
-                negative_retention=negative_retention(FreshnessTtls().negative),
-            )
+            with _progress(args, "items") as progress:
+                report = await collect(
+                    cache,
+                    store,
+                    times,
+                    grace=args.grace,
+                    dry_run=args.dry_run,
+                    negative_retention=negative_retention(FreshnessTtls().negative),
+                    progress=progress,
+                )
         except (*REDIS_FAILURES, *EMBEDDED_FAILURES) as exc:
             raise CommandError(
                 f"gc stopped: the metadata store could not be read ({exc}); nothing more is removed until it can"
@@ -271,7 +283,8 @@ async def _purge(args: argparse.Namespace) -> int:
     try:
         catalog = Catalog(cache, store, times, InventoryReader(_store_settings(args), cache, NoAccessTimes()))
         try:
-            report = await catalog.purge(target, who=f"cli:{getpass.getuser()}")
+            with _progress(args, "records") as progress:
+                report = await catalog.purge(target, who=f"cli:{getpass.getuser()}", progress=progress)
         except ProxyError as exc:
             raise CommandError(exc.message) from None
         except (*REDIS_FAILURES, *EMBEDDED_FAILURES) as exc:
@@ -311,7 +324,8 @@ async def _verify(args: argparse.Namespace) -> int:
     store = archive_store(settings)
     await store.open(claim=False)  # nothing is written without --repair, not even by opening the store
     try:
-        report = await verify_store(store, repair=args.repair)
+        with _progress(args, "objects") as progress:
+            report = await verify_store(store, repair=args.repair, progress=progress)
         if args.redis_url or (settings.data_dir / "metadata" / "metadata.sqlite").exists():
             cache, _ = await _metadata(settings)
             try:

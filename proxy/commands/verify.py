@@ -20,12 +20,9 @@ their records are checked against their SHA256SUMS (fetched over TLS) and `shasu
 from __future__ import annotations
 
 import asyncio
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from tqdm import tqdm
 
 from proxy.domain.unsigned_policy import UnsignedPolicy
 from proxy.errors import UpstreamError, VerificationError
@@ -34,6 +31,7 @@ from proxy.metadata_store import CacheEntry, MetadataStore, keys, records
 from proxy.metadata_store.records import ArchiveRecord, SumsRecord
 from proxy.providers.signatures import Keyring
 from proxy.providers.verification import VerificationChain
+from proxy.runtime.progress import Progress
 from proxy.storage import ArchiveStore
 
 
@@ -84,26 +82,31 @@ class VerifyReport:
         return bool(self.unrepaired or self.refused)
 
 
-async def verify_store(store: ArchiveStore, *, repair: bool = False, progress: bool | None = None) -> VerifyReport:
-    """Hash every stored object; with `repair`, quarantine corrupt ones and reap temp dirs."""
+async def verify_store(store: ArchiveStore, *, repair: bool = False, progress: Progress | None = None) -> VerifyReport:
+    """Hash every stored object; with `repair`, quarantine corrupt ones and reap temp dirs. `progress` counts the
+    objects, and the bytes as they are hashed."""
+    progress = progress or Progress.silent()
     report = VerifyReport()
     objects, report.strays = await _inventory(store)
-    total = sum(size for _, size in objects)
-    show = sys.stderr.isatty() if progress is None else progress
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify", disable=not show) as bar:
-        for sha, _ in objects:
-            result = await store.check(sha, bar.update)
-            if result is None:  # removed meanwhile (a running proxy quarantined it)
-                continue
-            report.objects += 1
-            report.bytes += result.stored.size
-            if result.intact:
-                continue
-            report.corrupt[sha] = f"content hashes to {result.actual}"
-            if repair:
-                moved = await store.quarantine(sha, result.stored.version)
-                if moved is not None:
-                    report.quarantined[sha] = moved
+    progress.total(len(objects))
+
+    def hashed(count: int) -> None:
+        progress.advance(0, bytes=count)
+
+    for sha, _ in objects:
+        result = await store.check(sha, hashed)
+        progress.advance()
+        if result is None:  # removed meanwhile (a running proxy quarantined it)
+            continue
+        report.objects += 1
+        report.bytes += result.stored.size
+        if result.intact:
+            continue
+        report.corrupt[sha] = f"content hashes to {result.actual}"
+        if repair:
+            moved = await store.quarantine(sha, result.stored.version)
+            if moved is not None:
+                report.quarantined[sha] = moved
     report.abandoned_temp_dirs = store.abandoned_temp_dirs()
     report.live_temp_dirs = len(store.temp_dirs()) - len(report.abandoned_temp_dirs)
     if repair:

@@ -2,8 +2,8 @@
 
 Downloads, through the proxy, every provider version (for each requested platform) and
 every registry module a configuration or lock file needs, a bounded number at a time.
-The proxy verifies and stores each one as it passes. On a terminal two progress bars show
-items and bytes; otherwise one log line per item. Returns a `WarmReport`: what was done,
+The proxy verifies and stores each one as it passes, shown by a `Progress` (a bar on a terminal,
+one line per item otherwise, on stderr). Returns a `WarmReport`: what was done,
 what the proxy's policy refused (each with its rule and reason), what failed and why, what
 was skipped, and the bytes fetched. Nothing refused or failed stops the rest: every other
 provider and module is still warmed.
@@ -12,12 +12,9 @@ provider and module is still warmed.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from tqdm import tqdm
 
 from proxy.commands import CommandError, PolicyRefusedError, Refusal
 from proxy.commands.proxy_api import ProxyClient, ProxyRequestError
@@ -27,6 +24,7 @@ from proxy.domain import constraints
 from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.domain.lockfile import LockedProvider, LockFileError, parse_lockfile
 from proxy.protocol.offers import no_package_message
+from proxy.runtime.progress import Progress
 
 
 @dataclass
@@ -46,27 +44,23 @@ async def run_warm(
     lock_file: Path | None = None,
     jobs: int = 4,
     default_host: str = "registry.terraform.io",
-    progress: bool | None = None,
-    say: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> WarmReport:
+    progress = progress or Progress.silent()
     report = WarmReport()
-    selections, modules = await _targets(client, directory, lock_file, default_host, report, say)
+    selections, modules = await _targets(client, directory, lock_file, default_host, report, progress)
     items: list[tuple[str, Callable[[Callable[[int], None]], Awaitable[int | None]]]] = []
     for s in selections:
         for platform in platforms:
             items.append((f"provider {s.addr} {s.version} {platform}", _provider_job(client, s, platform)))
     for call in modules:
         items.append((f"module {call.source} {call.version or '(newest)'}", _module_job(client, call)))
-    show_bars = sys.stderr.isatty() if progress is None else progress
-    items_bar = tqdm(total=len(items), unit="item", desc="items", disable=not show_bars, position=0)
-    bytes_bar = tqdm(
-        total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="bytes", disable=not show_bars, position=1
-    )
+    progress.total(len(items))
     slots = asyncio.Semaphore(max(1, jobs))
 
     def count(n: int) -> None:
         report.bytes += n
-        bytes_bar.update(n)
+        progress.advance(0, bytes=n)
 
     async def run(name: str, job) -> None:
         async with slots:
@@ -89,15 +83,9 @@ async def run_warm(
                 else:
                     report.done.append(name)
                     outcome = f"ok ({size} bytes)"
-            items_bar.update(1)
-            if not show_bars:
-                say(f"warm: {name}: {outcome}")
+            progress.advance(note=f"{name}: {outcome}")
 
-    try:
-        await asyncio.gather(*(run(name, job) for name, job in items))
-    finally:
-        items_bar.close()
-        bytes_bar.close()
+    await asyncio.gather(*(run(name, job) for name, job in items))
     return report
 
 
@@ -107,7 +95,7 @@ async def _targets(
     lock_file: Path | None,
     default_host: str,
     report: WarmReport,
-    say: Callable[[str], None],
+    progress: Progress,
 ) -> tuple[list[Selection], list[ModuleCall]]:
     """The provider versions and modules to warm; a provider whose version cannot be chosen goes into `report`
     (refused by the policy, or failed) and the others are warmed."""
@@ -123,10 +111,10 @@ async def _targets(
         if isinstance(outcome, PolicyRefusedError):
             report.refused.extend(outcome.refusals)
             for refusal in outcome.refusals:
-                say(f"warm: {refusal.what}: refused by policy rule {refusal.rule}: {refusal.reason}")
+                progress.note(f"{refusal.what}: refused by policy rule {refusal.rule}: {refusal.reason}")
         elif isinstance(outcome, CommandError):
             report.failed[f"provider {addr}"] = str(outcome)
-            say(f"warm: FAILED: {outcome}")
+            progress.note(f"FAILED: {outcome}")
         elif isinstance(outcome, BaseException):
             raise outcome
         else:

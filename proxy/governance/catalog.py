@@ -37,6 +37,7 @@ from proxy.governance.inventory import COUNT_LIMIT, CachedModule, CachedProvider
 from proxy.metadata_store import CacheEntry, MetadataStore, keys, records
 from proxy.metadata_store.memory import PURGE_CHECK_INTERVAL
 from proxy.metadata_store.records import ArchiveRecord, ModuleRecord
+from proxy.runtime.progress import Progress
 from proxy.storage import ArchiveStore, ServedTimes
 
 log = structlog.get_logger(__name__)
@@ -277,9 +278,11 @@ class Catalog:
                 grouped.setdefault((kind, _address(parts)), []).append(key)
         return grouped, True
 
-    async def purge(self, target: PurgeTarget, who: str) -> PurgeReport:
+    async def purge(self, target: PurgeTarget, who: str, progress: Progress | None = None) -> PurgeReport:
         """Remove `target`'s records and the archives nothing else refers to, everywhere; NotCachedError when
-        nothing of it is cached. `who` names the caller in the log (a token's name, `cli:USER`)."""
+        nothing of it is cached. `who` names the caller in the log (a token's name, `cli:USER`); `progress`
+        counts the records removed, with the bytes of the archives."""
+        progress = progress or Progress.silent()
         doomed: list[str] = []
         for pattern in target.patterns():  # every key of the target starts with its kind and address
             doomed += [
@@ -291,10 +294,14 @@ class Catalog:
         record_keys = [k for k in doomed if k.startswith((keys.ARCHIVE.prefix, keys.MODULE.prefix))]
         found = await self._metadata.get_many(record_keys) if record_keys else []
         digests = {r.sha256 for r in map(_decode, record_keys, found) if r is not None and r.sha256}
+        progress.total(len(doomed))
+        progress.note(f"removing {len(doomed)} records of {target}")
         for key in sorted(doomed):
             await self._metadata.delete(key)
+            progress.advance()
         # every process drops its copies of the records now; the archives go once nothing refers to them
         await self._metadata.set(keys.PURGES, f"{time.time():.6f} {secrets.token_hex(8)}".encode())
+        progress.note(f"removing {len(digests)} archives unless another record refers to them")
         referenced, unreadable = await self._referenced()
         removed, kept, freed = [], [], 0
         for sha256 in sorted(digests):
@@ -305,8 +312,10 @@ class Catalog:
             if size:
                 removed.append(sha256)
                 freed += size
+                progress.advance(0, bytes=size)
         if removed:
             await self._served.forget_served(removed)
+        progress.note(f"waiting {self._settle:g}s for every process to see the purge")
         await self._sleep(self._settle)  # every process reads the new mark before its next request
         report = PurgeReport(str(target), who, sorted(doomed), removed, kept, freed, unreadable)
         log.info(

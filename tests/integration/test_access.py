@@ -293,7 +293,7 @@ async def test_the_lock_and_warm_commands_send_their_token(access_settings, clie
     async with serve_proxy(access_settings(), client_ssl) as proxy:
         async with ProxyClient(proxy.url, ca_file, token=ALL) as client:
             await run_lock(config, client, linux)
-            report = await run_warm(client, linux, directory=config, progress=False, say=lambda _: None)
+            report = await run_warm(client, linux, directory=config)
         assert f'provider "{PRIVATE}/acme/foo"' in (config / ".terraform.lock.hcl").read_text()
         assert report.failed == {} and len(report.done) == 1
         async with ProxyClient(proxy.url, ca_file, token=PUBLIC) as client:

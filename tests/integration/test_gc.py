@@ -11,8 +11,10 @@ Redis, in the fleet's negative bookkeeping).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
+import re
 import sqlite3
 import time
 
@@ -181,6 +183,17 @@ async def test_gc_removes_no_archive_while_a_record_cannot_be_read(make_local_se
     assert lines_of(out, "archive") == []
     assert "unreadable record" in out
     assert store.path_for(live).exists()
+    # progress on stderr, not a terminal: plain lines and a summary, before the report (on stdout, its last line)
+    progress = [line for line in out.splitlines() if line.startswith("gc: ") and "item(s)" not in line]
+    assert progress[:2] == [
+        "gc: reading the archive and module records",
+        "gc: 1 archives stored, 0 of them referenced by a record",
+    ]
+    assert re.fullmatch(r"gc: done: \d+ items, \d+ bytes in \d+\.\ds", progress[-1]), out
+    assert out.splitlines()[-1].startswith("gc: ") and "item(s)" in out.splitlines()[-1]
+    code, quiet = await gc(settings, "--quiet")
+    assert code == 0 and quiet.splitlines()[-2:] == out.splitlines()[-2:], quiet  # the same report
+    assert not [line for line in quiet.splitlines() if line.startswith("gc: ") and "item(s)" not in line]
 
 
 async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settings, tmp_path, refused_port):
@@ -193,3 +206,29 @@ async def test_gc_stops_when_the_metadata_store_cannot_be_read(make_local_settin
     code, out = await gc(settings)
     assert code == 1 and "the metadata store could not be read" in out, out
     assert store.path_for(orphan).exists()
+
+
+async def test_purge_shows_its_progress_and_a_summary(make_local_settings, client_ssl, monkeypatch):
+    """`registry-proxy purge` where stderr is no terminal: a line per phase, the records counted, a summary; the
+    result on stdout as before."""
+    from proxy.commands import run
+    from proxy.governance.catalog import Catalog
+
+    monkeypatch.setattr(run, "setup_logging", lambda *_: None)  # the test's logging stays as it is
+    monkeypatch.setattr(run, "Catalog", functools.partial(Catalog, settle=0.0))  # no other process to wait for
+    settings = make_local_settings()
+    async with serve_proxy(settings, client_ssl) as proxy:
+        status, _, body = await proxy.get(ARCHIVE)
+        assert status == 200
+    code, out = await registry_proxy_in_process("purge", f"{PROVIDER}@1.0.0", "--data-dir", str(settings.data_dir))
+    assert code == 0, out
+    lines = [line for line in out.splitlines() if line.startswith(("purge: ", "purged "))]
+    records = int(lines[0].split()[2])
+    assert lines[0] == f"purge: removing {records} records of {PROVIDER}@1.0.0" and records >= 3
+    assert lines[1 : records + 1] == [f"purge: {n}/{records} records" for n in range(1, records + 1)]
+    assert lines[records + 1 : -2] == [
+        "purge: removing 1 archives unless another record refers to them",
+        "purge: waiting 0s for every process to see the purge",
+    ]
+    assert re.fullmatch(rf"purge: done: {records} records, {len(body)} bytes in \d+\.\ds", lines[-2]), out
+    assert lines[-1].startswith(f"purged {PROVIDER}@1.0.0: {records} records, 1 archives removed ({len(body)} bytes)")

@@ -18,6 +18,7 @@ from proxy.domain.hashes import h1_of_zip
 from proxy.domain.lockfile import parse_lockfile
 from proxy.metadata_store.factory import open_metadata_store
 from proxy.providers.signatures import Keyring
+from proxy.runtime.progress import Progress
 from proxy.settings.config import Settings
 from proxy.storage.disk import DiskStore
 from tests.conftest import PROVIDER, REGISTRY_HOST, serve_proxy
@@ -152,9 +153,18 @@ async def test_lock_command_explains_unsatisfiable_and_unknown(proxy, config_dir
 
 async def test_warm_fetches_every_platform_and_module_once(proxy, registry, config_dir, ca_file):
     release = registry.releases[("acme", "foo")]["1.0.0"]
+    shown = io.StringIO()  # not a terminal: plain lines
     async with ProxyClient(proxy.url, ca_file) as client:
-        report = await run_warm(client, [LINUX, DARWIN], directory=config_dir, progress=False, say=lambda _: None)
+        with Progress("warm", stream=shown) as progress:
+            report = await run_warm(client, [LINUX, DARWIN], directory=config_dir, progress=progress)
     assert report.failed == {} and len(report.done) == 3
+    lines = shown.getvalue().splitlines()
+    assert sorted(line.split("] ")[1] for line in lines[:-1]) == [
+        f"module {REGISTRY_HOST}/acme/net/aws ~> 1.0: ok ({len(registry.static['net.tar.gz'])} bytes)",
+        *(f"provider {PROVIDER} 1.0.0 {p}: ok ({len(release.zips[str(p)])} bytes)" for p in (DARWIN, LINUX)),
+    ]
+    assert {line.split("] ")[0] for line in lines[:-1]} == {"warm: [1/3", "warm: [2/3", "warm: [3/3"}
+    assert re.fullmatch(rf"warm: done: 3 items, {report.bytes} bytes in \d+\.\ds", lines[-1]), lines
     for platform in ("linux_amd64", "darwin_arm64"):
         assert registry.count(registry.archive_path(release, platform)) == 1
     assert registry.count("/static/net.tar.gz") == 1
@@ -165,9 +175,7 @@ async def test_warm_fetches_every_platform_and_module_once(proxy, registry, conf
 
 async def test_warm_reports_failures_by_name(proxy, registry, config_dir, ca_file):
     async with ProxyClient(proxy.url, ca_file) as client:
-        report = await run_warm(
-            client, [Platform.parse("plan9_mips")], directory=config_dir, progress=False, say=lambda _: None
-        )
+        report = await run_warm(client, [Platform.parse("plan9_mips")], directory=config_dir)
     assert list(report.failed) == [f"provider {PROVIDER} 1.0.0 plan9_mips"]
     assert report.failed[f"provider {PROVIDER} 1.0.0 plan9_mips"] == (
         "the version has no package for plan9_mips (it offers: darwin_arm64, linux_amd64, windows_amd64)"
@@ -183,19 +191,19 @@ async def _stores(data_dir):
     return (await open_metadata_store(Settings(data_dir=data_dir)))[0], store
 
 
-async def _export(data_dir, out, only=()):
+async def _export(data_dir, out, only=(), progress=None):
     cache, store = await _stores(data_dir)
     try:
-        return await export_bundle(cache, store, out, list(only))
+        return await export_bundle(cache, store, out, list(only), progress=progress)
     finally:
         await cache.close()
         await store.close()
 
 
-async def _import(data_dir, bundle, trusted=None):
+async def _import(data_dir, bundle, trusted=None, progress=None):
     cache, store = await _stores(data_dir)
     try:
-        return await import_bundle(bundle, cache, store, Keyring(data_dir / "gnupg"), trusted)
+        return await import_bundle(bundle, cache, store, Keyring(data_dir / "gnupg"), trusted, progress)
     finally:
         await cache.close()
         await store.close()
@@ -221,8 +229,18 @@ async def test_bundle_round_trip_serves_offline(
     exported, make_local_settings, client_ssl, registry, tmp_path, signing_key
 ):
     target = tmp_path / "b"
-    first = await _import(target, exported, {signing_key.fingerprint})
+    shown = io.StringIO()  # not a terminal: plain lines
+    with Progress("import", "archives", stream=shown) as progress:
+        first = await _import(target, exported, {signing_key.fingerprint}, progress)
     assert (first.archives, first.already_present) == (2, 0)
+    lines = shown.getvalue().splitlines()
+    assert lines[0] == f"import: unpacking {exported}"
+    assert [line.split(",")[0] for line in lines[1:3]] == ["import: 1/2 archives", "import: 2/2 archives"]
+    assert lines[3:5] == [
+        "import: verifying 1 provider archives and 1 modules",
+        f"import: adding 2 archives and {first.entries} metadata entries to the data dir",
+    ]
+    assert re.fullmatch(rf"import: done: 2 archives, {first.bytes} bytes in \d+\.\ds", lines[5]), lines
     assert first.signing_keys == {signing_key.fingerprint}
     again = await _import(target, exported, {signing_key.fingerprint})
     assert (again.archives, again.already_present) == (0, 2)
@@ -361,8 +379,17 @@ async def test_bundle_with_a_forged_signature_is_rejected(exported, tmp_path, ot
 
 async def test_export_only_filters_and_empty_export_fails(exported, tmp_path):
     source = tmp_path / "a"
-    report = await _export(source, tmp_path / "only.tar.gz", only=[f"{PROVIDER}@1.0.0"])
+    shown = io.StringIO()  # not a terminal: plain lines
+    with Progress("export", "archives", stream=shown) as progress:
+        report = await _export(source, tmp_path / "only.tar.gz", only=[f"{PROVIDER}@1.0.0"], progress=progress)
     assert (len(report.providers), len(report.modules)) == (1, 0)
+    lines = shown.getvalue().splitlines()
+    assert re.fullmatch(r"export: read \d+ metadata entries", lines[0]), lines
+    assert lines[1:3] == [
+        f"export: writing 1 archives and {report.entries} metadata entries to {tmp_path / 'only.tar.gz'}",
+        f"export: 1/1 archives, {report.bytes} bytes",
+    ]
+    assert re.fullmatch(rf"export: done: 1 archives, {report.bytes} bytes in \d+\.\ds", lines[3]), lines
     with pytest.raises(CommandError, match="nothing to export"):
         await _export(source, tmp_path / "none.tar", only=["registry.example.test/acme/nothing"])
 

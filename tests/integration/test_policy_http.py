@@ -229,7 +229,7 @@ async def test_warm_obeys_the_policy_and_names_the_rule(policed, ca_file, regist
     lock = tmp_path / ".terraform.lock.hcl"  # pinned before the rule existed
     lock.write_text(f'provider "{REGISTRY_HOST}/acme/foo" {{\n  version = "1.1.0"\n}}\n')
     async with ProxyClient(policed.url, ca_file) as client:
-        report = await run_warm(client, [LINUX], lock_file=lock, progress=False, say=lambda _: None)
+        report = await run_warm(client, [LINUX], lock_file=lock)
     assert report.done == [] and report.failed == {}
     [refusal] = report.refused
     assert "1.1.0" in refusal.what and (refusal.rule, refusal.reason) == ("foo-known-bad", "breaks IAM policies")

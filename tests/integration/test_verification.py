@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from proxy.storage import LOCK_NAME
@@ -133,6 +135,8 @@ async def test_verify_holds_every_stored_record_to_the_chain(make_local_settings
         assert (await proxy.get(ARCHIVE.replace("linux_amd64", "darwin_arm64")))[0] == 200
     code, output = await registry_proxy_in_process("verify", "--data-dir", str(settings.data_dir))
     assert code == 0 and "0 refused by the verification chain, 0 not checkable" in output, output
+    assert "verify: 1/2 objects, " in output and "verify: 2/2 objects, " in output  # progress, not on a terminal
+    assert re.search(r"^verify: done: 2 objects, \d+ bytes in \d+\.\ds$", output, re.MULTILINE), output
 
     release = release_of(registry)
     cache, store = await _stores(settings.data_dir)

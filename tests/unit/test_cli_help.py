@@ -8,7 +8,7 @@ import pytest
 from proxy.cli import build_parser
 from proxy.settings.config import options_for
 
-SUBCOMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "healthcheck", "token"]
+SUBCOMMANDS = ["serve", "lock", "warm", "export", "import", "verify", "gc", "healthcheck", "token", "completion"]
 
 
 def _help(argv: list[str], capsys) -> str:

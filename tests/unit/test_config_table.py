@@ -118,6 +118,7 @@ COMMANDS = [
     "healthcheck",
     "doctor",
     "token",
+    "completion",
 ]
 BOUNDED = [spec for spec in OPTIONS if isinstance(spec.kind, Duration | Size | Count)]
 
