@@ -299,10 +299,10 @@ def _add_store_commands(commands) -> None:
     )
     export.add_argument(
         "--out",
-        required=True,
         metavar="FILE|DIR",
         help="bundle file: NAME.tar, NAME.tar.gz or NAME.tar.zst; a directory for --format filesystem-mirror",
     )
+    export.add_argument("destination", nargs="?", metavar="FILE|DIR", help="the same as --out")
     export.add_argument(
         "--format",
         choices=("bundle", "filesystem-mirror"),

@@ -33,7 +33,7 @@ from proxy.metadata_store.redis import FAILURES as REDIS_FAILURES
 from proxy.providers.signatures import Keyring
 from proxy.runtime.log import setup_logging
 from proxy.runtime.progress import Progress
-from proxy.settings.config import FreshnessTtls, Settings, build
+from proxy.settings.config import ConfigError, FreshnessTtls, Settings, build
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
 T = TypeVar("T")
@@ -168,8 +168,20 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
     return cache, times, store
 
 
+def _export_destination(args: argparse.Namespace) -> Path:
+    """`export`'s destination: `--out PATH` or the positional PATH, exactly one of them."""
+    given = [path for path in (args.out, args.destination) if path]
+    if len(given) != 1:
+        raise ConfigError(
+            "export: give the destination once, as --out FILE|DIR or as the last argument"
+            + (f" (given twice: {' and '.join(given)})" if given else "")
+        )
+    args.out = given[0]
+    return Path(given[0])
+
+
 async def _export(args: argparse.Namespace) -> int:
-    out, mirror = Path(args.out), args.format == "filesystem-mirror"
+    out, mirror = _export_destination(args), args.format == "filesystem-mirror"
     if mirror:
         check_mirror_directory(out)
     else:

@@ -58,10 +58,12 @@ async def test_terraform_installs_from_the_exported_mirror_with_the_registrys_lo
         data = (mirror / REGISTRY_HOST / "acme" / "foo" / f"terraform-provider-foo_2.0.0_{platform}.zip").read_bytes()
         assert data == release.zips[platform]
         assert f"zh:{hashlib.sha256(data).hexdigest()}" in locked_hashes(both)
-    code, output = await registry_proxy_in_process(*export)
+    code, output = await registry_proxy_in_process(*export[:-2], str(mirror))  # DIR as the last argument
     assert code == 0 and "0 written" in output and "2 already there" in output, output
-    code, output = await registry_proxy_in_process(*export[:-1], str(mirror / written[0]))
+    code, output = await registry_proxy_in_process(*export[:-2], str(mirror / written[0]))
     assert code == 1 and "not a directory" in output, output
+    code, output = await registry_proxy_in_process(*export, str(mirror))
+    assert code == 2 and "give the destination once" in output, output
 
     config = filesystem_mirror_config(mirror)
     # The lock file made through the registry (both platforms' h1:, a zh: for all four) holds as it is.
