@@ -107,8 +107,8 @@ test: deps
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal --durations=15 $(ARGS)
 
 # The fast inner loop: the unit and contract tests (none starts a process but the session's redis-server and S3
-# server), one worker per core since they compute rather than wait: 55 s of CPU, so about half a minute on a quiet
-# 2-core machine (docs/testing.md). Every test that starts no process: `make test-quick QUICK_TESTS=tests`.
+# server), one worker per core since they compute rather than wait: 35 s on a 2-core machine at load 4, 45 s of CPU
+# (docs/testing.md). Every test that starts no process: `make test-quick QUICK_TESTS=tests`.
 QUICK_TESTS ?= tests/unit tests/contract
 test-quick: install
 	$(PYTEST) -n $(shell nproc) --dist worksteal -m "not process" $(QUICK_TESTS) $(ARGS)
