@@ -107,7 +107,7 @@ test: deps
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal --durations=15 $(ARGS)
 
 # The fast inner loop: the unit and contract tests (none starts a process but the session's redis-server and S3
-# server), one worker per core since they compute rather than wait: 35 s on a 2-core machine at load 4, 45 s of CPU
+# server), one worker per core since they compute rather than wait: 25 s on a 2-core machine at load 2, 40 s of CPU
 # (docs/testing.md). Every test that starts no process: `make test-quick QUICK_TESTS=tests`.
 QUICK_TESTS ?= tests/unit tests/contract
 test-quick: install
