@@ -108,9 +108,12 @@ test: deps
 	$(BIN)/python -m compileall -q -j 0 proxy tests/fakes
 	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal --durations=15 $(ARGS)
 
-# The fast inner loop: every test that starts no process (no proxy, CLI, terraform or browser).
+# The fast inner loop: the unit and contract tests (none starts a process but the session's redis-server and S3
+# server), one worker per core since they compute rather than wait: 25 s on a 2-core machine at load 2, 40 s of CPU
+# (docs/testing.md). Every test that starts no process: `make test-quick QUICK_TESTS=tests`.
+QUICK_TESTS ?= tests/unit tests/contract
 test-quick: install
-	$(PYTEST) -n $(TEST_WORKERS) --dist worksteal -m "not process" $(ARGS)
+	$(PYTEST) -n $(shell nproc) --dist worksteal -m "not process" $(QUICK_TESTS) $(ARGS)
 
 test-unit: install
 	$(PYTEST) tests/unit $(ARGS)
