@@ -129,6 +129,7 @@ KINDS = {
         "Pod": 1,
     },
 }
+VALUES_POD_SECURITY = yaml.safe_load((CHART / "values.yaml").read_text())["podSecurityContext"]
 STAND_IN = {"REGISTRY_PROXY_REDIS_URL": "redis://redis.example:6379/0"}  # what a referenced Secret would hold
 
 
@@ -503,3 +504,28 @@ def test_the_fleet_values_the_deployment_guide_shows_render_valid_objects():
         validate(doc, custom=True)
     assert environment(docs)["REGISTRY_PROXY_REDIS_URL"] == {"name": "registry-proxy-redis", "key": "redis-url"}
     assert {"HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule"} <= {doc["kind"] for doc in docs}
+
+
+def test_the_first_week_the_deployment_guide_walks_through_names_what_the_chart_makes():
+    """docs/deployment.md's first week: its values render a valid two-replica fleet whose test pod runs the
+    doctor it shows; its label selectors pick the proxy's pods; its restore pod is valid and mounts the claim."""
+    guide = (REPO_ROOT / "docs" / "deployment.md").read_text()
+    (shown,) = re.findall(r"```yaml\n(# two\.yaml: helm install .*?)```", guide, flags=re.DOTALL)
+    fleet = render_kustomize.render_chart(yaml.safe_load(shown), release="registry-proxy")
+    for doc in fleet:
+        validate(doc, custom=True)
+    assert by_kind(fleet, "Deployment", "registry-proxy")["spec"]["replicas"] == 2
+    test_pod = by_kind(fleet, "Pod", "registry-proxy-doctor")
+    assert f"registry-proxy {' '.join(test_pod['spec']['containers'][0]['args'])}`" in guide
+    single = render_kustomize.render_chart({}, release="registry-proxy")
+    labels = by_kind(single, "Deployment", "registry-proxy")["spec"]["template"]["metadata"]["labels"]
+    selectors = re.findall(r" -l ([\w./=,-]+)", guide)
+    assert selectors and all(
+        dict(pair.split("=") for pair in s.split(",")).items() <= labels.items() for s in selectors
+    )
+    (restore_pod,) = re.findall(r"```yaml\n# restore-pod\.yaml: .*?\n(.*?)```", guide, flags=re.DOTALL)
+    restore_pod = yaml.safe_load(restore_pod)
+    validate(restore_pod)
+    (claim,) = [volume["persistentVolumeClaim"]["claimName"] for volume in restore_pod["spec"]["volumes"]]
+    assert claim == by_kind(single, "PersistentVolumeClaim")["metadata"]["name"]
+    assert restore_pod["spec"]["securityContext"].items() <= VALUES_POD_SECURITY.items()
