@@ -42,9 +42,12 @@ OPT_IN_COMPONENTS = """\
 #   - ../../components/prometheus-operator
 """
 
-BASE = {"persistence": {"enabled": False}, "ingress": {"enabled": True}}
-SINGLE = {"persistence": {"enabled": True}, "ingress": {"enabled": True}}
+# `helm test`'s doctor pod is Helm's alone: kubectl has no test hooks (run `registry-proxy doctor` with kubectl exec)
+NO_TESTS = {"tests": {"enabled": False}}
+BASE = {**NO_TESTS, "persistence": {"enabled": False}, "ingress": {"enabled": True}}
+SINGLE = {**NO_TESTS, "persistence": {"enabled": True}, "ingress": {"enabled": True}}
 FLEET = {
+    **NO_TESTS,
     "persistence": {"enabled": False},
     "ingress": {"enabled": True},
     "autoscaling": {"enabled": True},

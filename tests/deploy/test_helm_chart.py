@@ -88,9 +88,23 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 # What each value set makes, by kind: the numbers the chart is judged by.
 KINDS = {
-    "defaults": {"ConfigMap": 1, "Deployment": 1, "Service": 1, "PersistentVolumeClaim": 1, "PodDisruptionBudget": 1},
-    "single": {"ConfigMap": 2, "Deployment": 1, "Service": 1, "PersistentVolumeClaim": 1, "PodDisruptionBudget": 1},
-    "fleet": {"ConfigMap": 1, "Deployment": 1, "Service": 1, "PodDisruptionBudget": 1, "Secret": 1},
+    "defaults": {
+        "ConfigMap": 1,
+        "Deployment": 1,
+        "Service": 1,
+        "PersistentVolumeClaim": 1,
+        "PodDisruptionBudget": 1,
+        "Pod": 1,
+    },
+    "single": {
+        "ConfigMap": 2,
+        "Deployment": 1,
+        "Service": 1,
+        "PersistentVolumeClaim": 1,
+        "PodDisruptionBudget": 1,
+        "Pod": 1,
+    },
+    "fleet": {"ConfigMap": 1, "Deployment": 1, "Service": 1, "PodDisruptionBudget": 1, "Secret": 1, "Pod": 1},
     "ingress": {
         "ConfigMap": 1,
         "Deployment": 1,
@@ -98,6 +112,7 @@ KINDS = {
         "PersistentVolumeClaim": 1,
         "PodDisruptionBudget": 1,
         "Ingress": 1,
+        "Pod": 1,
     },
     "everything": {
         "ConfigMap": 2,
@@ -111,8 +126,10 @@ KINDS = {
         "ServiceAccount": 1,
         "ServiceMonitor": 1,
         "PrometheusRule": 1,
+        "Pod": 1,
     },
 }
+VALUES_POD_SECURITY = yaml.safe_load((CHART / "values.yaml").read_text())["podSecurityContext"]
 STAND_IN = {"REGISTRY_PROXY_REDIS_URL": "redis://redis.example:6379/0"}  # what a referenced Secret would hold
 
 
@@ -137,6 +154,11 @@ def pod(docs: list[dict]) -> dict:
 
 def container(docs: list[dict]) -> dict:
     return pod(docs)["spec"]["containers"][0]
+
+
+def doctor(docs: list[dict]) -> dict:
+    """The `helm test` pod."""
+    return by_kind(docs, "Pod", f"{FULLNAME}-doctor")
 
 
 def environment(docs: list[dict]) -> dict[str, Any]:
@@ -211,6 +233,8 @@ def test_the_proxy_accepts_every_setting_the_chart_writes(value_set, monkeypatch
             monkeypatch.setenv(name, value if isinstance(value, str) else STAND_IN[name])
     args = build_parser().parse_args(container(docs)["args"])
     assert args.command == "serve" and args.listen.port == 8080 and args.plain_http is True
+    args = build_parser().parse_args(doctor(docs)["spec"]["containers"][0]["args"])  # serve's extraArgs too
+    assert args.command == "doctor" and args.url == f"http://{FULLNAME}:80/"
 
 
 def test_the_image_defaults_to_the_proxys_version():
@@ -335,6 +359,69 @@ def test_the_packaged_chart_carries_the_alert_rules_themselves(tmp_path):
         assert member.isfile() and packed.extractfile(member).read() == (CHART / "files" / "alerts.yaml").read_bytes()
 
 
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_test_runs_the_doctor_with_the_proxys_settings_against_its_service(value_set):
+    """The test pod: `doctor --url` of the Service, with the proxy container's variables, files, identity and
+    lock-down; the data dir the proxy's (an emptyDir like its own, or the claim on its node)."""
+    docs = objects(value_set)
+    test_pod, proxy_pod = doctor(docs), pod(docs)
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert test_pod["spec"]["restartPolicy"] == "Never"
+    (checker,) = test_pod["spec"]["containers"]
+    proxy_container = container(docs)
+    service = by_kind(docs, "Service", FULLNAME)
+    url = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/"
+    assert checker["args"] == ["doctor", "--url", url, *VALUE_SETS[value_set].get("extraArgs", [])]
+    assert checker["image"] == proxy_container["image"]
+    for key in ("envFrom", "env", "volumeMounts", "securityContext"):
+        assert checker.get(key) == proxy_container.get(key), key
+    assert test_pod["spec"]["volumes"] == proxy_pod["spec"]["volumes"]
+    for key in ("securityContext", "automountServiceAccountToken", "serviceAccountName", "imagePullSecrets"):
+        assert test_pod["spec"].get(key) == proxy_pod["spec"].get(key), key
+    assert checker["resources"]["limits"]["memory"]
+    # not the Service's nor the disruption budget's: no client is sent to the test pod
+    assert not service["spec"]["selector"].items() <= test_pod["metadata"]["labels"].items()
+    claim = next(v for v in proxy_pod["spec"]["volumes"] if v["name"] == "data").get("persistentVolumeClaim")
+    if claim:  # ReadWriteOnce: a second pod mounts the claim only on the node of the pod that has it
+        (term,) = test_pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= proxy_pod["metadata"]["labels"].items()
+    else:
+        assert "affinity" not in test_pod["spec"]
+
+
+def admits(policy: dict, labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy lets in pods of this namespace with these labels by a podSelector of its own."""
+    peers = [
+        peer["podSelector"]["matchLabels"] for peer in policy["spec"]["ingress"][0]["from"] if "podSelector" in peer
+    ]
+    return any(peer.items() <= labels.items() for peer in peers)
+
+
+def test_the_doctor_reaches_the_proxy_and_redis_through_the_network_policies():
+    docs = objects("everything")
+    labels = doctor(docs)["metadata"]["labels"]
+    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+    assert len(policies) == 2 and all(admits(policy, labels) for policy in policies)
+
+
+def test_a_claim_only_one_pod_may_mount_leaves_the_doctor_a_data_dir_of_its_own():
+    docs = render_chart({"persistence": {"accessModes": ["ReadWriteOncePod"]}})
+    test_pod = doctor(docs)
+    data = next(v for v in test_pod["spec"]["volumes"] if v["name"] == "data")
+    assert data == {"name": "data", "emptyDir": {"sizeLimit": "20Gi"}}
+    assert "affinity" not in test_pod["spec"]
+    validate(test_pod)
+
+
+def test_tests_enabled_false_leaves_the_test_pod_out():
+    docs = render_chart({**VALUE_SETS["everything"], "tests": {"enabled": False}})
+    assert "Pod" not in {doc["kind"] for doc in docs}
+    labels = doctor(objects("everything"))["metadata"]["labels"]
+    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+    assert len(policies) == 2 and not any(admits(policy, labels) for policy in policies)
+
+
 @pytest.mark.parametrize(
     ("values", "where"),
     [
@@ -417,3 +504,28 @@ def test_the_fleet_values_the_deployment_guide_shows_render_valid_objects():
         validate(doc, custom=True)
     assert environment(docs)["REGISTRY_PROXY_REDIS_URL"] == {"name": "registry-proxy-redis", "key": "redis-url"}
     assert {"HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule"} <= {doc["kind"] for doc in docs}
+
+
+def test_the_first_week_the_deployment_guide_walks_through_names_what_the_chart_makes():
+    """docs/deployment.md's first week: its values render a valid two-replica fleet whose test pod runs the
+    doctor it shows; its label selectors pick the proxy's pods; its restore pod is valid and mounts the claim."""
+    guide = (REPO_ROOT / "docs" / "deployment.md").read_text()
+    (shown,) = re.findall(r"```yaml\n(# two\.yaml: helm install .*?)```", guide, flags=re.DOTALL)
+    fleet = render_kustomize.render_chart(yaml.safe_load(shown), release="registry-proxy")
+    for doc in fleet:
+        validate(doc, custom=True)
+    assert by_kind(fleet, "Deployment", "registry-proxy")["spec"]["replicas"] == 2
+    test_pod = by_kind(fleet, "Pod", "registry-proxy-doctor")
+    assert f"registry-proxy {' '.join(test_pod['spec']['containers'][0]['args'])}`" in guide
+    single = render_kustomize.render_chart({}, release="registry-proxy")
+    labels = by_kind(single, "Deployment", "registry-proxy")["spec"]["template"]["metadata"]["labels"]
+    selectors = re.findall(r" -l ([\w./=,-]+)", guide)
+    assert selectors and all(
+        dict(pair.split("=") for pair in s.split(",")).items() <= labels.items() for s in selectors
+    )
+    (restore_pod,) = re.findall(r"```yaml\n# restore-pod\.yaml: .*?\n(.*?)```", guide, flags=re.DOTALL)
+    restore_pod = yaml.safe_load(restore_pod)
+    validate(restore_pod)
+    (claim,) = [volume["persistentVolumeClaim"]["claimName"] for volume in restore_pod["spec"]["volumes"]]
+    assert claim == by_kind(single, "PersistentVolumeClaim")["metadata"]["name"]
+    assert restore_pod["spec"]["securityContext"].items() <= VALUES_POD_SECURITY.items()

@@ -110,3 +110,125 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- fail "registry-proxy: more than one replica cannot mount one ReadWriteOnce volume: keep archives in S3 (s3.bucket) with persistence.enabled=false, or use persistence.accessModes=[ReadWriteMany]" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* What a pod of the chart runs as: the service account (IRSA / workload identity for S3), the pull secrets,
+the non-root security context. The proxy's pods and the `helm test` doctor share it. */}}
+{{- define "registry-proxy.podAccess" -}}
+automountServiceAccountToken: false
+{{- if .Values.serviceAccount.create }}
+serviceAccountName: {{ default (include "registry-proxy.fullname" .) .Values.serviceAccount.name }}
+{{- else if .Values.serviceAccount.name }}
+serviceAccountName: {{ .Values.serviceAccount.name }}
+{{- end }}
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* The proxy's settings, as a container takes them: the settings ConfigMap, the variables from Secrets and
+extraEnv; then ("registry-proxy.settingsMounts") the data dir and the files. The proxy's container and the
+`helm test` doctor share them. */}}
+{{- define "registry-proxy.settingsEnv" -}}
+{{- $s3Secret := include "registry-proxy.s3SecretName" . -}}
+{{- $redisSecret := and .Values.redis.existingSecret (not .Values.redis.standalone.enabled) -}}
+envFrom:
+  - configMapRef:
+      name: {{ include "registry-proxy.fullname" . }}-settings
+{{- if or $redisSecret $s3Secret .Values.extraEnv }}
+env:
+  {{- if $redisSecret }}
+  - name: REGISTRY_PROXY_REDIS_URL
+    valueFrom:
+      secretKeyRef:
+        name: {{ .Values.redis.existingSecret }}
+        key: {{ .Values.redis.existingSecretKey }}
+  {{- end }}
+  {{- if $s3Secret }}
+  - name: AWS_ACCESS_KEY_ID
+    valueFrom:
+      secretKeyRef:
+        name: {{ $s3Secret }}
+        key: {{ .Values.s3.accessKeyIdKey }}
+  - name: AWS_SECRET_ACCESS_KEY
+    valueFrom:
+      secretKeyRef:
+        name: {{ $s3Secret }}
+        key: {{ .Values.s3.secretAccessKeyKey }}
+  {{- end }}
+  {{- with .Values.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "registry-proxy.settingsMounts" -}}
+volumeMounts:
+  - name: data
+    mountPath: /data
+  - name: tmp
+    mountPath: /tmp
+  {{- if include "registry-proxy.metadataSecretName" . }}
+  - name: metadata-secret
+    mountPath: /etc/registry-proxy/metadata
+    readOnly: true
+  {{- end }}
+  {{- range include "registry-proxy.files" . | fromJsonArray }}
+  - name: {{ .name }}
+    mountPath: /etc/registry-proxy/{{ .name }}
+    readOnly: true
+  {{- end }}
+{{- end -}}
+
+{{/* The volumes behind "registry-proxy.settingsMounts"; pass (dict "root" $ "ownData" true) for a data dir of
+the pod's own (an emptyDir) instead of the claim. */}}
+{{- define "registry-proxy.volumes" -}}
+{{- $root := .root -}}
+{{- $metadataSecret := include "registry-proxy.metadataSecretName" $root -}}
+- name: data
+  {{- if and $root.Values.persistence.enabled (not .ownData) }}
+  persistentVolumeClaim:
+    claimName: {{ default (printf "%s-data" (include "registry-proxy.fullname" $root)) $root.Values.persistence.existingClaim }}
+  {{- else }}
+  # Owned by the pod's fsGroup; with S3 it holds only downloads in progress and local state.
+  emptyDir:
+    sizeLimit: {{ $root.Values.persistence.emptyDirSizeLimit }}
+  {{- end }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 1Gi
+{{- if $metadataSecret }}
+- name: metadata-secret
+  secret:
+    secretName: {{ $metadataSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $root.Values.metadataSecret.key }}
+        path: {{ $root.Values.metadataSecret.key }}
+{{- end }}
+{{- range include "registry-proxy.files" $root | fromJsonArray }}
+- name: {{ .name }}
+  {{- if eq .kind "secret" }}
+  secret:
+    secretName: {{ .object }}
+    defaultMode: 0440
+  {{- else }}
+  configMap:
+    name: {{ .object }}
+  {{- end }}
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
+{{- end }}
+{{- end -}}
+
+{{/* The `helm test` doctor's pod, as a NetworkPolicyPeer. */}}
+{{- define "registry-proxy.doctorPeer" -}}
+- podSelector:
+    matchLabels:
+      {{- include "registry-proxy.selectorLabels" (dict "root" . "component" "doctor") | nindent 6 }}
+{{- end -}}
