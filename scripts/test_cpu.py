@@ -7,9 +7,10 @@ Report:
     .venv/bin/python scripts/test_cpu.py FOLDER [--top N]
 
 A test's CPU is that of the worker's process and of the children it reaped in the test (setup, call and
-teardown): a proxy process, terraform or gpg the test started and waited for. What session fixtures start
-(redis-server, the S3 server) is counted when it is reaped, at the end of the worker: in the worker's total,
-not in any test's. A fixture's CPU is its own setup and teardown, without the fixtures it asked for.
+teardown): a proxy process, terraform or gpg the test started and waited for. The setup and teardown of
+session, package and module fixtures is not counted in the test that happened to run them but on its own
+("shared fixtures"): what they start (redis-server, the S3 server) is reaped at their teardown, often after
+the worker's last test. A fixture's CPU is its own setup and teardown, without the fixtures it asked for.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class CpuRecorder:
         self._stack: list[float] = []  # CPU of the fixtures set up inside the one being set up
         self._teardown_start: dict[int, tuple[float, float]] = {}
         self._spawned: list[str] = []
+        self._shared = 0.0  # CPU of fixtures wider than a test, set up or torn down in the current phase
         sys.addaudithook(self._audit)
         self._write(kind="start", cpu=_cpu())
 
@@ -83,7 +85,7 @@ class CpuRecorder:
 
     def _phase(self, item: pytest.Item, phase: str):
         start, wall = _cpu(), time.monotonic()
-        self._spawned = []
+        self._spawned, self._shared = [], 0.0
         result = yield
         self._write(
             kind="phase",
@@ -92,6 +94,7 @@ class CpuRecorder:
             cpu=_since(start),
             wall=time.monotonic() - wall,
             spawned=self._spawned,
+            shared=self._shared,
         )
         return result
 
@@ -118,6 +121,8 @@ class CpuRecorder:
             inner = self._stack.pop()
             if self._stack:
                 self._stack[-1] += used
+            if fixturedef.scope != "function":
+                self._shared += used - inner
             self._write(
                 kind="fixture",
                 name=fixturedef.argname,
@@ -132,6 +137,8 @@ class CpuRecorder:
     def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef) -> None:
         start = self._teardown_start.pop(id(fixturedef), None)
         if start is not None:
+            if fixturedef.scope != "function":
+                self._shared += sum(_since(start))
             self._write(
                 kind="fixture",
                 name=fixturedef.argname,
@@ -159,10 +166,15 @@ def report(folder: Path, top: int) -> None:
     by_test: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     by_fixture: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     workers: dict[str, dict] = collections.defaultdict(dict)
+    wider: dict[str, float] = collections.defaultdict(float)  # a worker's wider fixtures since its last phase
+    shared = 0.0
     for worker, record in _records(folder):
         kind = record["kind"]
         if kind == "phase":
-            cpu = sum(record["cpu"])
+            own = record.get("shared", wider[worker])  # (records of before the field: the fixtures' own records)
+            wider[worker] = 0.0
+            shared += own
+            cpu = sum(record["cpu"]) - own
             path = record["test"].split("::")[0]
             by_file[path][0] += cpu
             by_file[path][1] += record["wall"]
@@ -173,6 +185,8 @@ def report(folder: Path, top: int) -> None:
             entry = by_fixture[(record["name"], record["scope"])]
             entry[0 if record["step"] == "setup" else 1] += record["cpu"]
             entry[2] += record["step"] == "setup"
+            if record["scope"] != "function":
+                wider[worker] += record["cpu"]
         else:
             workers[worker][kind] = record
     tests_cpu = sum(cpu for cpu, _ in by_test.values())
@@ -183,7 +197,7 @@ def report(folder: Path, top: int) -> None:
         collection = sum(records.get("collection", {}).get("cpu", [0, 0]))
         own, children = end["cpu"]
         print(f"{worker:10} {startup:8.1f} {collection:10.1f} {own:8.1f} {children:9.1f} {end['wall']:8.1f}")
-    print(f"tests: {len(by_test)}, their CPU {tests_cpu:.1f} s\n")
+    print(f"tests: {len(by_test)}, their CPU {tests_cpu:.1f} s; shared fixtures (session, module): {shared:.1f} s\n")
     print(f"{'CPU s':>8} {'wall s':>8} {'tests':>6}  file")
     for path, (cpu, wall, count) in sorted(by_file.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{cpu:8.1f} {wall:8.1f} {count:6d}  {path}")
