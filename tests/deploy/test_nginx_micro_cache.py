@@ -4,6 +4,7 @@ keeps 404s only for --ttl-negative and other errors never, and never gives one c
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ TTL = 3  # --ttl-versions of these tests: nginx's max-age is what remains of it,
 # The warm list's: its max-age (3, the front's bound, under a second less than what remains) leaves a loaded machine
 # the time to ask twice within it; with 3 the max-age is 1 and the second answer can come after it.
 WARM_TTL = 6
+POLL = 0.05  # seconds between the answers `until` asks for, as tests/deploy/test_nginx_front_changes.py asks
 TOKEN_A, TOKEN_B = "rpt_front-client-a-0123456789abcdef", "rpt_front-client-b-0123456789abcdef"
 
 
@@ -60,7 +62,9 @@ async def logged_by_proxy(setup: BehindNginx, path: str, count: int) -> int:
 
 
 async def until(setup: BehindNginx, path: str, done, timeout: float, **headers: str) -> list[tuple[float, Answer]]:
-    """GET `path` through nginx again and again until `done(answer)`; every answer with when it came."""
+    """GET `path` through nginx every POLL seconds until `done(answer)`; every answer with when it came. (Asked
+    back to back, a new TLS connection each time, for the seconds a TTL or the front's bound takes to run out,
+    the asking cost more CPU than all else in this file; twenty answers a second still show every phase.)"""
     seen: list[tuple[float, Answer]] = []
     deadline = time.monotonic() + timeout
     while True:
@@ -69,6 +73,7 @@ async def until(setup: BehindNginx, path: str, done, timeout: float, **headers: 
         if done(answer):
             return seen
         assert time.monotonic() < deadline, f"no such answer within {timeout}s: {seen[-1]}"
+        await asyncio.sleep(POLL)
 
 
 async def test_warm_metadata_is_answered_by_nginx_within_the_ttl_and_by_the_proxy_after_it(
