@@ -5,10 +5,11 @@ seen by the very next request all the same."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from proxy.identity.tokens import hash_token
+from proxy.identity.tokens import GRANT_STEP, hash_token
 from proxy.web.access import ACCESS
 from proxy.web.app_keys import GATEKEEPER, WARM_ANSWERS
 from tests.conftest import RunningProxy, serve_proxy
@@ -30,15 +31,22 @@ def auth(token: str) -> dict:
 
 
 async def reused_twice(proxy: RunningProxy, path: str, **kwargs) -> bytes:
-    """Ask for `path` three times; the last two answers are the first, reused whole. The body."""
+    """Ask for `path` three times; the last two answers are the first, reused whole. The body.
+
+    A token's answers carry grants whose expiry moves on at each whole minute (GRANT_STEP): a round that
+    straddles one (a loaded machine) is asked again, once."""
     warm = proxy.app[WARM_ANSWERS]
-    bodies = []
-    for _ in range(3):
-        status, _, body = await proxy.get(path, **kwargs)
-        assert status == 200, body
-        bodies.append(body)
-    before = warm.reused
-    await proxy.get(path, **kwargs)
+    for _ in range(2):
+        minute = int(time.time()) // GRANT_STEP
+        bodies = []
+        for _ in range(3):
+            status, _, body = await proxy.get(path, **kwargs)
+            assert status == 200, body
+            bodies.append(body)
+        before = warm.reused
+        await proxy.get(path, **kwargs)
+        if int(time.time()) // GRANT_STEP == minute:
+            break
     assert warm.reused == before + 1 and len(set(bodies)) == 1
     return bodies[0]
 
