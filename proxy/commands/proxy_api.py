@@ -7,6 +7,7 @@ token (`--token`, for a proxy with `--auth-tokens`) is sent with every request, 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -71,13 +72,21 @@ class ProxyClient:
         return self
 
     async def probe(self) -> None:
-        """Check that the proxy answers at its URL over trusted TLS (before any work starts)."""
-        async with self._request(self.url("healthz")) as response:
-            await response.read()
-            if response.status != 200:
+        """Check that the proxy answers at its URL over trusted TLS (before any work starts); an http:// URL of
+        a port that speaks TLS is said to be one, with the https:// URL to give instead."""
+        try:
+            async with self._request(self.url("healthz")) as response:
+                await response.read()
+        except ProxyUnreachableError as exc:
+            if self.base.scheme == "http" and await _speaks_tls(self.base.host or "", self.base.port or 80):
                 raise ProxyUnreachableError(
-                    f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
-                )
+                    f"{exc}: {self.base.host}:{self.base.port} speaks TLS: use --proxy {self.base.with_scheme('https')}"
+                ) from None
+            raise
+        if response.status != 200:
+            raise ProxyUnreachableError(
+                f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
+            )
 
     @asynccontextmanager
     async def _request(
@@ -166,6 +175,18 @@ class ProxyClient:
                 if progress:
                     progress(len(chunk))
             return total
+
+
+async def _speaks_tls(host: str, port: int, timeout: float = 5) -> bool:
+    """Whether HOST:PORT completes a TLS handshake (its certificate unchecked: only the protocol is asked)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=context), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def _base_url(text: str) -> URL:

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.commands import CommandError
-from proxy.commands.bundle import check_bundle_name, export_bundle, import_bundle
+from proxy.commands.bundle import check_bundle_out, export_bundle, import_verified, verified_bundle
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.lock import run_lock
 from proxy.commands.proxy_api import ProxyClient, ProxyUnreachableError
 from proxy.commands.rotate_secret import report_lines as rotation_lines
 from proxy.commands.rotate_secret import rotate_secret
+from proxy.commands.terraform_config import ProjectConfigError, check_root_module
 from proxy.commands.verify import check_records, summary_lines, verify_store
 from proxy.commands.warm import run_warm
 from proxy.domain.addresses import AddressError, Platform
@@ -29,15 +30,20 @@ from proxy.metadata_store.embedded import FAILURES as EMBEDDED_FAILURES
 from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.negative import NegativeBound, negative_retention
 from proxy.metadata_store.redis import FAILURES as REDIS_FAILURES
-from proxy.providers.signatures import Keyring
-from proxy.runtime.log import setup_logging
-from proxy.settings.config import FreshnessTtls, Settings, build
+from proxy.runtime.log import command_logging
+from proxy.settings.config import ConfigError, FreshnessTtls, Settings, build
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
 T = TypeVar("T")
 
 
 async def dispatch(args: argparse.Namespace) -> int:
+    """Run the command `args` name, with its log at info (`command_logging`)."""
+    with command_logging():
+        return await _dispatch(args)
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "lock":
         return await _lock(args)
     if args.command == "warm":
@@ -86,8 +92,19 @@ def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
     return platforms
 
 
+def _root_module(directory: str) -> Path:
+    """The configuration directory `lock` or `warm` was given, refused (exit 2) before the proxy is asked when
+    it is not one."""
+    try:
+        check_root_module(Path(directory))
+    except ProjectConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return Path(directory)
+
+
 async def _lock(args: argparse.Namespace) -> int:
     platforms = _platforms(args, required=True)
+    _root_module(args.directory)
     entries = await _with_client(
         args,
         lambda client: run_lock(
@@ -102,6 +119,8 @@ async def _lock(args: argparse.Namespace) -> int:
 
 async def _warm(args: argparse.Namespace) -> int:
     platforms = _platforms(args, required=True)
+    if args.directory:
+        _root_module(args.directory)
     report = await _with_client(
         args,
         lambda client: run_warm(
@@ -160,7 +179,7 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
 
 
 async def _export(args: argparse.Namespace) -> int:
-    check_bundle_name(Path(args.out))
+    check_bundle_out(Path(args.out))
     policy = None
     if getattr(args, "policy", None):
         try:
@@ -190,20 +209,24 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    cache, _, store = await _stores(args)
-    keyring = Keyring(args.data_dir / "gnupg")
-    try:
-        if not args.trust_key and not args.trust_bundle_keys:
-            raise CommandError(
-                "name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
-                "or --trust-bundle-keys to accept the keys the bundle carries"
-            )
-        trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
-        report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted)
-    finally:
-        await cache.close()
-        await store.close()
-        keyring.close()
+    """Verify the bundle outside the data dir (`verified_bundle`), then open the data dir's stores and add it: a
+    refused bundle leaves the data dir as it was (not even made)."""
+    if not args.trust_key and not args.trust_bundle_keys:
+        raise ConfigError(
+            "name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
+            "or --trust-bundle-keys to accept the keys the bundle carries"
+        )
+    bundle = Path(args.bundle)
+    if not bundle.is_file():
+        raise ConfigError(f"bundle {bundle}: {'is a directory' if bundle.is_dir() else 'no such file'}")
+    trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
+    with verified_bundle(bundle, trusted) as verified:
+        cache, _, store = await _stores(args)
+        try:
+            report = await import_verified(verified, cache, store)
+        finally:
+            await cache.close()
+            await store.close()
     print(
         f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
         f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
@@ -241,7 +264,6 @@ async def _gc(args: argparse.Namespace) -> int:
 
 
 async def _purge(args: argparse.Namespace) -> int:
-    setup_logging("auto", "info")  # the catalog.purged record on stderr: JSON unless on a terminal
     try:
         target = PurgeTarget.parse(args.target)
     except ProxyError as exc:

@@ -134,6 +134,26 @@ def parse_private_host(text: str) -> str:
     return entry
 
 
+def parse_certificate_name(text: str) -> str:
+    """A name for the generated server certificate: a DNS name (`*.` allowed in front), normalised as a
+    certificate holds it (IDNA, lower case), or an IP address; never a URL, a path or a port."""
+    name = text.strip()
+    example = "e.g. --tls-hostname proxy.example.com (the host clients connect to; no scheme, path or port)"
+    if "://" in name or "/" in name:
+        raise ConfigError(f"give a name, not a URL: {example}")
+    try:
+        return str(ipaddress.ip_address(name.removeprefix("[").removesuffix("]")))
+    except ValueError:
+        pass
+    if ":" in name:
+        raise ConfigError(f"a certificate names no port: {example}")
+    wildcard = name.startswith("*.")
+    try:
+        return ("*." if wildcard else "") + Hostname.parse(name.removeprefix("*.")).ascii
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def parse_registry_host(text: str) -> str:
     """A registry hostname normalised (`parse_hostname`); blank stays blank (an entry to skip)."""
     return str(parse_hostname(text)) if text.strip() else ""

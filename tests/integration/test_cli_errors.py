@@ -160,7 +160,7 @@ def test_export_refuses_an_unknown_suffix(
 ) -> None:
     argv = ["export", "--data-dir", str(tmp_path / "data"), "--out", "bundle.zip"]
     result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
-    assert_one_line(result, 1, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
+    assert_one_line(result, 2, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
     assert not (tmp_path / "data").exists()  # refused before the stores were opened
     assert not list(tmp_path.glob("*bundle*"))
 
@@ -171,6 +171,7 @@ def test_export_refuses_an_unknown_suffix(
 def test_lock_and_warm_with_bad_proxy_urls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str
 ) -> None:
+    (tmp_path / "main.tf").write_text("terraform {}\n")
     for command in ("lock", "warm"):
         result = main_in_process(
             monkeypatch, capsys, command, str(tmp_path), "--proxy", url, "--platform", "linux_amd64", cwd=tmp_path
@@ -194,13 +195,14 @@ def test_lock_with_a_missing_ca_file(
         "linux_amd64",
         cwd=tmp_path,
     )
-    assert_one_line(result, 1, "nowhere.pem", "--ca-file")
+    assert_one_line(result, 2, "invalid --ca-file 'nowhere.pem': no such file")
 
 
 def test_warm_with_nothing_listening(
     tmp_path: Path, refused_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = refused_port
+    (tmp_path / "main.tf").write_text("terraform {}\n")
     argv = ["warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64"]
     result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
     assert_one_line(result, 1, "cannot connect to the proxy", str(port))
