@@ -215,12 +215,12 @@ BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
 def check_bundle_out(out: Path) -> None:
     """Refuse (ConfigError) an `export --out` whose suffix says no format the bundle can be written in, or
     whose directory is not there: before the stores are opened."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory; name the bundle file, e.g. {out / 'bundle.tar.zst'}")
     if not out.name.endswith(BUNDLE_SUFFIXES) or out.name in BUNDLE_SUFFIXES:
         raise ConfigError(
             f"--out {out.name!r}: unknown bundle format; name it NAME.tar, NAME.tar.gz (or .tgz) or NAME.tar.zst"
         )
-    if out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory; name the bundle file, e.g. {out / 'bundle.tar.zst'}")
     directory = out.absolute().parent
     if not directory.is_dir():
         raise ConfigError(f"--out {out}: no such directory {directory}: create it first")
