@@ -22,7 +22,7 @@ from proxy import __version__
 from proxy.commands import healthcheck
 from proxy.domain.credentials import CredentialsError, UpstreamCredentials, from_environment, merged, parse_cli_config
 from proxy.settings.command_line import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
-from proxy.settings.config import ConfigError, Settings, build, declared
+from proxy.settings.config import CLIENT_COMMANDS, ConfigError, Settings, build, declared
 from proxy.web.listener import bind_listener
 
 log = structlog.get_logger("proxy.cli")
@@ -607,8 +607,10 @@ def main(argv: list[str] | None = None) -> int:
             from proxy.commands import policy
 
             return policy.run(args)
-        from proxy.commands import run
-
+        if args.command in CLIENT_COMMANDS:  # through a running proxy: without the stores' modules
+            from proxy.commands import client_run as run
+        else:
+            from proxy.commands import run
         return asyncio.run(run.dispatch(args))
     except ConfigError as exc:
         print(f"registry-proxy: error: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from proxy import __version__
 from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.protocol.safe_json import JSONDocumentError
 from proxy.protocol.safe_json import loads as load_json
+from proxy.settings.values import ConfigError, parse_base_url
 
 
 class ProxyRequestError(Exception):
@@ -190,18 +191,13 @@ async def _speaks_tls(host: str, port: int, timeout: float = 5) -> bool:
 
 
 def _base_url(text: str) -> URL:
-    """The proxy's base URL, which must be an absolute http(s) URL."""
+    """The proxy's base URL, which must be an absolute http(s) URL (`--proxy` is read so already; this client
+    may be given any text)."""
     try:
-        url = URL(text.strip().rstrip("/") + "/")
-    except ValueError as exc:
-        raise ProxyUnreachableError(
-            f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, e.g. https://proxy.example:8443/"
-        ) from None
-    if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
-        raise ProxyUnreachableError(
-            f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/"
-        )
-    return url
+        parse_base_url(text)
+    except ConfigError as exc:
+        raise ProxyUnreachableError(f"invalid --proxy {text!r}: {exc}") from None
+    return URL(text.strip().rstrip("/") + "/")
 
 
 def _path(addr: ProviderAddr) -> str:

@@ -56,6 +56,7 @@ from proxy.settings.values import (
     normalise_private_hosts,
     not_a_url,
     parse_archive_store,
+    parse_base_url,
     parse_certificate_name,
     parse_duration,
     parse_hostname,
@@ -880,7 +881,7 @@ class ClientOptions:
 
     proxy: str | None = option(
         "--proxy",
-        Text(),
+        Parsed(parse_base_url, "an http(s) base URL"),
         "base URL of the running proxy, e.g. https://127.0.0.1:8443/",
         metavar="URL",
         commands=CLIENT_COMMANDS,

@@ -390,6 +390,14 @@ def parse_http_url(text: str) -> str:
     return text
 
 
+def parse_base_url(text: str) -> str:
+    """A running proxy's base URL (`--proxy`): http(s), a host, no query or fragment."""
+    url = _url(text.strip())
+    if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
+        raise ConfigError("give the proxy's base URL, e.g. https://proxy.example:8443/")
+    return text
+
+
 def parse_public_url(text: str) -> str:
     """The URL clients reach the proxy at: http(s), a host, no credentials, query or fragment."""
     url = _url(text)

@@ -277,7 +277,7 @@ def test_lock_and_warm_with_bad_proxy_urls(
         result = main_in_process(
             monkeypatch, capsys, command, str(tmp_path), "--proxy", url, "--platform", "linux_amd64", cwd=tmp_path
         )
-        assert_one_line(result, 1, "invalid --proxy", "base URL")
+        assert_one_line(result, 2, "invalid --proxy", "base URL")
 
 
 def test_lock_with_a_missing_ca_file(
