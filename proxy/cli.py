@@ -607,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
             from proxy.commands import policy
 
             return policy.run(args)
+        from proxy.commands.preflight import check_arguments
+
+        check_arguments(args)  # before the command's modules are imported: a mistake is answered at once
         if args.command in CLIENT_COMMANDS:  # through a running proxy: without the stores' modules
             from proxy.commands import client_run as run
         else:

@@ -42,6 +42,7 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.commands import CommandError
+from proxy.commands.preflight import check_bundle_out
 from proxy.domain.addresses import AddressError, ModuleAddr, ProviderAddr, Version
 from proxy.domain.unsigned_policy import parse_unsigned_policy
 from proxy.errors import ProxyError
@@ -56,7 +57,6 @@ from proxy.protocol.safe_json import JSONDocumentError
 from proxy.protocol.safe_json import loads as load_json
 from proxy.providers.signatures import Keyring
 from proxy.providers.verification import VerificationChain
-from proxy.settings.config import ConfigError
 from proxy.storage import ArchiveStore
 
 FORMAT = "registry-proxy-bundle"
@@ -207,23 +207,6 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info.size, info.mode = len(data), 0o644
     info.mtime = int(dt.datetime.now(dt.UTC).timestamp())
     tar.addfile(info, io.BytesIO(data))
-
-
-BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
-
-
-def check_bundle_out(out: Path) -> None:
-    """Refuse (ConfigError) an `export --out` whose suffix says no format the bundle can be written in, or
-    whose directory is not there: before the stores are opened."""
-    if out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory; name the bundle file, e.g. {out / 'bundle.tar.zst'}")
-    if not out.name.endswith(BUNDLE_SUFFIXES) or out.name in BUNDLE_SUFFIXES:
-        raise ConfigError(
-            f"--out {out.name!r}: unknown bundle format; name it NAME.tar, NAME.tar.gz (or .tgz) or NAME.tar.zst"
-        )
-    directory = out.absolute().parent
-    if not directory.is_dir():
-        raise ConfigError(f"--out {out}: no such directory {directory}: create it first")
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Runs `lock` and `warm`, the commands that work through a running proxy, from parsed CLI arguments and prints
-their summaries. Apart from `proxy.commands.run`, whose stores and bundles they do not need, and their arguments
-checked before the client and the commands are imported: a mistake is answered at once (about half a second)."""
+their summaries. Apart from `proxy.commands.run`, whose stores and bundles they do not need; their arguments were
+checked before (`proxy.commands.preflight`), and the client is imported only now."""
 
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from proxy.commands import CommandError
-from proxy.commands.terraform_config import ProjectConfigError, check_root_module
-from proxy.domain.addresses import AddressError, Platform
+from proxy.commands import CommandError, preflight
 from proxy.runtime.log import command_logging
-from proxy.settings.config import ConfigError
 
 if TYPE_CHECKING:
     from proxy.commands.proxy_api import ProxyClient
@@ -39,38 +36,8 @@ async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], A
         raise CommandError(str(exc)) from None
 
 
-def _checked(args: argparse.Namespace) -> list[Platform]:
-    """The platforms asked for, once the arguments are known good (ConfigError, exit 2, naming what is not)."""
-    platforms = _platforms(args, required=True)
-    if args.directory:
-        _root_module(args.directory)
-    if not args.proxy:
-        raise ConfigError("--proxy URL is required (or REGISTRY_PROXY_PROXY): the running proxy's base URL")
-    return platforms
-
-
-def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
-    try:
-        platforms = list(dict.fromkeys(Platform.parse(p) for p in args.platform))
-    except AddressError as exc:
-        raise ConfigError(f"--platform: {exc}") from None
-    if required and not platforms:
-        raise ConfigError("name at least one --platform OS_ARCH (e.g. linux_amd64)")
-    return platforms
-
-
-def _root_module(directory: str) -> Path:
-    """The configuration directory `lock` or `warm` was given, refused (exit 2) before the proxy is asked when
-    it is not one."""
-    try:
-        check_root_module(Path(directory))
-    except ProjectConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    return Path(directory)
-
-
 async def _lock(args: argparse.Namespace) -> int:
-    platforms = _checked(args)
+    platforms = preflight.platforms(args)  # checked before (`proxy.commands.preflight`)
     from proxy.commands.lock import run_lock
 
     entries = await _with_client(
@@ -86,7 +53,7 @@ async def _lock(args: argparse.Namespace) -> int:
 
 
 async def _warm(args: argparse.Namespace) -> int:
-    platforms = _checked(args)
+    platforms = preflight.platforms(args)  # checked before (`proxy.commands.preflight`)
     from proxy.commands.warm import run_warm
 
     report = await _with_client(

@@ -8,7 +8,7 @@ import getpass
 from pathlib import Path
 
 from proxy.commands import CommandError
-from proxy.commands.bundle import check_bundle_out, export_bundle, import_verified, verified_bundle
+from proxy.commands.bundle import export_bundle, import_verified, verified_bundle
 from proxy.commands.gc import collect, report_lines
 from proxy.commands.rotate_secret import report_lines as rotation_lines
 from proxy.commands.rotate_secret import rotate_secret
@@ -24,7 +24,7 @@ from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.negative import NegativeBound, negative_retention
 from proxy.metadata_store.redis import FAILURES as REDIS_FAILURES
 from proxy.runtime.log import command_logging
-from proxy.settings.config import ConfigError, FreshnessTtls, Settings, build
+from proxy.settings.config import FreshnessTtls, Settings, build
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
 
 
@@ -88,7 +88,6 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
 
 
 async def _export(args: argparse.Namespace) -> int:
-    check_bundle_out(Path(args.out))
     policy = None
     if getattr(args, "policy", None):
         try:
@@ -120,14 +119,7 @@ async def _export(args: argparse.Namespace) -> int:
 async def _import(args: argparse.Namespace) -> int:
     """Verify the bundle outside the data dir (`verified_bundle`), then open the data dir's stores and add it: a
     refused bundle leaves the data dir as it was (not even made)."""
-    if not args.trust_key and not args.trust_bundle_keys:
-        raise ConfigError(
-            "name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
-            "or --trust-bundle-keys to accept the keys the bundle carries"
-        )
-    bundle = Path(args.bundle)
-    if not bundle.is_file():
-        raise ConfigError(f"bundle {bundle}: {'is a directory' if bundle.is_dir() else 'no such file'}")
+    bundle = Path(args.bundle)  # there, with keys to trust (`proxy.commands.preflight`)
     trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
     with verified_bundle(bundle, trusted) as verified:
         cache, _, store = await _stores(args)
