@@ -22,7 +22,7 @@ from proxy import __version__
 from proxy.commands import healthcheck
 from proxy.commands.config_files import check_policy_file, check_tokens_file, settings_of
 from proxy.settings.command_line import UNSAFE_EFFECT, OptionParser, add_command, below_safe_minimums, shown_seconds
-from proxy.settings.config import ConfigError, Settings, declared
+from proxy.settings.config import CLIENT_COMMANDS, ConfigError, Settings, declared
 from proxy.web.listener import bind_listener
 
 log = structlog.get_logger("proxy.cli")
@@ -417,29 +417,42 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def given_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The listener's TLS context of `--tls-cert` and `--tls-key` (ConfigError when they are not a matching
+    PEM certificate and key); None when they are not given."""
+    cert, key = settings.tls.tls_cert, settings.tls.tls_key
+    if cert is None or key is None:
+        return None
+    return _listener_context(cert, key)
+
+
 def server_ssl_context(settings: Settings, extra_names: list[str]) -> ssl.SSLContext | None:
     """TLS context for the listener; generates a local CA on first start when no cert is given."""
     if settings.tls.plain_http:
         return None
-    cert, key = settings.tls.tls_cert, settings.tls.tls_key
-    if cert is None or key is None:
-        from proxy.web.local_ca import ensure_local_tls
+    given = given_ssl_context(settings)
+    if given is not None:
+        return given
+    from proxy.web.local_ca import ensure_local_tls
 
-        names = ["localhost", "127.0.0.1", "::1", socket.gethostname(), *extra_names]
-        if settings.server.listen_host not in ("0.0.0.0", "::", ""):
-            names.insert(0, settings.server.listen_host)
-        local = ensure_local_tls(settings.tls_dir, names)
-        cert, key = local.server_cert, local.server_key
-        ca_file = local.ca_cert.resolve()
-        log.info(
-            "tls.local_ca",
-            ca_file=str(ca_file),
-            created=local.created,
-            ca_bundle=str(local.ca_bundle.resolve()),
-            system_roots=str(local.system_roots) if local.system_roots else None,
-            hint=f"clients must trust the CA: export SSL_CERT_FILE={local.ca_bundle.resolve()} (system roots + the CA)",
-            cli_config=cli_snippet(mirror_url(settings, "https")),
-        )
+    names = ["localhost", "127.0.0.1", "::1", socket.gethostname(), *extra_names]
+    if settings.server.listen_host not in ("0.0.0.0", "::", ""):
+        names.insert(0, settings.server.listen_host)
+    local = ensure_local_tls(settings.tls_dir, names)
+    ca_file = local.ca_cert.resolve()
+    log.info(
+        "tls.local_ca",
+        ca_file=str(ca_file),
+        created=local.created,
+        ca_bundle=str(local.ca_bundle.resolve()),
+        system_roots=str(local.system_roots) if local.system_roots else None,
+        hint=f"clients must trust the CA: export SSL_CERT_FILE={local.ca_bundle.resolve()} (system roots + the CA)",
+        cli_config=cli_snippet(mirror_url(settings, "https")),
+    )
+    return _listener_context(local.server_cert, local.server_key)
+
+
+def _listener_context(cert, key) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(str(cert), str(key))
@@ -468,28 +481,11 @@ def cli_snippet(url: str) -> str:
     return f'provider_installation {{\n  network_mirror {{\n    url = "{url}"\n  }}\n}}\n'
 
 
-def check_files(settings: Settings) -> None:
-    """Every file a flag names must exist and be readable before start-up goes on."""
-    for flag, path in (
-        ("--tls-cert", settings.tls.tls_cert),
-        ("--tls-key", settings.tls.tls_key),
-        ("--upstream-ca-file", settings.upstreams.upstream_ca_file),
-        ("--metadata-secret-file", settings.metadata.metadata_secret_file),
-    ):
-        if path is None:
-            continue
-        if not path.is_file():
-            reason = "is a directory" if path.is_dir() else "no such file"
-            raise ConfigError(f"{flag} {path}: {reason}")
-        if not os.access(path, os.R_OK):
-            raise ConfigError(f"{flag} {path}: not readable by this user")
-
-
 def serve(args: argparse.Namespace) -> int:
     """Check everything that can be checked at once, bind the listening socket (a port in use is one line,
     exit 2), then prepare the stores and serve."""
-    settings = settings_from_args(args)
-    check_files(settings)
+    settings = settings_from_args(args)  # every file an option names was checked as the options were read
+    given_ssl_context(settings)  # a certificate and key that do not match: refused before anything is made
     listening = bind_listener(settings.server.listen_host, settings.server.listen_port)
 
     from proxy.runtime.log import setup_logging
@@ -682,8 +678,13 @@ def main(argv: list[str] | None = None) -> int:
             from proxy.commands import policy
 
             return policy.run(args)
-        from proxy.commands import run
+        from proxy.commands.preflight import check_arguments
 
+        check_arguments(args)  # before the command's modules are imported: a mistake is answered at once
+        if args.command in CLIENT_COMMANDS:  # through a running proxy: without the stores' modules
+            from proxy.commands import client_run as run
+        else:
+            from proxy.commands import run
         return asyncio.run(run.dispatch(args))
     except ConfigError as exc:
         print(f"registry-proxy: error: {exc}", file=sys.stderr)

@@ -34,7 +34,7 @@ from proxy.metadata_store import MetadataStore, keys
 from proxy.metadata_store.factory import negative_bound, open_metadata_store
 from proxy.modules.metadata import module_versions
 from proxy.providers.metadata import ProviderMetadata
-from proxy.runtime.log import setup_logging
+from proxy.runtime.log import command_logging
 from proxy.runtime.metrics import Metrics
 from proxy.services.documents import DocumentCache
 from proxy.services.shared_fetches import SharedFetches
@@ -74,9 +74,8 @@ def parse_address(text: str) -> Address:
 
 def baseline_command(settings: Settings, addresses: list[str], actor: str | None) -> int:
     """Run the baseline and print what it recorded (exit 1 when an address failed)."""
-    if not structlog.is_configured():  # (run inside a test's process, it logs where that process does)
-        setup_logging("auto", "info")  # the policy.baselined records on stderr: JSON unless on a terminal
-    report = asyncio.run(run_baseline(settings, addresses, actor or f"cli:{getpass.getuser()}"))
+    with command_logging():  # the policy.baselined records on stderr
+        report = asyncio.run(run_baseline(settings, addresses, actor or f"cli:{getpass.getuser()}"))
     for address, versions in report.recorded.items():
         kept = report.kept.get(address, [])
         print(

@@ -5,9 +5,10 @@ A bundle is a tar (optionally `.gz` or `.zst`) holding `manifest.json`, `metadat
 verified SHA256SUMS with signatures and keys, hashes, module records) and
 `archives/<sha256>` files. Import trusts nothing in it: every provider archive is checked
 again against its signed SHA256SUMS (signature, line, digest) and its `h1:` recomputed;
-every module archive against its recorded digest and the archive safety rules. One bad
-file rejects the whole bundle, naming the file, before anything is written. Importing the
-same bundle twice changes nothing.
+every module archive against its recorded digest and the archive safety rules, in a staging directory
+outside the data dir (`verify_bundle`). One bad file rejects the whole bundle, naming the file, before
+anything is written to the data dir (`import_verified` then adds it). Importing the same bundle twice
+changes nothing.
 
 Trust is anchored outside the bundle: a signature only counts if its key's fingerprint was
 named by the operator (`--trust-key`, e.g. copied from `export`'s output or the registry's
@@ -18,6 +19,7 @@ the host that served the document, and version lists arrive stale, so a connecte
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import gzip
@@ -27,6 +29,7 @@ import json
 import re
 import shutil
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +42,7 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.commands import CommandError
+from proxy.commands.preflight import check_bundle_out
 from proxy.domain.addresses import AddressError, ModuleAddr, ProviderAddr, Version
 from proxy.domain.unsigned_policy import parse_unsigned_policy
 from proxy.errors import ProxyError
@@ -89,7 +93,7 @@ async def export_bundle(
 ) -> BundleReport:
     """Write every cached provider archive and module (or those matching `only`) with their metadata; what
     `policy` denies is left out (and listed in the report). `progress` counts the archives written."""
-    check_bundle_name(out)
+    check_bundle_out(out)
     progress = progress or Progress.silent()
     names, values = await read_cache(cache)
     progress.note(f"read {len(names)} metadata entries")
@@ -253,17 +257,6 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
-
-
-def check_bundle_name(out: Path) -> None:
-    """Refuse an `export --out` name whose suffix says no format the bundle can be written in."""
-    if not out.name.endswith(BUNDLE_SUFFIXES) or out.name in BUNDLE_SUFFIXES:
-        raise CommandError(
-            f"--out {out.name!r}: unknown bundle format; name it NAME.tar, NAME.tar.gz (or .tgz) or NAME.tar.zst"
-        )
-
-
 @contextmanager
 def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
     temporary = out.with_name(f".{out.name}.partial")
@@ -282,74 +275,104 @@ def _open_for_writing(out: Path) -> Iterator[IO[bytes]]:
 # ---- import ----------------------------------------------------------------------------------
 
 
-async def import_bundle(
-    bundle: Path,
-    cache: MetadataStore,
-    store: ArchiveStore,
-    keyring: Keyring,
-    trusted_keys: set[str] | None = None,
-    progress: Progress | None = None,
-) -> BundleReport:
-    """Verify everything in `bundle`, then add it to the cache and the store (idempotent).
+@dataclass
+class VerifiedBundle:
+    """A bundle whose every archive and record passed the checks: its archives unpacked in a staging directory
+    (by digest), the metadata entries to store, and what the report says of it."""
 
-    `trusted_keys`: fingerprints whose signatures are accepted; None accepts the bundle's own keys. `progress`
-    counts the archives unpacked (and hashed).
-    """
-    progress = progress or Progress.silent()
+    files: dict[str, Path]
+    metadata: dict[str, bytes]
+    records: dict[str, bytes]
+    report: BundleReport
+
+
+def verify_bundle(
+    bundle: Path, staging: Path, keyring: Keyring, trusted_keys: set[str] | None, progress: Progress
+) -> VerifiedBundle:
+    """Unpack `bundle` into `staging` and verify everything in it (CommandError naming the first thing refused);
+    nothing outside `staging` is written. `trusted_keys`: fingerprints whose signatures are accepted; None
+    accepts the bundle's own keys. `progress` counts the archives unpacked (and hashed)."""
     report = BundleReport()
-    staging = store.temp_dir / "import"
-    staging.mkdir(parents=True, exist_ok=True)
+    progress.note(f"unpacking {bundle}")
+    manifest, metadata, files = _unpack(bundle, staging, progress)
+    progress.note(
+        f"verifying {len(manifest.get('providers', []))} provider archives and "
+        f"{len(manifest.get('modules', []))} modules"
+    )
+    records: dict[str, bytes] = {}
+    chain = VerificationChain(keyring, parse_unsigned_policy("refuse"))  # a bundle carries no TLS across
+    for entry in manifest.get("providers", []):
+        key, raw, fingerprint = _verify_provider(entry, metadata, files, chain)
+        report.signing_keys.add(fingerprint)
+        if trusted_keys is not None and fingerprint not in trusted_keys:
+            raise CommandError(
+                f"bundle rejected: {keys.ARCHIVE.subject(key)} is signed by key {fingerprint}, which is not "
+                "trusted; pass --trust-key with that fingerprint if it is the registry's real signing key"
+            )
+        records[key] = raw
+        report.providers.append(keys.ARCHIVE.subject(key))
+        for sibling in entry.get("other_platforms", []):
+            _verify_sibling(entry, sibling, metadata, chain)
+    for entry in manifest.get("modules", []):
+        _verify_module(entry, metadata, files)
+        report.modules.append(keys.MODULE.subject(entry["module_key"]))
+    referenced = {e["sha256"] for e in manifest.get("providers", []) + manifest.get("modules", [])}
+    for sha in sorted(files):
+        if sha not in referenced:
+            raise CommandError(f"bundle rejected: archives/{sha} is not described by the manifest")
+    # Only metadata that belongs to a verified archive is taken: nothing else can be trusted.
+    covered = _covered_keys(manifest)
+    for key in sorted(metadata):
+        if key not in covered:
+            raise CommandError(f"bundle rejected: metadata entry {key!r} belongs to no archive in the manifest")
+    report.entries = len(metadata)
+    return VerifiedBundle(files, metadata, records, report)
+
+
+@contextmanager
+def verified_bundle(
+    bundle: Path, trusted_keys: set[str] | None, progress: Progress | None = None
+) -> Iterator[VerifiedBundle]:
+    """`verify_bundle` in a staging directory of its own (in TMPDIR, removed afterwards), with a keyring of its
+    own: the data dir is not touched until the bundle is known good."""
+    with tempfile.TemporaryDirectory(prefix="registry-proxy-import-") as staging:
+        keyring = Keyring(Path(staging) / "gnupg")
+        try:
+            verified = verify_bundle(bundle, Path(staging), keyring, trusted_keys, progress or Progress.silent())
+        finally:
+            keyring.close()
+        yield verified
+
+
+async def import_verified(
+    verified: VerifiedBundle, cache: MetadataStore, store: ArchiveStore, progress: Progress | None = None
+) -> BundleReport:
+    """Add a verified bundle to the cache and the store (idempotent): its archives are moved from the staging
+    directory into the store's own temp dir (renamed on the same filesystem, else copied), then published."""
+    report = verified.report
+    progress = progress or Progress.silent()
+    arriving = store.temp_dir / "import"
+    arriving.mkdir(parents=True, exist_ok=True)
     try:
-        progress.note(f"unpacking {bundle}")
-        manifest, metadata, files = _unpack(bundle, staging, progress)
         progress.note(
-            f"verifying {len(manifest.get('providers', []))} provider archives and "
-            f"{len(manifest.get('modules', []))} modules"
+            f"adding {len(verified.files)} archives and {len(verified.metadata)} metadata entries to the data dir"
         )
-        records: dict[str, bytes] = {}
-        chain = VerificationChain(keyring, parse_unsigned_policy("refuse"))  # a bundle carries no TLS across
-        for entry in manifest.get("providers", []):
-            key, raw, fingerprint = _verify_provider(entry, metadata, files, chain)
-            report.signing_keys.add(fingerprint)
-            if trusted_keys is not None and fingerprint not in trusted_keys:
-                raise CommandError(
-                    f"bundle rejected: {keys.ARCHIVE.subject(key)} is signed by key {fingerprint}, which is not "
-                    "trusted; pass --trust-key with that fingerprint if it is the registry's real signing key"
-                )
-            records[key] = raw
-            report.providers.append(keys.ARCHIVE.subject(key))
-            for sibling in entry.get("other_platforms", []):
-                _verify_sibling(entry, sibling, metadata, chain)
-        for entry in manifest.get("modules", []):
-            _verify_module(entry, metadata, files)
-            report.modules.append(keys.MODULE.subject(entry["module_key"]))
-        referenced = {e["sha256"] for e in manifest.get("providers", []) + manifest.get("modules", [])}
-        for sha in sorted(files):
-            if sha not in referenced:
-                raise CommandError(f"bundle rejected: archives/{sha} is not described by the manifest")
-        # Only metadata that belongs to a verified archive is taken: nothing else can be trusted.
-        covered = _covered_keys(manifest)
-        for key in sorted(metadata):
-            if key not in covered:
-                raise CommandError(f"bundle rejected: metadata entry {key!r} belongs to no archive in the manifest")
-        # Everything verified: publish.
-        progress.note(f"adding {len(files)} archives and {len(metadata)} metadata entries to the data dir")
-        for sha, path in files.items():
+        for sha, path in verified.files.items():
             present = await store.check(sha)  # a file already there counts only if it hashes to its address
             if present is not None and present.intact:
                 report.already_present += 1
                 continue
             if present is not None and await store.quarantine(sha, present.stored.version) is not None:
                 report.replaced_corrupt += 1
-            stored = await store.publish_path(path, sha)
+            moved = Path(await asyncio.to_thread(shutil.move, path, arriving / sha))
+            stored = await store.publish_path(moved, sha)
             report.archives += 1
             report.bytes += stored.size
-        for key, value in {**_arriving_stale(metadata), **records}.items():
+        for key, value in {**_arriving_stale(verified.metadata), **verified.records}.items():
             await cache.set(key, value)
-        report.entries = len(metadata)
         return report
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(arriving, ignore_errors=True)
 
 
 def _unpack(

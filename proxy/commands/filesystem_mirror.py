@@ -16,18 +16,13 @@ from pathlib import Path
 
 from proxy.commands import CommandError
 from proxy.commands.bundle import BundleReport, exportable_providers, read_cache
+from proxy.commands.preflight import check_mirror_directory
 from proxy.governance.inventory import provider_of
 from proxy.governance.policy import Policy
 from proxy.metadata_store import MetadataStore
 from proxy.protocol.mirror_layout import packed_path
 from proxy.runtime.progress import Progress
 from proxy.storage import ArchiveStore
-
-
-def check_mirror_directory(out: Path) -> None:
-    """Refuse an `export --out` that exists and is not a directory (a missing one is created)."""
-    if out.exists() and not out.is_dir():
-        raise CommandError(f"--out {out}: not a directory (a filesystem mirror is written into a directory)")
 
 
 async def export_filesystem_mirror(

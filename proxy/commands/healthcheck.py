@@ -11,6 +11,7 @@ Exit 0 when `/readyz` answers 200 (ready, or degraded but serving), 1 otherwise;
 from __future__ import annotations
 
 import http.client
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +33,24 @@ class Probe:
 
     @property
     def url(self) -> str:
-        scheme = "https" if self.context else "http"
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{shown}:{self.port}/readyz"
+        return f"{'https' if self.context else 'http'}://{_address(self.host, self.port)}/readyz"
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _nothing_listens(host: str, port: int) -> str:
+    return f"unhealthy: nothing listens at {_address(host, port)} (connection refused): is the proxy running there?"
+
+
+def _probe_host(args) -> str:
+    return _WILDCARDS.get(args.listen.host, args.listen.host)
 
 
 def probe_from_args(args) -> Probe:
     """The probe for the parsed healthcheck options (raises ConfigError)."""
-    host = _WILDCARDS.get(args.listen.host, args.listen.host)
+    host = _probe_host(args)
     if args.plain_http:
         return Probe(host, args.listen.port, None, args.timeout)
     context = _client_context(Settings(data_dir=args.data_dir).tls_dir, args.tls_cert, args.ca_file)
@@ -79,6 +90,8 @@ def check(probe: Probe) -> tuple[bool, str]:
         body = response.read(65536)
     except ssl.SSLError as exc:
         return False, f"unhealthy: TLS to {probe.url} failed: {exc.reason or exc}"
+    except ConnectionRefusedError:
+        return False, _nothing_listens(probe.host, probe.port)
     except TimeoutError:
         return False, f"unhealthy: {probe.url} did not answer within {probe.timeout:g}s"
     except (OSError, http.client.HTTPException) as exc:
@@ -110,10 +123,25 @@ def run(args) -> int:
     """The `healthcheck` command: print one line, return 0 when ready, else 1."""
     try:
         healthy, line = check(probe_from_args(args))
-    except ConfigError as exc:
+    except ConfigError as exc:  # the CA it would trust cannot be read: first, does anything listen?
+        host = _probe_host(args)
+        if _refused(host, args.listen.port, args.timeout):
+            print(f"registry-proxy healthcheck: {_nothing_listens(host, args.listen.port)}")
+            return 1
         return refused(exc)
     print(f"registry-proxy healthcheck: {line}")
     return 0 if healthy else 1
+
+
+def _refused(host: str, port: int, timeout: float) -> bool:
+    """Whether a connection to HOST:PORT is refused (nothing listens there)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def refused(exc: ConfigError) -> int:

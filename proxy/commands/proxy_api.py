@@ -7,6 +7,7 @@ token (`--token`, for a proxy with `--auth-tokens`) is sent with every request, 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from proxy import __version__
 from proxy.domain.addresses import AddressError, ModuleAddr, Platform, ProviderAddr, Version
 from proxy.protocol.safe_json import JSONDocumentError
 from proxy.protocol.safe_json import loads as load_json
+from proxy.settings.values import ConfigError, parse_base_url
 
 
 class ProxyRequestError(Exception):
@@ -71,13 +73,21 @@ class ProxyClient:
         return self
 
     async def probe(self) -> None:
-        """Check that the proxy answers at its URL over trusted TLS (before any work starts)."""
-        async with self._request(self.url("healthz")) as response:
-            await response.read()
-            if response.status != 200:
+        """Check that the proxy answers at its URL over trusted TLS (before any work starts); an http:// URL of
+        a port that speaks TLS is said to be one, with the https:// URL to give instead."""
+        try:
+            async with self._request(self.url("healthz")) as response:
+                await response.read()
+        except ProxyUnreachableError as exc:
+            if self.base.scheme == "http" and await _speaks_tls(self.base.host or "", self.base.port or 80):
                 raise ProxyUnreachableError(
-                    f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
-                )
+                    f"{exc}: {self.base.host}:{self.base.port} speaks TLS: use --proxy {self.base.with_scheme('https')}"
+                ) from None
+            raise
+        if response.status != 200:
+            raise ProxyUnreachableError(
+                f"{self.base} does not look like a registry-proxy: GET /healthz answered HTTP {response.status}"
+            )
 
     async def readiness(self) -> tuple[int, bytes]:
         """GET /readyz: its status and body (a 503, not ready, is an answer too)."""
@@ -173,19 +183,26 @@ class ProxyClient:
             return total
 
 
-def _base_url(text: str) -> URL:
-    """The proxy's base URL, which must be an absolute http(s) URL."""
+async def _speaks_tls(host: str, port: int, timeout: float = 5) -> bool:
+    """Whether HOST:PORT completes a TLS handshake (its certificate unchecked: only the protocol is asked)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     try:
-        url = URL(text.strip().rstrip("/") + "/")
-    except ValueError as exc:
-        raise ProxyUnreachableError(
-            f"invalid --proxy {text!r} ({exc}): give the proxy's base URL, e.g. https://proxy.example:8443/"
-        ) from None
-    if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
-        raise ProxyUnreachableError(
-            f"invalid --proxy {text!r}: give the proxy's base URL, e.g. https://proxy.example:8443/"
-        )
-    return url
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=context), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def _base_url(text: str) -> URL:
+    """The proxy's base URL, which must be an absolute http(s) URL (`--proxy` is read so already; this client
+    may be given any text)."""
+    try:
+        parse_base_url(text)
+    except ConfigError as exc:
+        raise ProxyUnreachableError(f"invalid --proxy {text!r}: {exc}") from None
+    return URL(text.strip().rstrip("/") + "/")
 
 
 def _path(addr: ProviderAddr) -> str:

@@ -1,25 +1,19 @@
-"""Runs the client-side commands from parsed CLI arguments and prints their summaries."""
+"""Runs the commands on a data dir's stores (`export`, `import`, `verify`, `gc`, `purge`, `rotate-secret`, `trust`)
+from parsed CLI arguments and prints their summaries; `lock` and `warm` are `proxy.commands.client_run`'s."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 from proxy.commands import CommandError
-from proxy.commands.bundle import BundleReport, check_bundle_name, export_bundle, import_bundle
-from proxy.commands.filesystem_mirror import check_mirror_directory, export_filesystem_mirror
+from proxy.commands.bundle import BundleReport, export_bundle, import_verified, verified_bundle
+from proxy.commands.filesystem_mirror import export_filesystem_mirror
 from proxy.commands.gc import collect, report_lines
-from proxy.commands.lock import run_lock
-from proxy.commands.proxy_api import ProxyClient, ProxyUnreachableError
 from proxy.commands.rotate_secret import report_lines as rotation_lines
 from proxy.commands.rotate_secret import rotate_secret
 from proxy.commands.verify import check_records, summary_lines, verify_store
-from proxy.commands.warm import run_warm
-from proxy.domain.addresses import AddressError, Platform
 from proxy.errors import ProxyError
 from proxy.governance.catalog import Catalog, PurgeTarget
 from proxy.governance.gatekeeper import load_policy
@@ -30,20 +24,19 @@ from proxy.metadata_store.embedded import FAILURES as EMBEDDED_FAILURES
 from proxy.metadata_store.factory import negative_bound, open_metadata
 from proxy.metadata_store.negative import NegativeBound, negative_retention
 from proxy.metadata_store.redis import FAILURES as REDIS_FAILURES
-from proxy.providers.signatures import Keyring
-from proxy.runtime.log import setup_logging
+from proxy.runtime.log import command_logging
 from proxy.runtime.progress import Progress
-from proxy.settings.config import ConfigError, FreshnessTtls, Settings, build
+from proxy.settings.config import FreshnessTtls, Settings, build
 from proxy.storage import ArchiveStore, ServedTimes, archive_store
-
-T = TypeVar("T")
 
 
 async def dispatch(args: argparse.Namespace) -> int:
-    if args.command == "lock":
-        return await _lock(args)
-    if args.command == "warm":
-        return await _warm(args)
+    """Run the command `args` name, with its log at info (`command_logging`)."""
+    with command_logging():
+        return await _dispatch(args)
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "export":
         return await _export(args)
     if args.command == "import":
@@ -63,76 +56,9 @@ async def dispatch(args: argparse.Namespace) -> int:
     raise CommandError(f"unknown command {args.command}")
 
 
-def _client(args: argparse.Namespace) -> ProxyClient:
-    if not args.proxy:
-        raise CommandError("--proxy URL is required (or REGISTRY_PROXY_PROXY)")
-    return ProxyClient(args.proxy, args.ca_file, token=args.token)
-
-
-async def _with_client(args: argparse.Namespace, work: Callable[[ProxyClient], Awaitable[T]]) -> T:
-    """Run `work` with a client of the proxy; a proxy that cannot be used is one clear CommandError."""
-    try:
-        async with _client(args) as client:
-            return await work(client)
-    except ProxyUnreachableError as exc:
-        raise CommandError(str(exc)) from None
-
-
-def _platforms(args: argparse.Namespace, required: bool) -> list[Platform]:
-    try:
-        platforms = list(dict.fromkeys(Platform.parse(p) for p in args.platform))
-    except AddressError as exc:
-        raise CommandError(str(exc)) from None
-    if required and not platforms:
-        raise CommandError("name at least one --platform OS_ARCH")
-    return platforms
-
-
-async def _lock(args: argparse.Namespace) -> int:
-    platforms = _platforms(args, required=True)
-    entries = await _with_client(
-        args,
-        lambda client: run_lock(
-            Path(args.directory), client, platforms, upgrade=args.upgrade, default_host=args.default_registry
-        ),
-    )
-    for entry in entries.values():
-        print(f"locked {entry.address} {entry.version} ({len(entry.hashes)} hashes)")
-    print(f"wrote {Path(args.directory) / '.terraform.lock.hcl'} for {', '.join(map(str, platforms))}")
-    return 0
-
-
 def _progress(args: argparse.Namespace, unit: str) -> Progress:
     """The progress of the command on stderr (nothing with --quiet)."""
     return Progress(args.command, unit, quiet=args.quiet)
-
-
-async def _warm(args: argparse.Namespace) -> int:
-    platforms = _platforms(args, required=True)
-    with _progress(args, "items") as progress:
-        report = await _with_client(
-            args,
-            lambda client: run_warm(
-                client,
-                platforms,
-                directory=Path(args.directory) if args.directory else None,
-                lock_file=Path(args.lock_file) if args.lock_file else None,
-                jobs=args.jobs,
-                default_host=args.default_registry,
-                progress=progress,
-            ),
-        )
-    print(
-        f"warm: {len(report.done)} fetched ({report.bytes} bytes), {len(report.skipped)} skipped, "
-        f"{len(report.refused)} refused by policy, {len(report.failed)} failed"
-    )
-    for name, reason in report.skipped.items():
-        print(f"  skipped {name}: {reason}")
-    for refusal in report.refused:
-        print(f"  refused {refusal}", file=sys.stderr)
-    for name, reason in report.failed.items():
-        print(f"  FAILED {name}: {reason}", file=sys.stderr)
-    return 1 if report.failed or report.refused else 0
 
 
 def _store_settings(args: argparse.Namespace) -> Settings:
@@ -168,24 +94,8 @@ async def _stores(args: argparse.Namespace, *, claim: bool = True) -> tuple[Meta
     return cache, times, store
 
 
-def _export_destination(args: argparse.Namespace) -> Path:
-    """`export`'s destination: `--out PATH` or the positional PATH, exactly one of them."""
-    given = [path for path in (args.out, args.destination) if path]
-    if len(given) != 1:
-        raise ConfigError(
-            "export: give the destination once, as --out FILE|DIR or as the last argument"
-            + (f" (given twice: {' and '.join(given)})" if given else "")
-        )
-    args.out = given[0]
-    return Path(given[0])
-
-
 async def _export(args: argparse.Namespace) -> int:
-    out, mirror = _export_destination(args), args.format == "filesystem-mirror"
-    if mirror:
-        check_mirror_directory(out)
-    else:
-        check_bundle_name(out)
+    out, mirror = Path(args.out), args.format == "filesystem-mirror"  # checked before (`preflight`)
     policy = None
     if getattr(args, "policy", None):
         try:
@@ -232,21 +142,17 @@ def _mirror_exported(out: str, report: BundleReport) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    cache, _, store = await _stores(args)
-    keyring = Keyring(args.data_dir / "gnupg")
-    try:
-        if not args.trust_key and not args.trust_bundle_keys:
-            raise CommandError(
-                "name the signing keys to trust: --trust-key FINGERPRINT (printed by `export`), "
-                "or --trust-bundle-keys to accept the keys the bundle carries"
-            )
-        trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
-        with _progress(args, "archives") as progress:
-            report = await import_bundle(Path(args.bundle), cache, store, keyring, trusted, progress)
-    finally:
-        await cache.close()
-        await store.close()
-        keyring.close()
+    """Verify the bundle outside the data dir (`verified_bundle`), then open the data dir's stores and add it: a
+    refused bundle leaves the data dir as it was (not even made)."""
+    bundle = Path(args.bundle)  # there, with keys to trust (`proxy.commands.preflight`)
+    trusted = None if args.trust_bundle_keys else {k.replace(" ", "").upper() for k in args.trust_key}
+    with _progress(args, "archives") as progress, verified_bundle(bundle, trusted, progress) as verified:
+        cache, _, store = await _stores(args)
+        try:
+            report = await import_verified(verified, cache, store, progress)
+        finally:
+            await cache.close()
+            await store.close()
     print(
         f"imported {len(report.providers)} provider archives and {len(report.modules)} modules: "
         f"{report.archives} new files ({report.bytes} bytes), {report.already_present} already present, "
@@ -286,7 +192,6 @@ async def _gc(args: argparse.Namespace) -> int:
 
 
 async def _purge(args: argparse.Namespace) -> int:
-    setup_logging("auto", "info")  # the catalog.purged record on stderr: JSON unless on a terminal
     try:
         target = PurgeTarget.parse(args.target)
     except ProxyError as exc:

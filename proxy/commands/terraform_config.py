@@ -41,8 +41,7 @@ class Requirements:
 
 def read_requirements(root: Path, default_host: str = "registry.terraform.io") -> Requirements:
     """Providers (with every constraint that applies) and registry modules of the configuration at `root`."""
-    if not root.is_dir():
-        raise ProjectConfigError(f"{root} is not a directory")
+    check_root_module(root)
     requirements = Requirements()
     seen: set[Path] = set()
     pending = [root.resolve()]
@@ -60,10 +59,26 @@ def read_requirements(root: Path, default_host: str = "registry.terraform.io") -
     return requirements
 
 
-def _documents(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+def check_root_module(root: Path) -> None:
+    """Refuse a `root` that is not a directory, or holds no configuration (ProjectConfigError naming it)."""
+    shown = f"{root} ({root.resolve()})" if not root.is_absolute() and root.parts in ((), ("..",)) else str(root)
+    if not root.is_dir():
+        raise ProjectConfigError(f"{shown} is not a directory")
+    if not _configuration_files(root):
+        raise ProjectConfigError(
+            f"{shown} holds no .tf or .tofu file: name the root module's directory (where `terraform init` runs)"
+        )
+
+
+def _configuration_files(directory: Path) -> list[Path]:
+    """The `.tf` and `.tofu` files of a module (a `.tofu` file replaces the `.tf` file of the same name)."""
     files = {p.stem: p for p in sorted(directory.glob("*.tf"))}
-    files.update({p.stem: p for p in sorted(directory.glob("*.tofu"))})  # .tofu wins over .tf of the same name
-    for path in sorted(files.values()):
+    files.update({p.stem: p for p in sorted(directory.glob("*.tofu"))})
+    return sorted(files.values())
+
+
+def _documents(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in _configuration_files(directory):
         try:
             yield path, parse_hcl(path.read_text(encoding="utf-8"), str(path))
         except (LockFileError, UnicodeDecodeError) as exc:

@@ -107,11 +107,23 @@ class Scope:
         return tuple(f"{host}/{namespace}" for host in self.hosts for namespace in namespaces)
 
 
-def parse_scope(where: str, entry: Mapping[str, Any], flags_read: tuple[str, ...] = _FLAGS) -> Scope:
-    """The scope keys of a token's entry or an OIDC rule (`where` names it in errors); AuthConfigError."""
-    hosts = _patterns(where, "hosts", entry.get("hosts"), _HOST_GLOB)
+def _toml_key_named(key: str) -> str:
+    return f"`{key}`"
+
+
+def parse_scope(
+    where: str,
+    entry: Mapping[str, Any],
+    flags_read: tuple[str, ...] = _FLAGS,
+    named: Callable[[str], str] = _toml_key_named,
+) -> Scope:
+    """The scope keys of a token's entry or an OIDC rule (`where` names it in errors, and each key as `named`
+    writes it: `hosts` in a file, --hosts on a command line); AuthConfigError."""
+    hosts = _patterns(where, "hosts", entry.get("hosts"), _HOST_GLOB, named)
     namespaces = (
-        None if "namespaces" not in entry else _patterns(where, "namespaces", entry["namespaces"], _NAMESPACE_GLOB)
+        None
+        if "namespaces" not in entry
+        else _patterns(where, "namespaces", entry["namespaces"], _NAMESPACE_GLOB, named)
     )
     flags = {key: entry.get(key, False) for key in flags_read}
     for key, value in flags.items():
@@ -303,7 +315,10 @@ def _token(name: str, entry: object) -> Token:
     return Token(name, bytes.fromhex(stored[len(HASH_PREFIX) :]), scope)
 
 
-def _patterns(where: str, key: str, value: object, allowed: re.Pattern[str]) -> tuple[str, ...]:
+def _patterns(
+    where: str, key: str, value: object, allowed: re.Pattern[str], named: Callable[[str], str] = _toml_key_named
+) -> tuple[str, ...]:
+    """The names or globs of list `key`; AuthConfigError names `where` and the key as `named` writes it."""
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
@@ -312,11 +327,16 @@ def _patterns(where: str, key: str, value: object, allowed: re.Pattern[str]) -> 
     for pattern in patterns:
         problem = check_glob(pattern)
         if problem is None and not allowed.match(pattern):
-            hint = " (a namespace alone: `acme` covers acme/*)" if key == "namespaces" and "/" in pattern else ""
-            problem = f"{pattern!r} holds characters no {key[:-1]} has{hint}"
+            problem = f"{pattern!r} holds characters no {key[:-1]} has{_PATTERN_HINTS[key] if '/' in pattern else ''}"
         if problem is not None:
-            raise AuthConfigError(f"{where}: `{key}`: {problem}")
+            raise AuthConfigError(f"{where}: {named(key)}: {problem}")
     return patterns
+
+
+_PATTERN_HINTS = {  # what was meant by a pattern with a `/`
+    "hosts": " (a hostname or glob, not a URL: registry.terraform.io, *.corp.example)",
+    "namespaces": " (a namespace alone: `acme` covers acme/*)",
+}
 
 
 def token_entry(
@@ -328,16 +348,20 @@ def token_entry(
     metrics: bool = False,
     admin: bool = False,
 ) -> str:
-    """The TOML entry for `token` to add to the tokens file."""
+    """The TOML entry for `token` to add to the tokens file: its hosts and namespaces read by the parser of the
+    tokens file (`parse_scope`), so that an entry `serve` would refuse is never printed (AuthConfigError naming
+    the option, --hosts or --namespaces)."""
     if not _NAME.match(name):
         raise AuthConfigError(f"token name {name[:70]!r}: use 1-64 letters, digits, '_', '-', '.', '@'")
+    given = {"hosts": hosts} if namespaces is None else {"hosts": hosts, "namespaces": namespaces}
+    scope = parse_scope("token new", given, (), named=lambda key: f"--{key}")
     lines = [
         f"[tokens.{_toml_key(name)}]",
         f'hash = "{hash_token(token)}"',
-        f"hosts = [{', '.join(_toml_string(h) for h in hosts)}]",
+        f"hosts = [{', '.join(_toml_string(h) for h in scope.hosts)}]",
     ]
-    if namespaces is not None:
-        lines.append(f"namespaces = [{', '.join(_toml_string(n) for n in namespaces)}]")
+    if scope.namespaces is not None:
+        lines.append(f"namespaces = [{', '.join(_toml_string(n) for n in scope.namespaces)}]")
     lines += [f"lock = {str(lock).lower()}", f"metrics = {str(metrics).lower()}"]
     if admin:
         lines.append("admin = true")

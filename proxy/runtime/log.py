@@ -28,7 +28,8 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -117,6 +118,33 @@ def flush_access_log() -> None:
 
 def setup_logging(fmt: str = "auto", level: str = "info") -> None:
     """Configure structlog and stdlib logging once, at start-up."""
+    stream = _setup_structlog(fmt, level)
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=stream)
+
+
+@contextmanager
+def command_logging() -> Iterator[None]:
+    """The log of a command besides `serve`, while it runs: info and above on stderr, JSON unless on a terminal
+    (never the debug lines of an unconfigured structlog). A process that set structlog up already keeps its own
+    set-up; one that had not (a test running commands in its own process) gets the defaults back afterwards."""
+    global _access_writer, _access_lines
+    if structlog.is_configured():
+        yield
+        return
+    before = _access_writer, _access_lines
+    _setup_structlog("auto", "info", cache=False)  # a logger used meanwhile is not left bound to this set-up
+    try:
+        yield
+    finally:
+        flush_access_log()
+        structlog.reset_defaults()
+        _access_writer, _access_lines = before
+
+
+def _setup_structlog(fmt: str, level: str, *, cache: bool = True) -> Any:
+    """Configure structlog (`cache`: each logger bound to it on first use, for speed); the stream its lines go
+    to."""
     terminal = sys.stderr.isatty()
     as_json = fmt == "json" or (fmt == "auto" and not terminal)
     # Colour codes only for a terminal (never into a pipe or a file) and not under NO_COLOR (no-color.org).
@@ -140,9 +168,9 @@ def setup_logging(fmt: str = "auto", level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.WriteLoggerFactory(file=stream),  # a line in one write
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=stream)
+    return stream
 
 
 atexit.register(flush_access_log)

@@ -14,7 +14,8 @@ for every option:
 
 Each value is then parsed and checked against its declared bounds, whatever its source: zero,
 negative and below-minimum values are refused with one line naming the option, the value and where
-it came from. `--unsafe-short-timings` (hidden, for tests) lets every duration go down to 1ms.
+it came from; so is a path that is not what the option needs there (`proxy.settings.paths`).
+`--unsafe-short-timings` (hidden, for tests) lets every duration go down to 1ms.
 Unknown `REGISTRY_PROXY_*` variables and unknown or mistyped file keys are errors that name the
 variable or the key and the file.
 
@@ -35,7 +36,8 @@ from typing import Any
 import platformdirs
 
 from proxy.settings.config import OPTIONS, ConfigError, options_for
-from proxy.settings.optionspec import MachineValue, Option, env_name
+from proxy.settings.optionspec import LocalPath, MachineValue, Option, env_name
+from proxy.settings.paths import path_problem
 
 CONFIG_FLAG = "--config"
 CONFIG_ENV = env_name(CONFIG_FLAG)
@@ -145,10 +147,18 @@ def resolve(namespace: argparse.Namespace, command: str, environ: Mapping[str, s
         if config:
             file_values = read_config_file(Path(config), options_for("serve"), specs)
     unsafe = False
+    given: list[tuple[Option, str]] = []  # the options given a value, and where it came from
     for spec in specs:
-        value = _resolved(spec, namespace, environ, file_values, unsafe)
+        value, where = _resolved(spec, namespace, environ, file_values, unsafe)
         setattr(namespace, spec.dest, value)
         unsafe = unsafe or (spec.flag == UNSAFE_FLAG and value)
+        if where is not None and isinstance(spec.kind, LocalPath) and value is not None:
+            given.append((spec, where))
+    for spec, where in given:  # the disk last: a value written wrong is said first, whatever it names
+        value = getattr(namespace, spec.dest)
+        problem = path_problem(spec.kind, value)
+        if problem is not None:
+            raise ConfigError(f"invalid {spec.flag} {str(value)!r}{where}: {problem}")
 
 
 def _resolved(
@@ -157,17 +167,18 @@ def _resolved(
     environ: Mapping[str, str],
     file_values: dict[str, tuple[str, Any]],
     unsafe: bool,
-) -> Any:
-    """The value of one option from the first source that has it (flag, variable, file, default)."""
+) -> tuple[Any, str | None]:
+    """The value of one option from the first source that has it (flag, variable, file, default), and where
+    it came from (None: the default)."""
     if hasattr(namespace, spec.dest):  # given as a flag (not given, argparse leaves it out)
-        return _parsed(spec, getattr(namespace, spec.dest), "", unsafe)
+        return _parsed(spec, getattr(namespace, spec.dest), "", unsafe), ""
     if spec.env_name and spec.env_name in environ:
         where = f" (from {spec.env_name})"
-        return _parsed(spec, _from_env(spec, environ[spec.env_name], where), where, unsafe)
+        return _parsed(spec, _from_env(spec, environ[spec.env_name], where), where, unsafe), where
     if spec.dest in file_values:
         where, value = file_values[spec.dest]
-        return _parsed(spec, value, where, unsafe)
-    return _machine(spec.default_value())
+        return _parsed(spec, value, where, unsafe), where
+    return _machine(spec.default_value()), None
 
 
 def _parsed(spec: Option, raw: Any, where: str, unsafe: bool) -> Any:

@@ -32,6 +32,7 @@ from proxy.settings.optionspec import (
     Count,
     Duration,
     Each,
+    LocalPath,
     Parsed,
     Size,
     Switch,
@@ -55,6 +56,8 @@ from proxy.settings.values import (
     normalise_private_hosts,
     not_a_url,
     parse_archive_store,
+    parse_base_url,
+    parse_certificate_name,
     parse_duration,
     parse_hostname,
     parse_hostname_text,
@@ -114,8 +117,9 @@ CLIENT_COMMANDS = ("lock", "warm")  # talk to a running proxy
 SERVE_AND_STORE = ("serve", *STORE_COMMANDS)
 
 # Kinds of values several options take.
-FILE = Parsed(lambda text: Path(text).expanduser(), "a file path")
-DIRECTORY = Parsed(lambda text: Path(text).expanduser(), "a directory path")
+FILE = LocalPath(lambda text: Path(text).expanduser(), "a file path")
+CERTIFICATES = LocalPath(lambda text: Path(text).expanduser(), "a file of PEM certificates", "certificates")
+DIRECTORY = LocalPath(lambda text: Path(text).expanduser(), "a directory path", "directory")
 HOSTNAME = Parsed(parse_hostname, "a hostname (not a URL), optionally with :port")
 SECONDS = Duration()  # at least 1s: a network operation or a cache's life shorter than that is a mistake
 SIZE = Size()  # at least 1 byte
@@ -247,8 +251,8 @@ class TlsSettings:
     tls_key: Path | None = option("--tls-key", FILE, "private key for --tls-cert (PEM)", metavar="FILE")
     tls_hostnames: frozenset[str] = option(
         "--tls-hostname",
-        Each(str.strip, "a name", nonblank),
-        "extra name for the generated server certificate",
+        Each(parse_certificate_name, "a DNS name or IP address (not a URL)", nonblank),
+        "extra name (DNS name or IP address) for the generated server certificate",
         metavar="NAME",
     )
     plain_http: bool = option(
@@ -288,7 +292,7 @@ class UpstreamSettings:
         metavar="HOST=BASEURL",
     )
     upstream_ca_file: Path | None = option(
-        "--upstream-ca-file", FILE, "extra CA bundle trusted for upstream TLS", metavar="FILE"
+        "--upstream-ca-file", CERTIFICATES, "extra CA bundle trusted for upstream TLS", metavar="FILE"
     )
     allowed_private_hosts: frozenset[str] = option(
         "--allow-private-host",
@@ -501,7 +505,7 @@ class MetadataSettings:
     )
     redis_ca_file: Path | None = option(
         "--redis-ca-file",
-        FILE,
+        CERTIFICATES,
         "CA bundle that Redis's TLS certificates (the servers', sentinels' and cluster nodes') are checked "
         "against, with a rediss URL; default: the system's",
         metavar="FILE",
@@ -625,7 +629,7 @@ class ArchiveSettings:
     )
     s3_ca_file: Path | None = option(
         "--s3-ca-file",
-        FILE,
+        CERTIFICATES,
         "extra CA bundle trusted for the S3 endpoint's TLS",
         metavar="FILE",
         commands=SERVE_AND_STORE,
@@ -778,7 +782,7 @@ class PolicySettings:
     )
     audit_log: str | None = option(
         "--audit-log",
-        Text(),
+        LocalPath(str.strip, "a file path or stdout", "appendable"),
         "write the audit trail (JSON lines: fetched from upstream, served per client and hour, every denial) "
         "to FILE (appended) or to stdout; separate from the access log",
         metavar="FILE|stdout",
@@ -877,14 +881,14 @@ class ClientOptions:
 
     proxy: str | None = option(
         "--proxy",
-        Text(),
+        Parsed(parse_base_url, "an http(s) base URL"),
         "base URL of the running proxy, e.g. https://127.0.0.1:8443/",
         metavar="URL",
         commands=CLIENT_COMMANDS,
     )
     ca_file: Path | None = option(
         "--ca-file",
-        FILE,
+        CERTIFICATES,
         "CA certificate to trust for the proxy (default: SSL_CERT_FILE or the system store; healthcheck: the "
         "generated CA in DATA_DIR/tls, else --tls-cert; doctor --url: the generated CA, unless serve's options "
         "name a --tls-cert or --plain-http)",

@@ -209,6 +209,16 @@ class Parsed(Kind):
 
 
 @dataclass(frozen=True)
+class LocalPath(Parsed):
+    """A path on this machine, and what must be there: `expects` "file" (a readable file), "certificates" (a
+    readable file of PEM certificates), "directory" (a directory, or one that can be made) or "appendable" (a
+    file that can be appended to, in a directory that exists; or `stdout`). Checked on the disk once the value
+    is resolved (`proxy.settings.paths`), before any command does anything: this module does no I/O."""
+
+    expects: str = "file"
+
+
+@dataclass(frozen=True)
 class Each(Parsed):
     """A repeatable option: each item read by `parser`, the items gathered by `gather`."""
 

@@ -146,6 +146,26 @@ def parse_private_host(text: str) -> str:
     return entry
 
 
+def parse_certificate_name(text: str) -> str:
+    """A name for the generated server certificate: a DNS name (`*.` allowed in front), normalised as a
+    certificate holds it (IDNA, lower case), or an IP address; never a URL, a path or a port."""
+    name = text.strip()
+    example = "e.g. --tls-hostname proxy.example.com (the host clients connect to; no scheme, path or port)"
+    if "://" in name or "/" in name:
+        raise ConfigError(f"give a name, not a URL: {example}")
+    try:
+        return str(ipaddress.ip_address(name.removeprefix("[").removesuffix("]")))
+    except ValueError:
+        pass
+    if ":" in name:
+        raise ConfigError(f"a certificate names no port: {example}")
+    wildcard = name.startswith("*.")
+    try:
+        return ("*." if wildcard else "") + Hostname.parse(name.removeprefix("*.")).ascii
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def parse_registry_host(text: str) -> str:
     """A registry hostname normalised (`parse_hostname`); blank stays blank (an entry to skip)."""
     return str(parse_hostname(text)) if text.strip() else ""
@@ -379,6 +399,14 @@ def parse_http_url(text: str) -> str:
     url = _url(text)
     if url.scheme not in ("http", "https") or not url.host:
         raise ConfigError("give an http(s):// URL")
+    return text
+
+
+def parse_base_url(text: str) -> str:
+    """A running proxy's base URL (`--proxy`): http(s), a host, no query or fragment."""
+    url = _url(text.strip())
+    if url.scheme not in ("http", "https") or not url.host or url.query_string or url.fragment:
+        raise ConfigError("give the proxy's base URL, e.g. https://proxy.example:8443/")
     return text
 
 

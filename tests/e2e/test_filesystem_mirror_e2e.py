@@ -61,7 +61,7 @@ async def test_terraform_installs_from_the_exported_mirror_with_the_registrys_lo
     code, output = await registry_proxy_in_process(*export[:-2], str(mirror))  # DIR as the last argument
     assert code == 0 and "0 written" in output and "2 already there" in output, output
     code, output = await registry_proxy_in_process(*export[:-2], str(mirror / written[0]))
-    assert code == 1 and "not a directory" in output, output
+    assert code == 2 and "not a directory" in output, output
     code, output = await registry_proxy_in_process(*export, str(mirror))
     assert code == 2 and "give the destination once" in output, output
 

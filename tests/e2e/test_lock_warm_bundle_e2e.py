@@ -127,10 +127,12 @@ async def test_export_import_and_offline_init(registry, release4, in_process_pro
     await registry.stop()
 
     code, output = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"))
-    assert code == 1 and "--trust-key" in output  # trust must be named
+    assert code == 2 and "--trust-key" in output  # trust must be named
+    assert not (tmp_path / "b").exists()  # refused before the data dir was made
     trust = ("--trust-key", signing_key.fingerprint)
     code, output = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0, output
+    assert "gpg.verified" not in output and "[debug" not in output, output  # commands log at info
     code, again = await registry_proxy_in_process("import", str(bundle), "--data-dir", str(tmp_path / "b"), *trust)
     assert code == 0 and "0 new files" in again, again
     offline = await in_process_proxy("--offline", data_dir=tmp_path / "b", upstream=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from proxy.cli import build_parser, check_files, prepare_metadata_store, server_ssl_context, settings_from_args
+from proxy.cli import build_parser, prepare_metadata_store, server_ssl_context, settings_from_args
 from proxy.runtime.log import add_request_id
 from proxy.web.app import create_app
 from proxy.web.listener import bind_listener
@@ -87,7 +87,6 @@ class ServedInProcess:
         self.port = sock.getsockname()[1]
         try:
             settings = settings_from_args(build_parser().parse_args(self._arguments()))
-            check_files(settings)
             context = server_ssl_context(settings, sorted(settings.tls.tls_hostnames))
             await prepare_metadata_store(settings)
         except BaseException:

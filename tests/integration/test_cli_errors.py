@@ -87,6 +87,13 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *phrase
         ([], {"REGISTRY_PROXY_ALLOW_HOST": "registry.example.com,https://other.example"}, ["not a URL"]),
         ([], {"REGISTRY_PROXY_PLAIN_HTTP": "ture"}, ["REGISTRY_PROXY_PLAIN_HTTP", "'ture'", "true or false"]),
         ([], {"REGISTRY_PROXY_OFFLINE": "maybe"}, ["REGISTRY_PROXY_OFFLINE"]),
+        (
+            ["--tls-hostname", "https://proxy.example.com/"],
+            {},
+            ["invalid --tls-hostname 'https://proxy.example.com/'", "not a URL", "--tls-hostname proxy.example.com"],
+        ),
+        (["--tls-hostname", "proxy.example.com:8443"], {}, ["invalid --tls-hostname", "no port"]),
+        ([], {"REGISTRY_PROXY_TLS_HOSTNAME": "https://proxy.example.com"}, ["(from REGISTRY_PROXY_TLS_HOSTNAME)"]),
         (["--log-level", "verbose"], {}, ["--log-level", "'verbose'", "debug, info, warning, error"]),
         ([], {"REGISTRY_PROXY_LOG_LEVEL": "loud"}, ["--log-level", "'loud'"]),
         (
@@ -99,6 +106,7 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *phrase
 )
 def test_serve_configuration_errors(
     tmp_path: Path,
+    refused_port: int,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     argv: list[str],
@@ -107,8 +115,9 @@ def test_serve_configuration_errors(
 ) -> None:
     """In process (proxy.cli.main, which the `registry-proxy` script calls) for speed; the real
     process is run for one of them below."""
+    occupied = ["--listen", f"127.0.0.1:{refused_port}"]  # a mistake let through fails to bind, never serves
     result = main_in_process(
-        monkeypatch, capsys, "serve", "--data-dir", str(tmp_path / "data"), *argv, cwd=tmp_path, **env
+        monkeypatch, capsys, "serve", "--data-dir", str(tmp_path / "data"), *argv, *occupied, cwd=tmp_path, **env
     )
     assert_one_line(result, 2, *phrases)
     assert not (tmp_path / "data" / "tls").exists()  # stopped before anything was made
@@ -160,9 +169,101 @@ def test_export_refuses_an_unknown_suffix(
 ) -> None:
     argv = ["export", "--data-dir", str(tmp_path / "data"), "--out", "bundle.zip"]
     result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
-    assert_one_line(result, 1, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
+    assert_one_line(result, 2, "bundle.zip", "NAME.tar", "NAME.tar.gz", "NAME.tar.zst")
     assert not (tmp_path / "data").exists()  # refused before the stores were opened
     assert not list(tmp_path.glob("*bundle*"))
+
+
+NOT_PEM = "not-pem.txt"  # in each test's directory: a file that holds no certificate
+A_FILE = "a-file"
+PATH_MISTAKES = [
+    (
+        ["serve", "--upstream-ca-file", NOT_PEM],
+        {},
+        [f"invalid --upstream-ca-file '{NOT_PEM}': not a file of PEM certificates", "BEGIN CERTIFICATE"],
+    ),
+    (
+        ["serve"],
+        {"REGISTRY_PROXY_UPSTREAM_CA_FILE": NOT_PEM},
+        ["(from REGISTRY_PROXY_UPSTREAM_CA_FILE)", "not a file of PEM"],
+    ),
+    (["serve", "--config", "config.toml"], {}, ["(from 'upstream-ca-file' in config file config.toml)", "PEM"]),
+    (["serve", "--s3-ca-file", NOT_PEM, "--archive-store", "s3://bucket/p"], {}, ["invalid --s3-ca-file", "PEM"]),
+    (["serve", "--tls-cert", NOT_PEM, "--tls-key", NOT_PEM], {}, ["--tls-cert", NOT_PEM, "not a matching PEM"]),
+    (["serve", "--data-dir", A_FILE], {}, [f"invalid --data-dir '{A_FILE}': not a directory (a file is there)"]),
+    (["serve", "--data-dir", f"{A_FILE}/data"], {}, ["invalid --data-dir", f"{A_FILE} is a file, not a directory"]),
+    (
+        ["serve", "--data-dir", "/proc/registry-proxy"],
+        {},
+        ["invalid --data-dir '/proc/registry-proxy': is under /proc"],
+    ),
+    (["serve", "--audit-log", "logs/audit.jsonl"], {}, ["invalid --audit-log 'logs/audit.jsonl'", "no such directory"]),
+    (["serve", "--audit-log", "."], {}, ["invalid --audit-log '.': is a directory", "or stdout"]),
+    (["gc", "--data-dir", A_FILE], {}, [f"invalid --data-dir '{A_FILE}': not a directory"]),
+    (["verify", "--data-dir", A_FILE], {}, [f"invalid --data-dir '{A_FILE}': not a directory"]),
+    (["export", "--out", "bundles/b.tar"], {}, ["--out bundles/b.tar: no such directory", "create it first"]),
+    (["export", "--out", "."], {}, ["--out .: is a directory; name the bundle file, e.g. bundle.tar.zst"]),
+    (["import", "nowhere.tar", "--trust-bundle-keys"], {}, ["bundle nowhere.tar: no such file"]),
+    (["import", A_FILE], {}, ["name the signing keys to trust: --trust-key FINGERPRINT"]),
+    (["lock", ".", "--ca-file", NOT_PEM, "--proxy", "https://127.0.0.1:1/"], {}, ["invalid --ca-file", "PEM"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "phrases"), PATH_MISTAKES)
+def test_a_path_that_cannot_be_what_its_option_needs_is_one_line_before_anything_is_made(
+    tmp_path: Path,
+    refused_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    phrases: list[str],
+) -> None:
+    """Exit 2 naming the option and the path, whatever the value's source (not the path alone, exit 1, after
+    the local CA or the metadata secret was made); nothing is made in the data dir or beside it."""
+    (tmp_path / NOT_PEM).write_text("not a certificate\n")
+    (tmp_path / A_FILE).write_text("")
+    (tmp_path / "config.toml").write_text(f'upstream-ca-file = "{NOT_PEM}"\n')
+    (tmp_path / "main.tf").write_text("terraform {}\n")
+    before = sorted(tmp_path.rglob("*"))
+    data = [] if "--data-dir" in argv or argv[0] == "lock" else ["--data-dir", "data"]
+    if argv[0] == "serve":  # a mistake let through fails to bind there, and never serves
+        data += ["--listen", f"127.0.0.1:{refused_port}"]
+    result = main_in_process(monkeypatch, capsys, *argv, *data, cwd=tmp_path, **env)
+    assert_one_line(result, 2, *phrases)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_import_verifies_the_bundle_before_the_data_dir_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle refused leaves no metadata secret, keyring or archive store behind (they were made first)."""
+    (tmp_path / "bundle.tar").write_bytes(b"not a tar file" * 64)
+    argv = ["import", "bundle.tar", "--trust-bundle-keys", "--data-dir", "data", "--quiet"]  # no progress lines
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
+    assert_one_line(result, 1, "bundle rejected: bundle.tar is not a readable bundle")
+    assert not (tmp_path / "data").exists()
+
+
+def test_token_new_refuses_hosts_that_serve_would_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["token", "new", "ci", "--hosts", "registry.terraform.io,https://registry.example.com/"]
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
+    assert_one_line(result, 2, "token new: --hosts: 'https://registry.example.com/'", "not a URL")
+    assert result.stdout == ""  # no token shown for an entry that could not be used
+
+
+@pytest.mark.parametrize("command", ["lock", "warm"])
+def test_lock_and_warm_refuse_a_directory_without_configuration(
+    tmp_path: Path, refused_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Not an empty lock file and exit 0: the directory named, before the proxy is asked."""
+    (tmp_path / "notes.md").write_text("# not a module\n")
+    argv = [command, str(tmp_path), "--proxy", f"https://127.0.0.1:{refused_port}/", "--platform", "linux_amd64"]
+    result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
+    assert_one_line(result, 2, f"{tmp_path} holds no .tf or .tofu file", "root module")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.md"]
 
 
 @pytest.mark.parametrize(
@@ -171,11 +272,12 @@ def test_export_refuses_an_unknown_suffix(
 def test_lock_and_warm_with_bad_proxy_urls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str
 ) -> None:
+    (tmp_path / "main.tf").write_text("terraform {}\n")
     for command in ("lock", "warm"):
         result = main_in_process(
             monkeypatch, capsys, command, str(tmp_path), "--proxy", url, "--platform", "linux_amd64", cwd=tmp_path
         )
-        assert_one_line(result, 1, "invalid --proxy", "base URL")
+        assert_one_line(result, 2, "invalid --proxy", "base URL")
 
 
 def test_lock_with_a_missing_ca_file(
@@ -194,13 +296,14 @@ def test_lock_with_a_missing_ca_file(
         "linux_amd64",
         cwd=tmp_path,
     )
-    assert_one_line(result, 1, "nowhere.pem", "--ca-file")
+    assert_one_line(result, 2, "invalid --ca-file 'nowhere.pem': no such file")
 
 
 def test_warm_with_nothing_listening(
     tmp_path: Path, refused_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = refused_port
+    (tmp_path / "main.tf").write_text("terraform {}\n")
     argv = ["warm", str(tmp_path), "--proxy", f"https://127.0.0.1:{port}/", "--platform", "linux_amd64"]
     result = main_in_process(monkeypatch, capsys, *argv, cwd=tmp_path)
     assert_one_line(result, 1, "cannot connect to the proxy", str(port))
@@ -223,6 +326,10 @@ async def test_lock_and_warm_with_an_untrusted_proxy_certificate(
         for command in ("lock", "warm"):
             result = await cli(command, str(tmp_path), "--proxy", proxy.url, "--platform", "linux_amd64")
             assert_one_line(result, 1, "not trusted", "--ca-file")
+        plain = proxy.url.replace("https://", "http://")
+        for command in ("lock", "warm"):  # the TLS port asked in plain HTTP: "Server disconnected", and no hint
+            result = await cli(command, str(tmp_path), "--proxy", plain, "--platform", "linux_amd64")
+            assert_one_line(result, 1, "speaks TLS: use --proxy " + proxy.url.rstrip("/") + "/")
         argv = ["lock", str(tmp_path), "--proxy", proxy.url, "--ca-file", str(ca_file), "--platform", "linux_amd64"]
         trusted = await cli(*argv)
     assert "Traceback" not in trusted.stderr and "not trusted" not in trusted.stderr

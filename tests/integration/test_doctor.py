@@ -36,7 +36,7 @@ from proxy.settings.config import Settings, SpaceFloor
 from tests.conftest import serve_proxy
 from tests.fakes import ports
 from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, child_environment
-from tests.fakes.redis_server import METADATA_SECRET, RedisServer
+from tests.fakes.redis_server import METADATA_SECRET, RedisServer, free_port
 from tests.fakes.registry import FakeRegistry
 
 MIN_AGE = '[[rule]]\nname = "cooldown"\nproviders = ["*/*/*"]\nmin-age = "72h"\n'
@@ -315,8 +315,7 @@ def test_the_command_takes_serves_options_and_exits_by_the_worst_check(tmp_path,
 
 @pytest.mark.process
 def test_the_real_command_prints_one_line_per_check_and_exits_2_on_a_failure(tmp_path):
-    not_pem = tmp_path / "ca.txt"
-    not_pem.write_text("not a certificate\n")
+    closed = f"https://127.0.0.1:{free_port()}"  # nothing listens there
     result = subprocess.run(
         [
             sys.executable,
@@ -325,8 +324,10 @@ def test_the_real_command_prints_one_line_per_check_and_exits_2_on_a_failure(tmp
             "doctor",
             "--data-dir",
             str(tmp_path / "data"),
-            "--upstream-ca-file",
-            str(not_pem),
+            "--allow-host",
+            "registry.corp.example",
+            "--upstream-map",
+            f"registry.corp.example={closed}",
         ],
         cwd=REPO_ROOT,
         env={name: value for name, value in child_environment().items() if not name.startswith("REGISTRY_PROXY_")},
@@ -347,8 +348,7 @@ def test_the_real_command_prints_one_line_per_check_and_exits_2_on_a_failure(tmp
         ["ok", "disk-space"],
         ["ok", "archive-store"],
         ["ok", "metadata-store"],
-        ["failed", "upstream-ca-file"],
+        ["failed", "upstream:registry.corp.example"],
         ["warning", "clock"],
     ]
-    assert f"--upstream-ca-file {not_pem}: not a readable PEM bundle" in lines[8]
-    assert " — name a file of PEM certificates" in lines[8]
+    assert "cannot connect to 127.0.0.1" in lines[8] and " — check that it is reachable from here" in lines[8]

@@ -214,7 +214,6 @@ async def test_purge_shows_its_progress_and_a_summary(make_local_settings, clien
     from proxy.commands import run
     from proxy.governance.catalog import Catalog
 
-    monkeypatch.setattr(run, "setup_logging", lambda *_: None)  # the test's logging stays as it is
     monkeypatch.setattr(run, "Catalog", functools.partial(Catalog, settle=0.0))  # no other process to wait for
     settings = make_local_settings()
     async with serve_proxy(settings, client_ssl) as proxy:

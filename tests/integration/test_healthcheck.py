@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import socket
 import sys
 import threading
 
@@ -155,7 +156,22 @@ async def test_a_dead_port_is_unhealthy(refused_port, healthcheck_in_process):
         {"REGISTRY_PROXY_LISTEN": f"127.0.0.1:{port}", "REGISTRY_PROXY_PLAIN_HTTP": "1"}
     )
     assert code == 1
-    assert line.startswith(f"{PREFIX}unhealthy: cannot reach http://127.0.0.1:{port}/readyz"), line
+    assert (
+        line
+        == f"{PREFIX}unhealthy: nothing listens at 127.0.0.1:{port} (connection refused): is the proxy running there?"
+    )
+
+
+async def test_nothing_listening_is_said_before_a_missing_ca_is_blamed(tmp_path, refused_port, healthcheck_in_process):
+    """A proxy that never started has made no CA either: what is wrong is that nothing listens (exit 1 still:
+    Docker reserves 2)."""
+    settings = {"REGISTRY_PROXY_DATA_DIR": str(tmp_path / "never-started")}
+    code, line = await healthcheck_in_process(settings, "--listen", f"127.0.0.1:{refused_port}")
+    assert (code, line) == (
+        1,
+        f"{PREFIX}unhealthy: nothing listens at 127.0.0.1:{refused_port} (connection refused): is the proxy running "
+        "there?",
+    )
 
 
 async def test_not_ready_below_the_free_space_floor(make_local_settings, client_ssl, healthcheck_in_process):
@@ -173,6 +189,12 @@ async def test_a_bad_setting_exits_1_not_docker_reserved_2(tmp_path, healthcheck
     code, line = await healthcheck({"REGISTRY_PROXY_LISTEN": "no-port-here"})
     assert code == 1
     assert "invalid --listen" in line
-    code, line = await healthcheck_in_process({"REGISTRY_PROXY_DATA_DIR": str(tmp_path / "nothing")})
+    with socket.socket() as listening:  # something listens there: the CA it would trust is what is missing
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        code, line = await healthcheck_in_process(
+            {"REGISTRY_PROXY_DATA_DIR": str(tmp_path / "nothing")}, "--listen", address
+        )
     assert code == 1
     assert "cannot read the generated CA" in line, line

@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from proxy.commands import CommandError
-from proxy.commands.bundle import export_bundle, import_bundle
+from proxy.commands.bundle import export_bundle, import_verified, verified_bundle
 from proxy.commands.lock import run_lock
 from proxy.commands.proxy_api import ProxyClient
 from proxy.commands.warm import run_warm
@@ -17,7 +17,6 @@ from proxy.domain.addresses import Platform
 from proxy.domain.hashes import h1_of_zip
 from proxy.domain.lockfile import parse_lockfile
 from proxy.metadata_store.factory import open_metadata_store
-from proxy.providers.signatures import Keyring
 from proxy.runtime.progress import Progress
 from proxy.settings.config import Settings
 from proxy.storage.disk import DiskStore
@@ -201,12 +200,13 @@ async def _export(data_dir, out, only=(), progress=None):
 
 
 async def _import(data_dir, bundle, trusted=None, progress=None):
-    cache, store = await _stores(data_dir)
-    try:
-        return await import_bundle(bundle, cache, store, Keyring(data_dir / "gnupg"), trusted, progress)
-    finally:
-        await cache.close()
-        await store.close()
+    with verified_bundle(bundle, trusted, progress) as verified:
+        cache, store = await _stores(data_dir)
+        try:
+            return await import_verified(verified, cache, store, progress)
+        finally:
+            await cache.close()
+            await store.close()
 
 
 MODULE_ARCHIVE = "/registry/registry.example.test/modules/v1/acme/net/aws/1.0.0/archive.tar.gz"

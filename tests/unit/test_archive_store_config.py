@@ -72,7 +72,7 @@ def test_endpoint_and_redirect_expiry_are_checked() -> None:
         build_parser().parse_args(["serve", "--archive-store", "s3://bucket", "--archive-redirect-expiry", "0"])
 
 
-def test_flags_and_environment(monkeypatch) -> None:
+def test_flags_and_environment(monkeypatch, ca_file) -> None:
     monkeypatch.setenv("REGISTRY_PROXY_S3_PATH_STYLE", "true")
     monkeypatch.setenv("REGISTRY_PROXY_ARCHIVE_STORE", "s3://bucket/archives")
     args = build_parser().parse_args(
@@ -83,7 +83,7 @@ def test_flags_and_environment(monkeypatch) -> None:
             "--s3-region",
             "eu-central-1",
             "--s3-ca-file",
-            "/etc/ca.pem",
+            str(ca_file),
             "--archive-redirect",
             "--archive-redirect-expiry",
             "2m",
@@ -100,7 +100,7 @@ def test_flags_and_environment(monkeypatch) -> None:
         "https://minio.internal:9000",
         "eu-central-1",
         True,
-        Path("/etc/ca.pem"),
+        ca_file,
     )
     assert (settings.archives.archive_redirect, settings.archives.archive_redirect_expiry) == (True, 120.0)
 

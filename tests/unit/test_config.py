@@ -21,6 +21,7 @@ from proxy.settings.config import (
     parse_size,
     parse_upstream_map,
 )
+from proxy.settings.values import parse_certificate_name
 from proxy.upstream.netguard import AddressPolicy
 
 # ---------------------------------------------------------------------------------------------
@@ -565,3 +566,35 @@ def test_cli_store_size_cap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     for flags in (("--max-store-size", "lots"), ("--max-store-size", "0"), ("--eviction-interval", "0s")):
         with pytest.raises(ConfigError):
             _settings(tmp_path, *flags)
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("Proxy.Example.COM", "proxy.example.com"),
+        (" proxy.example.com ", "proxy.example.com"),
+        ("*.corp.example", "*.corp.example"),
+        ("bücher.example", "xn--bcher-kva.example"),
+        ("10.0.0.5", "10.0.0.5"),
+        ("[fd00::1]", "fd00::1"),
+    ],
+)
+def test_a_certificate_name_is_a_dns_name_or_an_address(text: str, name: str) -> None:
+    assert parse_certificate_name(text) == name
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("https://proxy.example.com/", "not a URL"),
+        ("proxy.example.com/mirror", "not a URL"),
+        ("proxy.example.com:8443", "no port"),
+        ("proxy..example", "invalid hostname"),
+    ],
+)
+def test_a_certificate_name_is_never_a_url_a_path_or_a_port(text: str, reason: str) -> None:
+    """Such a name was written into the generated certificate as a DNS name no client would ever match."""
+    with pytest.raises(ConfigError, match=reason) as refused:
+        parse_certificate_name(text)
+    if reason != "invalid hostname":
+        assert "--tls-hostname proxy.example.com" in str(refused.value)

@@ -9,6 +9,7 @@ import pytest
 
 from proxy.cli import build_parser, main, settings_from_args
 from proxy.settings.config import ConfigError, options_for
+from proxy.settings.optionspec import LocalPath
 
 
 @pytest.fixture
@@ -117,11 +118,17 @@ def _toml(value) -> str:
     return f'"{value}"'
 
 
-def test_every_serve_option_comes_the_same_from_a_flag_the_environment_and_the_file(clean_env, tmp_path) -> None:
+def test_every_serve_option_comes_the_same_from_a_flag_the_environment_and_the_file(
+    clean_env, tmp_path, ca_file
+) -> None:
     """Generic: the file and the environment reach every option `serve` declares, including ones added
     later, and give it the value the flag gives."""
     parser = build_parser()
     specs = [spec for spec in options_for("serve") if spec.env]
+    clean_env.chdir(tmp_path)  # the files the samples name are there, as each option needs them (a CA file: PEM)
+    for spec in specs:
+        if isinstance(spec.kind, LocalPath) and spec.kind.expects in ("file", "certificates"):
+            (tmp_path / SAMPLES[spec.flag]).write_bytes(ca_file.read_bytes())
     assert len(specs) > 60
     for spec in specs:
         sample = SAMPLES.get(spec.flag, True if spec.kind.switch else spec.default)

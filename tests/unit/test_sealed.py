@@ -134,6 +134,8 @@ def _serve_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str
     ],
 )
 def test_cli_refuses_a_missing_or_bad_secret(monkeypatch, tmp_path, flags, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("0123456789abcdef")  # a secret file that is there: the pair is what is wrong
     with pytest.raises(ConfigError, match=message):
         _serve_settings(monkeypatch, tmp_path, *flags)
 
@@ -143,5 +145,6 @@ def test_cli_takes_the_secret_from_the_environment(monkeypatch, tmp_path):
         monkeypatch, tmp_path, "--redis-url", "redis://127.0.0.1:6379/0", METADATA_SECRET="from-the-environment-0123"
     )
     assert settings.metadata.metadata_secret == "from-the-environment-0123"
+    (tmp_path / "s").write_text("from-a-file-0123456789")
     settings = _serve_settings(monkeypatch, tmp_path, METADATA_SECRET_FILE=str(tmp_path / "s"))
     assert (settings.metadata.metadata_secret, settings.metadata.metadata_secret_file) == (None, tmp_path / "s")

@@ -141,8 +141,17 @@ def test_default_host_defaults_to_terraform_registry(tmp_path):
     assert list(read_requirements(tmp_path).providers) == [ProviderAddr.parse(TF, "hashicorp", "aws")]
 
 
-def test_empty_configuration(tmp_path):
+def test_a_configuration_without_providers_or_modules(tmp_path):
+    write(tmp_path, {"main.tf": "terraform {}\n"})
     assert read_requirements(tmp_path) == Requirements()
+
+
+@pytest.mark.parametrize("files", [{}, {"README.md": "# not a module\n", "x.tf.bak": "terraform {}\n"}])
+def test_a_directory_without_tf_files_is_refused_naming_it(tmp_path, files):
+    """Not an empty lock file written and exit 0: the directory named, and what to give instead."""
+    write(tmp_path, files)
+    with pytest.raises(ProjectConfigError, match=f"^{tmp_path} holds no .tf or .tofu file: name the root module"):
+        read_requirements(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

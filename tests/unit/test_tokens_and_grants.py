@@ -323,3 +323,19 @@ def test_scope_texts_name_each_host_and_namespace_for_the_policys_scopes_globs()
     assert Scope(("registry.terraform.io",)).texts() == ("registry.terraform.io/*",)
     oidc = OidcClient(Identity("oidc", "repo:x", "gh"), (Scope(("a",), ("n",)), Scope(("a",), ("n", "m"))), 0)
     assert oidc.scope_texts == ("a/n", "a/m")
+
+
+def test_token_new_prints_only_what_the_tokens_file_accepts() -> None:
+    """The entry's hosts and namespaces are read by the tokens file's parser (`serve` refused a URL later)."""
+    entry = token_entry("ci", CI, ["Registry.Terraform.io", "*.corp.example"], ["Acme"])
+    (token,) = parse_tokens(entry).tokens
+    assert (token.hosts, token.namespaces) == (("registry.terraform.io", "*.corp.example"), ("acme",))
+    for hosts, namespaces, flag in (
+        (["https://registry.example.com/"], None, "--hosts"),
+        (["registry.example.com"], ["acme/net"], "--namespaces"),
+    ):
+        with pytest.raises(AuthConfigError, match=f"^token new: {flag}: ") as refused:
+            token_entry("ci", CI, hosts, namespaces)
+        assert "holds characters no" in str(refused.value)
+    with pytest.raises(AuthConfigError, match="a hostname or glob, not a URL"):
+        token_entry("ci", CI, ["https://registry.example.com/"])
