@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import pytest
 
-from proxy.commands import run
 from proxy.identity.tokens import hash_token
 from proxy.protocol.cache_control import FRONT_BOUND
 from tests.deploy.test_nginx_micro_cache import Answer, fetch
@@ -163,10 +162,9 @@ async def test_the_fronts_stale_copy_never_stands_in_for_the_proxys_own_error(
 
 
 async def purged(setup: BehindNginx, target: str, monkeypatch: pytest.MonkeyPatch) -> float:
-    """`registry-proxy purge TARGET` on the proxy's stores (the command's `main`, in this process: its logging set-up
-    left out, which would replace the one capturing the proxy's records); when it returned, by when every process
-    of the proxy has seen the purge."""
-    monkeypatch.setattr(run, "setup_logging", lambda *_: None)
+    """`registry-proxy purge TARGET` on the proxy's stores (the command's `main`, in this process: its logging keeps
+    the set-up capturing the proxy's records, `command_logging`); when it returned, by when every process of the
+    proxy has seen the purge."""
     code, output = await registry_proxy_in_process("purge", target, "--data-dir", str(setup.proxy.data_dir))
     assert code == 0 and f"\npurged {target}: " in output, output  # after its progress (stderr)
     return time.monotonic()
