@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy import __version__
 from proxy.cli import build_parser
 from proxy.settings.config import Settings
 from tests.deploy.envvars import unknown
@@ -266,3 +267,18 @@ def test_the_container_facts_in_the_deployment_guide_match_the_image():
     assert f"-o {user[0]} -g {user[1]}" in guide and f"chown -R {user[0]}:{user[1]}" in guide
     assert f"docker cp registry-proxy:{ca} " in guide and f"--entrypoint cat registry-proxy {ca} >" in guide
     assert f"-v proxy-data:{data_dir} " in guide and f":{data_dir}:Z" in guide
+
+
+def test_the_image_tags_the_guides_build_and_run_are_the_charts_default():
+    """A tag pushed as the guide says is the one the chart pulls by default (its appVersion, the proxy's
+    version): a stale tag in the build commands is an install stuck in ImagePullBackOff."""
+    chart = (REPO_ROOT / "deploy" / "helm" / "registry-proxy" / "Chart.yaml").read_text()
+    (app_version,) = re.findall(r'^appVersion: "?([^"\s]+)"?$', chart, flags=re.MULTILINE)
+    assert app_version == __version__
+    tags = {
+        f"{path.name}: {tag}"
+        for path in DOCS
+        for tag in re.findall(r"\bregistry-proxy:(\d+\.\d+\.\d+)\b", path.read_text())
+        if tag != app_version
+    }
+    assert not tags, f"image tags other than the chart's appVersion {app_version}: {sorted(tags)}"
