@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy import __version__
 from proxy.cli import build_parser
@@ -282,3 +283,16 @@ def test_the_image_tags_the_guides_build_and_run_are_the_charts_default():
         if tag != app_version
     }
     assert not tags, f"image tags other than the chart's appVersion {app_version}: {sorted(tags)}"
+
+
+def test_the_helm_guides_restore_pod_is_admitted_where_the_charts_pods_are():
+    """The restore pod of docs/deployment.md runs as the chart's pods do (the user, the group, the seccomp
+    profile a "restricted" namespace demands) and mounts the default release's claim."""
+    guide = (REPO_ROOT / "docs" / "deployment.md").read_text()
+    (manifest,) = re.findall(r"```yaml\n(# restore-pod\.yaml.*?)```", guide, flags=re.DOTALL)
+    pod = yaml.safe_load(manifest)["spec"]
+    values = yaml.safe_load((REPO_ROOT / "deploy" / "helm" / "registry-proxy" / "values.yaml").read_text())
+    wanted = {key: value for key, value in values["podSecurityContext"].items() if key != "fsGroupChangePolicy"}
+    assert pod["securityContext"] == wanted
+    assert pod["containers"][0]["securityContext"].items() <= values["securityContext"].items()
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "registry-proxy-data"
