@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
+from proxy import __version__
 from proxy.cli import build_parser
 from proxy.settings.config import Settings
 from tests.deploy.envvars import unknown
@@ -266,3 +268,31 @@ def test_the_container_facts_in_the_deployment_guide_match_the_image():
     assert f"-o {user[0]} -g {user[1]}" in guide and f"chown -R {user[0]}:{user[1]}" in guide
     assert f"docker cp registry-proxy:{ca} " in guide and f"--entrypoint cat registry-proxy {ca} >" in guide
     assert f"-v proxy-data:{data_dir} " in guide and f":{data_dir}:Z" in guide
+
+
+def test_the_image_tags_the_guides_build_and_run_are_the_charts_default():
+    """A tag pushed as the guide says is the one the chart pulls by default (its appVersion, the proxy's
+    version): a stale tag in the build commands is an install stuck in ImagePullBackOff."""
+    chart = (REPO_ROOT / "deploy" / "helm" / "registry-proxy" / "Chart.yaml").read_text()
+    (app_version,) = re.findall(r'^appVersion: "?([^"\s]+)"?$', chart, flags=re.MULTILINE)
+    assert app_version == __version__
+    tags = {
+        f"{path.name}: {tag}"
+        for path in DOCS
+        for tag in re.findall(r"\bregistry-proxy:(\d+\.\d+\.\d+)\b", path.read_text())
+        if tag != app_version
+    }
+    assert not tags, f"image tags other than the chart's appVersion {app_version}: {sorted(tags)}"
+
+
+def test_the_helm_guides_restore_pod_is_admitted_where_the_charts_pods_are():
+    """The restore pod of docs/deployment.md runs as the chart's pods do (the user, the group, the seccomp
+    profile a "restricted" namespace demands) and mounts the default release's claim."""
+    guide = (REPO_ROOT / "docs" / "deployment.md").read_text()
+    (manifest,) = re.findall(r"```yaml\n(# restore-pod\.yaml.*?)```", guide, flags=re.DOTALL)
+    pod = yaml.safe_load(manifest)["spec"]
+    values = yaml.safe_load((REPO_ROOT / "deploy" / "helm" / "registry-proxy" / "values.yaml").read_text())
+    wanted = {key: value for key, value in values["podSecurityContext"].items() if key != "fsGroupChangePolicy"}
+    assert pod["securityContext"] == wanted
+    assert pod["containers"][0]["securityContext"].items() <= values["securityContext"].items()
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "registry-proxy-data"
