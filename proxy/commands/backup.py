@@ -324,8 +324,11 @@ def _checked_kept(settings: Settings, source: Path) -> KeptRecords:
 
 def _check_target(settings: Settings, manifest: Manifest, force: bool) -> None:
     """Refuse a data dir in use (a live process holds its staging lock), or holding what the restore would
-    replace unless `force`."""
+    replace unless `force`; nothing of it when all the restore writes goes into Redis (a fleet's replicas go on
+    serving meanwhile)."""
     data_dir = settings.data_dir
+    if all(kind_of(entry.path) == "kept" for entry in manifest.files):
+        return
     if data_dir.exists() and not data_dir.is_dir():
         raise ConfigError(f"--data-dir {data_dir}: not a directory")
     store = archive_store(settings)  # not opened: its staging area is only looked at

@@ -22,6 +22,7 @@ from proxy.metadata_store import keys
 from proxy.metadata_store.factory import open_metadata_store
 from proxy.services.shared_fetches import SharedFetches
 from proxy.settings.config import Settings
+from proxy.storage.staging import Staging
 from tests.fakes.process import cli_in_process
 from tests.fakes.redis_server import METADATA_SECRET
 
@@ -124,7 +125,12 @@ def test_the_kept_records_come_back_byte_for_byte_after_redis_lost_them(fleet, b
     assert [line["key"] for line in lines] == ["fleet-secret", *sorted(KEPT)]  # the cached document is not there
 
     fleet.lose_everything()
-    code, output = fleet.restore(backup_dir)
+    staging = Staging(fleet.data_dir / "restored" / "archives")  # a replica serving on the data dir: all goes to Redis
+    staging.open()
+    try:
+        code, output = fleet.restore(backup_dir)
+    finally:
+        staging.close()
     assert code == 0, output
     assert f"restored 3 records Redis keeps into {fleet.settings['redis_url']} (prefix {fleet.prefix})\n" in output
     assert "records: 3 open with the metadata secret, 0 do not; the fleet's marker opens" in output, output
