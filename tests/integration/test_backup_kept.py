@@ -2,19 +2,23 @@
 records Redis keeps that no upstream gives back (a first-seen record, a baseline, a provider's signing keys, written
 by the code that writes them) are backed up sealed as they are, and after the fleet's Redis lost everything they
 are back byte for byte, without a TTL, read again by the proxy's own readers; a record Redis holds is kept unless
---force. A modified kept.jsonl, and a backup sealed with another secret, are refused before Redis is written to."""
+--force. A modified kept.jsonl, and a backup sealed with another secret, are refused before Redis is written to.
+With the embedded store the same records are rows of the store's copy."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
+import sqlite3
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
 
+from proxy.cli import prepare_metadata_store
 from proxy.domain.addresses import ProviderAddr, Version
 from proxy.governance.release_times import FirstSeen
 from proxy.governance.signing_keys import SigningKeys
@@ -41,6 +45,7 @@ class Fleet:
         self.options = ("--redis-url", url, "--redis-prefix", self.prefix, "--metadata-secret", METADATA_SECRET)
         self.data_dir = data_dir
         self.client = redis.Redis.from_url(url)
+        self.backed_up: dict[str, bytes | None] = {}
 
     def name(self, key: str) -> str:
         return f"{self.prefix}:{key}"
@@ -106,6 +111,7 @@ def backup_dir(fleet) -> Path:
     assert "the 3 records Redis keeps that no upstream gives back (1 first-seen, 1 baseline, 1 signing-keys)" in output
     assert "records: 3 open with the metadata secret, 0 do not; the fleet's marker opens" in output, output
     assert "not backed up: the rest of the metadata store: Redis at redis://" in output, output
+    fleet.backed_up = fleet.stored()  # what the tests after it compare with (they lose it)
     return target
 
 
@@ -116,7 +122,7 @@ def backup(backup_dir, tmp_path) -> Path:
 
 
 def test_the_kept_records_come_back_byte_for_byte_after_redis_lost_them(fleet, backup_dir):
-    before = fleet.stored()
+    before = fleet.backed_up
     assert all(before.values()), before
     manifest = json.loads((backup_dir / "manifest.json").read_text())
     assert manifest["store"] == "redis"
@@ -176,3 +182,18 @@ def test_a_backup_sealed_with_another_secret_is_refused_before_redis_is_written(
     assert list(fleet.client.scan_iter(match=f"{fleet.prefix}:*")) == []  # not even a marker
     code, output = cli_in_process("restore", str(backup), "--data-dir", str(fleet.data_dir / "embedded"))
     assert code == 2 and "restore it with the fleet's --redis-url and --metadata-secret" in output, output
+
+
+def test_with_the_embedded_store_they_are_rows_of_its_copy(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+
+    async def fill() -> None:
+        await prepare_metadata_store(settings)
+        await write_kept_records(settings)
+
+    asyncio.run(fill())
+    code, output = cli_in_process("backup", str(tmp_path / "backup"), "--data-dir", str(settings.data_dir))
+    assert code == 0 and "records: 4 open with the metadata secret, 0 do not" in output, output
+    with contextlib.closing(sqlite3.connect(tmp_path / "backup" / "metadata" / "metadata.sqlite")) as db:
+        copied = {key for (key,) in db.execute("SELECT key FROM metadata")}
+    assert set(KEPT) <= copied and not (tmp_path / "backup" / "metadata" / "kept.jsonl").exists()
