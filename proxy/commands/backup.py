@@ -443,10 +443,11 @@ def restore_command(settings: Settings, source: Path, *, force: bool) -> int:
                 else ""
             )
         )
-    print(
-        f"restored {len(report.written)} files ({written} bytes) from {source} into {settings.data_dir}"
-        + (f"; {report.kept} archives were there already" if report.kept else "")
-    )
+    if report.redis is None or any(kind_of(entry.path) != "kept" for entry in report.manifest.files):
+        print(
+            f"restored {len(report.written)} files ({written} bytes) from {source} into {settings.data_dir}"
+            + (f"; {report.kept} archives were there already" if report.kept else "")
+        )
     if report.records is not None:
         print(_records_line(report.records))
         if report.records.refused:
