@@ -158,9 +158,10 @@ def _add_backup_commands(commands) -> None:
         description="Write into DIR what the data dir cannot get back by itself: the embedded metadata store (a "
         "consistent copy made with SQLite's online backup, while the proxy serves and writes), the metadata secret, "
         "the generated CA with its key and the server certificate, and manifest.json (each file's SHA-256). With "
-        "--redis-url only the secrets: Redis is the fleet's cache. The archives are a cache too, fetched again, but "
-        "not behind an air gap: --archives, or `export`. Takes the options of `serve` (the same flags, variables "
-        "and --config).",
+        "--redis-url, instead of the store, the records Redis keeps that no upstream gives back (first-seen times, "
+        "baselines, signing keys: metadata/kept.jsonl, sealed); the rest of Redis is the fleet's cache. The archives "
+        "are a cache too, fetched again, but not behind an air gap: --archives, or `export`. Takes the options of "
+        "`serve` (the same flags, variables and --config).",
     )
     backup.add_argument("directory", metavar="DIR", help="a new or empty directory (an earlier backup with --force)")
     backup.add_argument(
@@ -178,11 +179,14 @@ def _add_backup_commands(commands) -> None:
         description="Check every file of the backup in DIR against its manifest and that the metadata secret opens "
         "its records, before anything is written; then write each file into the data dir (atomically, with its "
         "mode) and open every restored record with the secret. Refuses a data dir in use, and one that already "
-        "holds a metadata store or secrets unless --force. Takes the options of `serve`.",
+        "holds a metadata store or secrets unless --force. With --redis-url, the records Redis keeps go back into "
+        "it first, never over one it holds unless --force. Takes the options of `serve`.",
     )
     restore.add_argument("directory", metavar="DIR", help="a backup written by `registry-proxy backup`")
     restore.add_argument(
-        "--force", action="store_true", help="replace the metadata store and secrets the data dir holds"
+        "--force",
+        action="store_true",
+        help="replace the metadata store and secrets the data dir holds (and the kept records Redis holds)",
     )
 
 

@@ -5,6 +5,8 @@ A backup is a directory laid out as the data dir, with `manifest.json` written l
 - `metadata/metadata.sqlite`, the embedded metadata store, copied with SQLite's online backup API in one step:
   one read transaction, so the copy is the store at one moment while the proxy goes on reading and writing (WAL
   mode: a reader blocks no writer), then made a self-contained file (no WAL beside it) and checked;
+- with Redis, the records it keeps that no upstream gives back (`metadata/kept.jsonl`: the cooldown's first-seen
+  times and baselines, the providers' signing keys; `proxy.commands.backup_kept`), sealed as Redis holds them;
 - the data dir's key material: `metadata/metadata.secret` (every record's seal and the archive grants' key derive
   from it) and the generated CA with its key and the server certificate (`tls/`), which clients trust;
 - with `--archives`, the verified archives (hard links where the backup is on the data dir's filesystem: an
@@ -13,22 +15,25 @@ A backup is a directory laid out as the data dir, with `manifest.json` written l
 - `manifest.json`: the format, when, the proxy's version, the metadata store's kind, what was left out and why,
   and each file's path, size, mode and SHA-256.
 
-With Redis the metadata store is the fleet's cache and is not backed up: only the data dir's key material is.
+With Redis the rest of the metadata store is the fleet's cache, fetched again, and is not backed up.
 The operator's own files (`--metadata-secret-file`, `--auth-tokens`, `--oidc-issuers`, `--policy`, `--tls-cert`,
 `--tls-key`) are named in the output and the manifest, not copied: they belong with the configuration.
 
 A restore reads the manifest, checks each path is one a backup holds and each file's size and SHA-256, and that
 the secret it will run with opens the backup's records, before it writes anything; it refuses a data dir a
-proxy (or a store command) is using, and without `force` one that already holds what it would write. Each file
+proxy (or a store command) is using, and without `force` one that already holds what it would write. The records
+Redis keeps go back into the fleet's Redis first (a record Redis holds is kept, unless `force`). Each file
 is written under a temporary name with its recorded mode and fsynced, then all are renamed into place (the old
 database's WAL removed first: it would be replayed into the restored file). Last, every record of the restored
-store is opened with the secret in force, and those that do not open are counted.
+store (or those put back into Redis) is opened with the secret in force, and those that do not open are counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import os
 import secrets
 import shutil
@@ -42,6 +47,7 @@ from pathlib import Path
 from proxy.commands import CommandError
 from proxy.commands.backup_files import (
     DATABASE,
+    KEPT_RECORDS,
     MANIFEST,
     SECRET,
     TLS_FILES,
@@ -56,8 +62,10 @@ from proxy.commands.backup_files import (
     read_secret,
     write_atomically,
 )
+from proxy.commands.backup_kept import KeptRecords, KeptRestore, read_kept, where, write_kept
 from proxy.metadata_store.embedded import BUSY_TIMEOUT
 from proxy.metadata_store.sealed import Seal, accepted_secrets, given_secret, metadata_secret
+from proxy.runtime.log import command_logging
 from proxy.settings.config import ConfigError, Settings
 from proxy.storage import archive_store, sha256_file
 
@@ -78,7 +86,8 @@ _OPERATOR_FILES: tuple[tuple[str, Callable[[Settings], Path | None]], ...] = (
 @dataclass
 class BackupReport:
     manifest: Manifest
-    records: SealCount | None = None  # the copied store's records opened with the metadata secret
+    records: SealCount | None = None  # the copied store's records (or Redis's kept ones) opened with the secret
+    kept: KeptRecords | None = None  # with Redis: the records it keeps
     linked: int = 0  # archives hard-linked (the others copied)
     corrupt: list[str] = field(default_factory=list)  # archives left out: not what their address says
 
@@ -103,9 +112,15 @@ def _write_backup(settings: Settings, target: Path, report: BackupReport) -> Non
     manifest = report.manifest
     database = settings.data_dir / DATABASE
     if manifest.store == "redis":
+        with command_logging():  # the store's own lines (Redis down, a marker written) on stderr
+            report.kept, report.records = asyncio.run(read_kept(settings))
+        (target / KEPT_RECORDS).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        data = report.kept.dump()
+        write_atomically(target / KEPT_RECORDS, data, 0o600)
+        manifest.files.append(Entry(KEPT_RECORDS, len(data), 0o600, hashlib.sha256(data).hexdigest()))
         manifest.left_out.append(
-            "the metadata store: Redis, the fleet's cache (the replicas fetch it again); only the data dir's "
-            "secrets are backed up"
+            f"the rest of the metadata store: Redis at {where(settings)}, the fleet's cache (the replicas fetch it "
+            f"again); only the records no upstream gives back are ({KEPT_RECORDS})"
         )
     elif database.is_file():
         manifest.files.append(_copy_database(database, target / DATABASE))
@@ -227,6 +242,7 @@ class RestoreReport:
     written: list[Entry] = field(default_factory=list)
     kept: int = 0  # archives the data dir had already (at the same content address)
     records: SealCount | None = None  # the restored store's records opened with the secret in force
+    redis: KeptRestore | None = None  # with Redis: the kept records put back
 
 
 def restore(settings: Settings, source: Path, *, force: bool) -> RestoreReport:
@@ -239,7 +255,12 @@ def restore(settings: Settings, source: Path, *, force: bool) -> RestoreReport:
         _check_file(source, entry)
     if DATABASE in manifest.paths:
         _check_seals(settings, source, manifest)
+    found = _checked_kept(settings, source) if KEPT_RECORDS in manifest.paths else None
     report = RestoreReport(manifest)
+    if found is not None:
+        with command_logging():
+            report.redis = asyncio.run(write_kept(settings, found, force=force))
+        report.records = report.redis.records
     _write_all(source, settings.data_dir, report)
     if DATABASE in manifest.paths:
         seal = Seal(metadata_secret(settings), store="embedded", accepted=accepted_secrets(settings))
@@ -280,10 +301,34 @@ def _check_seals(settings: Settings, source: Path, manifest: Manifest) -> None:
         )
 
 
+def _checked_kept(settings: Settings, source: Path) -> KeptRecords:
+    """The records Redis keeps, of the backup in `source`: restored only into Redis, and only when the secret in
+    force opens the backup's marker (ConfigError otherwise)."""
+    if not settings.metadata.redis_url:
+        raise ConfigError(
+            f"backup {source}: holds the records a fleet's Redis keeps ({KEPT_RECORDS}): restore it with the "
+            "fleet's --redis-url and --metadata-secret (or --metadata-secret-file)"
+        )
+    found = KeptRecords.parse((source / KEPT_RECORDS).read_bytes(), f"backup {source}: {KEPT_RECORDS}")
+    seal = Seal(metadata_secret(settings), store="redis", accepted=accepted_secrets(settings))
+    marker = found.count(seal).marker
+    if marker is None:
+        raise CommandError(f"backup {source}: {KEPT_RECORDS} holds no fleet marker: nothing restored")
+    if not marker:
+        raise ConfigError(
+            f"--metadata-secret differs from the one that sealed {source / KEPT_RECORDS} (the fleet's marker in it "
+            "does not open): nothing restored"
+        )
+    return found
+
+
 def _check_target(settings: Settings, manifest: Manifest, force: bool) -> None:
     """Refuse a data dir in use (a live process holds its staging lock), or holding what the restore would
-    replace unless `force`."""
+    replace unless `force`; nothing of it when all the restore writes goes into Redis (a fleet's replicas go on
+    serving meanwhile)."""
     data_dir = settings.data_dir
+    if all(kind_of(entry.path) == "kept" for entry in manifest.files):
+        return
     if data_dir.exists() and not data_dir.is_dir():
         raise ConfigError(f"--data-dir {data_dir}: not a directory")
     store = archive_store(settings)  # not opened: its staging area is only looked at
@@ -294,7 +339,9 @@ def _check_target(settings: Settings, manifest: Manifest, force: bool) -> None:
             f"{store.temp_root}): stop it, then restore"
         )
     present = [
-        entry.path for entry in manifest.files if kind_of(entry.path) != "archive" and (data_dir / entry.path).exists()
+        entry.path
+        for entry in manifest.files
+        if kind_of(entry.path) not in ("archive", "kept") and (data_dir / entry.path).exists()
     ]
     if present and not force:
         raise ConfigError(
@@ -309,6 +356,8 @@ def _write_all(source: Path, data_dir: Path, report: RestoreReport) -> None:
     staged: list[tuple[Path, Path]] = []
     try:
         for entry in report.manifest.files:
+            if kind_of(entry.path) == "kept":  # written back into Redis, not the data dir
+                continue
             dest = data_dir / entry.path
             archive = kind_of(entry.path) == "archive"
             if archive and dest.is_file():  # at its content address: the same archive
@@ -361,7 +410,12 @@ def backup_lines(report: BackupReport, target: Path) -> list[str]:
     for entry in manifest.files:
         if entry.path in _DESCRIPTIONS:
             lines.append(f"backed up {entry.path} ({entry.size} bytes): {_DESCRIPTIONS[entry.path]}")
-        if entry.path == DATABASE and report.records is not None:
+        if entry.path == KEPT_RECORDS and report.kept is not None:
+            lines.append(
+                f"backed up {entry.path} ({entry.size} bytes): the {len(report.kept.records)} records Redis keeps that "
+                f"no upstream gives back ({report.kept.kinds()}), sealed as they are"
+            )
+        if entry.path in (DATABASE, KEPT_RECORDS) and report.records is not None:
             lines.append(f"  {_records_line(report.records)}")
     archives = [entry for entry in manifest.files if kind_of(entry.path) == "archive"]
     if manifest.archives:
@@ -380,16 +434,32 @@ def backup_lines(report: BackupReport, target: Path) -> list[str]:
 def restore_command(settings: Settings, source: Path, *, force: bool) -> int:
     report = restore(settings, source, force=force)
     written = sum(entry.size for entry in report.written)
-    print(
-        f"restored {len(report.written)} files ({written} bytes) from {source} into {settings.data_dir}"
-        + (f"; {report.kept} archives were there already" if report.kept else "")
-    )
+    if report.redis is not None:
+        print(
+            f"restored {report.redis.written} records Redis keeps into {where(settings)}"
+            + (
+                f"; {report.redis.present} it held already were kept (--force replaces them)"
+                if report.redis.present
+                else ""
+            )
+        )
+    if report.redis is None or any(kind_of(entry.path) != "kept" for entry in report.manifest.files):
+        print(
+            f"restored {len(report.written)} files ({written} bytes) from {source} into {settings.data_dir}"
+            + (f"; {report.kept} archives were there already" if report.kept else "")
+        )
     if report.records is not None:
         print(_records_line(report.records))
         if report.records.refused:
             print(
                 f"registry-proxy: warning: {len(report.records.refused)} records do not open with the metadata "
-                "secret: they are fetched again when asked for",
+                "secret: "
+                + (
+                    "they count as lost (a min-age rule holds those versions until baselined; a signing key is new "
+                    "again)"
+                    if report.redis is not None
+                    else "they are fetched again when asked for"
+                ),
                 file=sys.stderr,
             )
     return 0

@@ -1,5 +1,6 @@
 """A backup's layout and its files (`proxy.commands.backup`): the manifest, the paths a backup may hold, the
-records of a metadata store file opened with a seal, and files copied with their modes, hashed and fsynced."""
+records of a metadata store (a file's, or those Redis keeps) opened with a seal, and files copied with their
+modes, hashed and fsynced."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import re
 import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -27,6 +28,7 @@ CHUNK = 1 << 20
 MANIFEST = "manifest.json"
 DATABASE = f"metadata/{DATABASE_FILE}"
 SECRET = f"metadata/{SECRET_FILE}"
+KEPT_RECORDS = "metadata/kept.jsonl"  # with Redis: the records no upstream gives back (`proxy.commands.backup_kept`)
 TLS_FILES = {
     "tls/ca.pem": "the generated CA's certificate (clients trust it)",
     "tls/ca-key.pem": "the generated CA's key",
@@ -101,10 +103,13 @@ class Manifest:
 
 
 def kind_of(path: str) -> str | None:
-    """What a path of a backup holds ("metadata", "secret", "tls", "archive"); None: nothing a backup holds (a
-    manifest naming it is refused, so that no restore writes outside these paths)."""
+    """What a path of a backup holds ("metadata", "kept" (written back into Redis, not the data dir), "secret",
+    "tls", "archive"); None: nothing a backup holds (a manifest naming it is refused, so that no restore writes
+    outside these paths)."""
     if path == DATABASE:
         return "metadata"
+    if path == KEPT_RECORDS:
+        return "kept"
     if path == SECRET:
         return "secret"
     if path in TLS_FILES:
@@ -126,21 +131,32 @@ def count_sealed(database: Path, seal: Seal) -> SealCount:
     """Open every record of the metadata store file `database` (read as a file nobody writes: nothing is
     created beside it) with `seal`."""
     uri = f"{database.resolve().as_uri()}?immutable=1"
-    opened, refused, marker = 0, [], None
     try:
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-            for name, raw in db.execute(f"SELECT key, value FROM `{TABLE}` ORDER BY key"):
-                key = str(name)  # (a row written by anyone but the proxy may have any type)
-                stored = bytes(raw) if isinstance(raw, bytes | memoryview) else str(raw).encode()
-                opens = seal.unseal(key, stored)[0] is not None
-                if key == FLEET_SECRET:
-                    marker = opens
-                elif opens:
-                    opened += 1
-                else:
-                    refused.append(key)
+            rows = db.execute(f"SELECT key, value FROM `{TABLE}` ORDER BY key")
+            # (a row written by anyone but the proxy may have any type)
+            return count_records(
+                (
+                    (str(key), bytes(raw) if isinstance(raw, bytes | memoryview) else str(raw).encode())
+                    for key, raw in rows
+                ),
+                seal,
+            )
     except sqlite3.Error as exc:
         raise CommandError(f"{database}: not a readable metadata store ({exc})") from None
+
+
+def count_records(records: Iterable[tuple[str, bytes]], seal: Seal) -> SealCount:
+    """Open every `(key, stored value)` of `records` (the fleet's marker among them, if it is there) with `seal`."""
+    opened, refused, marker = 0, [], None
+    for key, stored in records:
+        opens = seal.unseal(key, stored)[0] is not None
+        if key == FLEET_SECRET:
+            marker = opens
+        elif opens:
+            opened += 1
+        else:
+            refused.append(key)
     return SealCount(opened, refused, marker)
 
 

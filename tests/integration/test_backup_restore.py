@@ -184,17 +184,12 @@ def test_a_damaged_store_is_not_backed_up_and_nothing_is_left_behind(tmp_path):
     assert list((tmp_path / "backup").iterdir()) == []
 
 
-def test_with_redis_only_the_secrets_are_backed_up(data_dir, tmp_path):
-    redis = ("--redis-url", "redis://127.0.0.1:1/0", "--metadata-secret", GIVEN_SECRET)  # Redis is never asked
+def test_with_redis_unanswering_nothing_is_backed_up(data_dir, tmp_path):
+    redis = ("--redis-url", "redis://127.0.0.1:1/0", "--metadata-secret", GIVEN_SECRET)
     code, output = cli_in_process("backup", str(tmp_path / "backup"), "--data-dir", str(data_dir), *redis)
-    assert code == 0, output
-    assert "not backed up: the metadata store: Redis, the fleet's cache" in output, output
-    manifest = json.loads((tmp_path / "backup" / "manifest.json").read_text())
-    assert manifest["store"] == "redis"
-    assert [entry["path"] for entry in manifest["files"]] == [
-        "metadata/metadata.secret",
-        "tls/ca.pem",
-        "tls/ca-key.pem",
-        "tls/server.pem",
-        "tls/server-key.pem",
-    ]
+    assert code == 1, output
+    error = output.splitlines()[-1]  # after the store's own log line, on stderr
+    assert error.startswith(
+        "registry-proxy: error: Redis at redis://127.0.0.1:1/0 (prefix registry-proxy) does not answer ("
+    ) and error.endswith("): nothing done"), output
+    assert list((tmp_path / "backup").iterdir()) == []
