@@ -95,8 +95,7 @@ async def export_bundle(
     `policy` denies is left out (and listed in the report). `progress` counts the archives written."""
     check_bundle_out(out)
     progress = progress or Progress.silent()
-    names, values = await read_cache(cache)
-    progress.note(f"read {len(names)} metadata entries")
+    names, values = await read_cache(cache, progress)
     report = BundleReport()
     wanted: set[str] = set()
     manifest: dict[str, Any] = {
@@ -181,10 +180,12 @@ class ExportableProvider:
     download: CacheEntry
 
 
-async def read_cache(cache: MetadataStore) -> tuple[list[str], dict[str, bytes]]:
-    """Every key of the metadata store (sorted) and the values it still holds."""
+async def read_cache(cache: MetadataStore, progress: Progress) -> tuple[list[str], dict[str, bytes]]:
+    """Every key of the metadata store (sorted) and the values it still holds (noted on `progress`)."""
     names = sorted([key async for key in cache.keys()])  # noqa: SIM118 - an async iterator, not a dict
-    return names, {key: value for key in names if (value := await cache.get(key)) is not None}
+    values = {key: value for key in names if (value := await cache.get(key)) is not None}
+    progress.note(f"read {len(names)} metadata entries")
+    return names, values
 
 
 async def exportable_providers(

@@ -38,8 +38,7 @@ async def export_filesystem_mirror(
     `replaced_corrupt` those whose other content was replaced."""
     check_mirror_directory(out)
     progress = progress or Progress.silent()
-    names, values = await read_cache(cache)
-    progress.note(f"read {len(names)} metadata entries")
+    names, values = await read_cache(cache, progress)
     report = BundleReport()
     providers = await exportable_providers(names, values, store, only, policy, report)
     if not providers:
