@@ -17,6 +17,13 @@ damages the file; a lost record is a miss, refetched or re-adopted from the arch
 a busy timeout, autocommit (no transaction spans two coroutines' statements), no statement left
 open (it would pin a read snapshot), and a statement SQLite refuses at once as busy is tried
 again for up to the busy timeout before the store counts as down.
+
+Every statement's cursor is closed on the connection's own thread (aiosqlite's), by `async with`, never left to
+be freed on the event loop's: freeing a sqlite3 cursor resets its statement, which the connection's statement
+cache shares with the next cursor of the same SQL, so one freed on the loop's thread reset the statement another
+task's write was running on aiosqlite's, and SQLite refused that write (`InterfaceError: bad parameter or other
+API misuse`, issue 33: the store went down under concurrent fills and its writes were skipped). For the same
+reason the key-value class's own `write` and `delete`, which leave their cursors open, are not used.
 """
 
 from __future__ import annotations
@@ -117,10 +124,12 @@ class EmbeddedStore:
         return [_as_bytes(found[key]) if key in found else None for key in keys]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        await self._call(lambda cache: cache.write(key, value), None, retry_fresh=True)
+        statement = f"INSERT OR REPLACE INTO `{TABLE}` (key, value) VALUES (?, ?)"
+        await self._call(lambda cache: _changed(cache, statement, (key, value)), None, retry_fresh=True)
 
     async def delete(self, key: str) -> None:
-        await self._call(lambda cache: cache.delete(key), None, retry_fresh=True)
+        statement = f"DELETE FROM `{TABLE}` WHERE key = ?"
+        await self._call(lambda cache: _changed(cache, statement, (key,)), None, retry_fresh=True)
 
     async def keys(self, prefix: str = "") -> AsyncIterator[str]:
         """Every key starting with `prefix` (for export and the page at /); raises if the file cannot be read:
@@ -182,7 +191,7 @@ class EmbeddedStore:
         as never served); raises if the file cannot be read."""
         cache = await self._open()
         async with cache.get_connection() as db:
-            await db.execute(_SERVED_SCHEMA)
+            await _run(db, _SERVED_SCHEMA)
             query = f"SELECT sha256, at FROM `{SERVED_TABLE}` WHERE typeof(at) IN ('integer', 'real')"
             async with db.execute(query) as cursor:
                 return {str(sha): float(at) for sha, at in await cursor.fetchall()}
@@ -279,9 +288,9 @@ class EmbeddedStore:
             # the lock across awaits for) a transaction that another coroutine on this connection opened
             connection = aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None)
             self._cache = SQLiteCache(str(self.path), TABLE, connection=connection)
-        async with self._cache.get_connection() as db:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
+        async with self._cache.get_connection() as db:  # its first use makes the table (under `_opening`: alone)
+            await _run(db, "PRAGMA journal_mode=WAL")
+            await _run(db, "PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
             yield db
 
     async def _drop(self) -> None:
@@ -378,8 +387,15 @@ async def _changed(cache: SQLiteCache, statement: str, parameters: tuple) -> boo
 async def _served_write(cache: SQLiteCache, statement: str, rows: list[tuple]) -> None:
     """One statement over many rows of the `served` table, made first if this file lacks it."""
     async with cache.get_connection() as db:
-        await db.execute(_SERVED_SCHEMA)
-        await db.executemany(statement, rows)
+        await _run(db, _SERVED_SCHEMA)
+        async with db.executemany(statement, rows):
+            pass  # closed on the connection's thread (see the module docstring)
+
+
+async def _run(db: aiosqlite.Connection, statement: str) -> None:
+    """`statement`, its cursor closed at once on the connection's thread (see the module docstring)."""
+    async with db.execute(statement):
+        pass
 
 
 def _rename_database(path: Path, target: Path) -> None:
