@@ -142,11 +142,10 @@ class EmbeddedStore:
             return
         # A range of the key index: only keys of this kind are read (all of them first, see `_select_value`).
         after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        async with (
-            cache.get_connection() as db,
-            db.execute(f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)) as cursor,
-        ):
-            found = await cursor.fetchall()
+        async with cache.get_connection() as db:
+            found = await _rows(
+                db, f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)
+            )
         for (key,) in found:
             if key != FLEET_SECRET:
                 yield key
@@ -191,10 +190,9 @@ class EmbeddedStore:
         as never served); raises if the file cannot be read."""
         cache = await self._open()
         async with cache.get_connection() as db:
-            await _run(db, _SERVED_SCHEMA)
+            await _rows(db, _SERVED_SCHEMA)
             query = f"SELECT sha256, at FROM `{SERVED_TABLE}` WHERE typeof(at) IN ('integer', 'real')"
-            async with db.execute(query) as cursor:
-                return {str(sha): float(at) for sha, at in await cursor.fetchall()}
+            return {str(sha): float(at) for sha, at in await _rows(db, query)}
 
     async def forget_served(self, sha256s: Iterable[str]) -> None:
         rows = [(sha,) for sha in sha256s]
@@ -289,8 +287,8 @@ class EmbeddedStore:
             connection = aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None)
             self._cache = SQLiteCache(str(self.path), TABLE, connection=connection)
         async with self._cache.get_connection() as db:  # its first use makes the table (under `_opening`: alone)
-            await _run(db, "PRAGMA journal_mode=WAL")
-            await _run(db, "PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
+            await _rows(db, "PRAGMA journal_mode=WAL")
+            await _rows(db, "PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
             yield db
 
     async def _drop(self) -> None:
@@ -358,12 +356,12 @@ def _as_bytes(value: object) -> bytes:
 
 
 async def _select_value(cache: SQLiteCache, key: str) -> bytes | None:
-    """The value stored under `key`, its statement closed at once: a statement left open would hold a
+    """The value stored under `key`, its statement read to the end at once: a statement left open would hold a
     read snapshot, and a later write on this connection would fail (SQLITE_BUSY_SNAPSHOT) as soon
     as another process had written since."""
-    async with cache.get_connection() as db, db.execute(f"SELECT value FROM `{TABLE}` WHERE key=?", (key,)) as cursor:
-        row = await cursor.fetchone()
-    return row[0] if row else None
+    async with cache.get_connection() as db:
+        rows = await _rows(db, f"SELECT value FROM `{TABLE}` WHERE key=?", (key,))
+    return rows[0][0] if rows else None
 
 
 async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes]:
@@ -371,11 +369,11 @@ async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes
     if not keys:
         return {}
     marks = ", ".join("?" * len(keys))
-    async with (
-        cache.get_connection() as db,
-        db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor,
-    ):
-        return {key: value for key, value in await cursor.fetchall()}
+    async with cache.get_connection() as db:
+        return {
+            key: value
+            for key, value in await _rows(db, f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys)
+        }
 
 
 async def _changed(cache: SQLiteCache, statement: str, parameters: tuple) -> bool:
@@ -387,15 +385,15 @@ async def _changed(cache: SQLiteCache, statement: str, parameters: tuple) -> boo
 async def _served_write(cache: SQLiteCache, statement: str, rows: list[tuple]) -> None:
     """One statement over many rows of the `served` table, made first if this file lacks it."""
     async with cache.get_connection() as db:
-        await _run(db, _SERVED_SCHEMA)
+        await _rows(db, _SERVED_SCHEMA)
         async with db.executemany(statement, rows):
             pass  # closed on the connection's thread (see the module docstring)
 
 
-async def _run(db: aiosqlite.Connection, statement: str) -> None:
-    """`statement`, its cursor closed at once on the connection's thread (see the module docstring)."""
-    async with db.execute(statement):
-        pass
+async def _rows(db: aiosqlite.Connection, statement: str, parameters: Iterable = ()) -> list:
+    """Every row of `statement`, in one hop to the connection's thread: its cursor is made, read to the end and
+    freed there (see the module docstring)."""
+    return list(await db.execute_fetchall(statement, parameters))
 
 
 def _rename_database(path: Path, target: Path) -> None:
