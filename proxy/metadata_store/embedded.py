@@ -18,12 +18,13 @@ a busy timeout, autocommit (no transaction spans two coroutines' statements), no
 open (it would pin a read snapshot), and a statement SQLite refuses at once as busy is tried
 again for up to the busy timeout before the store counts as down.
 
-Every statement's cursor is closed on the connection's own thread (aiosqlite's), by `async with`, never left to
-be freed on the event loop's: freeing a sqlite3 cursor resets its statement, which the connection's statement
-cache shares with the next cursor of the same SQL, so one freed on the loop's thread reset the statement another
-task's write was running on aiosqlite's, and SQLite refused that write (`InterfaceError: bad parameter or other
-API misuse`, issue 33: the store went down under concurrent fills and its writes were skipped). For the same
-reason the key-value class's own `write` and `delete`, which leave their cursors open, are not used.
+Every statement's cursor is closed on the connection's own thread (aiosqlite's: `async with`, or `_rows`,
+which reads it to the end and frees it there), never left to be freed on the event loop's: freeing a sqlite3
+cursor resets its statement, which the connection's statement cache shares with the next cursor of the same
+SQL, so one freed on the loop's thread reset the statement another task's write was running on aiosqlite's,
+and SQLite refused that write (`InterfaceError: bad parameter or other API misuse`, issue 33: the store went
+down under concurrent fills and its writes were skipped). For the same reason the key-value class's own
+`write` and `delete`, which leave their cursors open, are not used.
 """
 
 from __future__ import annotations
@@ -286,7 +287,9 @@ class EmbeddedStore:
             # the lock across awaits for) a transaction that another coroutine on this connection opened
             connection = aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None)
             self._cache = SQLiteCache(str(self.path), TABLE, connection=connection)
-        async with self._cache.get_connection() as db:  # its first use makes the table (under `_opening`: alone)
+        # Its first use makes the table and leaves that cursor to the loop's thread: harmless, as nothing else runs on
+        # this new connection yet (`_opening` is held).
+        async with self._cache.get_connection() as db:
             await _rows(db, "PRAGMA journal_mode=WAL")
             await _rows(db, "PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
             yield db
