@@ -17,6 +17,14 @@ damages the file; a lost record is a miss, refetched or re-adopted from the arch
 a busy timeout, autocommit (no transaction spans two coroutines' statements), no statement left
 open (it would pin a read snapshot), and a statement SQLite refuses at once as busy is tried
 again for up to the busy timeout before the store counts as down.
+
+Every statement's cursor is closed on the connection's own thread (aiosqlite's: `async with`, or `_rows`,
+which reads it to the end and frees it there), never left to be freed on the event loop's: freeing a sqlite3
+cursor resets its statement, which the connection's statement cache shares with the next cursor of the same
+SQL, so one freed on the loop's thread reset the statement another task's write was running on aiosqlite's,
+and SQLite refused that write (`InterfaceError: bad parameter or other API misuse`, issue 33: the store went
+down under concurrent fills and its writes were skipped). For the same reason the key-value class's own
+`write` and `delete`, which leave their cursors open, are not used.
 """
 
 from __future__ import annotations
@@ -117,10 +125,12 @@ class EmbeddedStore:
         return [_as_bytes(found[key]) if key in found else None for key in keys]
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        await self._call(lambda cache: cache.write(key, value), None, retry_fresh=True)
+        statement = f"INSERT OR REPLACE INTO `{TABLE}` (key, value) VALUES (?, ?)"
+        await self._call(lambda cache: _changed(cache, statement, (key, value)), None, retry_fresh=True)
 
     async def delete(self, key: str) -> None:
-        await self._call(lambda cache: cache.delete(key), None, retry_fresh=True)
+        statement = f"DELETE FROM `{TABLE}` WHERE key = ?"
+        await self._call(lambda cache: _changed(cache, statement, (key,)), None, retry_fresh=True)
 
     async def keys(self, prefix: str = "") -> AsyncIterator[str]:
         """Every key starting with `prefix` (for export and the page at /); raises if the file cannot be read:
@@ -133,11 +143,10 @@ class EmbeddedStore:
             return
         # A range of the key index: only keys of this kind are read (all of them first, see `_select_value`).
         after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        async with (
-            cache.get_connection() as db,
-            db.execute(f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)) as cursor,
-        ):
-            found = await cursor.fetchall()
+        async with cache.get_connection() as db:
+            found = await _rows(
+                db, f"SELECT key FROM `{TABLE}` WHERE key >= ? AND key < ? ORDER BY key", (prefix, after)
+            )
         for (key,) in found:
             if key != FLEET_SECRET:
                 yield key
@@ -182,10 +191,9 @@ class EmbeddedStore:
         as never served); raises if the file cannot be read."""
         cache = await self._open()
         async with cache.get_connection() as db:
-            await db.execute(_SERVED_SCHEMA)
+            await _rows(db, _SERVED_SCHEMA)
             query = f"SELECT sha256, at FROM `{SERVED_TABLE}` WHERE typeof(at) IN ('integer', 'real')"
-            async with db.execute(query) as cursor:
-                return {str(sha): float(at) for sha, at in await cursor.fetchall()}
+            return {str(sha): float(at) for sha, at in await _rows(db, query)}
 
     async def forget_served(self, sha256s: Iterable[str]) -> None:
         rows = [(sha,) for sha in sha256s]
@@ -279,9 +287,11 @@ class EmbeddedStore:
             # the lock across awaits for) a transaction that another coroutine on this connection opened
             connection = aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None)
             self._cache = SQLiteCache(str(self.path), TABLE, connection=connection)
+        # Its first use makes the table and leaves that cursor to the loop's thread: harmless, as nothing else runs on
+        # this new connection yet (`_opening` is held).
         async with self._cache.get_connection() as db:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
+            await _rows(db, "PRAGMA journal_mode=WAL")
+            await _rows(db, "PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit, never corrupt (a cache)
             yield db
 
     async def _drop(self) -> None:
@@ -349,12 +359,12 @@ def _as_bytes(value: object) -> bytes:
 
 
 async def _select_value(cache: SQLiteCache, key: str) -> bytes | None:
-    """The value stored under `key`, its statement closed at once: a statement left open would hold a
+    """The value stored under `key`, its statement read to the end at once: a statement left open would hold a
     read snapshot, and a later write on this connection would fail (SQLITE_BUSY_SNAPSHOT) as soon
     as another process had written since."""
-    async with cache.get_connection() as db, db.execute(f"SELECT value FROM `{TABLE}` WHERE key=?", (key,)) as cursor:
-        row = await cursor.fetchone()
-    return row[0] if row else None
+    async with cache.get_connection() as db:
+        rows = await _rows(db, f"SELECT value FROM `{TABLE}` WHERE key=?", (key,))
+    return rows[0][0] if rows else None
 
 
 async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes]:
@@ -362,11 +372,11 @@ async def _select_values(cache: SQLiteCache, keys: list[str]) -> dict[str, bytes
     if not keys:
         return {}
     marks = ", ".join("?" * len(keys))
-    async with (
-        cache.get_connection() as db,
-        db.execute(f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys) as cursor,
-    ):
-        return {key: value for key, value in await cursor.fetchall()}
+    async with cache.get_connection() as db:
+        return {
+            key: value
+            for key, value in await _rows(db, f"SELECT key, value FROM `{TABLE}` WHERE key IN ({marks})", keys)
+        }
 
 
 async def _changed(cache: SQLiteCache, statement: str, parameters: tuple) -> bool:
@@ -378,8 +388,15 @@ async def _changed(cache: SQLiteCache, statement: str, parameters: tuple) -> boo
 async def _served_write(cache: SQLiteCache, statement: str, rows: list[tuple]) -> None:
     """One statement over many rows of the `served` table, made first if this file lacks it."""
     async with cache.get_connection() as db:
-        await db.execute(_SERVED_SCHEMA)
-        await db.executemany(statement, rows)
+        await _rows(db, _SERVED_SCHEMA)
+        async with db.executemany(statement, rows):
+            pass  # closed on the connection's thread (see the module docstring)
+
+
+async def _rows(db: aiosqlite.Connection, statement: str, parameters: Iterable = ()) -> list:
+    """Every row of `statement`, in one hop to the connection's thread: its cursor is made, read to the end and
+    freed there (see the module docstring)."""
+    return list(await db.execute_fetchall(statement, parameters))
 
 
 def _rename_database(path: Path, target: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 
@@ -93,4 +94,27 @@ async def test_commits_are_not_fsynced_one_by_one_in_wal_mode(tmp_path):
             return tuple(modes)
 
     assert await store._patiently(pragmas) == ("wal", 1)  # 1 = NORMAL (2 = FULL, the default)
+    await store.close()
+
+
+async def test_concurrent_fills_keep_every_record_and_never_mark_the_store_down(tmp_path):
+    """Many requests at once write records, served times and first-seen records on the one connection (issue 33:
+    `InterfaceError: bad parameter or other API misuse` took the store down and its writes were skipped)."""
+    store = EmbeddedStore(tmp_path / "metadata.sqlite")
+    waves, per_wave = 2, 500  # requests keep arriving: a write skipped while the store is down is lost
+
+    async def fill(number: int) -> None:
+        await store.set(f"archive:example/{number}", b"record %d" % number)
+        await store.note_served({f"{number:064x}": float(number)})
+        await store.add(f"first-seen:example/{number}", b"seen")
+
+    with capture_logs() as logs:
+        for wave in range(waves):
+            await asyncio.gather(*(fill(wave * per_wave + n) for n in range(per_wave)))
+    total = waves * per_wave
+    assert [e["error"] for e in logs if e["event"] == "metadata_store.down"] == []
+    assert store.problem is None
+    assert len([key async for key in store.keys("archive:")]) == total
+    assert len([key async for key in store.keys("first-seen:")]) == total
+    assert len(await store.served_times()) == total
     await store.close()
