@@ -56,7 +56,6 @@ from proxy.commands.backup_files import (
     SealCount,
     copy_file,
     count_sealed,
-    fsync,
     kind_of,
     link_or_copy,
     read_secret,
@@ -67,7 +66,7 @@ from proxy.metadata_store.embedded import BUSY_TIMEOUT
 from proxy.metadata_store.sealed import Seal, accepted_secrets, given_secret, metadata_secret
 from proxy.runtime.log import command_logging
 from proxy.settings.config import ConfigError, Settings
-from proxy.storage import archive_store, sha256_file
+from proxy.storage import archive_store, fsync_path, sha256_file
 
 # The operator's files: named in a backup's output, never copied (they belong with the configuration).
 _OPERATOR_FILES: tuple[tuple[str, Callable[[Settings], Path | None]], ...] = (
@@ -201,7 +200,7 @@ def _copy_database(source: Path, dest: Path) -> Entry:
         )
     mode = stat.S_IMODE(source.stat().st_mode)
     os.chmod(partial, mode)
-    fsync(partial)
+    fsync_path(partial)
     os.replace(partial, dest)
     return Entry(DATABASE, dest.stat().st_size, mode, sha256_file(dest))
 
@@ -383,7 +382,7 @@ def _write_all(source: Path, data_dir: Path, report: RestoreReport) -> None:
     for temporary, dest in staged:
         os.replace(temporary, dest)
     for folder in {dest.parent for _, dest in staged}:
-        fsync(folder)
+        fsync_path(folder)
 
 
 # --- the commands' output -------------------------------------------------------------------------------------

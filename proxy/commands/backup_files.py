@@ -21,7 +21,8 @@ from proxy.commands import CommandError
 from proxy.metadata_store.embedded import DATABASE_FILE, TABLE
 from proxy.metadata_store.keys import FLEET_SECRET
 from proxy.metadata_store.sealed import SECRET_FILE, Seal
-from proxy.storage import sha256_file
+from proxy.settings.config import CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY
+from proxy.storage import fsync_path, sha256_file
 
 FORMAT = 1
 CHUNK = 1 << 20
@@ -30,10 +31,10 @@ DATABASE = f"metadata/{DATABASE_FILE}"
 SECRET = f"metadata/{SECRET_FILE}"
 KEPT_RECORDS = "metadata/kept.jsonl"  # with Redis: the records no upstream gives back (`proxy.commands.backup_kept`)
 TLS_FILES = {
-    "tls/ca.pem": "the generated CA's certificate (clients trust it)",
-    "tls/ca-key.pem": "the generated CA's key",
-    "tls/server.pem": "the server certificate the CA signed",
-    "tls/server-key.pem": "the server certificate's key",
+    f"tls/{CA_CERT}": "the generated CA's certificate (clients trust it)",
+    f"tls/{CA_KEY}": "the generated CA's key",
+    f"tls/{SERVER_CERT}": "the server certificate the CA signed",
+    f"tls/{SERVER_KEY}": "the server certificate's key",
 }
 _ARCHIVE = re.compile(r"archives/sha256/([0-9a-f]{2})/([0-9a-f]{2})/(\1\2[0-9a-f]{60})\Z")
 
@@ -207,16 +208,7 @@ def write_atomically(path: Path, data: bytes, mode: int) -> None:
     with _created(temporary, mode) as handle:
         handle.write(data)
     os.replace(temporary, path)
-    fsync(path.parent)
-
-
-def fsync(path: Path) -> None:
-    """Flush a file's or a directory's entries to the disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_path(path.parent)
 
 
 def read_secret(path: Path) -> bytes | None:

@@ -102,6 +102,8 @@ __all__ = [  # the parsers and value types are imported from here by the rest of
 DEFAULT_ALLOWED_HOSTS = ("registry.opentofu.org", "registry.terraform.io")
 DEFAULT_UPSTREAM = Hostname("registry.opentofu.org")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The files of the generated CA and server certificate in the data dir's TLS folder (`Settings.tls_dir`)
+CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY = "ca.pem", "ca-key.pem", "server.pem", "server-key.pem"
 
 # Which commands take an option besides `serve` (they read the same variables and --config file).
 STORE_COMMANDS = (
@@ -867,6 +869,7 @@ class Settings:
 
     @property
     def tls_dir(self) -> Path:
+        """The generated CA and server certificate: CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY."""
         return self.data_dir / "tls"
 
     @property

@@ -34,7 +34,7 @@ from proxy.storage.objects import (
 )
 from proxy.storage.size_cap import EvictionRun, Evictor
 from proxy.storage.space import DiskSpace, SpaceReport, is_disk_full
-from proxy.storage.staging import LOCK_NAME, PendingArchive, file_digest, sha256_file
+from proxy.storage.staging import LOCK_NAME, PendingArchive, file_digest, fsync_path, sha256_file
 from proxy.storage.usage import ArchiveUsage
 from proxy.storage.victims import orphans
 
@@ -61,6 +61,7 @@ __all__ = [
     "StoredArchive",
     "archive_store",
     "file_digest",
+    "fsync_path",
     "is_disk_full",
     "orphans",
     "s3_options",

@@ -34,7 +34,7 @@ from proxy.storage.objects import (
     quarantined_at,
 )
 from proxy.storage.read_buffer import ReadBuffer
-from proxy.storage.staging import PendingArchive, Staged, Staging, fsync_dir, hash_stream
+from proxy.storage.staging import PendingArchive, Staged, Staging, fsync_path, hash_stream
 
 Identity = tuple[int, int, int, int, int]
 """What changes whenever a file is written or replaced: (device, inode, size, mtime_ns, ctime_ns)."""
@@ -98,7 +98,7 @@ class DiskStore(Staged):
             os.fsync(handle.fileno())
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, final)
-        fsync_dir(final.parent)
+        fsync_path(final.parent)
         return _stored(sha256, final, final.stat())
 
     async def open_reader(self, stored: StoredArchive, start: int, length: int) -> FileReader:
@@ -145,7 +145,7 @@ class DiskStore(Staged):
                 os.replace(path, target)
             except FileNotFoundError:
                 return None
-            fsync_dir(path.parent)
+            fsync_path(path.parent)
             return str(target)
 
     async def quarantined(self) -> list[Leftover]:
@@ -207,7 +207,7 @@ class DiskStore(Staged):
                 path.unlink()
             except FileNotFoundError:
                 return 0
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
         return size
 
     async def leftovers(self, before: float) -> list[Leftover]:

@@ -236,7 +236,8 @@ def tree_size(path: Path) -> int:
     return total
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a directory's entries, to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -24,6 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from proxy.settings.config import CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY
+
 CA_VALIDITY = dt.timedelta(days=3650)
 SERVER_VALIDITY = dt.timedelta(days=397)
 RENEW_BEFORE = dt.timedelta(days=30)
@@ -62,8 +64,8 @@ def ensure_local_tls(directory: Path, names: list[str]) -> LocalTLS:
 
 
 def _ensure_locked(directory: Path, names: list[str]) -> LocalTLS:
-    ca_cert_path, ca_key_path = directory / "ca.pem", directory / "ca-key.pem"
-    cert_path, key_path = directory / "server.pem", directory / "server-key.pem"
+    ca_cert_path, ca_key_path = directory / CA_CERT, directory / CA_KEY
+    cert_path, key_path = directory / SERVER_CERT, directory / SERVER_KEY
     created = False
     if not (ca_cert_path.exists() and ca_key_path.exists()):
         ca_key = ec.generate_private_key(ec.SECP256R1())
