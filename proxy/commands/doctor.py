@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 from yarl import URL
@@ -75,6 +75,8 @@ PROBE = b"registry-proxy doctor probe "
 _HOSTNAME_MISMATCH, _EXPIRED, _NOT_YET_VALID = 62, 10, 9  # OpenSSL's X509_V_ERR_* codes
 _REACH = "check that it is reachable from here (DNS, firewall, HTTPS_PROXY), or map it with --upstream-map HOST=BASEURL"
 _NTP = "synchronise this host's clock (NTP: chronyd, systemd-timesyncd)"
+
+T = TypeVar("T")  # what a file an option names holds, read
 
 
 def doctor_command(args: argparse.Namespace) -> int:
@@ -176,36 +178,43 @@ def _reason(exc: BaseException) -> str:
 
 def _files(settings: Settings) -> tuple[list[Finding], Policy | None, IssuerBook | None]:
     """The policy, tokens and issuers files, read as `serve` reads them; the policy and issuers when they parse."""
-    policy = issuers = None
-    found = []
-    if settings.policy.policy_file is None:
-        found.append(ok("policy", "none (--policy)"))
-    else:
-        try:
-            policy = read_policy(settings.policy.policy_file)
-            ages = sum(rule.min_age is not None for rule in policy.rules)
-            rules = counted(len(policy.rules), "rule")
-            found.append(ok("policy", f"{settings.policy.policy_file}: {rules}, {ages} with a min-age"))
-        except ConfigError as exc:
-            found.append(failed("policy", str(exc), "correct the rule and key it names (`policy check FILE`)"))
-    tokens = settings.access.auth_tokens
-    if tokens is None:
-        found.append(ok("auth-tokens", "none (--auth-tokens)"))
-    else:
-        try:
-            found.append(ok("auth-tokens", f"{tokens}: {counted(len(read_tokens(tokens).tokens), 'token')}"))
-        except ConfigError as exc:
-            found.append(failed("auth-tokens", str(exc), "correct the entry it names (`registry-proxy token new`)"))
-    path = settings.access.oidc_issuers
+    policy_finding, policy = _file(
+        "policy",
+        settings.policy.policy_file,
+        read_policy,
+        lambda read: (
+            f"{counted(len(read.rules), 'rule')}, {sum(r.min_age is not None for r in read.rules)} with a min-age"
+        ),
+        "correct the rule and key it names (`policy check FILE`)",
+    )
+    tokens_finding, _ = _file(
+        "auth-tokens",
+        settings.access.auth_tokens,
+        read_tokens,
+        lambda read: counted(len(read.tokens), "token"),
+        "correct the entry it names (`registry-proxy token new`)",
+    )
+    issuers_finding, issuers = _file(
+        "oidc-issuers",
+        settings.access.oidc_issuers,
+        read_issuers,
+        lambda read: counted(len(read.issuers), "issuer"),
+        "correct the issuer and key it names (docs/oidc.md)",
+    )
+    return [policy_finding, tokens_finding, issuers_finding], policy, issuers
+
+
+def _file(
+    check: str, path: Path | None, read: Callable[[Path], T], summary: Callable[[T], str], fix: str
+) -> tuple[Finding, T | None]:
+    """One file an option names (the option is the check's name): read as `serve` reads it, and what it holds."""
     if path is None:
-        found.append(ok("oidc-issuers", "none (--oidc-issuers)"))
-    else:
-        try:
-            issuers = read_issuers(path)
-            found.append(ok("oidc-issuers", f"{path}: {counted(len(issuers.issuers), 'issuer')}"))
-        except ConfigError as exc:
-            found.append(failed("oidc-issuers", str(exc), "correct the issuer and key it names (docs/oidc.md)"))
-    return found, policy, issuers
+        return ok(check, f"none (--{check})"), None
+    try:
+        parsed = read(path)
+    except ConfigError as exc:
+        return failed(check, str(exc), fix), None
+    return ok(check, f"{path}: {summary(parsed)}"), parsed
 
 
 # ---- the data dir and its disk -------------------------------------------------------------------------------

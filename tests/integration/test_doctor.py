@@ -35,7 +35,7 @@ from proxy.metadata_store.keys import FLEET_SECRET
 from proxy.settings.config import Settings, SpaceFloor
 from tests.conftest import serve_proxy
 from tests.fakes import ports
-from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, child_environment
+from tests.fakes.process import REGISTRY_HOST, REPO_ROOT, child_environment, wait_for
 from tests.fakes.redis_server import METADATA_SECRET, RedisServer, free_port
 from tests.fakes.registry import FakeRegistry
 
@@ -55,6 +55,12 @@ def durable_redis(tmp_path_factory) -> RedisServer:
     server.start()
     yield server
     server.stop()
+
+
+def aof_written(redis) -> bool:
+    """No AOF rewrite running or scheduled."""
+    persistence = redis.info("persistence")
+    return not persistence["aof_rewrite_in_progress"] and not persistence["aof_rewrite_scheduled"]
 
 
 def by_check(findings: list[Finding]) -> dict[str, Finding]:
@@ -221,6 +227,9 @@ async def test_a_broken_fleet_fails_each_check_with_its_fix(tmp_path, registry, 
         redis.config_set("appendonly", "yes")
         redis.config_set("maxmemory-policy", "noeviction")
         await wrong_ca.stop()
+        # AOF turned on writes its first file in the background, and until it is written Redis refuses to stop
+        # ("Writing initial AOF, can't exit"): the module's server would outlast its stop's bound on a loaded disk.
+        await wait_for(lambda: aof_written(redis), 20, "the initial AOF")
     assert took < 3, took  # the hung upstream is bounded
     status = {name: finding.status for name, finding in found.items()}
     assert status == {
